@@ -1,0 +1,131 @@
+//! Wiring: builds the whole service from a config, a bound listener and a shutdown token, runs
+//! it, and shuts it down in order. Used by `main` and by the tests alike. No business rules.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+/// The one state every handler and worker shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub db: PgPool,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    /// Cancelled when the service begins shutting down.
+    pub shutdown: CancellationToken,
+}
+
+/// Seams tests may replace.
+pub struct Overrides {
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Overrides {
+    fn default() -> Self {
+        Overrides {
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// A built, not yet running, service.
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+    store: Store,
+    tasks: TaskTracker,
+}
+
+impl App {
+    /// Builds the app with the production seams.
+    pub async fn build(
+        config: Config,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<App> {
+        Self::build_with(config, listener, shutdown, Overrides::default()).await
+    }
+
+    /// Builds the app: opens and migrates the store, wires every subsystem, starts the
+    /// background workers (they stop when `shutdown` is cancelled).
+    pub async fn build_with(
+        config: Config,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+        overrides: Overrides,
+    ) -> anyhow::Result<App> {
+        crate::install_crypto_provider();
+        let store = Store::open(&config).await?;
+        let state = AppState {
+            config: Arc::new(config),
+            db: store.pool.clone(),
+            metrics: Arc::new(Metrics::new()),
+            clock: overrides.clock,
+            shutdown: shutdown.clone(),
+        };
+        let tasks = TaskTracker::new();
+        Ok(App {
+            listener,
+            state,
+            store,
+            tasks,
+        })
+    }
+
+    /// The address the HTTP server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Shared state, for tests that look inside.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until the shutdown token is cancelled, then drains: stops taking requests, lets
+    /// workers finish or hand back what they claimed, closes the store.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let App {
+            listener,
+            state,
+            store,
+            tasks,
+        } = self;
+        let shutdown = state.shutdown.clone();
+        let router = crate::http::router(state.clone());
+        tracing::info!(http.addr = %listener.local_addr()?, "listening");
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+            .context("HTTP server failed");
+        state.shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        drop(state);
+        store.close().await;
+        served
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,492 @@
+//! Typed configuration, read once from the environment (and a `.env` file in the working
+//! directory) at start-up. Nothing else in the crate reads environment variables.
+//!
+//! Every failure names the variable at fault. Secrets are [`SecretString`]s, so a `Debug` of
+//! the config prints `[REDACTED]` in their place. Relative paths are made absolute here, once.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+/// A configuration error: always names the variable and what was wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} is required{why}")]
+    Missing {
+        name: &'static str,
+        why: &'static str,
+    },
+    #[error("{name} is invalid: {reason}")]
+    Invalid { name: &'static str, reason: String },
+}
+
+/// Log output format (`SSHMODE_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// The whole configuration. Built by [`Config::load`] (process environment + `.env`) or by
+/// [`Config::from_vars`] (any variable source; used by tests).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `DATABASE_URL`; `None` selects the embedded cluster under `data_dir/pg`.
+    pub database_url: Option<SecretString>,
+    /// `SSHMODE_DATA_DIR`, absolute.
+    pub data_dir: PathBuf,
+    /// `SSHMODE_LISTEN`.
+    pub listen: SocketAddr,
+    /// Lark app settings. Optional here so that non-serving commands work without them;
+    /// `serve` calls [`Config::require_lark`].
+    pub lark: Option<LarkConfig>,
+    /// `LARK_BASE_URL`, without a trailing slash. Kept apart from [`LarkConfig`] so that the
+    /// base is known even to commands that do not need credentials.
+    pub lark_base_url: String,
+    /// `SSHMODE_ADMINS`: open_ids of admins.
+    pub admins: Vec<String>,
+    /// Model access: a single provider, a router file, or nothing.
+    pub llm: LlmConfig,
+    /// `SSHMODE_MODEL`: the abstract model name the agent asks the router for.
+    pub model: Option<String>,
+    /// `SSHMODE_API_TOKEN`: bearer token of `POST /v1/chat/completions`; unset = endpoint off.
+    pub api_token: Option<SecretString>,
+    /// `SSHMODE_MASTER_KEY_FILE`, absolute.
+    pub master_key_file: PathBuf,
+    /// `SSHMODE_LOG_FORMAT`.
+    pub log_format: LogFormat,
+    /// Inbox (durable event queue) tunables.
+    pub inbox: InboxConfig,
+    /// Execution-layer tunables.
+    pub exec: ExecConfig,
+    /// Model-router tunables.
+    pub router: RouterTunables,
+}
+
+/// Lark app credentials (`LARK_*`).
+#[derive(Debug, Clone)]
+pub struct LarkConfig {
+    pub app_id: String,
+    pub app_secret: SecretString,
+    pub verification_token: SecretString,
+    /// `LARK_ENCRYPT_KEY`: when set, bodies are decrypted and signatures checked.
+    pub encrypt_key: Option<SecretString>,
+}
+
+/// How the model is reached.
+#[derive(Debug, Clone)]
+pub enum LlmConfig {
+    /// No model configured: chat commands work, agent requests get a clear answer.
+    None,
+    /// `LLM_BASE_URL` / `LLM_API_KEY` / `LLM_MODEL`.
+    Single {
+        base_url: String,
+        api_key: Option<SecretString>,
+        model: String,
+    },
+    /// `SSHMODE_ROUTER_CONFIG`: path (absolute) to the TOML router file.
+    RouterFile(PathBuf),
+}
+
+/// Inbox tunables.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    /// `SSHMODE_DEDUP_RETENTION_HOURS`: how long event ids are remembered, and the age past
+    /// which a request is refused as a replay. Longer than Lark's ≈ 7 h retry window.
+    pub dedup_retention: Duration,
+    /// `SSHMODE_INBOX_WORKERS`: concurrent event handlers.
+    pub workers: usize,
+    /// `SSHMODE_INBOX_MAX_ATTEMPTS`: attempts before an event is dead-lettered.
+    pub max_attempts: i32,
+    /// `SSHMODE_INBOX_LEASE_SECS`: how long a claim holds before another worker may retake it.
+    pub lease: Duration,
+    /// `SSHMODE_WORKERS_ENABLED` (`true`/`false`): run the inbox workers in `serve`. Off only
+    /// to prove recovery after a restart.
+    pub workers_enabled: bool,
+}
+
+/// Execution tunables.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// `SSHMODE_SSH_CONNECT_TIMEOUT_SECS`.
+    pub ssh_connect_timeout: Duration,
+    /// `SSHMODE_SSH_MAX_CONNECTIONS`: connections per target.
+    pub ssh_max_connections: usize,
+    /// `SSHMODE_SSH_CHANNELS_PER_CONNECTION`: sshd's `MaxSessions` defaults to 10.
+    pub ssh_channels_per_connection: usize,
+    /// `SSHMODE_SSH_QUEUE_TIMEOUT_SECS`: how long a command waits for a free channel.
+    pub ssh_queue_timeout: Duration,
+    /// `SSHMODE_SSH_IDLE_SECS`: an idle connection is closed after this.
+    pub ssh_idle: Duration,
+    /// `SSHMODE_SSH_KEEPALIVE_SECS`.
+    pub ssh_keepalive: Duration,
+    /// `SSHMODE_COMMAND_TIMEOUT_SECS`: default timeout of a tool command.
+    pub command_timeout: Duration,
+    /// `SSHMODE_OUTPUT_LIMIT_BYTES`: head + tail kept of a command's output.
+    pub output_limit: usize,
+    /// `SSHMODE_GUARD_EXTRA_FILE`: operator additions to the command guard (one regex a line).
+    pub guard_extra_file: Option<PathBuf>,
+    /// `SSHMODE_WORKSPACE_ROOT`: parent of the local per-thread working directories.
+    pub workspace_root: PathBuf,
+}
+
+/// Router tunables.
+#[derive(Debug, Clone)]
+pub struct RouterTunables {
+    /// `SSHMODE_LLM_TIMEOUT_SECS`: per request to a provider.
+    pub request_timeout: Duration,
+    /// `SSHMODE_QUOTA_COOLDOWN_SECS`: cooldown after a quota/billing error (default 5 h).
+    pub quota_cooldown: Duration,
+    /// `SSHMODE_RATE_COOLDOWN_SECS`: cooldown after a 429 without `Retry-After`.
+    pub rate_cooldown: Duration,
+    /// `SSHMODE_PROBE_INTERVAL_SECS`: how often cooling entries are probed.
+    pub probe_interval: Duration,
+}
+
+impl Config {
+    /// Reads `.env` from the working directory (if present; it never overrides the real
+    /// environment) and then the process environment.
+    pub fn load() -> Result<Self, ConfigError> {
+        let cwd = std::env::current_dir().map_err(|e| ConfigError::Invalid {
+            name: "SSHMODE_DATA_DIR",
+            reason: format!("cannot read the working directory: {e}"),
+        })?;
+        let mut vars: HashMap<String, String> = HashMap::new();
+        let dotenv = cwd.join(".env");
+        if dotenv.is_file() {
+            let iter = dotenvy::from_path_iter(&dotenv).map_err(|e| ConfigError::Invalid {
+                name: "SSHMODE_DATA_DIR",
+                reason: format!(".env could not be read: {e}"),
+            })?;
+            for item in iter {
+                let (k, v) = item.map_err(|e| ConfigError::Invalid {
+                    name: "SSHMODE_DATA_DIR",
+                    reason: format!(".env could not be parsed: {e}"),
+                })?;
+                vars.insert(k, v);
+            }
+        }
+        for (k, v) in std::env::vars() {
+            vars.insert(k, v);
+        }
+        Self::from_vars(&|name| vars.get(name).cloned(), &cwd)
+    }
+
+    /// Builds the config from any variable source; relative paths are resolved against `cwd`.
+    pub fn from_vars(
+        get: &dyn Fn(&str) -> Option<String>,
+        cwd: &Path,
+    ) -> Result<Self, ConfigError> {
+        let var = |name: &'static str| get(name).filter(|v| !v.trim().is_empty());
+        let abs = |p: String| {
+            let p = PathBuf::from(p);
+            if p.is_absolute() { p } else { cwd.join(p) }
+        };
+
+        let data_dir = abs(var("SSHMODE_DATA_DIR").unwrap_or_else(|| "./data".into()));
+        let data_dir = normalize(&data_dir);
+        let listen = parse_or(
+            "SSHMODE_LISTEN",
+            var("SSHMODE_LISTEN"),
+            "127.0.0.1:8080".parse().unwrap(),
+        )?;
+
+        let lark = match (
+            var("LARK_APP_ID"),
+            var("LARK_APP_SECRET"),
+            var("LARK_VERIFICATION_TOKEN"),
+        ) {
+            (None, None, None) => None,
+            (Some(app_id), Some(secret), Some(token)) => Some(LarkConfig {
+                app_id,
+                app_secret: SecretString::from(secret),
+                verification_token: SecretString::from(token),
+                encrypt_key: var("LARK_ENCRYPT_KEY").map(SecretString::from),
+            }),
+            (a, s, _) => {
+                let name = if a.is_none() {
+                    "LARK_APP_ID"
+                } else if s.is_none() {
+                    "LARK_APP_SECRET"
+                } else {
+                    "LARK_VERIFICATION_TOKEN"
+                };
+                return Err(ConfigError::Missing {
+                    name,
+                    why: " when any LARK_* credential is set",
+                });
+            }
+        };
+        let lark_base_url = var("LARK_BASE_URL").unwrap_or_else(|| "https://open.feishu.cn".into());
+        check_url("LARK_BASE_URL", &lark_base_url)?;
+        let lark_base_url = lark_base_url.trim_end_matches('/').to_string();
+
+        let admins = var("SSHMODE_ADMINS")
+            .map(|s| {
+                s.split(',')
+                    .map(|a| a.trim().to_string())
+                    .filter(|a| !a.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+
+        let llm = if let Some(path) = var("SSHMODE_ROUTER_CONFIG") {
+            LlmConfig::RouterFile(normalize(&abs(path)))
+        } else {
+            match (var("LLM_BASE_URL"), var("LLM_MODEL")) {
+                (None, None) => LlmConfig::None,
+                (Some(base_url), Some(model)) => {
+                    check_url("LLM_BASE_URL", &base_url)?;
+                    LlmConfig::Single {
+                        base_url: base_url.trim_end_matches('/').to_string(),
+                        api_key: var("LLM_API_KEY").map(SecretString::from),
+                        model,
+                    }
+                }
+                (None, Some(_)) => {
+                    return Err(ConfigError::Missing {
+                        name: "LLM_BASE_URL",
+                        why: " when LLM_MODEL is set",
+                    });
+                }
+                (Some(_), None) => {
+                    return Err(ConfigError::Missing {
+                        name: "LLM_MODEL",
+                        why: " when LLM_BASE_URL is set",
+                    });
+                }
+            }
+        };
+
+        let master_key_file = var("SSHMODE_MASTER_KEY_FILE")
+            .map(|p| normalize(&abs(p)))
+            .unwrap_or_else(|| data_dir.join("master.key"));
+
+        let log_format = match var("SSHMODE_LOG_FORMAT").as_deref() {
+            None | Some("pretty") => LogFormat::Pretty,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "SSHMODE_LOG_FORMAT",
+                    reason: format!("expected `pretty` or `json`, got `{other}`"),
+                });
+            }
+        };
+
+        let secs = |name: &'static str, default: u64| -> Result<Duration, ConfigError> {
+            let n: u64 = parse_or(name, var(name), default)?;
+            if n == 0 {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: "must be greater than 0".into(),
+                });
+            }
+            Ok(Duration::from_secs(n))
+        };
+        let count = |name: &'static str, default: usize| -> Result<usize, ConfigError> {
+            let n: usize = parse_or(name, var(name), default)?;
+            if n == 0 {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: "must be greater than 0".into(),
+                });
+            }
+            Ok(n)
+        };
+
+        let inbox = InboxConfig {
+            dedup_retention: secs("SSHMODE_DEDUP_RETENTION_HOURS", 7 * 24)?.saturating_mul(3600),
+            workers: count("SSHMODE_INBOX_WORKERS", 4)?,
+            max_attempts: count("SSHMODE_INBOX_MAX_ATTEMPTS", 5)?.min(1000) as i32,
+            lease: secs("SSHMODE_INBOX_LEASE_SECS", 300)?,
+            workers_enabled: parse_or(
+                "SSHMODE_WORKERS_ENABLED",
+                var("SSHMODE_WORKERS_ENABLED"),
+                true,
+            )?,
+        };
+        let exec = ExecConfig {
+            ssh_connect_timeout: secs("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", 10)?,
+            ssh_max_connections: count("SSHMODE_SSH_MAX_CONNECTIONS", 4)?,
+            ssh_channels_per_connection: count("SSHMODE_SSH_CHANNELS_PER_CONNECTION", 8)?,
+            ssh_queue_timeout: secs("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", 30)?,
+            ssh_idle: secs("SSHMODE_SSH_IDLE_SECS", 600)?,
+            ssh_keepalive: secs("SSHMODE_SSH_KEEPALIVE_SECS", 30)?,
+            command_timeout: secs("SSHMODE_COMMAND_TIMEOUT_SECS", 120)?,
+            output_limit: count("SSHMODE_OUTPUT_LIMIT_BYTES", 64 * 1024)?,
+            guard_extra_file: var("SSHMODE_GUARD_EXTRA_FILE").map(|p| normalize(&abs(p))),
+            workspace_root: var("SSHMODE_WORKSPACE_ROOT")
+                .map(|p| normalize(&abs(p)))
+                .unwrap_or_else(|| data_dir.join("workspaces")),
+        };
+        let router = RouterTunables {
+            request_timeout: secs("SSHMODE_LLM_TIMEOUT_SECS", 120)?,
+            quota_cooldown: secs("SSHMODE_QUOTA_COOLDOWN_SECS", 5 * 3600)?,
+            rate_cooldown: secs("SSHMODE_RATE_COOLDOWN_SECS", 30)?,
+            probe_interval: secs("SSHMODE_PROBE_INTERVAL_SECS", 300)?,
+        };
+
+        Ok(Config {
+            database_url: var("DATABASE_URL").map(SecretString::from),
+            data_dir,
+            listen,
+            lark,
+            lark_base_url,
+            admins,
+            llm,
+            model: var("SSHMODE_MODEL"),
+            api_token: var("SSHMODE_API_TOKEN").map(SecretString::from),
+            master_key_file,
+            log_format,
+            inbox,
+            exec,
+            router,
+        })
+    }
+
+    /// The Lark credentials, or an error naming the first missing variable (`serve` needs them).
+    pub fn require_lark(&self) -> Result<&LarkConfig, ConfigError> {
+        self.lark.as_ref().ok_or(ConfigError::Missing {
+            name: "LARK_APP_ID",
+            why: " by `sshmode serve`",
+        })
+    }
+
+    /// Whether `open_id` is listed in `SSHMODE_ADMINS`.
+    pub fn is_admin(&self, open_id: &str) -> bool {
+        self.admins.iter().any(|a| a == open_id)
+    }
+}
+
+fn parse_or<T: FromStr>(
+    name: &'static str,
+    value: Option<String>,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match value {
+        None => Ok(default),
+        Some(v) => v.trim().parse().map_err(|e: T::Err| ConfigError::Invalid {
+            name,
+            reason: format!("`{v}`: {e}"),
+        }),
+    }
+}
+
+fn check_url(name: &'static str, url: &str) -> Result<(), ConfigError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            name,
+            reason: format!("`{url}` is not an http(s) URL"),
+        })
+    }
+}
+
+/// Removes `.` and `..` components lexically (the path need not exist yet).
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::ExposeSecret;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_vars(&|k| map.get(k).cloned(), Path::new("/srv/app"))
+    }
+
+    #[test]
+    fn defaults_and_relative_paths() {
+        let c = load(&[]).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/srv/app/data"));
+        assert_eq!(c.master_key_file, PathBuf::from("/srv/app/data/master.key"));
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.lark_base_url, "https://open.feishu.cn");
+        assert!(c.lark.is_none() && c.database_url.is_none());
+        assert!(matches!(c.llm, LlmConfig::None));
+        assert_eq!(c.inbox.dedup_retention, Duration::from_secs(7 * 24 * 3600));
+        let c = load(&[("SSHMODE_DATA_DIR", "../state/./x")]).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/srv/state/x"));
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let e = load(&[("LARK_APP_ID", "cli_x")]).unwrap_err().to_string();
+        assert!(e.contains("LARK_APP_SECRET"), "{e}");
+        let e = load(&[("SSHMODE_LISTEN", "nope")]).unwrap_err().to_string();
+        assert!(e.contains("SSHMODE_LISTEN"), "{e}");
+        let e = load(&[("LLM_MODEL", "m")]).unwrap_err().to_string();
+        assert!(e.contains("LLM_BASE_URL"), "{e}");
+        let e = load(&[("SSHMODE_LOG_FORMAT", "xml")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_LOG_FORMAT"), "{e}");
+        let e = load(&[("SSHMODE_INBOX_WORKERS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_INBOX_WORKERS"), "{e}");
+        assert!(
+            load(&[])
+                .unwrap()
+                .require_lark()
+                .unwrap_err()
+                .to_string()
+                .contains("LARK_APP_ID")
+        );
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug() {
+        let c = load(&[
+            ("LARK_APP_ID", "cli_x"),
+            ("LARK_APP_SECRET", "app-secret-value"),
+            ("LARK_VERIFICATION_TOKEN", "verif-token-value"),
+            ("LARK_ENCRYPT_KEY", "encrypt-key-value"),
+            ("LLM_BASE_URL", "http://127.0.0.1:1/v1"),
+            ("LLM_MODEL", "m"),
+            ("LLM_API_KEY", "sk-llm-key-value"),
+            ("SSHMODE_API_TOKEN", "api-token-value"),
+            ("DATABASE_URL", "postgres://u:dbpass-value@h/db"),
+        ])
+        .unwrap();
+        let dbg = format!("{c:?}");
+        for s in [
+            "app-secret-value",
+            "verif-token-value",
+            "encrypt-key-value",
+            "sk-llm-key-value",
+            "api-token-value",
+            "dbpass-value",
+        ] {
+            assert!(!dbg.contains(s), "{s} leaked in Debug");
+        }
+        assert_eq!(
+            c.require_lark().unwrap().app_secret.expose_secret(),
+            "app-secret-value"
+        );
+    }
+}

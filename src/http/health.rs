@@ -1,0 +1,38 @@
+//! Liveness, readiness and metrics.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::app::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if crate::store::is_ready(&state.db).await {
+        (StatusCode::OK, "ready")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database not reachable or not migrated",
+        )
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    crate::inbox::refresh_depth(&state).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}

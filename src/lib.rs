@@ -1,0 +1,31 @@
+//! sshmode: an AI agent for Feishu/Lark chats whose work runs on the service's own machine or
+//! on an admin-approved SSH target, chosen per conversation thread.
+//!
+//! Read the modules in the order an event travels: [`http`] receives it, [`lark`] verifies and
+//! parses it, [`inbox`] makes it durable and hands it to a worker, [`chat`] decides what it
+//! means, and the task tools act through [`exec`] on the thread's backend. [`llm`] is model
+//! access; [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state.
+//! ARCHITECTURE.md has the map and the invariants.
+
+pub mod app;
+pub mod audit;
+pub mod chat;
+pub mod clock;
+pub mod config;
+pub mod eventlog;
+pub mod exec;
+pub mod http;
+pub mod inbox;
+pub mod lark;
+pub mod llm;
+pub mod metrics;
+pub mod store;
+pub mod target;
+pub mod telemetry;
+pub mod vault;
+
+/// Installs ring as rustls' process-wide crypto provider (we build rustls without aws-lc).
+/// Idempotent; called by every entry point that may make a TLS connection.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

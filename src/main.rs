@@ -1,0 +1,116 @@
+//! The `sshmode` command line. Parses arguments and calls into the library; no logic here.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sshmode::config::Config;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sshmode",
+    version,
+    about = "An AI agent for Feishu/Lark chats whose work runs locally or on approved SSH targets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the service: HTTP server (webhooks, health, metrics, router status) and workers.
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Manage SSH targets.
+    #[command(subcommand)]
+    Target(sshmode::target::cli::TargetCmd),
+    /// Session event logs.
+    #[command(name = "session-log", subcommand)]
+    SessionLog(SessionLogCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionLogCmd {
+    /// Write a section's event log as JSONL to standard output.
+    Export {
+        /// The section id: a thread id (`omt_…`) or a chat id (`oc_…`).
+        section: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sshmode: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    sshmode::telemetry::init(config.log_format);
+    tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sshmode: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.cmd, config)) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("sshmode: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::Serve => {
+            config.require_lark()?;
+            tracing::info!(
+                data_dir = %config.data_dir.display(),
+                master_key_file = %config.master_key_file.display(),
+                database = if config.database_url.is_some() { "DATABASE_URL" } else { "embedded" },
+                "starting"
+            );
+            let listener = tokio::net::TcpListener::bind(config.listen)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot listen on {} (SSHMODE_LISTEN): {e}", config.listen)
+                })?;
+            let shutdown = CancellationToken::new();
+            let app = sshmode::app::App::build(config, listener, shutdown.clone()).await?;
+            tokio::spawn(async move {
+                sshmode::app::shutdown_signal().await;
+                tracing::info!("shutdown requested");
+                shutdown.cancel();
+            });
+            app.run().await?;
+            Ok(0)
+        }
+        Cmd::Migrate => {
+            let store = sshmode::store::Store::open(&config).await?;
+            store.close().await;
+            println!("migrations applied");
+            Ok(0)
+        }
+        Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
+        Cmd::SessionLog(SessionLogCmd::Export { section }) => {
+            let store = sshmode::store::Store::open(&config).await?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let result = sshmode::eventlog::export_jsonl(&store.pool, &section, &mut out).await;
+            drop(out);
+            store.close().await;
+            result?;
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Prometheus metrics. One [`Metrics`] per app, shared by reference; every name is prefixed
+//! `sshmode_`. Counters get the `_total` suffix on the wire.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `reason` label (rejections, failures).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Lark Open API call labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LarkCallLabels {
+    pub api: String,
+    pub outcome: String,
+}
+
+/// Model router entry labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LlmLabels {
+    pub chain: String,
+    pub provider: String,
+    pub model: String,
+    pub outcome: String,
+}
+
+/// Execution labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecLabels {
+    pub backend: String,
+    pub outcome: String,
+}
+
+/// Every metric the service exports.
+pub struct Metrics {
+    registry: Registry,
+    pub events_received: Counter,
+    pub events_duplicate: Counter,
+    pub events_rejected: Family<ReasonLabel, Counter>,
+    pub events_processed: Counter,
+    pub events_failed: Counter,
+    pub events_dead: Counter,
+    /// Events recorded but not yet done; refreshed when `/metrics` is scraped.
+    pub inbox_depth: Gauge,
+    pub lark_api_calls: Family<LarkCallLabels, Counter>,
+    pub llm_requests: Family<LlmLabels, Counter>,
+    pub llm_latency_seconds: Histogram,
+    pub exec_commands: Family<ExecLabels, Counter>,
+    pub ssh_connects: Family<ReasonLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sshmode");
+        let m = Metrics {
+            events_received: Counter::default(),
+            events_duplicate: Counter::default(),
+            events_rejected: Family::default(),
+            events_processed: Counter::default(),
+            events_failed: Counter::default(),
+            events_dead: Counter::default(),
+            inbox_depth: Gauge::default(),
+            lark_api_calls: Family::default(),
+            llm_requests: Family::default(),
+            llm_latency_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            exec_commands: Family::default(),
+            ssh_connects: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "events_received",
+            "Lark events accepted and recorded",
+            m.events_received.clone(),
+        );
+        registry.register(
+            "events_duplicate",
+            "Lark events already recorded (redeliveries)",
+            m.events_duplicate.clone(),
+        );
+        registry.register(
+            "events_rejected",
+            "Lark callback requests refused, by reason",
+            m.events_rejected.clone(),
+        );
+        registry.register(
+            "events_processed",
+            "Inbox events handled successfully",
+            m.events_processed.clone(),
+        );
+        registry.register(
+            "events_failed",
+            "Inbox event handling attempts that failed",
+            m.events_failed.clone(),
+        );
+        registry.register(
+            "events_dead",
+            "Inbox events moved to the dead-letter state",
+            m.events_dead.clone(),
+        );
+        registry.register(
+            "inbox_depth",
+            "Inbox events not yet done",
+            m.inbox_depth.clone(),
+        );
+        registry.register(
+            "lark_api_calls",
+            "Lark Open API calls by API and outcome",
+            m.lark_api_calls.clone(),
+        );
+        registry.register(
+            "llm_requests",
+            "Model requests by router entry and outcome",
+            m.llm_requests.clone(),
+        );
+        registry.register(
+            "llm_latency_seconds",
+            "Model request latency",
+            m.llm_latency_seconds.clone(),
+        );
+        registry.register(
+            "exec_commands",
+            "Commands run by backend and outcome",
+            m.exec_commands.clone(),
+        );
+        registry.register(
+            "ssh_connects",
+            "SSH connection attempts by outcome",
+            m.ssh_connects.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Counts a refused callback request.
+    pub fn rejected(&self, reason: &str) {
+        self.events_rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,86 @@
+//! The service's own PostgreSQL: connection pool, embedded migrations, and the embedded
+//! cluster used when no `DATABASE_URL` is set.
+//!
+//! Owns connecting and migrating; holds no domain rules. Every command that touches the
+//! database goes through [`Store::open`], which applies pending migrations first.
+
+pub mod embedded;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use secrecy::ExposeSecret;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::Config;
+use embedded::EmbeddedCluster;
+
+/// Most connections the pool opens; bounded so that a burst cannot exhaust the server.
+const POOL_MAX: u32 = 20;
+
+/// The embedded migrations (timestamp-named, append-only).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// An open, migrated database, plus the embedded cluster when this process started it.
+pub struct Store {
+    pub pool: PgPool,
+    /// `Some` when the embedded default is in use; stopped by [`Store::close`] only if this
+    /// process started it.
+    embedded: Option<EmbeddedCluster>,
+}
+
+impl Store {
+    /// Connects (starting or attaching to the embedded cluster when `DATABASE_URL` is unset)
+    /// and applies pending migrations.
+    pub async fn open(config: &Config) -> anyhow::Result<Self> {
+        let (options, embedded) = match &config.database_url {
+            Some(url) => {
+                let opts = PgConnectOptions::from_str(url.expose_secret())
+                    .map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
+                (opts, None)
+            }
+            None => {
+                let dir = config.data_dir.join("pg");
+                let cluster =
+                    tokio::task::spawn_blocking(move || EmbeddedCluster::ensure_running(&dir))
+                        .await
+                        .context("embedded PostgreSQL start-up task failed")??;
+                (cluster.connect_options(), Some(cluster))
+            }
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_MAX)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .context("cannot connect to PostgreSQL")?;
+        let store = Store { pool, embedded };
+        if let Err(e) = MIGRATOR.run(&store.pool).await {
+            store.close().await;
+            return Err(anyhow::Error::new(e).context("applying database migrations failed"));
+        }
+        Ok(store)
+    }
+
+    /// Closes the pool and, if this process started the embedded cluster, stops it.
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(cluster) = self.embedded {
+            let _ = tokio::task::spawn_blocking(move || cluster.release()).await;
+        }
+    }
+}
+
+/// Readiness: the database answers and every embedded migration is applied.
+pub async fn is_ready(pool: &PgPool) -> bool {
+    let Ok(applied) =
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await
+    else {
+        return false;
+    };
+    applied >= MIGRATOR.iter().count() as i64
+}

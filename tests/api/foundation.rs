@@ -1,0 +1,224 @@
+//! The service skeleton: health, readiness, metrics, migrations, the embedded cluster, the
+//! event-log export.
+
+use std::os::unix::fs::PermissionsExt;
+
+use sshmode::store::Store;
+
+use crate::helpers::{TestApp, config_from, fresh_database};
+
+#[tokio::test]
+async fn health_ready_and_metrics() {
+    let app = TestApp::spawn().await;
+    let r = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let samples: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert!(!samples.is_empty());
+    assert!(samples.iter().all(|l| l.starts_with("sshmode_")), "{body}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_fails_when_migrations_are_missing() {
+    let app = TestApp::spawn().await;
+    sqlx::query(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&app.state.db)
+    .await
+    .unwrap();
+    let r = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn migrations_apply_once_and_are_idempotent() {
+    let url = fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let vars = [("DATABASE_URL".to_string(), url)].into_iter().collect();
+    let config = config_from(&vars, dir.path());
+    let a = Store::open(&config).await.unwrap();
+    let n1: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&a.pool)
+        .await
+        .unwrap();
+    a.close().await;
+    let b = Store::open(&config).await.unwrap();
+    let n2: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+    assert!(sshmode::store::is_ready(&b.pool).await);
+    b.close().await;
+    assert_eq!(n1, n2);
+    assert_eq!(n1 as usize, sshmode::store::MIGRATOR.iter().count());
+}
+
+#[tokio::test]
+async fn audit_and_event_log_are_append_only() {
+    let app = TestApp::spawn().await;
+    let db = &app.state.db;
+    let mut conn = db.acquire().await.unwrap();
+    sshmode::audit::record(
+        &mut conn,
+        sshmode::audit::Entry {
+            actor: "cli",
+            action: "test.write",
+            subject: "x",
+            detail: serde_json::json!({}),
+        },
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    assert!(
+        sqlx::query("UPDATE audit_log SET actor = 'someone'")
+            .execute(db)
+            .await
+            .is_err()
+    );
+    assert!(
+        sqlx::query("DELETE FROM audit_log")
+            .execute(db)
+            .await
+            .is_err()
+    );
+    sshmode::eventlog::append(db, "oc_1", "message", serde_json::json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert!(
+        sqlx::query("DELETE FROM session_events")
+            .execute(db)
+            .await
+            .is_err()
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn session_log_export_writes_jsonl_in_order() {
+    let app = TestApp::spawn().await;
+    let db = &app.state.db;
+    for i in 0..5 {
+        sshmode::eventlog::append(db, "omt_thread", "message", serde_json::json!({ "n": i }))
+            .await
+            .unwrap();
+    }
+    sshmode::eventlog::append(db, "oc_other", "message", serde_json::json!({ "n": 99 }))
+        .await
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(["session-log", "export", "omt_thread"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", &app.db_url)
+        .env("SSHMODE_DATA_DIR", app.data_dir.path())
+        .current_dir(app.data_dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["section"], "omt_thread");
+        assert_eq!(l["seq"], i as i64 + 1);
+        assert_eq!(l["payload"]["n"], i as i64);
+    }
+    app.stop().await;
+}
+
+/// With no DATABASE_URL: a private cluster is created, a second opener attaches to it, and
+/// only the opener that started it stops it.
+#[tokio::test]
+async fn embedded_cluster_starts_attaches_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    // Under root the cluster runs as `postgres`, which must be able to reach the data dir.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let vars = [(
+        "SSHMODE_DATA_DIR".to_string(),
+        dir.path().join("d").display().to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let config = config_from(&vars, dir.path());
+    let pid_file = dir.path().join("d/pg/postmaster.pid");
+
+    let owner = Store::open(&config).await.expect("embedded cluster starts");
+    assert!(pid_file.exists());
+    let guest = Store::open(&config).await.expect("second command attaches");
+    sqlx::query("CREATE TABLE t (x int)")
+        .execute(&guest.pool)
+        .await
+        .unwrap();
+    guest.close().await;
+    assert!(
+        pid_file.exists(),
+        "an attaching command must not stop the cluster"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t")
+        .fetch_one(&owner.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    owner.close().await;
+    assert!(!pid_file.exists(), "the starting command stops the cluster");
+
+    // Restart on the existing cluster keeps the data.
+    let again = Store::open(&config).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t")
+        .fetch_one(&again.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    again.close().await;
+}
+
+/// Under root, a data directory the `postgres` account cannot reach fails with a message
+/// saying so.
+#[tokio::test]
+async fn embedded_cluster_unreachable_dir_is_a_clear_error() {
+    if unsafe { libc::geteuid() } != 0 {
+        return; // only meaningful when the cluster must run as another account
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let vars = [(
+        "SSHMODE_DATA_DIR".to_string(),
+        dir.path().join("d").display().to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let config = config_from(&vars, dir.path());
+    let err = Store::open(&config)
+        .await
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        err.contains("cannot reach") && err.contains("postgres"),
+        "{err}"
+    );
+}

@@ -1,0 +1,170 @@
+//! Shared test fixtures: a fresh database per test, and `TestApp`, the service built by the
+//! same constructor as `main`, on a random port.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use sqlx::Connection;
+use sshmode::app::{App, AppState, Overrides};
+use sshmode::clock::{Clock, SystemClock};
+use sshmode::config::Config;
+use tokio_util::sync::CancellationToken;
+
+/// The server the tests create their databases on.
+pub fn server_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .expect("TEST_DATABASE_URL is not set: run the tests through scripts/test.sh, or point it at a PostgreSQL server")
+}
+
+/// Creates an empty database for one test and returns its URL.
+pub async fn fresh_database() -> String {
+    let server = server_url();
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&server)
+        .await
+        .expect("connect to TEST_DATABASE_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
+    conn.close().await.ok();
+    with_database(&server, &name)
+}
+
+fn with_database(server: &str, name: &str) -> String {
+    let (base, query) = match server.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (server, None),
+    };
+    let prefix = match base.rfind('/') {
+        Some(i) if base[..i].contains("//") && i > base.find("//").unwrap() + 1 => &base[..i],
+        _ => base,
+    };
+    match query {
+        Some(q) => format!("{prefix}/{name}?{q}"),
+        None => format!("{prefix}/{name}"),
+    }
+}
+
+/// Builds a [`Config`] from explicit variables (the process environment is not read).
+pub fn config_from(vars: &HashMap<String, String>, cwd: &Path) -> Config {
+    Config::from_vars(&|k| vars.get(k).cloned(), cwd).expect("test config")
+}
+
+/// A running service for one test.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    pub http: reqwest::Client,
+    pub state: AppState,
+    pub db_url: String,
+    pub shutdown: CancellationToken,
+    pub data_dir: tempfile::TempDir,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Configures a [`TestApp`] before it starts.
+pub struct TestAppBuilder {
+    vars: HashMap<String, String>,
+    clock: Arc<dyn Clock>,
+    db_url: Option<String>,
+}
+
+impl TestApp {
+    pub fn builder() -> TestAppBuilder {
+        let mut vars = HashMap::new();
+        for (k, v) in [
+            ("LARK_APP_ID", "cli_test_app"),
+            ("LARK_APP_SECRET", "test-app-secret"),
+            ("LARK_VERIFICATION_TOKEN", "test-verification-token"),
+            ("LARK_BASE_URL", "http://127.0.0.1:9"),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ] {
+            vars.insert(k.to_string(), v.to_string());
+        }
+        TestAppBuilder {
+            vars,
+            clock: Arc::new(SystemClock),
+            db_url: None,
+        }
+    }
+
+    pub async fn spawn() -> TestApp {
+        Self::builder().spawn().await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Stops the service gracefully and waits for it.
+    pub async fn stop(self) -> String {
+        self.shutdown.cancel();
+        self.handle.await.expect("app task").expect("app run");
+        self.db_url
+    }
+}
+
+impl TestAppBuilder {
+    /// Sets (or with an empty value, clears) a configuration variable.
+    pub fn var(mut self, key: &str, value: &str) -> Self {
+        if value.is_empty() {
+            self.vars.remove(key);
+        } else {
+            self.vars.insert(key.to_string(), value.to_string());
+        }
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Reuses an existing database (e.g. to restart the service on the same state).
+    pub fn database(mut self, url: &str) -> Self {
+        self.db_url = Some(url.to_string());
+        self
+    }
+
+    pub async fn spawn(self) -> TestApp {
+        let db_url = match self.db_url {
+            Some(u) => u,
+            None => fresh_database().await,
+        };
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let mut vars = self.vars;
+        vars.insert("DATABASE_URL".into(), db_url.clone());
+        vars.entry("SSHMODE_DATA_DIR".into())
+            .or_insert_with(|| data_dir.path().display().to_string());
+        let config = config_from(&vars, data_dir.path());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let shutdown = CancellationToken::new();
+        let app = App::build_with(
+            config,
+            listener,
+            shutdown.clone(),
+            Overrides { clock: self.clock },
+        )
+        .await
+        .expect("build app");
+        let addr = app.local_addr();
+        let state = app.state().clone();
+        let handle = tokio::spawn(app.run());
+        TestApp {
+            addr,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            state,
+            db_url,
+            shutdown,
+            data_dir,
+            handle,
+        }
+    }
+}
