@@ -7,11 +7,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::lark::client::LarkClient;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -24,6 +26,11 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// Cancelled when the service begins shutting down.
     pub shutdown: CancellationToken,
+    /// The Lark Open API client (one connection pool, token cache and rate limits per app).
+    pub lark: Arc<LarkClient>,
+    /// Wakes an idle inbox worker when the webhook records a new event (the poll interval
+    /// covers retries and expired leases).
+    pub inbox_wake: Arc<Notify>,
 }
 
 /// Seams tests may replace.
@@ -67,14 +74,24 @@ impl App {
     ) -> anyhow::Result<App> {
         crate::install_crypto_provider();
         let store = Store::open(&config).await?;
+        let metrics = Arc::new(Metrics::new());
+        // Without credentials (commands other than `serve`) calls fail with a token error.
+        let (app_id, app_secret) = match &config.lark {
+            Some(l) => (l.app_id.clone(), l.app_secret.clone()),
+            None => (String::new(), secrecy::SecretString::from(String::new())),
+        };
+        let lark = LarkClient::new(&config.lark_base_url, &app_id, app_secret, metrics.clone())?;
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             clock: overrides.clock,
             shutdown: shutdown.clone(),
+            lark: Arc::new(lark),
+            inbox_wake: Arc::new(Notify::new()),
         };
         let tasks = TaskTracker::new();
+        crate::inbox::spawn_workers(&state, &tasks);
         Ok(App {
             listener,
             state,

@@ -14,6 +14,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::routes())
         .merge(crate::llm::routes())
+        .merge(crate::lark::routes())
         .with_state(state)
 }
 

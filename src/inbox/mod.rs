@@ -1,10 +1,318 @@
 //! The durable inbox: verified Lark events recorded in Postgres before they are acknowledged,
-//! then claimed by workers (`FOR UPDATE SKIP LOCKED`), retried with backoff and dead-lettered
-//! after too many failures. Knows nothing of event bodies beyond their id and type.
+//! then claimed by workers (`FOR UPDATE SKIP LOCKED` plus a lease), retried with exponential
+//! backoff and dead-lettered after too many failures. Knows nothing of event bodies beyond
+//! their id and type: what an event means is [`crate::chat`]'s business.
+//!
+//! A claim moves the row's `available_at` to the end of its lease; if the process dies, the
+//! lease runs out and the event is claimed again after restart. On shutdown a worker hands back
+//! what it holds at once.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+use tokio_util::task::TaskTracker;
 
 use crate::app::AppState;
+use crate::lark::webhook::Envelope;
+
+/// How often an idle worker looks for due events (retries, expired leases) without a wake-up.
+const POLL: Duration = Duration::from_secs(1);
+/// Pause after a database error before the next claim.
+const ERROR_PAUSE: Duration = Duration::from_secs(2);
+/// First retry delay; doubles per attempt up to [`MAX_BACKOFF`].
+const BASE_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// How often finished rows past the retention are deleted, and how many per statement / pass.
+const CLEANUP_EVERY: Duration = Duration::from_secs(600);
+const CLEANUP_BATCH: i64 = 1000;
+const CLEANUP_MAX_BATCHES: usize = 50;
+/// Longest `last_error` kept.
+const ERROR_TEXT_MAX: usize = 500;
+
+/// A claimed event.
+#[derive(Debug, Clone)]
+pub struct InboxEvent {
+    pub event_id: String,
+    pub event_type: String,
+    /// The stored envelope (verification token already removed).
+    pub payload: Value,
+    /// Attempts including this one.
+    pub attempts: i32,
+}
+
+/// Records a verified event. Returns `false` when the event id was already recorded (a
+/// redelivery), which must not be processed again.
+pub async fn record(state: &AppState, env: &Envelope) -> anyhow::Result<bool> {
+    let now = state.clock.now();
+    let inserted = sqlx::query(
+        "INSERT INTO inbox_events (event_id, event_type, payload, received_at, available_at)
+         VALUES ($1, $2, $3, $4, $4) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind(&env.event_id)
+    .bind(&env.event_type)
+    .bind(&env.payload)
+    .bind(now)
+    .execute(&state.db)
+    .await
+    .context("inserting into the inbox")?
+    .rows_affected()
+        == 1;
+    if inserted {
+        state.inbox_wake.notify_one();
+    }
+    Ok(inserted)
+}
+
+/// Claims the oldest due event, if any, leasing it until `now + lease`.
+pub async fn claim(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    lease: Duration,
+) -> sqlx::Result<Option<InboxEvent>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    let row = sqlx::query(
+        "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+         FROM (SELECT event_id FROM inbox_events
+               WHERE state = 'pending' AND available_at <= $1
+               ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED) c
+         WHERE e.event_id = c.event_id
+         RETURNING e.event_id, e.event_type, e.payload, e.attempts",
+    )
+    .bind(now)
+    .bind(until)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|r| {
+        Ok(InboxEvent {
+            event_id: r.try_get("event_id")?,
+            event_type: r.try_get("event_type")?,
+            payload: r.try_get("payload")?,
+            attempts: r.try_get("attempts")?,
+        })
+    })
+    .transpose()
+}
+
+/// Marks a claimed event done.
+pub async fn complete(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE inbox_events SET state = 'done', finished_at = $2, last_error = NULL
+         WHERE event_id = $1 AND state = 'pending'",
+    )
+    .bind(event_id)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What became of a failed event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// Will be retried at the given time.
+    Retry(DateTime<Utc>),
+    /// Out of attempts: dead-lettered.
+    Dead,
+}
+
+/// Records a failed attempt: schedules a retry with exponential backoff, or dead-letters the
+/// event once `max_attempts` are used up.
+pub async fn fail(
+    pool: &PgPool,
+    event: &InboxEvent,
+    error: &str,
+    now: DateTime<Utc>,
+    max_attempts: i32,
+) -> sqlx::Result<Failed> {
+    let retry_at = now + chrono::Duration::from_std(backoff(event.attempts)).unwrap_or_default();
+    let error: String = error.chars().take(ERROR_TEXT_MAX).collect();
+    let dead: bool = sqlx::query_scalar(
+        "UPDATE inbox_events SET last_error = $2,
+                state = CASE WHEN attempts >= $3 THEN 'dead' ELSE 'pending' END,
+                finished_at = CASE WHEN attempts >= $3 THEN $5 ELSE NULL END,
+                available_at = $4
+         WHERE event_id = $1 RETURNING state = 'dead'",
+    )
+    .bind(&event.event_id)
+    .bind(error)
+    .bind(max_attempts)
+    .bind(retry_at)
+    .bind(now)
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or(false);
+    Ok(if dead {
+        Failed::Dead
+    } else {
+        Failed::Retry(retry_at)
+    })
+}
+
+/// Returns a claimed event unprocessed (shutdown): due at once, the attempt not counted.
+pub async fn hand_back(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE inbox_events SET available_at = $2, attempts = GREATEST(attempts - 1, 0)
+         WHERE event_id = $1 AND state = 'pending'",
+    )
+    .bind(event_id)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Deletes up to `limit` done rows finished before `before`. Returns how many.
+pub async fn cleanup(pool: &PgPool, before: DateTime<Utc>, limit: i64) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM inbox_events WHERE event_id IN (
+             SELECT event_id FROM inbox_events
+             WHERE state = 'done' AND finished_at < $1 LIMIT $2)",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Retry delay after `attempts` failed attempts: 2 s, 4 s, 8 s … capped at an hour.
+pub fn backoff(attempts: i32) -> Duration {
+    let exp = attempts.saturating_sub(1).clamp(0, 20) as u32;
+    BASE_BACKOFF
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(MAX_BACKOFF)
+}
 
 /// Refreshes the inbox-depth gauge (called when metrics are scraped).
 pub async fn refresh_depth(state: &AppState) {
-    let _ = state;
+    let depth: Result<i64, _> =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE state = 'pending'")
+            .fetch_one(&state.db)
+            .await;
+    if let Ok(d) = depth {
+        state.metrics.inbox_depth.set(d);
+    }
+}
+
+/// Starts the workers and the retention cleanup on `tasks`; they stop when the shutdown token
+/// is cancelled. Does nothing when workers are disabled (`SSHMODE_WORKERS_ENABLED=false`).
+pub fn spawn_workers(state: &AppState, tasks: &TaskTracker) {
+    if !state.config.inbox.workers_enabled {
+        tracing::warn!("inbox workers are disabled; events are recorded but not processed");
+        return;
+    }
+    for n in 0..state.config.inbox.workers {
+        tasks.spawn(worker(state.clone(), n));
+    }
+    tasks.spawn(cleanup_loop(state.clone()));
+}
+
+async fn worker(state: AppState, n: usize) {
+    let shutdown = state.shutdown.clone();
+    let lease = state.config.inbox.lease;
+    // A handler must finish well inside its lease, or another worker could take the event.
+    let budget = lease.mul_f64(0.9);
+    tracing::debug!(inbox.worker = n, "inbox worker started");
+    while !shutdown.is_cancelled() {
+        let claimed = claim(&state.db, state.clock.now(), lease).await;
+        let event = match claimed {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                tokio::select! {
+                    _ = state.inbox_wake.notified() => {}
+                    _ = tokio::time::sleep(POLL) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "claiming from the inbox failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(ERROR_PAUSE) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+        };
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(budget, crate::chat::handle_event(&state, &event)) => {
+                Some(r.unwrap_or_else(|_| Err(anyhow::anyhow!("handler ran out of time"))))
+            }
+            _ = shutdown.cancelled() => None,
+        };
+        let now = state.clock.now();
+        let stored = match outcome {
+            None => hand_back(&state.db, &event.event_id, now).await,
+            Some(Ok(())) => {
+                state.metrics.events_processed.inc();
+                complete(&state.db, &event.event_id, now).await
+            }
+            Some(Err(e)) => {
+                state.metrics.events_failed.inc();
+                let text = format!("{e:#}");
+                let r = fail(
+                    &state.db,
+                    &event,
+                    &text,
+                    now,
+                    state.config.inbox.max_attempts,
+                )
+                .await;
+                match r {
+                    Ok(Failed::Dead) => {
+                        state.metrics.events_dead.inc();
+                        tracing::error!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, "event dead-lettered");
+                    }
+                    Ok(Failed::Retry(at)) => {
+                        tracing::warn!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, retry_at = %at, "event failed; will retry");
+                    }
+                    Err(_) => {}
+                }
+                r.map(|_| ())
+            }
+        };
+        if let Err(e) = stored {
+            // The lease runs out and the event is retried; nothing is lost.
+            tracing::error!(lark.event_id = %event.event_id, error = %e, "updating the inbox failed");
+        }
+    }
+    tracing::debug!(inbox.worker = n, "inbox worker stopped");
+}
+
+async fn cleanup_loop(state: AppState) {
+    let retention = chrono::Duration::from_std(state.config.inbox.dedup_retention)
+        .unwrap_or(chrono::Duration::days(7));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(CLEANUP_EVERY) => {}
+            _ = state.shutdown.cancelled() => return,
+        }
+        let before = state.clock.now() - retention;
+        for _ in 0..CLEANUP_MAX_BATCHES {
+            match cleanup(&state.db, before, CLEANUP_BATCH).await {
+                Ok(n) if n == CLEANUP_BATCH as u64 => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "inbox cleanup failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(3), Duration::from_secs(8));
+        assert_eq!(backoff(1000), MAX_BACKOFF);
+    }
 }

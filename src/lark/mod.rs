@@ -1,2 +1,107 @@
 //! The Lark/Feishu platform: the event callback (verification, decryption, envelopes), event
 //! types, and the Open API client. Decides nothing about what a message means.
+//!
+//! The callback handler here only verifies, records and answers (invariant 1): it makes no
+//! outbound call, and a rejected request leaves nothing behind.
+
+pub mod client;
+pub mod event;
+pub mod webhook;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::json;
+
+use crate::app::AppState;
+use webhook::{Rejection, SignatureHeaders, Verified};
+
+/// `POST /lark/events`.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/lark/events", post(receive))
+}
+
+async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    match receive_inner(&state, &headers, body).await {
+        Ok(r) => r,
+        Err(Failure::Rejected(r)) => {
+            state.metrics.rejected(r.reason());
+            tracing::info!(lark.reject = r.reason(), "callback refused");
+            let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            (status, axum::Json(json!({ "error": r.to_string() }))).into_response()
+        }
+        Err(Failure::Unavailable(e)) => {
+            // The platform retries; nothing was acknowledged.
+            tracing::error!(error = format!("{e:#}"), "recording a Lark event failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({ "error": "temporarily unavailable" })),
+            )
+                .into_response()
+        }
+    }
+}
+
+enum Failure {
+    Rejected(Rejection),
+    Unavailable(anyhow::Error),
+}
+
+async fn receive_inner(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > webhook::MAX_BODY as u64) {
+        return Err(Failure::Rejected(Rejection::TooLarge));
+    }
+    // Reading stops at the limit; an error here is an oversized body or a client that went away.
+    let body: Bytes = axum::body::to_bytes(body, webhook::MAX_BODY)
+        .await
+        .map_err(|_| Failure::Rejected(Rejection::TooLarge))?;
+    let Some(lark) = state.config.lark.as_ref() else {
+        return Err(Failure::Unavailable(anyhow::anyhow!(
+            "LARK_* credentials are not configured"
+        )));
+    };
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let sig = SignatureHeaders {
+        timestamp: get(webhook::HEADER_TIMESTAMP),
+        nonce: get(webhook::HEADER_NONCE),
+        signature: get(webhook::HEADER_SIGNATURE),
+    };
+    let verified = webhook::verify(
+        lark,
+        sig,
+        &body,
+        state.clock.now(),
+        state.config.inbox.dedup_retention,
+    )
+    .map_err(Failure::Rejected)?;
+    match verified {
+        Verified::Challenge(c) => Ok(axum::Json(json!({ "challenge": c })).into_response()),
+        Verified::Event(env) => {
+            let fresh = crate::inbox::record(state, &env)
+                .await
+                .map_err(Failure::Unavailable)?;
+            if fresh {
+                state.metrics.events_received.inc();
+            } else {
+                state.metrics.events_duplicate.inc();
+            }
+            tracing::debug!(lark.event_id = %env.event_id, lark.event_type = %env.event_type, fresh, "event recorded");
+            if env.event_type == event::CARD_ACTION {
+                Ok(axum::Json(json!({})).into_response())
+            } else {
+                Ok(axum::Json(json!({ "msg": "success" })).into_response())
+            }
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! The Lark Open API client: one `reqwest::Client` (rustls on ring) against a configurable base
+//! URL, the tenant access token cache, outbound rate limits (per app and per chat), retries
+//! with backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`.
+//!
+//! It never decides what to say; callers pass content and an idempotency `uuid` derived from
+//! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
+//! never appear in errors or logs.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Mutex, OnceCell};
+use tokio::time::Instant;
+
+use crate::metrics::{LarkCallLabels, Metrics};
+
+/// Token-invalid codes: drop the cached token, fetch a new one, retry once.
+const TOKEN_INVALID: [i64; 3] = [99991663, 99991664, 99991671];
+/// The rate-limit code (with HTTP 429, or 400 on some older APIs).
+const RATE_LIMITED: i64 = 99991400;
+/// Attempts per call, counting the first.
+const MAX_ATTEMPTS: u32 = 4;
+/// Longest single wait between attempts (also caps `x-ogw-ratelimit-reset`).
+const MAX_BACKOFF: Duration = Duration::from_secs(20);
+/// A token is used until this long before it expires.
+const TOKEN_MARGIN: Duration = Duration::from_secs(300);
+/// Per-request timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Per-chat limiter entries kept before idle ones are pruned.
+const MAX_CHAT_KEYS: usize = 10_000;
+/// Lark's documented ceiling is about 50 requests/s per app and 5/s per chat.
+const APP_RATE: u32 = 50;
+const CHAT_RATE: u32 = 5;
+/// `uuid` may be at most 50 characters.
+const UUID_LEN: usize = 40;
+
+/// What went wrong with a call. Messages carry codes and Lark's `msg`, never tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum LarkError {
+    #[error("Lark API {api} answered code {code}: {msg}")]
+    Api {
+        api: &'static str,
+        code: i64,
+        msg: String,
+    },
+    #[error("Lark API {api} is rate limiting and retries ran out")]
+    RateLimited { api: &'static str },
+    #[error("Lark API {api} failed with HTTP {status}")]
+    Http { api: &'static str, status: u16 },
+    #[error("Lark API {api} could not be reached: {reason}")]
+    Transport { api: &'static str, reason: String },
+    #[error("Lark API {api} answered something unreadable")]
+    Decode { api: &'static str },
+    #[error("no tenant access token: {0}")]
+    Token(String),
+}
+
+/// Message content in one of the shapes Lark takes.
+#[derive(Debug, Clone)]
+pub enum Content {
+    Text(String),
+    /// A `post` (rich text) body.
+    Post(Value),
+    /// An interactive card.
+    Card(Value),
+}
+
+impl Content {
+    fn msg_type(&self) -> &'static str {
+        match self {
+            Content::Text(_) => "text",
+            Content::Post(_) => "post",
+            Content::Card(_) => "interactive",
+        }
+    }
+
+    /// `content` is a JSON document inside a string.
+    fn encoded(&self) -> String {
+        match self {
+            Content::Text(t) => json!({ "text": t }).to_string(),
+            Content::Post(v) | Content::Card(v) => v.to_string(),
+        }
+    }
+}
+
+/// Where a sent message landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub message_id: String,
+    pub chat_id: Option<String>,
+    /// Set when the message is in a thread (always after `reply_in_thread`).
+    pub thread_id: Option<String>,
+}
+
+/// An idempotency key for a message send: the same inputs always give the same ≤ 50-character
+/// `uuid`, so Lark drops a retried send.
+pub fn idempotency_key(answered: &str, purpose: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(answered.as_bytes());
+    h.update([0]);
+    h.update(purpose.as_bytes());
+    let mut s = hex::encode(h.finalize());
+    s.truncate(UUID_LEN);
+    s
+}
+
+struct CachedToken {
+    token: SecretString,
+    refresh_at: Instant,
+}
+
+/// The Open API client. One per app, shared.
+pub struct LarkClient {
+    /// One connection pool for every call.
+    http: reqwest::Client,
+    /// `LARK_BASE_URL`, without trailing slash (tests point it at a fake).
+    base: String,
+    app_id: String,
+    app_secret: SecretString,
+    /// The tenant token; the lock also makes concurrent refreshes wait for one fetch.
+    token: Mutex<Option<CachedToken>>,
+    /// The bot's own open_id (`/bot/v3/info`), fetched once on first need.
+    bot_open_id: OnceCell<String>,
+    /// Keeps the app under Lark's per-app ceiling.
+    app_limit: DefaultDirectRateLimiter,
+    /// Keeps each chat under Lark's per-chat ceiling.
+    chat_limit: DefaultKeyedRateLimiter<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl LarkClient {
+    pub fn new(
+        base: &str,
+        app_id: &str,
+        app_secret: SecretString,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
+        crate::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(16)
+            .build()
+            .map_err(|e| anyhow::anyhow!("building the Lark HTTP client failed: {e}"))?;
+        let per_sec = |n| Quota::per_second(NonZeroU32::new(n).expect("non-zero rate"));
+        Ok(LarkClient {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            app_id: app_id.to_string(),
+            app_secret,
+            token: Mutex::new(None),
+            bot_open_id: OnceCell::new(),
+            app_limit: RateLimiter::direct(per_sec(APP_RATE)),
+            chat_limit: RateLimiter::keyed(per_sec(CHAT_RATE)),
+            metrics,
+        })
+    }
+
+    /// The bot's own open_id, cached after the first successful call.
+    pub async fn bot_open_id(&self) -> Result<String, LarkError> {
+        self.bot_open_id
+            .get_or_try_init(|| async {
+                let v = self
+                    .call(
+                        "bot_info",
+                        Method::GET,
+                        "/open-apis/bot/v3/info",
+                        None,
+                        None,
+                    )
+                    .await?;
+                v.pointer("/bot/open_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .ok_or(LarkError::Decode { api: "bot_info" })
+            })
+            .await
+            .cloned()
+    }
+
+    /// Sends a new message to a chat.
+    pub async fn send(
+        &self,
+        chat_id: &str,
+        content: &Content,
+        uuid: &str,
+    ) -> Result<Sent, LarkError> {
+        let body = json!({
+            "receive_id": chat_id,
+            "msg_type": content.msg_type(),
+            "content": content.encoded(),
+            "uuid": uuid,
+        });
+        let v = self
+            .call(
+                "send",
+                Method::POST,
+                "/open-apis/im/v1/messages?receive_id_type=chat_id",
+                Some(body),
+                Some(chat_id),
+            )
+            .await?;
+        sent("send", &v)
+    }
+
+    /// Replies to a message (an `om_` id). `in_thread` opens or continues a thread; the answer
+    /// names the thread.
+    pub async fn reply(
+        &self,
+        message_id: &str,
+        content: &Content,
+        in_thread: bool,
+        uuid: &str,
+        chat_key: Option<&str>,
+    ) -> Result<Sent, LarkError> {
+        let body = json!({
+            "msg_type": content.msg_type(),
+            "content": content.encoded(),
+            "reply_in_thread": in_thread,
+            "uuid": uuid,
+        });
+        let path = format!(
+            "/open-apis/im/v1/messages/{}/reply",
+            path_segment(message_id)
+        );
+        let v = self
+            .call(
+                "reply",
+                Method::POST,
+                &path,
+                Some(body),
+                chat_key.or(Some(message_id)),
+            )
+            .await?;
+        sent("reply", &v)
+    }
+
+    /// Edits a text or post message (PUT) or a card (PATCH).
+    pub async fn edit(&self, message_id: &str, content: &Content) -> Result<(), LarkError> {
+        let path = format!("/open-apis/im/v1/messages/{}", path_segment(message_id));
+        let (api, method, body) = match content {
+            Content::Card(_) => (
+                "edit_card",
+                Method::PATCH,
+                json!({ "content": content.encoded() }),
+            ),
+            _ => (
+                "edit",
+                Method::PUT,
+                json!({ "msg_type": content.msg_type(), "content": content.encoded() }),
+            ),
+        };
+        self.call(api, method, &path, Some(body), Some(message_id))
+            .await?;
+        Ok(())
+    }
+
+    /// Adds an emoji reaction; returns its id (for removal).
+    pub async fn add_reaction(&self, message_id: &str, emoji: &str) -> Result<String, LarkError> {
+        let path = format!(
+            "/open-apis/im/v1/messages/{}/reactions",
+            path_segment(message_id)
+        );
+        let body = json!({ "reaction_type": { "emoji_type": emoji } });
+        let v = self
+            .call(
+                "add_reaction",
+                Method::POST,
+                &path,
+                Some(body),
+                Some(message_id),
+            )
+            .await?;
+        v.pointer("/data/reaction_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or(LarkError::Decode {
+                api: "add_reaction",
+            })
+    }
+
+    pub async fn remove_reaction(
+        &self,
+        message_id: &str,
+        reaction_id: &str,
+    ) -> Result<(), LarkError> {
+        let path = format!(
+            "/open-apis/im/v1/messages/{}/reactions/{}",
+            path_segment(message_id),
+            path_segment(reaction_id)
+        );
+        self.call(
+            "remove_reaction",
+            Method::DELETE,
+            &path,
+            None,
+            Some(message_id),
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn count(&self, api: &'static str, outcome: &'static str) {
+        self.metrics
+            .lark_api_calls
+            .get_or_create(&LarkCallLabels {
+                api: api.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// A cached token, or a new one.
+    async fn token(&self) -> Result<SecretString, LarkError> {
+        let mut slot = self.token.lock().await;
+        if let Some(t) = slot.as_ref()
+            && Instant::now() < t.refresh_at
+        {
+            return Ok(t.token.clone());
+        }
+        let body = json!({ "app_id": self.app_id, "app_secret": self.app_secret.expose_secret() });
+        let url = format!(
+            "{}/open-apis/auth/v3/tenant_access_token/internal",
+            self.base
+        );
+        let resp = self.http.post(url).json(&body).send().await.map_err(|e| {
+            self.count("token", "transport");
+            LarkError::Token(format!("transport error: {}", without_url(&e)))
+        })?;
+        let status = resp.status();
+        let v: Value = resp.json().await.map_err(|_| {
+            self.count("token", "error");
+            LarkError::Token(format!("unreadable answer (HTTP {status})"))
+        })?;
+        let code = v.get("code").and_then(Value::as_i64).unwrap_or(-1);
+        let token = v.get("tenant_access_token").and_then(Value::as_str);
+        let (0, Some(token)) = (code, token) else {
+            self.count("token", "error");
+            let msg = v.get("msg").and_then(Value::as_str).unwrap_or("");
+            return Err(LarkError::Token(format!("code {code}: {msg}")));
+        };
+        self.count("token", "ok");
+        let expire = Duration::from_secs(v.get("expire").and_then(Value::as_u64).unwrap_or(0));
+        let lifetime = if expire > TOKEN_MARGIN * 2 {
+            expire - TOKEN_MARGIN
+        } else {
+            expire / 2
+        };
+        let token = SecretString::from(token.to_string());
+        *slot = Some(CachedToken {
+            token: token.clone(),
+            refresh_at: Instant::now() + lifetime,
+        });
+        Ok(token)
+    }
+
+    async fn drop_token(&self) {
+        *self.token.lock().await = None;
+    }
+
+    /// One API call with limits, token, retries and error mapping. Returns the whole answer
+    /// (`{"code":0, "data": …}`).
+    async fn call(
+        &self,
+        api: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        chat_key: Option<&str>,
+    ) -> Result<Value, LarkError> {
+        let url = format!("{}{}", self.base, path);
+        let mut token_refreshed = false;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.app_limit.until_ready().await;
+            if let Some(key) = chat_key {
+                if self.chat_limit.len() > MAX_CHAT_KEYS {
+                    self.chat_limit.retain_recent();
+                }
+                self.chat_limit.until_key_ready(&key.to_string()).await;
+            }
+            let token = self.token().await?;
+            let mut req = self
+                .http
+                .request(method.clone(), &url)
+                .bearer_auth(token.expose_secret());
+            if let Some(b) = &body {
+                req = req.json(b);
+            }
+            let last = attempt >= MAX_ATTEMPTS;
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.count(api, "transport");
+                    if last {
+                        return Err(LarkError::Transport {
+                            api,
+                            reason: without_url(&e),
+                        });
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+            };
+            let status = resp.status();
+            let reset = resp
+                .headers()
+                .get("x-ogw-ratelimit-reset")
+                .and_then(|h| h.to_str().ok())
+                .and_then(|s| s.trim().parse::<f64>().ok());
+            let v: Option<Value> = resp.json().await.ok();
+            let code = v
+                .as_ref()
+                .and_then(|v| v.get("code"))
+                .and_then(Value::as_i64);
+
+            if status == StatusCode::TOO_MANY_REQUESTS || code == Some(RATE_LIMITED) {
+                self.count(api, "rate_limited");
+                if last {
+                    return Err(LarkError::RateLimited { api });
+                }
+                let wait = reset
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(Duration::from_secs_f64)
+                    .unwrap_or_else(|| backoff(attempt))
+                    .min(MAX_BACKOFF);
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            if let Some(c) = code
+                && TOKEN_INVALID.contains(&c)
+                && !token_refreshed
+            {
+                self.count(api, "token_invalid");
+                token_refreshed = true;
+                self.drop_token().await;
+                // The refresh-and-retry does not use up a transient-failure attempt.
+                attempt -= 1;
+                continue;
+            }
+            if status.is_server_error() {
+                self.count(api, "server_error");
+                if last {
+                    return Err(LarkError::Http {
+                        api,
+                        status: status.as_u16(),
+                    });
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+            let Some(v) = v else {
+                self.count(api, "error");
+                return Err(if status.is_success() {
+                    LarkError::Decode { api }
+                } else {
+                    LarkError::Http {
+                        api,
+                        status: status.as_u16(),
+                    }
+                });
+            };
+            match code {
+                Some(0) => {
+                    self.count(api, "ok");
+                    return Ok(v);
+                }
+                Some(code) => {
+                    self.count(api, "error");
+                    let msg = v
+                        .get("msg")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    return Err(LarkError::Api { api, code, msg });
+                }
+                None => {
+                    self.count(api, "error");
+                    return Err(LarkError::Decode { api });
+                }
+            }
+        }
+    }
+}
+
+fn sent(api: &'static str, v: &Value) -> Result<Sent, LarkError> {
+    let data = v.get("data").ok_or(LarkError::Decode { api })?;
+    let s = |k: &str| {
+        data.get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    Ok(Sent {
+        message_id: s("message_id").ok_or(LarkError::Decode { api })?,
+        chat_id: s("chat_id"),
+        thread_id: s("thread_id"),
+    })
+}
+
+/// Exponential backoff: 0.5 s, 1 s, 2 s … capped.
+fn backoff(attempt: u32) -> Duration {
+    (Duration::from_millis(500) * 2u32.saturating_pow(attempt.saturating_sub(1).min(10)))
+        .min(MAX_BACKOFF)
+}
+
+/// Ids come from Lark, but a path segment is still kept to the characters ids use.
+fn path_segment(id: &str) -> String {
+    id.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect()
+}
+
+/// A transport error's text without the URL (which could carry a query we do not want logged).
+fn without_url(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    kind.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_short_and_stable() {
+        let a = idempotency_key("ev_1", "reply");
+        assert_eq!(a, idempotency_key("ev_1", "reply"));
+        assert_ne!(a, idempotency_key("ev_1", "reply2"));
+        assert_ne!(a, idempotency_key("ev_1r", "eply"));
+        assert!(a.len() <= 50);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert!(backoff(1) < backoff(2));
+        assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,243 @@
+//! Event bodies as Lark sends them, and their translation into the one domain message the
+//! chat layer reads. Pure parsing: no I/O, no decisions about what a message asks for.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The event type of a received chat message.
+pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
+/// The event type of a card button click.
+pub const CARD_ACTION: &str = "card.action.trigger";
+
+/// Why an event body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("event body does not match {0}: {1}")]
+    Shape(&'static str, String),
+}
+
+/// `event` of `im.message.receive_v1`, as sent.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageReceive {
+    pub sender: Sender,
+    pub message: WireMessage,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Sender {
+    #[serde(default)]
+    pub sender_id: UserIds,
+    /// `user`, or `app` for bots.
+    #[serde(default)]
+    pub sender_type: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UserIds {
+    #[serde(default)]
+    pub open_id: Option<String>,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub union_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct WireMessage {
+    pub message_id: String,
+    #[serde(default)]
+    pub root_id: Option<String>,
+    #[serde(default)]
+    pub parent_id: Option<String>,
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    pub chat_id: String,
+    #[serde(default)]
+    pub chat_type: String,
+    #[serde(default)]
+    pub message_type: String,
+    /// A JSON *string*; for text messages `{"text": "…"}`.
+    #[serde(default)]
+    pub content: String,
+    #[serde(default)]
+    pub mentions: Vec<Mention>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Mention {
+    /// The placeholder in the text, `@_user_N`.
+    pub key: String,
+    #[serde(default)]
+    pub id: UserIds,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A received chat message, as the chat layer sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The inbox event it came from; replies derive their idempotency key from it.
+    pub event_id: String,
+    pub message_id: String,
+    pub chat_id: String,
+    /// `p2p` or `group` (or another chat kind Lark adds).
+    pub chat_type: String,
+    /// Present exactly when the message is in a thread.
+    pub thread_id: Option<String>,
+    pub sender_open_id: String,
+    /// Text with every `@_user_N` placeholder replaced by `@Name`.
+    pub text: String,
+    /// Text with a leading @mention of the bot removed (what commands are parsed from).
+    pub addressed_text: String,
+    pub mentions_bot: bool,
+}
+
+impl Message {
+    /// The section this message belongs to: its thread, else its chat.
+    pub fn section(&self) -> &str {
+        self.thread_id.as_deref().unwrap_or(&self.chat_id)
+    }
+
+    pub fn is_p2p(&self) -> bool {
+        self.chat_type == "p2p"
+    }
+}
+
+impl MessageReceive {
+    /// Reads `event` out of a stored v2 envelope.
+    pub fn from_envelope(payload: &Value) -> Result<Self, EventError> {
+        let event = payload
+            .get("event")
+            .ok_or_else(|| EventError::Shape(MESSAGE_RECEIVE, "no `event`".into()))?;
+        MessageReceive::deserialize(event)
+            .map_err(|e| EventError::Shape(MESSAGE_RECEIVE, e.to_string()))
+    }
+
+    /// Whether another bot (or this one) sent it.
+    pub fn from_bot(&self) -> bool {
+        self.sender.sender_type != "user"
+    }
+
+    /// The domain message; `bot_open_id` identifies mentions of this bot.
+    pub fn into_message(self, event_id: &str, bot_open_id: &str) -> Message {
+        let m = self.message;
+        let raw = if m.message_type == "text" {
+            serde_json::from_str::<Value>(&m.content)
+                .ok()
+                .and_then(|v| v.get("text").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let is_bot = |mention: &Mention| mention.id.open_id.as_deref() == Some(bot_open_id);
+        let mentions_bot = m.mentions.iter().any(is_bot);
+
+        // A leading mention of the bot addresses it; drop it before parsing commands.
+        let trimmed = raw.trim_start();
+        let leading_bot = m
+            .mentions
+            .iter()
+            .filter(|x| is_bot(x))
+            .find(|x| starts_with_placeholder(trimmed, &x.key));
+        let addressed_raw = match leading_bot {
+            Some(x) => trimmed[x.key.len()..].trim_start(),
+            None => trimmed,
+        };
+        Message {
+            event_id: event_id.to_string(),
+            message_id: m.message_id,
+            chat_id: m.chat_id,
+            chat_type: m.chat_type,
+            thread_id: m.thread_id.filter(|t| !t.is_empty()),
+            sender_open_id: self.sender.sender_id.open_id.unwrap_or_default(),
+            text: resolve(&raw, &m.mentions).trim().to_string(),
+            addressed_text: resolve(addressed_raw, &m.mentions).trim().to_string(),
+            mentions_bot,
+        }
+    }
+}
+
+/// `text` starts with `key` as a whole placeholder (`@_user_1` is not a prefix of `@_user_10`).
+fn starts_with_placeholder(text: &str, key: &str) -> bool {
+    text.starts_with(key)
+        && !text[key.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Replaces `@_user_N` placeholders by `@Name`, longest key first so `@_user_10` is never
+/// read as `@_user_1` followed by `0`.
+fn resolve(text: &str, mentions: &[Mention]) -> String {
+    let mut keys: Vec<&Mention> = mentions.iter().filter(|m| !m.key.is_empty()).collect();
+    keys.sort_by_key(|m| std::cmp::Reverse(m.key.len()));
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    'outer: while !rest.is_empty() {
+        if rest.starts_with('@') {
+            for m in &keys {
+                if rest.starts_with(m.key.as_str()) {
+                    out.push('@');
+                    out.push_str(&m.name);
+                    rest = &rest[m.key.len()..];
+                    continue 'outer;
+                }
+            }
+        }
+        let c = rest.chars().next().expect("rest is not empty");
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn envelope(text: &str, thread: Option<&str>, sender_type: &str) -> Value {
+        let mut message = json!({
+            "message_id":"om_1","chat_id":"oc_1","chat_type":"group","message_type":"text",
+            "content": json!({"text": text}).to_string(),
+            "mentions":[
+                {"key":"@_user_1","id":{"open_id":"ou_bot"},"name":"Bot"},
+                {"key":"@_user_10","id":{"open_id":"ou_ten"},"name":"Ten"},
+                {"key":"@_user_2","id":{"open_id":"ou_ann"},"name":"Ann"}]
+        });
+        if let Some(t) = thread {
+            message["thread_id"] = json!(t);
+        }
+        json!({"schema":"2.0","header":{},"event":{
+            "sender":{"sender_id":{"open_id":"ou_sender"},"sender_type":sender_type},
+            "message": message}})
+    }
+
+    #[test]
+    fn mentions_are_resolved_and_the_leading_bot_mention_dropped() {
+        let e = MessageReceive::from_envelope(&envelope(
+            "@_user_1 /ssh use web @_user_10 @_user_2",
+            None,
+            "user",
+        ))
+        .unwrap();
+        assert!(!e.from_bot());
+        let m = e.into_message("ev", "ou_bot");
+        assert_eq!(m.text, "@Bot /ssh use web @Ten @Ann");
+        assert_eq!(m.addressed_text, "/ssh use web @Ten @Ann");
+        assert!(m.mentions_bot);
+        assert_eq!(m.section(), "oc_1");
+        assert_eq!(m.sender_open_id, "ou_sender");
+    }
+
+    #[test]
+    fn thread_and_bot_sender() {
+        let e =
+            MessageReceive::from_envelope(&envelope("hi @_user_2", Some("omt_9"), "app")).unwrap();
+        assert!(e.from_bot());
+        let m = e.into_message("ev", "ou_bot");
+        assert_eq!(m.section(), "omt_9");
+        assert!(!m.mentions_bot);
+        assert_eq!(m.addressed_text, "hi @Ann");
+    }
+}

@@ -1,0 +1,486 @@
+//! The event callback's checks, in the order PROTOCOL.md gives: size, signature, decryption,
+//! envelope, verification token, freshness. Pure functions over the raw request (headers and
+//! bytes) and "now": no I/O, no storage, no knowledge of what an event means.
+//!
+//! Lark's AES-256-CBC is not offered by ring, so the RustCrypto `aes` + `cbc` crates do it;
+//! the digest is `sha2`, and every secret comparison goes through `subtle`.
+
+use std::time::Duration;
+
+use aes::cipher::block_padding::Pkcs7;
+use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use chrono::{DateTime, Utc};
+use secrecy::ExposeSecret;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use crate::config::LarkConfig;
+
+/// Largest callback body accepted; Lark's own events are a few kilobytes.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+pub const HEADER_TIMESTAMP: &str = "x-lark-request-timestamp";
+pub const HEADER_NONCE: &str = "x-lark-request-nonce";
+pub const HEADER_SIGNATURE: &str = "x-lark-signature";
+
+/// Why a callback request was refused. Each maps to one HTTP status and one metric label; the
+/// variants carry no request content, so they are safe to log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("body too large")]
+    TooLarge,
+    #[error("missing or wrong signature")]
+    BadSignature,
+    #[error("body is not JSON")]
+    NotJson,
+    #[error("encrypted body cannot be decrypted")]
+    BadCiphertext,
+    #[error("body is encrypted but no encrypt key is configured")]
+    UnexpectedEncryption,
+    #[error("body is not encrypted but an encrypt key is configured")]
+    MissingEncryption,
+    #[error("required fields are missing")]
+    MissingFields,
+    #[error("wrong verification token")]
+    BadToken,
+    #[error("request is too old")]
+    Stale,
+}
+
+impl Rejection {
+    /// The HTTP status the platform gets.
+    pub fn status(self) -> u16 {
+        match self {
+            Rejection::TooLarge => 413,
+            Rejection::BadSignature | Rejection::BadToken | Rejection::Stale => 401,
+            Rejection::MissingEncryption => 401,
+            Rejection::NotJson
+            | Rejection::BadCiphertext
+            | Rejection::UnexpectedEncryption
+            | Rejection::MissingFields => 400,
+        }
+    }
+
+    /// The `reason` label of `sshmode_events_rejected_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Rejection::TooLarge => "too_large",
+            Rejection::BadSignature => "signature",
+            Rejection::NotJson => "not_json",
+            Rejection::BadCiphertext => "ciphertext",
+            Rejection::UnexpectedEncryption => "unexpected_encryption",
+            Rejection::MissingEncryption => "missing_encryption",
+            Rejection::MissingFields => "missing_fields",
+            Rejection::BadToken => "token",
+            Rejection::Stale => "stale",
+        }
+    }
+}
+
+/// A request that passed every check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verified {
+    /// `url_verification`: answer `{"challenge": …}` at once.
+    Challenge(String),
+    /// An event (or card action) to record.
+    Event(Envelope),
+}
+
+/// A verified event, ready for the inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// v2 `header.event_id`, v1 `uuid`: the de-duplication key.
+    pub event_id: String,
+    /// v2 `header.event_type`, v1 `event.type`.
+    pub event_type: String,
+    /// The decrypted envelope with its verification token removed (it is stored).
+    pub payload: Value,
+}
+
+/// The three signature headers, as received.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SignatureHeaders<'a> {
+    pub timestamp: Option<&'a str>,
+    pub nonce: Option<&'a str>,
+    pub signature: Option<&'a str>,
+}
+
+/// Checks one callback request. `retention` is the de-duplication retention: anything older
+/// could be a replay the inbox no longer remembers, so it is refused.
+pub fn verify(
+    config: &LarkConfig,
+    headers: SignatureHeaders<'_>,
+    body: &[u8],
+    now: DateTime<Utc>,
+    retention: Duration,
+) -> Result<Verified, Rejection> {
+    if body.len() > MAX_BODY {
+        return Err(Rejection::TooLarge);
+    }
+    let encrypt_key = config.encrypt_key.as_ref().map(|k| k.expose_secret());
+
+    // Signature first, over the raw bytes. Unsigned requests are let through only to be
+    // accepted as url_verification below.
+    let mut signed = false;
+    if let Some(key) = encrypt_key {
+        match (headers.timestamp, headers.nonce, headers.signature) {
+            (Some(ts), Some(nonce), Some(sig)) => {
+                let expected = signature(ts, nonce, key, body);
+                let ok: bool = expected
+                    .as_bytes()
+                    .ct_eq(sig.trim().to_ascii_lowercase().as_bytes())
+                    .into();
+                if !ok {
+                    return Err(Rejection::BadSignature);
+                }
+                signed = true;
+            }
+            (None, None, None) => {}
+            _ => return Err(Rejection::BadSignature),
+        }
+    }
+    let unsigned = encrypt_key.is_some() && !signed;
+    // An unsigned request that is not a well-formed url_verification is a signature failure,
+    // whatever else is wrong with it.
+    let fail = |r: Rejection| if unsigned { Rejection::BadSignature } else { r };
+
+    let outer: Value = serde_json::from_slice(body).map_err(|_| fail(Rejection::NotJson))?;
+    let encrypted = outer.get("encrypt");
+    let inner: Value = match (encrypt_key, encrypted) {
+        (Some(key), Some(Value::String(b64))) => {
+            let plain = decrypt(key, b64).map_err(|_| fail(Rejection::BadCiphertext))?;
+            serde_json::from_slice(&plain).map_err(|_| fail(Rejection::BadCiphertext))?
+        }
+        (Some(_), Some(_)) => return Err(fail(Rejection::MissingFields)),
+        (Some(_), None) => return Err(fail(Rejection::MissingEncryption)),
+        (None, Some(_)) => return Err(Rejection::UnexpectedEncryption),
+        (None, None) => outer,
+    };
+    let parsed = parse_envelope(inner).map_err(fail)?;
+    if unsigned && !matches!(parsed.kind, Kind::Challenge(_)) {
+        return Err(Rejection::BadSignature);
+    }
+
+    let expected = config.verification_token.expose_secret().as_bytes();
+    let token_ok: bool = parsed.token.as_bytes().ct_eq(expected).into();
+    if !token_ok {
+        return Err(Rejection::BadToken);
+    }
+
+    // Freshness: the signed timestamp header where present, else the event's own time.
+    let sent_at = match headers.timestamp {
+        Some(ts) if signed => Some(parse_seconds(ts).ok_or(Rejection::MissingFields)?),
+        _ => parsed.created_at,
+    };
+    if let Some(sent_at) = sent_at {
+        let age = now.signed_duration_since(sent_at);
+        let limit = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+        if age > limit {
+            return Err(Rejection::Stale);
+        }
+    }
+
+    Ok(match parsed.kind {
+        Kind::Challenge(c) => Verified::Challenge(c),
+        Kind::Event(e) => Verified::Event(e),
+    })
+}
+
+enum Kind {
+    Challenge(String),
+    Event(Envelope),
+}
+
+struct Parsed {
+    kind: Kind,
+    token: Zeroizing<String>,
+    created_at: Option<DateTime<Utc>>,
+}
+
+/// Tells url_verification, v2 and v1 apart and pulls out what the checks need.
+fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
+    let str_at = |v: &Value, ptr: &str| v.pointer(ptr).and_then(Value::as_str).map(str::to_owned);
+    if v.get("type").and_then(Value::as_str) == Some("url_verification") {
+        let challenge = str_at(&v, "/challenge").ok_or(Rejection::MissingFields)?;
+        let token = str_at(&v, "/token").ok_or(Rejection::MissingFields)?;
+        return Ok(Parsed {
+            kind: Kind::Challenge(challenge),
+            token: Zeroizing::new(token),
+            created_at: None,
+        });
+    }
+    if v.get("schema").is_some() {
+        let event_id = str_at(&v, "/header/event_id").ok_or(Rejection::MissingFields)?;
+        let event_type = str_at(&v, "/header/event_type").ok_or(Rejection::MissingFields)?;
+        let created_at = match v.pointer("/header/create_time") {
+            None | Some(Value::Null) => None,
+            Some(t) => Some(parse_event_time(t).ok_or(Rejection::MissingFields)?),
+        };
+        let token = v
+            .pointer_mut("/header")
+            .and_then(Value::as_object_mut)
+            .and_then(|h| h.remove("token"));
+        let Some(Value::String(token)) = token else {
+            return Err(Rejection::MissingFields);
+        };
+        if event_id.is_empty() || event_type.is_empty() {
+            return Err(Rejection::MissingFields);
+        }
+        return Ok(Parsed {
+            kind: Kind::Event(Envelope {
+                event_id,
+                event_type,
+                payload: v,
+            }),
+            token: Zeroizing::new(token),
+            created_at,
+        });
+    }
+    if v.get("uuid").is_some() {
+        let event_id = str_at(&v, "/uuid").ok_or(Rejection::MissingFields)?;
+        let event_type = str_at(&v, "/event/type").ok_or(Rejection::MissingFields)?;
+        let created_at = match v.get("ts") {
+            None | Some(Value::Null) => None,
+            Some(t) => Some(parse_event_time_v1(t).ok_or(Rejection::MissingFields)?),
+        };
+        let token = v.as_object_mut().and_then(|o| o.remove("token"));
+        let Some(Value::String(token)) = token else {
+            return Err(Rejection::MissingFields);
+        };
+        if event_id.is_empty() || event_type.is_empty() {
+            return Err(Rejection::MissingFields);
+        }
+        return Ok(Parsed {
+            kind: Kind::Event(Envelope {
+                event_id,
+                event_type,
+                payload: v,
+            }),
+            token: Zeroizing::new(token),
+            created_at,
+        });
+    }
+    Err(Rejection::MissingFields)
+}
+
+/// `X-Lark-Request-Timestamp`: whole seconds since the epoch.
+fn parse_seconds(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(s.trim().parse::<i64>().ok()?, 0)
+}
+
+/// v2 `header.create_time`: milliseconds as a string. Card callbacks have been seen with
+/// microseconds, so a value too large to be milliseconds is read as microseconds.
+fn parse_event_time(v: &Value) -> Option<DateTime<Utc>> {
+    let n: i64 = match v {
+        Value::String(s) => s.trim().parse().ok()?,
+        Value::Number(n) => n.as_i64()?,
+        _ => return None,
+    };
+    if n > 100_000_000_000_000 {
+        DateTime::from_timestamp_micros(n)
+    } else {
+        DateTime::from_timestamp_millis(n)
+    }
+}
+
+/// v1 `ts`: seconds, possibly fractional, as a string.
+fn parse_event_time_v1(v: &Value) -> Option<DateTime<Utc>> {
+    let secs: f64 = match v {
+        Value::String(s) => s.trim().parse().ok()?,
+        Value::Number(n) => n.as_f64()?,
+        _ => return None,
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1e12 {
+        return None;
+    }
+    DateTime::from_timestamp(secs as i64, 0)
+}
+
+/// Lowercase hex SHA-256(timestamp + nonce + encrypt_key + raw body).
+pub fn signature(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(timestamp.as_bytes());
+    h.update(nonce.as_bytes());
+    h.update(encrypt_key.as_bytes());
+    h.update(body);
+    hex::encode(h.finalize())
+}
+
+/// Why a ciphertext could not be opened (never says more: padding oracles stay closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("ciphertext cannot be decrypted")]
+pub struct DecryptError;
+
+fn aes_key(encrypt_key: &str) -> Zeroizing<[u8; 32]> {
+    Zeroizing::new(Sha256::digest(encrypt_key.as_bytes()).into())
+}
+
+/// Opens an `encrypt` field: base64 → IV (16 bytes) ‖ AES-256-CBC ciphertext, key =
+/// SHA-256(encrypt_key), strict PKCS#7.
+pub fn decrypt(encrypt_key: &str, b64: &str) -> Result<Vec<u8>, DecryptError> {
+    let data = B64.decode(b64.trim()).map_err(|_| DecryptError)?;
+    if data.len() < 32 || data.len() % 16 != 0 {
+        return Err(DecryptError);
+    }
+    let (iv, ct) = data.split_at(16);
+    let key = aes_key(encrypt_key);
+    let mut buf = ct.to_vec();
+    let dec = cbc::Decryptor::<aes::Aes256>::new_from_slices(key.as_slice(), iv)
+        .map_err(|_| DecryptError)?;
+    let plain = dec
+        .decrypt_padded_mut::<Pkcs7>(&mut buf)
+        .map_err(|_| DecryptError)?;
+    let n = plain.len();
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// The inverse of [`decrypt`], as the platform does it. The service never encrypts; tests and
+/// the benchmark use this to build the requests Lark would send.
+pub fn encrypt(encrypt_key: &str, iv: [u8; 16], plaintext: &[u8]) -> String {
+    let key = aes_key(encrypt_key);
+    let enc = cbc::Encryptor::<aes::Aes256>::new_from_slices(key.as_slice(), &iv)
+        .expect("key and IV have fixed, valid lengths");
+    let mut buf = vec![0u8; plaintext.len() + 16];
+    buf[..plaintext.len()].copy_from_slice(plaintext);
+    let ct = enc
+        .encrypt_padded_mut::<Pkcs7>(&mut buf, plaintext.len())
+        .expect("the buffer has room for a full padding block")
+        .to_vec();
+    let mut out = iv.to_vec();
+    out.extend_from_slice(&ct);
+    B64.encode(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::SecretString;
+    use serde_json::json;
+
+    fn config(key: Option<&str>) -> LarkConfig {
+        LarkConfig {
+            app_id: "cli_a".into(),
+            app_secret: SecretString::from("s"),
+            verification_token: SecretString::from("tok"),
+            encrypt_key: key.map(SecretString::from),
+        }
+    }
+
+    const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_100, 0).unwrap()
+    }
+
+    fn event(token: &str) -> Value {
+        json!({"schema":"2.0","header":{"event_id":"ev1","event_type":"im.message.receive_v1",
+            "create_time":"1700000000000","token":token,"app_id":"cli_a","tenant_key":"t"},
+            "event":{}})
+    }
+
+    #[test]
+    fn round_trip_and_strict_padding() {
+        for len in [0usize, 1, 15, 16, 17, 1000] {
+            let msg = vec![b'x'; len];
+            let b64 = encrypt("k", [7; 16], &msg);
+            assert_eq!(decrypt("k", &b64).unwrap(), msg);
+            assert!(decrypt("other", &b64).is_err() || decrypt("other", &b64).unwrap() != msg);
+        }
+        // A last block whose padding bytes disagree is refused, not trimmed.
+        let key = aes_key("k");
+        let mut block = [b'a'; 16];
+        block[14] = 3;
+        block[15] = 2;
+        let enc = cbc::Encryptor::<aes::Aes256>::new_from_slices(key.as_slice(), &[0; 16]).unwrap();
+        let mut buf = block;
+        let ct = enc
+            .encrypt_padded_mut::<aes::cipher::block_padding::NoPadding>(&mut buf, 16)
+            .unwrap()
+            .to_vec();
+        let mut data = vec![0u8; 16];
+        data.extend(ct);
+        assert_eq!(decrypt("k", &B64.encode(data)), Err(DecryptError));
+        assert_eq!(decrypt("k", "not base64!"), Err(DecryptError));
+        assert_eq!(decrypt("k", &B64.encode([0u8; 20])), Err(DecryptError));
+    }
+
+    #[test]
+    fn plain_event_passes_and_token_is_removed() {
+        let body = event("tok").to_string();
+        let v = verify(
+            &config(None),
+            Default::default(),
+            body.as_bytes(),
+            now(),
+            WEEK,
+        )
+        .unwrap();
+        let Verified::Event(e) = v else {
+            panic!("not an event")
+        };
+        assert_eq!(e.event_id, "ev1");
+        assert_eq!(e.event_type, "im.message.receive_v1");
+        assert!(e.payload.pointer("/header/token").is_none());
+        let body = event("tik").to_string();
+        let r = verify(
+            &config(None),
+            Default::default(),
+            body.as_bytes(),
+            now(),
+            WEEK,
+        );
+        assert_eq!(r, Err(Rejection::BadToken));
+    }
+
+    #[test]
+    fn staleness_uses_header_then_create_time() {
+        let body = event("tok").to_string();
+        let later = now() + chrono::Duration::days(8);
+        let r = verify(
+            &config(None),
+            Default::default(),
+            body.as_bytes(),
+            later,
+            WEEK,
+        );
+        assert_eq!(r, Err(Rejection::Stale));
+        let key = "ek";
+        let enc = json!({"encrypt": encrypt(key, [1; 16], body.as_bytes())}).to_string();
+        let ts = (later.timestamp() - 5).to_string();
+        let sig = signature(&ts, "n", key, enc.as_bytes());
+        let h = SignatureHeaders {
+            timestamp: Some(&ts),
+            nonce: Some("n"),
+            signature: Some(&sig),
+        };
+        assert!(verify(&config(Some(key)), h, enc.as_bytes(), later, WEEK).is_ok());
+    }
+
+    #[test]
+    fn v1_envelope() {
+        let body = json!({"uuid":"u1","token":"tok","ts":"1700000000.123","type":"event_callback",
+            "event":{"type":"message"}})
+        .to_string();
+        let v = verify(
+            &config(None),
+            Default::default(),
+            body.as_bytes(),
+            now(),
+            WEEK,
+        )
+        .unwrap();
+        let Verified::Event(e) = v else {
+            panic!("not an event")
+        };
+        assert_eq!(
+            (e.event_id.as_str(), e.event_type.as_str()),
+            ("u1", "message")
+        );
+        assert!(e.payload.get("token").is_none());
+    }
+}
