@@ -232,8 +232,13 @@ mod tests {
 
     #[test]
     fn thread_and_bot_sender() {
-        let e =
-            MessageReceive::from_envelope(&envelope("hi @_user_2", Some("omt_9"), "app")).unwrap();
+        let mut env = envelope("hi @_user_2", Some("omt_9"), "app");
+        // Lark lists only the mentions that occur in the text.
+        env["event"]["message"]["mentions"]
+            .as_array_mut()
+            .unwrap()
+            .remove(0);
+        let e = MessageReceive::from_envelope(&env).unwrap();
         assert!(e.from_bot());
         let m = e.into_message("ev", "ou_bot");
         assert_eq!(m.section(), "omt_9");

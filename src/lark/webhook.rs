@@ -294,7 +294,7 @@ fn parse_event_time_v1(v: &Value) -> Option<DateTime<Utc>> {
         Value::Number(n) => n.as_f64()?,
         _ => return None,
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e12 {
+    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
         return None;
     }
     DateTime::from_timestamp(secs as i64, 0)

@@ -1,6 +1,11 @@
 //! Black-box tests of sshmode against a real PostgreSQL (TEST_DATABASE_URL, which
 //! `scripts/test.sh` provides) and fakes of the services that cannot run here.
 
+mod fake_lark;
 mod foundation;
 #[allow(dead_code)]
 mod helpers;
+mod lark_client;
+mod lark_flow;
+mod lark_support;
+mod lark_webhook;

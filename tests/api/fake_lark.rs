@@ -1,0 +1,338 @@
+//! A fake Lark Open API: axum on a random port, speaking the documented request and response
+//! shapes (PROTOCOL.md) for the endpoints the service calls. It records every request so tests
+//! can assert exactly what was sent, issues tenant tokens that can be invalidated, de-duplicates
+//! sends by `uuid` as Lark does, and can be told to fail the next calls to a path.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+pub const APP_ID: &str = "cli_test_app";
+pub const APP_SECRET: &str = "test-app-secret";
+pub const BOT_OPEN_ID: &str = "ou_bot";
+
+/// One request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// `Authorization` header value.
+    pub auth: Option<String>,
+    pub body: Value,
+}
+
+impl Recorded {
+    pub fn bearer(&self) -> Option<&str> {
+        self.auth.as_deref().and_then(|a| a.strip_prefix("Bearer "))
+    }
+}
+
+/// A canned failure for the next call to a path.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// HTTP 429, body code 99991400, `x-ogw-ratelimit-reset` = the given seconds.
+    RateLimited(&'static str),
+    /// HTTP 200 with this non-zero code.
+    Code(i64),
+    /// HTTP 503 with a non-JSON body.
+    ServerError,
+}
+
+struct Inner {
+    requests: Vec<Recorded>,
+    tokens_issued: u32,
+    valid_tokens: HashSet<String>,
+    /// `expire` (seconds) of tokens issued from now on.
+    expire: u64,
+    /// Path substring → failures to serve, in order.
+    script: Vec<(String, VecDeque<Failure>)>,
+    /// uuid → the message it created (Lark de-duplicates sends by uuid).
+    by_uuid: HashMap<String, Value>,
+    /// Messages actually created.
+    posted: Vec<Value>,
+    next_id: u32,
+}
+
+#[derive(Clone)]
+struct Shared {
+    inner: Arc<Mutex<Inner>>,
+    /// Bumped on every request, for waiting without sleeping.
+    seen: Arc<watch::Sender<usize>>,
+}
+
+pub struct FakeLark {
+    pub base: String,
+    shared: Shared,
+}
+
+impl FakeLark {
+    pub async fn start() -> FakeLark {
+        let shared = Shared {
+            inner: Arc::new(Mutex::new(Inner {
+                requests: Vec::new(),
+                tokens_issued: 0,
+                valid_tokens: HashSet::new(),
+                expire: 7200,
+                script: Vec::new(),
+                by_uuid: HashMap::new(),
+                posted: Vec::new(),
+                next_id: 0,
+            })),
+            seen: Arc::new(watch::channel(0).0),
+        };
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        FakeLark {
+            base: format!("http://{addr}"),
+            shared,
+        }
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Requests whose path contains `part` (token and bot-info calls are easy to filter out).
+    pub fn requests_to(&self, part: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path.contains(part))
+            .collect()
+    }
+
+    /// Messages actually created (after uuid de-duplication).
+    pub fn posted(&self) -> Vec<Value> {
+        self.shared.inner.lock().unwrap().posted.clone()
+    }
+
+    /// Invalidates every token issued so far (Lark answers 99991663 to them).
+    pub fn invalidate_tokens(&self) {
+        self.shared.inner.lock().unwrap().valid_tokens.clear();
+    }
+
+    /// Sets `expire` of tokens issued from now on.
+    pub fn set_token_expire(&self, secs: u64) {
+        self.shared.inner.lock().unwrap().expire = secs;
+    }
+
+    /// The next calls to a path containing `part` fail as given, in order.
+    pub fn fail_next(&self, part: &str, failures: Vec<Failure>) {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .script
+            .push((part.to_string(), failures.into()));
+    }
+
+    /// Waits (bounded) until `cond` holds for the recorded requests.
+    pub async fn wait_until(&self, what: &str, cond: impl Fn(&[Recorded]) -> bool) {
+        let mut rx = self.shared.seen.subscribe();
+        let inner = self.shared.inner.clone();
+        let done = tokio::time::timeout(Duration::from_secs(20), async move {
+            loop {
+                if cond(&inner.lock().unwrap().requests) {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await;
+        assert!(
+            done.is_ok(),
+            "timed out waiting for {what}: {:#?}",
+            self.requests()
+        );
+    }
+}
+
+async fn handle(
+    State(shared): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).unwrap_or(Value::String("<not json>".into()))
+    };
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let response = {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.requests.push(Recorded {
+            method: method.to_string(),
+            path: path.clone(),
+            auth: auth.clone(),
+            body: body.clone(),
+        });
+        answer(&mut inner, &method, &path, auth.as_deref(), &body)
+    };
+    shared.seen.send_modify(|n| *n += 1);
+    response
+}
+
+fn ok(data: Value) -> Response {
+    axum::Json(json!({"code": 0, "msg": "success", "data": data})).into_response()
+}
+
+fn code(status: StatusCode, code: i64, msg: &str) -> Response {
+    (status, axum::Json(json!({"code": code, "msg": msg}))).into_response()
+}
+
+fn answer(
+    inner: &mut Inner,
+    method: &Method,
+    path_and_query: &str,
+    auth: Option<&str>,
+    body: &Value,
+) -> Response {
+    let path = path_and_query.split('?').next().unwrap_or("");
+    if path == "/open-apis/auth/v3/tenant_access_token/internal" {
+        if method != Method::POST || body["app_id"] != APP_ID || body["app_secret"] != APP_SECRET {
+            return code(StatusCode::OK, 10014, "app secret invalid");
+        }
+        inner.tokens_issued += 1;
+        let token = format!("t-{}", inner.tokens_issued);
+        inner.valid_tokens.insert(token.clone());
+        return axum::Json(
+            json!({"code":0,"msg":"ok","tenant_access_token":token,"expire":inner.expire}),
+        )
+        .into_response();
+    }
+    let token = auth.and_then(|a| a.strip_prefix("Bearer ")).unwrap_or("");
+    if !inner.valid_tokens.contains(token) {
+        return code(
+            StatusCode::BAD_REQUEST,
+            99991663,
+            "Invalid access token for authorization",
+        );
+    }
+    if let Some((_, queue)) = inner
+        .script
+        .iter_mut()
+        .find(|(part, q)| path_and_query.contains(part.as_str()) && !q.is_empty())
+    {
+        match queue.pop_front().unwrap() {
+            Failure::RateLimited(reset) => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("x-ogw-ratelimit-reset", reset)],
+                    axum::Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+                )
+                    .into_response();
+            }
+            Failure::Code(c) => return code(StatusCode::OK, c, "scripted failure"),
+            Failure::ServerError => {
+                return (StatusCode::SERVICE_UNAVAILABLE, "upstream unavailable").into_response();
+            }
+        }
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["open-apis", "bot", "v3", "info"]) => axum::Json(json!({
+            "code": 0, "msg": "ok",
+            "bot": {"open_id": BOT_OPEN_ID, "app_name": "SSH Mode", "activate_status": 2}
+        }))
+        .into_response(),
+        ("POST", ["open-apis", "im", "v1", "messages"]) => {
+            if !is_message_body(body) || body["receive_id"].as_str().is_none() {
+                return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
+            }
+            let chat = body["receive_id"].as_str().unwrap().to_string();
+            create(inner, body, json!({"chat_id": chat}))
+        }
+        ("POST", ["open-apis", "im", "v1", "messages", target, "reply"]) => {
+            if !target.starts_with("om_") {
+                return code(StatusCode::BAD_REQUEST, 230001, "invalid message_id");
+            }
+            if !is_message_body(body) || !body["reply_in_thread"].is_boolean() {
+                return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
+            }
+            let thread = if body["reply_in_thread"] == true {
+                json!(format!("omt_{}", target.trim_start_matches("om_")))
+            } else {
+                Value::Null
+            };
+            create(
+                inner,
+                body,
+                json!({"root_id": target, "parent_id": target, "thread_id": thread, "chat_id": "oc_fake"}),
+            )
+        }
+        ("PUT", ["open-apis", "im", "v1", "messages", _]) => {
+            if !is_message_body(body) {
+                return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
+            }
+            ok(json!({}))
+        }
+        ("PATCH", ["open-apis", "im", "v1", "messages", _]) => {
+            if body["content"].as_str().is_none() {
+                return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
+            }
+            ok(json!({}))
+        }
+        ("POST", ["open-apis", "im", "v1", "messages", id, "reactions"]) => {
+            let Some(emoji) = body
+                .pointer("/reaction_type/emoji_type")
+                .and_then(Value::as_str)
+            else {
+                return code(StatusCode::BAD_REQUEST, 231001, "reaction type invalid");
+            };
+            inner.next_id += 1;
+            ok(
+                json!({"reaction_id": format!("r_{}", inner.next_id), "message_id": id,
+                      "reaction_type": {"emoji_type": emoji}}),
+            )
+        }
+        ("DELETE", ["open-apis", "im", "v1", "messages", _, "reactions", _]) => ok(json!({})),
+        _ => code(StatusCode::NOT_FOUND, 404, "not found"),
+    }
+}
+
+fn is_message_body(body: &Value) -> bool {
+    let content_ok = body["content"]
+        .as_str()
+        .is_some_and(|c| serde_json::from_str::<Value>(c).is_ok());
+    let uuid_ok = body
+        .get("uuid")
+        .is_none_or(|u| u.as_str().is_some_and(|u| u.len() <= 50));
+    body["msg_type"].as_str().is_some() && content_ok && uuid_ok
+}
+
+fn create(inner: &mut Inner, body: &Value, mut data: Value) -> Response {
+    if let Some(uuid) = body["uuid"].as_str()
+        && let Some(existing) = inner.by_uuid.get(uuid)
+    {
+        return ok(existing.clone());
+    }
+    inner.next_id += 1;
+    data["message_id"] = json!(format!("om_sent_{}", inner.next_id));
+    data["msg_type"] = body["msg_type"].clone();
+    data["body"] = json!({"content": body["content"]});
+    if let Some(uuid) = body["uuid"].as_str() {
+        inner.by_uuid.insert(uuid.to_string(), data.clone());
+    }
+    inner.posted.push(data.clone());
+    ok(data)
+}

@@ -1,0 +1,266 @@
+//! The Open API client against the fake Lark: request shapes, the token cache and its refresh,
+//! typed errors, and retries.
+
+use std::sync::Arc;
+
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use sshmode::lark::client::{Content, LarkClient, LarkError, Sent};
+use sshmode::metrics::Metrics;
+
+use crate::fake_lark::{APP_ID, APP_SECRET, Failure, FakeLark};
+
+fn client(fake: &FakeLark) -> LarkClient {
+    LarkClient::new(
+        &fake.base,
+        APP_ID,
+        SecretString::from(APP_SECRET),
+        Arc::new(Metrics::new()),
+    )
+    .unwrap()
+}
+
+fn calls(fake: &FakeLark) -> Vec<(String, String, Option<String>)> {
+    fake.requests()
+        .into_iter()
+        .map(|r| {
+            (
+                r.method.clone(),
+                r.path.clone(),
+                r.bearer().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+fn c(m: &str, p: &str, t: Option<&str>) -> (String, String, Option<String>) {
+    (m.into(), p.into(), t.map(str::to_owned))
+}
+
+#[tokio::test]
+async fn every_call_has_its_documented_shape() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let sent = lark
+        .send("oc_1", &Content::Text("hi".into()), "uuid-send")
+        .await
+        .unwrap();
+    assert_eq!(sent.chat_id.as_deref(), Some("oc_1"));
+    let r = lark
+        .reply(
+            "om_1",
+            &Content::Text("in thread".into()),
+            true,
+            "uuid-reply",
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        Sent {
+            message_id: r.message_id.clone(),
+            chat_id: Some("oc_fake".into()),
+            thread_id: Some("omt_1".into())
+        }
+    );
+    lark.edit("om_1", &Content::Text("edited".into()))
+        .await
+        .unwrap();
+    let card = json!({"schema": "2.0", "body": {"elements": []}});
+    lark.edit("om_2", &Content::Card(card.clone()))
+        .await
+        .unwrap();
+    let reaction = lark.add_reaction("om_1", "Typing").await.unwrap();
+    lark.remove_reaction("om_1", &reaction).await.unwrap();
+    assert_eq!(
+        lark.bot_open_id().await.unwrap(),
+        crate::fake_lark::BOT_OPEN_ID
+    );
+    assert_eq!(
+        lark.bot_open_id().await.unwrap(),
+        crate::fake_lark::BOT_OPEN_ID
+    );
+
+    let t = Some("t-1");
+    assert_eq!(
+        calls(&fake),
+        vec![
+            c(
+                "POST",
+                "/open-apis/auth/v3/tenant_access_token/internal",
+                None
+            ),
+            c(
+                "POST",
+                "/open-apis/im/v1/messages?receive_id_type=chat_id",
+                t
+            ),
+            c("POST", "/open-apis/im/v1/messages/om_1/reply", t),
+            c("PUT", "/open-apis/im/v1/messages/om_1", t),
+            c("PATCH", "/open-apis/im/v1/messages/om_2", t),
+            c("POST", "/open-apis/im/v1/messages/om_1/reactions", t),
+            c(
+                "DELETE",
+                &format!("/open-apis/im/v1/messages/om_1/reactions/{reaction}"),
+                t
+            ),
+            c("GET", "/open-apis/bot/v3/info", t),
+        ],
+        "one token, one bot-info lookup"
+    );
+    let bodies: Vec<Value> = fake.requests().into_iter().map(|r| r.body).collect();
+    let text = |t: &str| json!({"text": t}).to_string();
+    assert_eq!(
+        bodies[1],
+        json!({"receive_id":"oc_1","msg_type":"text","content":text("hi"),"uuid":"uuid-send"})
+    );
+    assert_eq!(
+        bodies[2],
+        json!({"msg_type":"text","content":text("in thread"),"reply_in_thread":true,"uuid":"uuid-reply"})
+    );
+    assert_eq!(
+        bodies[3],
+        json!({"msg_type":"text","content":text("edited")})
+    );
+    assert_eq!(bodies[4], json!({"content": card.to_string()}));
+    assert_eq!(bodies[5], json!({"reaction_type":{"emoji_type":"Typing"}}));
+    assert_eq!(bodies[6], Value::Null);
+}
+
+#[tokio::test]
+async fn an_invalid_token_is_refreshed_and_the_call_retried_once() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    lark.send("oc_1", &Content::Text("a".into()), "u-a")
+        .await
+        .unwrap();
+    fake.invalidate_tokens();
+    lark.send("oc_1", &Content::Text("b".into()), "u-b")
+        .await
+        .unwrap();
+    let send = "/open-apis/im/v1/messages?receive_id_type=chat_id";
+    let token = "/open-apis/auth/v3/tenant_access_token/internal";
+    assert_eq!(
+        calls(&fake),
+        vec![
+            c("POST", token, None),
+            c("POST", send, Some("t-1")),
+            c("POST", send, Some("t-1")),
+            c("POST", token, None),
+            c("POST", send, Some("t-2")),
+        ]
+    );
+    // If the fresh token is refused too, the error surfaces after one retry.
+    fake.fail_next(
+        "/messages",
+        vec![Failure::Code(99991663), Failure::Code(99991663)],
+    );
+    let e = lark
+        .send("oc_1", &Content::Text("c".into()), "u-c")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::Api { code: 99991663, .. }), "{e}");
+    assert_eq!(fake.requests_to("tenant_access_token").len(), 3);
+    assert_eq!(fake.requests_to("receive_id_type").len(), 5);
+}
+
+#[tokio::test]
+async fn a_token_is_refetched_when_it_expires() {
+    let fake = FakeLark::start().await;
+    // A token whose lifetime leaves nothing to cache is fetched again for the next call.
+    fake.set_token_expire(0);
+    let lark = client(&fake);
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    let bearers: Vec<Option<String>> = fake
+        .requests_to("/reactions")
+        .iter()
+        .map(|r| r.bearer().map(str::to_owned))
+        .collect();
+    assert_eq!(bearers, [Some("t-1".to_string()), Some("t-2".to_string())]);
+    // With a normal lifetime the token is reused.
+    fake.set_token_expire(7200);
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    assert_eq!(fake.requests_to("tenant_access_token").len(), 3);
+}
+
+#[tokio::test]
+async fn error_codes_become_typed_errors_and_are_not_retried() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    fake.fail_next("/reply", vec![Failure::Code(230011)]);
+    let e = lark
+        .reply("om_1", &Content::Text("x".into()), false, "u", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LarkError::Api {
+                api: "reply",
+                code: 230011,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(fake.requests_to("/reply").len(), 1);
+    // A thread id is not a valid reply target: Lark's own error comes back typed.
+    let e = lark
+        .reply("omt_1", &Content::Text("x".into()), false, "u", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::Api { code: 230001, .. }), "{e}");
+    // Bad credentials: a token error that names no secret.
+    let bad = LarkClient::new(
+        &fake.base,
+        APP_ID,
+        SecretString::from("wrong"),
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    let e = bad.bot_open_id().await.unwrap_err();
+    assert!(matches!(e, LarkError::Token(_)), "{e}");
+    assert!(!e.to_string().contains("wrong"));
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_are_retried() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    fake.fail_next(
+        "receive_id_type",
+        vec![Failure::RateLimited("0"), Failure::ServerError],
+    );
+    lark.send("oc_1", &Content::Text("x".into()), "u-x")
+        .await
+        .unwrap();
+    let sends = fake.requests_to("receive_id_type");
+    assert_eq!(sends.len(), 3);
+    assert!(sends.iter().all(|r| r.body == sends[0].body));
+    assert_eq!(fake.posted().len(), 1);
+    // Retries are bounded: a limit that never lifts ends in a typed error.
+    fake.fail_next("receive_id_type", vec![Failure::RateLimited("0"); 4]);
+    let e = lark
+        .send("oc_1", &Content::Text("y".into()), "u-y")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::RateLimited { .. }), "{e}");
+    assert_eq!(fake.requests_to("receive_id_type").len(), 7);
+}
+
+#[tokio::test]
+async fn transport_errors_are_typed() {
+    // Nothing listens on port 9 on this host.
+    let lark = LarkClient::new(
+        "http://127.0.0.1:9",
+        APP_ID,
+        SecretString::from(APP_SECRET),
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    let e = lark.bot_open_id().await.unwrap_err();
+    assert!(matches!(e, LarkError::Token(_)), "{e}");
+}

@@ -1,0 +1,353 @@
+//! From callback to reply, against the fake Lark: the exact reply request, de-duplication of
+//! redeliveries, recovery after a restart, rate-limit retries, the router's answers, and
+//! dead-lettering.
+
+use serde_json::{Value, json};
+use sshmode::chat::{NO_MODEL, command};
+use sshmode::lark::client::idempotency_key;
+
+use crate::fake_lark::{Failure, FakeLark};
+use crate::lark_support::*;
+
+fn reply_text(r: &crate::fake_lark::Recorded) -> String {
+    let content: Value = serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
+    content["text"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn help_is_answered_with_the_exact_reply_request() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let msg = Msg::new("ev_help", "/help");
+    assert_eq!(post(&app, plain(&msg.envelope(TOKEN))).await.0, 200);
+    wait_state(&app, "ev_help", "done").await;
+
+    let reqs = fake.requests();
+    let summary: Vec<(String, String)> = reqs
+        .iter()
+        .map(|r| (r.method.clone(), r.path.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                "POST".into(),
+                "/open-apis/auth/v3/tenant_access_token/internal".into()
+            ),
+            ("GET".into(), "/open-apis/bot/v3/info".into()),
+            (
+                "POST".into(),
+                "/open-apis/im/v1/messages/om_ev_help/reply".into()
+            ),
+        ]
+    );
+    assert_eq!(
+        reqs[0].body,
+        json!({"app_id": crate::fake_lark::APP_ID, "app_secret": crate::fake_lark::APP_SECRET})
+    );
+    assert_eq!(reqs[0].auth, None);
+    assert_eq!(reqs[1].bearer(), Some("t-1"));
+    assert_eq!(reqs[2].bearer(), Some("t-1"));
+    assert_eq!(
+        reqs[2].body,
+        json!({
+            "msg_type": "text",
+            "content": json!({"text": command::help_text()}).to_string(),
+            "reply_in_thread": false,
+            "uuid": idempotency_key("ev_help", "reply"),
+        })
+    );
+    // The exchange is in the chat's section log.
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM session_events WHERE section_id = 'oc_chat' ORDER BY seq",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["message.received", "bot.reply"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn ssh_help_in_a_thread_with_a_mention_replies_in_the_thread() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let mut msg = Msg::new("ev_th", "@_user_1 /ssh help");
+    msg.chat_type = "group";
+    msg.mention_bot = true;
+    msg.thread_id = Some("omt_thread".into());
+    assert_eq!(post(&app, plain(&msg.envelope(TOKEN))).await.0, 200);
+    wait_state(&app, "ev_th", "done").await;
+    let replies = fake.requests_to("/reply");
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].body["reply_in_thread"], true);
+    assert_eq!(reply_text(&replies[0]), command::help_text());
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM session_events WHERE section_id = 'omt_thread'")
+            .fetch_one(&app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(n, 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_router_answers_what_it_can_and_ignores_the_rest() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let mut from_bot = Msg::new("ev_bot", "/help");
+    from_bot.sender_type = "app";
+    let mut unaddressed = Msg::new("ev_group", "just chatting");
+    unaddressed.chat_type = "group";
+    let mut mention = Msg::new("ev_mention", "@_user_1 please check the disk");
+    mention.chat_type = "group";
+    mention.mention_bot = true;
+    let status = Msg::new("ev_status", "/ssh status");
+    let off = Msg::new("ev_off", "/ssh off");
+    let bad = Msg::new("ev_bad", "/ssh use");
+    let direct = Msg::new("ev_dm", "hello");
+    for m in [
+        &from_bot,
+        &unaddressed,
+        &mention,
+        &status,
+        &off,
+        &bad,
+        &direct,
+    ] {
+        assert_eq!(post(&app, plain(&m.envelope(TOKEN))).await.0, 200);
+    }
+    for m in [
+        &from_bot,
+        &unaddressed,
+        &mention,
+        &status,
+        &off,
+        &bad,
+        &direct,
+    ] {
+        wait_state(&app, &m.event_id, "done").await;
+    }
+    let by_target = |id: &str| {
+        fake.requests_to(&format!("/messages/om_{id}/reply"))
+            .iter()
+            .map(reply_text)
+            .collect::<Vec<_>>()
+    };
+    assert!(by_target("ev_bot").is_empty());
+    assert!(by_target("ev_group").is_empty());
+    assert_eq!(by_target("ev_mention"), [NO_MODEL]);
+    assert_eq!(by_target("ev_dm"), [NO_MODEL]);
+    assert_eq!(
+        by_target("ev_status"),
+        ["`/ssh status` is not available yet."]
+    );
+    assert_eq!(by_target("ev_off"), ["`/ssh local` is not available yet."]);
+    assert!(by_target("ev_bad")[0].starts_with("Usage: /ssh use <alias>"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_event_delivered_three_times_is_answered_once() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake)
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .spawn()
+        .await;
+    let env = Msg::new("ev_thrice", "/help").envelope(TOKEN);
+    for _ in 0..3 {
+        assert_eq!(
+            post(&app, sealed(&env, ENCRYPT_KEY, now_secs())).await.0,
+            200
+        );
+    }
+    wait_state(&app, "ev_thrice", "done").await;
+    // A fourth delivery after processing is also only acknowledged.
+    assert_eq!(
+        post(&app, sealed(&env, ENCRYPT_KEY, now_secs())).await.0,
+        200
+    );
+    let db = app.stop().await;
+    assert_eq!(fake.requests_to("/reply").len(), 1);
+    assert_eq!(fake.posted().len(), 1);
+    drop(db);
+}
+
+#[tokio::test]
+async fn an_event_recorded_before_a_stop_is_handled_after_restart() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake)
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let env = Msg::new("ev_restart", "/help").envelope(TOKEN);
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(
+        inbox(&app).await,
+        vec![("ev_restart".into(), "pending".into(), 0)]
+    );
+    let db = app.stop().await;
+    assert!(
+        fake.requests().is_empty(),
+        "nothing may be sent before handling"
+    );
+
+    let app = app_with(&fake).database(&db).spawn().await;
+    wait_state(&app, "ev_restart", "done").await;
+    let replies = fake.requests_to("/reply");
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        replies[0].path,
+        "/open-apis/im/v1/messages/om_ev_restart/reply"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_claimed_but_unfinished_event_is_retaken_after_its_lease() {
+    // A process that died mid-handling leaves the row claimed; after restart the lease
+    // (here 1 s) runs out and the event is processed.
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake)
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let env = Msg::new("ev_lease", "/help").envelope(TOKEN);
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    let claimed = sshmode::inbox::claim(
+        &app.state.db,
+        chrono::Utc::now(),
+        std::time::Duration::from_secs(1),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (claimed.event_id.as_str(), claimed.attempts),
+        ("ev_lease", 1)
+    );
+    let db = app.stop().await;
+    let app = app_with(&fake)
+        .var("SSHMODE_INBOX_LEASE_SECS", "1")
+        .database(&db)
+        .spawn()
+        .await;
+    wait_state(&app, "ev_lease", "done").await;
+    assert_eq!(fake.requests_to("/reply").len(), 1);
+    assert_eq!(inbox(&app).await[0].2, 2);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_rate_limited_reply_is_posted_exactly_once() {
+    let fake = FakeLark::start().await;
+    fake.fail_next("/reply", vec![Failure::RateLimited("0")]);
+    let app = app_with(&fake).spawn().await;
+    let env = Msg::new("ev_429", "/help").envelope(TOKEN);
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    wait_state(&app, "ev_429", "done").await;
+    let replies = fake.requests_to("/reply");
+    assert_eq!(replies.len(), 2, "one refused, one accepted");
+    assert_eq!(
+        replies[0].body, replies[1].body,
+        "the retry is the same request, uuid included"
+    );
+    assert_eq!(fake.posted().len(), 1);
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sshmode_lark_api_calls_total{api=\"reply\",outcome=\"rate_limited\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sshmode_lark_api_calls_total{api=\"reply\",outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sshmode_events_processed_total 1"),
+        "{metrics}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_event_that_keeps_failing_is_dead_lettered() {
+    let fake = FakeLark::start().await;
+    // The reply is refused with a permanent error every time.
+    fake.fail_next("/reply", vec![Failure::Code(230002), Failure::Code(230002)]);
+    let app = app_with(&fake)
+        .var("SSHMODE_INBOX_MAX_ATTEMPTS", "1")
+        .spawn()
+        .await;
+    let env = Msg::new("ev_dead", "/help").envelope(TOKEN);
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    wait_state(&app, "ev_dead", "dead").await;
+    let err: String =
+        sqlx::query_scalar("SELECT last_error FROM inbox_events WHERE event_id = 'ev_dead'")
+            .fetch_one(&app.state.db)
+            .await
+            .unwrap();
+    assert!(err.contains("230002"), "{err}");
+    assert!(!err.contains("t-1") && !err.contains(crate::fake_lark::APP_SECRET));
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sshmode_events_dead_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("sshmode_events_failed_total 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sshmode_inbox_depth 0"), "{metrics}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_event_is_retried_with_backoff() {
+    let fake = FakeLark::start().await;
+    fake.fail_next("/reply", vec![Failure::Code(230002)]);
+    let app = app_with(&fake).spawn().await;
+    let env = Msg::new("ev_retry", "/help").envelope(TOKEN);
+    let before = chrono::Utc::now();
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    fake.wait_until("the failed reply", |r| {
+        r.iter().any(|r| r.path.contains("/reply"))
+    })
+    .await;
+    // The failure is recorded with a retry two seconds out (first backoff step) …
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let row: (String, i32, Option<String>, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
+            "SELECT state, attempts, last_error, available_at FROM inbox_events WHERE event_id = 'ev_retry'",
+        )
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap();
+        if row.2.is_some() || row.0 == "done" {
+            if row.0 == "pending" {
+                assert_eq!(row.1, 1);
+                assert!(row.3 >= before + chrono::Duration::seconds(2));
+            }
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // … and then the retry succeeds.
+    wait_state(&app, "ev_retry", "done").await;
+    assert_eq!(fake.requests_to("/reply").len(), 2);
+    assert_eq!(fake.posted().len(), 1);
+    app.stop().await;
+}
