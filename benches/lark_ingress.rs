@@ -1,6 +1,298 @@
-//! Benchmark: see BENCHMARKS.md.
+//! Benchmark: signed + encrypted Lark events acknowledged per second by `POST /lark/events`,
+//! with ack latency, next to the same machine's raw single-row INSERT rate (pgbench, same
+//! client concurrency, default `synchronous_commit`) into a table shaped like the inbox.
+//!
+//! Run with `bash scripts/bench.sh lark_ingress` (it provides TEST_DATABASE_URL and PG_BIN).
+//! Optional arguments: `--clients N` (default 16), `--seconds S` (default 10).
+//!
+//! Three phases: (1) closed loop, N clients as fast as acks come back; (2) pgbench, N clients,
+//! one INSERT per transaction; (3) open loop at half the pgbench rate, latency measured from
+//! each request's scheduled send time (so a stall is not hidden by coordinated omission).
+//! Inbox workers are off: this measures the acknowledgement path (verify, decrypt, record).
 
-fn main() {
-    eprintln!("this benchmark is not written yet");
-    std::process::exit(1);
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::Connection;
+use sshmode::app::App;
+use sshmode::config::Config;
+use sshmode::lark::webhook;
+use tokio_util::sync::CancellationToken;
+
+const KEY: &str = "bench-encrypt-key";
+const TOKEN: &str = "bench-verification-token";
+
+struct Req {
+    body: Vec<u8>,
+    ts: String,
+    sig: String,
+}
+
+fn event(i: usize, now: i64) -> Req {
+    let id = format!("ev_bench_{i:09}");
+    let text = "@_user_1 /ssh status please, and tell me what is running on the build box";
+    let env = json!({
+        "schema": "2.0",
+        "header": {"event_id": id, "event_type": "im.message.receive_v1",
+            "create_time": (now * 1000).to_string(), "token": TOKEN,
+            "app_id": "cli_bench", "tenant_key": "tk_bench"},
+        "event": {
+            "sender": {"sender_id": {"open_id": "ou_0123456789abcdef0123456789abcdef",
+                "user_id": "u1", "union_id": "on_0123456789abcdef0123456789abcdef"},
+                "sender_type": "user", "tenant_key": "tk_bench"},
+            "message": {"message_id": format!("om_{i:032}"), "root_id": "", "parent_id": "",
+                "create_time": (now * 1000).to_string(), "chat_id": "oc_0123456789abcdef0123456789abcdef",
+                "chat_type": "group", "message_type": "text",
+                "content": json!({"text": text}).to_string(),
+                "mentions": [{"key": "@_user_1", "id": {"open_id": "ou_bot0123456789abcdef0123456789ab",
+                    "union_id": "on_bot", "user_id": null}, "name": "SSH Mode", "tenant_key": "tk_bench"}]}
+        }
+    });
+    let mut iv = [0u8; 16];
+    iv[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    let body = json!({"encrypt": webhook::encrypt(KEY, iv, env.to_string().as_bytes())})
+        .to_string()
+        .into_bytes();
+    let ts = now.to_string();
+    let sig = webhook::signature(&ts, "bench-nonce", KEY, &body);
+    Req { body, ts, sig }
+}
+
+async fn send(http: &reqwest::Client, url: &str, r: &Req) -> bool {
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("X-Lark-Request-Timestamp", &r.ts)
+        .header("X-Lark-Request-Nonce", "bench-nonce")
+        .header("X-Lark-Signature", &r.sig)
+        .body(r.body.clone())
+        .send()
+        .await;
+    matches!(resp, Ok(r) if r.status() == 200)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn fresh_database(server: &str) -> String {
+    let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(server).await.expect("connect");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    conn.close().await.ok();
+    let (base, _) = server.rsplit_once('/').expect("URL with a database");
+    format!("{base}/{name}")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let clients = arg("--clients", 16) as usize;
+    let seconds = arg("--seconds", 10);
+    let server = std::env::var("TEST_DATABASE_URL")
+        .expect("TEST_DATABASE_URL: run through scripts/bench.sh");
+    let pg_bin = std::env::var("PG_BIN").expect("PG_BIN: run through scripts/bench.sh");
+    let db = fresh_database(&server).await;
+
+    let dir = tempfile::tempdir()?;
+    let vars: HashMap<&str, String> = [
+        ("DATABASE_URL", db.clone()),
+        ("SSHMODE_DATA_DIR", dir.path().display().to_string()),
+        ("LARK_APP_ID", "cli_bench".into()),
+        ("LARK_APP_SECRET", "bench-secret".into()),
+        ("LARK_VERIFICATION_TOKEN", TOKEN.into()),
+        ("LARK_ENCRYPT_KEY", KEY.into()),
+        ("LARK_BASE_URL", "http://127.0.0.1:9".into()),
+        ("SSHMODE_WORKERS_ENABLED", "false".into()),
+    ]
+    .into_iter()
+    .collect();
+    let config = Config::from_vars(&|k| vars.get(k).cloned(), dir.path())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let shutdown = CancellationToken::new();
+    let app = App::build(config, listener, shutdown.clone()).await?;
+    let url = format!("http://{}/lark/events", app.local_addr());
+    let pool = app.state().db.clone();
+    let server_task = tokio::spawn(app.run());
+
+    let now = chrono::Utc::now().timestamp();
+    let total = 120_000usize.min(clients * seconds as usize * 2000);
+    eprintln!("preparing {total} signed, encrypted events …");
+    let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients * 2)
+        .build()?;
+    // Warm-up: connections, prepared statements.
+    for r in reqs.iter().take(200) {
+        assert!(send(&http, &url, r).await, "warm-up request refused");
+    }
+
+    // Phase 1: closed loop.
+    let next = Arc::new(AtomicUsize::new(200));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (http, url, reqs, next) = (http.clone(), url.clone(), reqs.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failed = 0usize;
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(r) = reqs.get(i) else { break };
+                let t = Instant::now();
+                if send(&http, &url, r).await {
+                    lat.push(t.elapsed());
+                } else {
+                    failed += 1;
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut failed = 0;
+    for t in tasks {
+        let (l, f) = t.await?;
+        lat.extend(l);
+        failed += f;
+    }
+    let elapsed = started.elapsed();
+    lat.sort();
+    let ack_rate = lat.len() as f64 / elapsed.as_secs_f64();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
+        .fetch_one(&pool)
+        .await?;
+
+    // Phase 2: pgbench, raw single-row INSERTs into an inbox-shaped table.
+    sqlx::query(
+        "CREATE TABLE bench_raw (LIKE inbox_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)",
+    )
+    .execute(&pool)
+    .await?;
+    let payload_sample: String =
+        sqlx::query_scalar("SELECT payload::text FROM inbox_events LIMIT 1")
+            .fetch_one(&pool)
+            .await?;
+    let script = dir.path().join("insert.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "INSERT INTO bench_raw (event_id, event_type, payload, received_at, available_at) \
+             VALUES (md5(random()::text || clock_timestamp()::text), 'im.message.receive_v1', \
+             '{}'::jsonb, now(), now()) ON CONFLICT (event_id) DO NOTHING;\n",
+            payload_sample.replace('\'', "''")
+        ),
+    )?;
+    let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+        ])
+        .arg(seconds.to_string())
+        .arg("-f")
+        .arg(&script)
+        .arg(&db)
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let raw_rate: f64 = text
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "pgbench failed: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+
+    // Phase 3: open loop at half the raw rate.
+    let target = raw_rate / 2.0;
+    let interval = Duration::from_secs_f64(1.0 / target);
+    let limit = Arc::new(tokio::sync::Semaphore::new(512));
+    let start = tokio::time::Instant::now();
+    let n = ((target * seconds as f64) as usize).min(reqs.len() - next.load(Ordering::Relaxed));
+    let base = next.load(Ordering::Relaxed);
+    let mut handles = Vec::with_capacity(n);
+    for k in 0..n {
+        let due = start + interval.mul_f64(k as f64);
+        tokio::time::sleep_until(due).await;
+        let permit = limit.clone().acquire_owned().await?;
+        let (http, url, reqs) = (http.clone(), url.clone(), reqs.clone());
+        handles.push(tokio::spawn(async move {
+            let ok = send(&http, &url, &reqs[base + k]).await;
+            drop(permit);
+            (ok, due.elapsed())
+        }));
+    }
+    let mut paced = Vec::with_capacity(n);
+    let mut paced_failed = 0;
+    for h in handles {
+        let (ok, d) = h.await?;
+        if ok {
+            paced.push(d);
+        } else {
+            paced_failed += 1;
+        }
+    }
+    let paced_elapsed = start.elapsed();
+    paced.sort();
+
+    println!("## lark_ingress ({clients} clients, {seconds} s per phase)");
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| acks/s, closed loop | {ack_rate:.0} |");
+    println!(
+        "| ack p50 / p99, closed loop | {:.2} ms / {:.2} ms |",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99))
+    );
+    println!("| refused or failed requests | {failed} |");
+    println!("| rows recorded | {stored} |");
+    println!("| raw INSERT tps (pgbench) | {raw_rate:.0} |");
+    println!("| acks / raw inserts | {:.2} |", ack_rate / raw_rate);
+    println!(
+        "| open loop at {target:.0}/s: achieved | {:.0}/s |",
+        paced.len() as f64 / paced_elapsed.as_secs_f64()
+    );
+    println!(
+        "| open loop ack p50 / p99 | {:.2} ms / {:.2} ms |",
+        ms(percentile(&paced, 0.5)),
+        ms(percentile(&paced, 0.99))
+    );
+    println!("| open loop refused or failed | {paced_failed} |");
+
+    shutdown.cancel();
+    server_task.await??;
+    Ok(())
 }
