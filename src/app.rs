@@ -22,6 +22,8 @@ pub struct AppState {
     pub db: PgPool,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
+    /// The model router; `None` when no model is configured (the agent then says so).
+    pub llm: Option<Arc<crate::llm::Router>>,
     /// Cancelled when the service begins shutting down.
     pub shutdown: CancellationToken,
 }
@@ -67,14 +69,31 @@ impl App {
     ) -> anyhow::Result<App> {
         crate::install_crypto_provider();
         let store = Store::open(&config).await?;
+        let metrics = Arc::new(Metrics::new());
+        let llm = match crate::llm::Router::from_config(
+            &config,
+            store.pool.clone(),
+            overrides.clock.clone(),
+            metrics.clone(),
+        ) {
+            Ok(router) => router.map(Arc::new),
+            Err(e) => {
+                store.close().await;
+                return Err(e.context("building the model router"));
+            }
+        };
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             clock: overrides.clock,
+            llm,
             shutdown: shutdown.clone(),
         };
         let tasks = TaskTracker::new();
+        if let Some(router) = &state.llm {
+            tasks.spawn(router.clone().probe_loop(shutdown.clone()));
+        }
         Ok(App {
             listener,
             state,
