@@ -95,6 +95,8 @@ pub struct Served {
     pub chain: String,
     pub provider: String,
     pub model: String,
+    /// Time of the successful call alone (serialised as `latency_ms`).
+    #[serde(rename = "latency_ms", serialize_with = "as_millis")]
     pub latency: Duration,
     pub usage: Usage,
     /// True when every entry was cooling and this one was tried anyway.
@@ -718,6 +720,10 @@ impl Router {
         }
         (entries, chains)
     }
+}
+
+fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
 fn state_of(states: &HashMap<String, EntryState>, entry: &Entry) -> EntryState {
