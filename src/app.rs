@@ -24,6 +24,8 @@ pub struct AppState {
     pub db: PgPool,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
+    /// The model router; `None` when no model is configured (the agent then says so).
+    pub llm: Option<Arc<crate::llm::Router>>,
     /// Cancelled when the service begins shutting down.
     pub shutdown: CancellationToken,
     /// The Lark Open API client (one connection pool, token cache and rate limits per app).
@@ -81,17 +83,33 @@ impl App {
             None => (String::new(), secrecy::SecretString::from(String::new())),
         };
         let lark = LarkClient::new(&config.lark_base_url, &app_id, app_secret, metrics.clone())?;
+        let llm = match crate::llm::Router::from_config(
+            &config,
+            store.pool.clone(),
+            overrides.clock.clone(),
+            metrics.clone(),
+        ) {
+            Ok(router) => router.map(Arc::new),
+            Err(e) => {
+                store.close().await;
+                return Err(e.context("building the model router"));
+            }
+        };
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
             metrics,
             clock: overrides.clock,
+            llm,
             shutdown: shutdown.clone(),
             lark: Arc::new(lark),
             inbox_wake: Arc::new(Notify::new()),
         };
         let tasks = TaskTracker::new();
         crate::inbox::spawn_workers(&state, &tasks);
+        if let Some(router) = &state.llm {
+            tasks.spawn(router.clone().probe_loop(shutdown.clone()));
+        }
         Ok(App {
             listener,
             state,

@@ -51,6 +51,10 @@ pub struct Config {
     pub admins: Vec<String>,
     /// Model access: a single provider, a router file, or nothing.
     pub llm: LlmConfig,
+    /// The router file named by `SSHMODE_ROUTER_CONFIG`, read and validated at load, with the
+    /// keys named by its `api_key_env` entries resolved through the same variable source (so
+    /// this stays the only reader of the environment, and a broken file fails at start-up).
+    pub router_file: Option<crate::llm::config::RouterFile>,
     /// `SSHMODE_MODEL`: the abstract model name the agent asks the router for.
     pub model: Option<String>,
     /// `SSHMODE_API_TOKEN`: bearer token of `POST /v1/chat/completions`; unset = endpoint off.
@@ -262,6 +266,22 @@ impl Config {
             }
         };
 
+        let router_file = match &llm {
+            LlmConfig::RouterFile(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                    name: "SSHMODE_ROUTER_CONFIG",
+                    reason: format!("cannot read {}: {e}", path.display()),
+                })?;
+                let file = crate::llm::config::RouterFile::parse(&text, &|name| var_any(get, name))
+                    .map_err(|reason| ConfigError::Invalid {
+                        name: "SSHMODE_ROUTER_CONFIG",
+                        reason: format!("{}: {reason}", path.display()),
+                    })?;
+                Some(file)
+            }
+            _ => None,
+        };
+
         let master_key_file = var("SSHMODE_MASTER_KEY_FILE")
             .map(|p| normalize(&abs(p)))
             .unwrap_or_else(|| data_dir.join("master.key"));
@@ -338,6 +358,7 @@ impl Config {
             lark_base_url,
             admins,
             llm,
+            router_file,
             model: var("SSHMODE_MODEL"),
             api_token: var("SSHMODE_API_TOKEN").map(SecretString::from),
             master_key_file,
@@ -360,6 +381,11 @@ impl Config {
     pub fn is_admin(&self, open_id: &str) -> bool {
         self.admins.iter().any(|a| a == open_id)
     }
+}
+
+/// A variable whose name is not a literal (the router file names it); blank counts as unset.
+fn var_any(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    get(name).filter(|v| !v.trim().is_empty())
 }
 
 fn parse_or<T: FromStr>(

@@ -1,21 +1,21 @@
-//! Model access: the OpenAI-compatible client and the router (fallback chains, failure
-//! classification, cooldowns, probes). Knows nothing of tools' effects.
+//! Model access: the OpenAI-compatible client ([`client`], [`wire`]), failure classification
+//! ([`classify`]), entry state in Postgres ([`state`]) and the router that walks fallback
+//! chains, cools entries down and probes them back ([`router`]); plus its HTTP surface
+//! (`/router/health`, `/router/stats`, `POST /v1/chat/completions`).
+//!
+//! Knows nothing of tools' effects: it carries tool definitions and calls, never runs them. It
+//! never logs or returns an API key, and never retries underneath the router's own chain.
 
-use axum::Json;
-use axum::Router;
-use axum::routing::get;
+pub mod classify;
+pub mod client;
+pub mod config;
+mod http;
+pub mod router;
+pub mod state;
+pub mod wire;
 
-use crate::app::AppState;
+pub use classify::FailureClass;
+pub use router::{Attempt, ProbeReport, Routed, Router, RouterError, Served};
+pub use wire::{ChatRequest, ChatResponse, Message, Tool, ToolCall};
 
-/// `/router/health`, `/router/stats`, `/v1/chat/completions`.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/router/health",
-            get(|| async { Json(serde_json::json!({ "entries": [] })) }),
-        )
-        .route(
-            "/router/stats",
-            get(|| async { Json(serde_json::json!({ "entries": [] })) }),
-        )
-}
+pub use http::routes;

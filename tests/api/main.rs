@@ -1,7 +1,10 @@
 //! Black-box tests of sshmode against a real PostgreSQL (TEST_DATABASE_URL, which
 //! `scripts/test.sh` provides) and fakes of the services that cannot run here.
 
+#[allow(dead_code)]
 mod fake_lark;
+#[allow(dead_code)]
+mod fake_llm;
 mod foundation;
 #[allow(dead_code)]
 mod helpers;
@@ -9,3 +12,4 @@ mod lark_client;
 mod lark_flow;
 mod lark_support;
 mod lark_webhook;
+mod llm;

@@ -1,0 +1,188 @@
+//! The router's HTTP surface: `GET /router/health`, `GET /router/stats`, and the router as an
+//! OpenAI-compatible endpoint, `POST /v1/chat/completions` (plus `GET /v1/models`), behind the
+//! `SSHMODE_API_TOKEN` bearer token and off while it is unset. Errors on `/v1` use OpenAI's
+//! error shape so that SDKs report them properly; they never carry keys or internal detail.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use secrecy::ExposeSecret;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::router::RouterError;
+use super::wire::ChatRequest;
+use crate::app::AppState;
+
+/// Largest accepted request body: long agent contexts run to a few MB.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// `/router/health`, `/router/stats`, `/v1/chat/completions`, `/v1/models`.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/router/health", get(health))
+        .route("/router/stats", get(stats))
+        .route(
+            "/v1/chat/completions",
+            post(chat_completions).layer(DefaultBodyLimit::max(MAX_BODY)),
+        )
+        .route("/v1/models", get(models))
+}
+
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    match &state.llm {
+        None => Json(json!({ "entries": [], "default_model": null })),
+        Some(router) => Json(json!({
+            "default_model": router.default_model(),
+            "entries": router.health().await,
+        })),
+    }
+}
+
+async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
+    match &state.llm {
+        None => Json(json!({ "entries": [], "chains": [] })),
+        Some(router) => {
+            let (entries, chains) = router.stats();
+            Json(json!({ "entries": entries, "chains": chains }))
+        }
+    }
+}
+
+/// An error in OpenAI's shape: `{"error":{"message","type","code"}}`.
+fn openai_error(status: StatusCode, kind: &str, code: Option<&str>, message: &str) -> Response {
+    (
+        status,
+        Json(json!({ "error": { "message": message, "type": kind, "code": code, "param": null } })),
+    )
+        .into_response()
+}
+
+/// The refusal to send when the request lacks the configured bearer token (`None`: go on).
+/// Both sides are hashed first so the comparison is constant-time and leaks no length.
+fn refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let Some(expected) = &state.config.api_token else {
+        return Some(openai_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("endpoint_disabled"),
+            "this endpoint is off: set SSHMODE_API_TOKEN to enable it",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .unwrap_or("")
+        .trim();
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(expected.expose_secret().as_bytes());
+    if given.is_empty() || !bool::from(a.ct_eq(&b)) {
+        return Some(openai_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            "missing or wrong bearer token",
+        ));
+    }
+    None
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = refusal(&state, &headers) {
+        return r;
+    }
+    let Some(router) = &state.llm else {
+        return openai_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("no_model_configured"),
+            "no model is configured on this server",
+        );
+    };
+    let request: ChatRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                &format!("the body is not a chat completions request: {e}"),
+            );
+        }
+    };
+    if request.extra.get("stream").and_then(|v| v.as_bool()) == Some(true) {
+        return openai_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("stream_unsupported"),
+            "streaming is not supported by this endpoint; send stream: false",
+        );
+    }
+    let model = request.model.clone();
+    match router.chat(Some(&model), request).await {
+        Ok(routed) => {
+            let mut resp = Json(routed.response).into_response();
+            let h = resp.headers_mut();
+            for (name, value) in [
+                ("x-sshmode-provider", routed.served.provider.as_str()),
+                ("x-sshmode-model", routed.served.model.as_str()),
+            ] {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    h.insert(name, v);
+                }
+            }
+            resp
+        }
+        Err(RouterError::UnknownModel(name)) => openai_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            &format!("there is no model called `{name}`; GET /v1/models lists them"),
+        ),
+        Err(RouterError::Rejected(a)) => {
+            let status = a
+                .status
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .filter(|s| s.is_client_error())
+                .unwrap_or(StatusCode::BAD_REQUEST);
+            openai_error(
+                status,
+                "invalid_request_error",
+                a.code.as_deref(),
+                &a.message,
+            )
+        }
+        Err(e @ RouterError::Unavailable { .. }) => openai_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("no_provider_available"),
+            &e.to_string(),
+        ),
+    }
+}
+
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = refusal(&state, &headers) {
+        return r;
+    }
+    let data: Vec<_> = state
+        .llm
+        .iter()
+        .flat_map(|r| r.models())
+        .map(|m| json!({ "id": m, "object": "model", "created": 0, "owned_by": "sshmode" }))
+        .collect();
+    Json(json!({ "object": "list", "data": data })).into_response()
+}
