@@ -24,6 +24,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// Cancelled when the service begins shutting down.
     pub shutdown: CancellationToken,
+    /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
+    pub exec: Arc<crate::exec::Executors>,
 }
 
 /// Seams tests may replace.
@@ -67,14 +69,29 @@ impl App {
     ) -> anyhow::Result<App> {
         crate::install_crypto_provider();
         let store = Store::open(&config).await?;
+        let vault = Arc::new(
+            crate::vault::Vault::open_or_create(&config.master_key_file).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
+                    config.master_key_file.display()
+                )
+            })?,
+        );
+        let exec = Arc::new(crate::exec::Executors::new(
+            &config.exec,
+            store.pool.clone(),
+            vault,
+        )?);
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
             metrics: Arc::new(Metrics::new()),
             clock: overrides.clock,
             shutdown: shutdown.clone(),
+            exec: exec.clone(),
         };
         let tasks = TaskTracker::new();
+        tasks.spawn(exec.run_reaper(shutdown.clone()));
         Ok(App {
             listener,
             state,

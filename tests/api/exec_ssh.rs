@@ -1,0 +1,1 @@
+//! SSH tests (written next).
