@@ -227,11 +227,13 @@ impl Executors {
     }
 }
 
+type CwdMap = HashMap<(String, String), (String, u64)>;
+
 /// Working directories per (backend, section), bounded by [`MAX_CWDS`].
 #[derive(Default)]
 pub struct CwdStore {
-    /// (backend name, section) → (directory, insertion tick for eviction).
-    inner: Mutex<(HashMap<(String, String), (String, u64)>, u64)>,
+    /// (backend name, section) → (directory, insertion tick for eviction), and the tick.
+    inner: Mutex<(CwdMap, u64)>,
 }
 
 impl CwdStore {
@@ -249,14 +251,13 @@ impl CwdStore {
         *tick += 1;
         let now = *tick;
         map.insert((backend.to_string(), section.to_string()), (dir, now));
-        if map.len() > MAX_CWDS {
-            if let Some(oldest) = map
+        if map.len() > MAX_CWDS
+            && let Some(oldest) = map
                 .iter()
                 .min_by_key(|(_, (_, t))| *t)
                 .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
-            }
+        {
+            map.remove(&oldest);
         }
     }
 }

@@ -322,7 +322,7 @@ impl Ops {
         let (offset, len) = match range {
             ReadRange::Whole => (0, text_limit),
             ReadRange::Bytes { offset, len } => (offset, len.min(MAX_FILE_BYTES)),
-            ReadRange::Lines { start, .. } if start == 0 => {
+            ReadRange::Lines { start: 0, .. } => {
                 return Err(ExecError::Invalid("line numbers start at 1".into()));
             }
             // Lines are found by reading from the start; bounded by the file limit.

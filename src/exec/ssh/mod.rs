@@ -264,8 +264,8 @@ impl TargetPool {
         let per_conn = self.config.ssh_channels_per_connection;
         let mut conns = self.conns.lock().await;
         conns.retain(|c| {
-            !c.handle.is_closed()
-                && !(c.broken.load(Ordering::Acquire) && c.busy.load(Ordering::Acquire) == 0)
+            let retired = c.broken.load(Ordering::Acquire) && c.busy.load(Ordering::Acquire) == 0;
+            !(c.handle.is_closed() || retired)
         });
         for c in conns.iter() {
             if c.broken.load(Ordering::Acquire) {
@@ -298,7 +298,7 @@ impl TargetPool {
                 });
             }
         }
-        let (_, result) = connect::connect(
+        let (seen, result) = connect::connect(
             &self.target,
             ConnectOptions {
                 config: &self.config,
@@ -324,6 +324,10 @@ impl TargetPool {
                     conn,
                     _permit: permit,
                 })
+            }
+            Err(e) if seen.verdict == Some(target::HostKeyVerdict::Unpinned) => {
+                // Waiting for an operator to pin the key: the next attempt re-reads the pin.
+                Err(e)
             }
             Err(e) => {
                 let mut f = self.failure.lock().expect("failure lock");
@@ -360,6 +364,36 @@ impl TargetPool {
         })
     }
 
+    /// Opens a channel and starts `script`, waiting for the server to confirm it started. A
+    /// connection that dies before that (sshd restarted since the last command) is retired
+    /// and the start retried once on a fresh one: nothing ran, so nothing runs twice.
+    async fn start(&self, script: &str) -> Result<(Lease, russh::Channel<Msg>), ExecError> {
+        let mut last = String::new();
+        for _ in 0..2 {
+            let (lease, mut channel) = self.channel().await?;
+            if let Err(e) = channel.exec(true, script.as_bytes().to_vec()).await {
+                lease.conn.broken.store(true, Ordering::Release);
+                last = e.to_string();
+                continue;
+            }
+            loop {
+                match channel.wait().await {
+                    Some(ChannelMsg::Success) => return Ok((lease, channel)),
+                    Some(ChannelMsg::Failure) => {
+                        return Err(self.lost("the server refused to run the command"));
+                    }
+                    Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                        lease.conn.broken.store(true, Ordering::Release);
+                        last = "the connection closed before the command started".into();
+                        break;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Err(self.lost(last))
+    }
+
     fn lost(&self, e: impl std::fmt::Display) -> ExecError {
         ExecError::Connection {
             alias: self.alias().to_string(),
@@ -373,13 +407,9 @@ impl TargetPool {
         cmd: Command<'_>,
         cancel: &CancellationToken,
     ) -> Result<Output, ExecError> {
-        let (lease, mut channel) = self.channel().await?;
         // The login shell is the session leader: its pid is the process group to kill.
         let script = format!("printf '%s\\n' \"$$\" >&2\n{}", cmd.script);
-        channel
-            .exec(true, script.into_bytes())
-            .await
-            .map_err(|e| self.lost(e))?;
+        let (lease, mut channel) = self.start(&script).await?;
         if let Some(data) = cmd.stdin {
             channel
                 .data_bytes(data.to_vec())
