@@ -301,7 +301,11 @@ mod tests {
                 .and_then(|s| s.split(' ').next())
                 .and_then(|n| n.parse().ok())
                 .expect("count");
-            assert_eq!(head.len() + tail.len() + omitted, bytes.len(), "limit {limit}");
+            assert_eq!(
+                head.len() + tail.len() + omitted,
+                bytes.len(),
+                "limit {limit}"
+            );
         }
     }
 
