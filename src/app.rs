@@ -33,6 +33,8 @@ pub struct AppState {
     /// Wakes an idle inbox worker when the webhook records a new event (the poll interval
     /// covers retries and expired leases).
     pub inbox_wake: Arc<Notify>,
+    /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
+    pub exec: Arc<crate::exec::Executors>,
 }
 
 /// Seams tests may replace.
@@ -95,6 +97,19 @@ impl App {
                 return Err(e.context("building the model router"));
             }
         };
+        let vault = Arc::new(
+            crate::vault::Vault::open_or_create(&config.master_key_file).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
+                    config.master_key_file.display()
+                )
+            })?,
+        );
+        let exec = Arc::new(crate::exec::Executors::new(
+            &config.exec,
+            store.pool.clone(),
+            vault,
+        )?);
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
@@ -104,9 +119,11 @@ impl App {
             shutdown: shutdown.clone(),
             lark: Arc::new(lark),
             inbox_wake: Arc::new(Notify::new()),
+            exec: exec.clone(),
         };
         let tasks = TaskTracker::new();
         crate::inbox::spawn_workers(&state, &tasks);
+        tasks.spawn(exec.run_reaper(shutdown.clone()));
         if let Some(router) = &state.llm {
             tasks.spawn(router.clone().probe_loop(shutdown.clone()));
         }

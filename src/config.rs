@@ -136,6 +136,8 @@ pub struct ExecConfig {
     pub guard_extra_file: Option<PathBuf>,
     /// `SSHMODE_WORKSPACE_ROOT`: parent of the local per-thread working directories.
     pub workspace_root: PathBuf,
+    /// `SSH_AUTH_SOCK`: the ssh-agent used by targets added with `--agent`.
+    pub ssh_auth_sock: Option<PathBuf>,
 }
 
 /// Router tunables.
@@ -342,6 +344,7 @@ impl Config {
             workspace_root: var("SSHMODE_WORKSPACE_ROOT")
                 .map(|p| normalize(&abs(p)))
                 .unwrap_or_else(|| data_dir.join("workspaces")),
+            ssh_auth_sock: var("SSH_AUTH_SOCK").map(|p| normalize(&abs(p))),
         };
         let router = RouterTunables {
             request_timeout: secs("SSHMODE_LLM_TIMEOUT_SECS", 120)?,

@@ -1,3 +1,397 @@
 //! The vault: SSH secrets encrypted with AES-256-GCM under a master key file (mode 0600), a
 //! fresh nonce per record, the target alias as associated data. Plaintext leaves only towards
 //! SSH authentication.
+//!
+//! A sealed record is `version (1 byte) || nonce (12 bytes) || ciphertext || tag (16 bytes)`.
+//! Binding the alias as associated data means a record copied onto another target's row fails
+//! to open instead of authenticating as the wrong host. The vault never logs, formats or returns
+//! plaintext in an error, never holds the raw key outside `Zeroizing` memory (the working copy
+//! lives inside ring's key schedule), and never accepts a key file other users could read.
+
+use std::fmt;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use zeroize::Zeroizing;
+
+/// Length of the master key: AES-256.
+const KEY_LEN: usize = 32;
+/// Format version of sealed records; bump when the layout or algorithm changes.
+const VERSION: u8 = 1;
+/// AES-GCM tag length.
+const TAG_LEN: usize = 16;
+const HEADER_LEN: usize = 1 + NONCE_LEN;
+
+/// Failures of the vault. No variant carries key or plaintext bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum VaultError {
+    #[error("vault key file {path}: could not {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "vault key file {path} is accessible to group or others (mode {mode:04o}); \
+         restrict it with `chmod 600 {path}` and start again"
+    )]
+    Permissions { path: PathBuf, mode: u32 },
+    #[error(
+        "vault key file {path} holds {len} bytes, expected {KEY_LEN}; restore the original key \
+         file, or move this one away to start a new vault (secrets sealed under the old key \
+         will then have to be imported again)"
+    )]
+    KeyLength { path: PathBuf, len: u64 },
+    #[error("vault key file {path} is not a regular file; point SSHMODE_MASTER_KEY_FILE at a file")]
+    NotAFile { path: PathBuf },
+    #[error("the system random number generator failed")]
+    Random,
+    #[error("the secret for `{alias}` is too large to seal")]
+    Seal { alias: String },
+    #[error("the sealed secret for `{alias}` is malformed ({reason})")]
+    Malformed { alias: String, reason: &'static str },
+    #[error(
+        "the sealed secret for `{alias}` could not be decrypted: it was sealed under another key \
+         or for another target, or it was altered; import the secret again"
+    )]
+    Decrypt { alias: String },
+}
+
+/// The master key, ready to seal and open records.
+pub struct Vault {
+    /// The AES-256-GCM key. ring keeps only the expanded key schedule; the raw bytes it was
+    /// built from were zeroized right after.
+    key: LessSafeKey,
+    /// Source of fresh nonces; one per sealed record, never reused.
+    rng: SystemRandom,
+    /// Where the key came from, for diagnostics only.
+    path: PathBuf,
+}
+
+impl fmt::Debug for Vault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vault")
+            .field("path", &self.path)
+            .field("key", &"[redacted]")
+            .finish()
+    }
+}
+
+impl Vault {
+    /// Opens the master key at `path`, creating it (32 random bytes, mode 0600, parent
+    /// directories 0700) when it does not exist. An existing file is refused when group or
+    /// others may access it, or when its length is wrong.
+    pub fn open_or_create(path: &Path) -> Result<Vault, VaultError> {
+        let rng = SystemRandom::new();
+        let key = match Self::read_key(path) {
+            Err(VaultError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                match Self::create_key(path, &rng) {
+                    // Lost a race with another process creating it: use theirs.
+                    Err(VaultError::Io { source, .. })
+                        if source.kind() == io::ErrorKind::AlreadyExists =>
+                    {
+                        Self::read_key(path)?
+                    }
+                    other => other?,
+                }
+            }
+            other => other?,
+        };
+        let unbound = UnboundKey::new(&AES_256_GCM, &key[..]).map_err(|_| VaultError::KeyLength {
+            path: path.to_owned(),
+            len: key.len() as u64,
+        })?;
+        Ok(Vault {
+            key: LessSafeKey::new(unbound),
+            rng,
+            path: path.to_owned(),
+        })
+    }
+
+    fn read_key(path: &Path) -> Result<Zeroizing<[u8; KEY_LEN]>, VaultError> {
+        let io_err = |action| {
+            move |source| VaultError::Io {
+                path: path.to_owned(),
+                action,
+                source,
+            }
+        };
+        let mut file = File::open(path).map_err(io_err("open it"))?;
+        // Check the opened file itself, not the path, so a swap between check and read is moot.
+        let meta = file.metadata().map_err(io_err("inspect it"))?;
+        if !meta.is_file() {
+            return Err(VaultError::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(VaultError::Permissions {
+                path: path.to_owned(),
+                mode,
+            });
+        }
+        if meta.len() != KEY_LEN as u64 {
+            return Err(VaultError::KeyLength {
+                path: path.to_owned(),
+                len: meta.len(),
+            });
+        }
+        let mut key = Zeroizing::new([0u8; KEY_LEN]);
+        file.read_exact(&mut key[..]).map_err(io_err("read it"))?;
+        // The file must not have grown between the length check and the read.
+        let mut probe = [0u8; 1];
+        if file.read(&mut probe).map_err(io_err("read it"))? != 0 {
+            return Err(VaultError::KeyLength {
+                path: path.to_owned(),
+                len: meta.len() + 1,
+            });
+        }
+        Ok(key)
+    }
+
+    fn create_key(path: &Path, rng: &SystemRandom) -> Result<Zeroizing<[u8; KEY_LEN]>, VaultError> {
+        let io_err = |action| {
+            move |source| VaultError::Io {
+                path: path.to_owned(),
+                action,
+                source,
+            }
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(io_err("create its directory"))?;
+        }
+        let mut key = Zeroizing::new([0u8; KEY_LEN]);
+        rng.fill(&mut key[..]).map_err(|_| VaultError::Random)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io_err("create it"))?;
+        let written = file
+            .write_all(&key[..])
+            .and_then(|()| file.sync_all())
+            .map_err(io_err("write it"));
+        if let Err(e) = written {
+            // A half-written key would be refused next time anyway; do not leave it behind.
+            let _ = fs::remove_file(path);
+            return Err(e);
+        }
+        Ok(key)
+    }
+
+    /// Encrypts `plaintext` for `alias`: `version || nonce || ciphertext+tag`.
+    pub fn seal(&self, alias: &str, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).map_err(|_| VaultError::Random)?;
+        let mut out = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
+        out.push(VERSION);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(plaintext);
+        let sealed = self.key.seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(alias.as_bytes()),
+            &mut out[HEADER_LEN..],
+        );
+        match sealed {
+            Ok(tag) => {
+                out.extend_from_slice(tag.as_ref());
+                Ok(out)
+            }
+            Err(_) => {
+                // The buffer still holds plaintext.
+                zeroize::Zeroize::zeroize(&mut out);
+                Err(VaultError::Seal {
+                    alias: alias.to_owned(),
+                })
+            }
+        }
+    }
+
+    /// Decrypts a record sealed for `alias`. A wrong alias, a wrong key, or any altered or
+    /// missing byte fails.
+    pub fn open(&self, alias: &str, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+        let malformed = |reason| VaultError::Malformed {
+            alias: alias.to_owned(),
+            reason,
+        };
+        if sealed.len() < HEADER_LEN + TAG_LEN {
+            return Err(malformed("too short"));
+        }
+        if sealed[0] != VERSION {
+            return Err(malformed("unknown format version"));
+        }
+        let nonce = Nonce::try_assume_unique_for_key(&sealed[1..HEADER_LEN])
+            .map_err(|_| malformed("bad nonce"))?;
+        let mut buf = Zeroizing::new(sealed[HEADER_LEN..].to_vec());
+        let len = self
+            .key
+            .open_in_place(nonce, Aad::from(alias.as_bytes()), &mut buf[..])
+            .map_err(|_| VaultError::Decrypt {
+                alias: alias.to_owned(),
+            })?
+            .len();
+        buf.truncate(len);
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn fresh() -> (tempfile::TempDir, PathBuf, Vault) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/keys/master.key");
+        let vault = Vault::open_or_create(&path).unwrap();
+        (dir, path, vault)
+    }
+
+    #[test]
+    fn round_trip() {
+        let (_d, _p, v) = fresh();
+        let sealed = v.seal("web-1", b"-----BEGIN KEY-----").unwrap();
+        assert_eq!(sealed.len(), 1 + 12 + 19 + 16);
+        assert_eq!(sealed[0], VERSION);
+        assert_eq!(&v.open("web-1", &sealed).unwrap()[..], b"-----BEGIN KEY-----");
+        let empty = v.seal("web-1", b"").unwrap();
+        assert!(v.open("web-1", &empty).unwrap().is_empty());
+    }
+
+    #[test]
+    fn sealing_twice_gives_different_records() {
+        let (_d, _p, v) = fresh();
+        let a = v.seal("db", b"hunter2").unwrap();
+        let b = v.seal("db", b"hunter2").unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a[1..13], b[1..13], "nonces must differ");
+        assert!(!a.windows(7).any(|w| w == b"hunter2"), "ciphertext holds plaintext");
+    }
+
+    #[test]
+    fn wrong_alias_fails() {
+        let (_d, _p, v) = fresh();
+        let sealed = v.seal("db", b"hunter2").unwrap();
+        let err = v.open("web", &sealed).unwrap_err();
+        assert!(matches!(err, VaultError::Decrypt { .. }), "{err:?}");
+        assert!(!err.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn any_flipped_bit_fails() {
+        let (_d, _p, v) = fresh();
+        let sealed = v.seal("db", b"hunter2").unwrap();
+        for i in 0..sealed.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut t = sealed.clone();
+                t[i] ^= bit;
+                assert!(v.open("db", &t).is_err(), "byte {i} bit {bit:#x} accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_or_extended_records_fail() {
+        let (_d, _p, v) = fresh();
+        let sealed = v.seal("db", b"hunter2").unwrap();
+        for n in 0..sealed.len() {
+            assert!(v.open("db", &sealed[..n]).is_err(), "prefix of {n} bytes accepted");
+        }
+        let mut longer = sealed.clone();
+        longer.push(0);
+        assert!(v.open("db", &longer).is_err());
+    }
+
+    #[test]
+    fn another_key_cannot_open() {
+        let (_d1, _p1, v1) = fresh();
+        let (_d2, _p2, v2) = fresh();
+        let sealed = v1.seal("db", b"hunter2").unwrap();
+        assert!(matches!(
+            v2.open("db", &sealed),
+            Err(VaultError::Decrypt { .. })
+        ));
+    }
+
+    #[test]
+    fn key_file_is_created_0600_in_0700_directories() {
+        let (dir, path, _v) = fresh();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), KEY_LEN as u64);
+        for d in [dir.path().join("state"), dir.path().join("state/keys")] {
+            assert_eq!(fs::metadata(d).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+    }
+
+    #[test]
+    fn reopening_decrypts_old_records() {
+        let (_d, path, v) = fresh();
+        let sealed = v.seal("db", b"hunter2").unwrap();
+        let key_before = fs::read(&path).unwrap();
+        drop(v);
+        let again = Vault::open_or_create(&path).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), key_before, "key file was rewritten");
+        assert_eq!(&again.open("db", &sealed).unwrap()[..], b"hunter2");
+    }
+
+    #[test]
+    fn group_or_world_readable_key_is_refused() {
+        let (_d, path, _v) = fresh();
+        for mode in [0o644, 0o640, 0o604, 0o660] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            let err = Vault::open_or_create(&path).unwrap_err();
+            assert!(matches!(err, VaultError::Permissions { .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains("chmod 600"), "{msg}");
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o400)).unwrap();
+        Vault::open_or_create(&path).expect("owner-only read is fine");
+    }
+
+    #[test]
+    fn wrong_length_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 16, 31, 33, 64] {
+            let path = dir.path().join(format!("key{len}"));
+            fs::write(&path, vec![7u8; len]).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+            let err = Vault::open_or_create(&path).unwrap_err();
+            assert!(matches!(err, VaultError::KeyLength { .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains(&path.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("holds {len} bytes")), "{msg}");
+            assert_eq!(fs::read(&path).unwrap().len(), len, "must not be overwritten");
+        }
+    }
+
+    #[test]
+    fn a_directory_is_not_a_key_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Vault::open_or_create(dir.path()).unwrap_err();
+        assert!(matches!(err, VaultError::NotAFile { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn debug_shows_no_key_bytes() {
+        let (_d, path, v) = fresh();
+        let key = fs::read(&path).unwrap();
+        let shown = format!("{v:?}");
+        assert!(shown.contains("redacted"), "{shown}");
+        assert!(!shown.contains(&hex::encode(&key)), "{shown}");
+        // Nor any decimal/array rendering of the key's bytes.
+        assert!(!shown.contains(&format!("{:?}", &key[..4])), "{shown}");
+    }
+}

@@ -1,10 +1,21 @@
 //! `sshmode target …`: add, list, show, approve, disable, remove, test.
 
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
+use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
+use russh::keys::{Certificate, HashAlg, PublicKey};
+use sqlx::PgPool;
+use zeroize::Zeroizing;
 
+use super::{HostKey, HostKeyPolicy, NewSecrets, NewTarget, Status, Target, TargetError};
 use crate::config::Config;
+use crate::exec::ssh::connect::{self, ConnectOptions};
+use crate::vault::Vault;
+
+/// Who CLI audit rows name.
+const ACTOR: &str = "cli";
 
 /// `sshmode target …`
 #[derive(Debug, Subcommand)]
@@ -80,6 +91,340 @@ pub struct AddArgs {
 
 /// Runs a target command; returns the process exit code.
 pub async fn run(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
-    let _ = (cmd, config);
-    anyhow::bail!("target commands are not available in this build yet")
+    let store = crate::store::Store::open(config).await?;
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let result = run_with(cmd, config, &store.pool, &mut input, &mut out).await;
+    store.close().await;
+    result
+}
+
+/// [`run`] on a given database, input and output (tests call this directly).
+pub async fn run_with(
+    cmd: TargetCmd,
+    config: &Config,
+    db: &PgPool,
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> anyhow::Result<i32> {
+    crate::install_crypto_provider();
+    match cmd {
+        TargetCmd::Add(args) => {
+            let vault = open_vault(config)?;
+            let new = new_target(args, input)?;
+            let approved = new.approve;
+            let t = super::add(db, &vault, new, ACTOR)
+                .await
+                .map_err(user_error)?;
+            writeln!(
+                out,
+                "target `{}` added ({}){}",
+                t.alias,
+                t.status.as_str(),
+                if approved {
+                    ""
+                } else {
+                    "; an admin must approve it before chats can use it"
+                }
+            )?;
+            if t.host_key_policy == HostKeyPolicy::Strict && t.host_key.is_none() {
+                writeln!(
+                    out,
+                    "strict target without a pinned host key: run `sshmode target test {} --trust` after checking the fingerprint",
+                    t.alias
+                )?;
+            }
+            Ok(0)
+        }
+        TargetCmd::List => {
+            let targets = super::list(db).await?;
+            if targets.is_empty() {
+                writeln!(out, "no targets")?;
+            }
+            for t in targets {
+                writeln!(
+                    out,
+                    "{}\t{}@{}:{}\t{}\t{}\t{}\t{}",
+                    t.alias,
+                    t.user,
+                    t.host,
+                    t.port,
+                    t.status.as_str(),
+                    auth_label(&t),
+                    t.host_key_policy.as_str(),
+                    t.host_key
+                        .as_ref()
+                        .map(|k| k.fingerprint.as_str())
+                        .unwrap_or("-"),
+                )?;
+            }
+            Ok(0)
+        }
+        TargetCmd::Show { alias } => {
+            let t = super::get(db, &alias).await.map_err(user_error)?;
+            show(&t, out)?;
+            Ok(0)
+        }
+        TargetCmd::Approve { alias } => status(db, &alias, Status::Approved, out).await,
+        TargetCmd::Disable { alias } => status(db, &alias, Status::Disabled, out).await,
+        TargetCmd::Remove { alias } => {
+            super::remove(db, &alias, ACTOR).await.map_err(user_error)?;
+            writeln!(out, "target `{alias}` removed, with its vaulted secrets")?;
+            Ok(0)
+        }
+        TargetCmd::Test { alias, trust } => {
+            let vault = open_vault(config)?;
+            let t = super::get(db, &alias).await.map_err(user_error)?;
+            test(&t, config, db, &vault, trust, out).await
+        }
+    }
+}
+
+fn open_vault(config: &Config) -> anyhow::Result<Vault> {
+    Vault::open_or_create(&config.master_key_file).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
+            config.master_key_file.display()
+        )
+    })
+}
+
+fn user_error(e: TargetError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+async fn status(db: &PgPool, alias: &str, to: Status, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let prev = super::set_status(db, alias, to, ACTOR)
+        .await
+        .map_err(user_error)?;
+    writeln!(
+        out,
+        "target `{alias}`: {} -> {}",
+        prev.as_str(),
+        to.as_str()
+    )?;
+    Ok(0)
+}
+
+fn auth_label(t: &Target) -> String {
+    match (t.auth, t.has_cert) {
+        (super::AuthKind::Key, true) => "key+cert".into(),
+        (a, _) => a.as_str().into(),
+    }
+}
+
+fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(out, "alias:           {}", t.alias)?;
+    writeln!(out, "host:            {}", t.host)?;
+    writeln!(out, "port:            {}", t.port)?;
+    writeln!(out, "user:            {}", t.user)?;
+    writeln!(out, "status:          {}", t.status.as_str())?;
+    writeln!(out, "auth:            {}", auth_label(t))?;
+    writeln!(out, "host key policy: {}", t.host_key_policy.as_str())?;
+    match &t.host_key {
+        Some(k) => writeln!(
+            out,
+            "host key:        {}{} ({})",
+            k.fingerprint,
+            k.algorithm
+                .as_deref()
+                .map(|a| format!(" {a}"))
+                .unwrap_or_default(),
+            k.source
+        )?,
+        None => writeln!(out, "host key:        none recorded yet")?,
+    }
+    if let Some(d) = &t.description {
+        writeln!(out, "description:     {d}")?;
+    }
+    writeln!(out, "added by:        {} at {}", t.added_by, t.created_at)?;
+    Ok(())
+}
+
+/// Reads one line of standard input without its line ending.
+fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroizing<String>> {
+    let mut line = Zeroizing::new(String::new());
+    input
+        .read_line(&mut line)
+        .with_context(|| format!("cannot read the {what} from standard input"))?;
+    let trimmed = Zeroizing::new(line.trim_end_matches(['\n', '\r']).to_string());
+    if trimmed.is_empty() {
+        bail!("the {what} on standard input is empty");
+    }
+    Ok(trimmed)
+}
+
+fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarget> {
+    let secrets = if let Some(path) = &args.key {
+        let text = Zeroizing::new(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the key file {}", path.display()))?,
+        );
+        let passphrase = if args.passphrase_stdin {
+            Some(read_secret_line(input, "passphrase")?)
+        } else {
+            None
+        };
+        let key = russh::keys::decode_secret_key(&text, passphrase.as_deref().map(|p| p.as_str()))
+            .map_err(|e| match e {
+                russh::keys::Error::KeyIsEncrypted => anyhow::anyhow!(
+                    "the key {} is encrypted: pass its passphrase with --passphrase-stdin",
+                    path.display()
+                ),
+                _ => anyhow::anyhow!(
+                    "the key {} could not be read (wrong passphrase, or not an ed25519/ecdsa/rsa private key)",
+                    path.display()
+                ),
+            })?;
+        let cert = match &args.cert {
+            Some(cpath) => {
+                let ctext = std::fs::read_to_string(cpath)
+                    .with_context(|| format!("cannot read the certificate {}", cpath.display()))?;
+                let cert = Certificate::from_openssh(ctext.trim()).map_err(|_| {
+                    anyhow::anyhow!("{} is not an OpenSSH certificate", cpath.display())
+                })?;
+                if cert.public_key() != key.public_key().key_data() {
+                    bail!(
+                        "the certificate {} was not issued for this key",
+                        cpath.display()
+                    );
+                }
+                Some(ctext.trim().to_string())
+            }
+            None => None,
+        };
+        // Stored decrypted (then vault-sealed): the passphrase itself is never kept.
+        let pem = key
+            .to_openssh(russh::keys::ssh_key::LineEnding::LF)
+            .map_err(|_| anyhow::anyhow!("the key could not be re-encoded"))?;
+        NewSecrets::Key { key: pem, cert }
+    } else if args.password_stdin {
+        if args.cert.is_some() {
+            bail!("--cert goes with --key");
+        }
+        NewSecrets::Password(read_secret_line(input, "password")?)
+    } else {
+        if args.cert.is_some() {
+            bail!("--cert goes with --key");
+        }
+        NewSecrets::Agent
+    };
+    let pinned = args.host_key.as_deref().map(parse_host_key).transpose()?;
+    Ok(NewTarget {
+        alias: args.alias,
+        host: args.host,
+        port: args.port,
+        user: args.user,
+        description: args.description,
+        secrets,
+        host_key_policy: match args.host_key_policy {
+            HostKeyPolicyArg::Tofu => HostKeyPolicy::Tofu,
+            HostKeyPolicyArg::Strict => HostKeyPolicy::Strict,
+        },
+        pinned,
+        approve: args.approve,
+    })
+}
+
+/// A `SHA256:…` fingerprint, or a key line (`[hosts] type base64 [comment]`, as in
+/// `known_hosts` or a `.pub` file).
+pub fn parse_host_key(s: &str) -> anyhow::Result<HostKey> {
+    let s = s.trim();
+    if let Some(b64) = s.strip_prefix("SHA256:") {
+        use base64::Engine;
+        let ok = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(b64)
+            .is_ok_and(|d| d.len() == 32);
+        if !ok {
+            bail!("`{s}` is not a SHA256 fingerprint as `ssh-keygen -l` prints it");
+        }
+        return Ok(HostKey {
+            fingerprint: s.to_string(),
+            algorithm: None,
+            source: "pinned".into(),
+            at: None,
+        });
+    }
+    let tokens: Vec<&str> = s.split_whitespace().collect();
+    for i in 0..tokens.len().min(3) {
+        if let Ok(key) = PublicKey::from_openssh(&tokens[i..].join(" ")) {
+            return Ok(HostKey {
+                fingerprint: key.fingerprint(HashAlg::Sha256).to_string(),
+                algorithm: Some(key.algorithm().to_string()),
+                source: "pinned".into(),
+                at: None,
+            });
+        }
+    }
+    bail!("--host-key must be a public key line (`ssh-ed25519 AAAA…`) or a `SHA256:…` fingerprint")
+}
+
+async fn test(
+    t: &Target,
+    config: &Config,
+    db: &PgPool,
+    vault: &Vault,
+    trust: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<i32> {
+    let (seen, result) = connect::connect(
+        t,
+        ConnectOptions {
+            config: &config.exec,
+            db,
+            vault,
+            pin: trust,
+            actor: ACTOR,
+        },
+    )
+    .await;
+    if let Some(fp) = &seen.fingerprint {
+        writeln!(
+            out,
+            "host key: {fp} ({})",
+            seen.algorithm.as_deref().unwrap_or("?")
+        )?;
+    }
+    let handle = match result {
+        Ok(h) => h,
+        Err(e) => {
+            writeln!(out, "FAILED: {e}")?;
+            return Ok(1);
+        }
+    };
+    if seen.verdict == Some(super::HostKeyVerdict::Recorded) {
+        writeln!(
+            out,
+            "host key {} for `{}`",
+            if trust {
+                "pinned"
+            } else {
+                "recorded (trust on first use)"
+            },
+            t.alias
+        )?;
+    }
+    match crate::exec::ssh::run_once(&handle, "true", config.exec.ssh_connect_timeout).await {
+        Ok(crate::exec::Exit::Code(0)) => {
+            writeln!(
+                out,
+                "ok: {}@{}:{} authenticated and ran `true`",
+                t.user, t.host, t.port
+            )?;
+            let _ = handle
+                .disconnect(russh::Disconnect::ByApplication, "", "en")
+                .await;
+            Ok(0)
+        }
+        Ok(other) => {
+            writeln!(out, "FAILED: `true` ended with {other:?}")?;
+            Ok(1)
+        }
+        Err(e) => {
+            writeln!(out, "FAILED: {e}")?;
+            Ok(1)
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! Black-box tests of sshmode against a real PostgreSQL (TEST_DATABASE_URL, which
 //! `scripts/test.sh` provides) and fakes of the services that cannot run here.
 
+mod exec;
+mod exec_ssh;
 #[allow(dead_code)]
 mod fake_lark;
 #[allow(dead_code)]
@@ -13,3 +15,5 @@ mod lark_flow;
 mod lark_support;
 mod lark_webhook;
 mod llm;
+#[allow(dead_code)]
+mod sshd;

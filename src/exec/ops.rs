@@ -1,0 +1,570 @@
+//! The task tools' operations, written once over any [`Backend`]: terminal commands with a
+//! per-section working directory, file reads with ranges and binary detection, atomic writes,
+//! exact-string patches, content and file-name search, and code execution.
+//!
+//! Paths resolve on the backend's host: `~` is the backend user's home (asked of the backend),
+//! a relative path is relative to the section's working directory on that backend. Every shell
+//! command a tool hands us passes the [`Guard`] here, once, whatever the backend.
+//!
+//! Never: picks a backend (the caller passes one), or keeps a secret.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::guard::Guard;
+use super::{Backend, Command, CwdStore, ExecError, Output, shell_quote};
+use crate::config::ExecConfig;
+
+/// Longest timeout a caller may ask for a single command.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Most bytes a file operation reads or writes at once.
+const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Bytes examined for binary detection.
+const SNIFF_BYTES: usize = 8192;
+/// Most results a search returns.
+const MAX_SEARCH_RESULTS: usize = 1000;
+/// Longest line of a search result kept.
+const MAX_MATCH_LINE: usize = 500;
+
+/// Bounds applied to every operation.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Default command timeout.
+    pub command_timeout: Duration,
+    /// Head + tail bytes kept of a command's output (split between stdout and stderr).
+    pub output_limit: usize,
+    /// Default number of bytes `read_file` returns as text.
+    pub read_text_bytes: u64,
+}
+
+impl Limits {
+    pub fn from_config(c: &ExecConfig) -> Self {
+        Limits {
+            command_timeout: c.command_timeout,
+            output_limit: c.output_limit,
+            read_text_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Options of a terminal command.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Overrides the default timeout (capped at one hour).
+    pub timeout: Option<Duration>,
+    /// Extra environment variables for this command.
+    pub env: Vec<(String, String)>,
+}
+
+/// A terminal command's result.
+#[derive(Debug, Clone)]
+pub struct TerminalResult {
+    pub output: Output,
+    /// The working directory after the command (a `cd` in it holds for the next one).
+    pub cwd: String,
+}
+
+/// Which part of a file to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadRange {
+    /// From the start, up to the text limit.
+    Whole,
+    /// `count` lines from 1-based line `start`.
+    Lines { start: u64, count: u64 },
+    /// `len` bytes from `offset`.
+    Bytes { offset: u64, len: u64 },
+}
+
+/// What `read_file` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadResult {
+    /// The resolved absolute path.
+    pub path: String,
+    /// The file's full size in bytes.
+    pub size: u64,
+    /// The text read; `None` when the file is binary.
+    pub text: Option<String>,
+    /// Whether the file looks binary (NUL bytes or not UTF-8).
+    pub binary: bool,
+    /// Whether more of the file exists past what was returned.
+    pub truncated: bool,
+}
+
+/// What a search looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchTarget {
+    /// Lines whose content matches the regex.
+    Content,
+    /// File names matching the glob.
+    Files,
+}
+
+/// A search request.
+#[derive(Debug, Clone)]
+pub struct SearchRequest {
+    /// A regex (content) or a glob (files).
+    pub pattern: String,
+    /// Where to search; default the working directory.
+    pub path: Option<String>,
+    pub target: SearchTarget,
+    /// Only files whose name matches this glob (content search).
+    pub file_glob: Option<String>,
+    /// Most results (capped at 1000).
+    pub max_results: usize,
+}
+
+/// Search results: `path:line:text` lines (content) or paths (files).
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResult {
+    pub matches: Vec<String>,
+    /// More results existed than were returned.
+    pub truncated: bool,
+}
+
+/// A patch's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct PatchResult {
+    pub path: String,
+    pub replacements: usize,
+}
+
+/// One section's tool operations on one backend.
+pub struct Ops {
+    backend: Arc<dyn Backend>,
+    /// The section whose working directory this is.
+    section: String,
+    guard: Arc<Guard>,
+    cwds: Arc<CwdStore>,
+    limits: Limits,
+}
+
+impl Ops {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        section: String,
+        guard: Arc<Guard>,
+        cwds: Arc<CwdStore>,
+        limits: Limits,
+    ) -> Self {
+        Ops {
+            backend,
+            section,
+            guard,
+            cwds,
+            limits,
+        }
+    }
+
+    /// The backend these operations act on.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The section's working directory on this backend.
+    pub async fn cwd(&self) -> Result<String, ExecError> {
+        match self.cwds.get(self.backend.name(), &self.section) {
+            Some(d) => Ok(d),
+            None => {
+                let d = self.backend.initial_dir(&self.section).await?;
+                self.cwds.set(self.backend.name(), &self.section, d.clone());
+                Ok(d)
+            }
+        }
+    }
+
+    /// Resolves a tool's path on the backend's host: `~` → that user's home, relative →
+    /// under the working directory.
+    pub async fn resolve(&self, path: &str) -> Result<String, ExecError> {
+        let path = path.trim();
+        if path.is_empty() {
+            return Err(ExecError::Invalid("the path is empty".into()));
+        }
+        if path == "~" {
+            return self.backend.home().await;
+        }
+        if let Some(rest) = path.strip_prefix("~/") {
+            let home = self.backend.home().await?;
+            return Ok(join(&home, rest));
+        }
+        if path.starts_with('~') {
+            return Err(ExecError::Invalid(format!(
+                "{path}: `~user` paths are not supported; use an absolute path"
+            )));
+        }
+        if path.starts_with('/') {
+            return Ok(path.to_string());
+        }
+        Ok(join(&self.cwd().await?, path))
+    }
+
+    fn timeout(&self, asked: Option<Duration>) -> Duration {
+        asked
+            .unwrap_or(self.limits.command_timeout)
+            .min(MAX_TIMEOUT)
+    }
+
+    fn halves(&self) -> (usize, usize) {
+        let half = (self.limits.output_limit / 2).max(1);
+        (half, half)
+    }
+
+    /// Runs a terminal command in the section's working directory and learns the directory
+    /// it ended in. Refused by the guard before anything runs.
+    pub async fn terminal(
+        &self,
+        command: &str,
+        opts: RunOptions,
+        cancel: &CancellationToken,
+    ) -> Result<TerminalResult, ExecError> {
+        self.guard.check(command).map_err(ExecError::Refused)?;
+        let cwd = self.cwd().await?;
+        let marker = format!("__sshmode_cwd_{}__", uuid::Uuid::new_v4().simple());
+        let mut script = String::with_capacity(command.len() + 256);
+        // The EXIT trap reports the final directory on stdout behind a one-time marker that
+        // we cut off below; the command's own output and exit status are untouched.
+        // (The marker is `[a-z0-9_]` only, so it needs no quoting.)
+        script.push_str(&format!(
+            "trap 'printf \"%s%s\\n\" {marker} \"$PWD\"' EXIT\n"
+        ));
+        script.push_str(&format!(
+            "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
+            d = shell_quote(&cwd)
+        ));
+        for (k, v) in &opts.env {
+            if !valid_env_name(k) {
+                return Err(ExecError::Invalid(format!(
+                    "`{k}` is not a valid environment variable name"
+                )));
+            }
+            script.push_str(&format!("export {k}={}\n", shell_quote(v)));
+        }
+        script.push_str(command);
+        script.push('\n');
+        let (out_limit, err_limit) = self.halves();
+        let mut output = self
+            .backend
+            .exec(
+                Command {
+                    script: &script,
+                    stdin: None,
+                    timeout: self.timeout(opts.timeout),
+                    // Room for the marker line, which is removed again.
+                    stdout_limit: out_limit + marker.len() + 4096,
+                    stderr_limit: err_limit,
+                },
+                cancel,
+            )
+            .await?;
+        let new_cwd = take_marker(&mut output.stdout, marker.as_bytes());
+        let cwd = match new_cwd {
+            Some(d) if d.starts_with('/') => {
+                self.cwds.set(self.backend.name(), &self.section, d.clone());
+                d
+            }
+            _ => cwd,
+        };
+        Ok(TerminalResult { output, cwd })
+    }
+
+    /// Runs `code` with the language's interpreter (reading the program from stdin) in the
+    /// working directory. Shell code passes the guard first.
+    pub async fn execute_code(
+        &self,
+        code: &str,
+        language: Option<&str>,
+        timeout: Option<Duration>,
+        cancel: &CancellationToken,
+    ) -> Result<Output, ExecError> {
+        let lang = language.unwrap_or("python").trim().to_ascii_lowercase();
+        let interpreter = match lang.as_str() {
+            "python" | "python3" | "py" => "python3 -",
+            "bash" => "bash -s",
+            "sh" | "shell" => "sh -s",
+            "node" | "javascript" | "js" => "node -",
+            "ruby" | "rb" => "ruby -",
+            "perl" | "pl" => "perl -",
+            other => {
+                return Err(ExecError::Invalid(format!(
+                    "unsupported language `{other}`; use python, bash, sh, node, ruby or perl"
+                )));
+            }
+        };
+        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
+            self.guard.check(code).map_err(ExecError::Refused)?;
+        }
+        let cwd = self.cwd().await?;
+        let script = format!(
+            "cd -- {} 2>/dev/null || cd\nexec {interpreter}",
+            shell_quote(&cwd)
+        );
+        let (out_limit, err_limit) = self.halves();
+        self.backend
+            .exec(
+                Command {
+                    script: &script,
+                    stdin: Some(code.as_bytes()),
+                    timeout: self.timeout(timeout),
+                    stdout_limit: out_limit,
+                    stderr_limit: err_limit,
+                },
+                cancel,
+            )
+            .await
+    }
+
+    /// Reads part of a file as text (or reports that it is binary).
+    pub async fn read_file(&self, path: &str, range: ReadRange) -> Result<ReadResult, ExecError> {
+        let path = self.resolve(path).await?;
+        let text_limit = self.limits.read_text_bytes;
+        let (offset, len) = match range {
+            ReadRange::Whole => (0, text_limit),
+            ReadRange::Bytes { offset, len } => (offset, len.min(MAX_FILE_BYTES)),
+            ReadRange::Lines { start: 0, .. } => {
+                return Err(ExecError::Invalid("line numbers start at 1".into()));
+            }
+            // Lines are found by reading from the start; bounded by the file limit.
+            ReadRange::Lines { .. } => (0, MAX_FILE_BYTES),
+        };
+        let bytes = self.backend.read(&path, offset, len).await?;
+        let end = offset + bytes.data.len() as u64;
+        let sniff = &bytes.data[..bytes.data.len().min(SNIFF_BYTES)];
+        if is_binary(sniff, bytes.data.len() > SNIFF_BYTES || end < bytes.size) {
+            return Ok(ReadResult {
+                path,
+                size: bytes.size,
+                text: None,
+                binary: true,
+                truncated: false,
+            });
+        }
+        let text = String::from_utf8_lossy(&bytes.data);
+        let (text, truncated) = match range {
+            ReadRange::Lines { start, count } => {
+                let mut lines = text.split_inclusive('\n').skip((start - 1) as usize);
+                let taken: String = lines.by_ref().take(count as usize).collect();
+                let more = lines.next().is_some() || end < bytes.size;
+                let limit = text_limit as usize;
+                if taken.len() > limit {
+                    (cut_utf8(&taken, limit).to_string(), true)
+                } else {
+                    (taken, more)
+                }
+            }
+            _ => (text.into_owned(), end < bytes.size),
+        };
+        Ok(ReadResult {
+            path,
+            size: bytes.size,
+            text: Some(text),
+            binary: false,
+            truncated,
+        })
+    }
+
+    /// Reads a whole file as bytes (at most 64 MiB).
+    pub async fn read_bytes(&self, path: &str) -> Result<Vec<u8>, ExecError> {
+        let path = self.resolve(path).await?;
+        let bytes = self.backend.read(&path, 0, MAX_FILE_BYTES).await?;
+        if bytes.size > MAX_FILE_BYTES {
+            return Err(ExecError::Invalid(format!(
+                "{path} is {} bytes; at most {MAX_FILE_BYTES} can be read at once",
+                bytes.size
+            )));
+        }
+        Ok(bytes.data)
+    }
+
+    /// Writes a file atomically; returns the resolved path.
+    pub async fn write_file(&self, path: &str, content: &[u8]) -> Result<String, ExecError> {
+        if content.len() as u64 > MAX_FILE_BYTES {
+            return Err(ExecError::Invalid(format!(
+                "content is {} bytes; at most {MAX_FILE_BYTES} can be written at once",
+                content.len()
+            )));
+        }
+        let path = self.resolve(path).await?;
+        self.backend.write(&path, content).await?;
+        Ok(path)
+    }
+
+    /// Replaces `old` by `new` in a text file: exactly once unless `replace_all`.
+    pub async fn patch(
+        &self,
+        path: &str,
+        old: &str,
+        new: &str,
+        replace_all: bool,
+    ) -> Result<PatchResult, ExecError> {
+        if old.is_empty() {
+            return Err(ExecError::Invalid("old_string is empty".into()));
+        }
+        let bytes = self.read_bytes(path).await?;
+        let path = self.resolve(path).await?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| ExecError::Invalid(format!("{path} is not a UTF-8 text file")))?;
+        let count = text.matches(old).count();
+        if count == 0 {
+            return Err(ExecError::Invalid(format!(
+                "old_string was not found in {path}; read the file and copy the text exactly"
+            )));
+        }
+        if count > 1 && !replace_all {
+            return Err(ExecError::Invalid(format!(
+                "old_string occurs {count} times in {path}; include more context to make it unique, or set replace_all"
+            )));
+        }
+        let patched = text.replace(old, new);
+        self.backend.write(&path, patched.as_bytes()).await?;
+        Ok(PatchResult {
+            path,
+            replacements: count,
+        })
+    }
+
+    /// Searches file contents (regex) or file names (glob): `rg` where the host has it,
+    /// else `grep`/`find`.
+    pub async fn search(
+        &self,
+        req: &SearchRequest,
+        cancel: &CancellationToken,
+    ) -> Result<SearchResult, ExecError> {
+        if req.pattern.is_empty() {
+            return Err(ExecError::Invalid("the pattern is empty".into()));
+        }
+        let root = match &req.path {
+            Some(p) => self.resolve(p).await?,
+            None => self.cwd().await?,
+        };
+        let max = req.max_results.clamp(1, MAX_SEARCH_RESULTS);
+        let pat = shell_quote(&req.pattern);
+        let root_q = shell_quote(&root);
+        let script = match req.target {
+            SearchTarget::Content => {
+                let (rg_glob, grep_glob) = match &req.file_glob {
+                    Some(g) => (
+                        format!(" -g {}", shell_quote(g)),
+                        format!(" --include={}", shell_quote(g)),
+                    ),
+                    None => (String::new(), String::new()),
+                };
+                format!(
+                    "if command -v rg >/dev/null 2>&1; then rg --line-number --no-heading --color=never{rg_glob} -e {pat} -- {root_q}; \
+                     else grep -rnIE{grep_glob} -e {pat} -- {root_q}; fi 2>/dev/null | head -n {}",
+                    max + 1
+                )
+            }
+            SearchTarget::Files => format!(
+                "if command -v rg >/dev/null 2>&1; then rg --files --color=never -g {pat} -- {root_q}; \
+                 else find {root_q} -name {pat} -not -path '*/.git/*'; fi 2>/dev/null | head -n {}",
+                max + 1
+            ),
+        };
+        let out = self
+            .backend
+            .exec(
+                Command {
+                    script: &script,
+                    stdin: None,
+                    timeout: self.limits.command_timeout,
+                    stdout_limit: (max + 1) * (MAX_MATCH_LINE + 1024),
+                    stderr_limit: 4096,
+                },
+                cancel,
+            )
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut matches: Vec<String> = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| cut_utf8(l, MAX_MATCH_LINE).to_string())
+            .collect();
+        let truncated = matches.len() > max;
+        matches.truncate(max);
+        Ok(SearchResult { matches, truncated })
+    }
+}
+
+fn join(dir: &str, rest: &str) -> String {
+    if rest.is_empty() {
+        dir.to_string()
+    } else if dir.ends_with('/') {
+        format!("{dir}{rest}")
+    } else {
+        format!("{dir}/{rest}")
+    }
+}
+
+fn valid_env_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// Cuts the marker line (and everything after it) off `stdout`; returns the directory it named.
+fn take_marker(stdout: &mut Vec<u8>, marker: &[u8]) -> Option<String> {
+    let at = stdout.windows(marker.len()).rposition(|w| w == marker)?;
+    let rest = &stdout[at + marker.len()..];
+    let dir = rest.strip_suffix(b"\n").unwrap_or(rest);
+    let dir = String::from_utf8(dir.to_vec()).ok();
+    stdout.truncate(at);
+    dir
+}
+
+/// NUL bytes, or bytes that are not UTF-8 (a multi-byte character cut at the end of a
+/// partial read is allowed).
+fn is_binary(sniff: &[u8], cut: bool) -> bool {
+    if sniff.contains(&0) {
+        return true;
+    }
+    match std::str::from_utf8(sniff) {
+        Ok(_) => false,
+        Err(e) => !(cut && e.error_len().is_none()),
+    }
+}
+
+fn cut_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_is_cut_and_names_the_directory() {
+        let mut out = b"hello\nno newline".to_vec();
+        out.extend_from_slice(b"__m__/tmp/x y\n");
+        assert_eq!(take_marker(&mut out, b"__m__").as_deref(), Some("/tmp/x y"));
+        assert_eq!(out, b"hello\nno newline");
+        let mut none = b"plain".to_vec();
+        assert_eq!(take_marker(&mut none, b"__m__"), None);
+        assert_eq!(none, b"plain");
+    }
+
+    #[test]
+    fn binary_detection() {
+        assert!(is_binary(b"ab\0cd", false));
+        assert!(!is_binary("héllo".as_bytes(), false));
+        assert!(is_binary(&[0xff, 0xfe, b'a'], false));
+        // A cut multi-byte character at the end of a partial read is still text.
+        let s = "aé".as_bytes();
+        assert!(!is_binary(&s[..2], true));
+        assert!(is_binary(&s[..2], false));
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(valid_env_name("FOO_1") && valid_env_name("_x"));
+        assert!(!valid_env_name("1X") && !valid_env_name("A-B") && !valid_env_name("A;rm"));
+    }
+}

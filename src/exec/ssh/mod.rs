@@ -1,0 +1,659 @@
+//! The SSH backend: one pool per app, keyed by target alias, shared by every section. Each
+//! target gets one connection, many channels on it, and more connections (up to
+//! `ssh_max_connections`) only when all channels are busy; beyond that, commands wait in a
+//! bounded queue for `ssh_queue_timeout`. Dead connections are replaced on the next use, with
+//! backoff after a failed connect and the failure reported, not hidden; idle ones are closed
+//! by the reaper.
+//!
+//! Commands run on exec channels; files move over SFTP ([`sftp`]). A command past its timeout
+//! is killed on the remote — its process group (sshd makes each session's shell a session
+//! leader, and the script reports its pid first) gets TERM then KILL — and its partial output
+//! returned.
+//!
+//! Never: accepts an unknown or changed host key, keeps a secret outside the vault, or lets an
+//! SSH failure turn into local execution.
+
+pub mod connect;
+mod sftp;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex as StdMutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use russh::ChannelMsg;
+use russh::client::Msg;
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::truncate::HeadTail;
+use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
+use crate::config::ExecConfig;
+use crate::target::{self, Status, Target};
+use crate::vault::Vault;
+use connect::{ConnectOptions, Connection};
+
+/// Most commands waiting for a channel per target; more are refused at once as busy.
+const MAX_QUEUED: usize = 1024;
+/// First and longest wait before reconnecting after a failed connect.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long the remote kill of a timed-out command may take.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Every SSH connection of the app.
+pub struct SshPool {
+    config: ExecConfig,
+    db: PgPool,
+    vault: Arc<Vault>,
+    /// Per-target pools. Bounded by the number of registered targets.
+    targets: StdMutex<HashMap<String, Arc<TargetPool>>>,
+}
+
+impl SshPool {
+    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+        SshPool {
+            config,
+            db,
+            vault,
+            targets: StdMutex::new(HashMap::new()),
+        }
+    }
+
+    /// The backend of an approved target. Checks the registry each time, so a disabled or
+    /// removed target stops being usable at once.
+    pub async fn backend(&self, alias: &str) -> Result<Arc<SshBackend>, ExecError> {
+        let unavailable = |reason: String| ExecError::Unavailable {
+            alias: alias.to_string(),
+            reason,
+        };
+        let t = match target::get(&self.db, alias).await {
+            Ok(t) => t,
+            Err(target::TargetError::NotFound(_)) => {
+                return Err(unavailable("no target has this alias".into()));
+            }
+            Err(e) => return Err(unavailable(e.to_string())),
+        };
+        match t.status {
+            Status::Approved => {}
+            Status::Pending => {
+                return Err(unavailable(
+                    "it is pending; an admin must approve it first".into(),
+                ));
+            }
+            Status::Disabled => return Err(unavailable("it is disabled".into())),
+        }
+        let mut map = self.targets.lock().expect("ssh pool lock");
+        let pool = match map.get(alias) {
+            Some(p) if p.target.generation == t.generation => p.clone(),
+            _ => {
+                let p = Arc::new(TargetPool::new(
+                    t,
+                    self.config.clone(),
+                    self.db.clone(),
+                    self.vault.clone(),
+                ));
+                map.insert(alias.to_string(), p.clone());
+                p
+            }
+        };
+        Ok(Arc::new(SshBackend { pool }))
+    }
+
+    /// Open connections per target alias (for metrics and tests).
+    pub async fn connection_counts(&self) -> HashMap<String, usize> {
+        let pools: Vec<_> = self
+            .targets
+            .lock()
+            .expect("ssh pool lock")
+            .iter()
+            .map(|(a, p)| (a.clone(), p.clone()))
+            .collect();
+        let mut out = HashMap::new();
+        for (alias, p) in pools {
+            out.insert(alias, p.live_connections().await);
+        }
+        out
+    }
+
+    /// Closes connections idle for longer than `ssh_idle`, until `shutdown`.
+    pub async fn run_reaper(self: Arc<Self>, shutdown: CancellationToken) {
+        let period =
+            (self.config.ssh_idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let pools: Vec<_> = self
+                .targets
+                .lock()
+                .expect("ssh pool lock")
+                .values()
+                .cloned()
+                .collect();
+            for p in pools {
+                p.close_idle(self.config.ssh_idle).await;
+            }
+        }
+        let pools: Vec<_> = self
+            .targets
+            .lock()
+            .expect("ssh pool lock")
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for p in pools {
+            p.close_idle(Duration::ZERO).await;
+        }
+    }
+}
+
+/// One SSH connection and how many of its channels are in use.
+struct Conn {
+    handle: Connection,
+    /// Channels in use (bounded by `ssh_channels_per_connection`).
+    busy: AtomicUsize,
+    /// A channel open failed on it: no new channels; dropped once idle.
+    broken: AtomicBool,
+    /// For idle close.
+    last_used: StdMutex<Instant>,
+}
+
+/// The connections of one target.
+pub struct TargetPool {
+    target: Target,
+    config: ExecConfig,
+    db: PgPool,
+    vault: Arc<Vault>,
+    /// One permit per channel the target may have open: connections × channels.
+    slots: Arc<Semaphore>,
+    /// Commands currently waiting for a permit (bounded by [`MAX_QUEUED`]).
+    queued: AtomicUsize,
+    /// Open connections; locked while picking one or connecting.
+    conns: tokio::sync::Mutex<Vec<Arc<Conn>>>,
+    /// The last connect failure: when, how many in a row, why.
+    failure: StdMutex<Option<(Instant, u32, String)>>,
+    /// The remote user's home, learned once.
+    home: tokio::sync::OnceCell<String>,
+}
+
+/// A channel slot on a connection; returns itself on drop.
+struct Lease {
+    conn: Arc<Conn>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.conn.busy.fetch_sub(1, Ordering::AcqRel);
+        *self.conn.last_used.lock().expect("conn lock") = Instant::now();
+    }
+}
+
+impl TargetPool {
+    fn new(target: Target, config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+        let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
+        TargetPool {
+            target,
+            config,
+            db,
+            vault,
+            slots: Arc::new(Semaphore::new(permits)),
+            queued: AtomicUsize::new(0),
+            conns: tokio::sync::Mutex::new(Vec::new()),
+            failure: StdMutex::new(None),
+            home: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    fn alias(&self) -> &str {
+        &self.target.alias
+    }
+
+    async fn live_connections(&self) -> usize {
+        let conns = self.conns.lock().await;
+        conns.iter().filter(|c| !c.handle.is_closed()).count()
+    }
+
+    async fn close_idle(&self, idle: Duration) {
+        let mut conns = self.conns.lock().await;
+        let mut kept = Vec::with_capacity(conns.len());
+        for c in conns.drain(..) {
+            let unused = c.busy.load(Ordering::Acquire) == 0;
+            let old = c.last_used.lock().expect("conn lock").elapsed() >= idle;
+            if c.handle.is_closed() || (unused && (old || c.broken.load(Ordering::Acquire))) {
+                let _ = c
+                    .handle
+                    .disconnect(russh::Disconnect::ByApplication, "idle", "en")
+                    .await;
+                tracing::debug!(ssh.target = %self.target.alias, "closed an idle connection");
+            } else {
+                kept.push(c);
+            }
+        }
+        *conns = kept;
+    }
+
+    /// A channel slot: waits (bounded) for a permit, then picks a connection with a free
+    /// channel, connecting a new one when all are full.
+    async fn lease(&self) -> Result<Lease, ExecError> {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ExecError::Busy {
+                alias: self.alias().to_string(),
+                waited: Duration::ZERO,
+            });
+        }
+        let waited = self.config.ssh_queue_timeout;
+        let permit = tokio::time::timeout(waited, self.slots.clone().acquire_owned()).await;
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        let permit = match permit {
+            Ok(Ok(p)) => p,
+            _ => {
+                return Err(ExecError::Busy {
+                    alias: self.alias().to_string(),
+                    waited,
+                });
+            }
+        };
+        let per_conn = self.config.ssh_channels_per_connection;
+        let mut conns = self.conns.lock().await;
+        conns.retain(|c| {
+            let retired = c.broken.load(Ordering::Acquire) && c.busy.load(Ordering::Acquire) == 0;
+            !(c.handle.is_closed() || retired)
+        });
+        for c in conns.iter() {
+            if c.broken.load(Ordering::Acquire) {
+                continue;
+            }
+            let took = c
+                .busy
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                    (b < per_conn).then_some(b + 1)
+                })
+                .is_ok();
+            if took {
+                return Ok(Lease {
+                    conn: c.clone(),
+                    _permit: permit,
+                });
+            }
+        }
+        // Every channel of every connection is busy (or there is none): connect.
+        if let Some((at, n, reason)) = &*self.failure.lock().expect("failure lock") {
+            let wait = backoff(*n);
+            let since = at.elapsed();
+            if since < wait {
+                return Err(ExecError::Unavailable {
+                    alias: self.alias().to_string(),
+                    reason: format!(
+                        "{reason} (next attempt in {:.1}s)",
+                        (wait - since).as_secs_f32()
+                    ),
+                });
+            }
+        }
+        let (seen, result) = connect::connect(
+            &self.target,
+            ConnectOptions {
+                config: &self.config,
+                db: &self.db,
+                vault: &self.vault,
+                pin: false,
+                actor: "system",
+            },
+        )
+        .await;
+        match result {
+            Ok(handle) => {
+                *self.failure.lock().expect("failure lock") = None;
+                tracing::info!(ssh.target = %self.target.alias, ssh.connections = conns.len() + 1, "connected");
+                let conn = Arc::new(Conn {
+                    handle,
+                    busy: AtomicUsize::new(1),
+                    broken: AtomicBool::new(false),
+                    last_used: StdMutex::new(Instant::now()),
+                });
+                conns.push(conn.clone());
+                Ok(Lease {
+                    conn,
+                    _permit: permit,
+                })
+            }
+            Err(e) if seen.verdict == Some(target::HostKeyVerdict::Unpinned) => {
+                // Waiting for an operator to pin the key: the next attempt re-reads the pin.
+                Err(e)
+            }
+            Err(e) => {
+                let mut f = self.failure.lock().expect("failure lock");
+                let n = f.as_ref().map(|(_, n, _)| n + 1).unwrap_or(1);
+                let reason = match &e {
+                    ExecError::Unavailable { reason, .. } => reason.clone(),
+                    other => other.to_string(),
+                };
+                *f = Some((Instant::now(), n, reason));
+                tracing::warn!(ssh.target = %self.target.alias, error = %e, "connect failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a session channel; a connection that fails to open one is retired and the open
+    /// retried once (a dead connection is replaced by a fresh one).
+    async fn channel(&self) -> Result<(Lease, russh::Channel<Msg>), ExecError> {
+        let mut last = None;
+        for _ in 0..2 {
+            let lease = self.lease().await?;
+            match lease.conn.handle.channel_open_session().await {
+                Ok(ch) => return Ok((lease, ch)),
+                Err(e) => {
+                    lease.conn.broken.store(true, Ordering::Release);
+                    tracing::debug!(ssh.target = %self.target.alias, error = %e, "channel open failed; retiring the connection");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(ExecError::Connection {
+            alias: self.alias().to_string(),
+            reason: last.map(|e| e.to_string()).unwrap_or_default(),
+        })
+    }
+
+    /// Opens a channel and starts `script`, waiting for the server to confirm it started. A
+    /// connection that dies before that (sshd restarted since the last command) is retired
+    /// and the start retried once on a fresh one: nothing ran, so nothing runs twice.
+    async fn start(&self, script: &str) -> Result<(Lease, russh::Channel<Msg>), ExecError> {
+        let mut last = String::new();
+        for _ in 0..2 {
+            let (lease, mut channel) = self.channel().await?;
+            if let Err(e) = channel.exec(true, script.as_bytes().to_vec()).await {
+                lease.conn.broken.store(true, Ordering::Release);
+                last = e.to_string();
+                continue;
+            }
+            loop {
+                match channel.wait().await {
+                    Some(ChannelMsg::Success) => return Ok((lease, channel)),
+                    Some(ChannelMsg::Failure) => {
+                        return Err(self.lost("the server refused to run the command"));
+                    }
+                    Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                        lease.conn.broken.store(true, Ordering::Release);
+                        last = "the connection closed before the command started".into();
+                        break;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Err(self.lost(last))
+    }
+
+    fn lost(&self, e: impl std::fmt::Display) -> ExecError {
+        ExecError::Connection {
+            alias: self.alias().to_string(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Runs `cmd`; see [`Backend::exec`].
+    async fn exec(
+        &self,
+        cmd: Command<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Output, ExecError> {
+        // The login shell is the session leader: its pid is the process group to kill.
+        let script = format!("printf '%s\\n' \"$$\" >&2\n{}", cmd.script);
+        let (lease, mut channel) = self.start(&script).await?;
+        if let Some(data) = cmd.stdin {
+            channel
+                .data_bytes(data.to_vec())
+                .await
+                .map_err(|e| self.lost(e))?;
+            channel.eof().await.map_err(|e| self.lost(e))?;
+        }
+        let mut out = HeadTail::new(cmd.stdout_limit);
+        let mut err = HeadTail::new(cmd.stderr_limit);
+        // The first stderr line carries the pid; bounded in case it never comes.
+        let mut pid_line: Option<Vec<u8>> = Some(Vec::new());
+        let mut pid: Option<u32> = None;
+        let mut exit = None;
+        let deadline = tokio::time::sleep(cmd.timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                msg = channel.wait() => match msg {
+                    Some(ChannelMsg::Data { data }) => out.push(&data),
+                    Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
+                        let mut rest: &[u8] = &data;
+                        if let Some(buf) = pid_line.as_mut() {
+                            match rest.iter().position(|b| *b == b'\n') {
+                                Some(i) => {
+                                    buf.extend_from_slice(&rest[..i]);
+                                    pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
+                                    rest = &rest[i + 1..];
+                                    pid_line = None;
+                                }
+                                None if buf.len() + rest.len() <= 32 => {
+                                    buf.extend_from_slice(rest);
+                                    rest = &[];
+                                }
+                                None => {
+                                    err.push(buf);
+                                    pid_line = None;
+                                }
+                            }
+                        }
+                        err.push(rest);
+                    }
+                    Some(ChannelMsg::ExitStatus { exit_status }) => {
+                        exit = Some(Exit::Code(exit_status as i32));
+                    }
+                    Some(ChannelMsg::ExitSignal { signal_name, .. }) => {
+                        exit = Some(Exit::Signal(sig_name(&signal_name)));
+                    }
+                    Some(ChannelMsg::Close) | None => break,
+                    Some(_) => {}
+                },
+                _ = &mut deadline => {
+                    self.kill(&lease, &channel, pid).await;
+                    exit = Some(Exit::TimedOut);
+                    break;
+                }
+                _ = cancel.cancelled() => {
+                    self.kill(&lease, &channel, pid).await;
+                    exit = Some(Exit::Cancelled);
+                    break;
+                }
+            }
+        }
+        let _ = channel.close().await;
+        drop(lease);
+        let exit = exit.ok_or_else(|| {
+            self.lost("the channel closed before the command reported how it ended")
+        })?;
+        let (stdout_omitted, stderr_omitted) = (out.omitted(), err.omitted());
+        Ok(Output {
+            stdout: out.into_bytes(),
+            stderr: err.into_bytes(),
+            stdout_omitted,
+            stderr_omitted,
+            exit,
+        })
+    }
+
+    /// Kills a running command: a TERM signal request on its channel, then TERM and KILL to
+    /// its process group from a second channel on the same connection.
+    async fn kill(&self, lease: &Lease, channel: &russh::Channel<Msg>, pid: Option<u32>) {
+        let _ = channel.signal(russh::Sig::TERM).await;
+        let Some(pid) = pid else { return };
+        let script = format!(
+            "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
+        );
+        let killed = async {
+            let mut ch = lease.conn.handle.channel_open_session().await.ok()?;
+            ch.exec(true, script.into_bytes()).await.ok()?;
+            while let Some(msg) = ch.wait().await {
+                if matches!(msg, ChannelMsg::Close) {
+                    break;
+                }
+            }
+            Some(())
+        };
+        if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
+            tracing::warn!(ssh.target = %self.target.alias, "remote kill did not finish in time");
+        }
+    }
+
+    async fn home(&self) -> Result<String, ExecError> {
+        self.home
+            .get_or_try_init(|| async {
+                let out = self
+                    .exec(
+                        Command {
+                            script: "printf '%s' \"$HOME\"",
+                            stdin: None,
+                            timeout: self.config.ssh_connect_timeout,
+                            stdout_limit: 8192,
+                            stderr_limit: 1024,
+                        },
+                        &CancellationToken::new(),
+                    )
+                    .await?;
+                let home = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if home.starts_with('/') {
+                    Ok(home)
+                } else {
+                    Err(self.lost("the remote user's home directory is unknown"))
+                }
+            })
+            .await
+            .cloned()
+    }
+}
+
+/// Runs `script` once on a fresh connection (for `target test`) and reports how it ended.
+pub async fn run_once(
+    handle: &Connection,
+    script: &str,
+    timeout: Duration,
+) -> Result<Exit, ExecError> {
+    let lost = |e: String| ExecError::Connection {
+        alias: String::new(),
+        reason: e,
+    };
+    let run = async {
+        let mut ch = handle
+            .channel_open_session()
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        ch.exec(true, script.as_bytes().to_vec())
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        let mut exit = None;
+        while let Some(msg) = ch.wait().await {
+            match msg {
+                ChannelMsg::ExitStatus { exit_status } => {
+                    exit = Some(Exit::Code(exit_status as i32))
+                }
+                ChannelMsg::ExitSignal { signal_name, .. } => {
+                    exit = Some(Exit::Signal(sig_name(&signal_name)))
+                }
+                ChannelMsg::Close => break,
+                _ => {}
+            }
+        }
+        exit.ok_or_else(|| lost("the channel closed without an exit status".into()))
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .unwrap_or(Ok(Exit::TimedOut))
+}
+
+fn backoff(failures: u32) -> Duration {
+    let n = failures.saturating_sub(1).min(10);
+    (BACKOFF_MIN * 2u32.pow(n)).min(BACKOFF_MAX)
+}
+
+fn sig_name(s: &russh::Sig) -> String {
+    use russh::Sig::*;
+    match s {
+        ABRT => "ABRT",
+        ALRM => "ALRM",
+        FPE => "FPE",
+        HUP => "HUP",
+        ILL => "ILL",
+        INT => "INT",
+        KILL => "KILL",
+        PIPE => "PIPE",
+        QUIT => "QUIT",
+        SEGV => "SEGV",
+        TERM => "TERM",
+        USR1 => "USR1",
+        Custom(c) => return c.trim_start_matches("SIG").to_string(),
+    }
+    .to_string()
+}
+
+/// One approved target, as a [`Backend`]: a handle on the app's shared pool.
+pub struct SshBackend {
+    pool: Arc<TargetPool>,
+}
+
+#[async_trait]
+impl Backend for SshBackend {
+    fn name(&self) -> &str {
+        self.pool.alias()
+    }
+
+    fn is_local(&self) -> bool {
+        false
+    }
+
+    async fn home(&self) -> Result<String, ExecError> {
+        self.pool.home().await
+    }
+
+    async fn initial_dir(&self, _section: &str) -> Result<String, ExecError> {
+        self.pool.home().await
+    }
+
+    async fn exec(
+        &self,
+        cmd: Command<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Output, ExecError> {
+        self.pool.exec(cmd, cancel).await
+    }
+
+    async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
+        let (lease, channel) = self.pool.channel().await?;
+        let result = sftp::read(&self.pool, channel, path, offset, len).await;
+        drop(lease);
+        result
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
+        let (lease, channel) = self.pool.channel().await?;
+        let result = sftp::write(&self.pool, channel, path, data).await;
+        drop(lease);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(1), BACKOFF_MIN);
+        assert_eq!(backoff(2), BACKOFF_MIN * 2);
+        assert_eq!(backoff(50), BACKOFF_MAX);
+    }
+}

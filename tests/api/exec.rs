@@ -1,0 +1,297 @@
+//! The execution layer's behaviour, written once and run against every backend: here on the
+//! local backend, in `exec_ssh` on a real sshd. One behaviour, two backends.
+
+use std::time::Duration;
+
+use sha2::Digest;
+use sshmode::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
+use sshmode::exec::{ExecError, Exit, Place};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::TestApp;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+async fn sh(ops: &Ops, cmd: &str) -> sshmode::exec::ops::TerminalResult {
+    ops.terminal(cmd, RunOptions::default(), &CancellationToken::new())
+        .await
+        .unwrap_or_else(|e| panic!("`{cmd}` failed: {e}"))
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a corrupted byte anywhere shows.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Every backend must pass this. `section` must be fresh (its own working directory).
+pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
+    let exec = &app.state.exec;
+    let ops = exec.ops_for(section, &place).await.expect("backend");
+    let never = CancellationToken::new();
+
+    // Exit codes, stdout and stderr kept apart.
+    let r = sh(&ops, "echo out; echo err >&2; exit 3").await;
+    assert_eq!(r.output.exit, Exit::Code(3));
+    assert_eq!(text(&r.output.stdout), "out\n");
+    assert_eq!(text(&r.output.stderr), "err\n");
+    let r = sh(&ops, "printf 'no newline'").await;
+    assert_eq!(text(&r.output.stdout), "no newline");
+    assert!(r.output.exit.success());
+
+    // A signal is reported as such.
+    let r = sh(&ops, "kill -TERM $$").await;
+    assert_eq!(r.output.exit, Exit::Signal("TERM".into()), "{r:?}");
+
+    // The working directory starts in the backend's initial dir and `cd` persists, without
+    // disturbing the exit code.
+    let start = ops.cwd().await.unwrap();
+    let r = sh(&ops, "mkdir -p sub/deeper && cd sub; exit 4").await;
+    assert_eq!(r.output.exit, Exit::Code(4));
+    assert_eq!(r.cwd, format!("{start}/sub"));
+    let r = sh(&ops, "pwd").await;
+    assert_eq!(text(&r.output.stdout), format!("{start}/sub\n"));
+    sh(&ops, "cd deeper").await;
+    assert_eq!(ops.cwd().await.unwrap(), format!("{start}/sub/deeper"));
+    sh(&ops, "cd ../..").await;
+    assert_eq!(ops.cwd().await.unwrap(), start);
+    // Another section on the same backend keeps its own directory.
+    let other = exec
+        .ops_for(&format!("{section}-other"), &place)
+        .await
+        .unwrap();
+    sh(&other, "cd /tmp").await;
+    assert_eq!(ops.cwd().await.unwrap(), start);
+
+    // `~` and $HOME are the backend user's.
+    let home = ops.backend().home().await.unwrap();
+    let r = sh(&ops, "printf '%s' \"$HOME\"; cd ~ && printf ':%s' \"$PWD\"").await;
+    assert_eq!(text(&r.output.stdout), format!("{home}:{home}"));
+    sh(&ops, &format!("cd {}", sshmode::exec::shell_quote(&start))).await;
+    let tilde_file = format!("~/.sshmode-test-{}", uuid::Uuid::new_v4().simple());
+    let resolved = ops.write_file(&tilde_file, b"tilde").await.unwrap();
+    assert_eq!(resolved, format!("{home}/{}", &tilde_file[2..]));
+    let r = sh(&ops, &format!("cat {}; rm -f {}", resolved, resolved)).await;
+    assert_eq!(text(&r.output.stdout), "tilde");
+
+    // Environment variables for one command.
+    let r = ops
+        .terminal(
+            "printf '%s' \"$GREETING\"",
+            RunOptions {
+                env: vec![("GREETING".into(), "hi 'there' $x".into())],
+                ..Default::default()
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&r.output.stdout), "hi 'there' $x");
+
+    // Timeout: the command and its children are killed, partial output returned.
+    let r = ops
+        .terminal(
+            "sleep 300 & echo $! > sleeper.pid; echo started; wait",
+            RunOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..Default::default()
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.output.exit, Exit::TimedOut);
+    assert_eq!(text(&r.output.stdout), "started\n");
+    let r = sh(
+        &ops,
+        "p=$(cat sleeper.pid); s=$(awk '/^State:/{print $2}' /proc/$p/status 2>/dev/null); \
+         if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo alive; fi",
+    )
+    .await;
+    assert_eq!(
+        text(&r.output.stdout),
+        "gone\n",
+        "the timed-out child survived"
+    );
+
+    // Cancellation.
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c2.cancel();
+    });
+    let r = ops
+        .terminal("echo begun; sleep 300", RunOptions::default(), &cancel)
+        .await
+        .unwrap();
+    assert_eq!(r.output.exit, Exit::Cancelled);
+    assert_eq!(text(&r.output.stdout), "begun\n");
+
+    // Output is bounded: head and tail kept.
+    let r = sh(
+        &ops,
+        "head -c 300000 /dev/zero | tr '\\0' 'a'; echo; echo END",
+    )
+    .await;
+    assert!(r.output.stdout_omitted > 0);
+    assert!(r.output.stdout.len() < 100_000);
+    assert!(text(&r.output.stdout).ends_with("END\n"));
+
+    // A 10 MB binary file round trip, checked on the backend's host too.
+    let data = noise(10 * 1024 * 1024, 7);
+    let path = ops.write_file("blob.bin", &data).await.unwrap();
+    assert_eq!(path, format!("{start}/blob.bin"));
+    let back = ops.read_bytes("blob.bin").await.unwrap();
+    assert!(back == data, "10 MB round trip differs");
+    let r = sh(&ops, "sha256sum blob.bin").await;
+    let want = hex::encode(sha2::Sha256::digest(&data));
+    assert!(text(&r.output.stdout).starts_with(&want));
+    let read = ops.read_file("blob.bin", ReadRange::Whole).await.unwrap();
+    assert!(read.binary && read.text.is_none());
+    assert_eq!(read.size, data.len() as u64);
+
+    // Atomic write: parents created, mode kept, content replaced, no temp file left.
+    ops.write_file("w/a/b/f.txt", b"one\n").await.unwrap();
+    sh(&ops, "chmod 751 w/a/b/f.txt").await;
+    ops.write_file("w/a/b/f.txt", b"two\n").await.unwrap();
+    let r = sh(&ops, "stat -c %a w/a/b/f.txt; cat w/a/b/f.txt; ls -A w/a/b").await;
+    assert_eq!(text(&r.output.stdout), "751\ntwo\nf.txt\n");
+    let r = ops.write_file("w", b"x").await;
+    assert!(matches!(r, Err(ExecError::File(_))), "{r:?}");
+
+    // Reads: whole, line range, byte range, missing.
+    ops.write_file("lines.txt", b"l1\nl2\nl3\nl4\n")
+        .await
+        .unwrap();
+    let r = ops.read_file("lines.txt", ReadRange::Whole).await.unwrap();
+    assert_eq!(r.text.as_deref(), Some("l1\nl2\nl3\nl4\n"));
+    assert!(!r.truncated && !r.binary);
+    let r = ops
+        .read_file("lines.txt", ReadRange::Lines { start: 2, count: 2 })
+        .await
+        .unwrap();
+    assert_eq!(r.text.as_deref(), Some("l2\nl3\n"));
+    assert!(r.truncated);
+    let r = ops
+        .read_file("lines.txt", ReadRange::Bytes { offset: 3, len: 2 })
+        .await
+        .unwrap();
+    assert_eq!(r.text.as_deref(), Some("l2"));
+    let r = ops.read_file("missing.txt", ReadRange::Whole).await;
+    assert!(matches!(r, Err(ExecError::NotFound(_))), "{r:?}");
+
+    // Patch.
+    let p = ops.patch("lines.txt", "l3", "L3", false).await.unwrap();
+    assert_eq!(p.replacements, 1);
+    let r = ops.patch("lines.txt", "l", "x", false).await;
+    assert!(matches!(r, Err(ExecError::Invalid(_))), "{r:?}");
+    let r = ops.read_file("lines.txt", ReadRange::Whole).await.unwrap();
+    assert_eq!(r.text.as_deref(), Some("l1\nl2\nL3\nl4\n"));
+
+    // Search: contents and names.
+    ops.write_file("src/a.rs", b"fn alpha() {}\nfn beta() {}\n")
+        .await
+        .unwrap();
+    ops.write_file("src/b.txt", b"alpha again\n").await.unwrap();
+    let found = ops
+        .search(
+            &SearchRequest {
+                pattern: "alph[a]".into(),
+                path: Some("src".into()),
+                target: SearchTarget::Content,
+                file_glob: None,
+                max_results: 10,
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    let mut m = found.matches.clone();
+    m.sort();
+    assert_eq!(
+        m,
+        vec![
+            format!("{start}/src/a.rs:1:fn alpha() {{}}"),
+            format!("{start}/src/b.txt:1:alpha again"),
+        ]
+    );
+    let found = ops
+        .search(
+            &SearchRequest {
+                pattern: "*.rs".into(),
+                path: None,
+                target: SearchTarget::Files,
+                file_glob: None,
+                max_results: 10,
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.matches, vec![format!("{start}/src/a.rs")]);
+
+    // Code execution, in the working directory.
+    let out = ops
+        .execute_code("import os\nprint(os.getcwd())", None, None, &never)
+        .await
+        .unwrap();
+    assert_eq!(text(&out.stdout), format!("{start}\n"));
+    let out = ops
+        .execute_code("echo from bash; exit 5", Some("bash"), None, &never)
+        .await
+        .unwrap();
+    assert_eq!(
+        (text(&out.stdout), out.exit),
+        ("from bash\n".into(), Exit::Code(5))
+    );
+
+    // The guard refuses before anything runs, on every backend.
+    let r = ops
+        .terminal("rm -rf / --no-preserve-root", RunOptions::default(), &never)
+        .await;
+    assert!(matches!(r, Err(ExecError::Refused(_))), "{r:?}");
+    let r = ops
+        .execute_code("rm -rf / --no-preserve-root", Some("sh"), None, &never)
+        .await;
+    assert!(matches!(r, Err(ExecError::Refused(_))), "{r:?}");
+}
+
+#[tokio::test]
+async fn local_backend_behaves() {
+    let app = TestApp::spawn().await;
+    behaviour(&app, Place::Local, "omt_local_suite").await;
+    // The local section works inside the workspace root.
+    let ops = app
+        .state
+        .exec
+        .ops_for("omt_local_suite", &Place::Local)
+        .await
+        .unwrap();
+    let cwd = ops.cwd().await.unwrap();
+    assert!(cwd.starts_with(&app.state.config.exec.workspace_root.display().to_string()));
+}
+
+#[tokio::test]
+async fn an_unknown_target_is_an_error_never_local() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .state
+        .exec
+        .ops_for("omt_x", &Place::Target("nowhere".into()))
+        .await;
+    match r {
+        Err(ExecError::Unavailable { alias, .. }) => assert_eq!(alias, "nowhere"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("an unknown target must not yield a backend"),
+    }
+}

@@ -1,0 +1,657 @@
+//! The SSH backend against real OpenSSH servers the tests start themselves: the shared
+//! behavioural suite, every authentication method, host-key trust and refusal, the pool
+//! under 50 concurrent commands, reconnection, unreachable targets, the target CLI, and
+//! secrets that never surface.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sshmode::exec::ops::RunOptions;
+use sshmode::exec::{ExecError, Place};
+use sshmode::target::cli::{AddArgs, HostKeyPolicyArg, TargetCmd, run_with};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::TestApp;
+use crate::sshd::{self, Sshd};
+
+struct Env {
+    app: TestApp,
+    sshd: Sshd,
+    /// Keys and the sshd fixture live here.
+    dir: tempfile::TempDir,
+}
+
+async fn env() -> Option<Env> {
+    if !sshd::available() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let app = TestApp::builder()
+        .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60")
+        .spawn()
+        .await;
+    Some(Env { app, sshd, dir })
+}
+
+fn add_args(alias: &str, port: u16) -> AddArgs {
+    AddArgs {
+        alias: alias.into(),
+        host: "127.0.0.1".into(),
+        port,
+        user: sshd::USER.into(),
+        key: None,
+        passphrase_stdin: false,
+        password_stdin: false,
+        agent: false,
+        cert: None,
+        description: Some("test target".into()),
+        host_key_policy: HostKeyPolicyArg::Tofu,
+        host_key: None,
+        approve: true,
+    }
+}
+
+/// Runs a `sshmode target …` command in-process: (exit code or error text, stdout).
+async fn cli(app: &TestApp, cmd: TargetCmd, stdin: &str) -> (Result<i32, String>, String) {
+    let mut out = Vec::new();
+    let mut input = Cursor::new(stdin.as_bytes().to_vec());
+    let r = run_with(cmd, &app.state.config, &app.state.db, &mut input, &mut out)
+        .await
+        .map_err(|e| format!("{e:#}"));
+    (r, String::from_utf8(out).unwrap())
+}
+
+impl Env {
+    /// A fresh authorized key pair of `kind`.
+    fn key(&self, name: &str, kind: &str, passphrase: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        sshd::new_key(&p, kind, passphrase);
+        self.sshd
+            .authorize(&PathBuf::from(format!("{}.pub", p.display())));
+        p
+    }
+
+    async fn add_key_target(&self, alias: &str) {
+        let key = self.key(&format!("{alias}_key"), "ed25519", "");
+        let mut a = add_args(alias, self.sshd.port);
+        a.key = Some(key);
+        let (r, out) = cli(&self.app, TargetCmd::Add(a), "").await;
+        assert_eq!(r, Ok(0), "{out}");
+    }
+
+    async fn run(
+        &self,
+        alias: &str,
+        cmd: &str,
+    ) -> Result<sshmode::exec::ops::TerminalResult, ExecError> {
+        let ops = self
+            .app
+            .state
+            .exec
+            .ops_for("omt_ssh", &Place::Target(alias.into()))
+            .await?;
+        ops.terminal(cmd, RunOptions::default(), &CancellationToken::new())
+            .await
+    }
+
+    async fn audit_actions(&self, alias: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT action FROM audit_log WHERE subject = $1 ORDER BY id")
+            .bind(alias)
+            .fetch_all(&self.app.state.db)
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn ssh_backend_behaves_like_local() {
+    let Some(env) = env().await else { return };
+    env.add_key_target("web").await;
+    let section = format!("omt_ssh_suite_{}", uuid::Uuid::new_v4().simple());
+    // Start in a fresh directory so the suite's relative paths do not collide.
+    let ops = env
+        .app
+        .state
+        .exec
+        .ops_for(&section, &Place::Target("web".into()))
+        .await
+        .unwrap();
+    let home = ops.backend().home().await.unwrap();
+    assert_eq!(
+        home,
+        format!("/home/{}", sshd::USER),
+        "`~` is the remote user's"
+    );
+    let dir = format!("{home}/suite-{}", uuid::Uuid::new_v4().simple());
+    let r = ops
+        .terminal(
+            &format!("mkdir -p {dir} && cd {dir}"),
+            RunOptions::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.cwd, dir);
+    crate::exec::behaviour(&env.app, Place::Target("web".into()), &section).await;
+
+    // Trust on first use recorded the server's key, as ssh-keygen -l prints it, and audited it.
+    let t = sshmode::target::get(&env.app.state.db, "web")
+        .await
+        .unwrap();
+    assert_eq!(t.host_key.unwrap().fingerprint, env.sshd.fingerprint());
+    let actions = env.audit_actions("web").await;
+    assert!(actions.contains(&"target.add".to_string()));
+    assert_eq!(actions.iter().filter(|a| *a == "hostkey.record").count(), 1);
+}
+
+#[tokio::test]
+async fn every_authentication_method_works() {
+    let Some(env) = env().await else { return };
+    let port = env.sshd.port;
+    // rsa with a passphrase, ecdsa.
+    let rsa = env.key("rsa_pp", "rsa", "open sesame");
+    let mut a = add_args("rsa-pp", port);
+    a.key = Some(rsa.clone());
+    a.passphrase_stdin = true;
+    assert_eq!(
+        cli(&env.app, TargetCmd::Add(a), "open sesame\n").await.0,
+        Ok(0)
+    );
+    let mut a = add_args("rsa-nopp", port);
+    a.key = Some(rsa);
+    let (r, _) = cli(&env.app, TargetCmd::Add(a), "").await;
+    assert!(
+        r.unwrap_err().contains("encrypted"),
+        "an encrypted key needs its passphrase"
+    );
+    let ecdsa = env.key("ecdsa", "ecdsa", "");
+    let mut a = add_args("ecdsa", port);
+    a.key = Some(ecdsa);
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    // Password.
+    let mut a = add_args("pw", port);
+    a.password_stdin = true;
+    assert_eq!(
+        cli(
+            &env.app,
+            TargetCmd::Add(a),
+            &format!("{}\n", sshd::PASSWORD)
+        )
+        .await
+        .0,
+        Ok(0)
+    );
+    let mut a = add_args("pw-wrong", port);
+    a.password_stdin = true;
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "not it\n").await.0, Ok(0));
+    // A user certificate: the key itself is NOT authorized, only the CA is trusted.
+    let ck = env.dir.path().join("cert_key");
+    sshd::new_key(&ck, "ed25519", "");
+    let cert = env.sshd.certify(&ck);
+    let mut a = add_args("cert", port);
+    a.key = Some(ck.clone());
+    a.cert = Some(cert);
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    let mut a = add_args("cert-missing", port);
+    a.key = Some(ck);
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+
+    for alias in ["rsa-pp", "ecdsa", "pw", "cert"] {
+        let (r, out) = cli(
+            &env.app,
+            TargetCmd::Test {
+                alias: alias.into(),
+                trust: false,
+            },
+            "",
+        )
+        .await;
+        assert_eq!(r, Ok(0), "{alias}: {out}");
+        assert!(out.contains(&env.sshd.fingerprint()), "{alias}: {out}");
+        let r = env.run(alias, "whoami").await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&r.output.stdout),
+            format!("{}\n", sshd::USER)
+        );
+    }
+    for alias in ["pw-wrong", "cert-missing"] {
+        let (r, out) = cli(
+            &env.app,
+            TargetCmd::Test {
+                alias: alias.into(),
+                trust: false,
+            },
+            "",
+        )
+        .await;
+        assert_eq!(r, Ok(1), "{alias} must fail: {out}");
+        assert!(out.contains("refused"), "{alias}: {out}");
+    }
+
+    // The agent, reached through SSH_AUTH_SOCK.
+    let sock = env.dir.path().join("agent.sock");
+    let mut agent = std::process::Command::new("ssh-agent")
+        .args(["-D", "-a"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if sock.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ak = env.key("agent_key", "ed25519", "");
+    let added = std::process::Command::new("ssh-add")
+        .arg(&ak)
+        .env("SSH_AUTH_SOCK", &sock)
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    std::fs::remove_file(&ak).unwrap();
+    let app2 = TestApp::builder()
+        .database(&env.app.db_url)
+        .var("SSH_AUTH_SOCK", sock.to_str().unwrap())
+        .spawn()
+        .await;
+    let mut a = add_args("agent", port);
+    a.agent = true;
+    assert_eq!(cli(&app2, TargetCmd::Add(a), "").await.0, Ok(0));
+    let ops = app2
+        .state
+        .exec
+        .ops_for("omt_agent", &Place::Target("agent".into()))
+        .await
+        .unwrap();
+    let r = ops
+        .terminal("whoami", RunOptions::default(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&r.output.stdout),
+        format!("{}\n", sshd::USER)
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+#[tokio::test]
+async fn fifty_concurrent_commands_share_the_pool() {
+    let Some(env) = env().await else { return };
+    env.add_key_target("busy").await;
+    let exec = env.app.state.exec.clone();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let exec = exec.clone();
+        tasks.push(tokio::spawn(async move {
+            let ops = exec
+                .ops_for(&format!("omt_c{i}"), &Place::Target("busy".into()))
+                .await
+                .unwrap();
+            let r = ops
+                .terminal(
+                    &format!("sleep 0.2; echo {i}"),
+                    RunOptions::default(),
+                    &CancellationToken::new(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&r.output.stdout), format!("{i}\n"));
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let counts = exec.ssh.connection_counts().await;
+    let n = counts["busy"];
+    assert!((1..=4).contains(&n), "{n} connections");
+}
+
+#[tokio::test]
+async fn a_restarted_sshd_is_reconnected() {
+    let Some(mut env) = env().await else { return };
+    env.add_key_target("bounce").await;
+    assert!(
+        env.run("bounce", "true")
+            .await
+            .unwrap()
+            .output
+            .exit
+            .success()
+    );
+    env.sshd.stop();
+    let dir = env.sshd.dir.clone();
+    env.sshd = Sshd::start(&dir, env.sshd.port);
+    let r = env.run("bounce", "echo back").await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.output.stdout), "back\n");
+}
+
+#[tokio::test]
+async fn a_changed_host_key_is_refused_and_audited() {
+    let Some(mut env) = env().await else { return };
+    env.add_key_target("swap").await;
+    assert!(env.run("swap", "true").await.unwrap().output.exit.success());
+    let first = env.sshd.fingerprint();
+    env.sshd.stop();
+    let dir = env.sshd.dir.clone();
+    std::fs::remove_file(dir.join("host_key")).unwrap();
+    std::fs::remove_file(dir.join("host_key.pub")).unwrap();
+    env.sshd = Sshd::start(&dir, env.sshd.port);
+    let second = env.sshd.fingerprint();
+    assert_ne!(first, second);
+    match env.run("swap", "true").await {
+        Err(ExecError::HostKeyMismatch {
+            expected,
+            presented,
+            ..
+        }) => {
+            assert_eq!(
+                (expected.as_str(), presented.as_str()),
+                (first.as_str(), second.as_str())
+            );
+        }
+        Err(e) => panic!("expected a host-key mismatch, got {e}"),
+        Ok(_) => panic!("a changed host key must be refused"),
+    }
+    assert!(
+        env.audit_actions("swap")
+            .await
+            .contains(&"hostkey.mismatch".to_string())
+    );
+    // `target test` fails too, naming both.
+    let (r, out) = cli(
+        &env.app,
+        TargetCmd::Test {
+            alias: "swap".into(),
+            trust: true,
+        },
+        "",
+    )
+    .await;
+    assert_eq!(r, Ok(1), "{out}");
+    assert!(out.contains(&first) && out.contains(&second), "{out}");
+}
+
+#[tokio::test]
+async fn unreachable_targets_fail_clearly_within_the_connect_timeout() {
+    let Some(env) = env().await else { return };
+    // A port nobody listens on.
+    let closed = sshd::free_port();
+    let mut a = add_args("closed", closed);
+    a.password_stdin = true;
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "x\n").await.0, Ok(0));
+    let e = env.run("closed", "true").await.expect_err("must fail");
+    assert!(e.to_string().contains("cannot reach"), "{e}");
+    // A listener that never speaks SSH: the connect timeout (3 s) ends the wait.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut a = add_args("silent", silent.local_addr().unwrap().port());
+    a.password_stdin = true;
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "x\n").await.0, Ok(0));
+    let e = env.run("silent", "true").await.expect_err("must fail");
+    assert!(e.to_string().contains("within 3s"), "{e}");
+    // Never local: the error names the target.
+    assert!(e.to_string().contains("silent"), "{e}");
+}
+
+#[tokio::test]
+async fn strict_targets_need_a_pinned_key() {
+    let Some(env) = env().await else { return };
+    let key = env.key("strict_key", "ed25519", "");
+    let mut a = add_args("strict", env.sshd.port);
+    a.key = Some(key.clone());
+    a.host_key_policy = HostKeyPolicyArg::Strict;
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    let e = env
+        .run("strict", "true")
+        .await
+        .expect_err("unpinned strict must fail");
+    assert!(e.to_string().contains("not pinned"), "{e}");
+    let (r, out) = cli(
+        &env.app,
+        TargetCmd::Test {
+            alias: "strict".into(),
+            trust: false,
+        },
+        "",
+    )
+    .await;
+    assert_eq!(r, Ok(1));
+    assert!(
+        out.contains(&env.sshd.fingerprint()),
+        "the fingerprint is shown: {out}"
+    );
+    let (r, out) = cli(
+        &env.app,
+        TargetCmd::Test {
+            alias: "strict".into(),
+            trust: true,
+        },
+        "",
+    )
+    .await;
+    assert_eq!(r, Ok(0), "{out}");
+    assert!(
+        env.audit_actions("strict")
+            .await
+            .contains(&"hostkey.pin".to_string())
+    );
+    assert!(
+        env.run("strict", "true")
+            .await
+            .unwrap()
+            .output
+            .exit
+            .success()
+    );
+
+    // Pinned at add time, by fingerprint or by key line.
+    let mut a = add_args("strict-fp", env.sshd.port);
+    a.key = Some(key.clone());
+    a.host_key_policy = HostKeyPolicyArg::Strict;
+    a.host_key = Some(env.sshd.fingerprint());
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    assert!(
+        env.run("strict-fp", "true")
+            .await
+            .unwrap()
+            .output
+            .exit
+            .success()
+    );
+    let mut a = add_args("strict-wrong", env.sshd.port);
+    a.key = Some(key);
+    a.host_key_policy = HostKeyPolicyArg::Strict;
+    a.host_key = Some(std::fs::read_to_string(env.dir.path().join("strict_key.pub")).unwrap());
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    assert!(matches!(
+        env.run("strict-wrong", "true").await,
+        Err(ExecError::HostKeyMismatch { .. })
+    ));
+}
+
+#[tokio::test]
+async fn target_lifecycle_through_the_cli() {
+    let Some(env) = env().await else { return };
+    let key = env.key("life_key", "ed25519", "");
+    let mut a = add_args("life", env.sshd.port);
+    a.key = Some(key.clone());
+    a.approve = false;
+    let (r, out) = cli(&env.app, TargetCmd::Add(a), "").await;
+    assert_eq!(r, Ok(0));
+    assert!(out.contains("pending"), "{out}");
+    let mut dup = add_args("life", env.sshd.port);
+    dup.key = Some(key.clone());
+    assert!(
+        cli(&env.app, TargetCmd::Add(dup), "")
+            .await
+            .0
+            .unwrap_err()
+            .contains("already exists")
+    );
+    let e = env.run("life", "true").await.err().unwrap();
+    assert!(e.to_string().contains("pending"), "{e}");
+    assert_eq!(
+        cli(
+            &env.app,
+            TargetCmd::Approve {
+                alias: "life".into()
+            },
+            ""
+        )
+        .await
+        .0,
+        Ok(0)
+    );
+    assert!(env.run("life", "true").await.is_ok());
+    assert_eq!(
+        cli(
+            &env.app,
+            TargetCmd::Disable {
+                alias: "life".into()
+            },
+            ""
+        )
+        .await
+        .0,
+        Ok(0)
+    );
+    let e = env.run("life", "true").await.err().unwrap();
+    assert!(e.to_string().contains("disabled"), "{e}");
+    let (_, list) = cli(&env.app, TargetCmd::List, "").await;
+    assert!(list.contains("life") && list.contains("disabled"), "{list}");
+    let (_, show) = cli(
+        &env.app,
+        TargetCmd::Show {
+            alias: "life".into(),
+        },
+        "",
+    )
+    .await;
+    assert!(show.contains("auth:            key"), "{show}");
+    for out in [&list, &show] {
+        assert!(
+            !out.contains(key.to_str().unwrap()),
+            "key path leaked: {out}"
+        );
+        assert!(!out.contains("PRIVATE KEY"), "{out}");
+    }
+    assert_eq!(
+        cli(
+            &env.app,
+            TargetCmd::Remove {
+                alias: "life".into()
+            },
+            ""
+        )
+        .await
+        .0,
+        Ok(0)
+    );
+    assert!(
+        cli(
+            &env.app,
+            TargetCmd::Show {
+                alias: "life".into()
+            },
+            ""
+        )
+        .await
+        .0
+        .is_err()
+    );
+    assert_eq!(
+        env.audit_actions("life").await,
+        [
+            "target.add",
+            "target.approve",
+            "hostkey.record",
+            "target.disable",
+            "target.remove"
+        ]
+    );
+}
+
+/// A `tracing` writer that keeps every line, to search logs for secrets.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn secrets_never_surface_in_logs_output_or_storage() {
+    let Some(env) = env().await else { return };
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let mut a = add_args("secret", env.sshd.port);
+    a.password_stdin = true;
+    let (r, add_out) = cli(
+        &env.app,
+        TargetCmd::Add(a),
+        &format!("{}\n", sshd::PASSWORD),
+    )
+    .await;
+    assert_eq!(r, Ok(0));
+    let (_, test_out) = cli(
+        &env.app,
+        TargetCmd::Test {
+            alias: "secret".into(),
+            trust: false,
+        },
+        "",
+    )
+    .await;
+    let (_, list) = cli(&env.app, TargetCmd::List, "").await;
+    let (_, show) = cli(
+        &env.app,
+        TargetCmd::Show {
+            alias: "secret".into(),
+        },
+        "",
+    )
+    .await;
+    let r = env.run("secret", "env; set").await.unwrap();
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT sealed_password FROM targets WHERE alias = 'secret'")
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+    let logs = captured.0.lock().unwrap().clone();
+    assert!(!logs.is_empty(), "the log capture saw nothing");
+    let pw = sshd::PASSWORD.as_bytes();
+    for (what, hay) in [
+        ("logs", logs.as_slice()),
+        ("add", add_out.as_bytes()),
+        ("test", test_out.as_bytes()),
+        ("list", list.as_bytes()),
+        ("show", show.as_bytes()),
+        ("stdout", &r.output.stdout[..]),
+        ("stderr", &r.output.stderr[..]),
+        ("storage", &stored[..]),
+    ] {
+        assert!(
+            !hay.windows(pw.len()).any(|w| w == pw),
+            "the password appears in {what}"
+        );
+    }
+}

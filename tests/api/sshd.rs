@@ -1,0 +1,248 @@
+//! A real OpenSSH server for the SSH tests: throwaway host key, `UsePAM no`, password and
+//! public-key authentication, a user CA, authorized keys in the fixture's own directory, on a
+//! free loopback port, in the foreground (`-D -e`) as a child process that is killed — with
+//! the per-connection processes it forked — on drop. Readiness is polled on the TCP port.
+//!
+//! Needs root (to create test users and run sshd); [`Sshd::available`] says why not, loudly.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The test user every SSH test logs in as (created once, idempotently).
+pub const USER: &str = "sshmode_t";
+/// Its password.
+pub const PASSWORD: &str = "pw-Zq8#tricky 'quoted' pass";
+
+/// Whether SSH tests can run here; prints a loud message when they cannot.
+pub fn available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let sshd = Path::new("/usr/sbin/sshd").exists();
+    if !root || !sshd {
+        eprintln!(
+            "\n!!!!! SKIPPING SSH TESTS: they need root and /usr/sbin/sshd (root={root}, sshd={sshd}); \
+             run them through scripts/test.sh as root !!!!!\n"
+        );
+        return false;
+    }
+    ensure_user();
+    true
+}
+
+fn ensure_user() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let exists = Command::new("id")
+            .arg(USER)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !exists {
+            let ok = Command::new("useradd")
+                .args(["-m", "-s", "/bin/bash", USER])
+                .status()
+                .expect("useradd");
+            assert!(ok.success(), "useradd {USER} failed");
+        }
+        let mut child = Command::new("chpasswd")
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("chpasswd");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{USER}:{PASSWORD}\n").as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "chpasswd failed");
+        std::fs::create_dir_all("/run/sshd").expect("mkdir /run/sshd");
+    });
+}
+
+/// Runs `ssh-keygen` with `args`; panics on failure.
+pub fn keygen(args: &[&str]) {
+    let out = Command::new("ssh-keygen")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ssh-keygen");
+    assert!(
+        out.status.success(),
+        "ssh-keygen {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Creates a key pair at `path` (`path.pub` beside it).
+pub fn new_key(path: &Path, kind: &str, passphrase: &str) {
+    let mut args = vec!["-q", "-t", kind, "-N", passphrase, "-C", "test", "-f"];
+    let p = path.to_str().unwrap();
+    args.push(p);
+    if kind == "rsa" {
+        args.extend(["-b", "2048"]);
+    }
+    keygen(&args);
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running sshd.
+pub struct Sshd {
+    pub port: u16,
+    /// The fixture directory: host key, config, CA, authorized keys (`<user>.keys`).
+    pub dir: PathBuf,
+    child: Child,
+}
+
+impl Sshd {
+    /// Starts sshd on `port` with the host key at `dir/host_key` (created if missing) and a
+    /// user CA at `dir/ca` (created if missing).
+    pub fn start(dir: &Path, port: u16) -> Sshd {
+        let host_key = dir.join("host_key");
+        if !host_key.exists() {
+            new_key(&host_key, "ed25519", "");
+        }
+        let ca = dir.join("ca");
+        if !ca.exists() {
+            new_key(&ca, "ed25519", "");
+        }
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nUsePAM no\n\
+                 PasswordAuthentication yes\nPubkeyAuthentication yes\nKbdInteractiveAuthentication no\n\
+                 TrustedUserCAKeys {ca}.pub\nAuthorizedKeysFile {dir}/%u.keys\nStrictModes no\n\
+                 Subsystem sftp internal-sftp\nMaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n",
+                hk = host_key.display(),
+                pid = dir.join("sshd.pid").display(),
+                ca = ca.display(),
+                dir = dir.display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new("/usr/sbin/sshd")
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sshd");
+        let sshd = Sshd {
+            port,
+            dir: dir.to_path_buf(),
+            child,
+        };
+        sshd.wait_ready();
+        sshd
+    }
+
+    fn wait_ready(&self) {
+        // Bounded poll of the port: sshd is ready when it accepts.
+        for _ in 0..500 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("sshd did not listen on {} within 5 s", self.port);
+    }
+
+    /// Authorizes a public key (file contents) for [`USER`].
+    pub fn authorize(&self, pub_key_file: &Path) {
+        use std::io::Write;
+        let line = std::fs::read_to_string(pub_key_file).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{USER}.keys")))
+            .unwrap();
+        f.write_all(line.as_bytes()).unwrap();
+    }
+
+    /// Signs `key.pub` with the fixture's CA for [`USER`], giving `key-cert.pub`.
+    pub fn certify(&self, key: &Path) -> PathBuf {
+        let ca = self.dir.join("ca");
+        let pubk = format!("{}.pub", key.display());
+        keygen(&[
+            "-q",
+            "-s",
+            ca.to_str().unwrap(),
+            "-I",
+            "test-cert",
+            "-n",
+            USER,
+            "-V",
+            "-5m:+1h",
+            &pubk,
+        ]);
+        PathBuf::from(format!("{}-cert.pub", key.display()))
+    }
+
+    /// The host key's `SHA256:…` fingerprint, from `ssh-keygen -l`.
+    pub fn fingerprint(&self) -> String {
+        let out = Command::new("ssh-keygen")
+            .args(["-l", "-f"])
+            .arg(self.dir.join("host_key.pub"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    /// Kills sshd and every connection process it forked.
+    pub fn stop(&mut self) {
+        let pid = self.child.id() as i32;
+        for child in children_of(pid) {
+            // SAFETY: signalling processes our sshd forked; no memory involved.
+            unsafe { libc::kill(child, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Pids whose parent is `pid` (from /proc).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command: state, ppid, …
+        if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r)
+            && rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse::<i32>().ok())
+                == Some(pid)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
