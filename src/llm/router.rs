@@ -277,6 +277,7 @@ impl Router {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Router> {
+        anyhow::ensure!(!file.chains.is_empty(), "the router has no model chain");
         let mut entries: Vec<Entry> = Vec::new();
         let mut chains = Vec::new();
         for c in &file.chains {

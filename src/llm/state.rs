@@ -120,8 +120,6 @@ pub async fn load(pool: &PgPool, keys: &[String]) -> sqlx::Result<HashMap<String
 /// - `Transient`: counted; the [`TRANSIENT_STREAK`]th in a row cools for
 ///   [`TRANSIENT_COOLDOWN`];
 /// - otherwise only the last error is recorded.
-///
-/// Returns the state as stored.
 pub async fn record_failure(
     pool: &PgPool,
     entry: &EntryLabel<'_>,

@@ -740,3 +740,36 @@ async fn single_provider_variables_and_no_model_at_all() {
     assert_eq!(health(&app).await["entries"], json!([]));
     app.stop().await;
 }
+
+#[test]
+fn a_router_file_is_checked_when_the_configuration_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("router.toml");
+    std::fs::write(
+        &path,
+        "[providers.p]\nbase_url = \"https://p.example/v1\"\napi_key_env = \"P_KEY\"\n\n[[models]]\nname = \"m\"\nentries = [{ provider = \"p\", model = \"x\" }]\n",
+    )
+    .unwrap();
+    let mut vars: std::collections::HashMap<String, String> = [(
+        "SSHMODE_ROUTER_CONFIG".to_string(),
+        "router.toml".to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let load = |vars: &std::collections::HashMap<String, String>| {
+        sshmode::config::Config::from_vars(&|k| vars.get(k).cloned(), dir.path())
+    };
+    let e = load(&vars).unwrap_err().to_string();
+    assert!(
+        e.contains("SSHMODE_ROUTER_CONFIG") && e.contains("P_KEY"),
+        "{e}"
+    );
+    vars.insert("P_KEY".into(), "sk-p-secret-value".into());
+    let c = load(&vars).unwrap();
+    let file = c.router_file.as_ref().unwrap();
+    assert_eq!(file.chains[0].name, "m");
+    assert!(!format!("{c:?}").contains("sk-p-secret-value"));
+    vars.insert("SSHMODE_ROUTER_CONFIG".into(), "missing.toml".into());
+    let e = load(&vars).unwrap_err().to_string();
+    assert!(e.contains("SSHMODE_ROUTER_CONFIG"), "{e}");
+}
