@@ -1440,7 +1440,23 @@ impl Checker<'_> {
             };
             self.operator_rules(&shown(&args, usize::MAX))?;
             let Some(name) = first.val() else {
+                // `$SUDO rm …`: the unknown word may be a wrapper or empty; judge the rest as a
+                // command of its own first, so the refusal names what it found.
+                if args.len() > 1 {
+                    if depth + 1 > MAX_DEPTH {
+                        return Err(too_deep());
+                    }
+                    self.command(args[1..].to_vec(), env, depth + 1, stdin.take())?;
+                }
                 self.unresolved(&args, env)?;
+                // `$SHELL -c '…'`: the script is visible even if the shell's name is not.
+                if args
+                    .get(1)
+                    .and_then(Field::val)
+                    .is_some_and(|v| v.starts_with('-') && !v.starts_with("--") && v.contains('c'))
+                {
+                    self.shell(&args[1..], env, depth, None)?;
+                }
                 return Ok(None);
             };
             let rest = &args[1..];
@@ -1562,7 +1578,12 @@ impl Checker<'_> {
         }
         if has_c {
             if let Some(script) = rest.get(i) {
-                self.script(script.text(), &mut env.clone(), depth + 1)?;
+                // Arguments after the script are its `$0`, `$1`, …
+                let mut inner = env.clone();
+                for (n, arg) in rest[i + 1..].iter().take(10).enumerate() {
+                    inner.set(n.to_string(), arg.value.clone());
+                }
+                self.script(script.text(), &mut inner, depth + 1)?;
             }
         } else if i >= rest.len()
             && let Some(input) = stdin
@@ -2788,6 +2809,11 @@ mod tests {
             ("$X -R 777 /", "unresolved-command"),
             ("$X if=/dev/zero of=/dev/sda", "unresolved-command"),
             ("X=$(get); $X -rf /", "unresolved-command"),
+            ("$SUDO rm -rf /", DELETE),
+            ("$SUDO sh -c 'rm -rf /'", DELETE),
+            ("\"$SHELL\" -c 'rm -rf /'", DELETE),
+            ("sh -c 'rm -rf \"$1\"' _ /", DELETE),
+            ("echo / | xargs sh -c 'rm -rf $0'", DELETE),
         ] {
             assert_refused(cmd, rule);
         }
