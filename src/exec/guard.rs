@@ -15,11 +15,17 @@
 //! assignments made earlier on the same line, word splitting, brace expansion), stripped of
 //! wrappers (`sudo`, `env`, `nice`, `timeout`, `xargs`, `busybox`, full paths, …) and judged on
 //! its normalised name and arguments. Nested scripts (`sh -c`, `eval`, substitutions, input
-//! piped into a shell) are checked recursively. No crate parses shell faithfully enough for
-//! this (the available ones are either full interpreters or stop at quoting), hence the
-//! tokenizer here. Work is bounded: input over [`MAX_INPUT`] bytes, nesting deeper than
-//! [`MAX_DEPTH`], or more than a fixed amount of expanded text is refused, never examined
-//! partially. An echoed string is data, not a command, and is not refused.
+//! piped into a shell, `find -exec`, `trap`, `alias`) are checked recursively. `cd` to a
+//! known directory, `for` loops over known values and `${X:-default}` are followed. A command
+//! name that cannot be known statically (`$X`, `$(…)`) is refused when its arguments would be
+//! destructive for `rm`, `chmod`, `chown`, `chgrp` or `dd`. Writes into `/dev` are refused
+//! except to the harmless nodes (`null`, `zero`, `std*`, `tty*`, `fd/*`, `pts/*`, `shm/*`, …).
+//! No crate parses shell faithfully enough for this (the available ones are either full
+//! interpreters or stop at quoting), hence the tokenizer here. Work is bounded: input over
+//! [`MAX_INPUT`] bytes, nesting deeper than [`MAX_DEPTH`], or more than a fixed amount of
+//! expanded text is refused, never examined partially. An echoed string is data, not a
+//! command, and is not refused. Deliberately out of reach: other interpreters (`python -c`,
+//! `perl -e`), commands sent elsewhere (`ssh host …`, `docker exec …`) and script files.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
 //! matched against the raw text and against every normalised simple command.
