@@ -603,6 +603,24 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
+    // A key target too: no piece of the private key may surface either.
+    let key = env.key("secret_key", "ed25519", "");
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let body: String = key_text
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let key_piece = body[body.len() / 2..body.len() / 2 + 24].to_string();
+    let mut a = add_args("secret-key", env.sshd.port);
+    a.key = Some(key);
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    let key_run = env.run("secret-key", "env").await.unwrap();
+    let stored_key: Vec<u8> =
+        sqlx::query_scalar("SELECT sealed_key FROM targets WHERE alias = 'secret-key'")
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+
     let mut a = add_args("secret", env.sshd.port);
     a.password_stdin = true;
     let (r, add_out) = cli(
@@ -652,6 +670,18 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
         assert!(
             !hay.windows(pw.len()).any(|w| w == pw),
             "the password appears in {what}"
+        );
+    }
+    let kp = key_piece.as_bytes();
+    for (what, hay) in [
+        ("logs", logs.as_slice()),
+        ("stdout", &key_run.output.stdout[..]),
+        ("storage", &stored_key[..]),
+        ("list", list.as_bytes()),
+    ] {
+        assert!(
+            !hay.windows(kp.len()).any(|w| w == kp),
+            "the private key appears in {what}"
         );
     }
 }
