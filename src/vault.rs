@@ -102,10 +102,11 @@ impl Vault {
             }
             other => other?,
         };
-        let unbound = UnboundKey::new(&AES_256_GCM, &key[..]).map_err(|_| VaultError::KeyLength {
-            path: path.to_owned(),
-            len: key.len() as u64,
-        })?;
+        let unbound =
+            UnboundKey::new(&AES_256_GCM, &key[..]).map_err(|_| VaultError::KeyLength {
+                path: path.to_owned(),
+                len: key.len() as u64,
+            })?;
         Ok(Vault {
             key: LessSafeKey::new(unbound),
             rng,
@@ -264,7 +265,10 @@ mod tests {
         let sealed = v.seal("web-1", b"-----BEGIN KEY-----").unwrap();
         assert_eq!(sealed.len(), 1 + 12 + 19 + 16);
         assert_eq!(sealed[0], VERSION);
-        assert_eq!(&v.open("web-1", &sealed).unwrap()[..], b"-----BEGIN KEY-----");
+        assert_eq!(
+            &v.open("web-1", &sealed).unwrap()[..],
+            b"-----BEGIN KEY-----"
+        );
         let empty = v.seal("web-1", b"").unwrap();
         assert!(v.open("web-1", &empty).unwrap().is_empty());
     }
@@ -276,7 +280,10 @@ mod tests {
         let b = v.seal("db", b"hunter2").unwrap();
         assert_ne!(a, b);
         assert_ne!(a[1..13], b[1..13], "nonces must differ");
-        assert!(!a.windows(7).any(|w| w == b"hunter2"), "ciphertext holds plaintext");
+        assert!(
+            !a.windows(7).any(|w| w == b"hunter2"),
+            "ciphertext holds plaintext"
+        );
     }
 
     #[test]
@@ -306,7 +313,10 @@ mod tests {
         let (_d, _p, v) = fresh();
         let sealed = v.seal("db", b"hunter2").unwrap();
         for n in 0..sealed.len() {
-            assert!(v.open("db", &sealed[..n]).is_err(), "prefix of {n} bytes accepted");
+            assert!(
+                v.open("db", &sealed[..n]).is_err(),
+                "prefix of {n} bytes accepted"
+            );
         }
         let mut longer = sealed.clone();
         longer.push(0);
@@ -342,7 +352,11 @@ mod tests {
         let key_before = fs::read(&path).unwrap();
         drop(v);
         let again = Vault::open_or_create(&path).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), key_before, "key file was rewritten");
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            key_before,
+            "key file was rewritten"
+        );
         assert_eq!(&again.open("db", &sealed).unwrap()[..], b"hunter2");
     }
 
@@ -373,7 +387,11 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(&path.display().to_string()), "{msg}");
             assert!(msg.contains(&format!("holds {len} bytes")), "{msg}");
-            assert_eq!(fs::read(&path).unwrap().len(), len, "must not be overwritten");
+            assert_eq!(
+                fs::read(&path).unwrap().len(),
+                len,
+                "must not be overwritten"
+            );
         }
     }
 

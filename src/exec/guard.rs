@@ -15,11 +15,17 @@
 //! assignments made earlier on the same line, word splitting, brace expansion), stripped of
 //! wrappers (`sudo`, `env`, `nice`, `timeout`, `xargs`, `busybox`, full paths, …) and judged on
 //! its normalised name and arguments. Nested scripts (`sh -c`, `eval`, substitutions, input
-//! piped into a shell) are checked recursively. No crate parses shell faithfully enough for
-//! this (the available ones are either full interpreters or stop at quoting), hence the
-//! tokenizer here. Work is bounded: input over [`MAX_INPUT`] bytes, nesting deeper than
-//! [`MAX_DEPTH`], or more than a fixed amount of expanded text is refused, never examined
-//! partially. An echoed string is data, not a command, and is not refused.
+//! piped into a shell, `find -exec`, `trap`, `alias`) are checked recursively. `cd` to a
+//! known directory, `for` loops over known values and `${X:-default}` are followed. A command
+//! name that cannot be known statically (`$X`, `$(…)`) is refused when its arguments would be
+//! destructive for `rm`, `chmod`, `chown`, `chgrp` or `dd`. Writes into `/dev` are refused
+//! except to the harmless nodes (`null`, `zero`, `std*`, `tty*`, `fd/*`, `pts/*`, `shm/*`, …).
+//! No crate parses shell faithfully enough for this (the available ones are either full
+//! interpreters or stop at quoting), hence the tokenizer here. Work is bounded: input over
+//! [`MAX_INPUT`] bytes, nesting deeper than [`MAX_DEPTH`], or more than a fixed amount of
+//! expanded text is refused, never examined partially. An echoed string is data, not a
+//! command, and is not refused. Deliberately out of reach: other interpreters (`python -c`,
+//! `perl -e`), commands sent elsewhere (`ssh host …`, `docker exec …`) and script files.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
 //! matched against the raw text and against every normalised simple command.
@@ -181,7 +187,7 @@ impl Guard {
             guard: self,
             budget: BUDGET,
         };
-        checker.script(command, &mut Env::new(), 0)
+        checker.script(command, &mut Env::default(), 0)
     }
 }
 
@@ -204,8 +210,13 @@ enum Part {
         quoted: bool,
         output: bool,
     },
-    /// `${…}` with operators: value unknown; `inner` holds any substitutions inside it.
-    Opaque { source: String, inner: Vec<Part> },
+    /// `${…}` with operators: value unknown, except `${NAME:-word}` (`fallback`) when NAME
+    /// is known; `inner` holds any substitutions inside it.
+    Opaque {
+        source: String,
+        inner: Vec<Part>,
+        fallback: Option<(String, Vec<Part>)>,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -751,9 +762,26 @@ impl Lexer {
         let mut sub = Lexer::new(&inner, self.depth + 1);
         let mut w = Word::default();
         sub.double_quoted(&mut w, None)?;
+        // `${NAME:-word}`, `${NAME-word}`, `${NAME:=word}`, `${NAME=word}`.
+        let name_len = inner
+            .find(|c: char| c != '_' && !c.is_ascii_alphanumeric())
+            .unwrap_or(inner.len());
+        let name = &inner[..name_len];
+        let op = &inner[name_len..];
+        let fallback =
+            if is_identifier(name) && [":-", ":=", "-", "="].iter().any(|o| op.starts_with(o)) {
+                let skip = if op.starts_with(':') { 2 } else { 1 };
+                let mut sub = Lexer::new(&op[skip..], self.depth + 1);
+                let mut d = Word::default();
+                sub.double_quoted(&mut d, None)?;
+                Some((name.to_owned(), d.parts))
+            } else {
+                None
+            };
         Ok(Part::Opaque {
             source: format!("${{{inner}}}"),
             inner: w.parts,
+            fallback,
         })
     }
 
@@ -894,8 +922,42 @@ impl Field {
     }
 }
 
-/// Shell variables assigned so far on this command line; `None` = assigned something unknown.
-type Env = HashMap<String, Option<String>>;
+/// What the command line has established so far, as far as it can be known statically.
+#[derive(Debug, Clone, Default)]
+struct Env {
+    /// Shell variables assigned earlier on the line; `None` = assigned something unknown.
+    vars: HashMap<String, Option<String>>,
+    /// The values a `for` loop variable takes, when they are all known: commands using the
+    /// variable are judged once per value.
+    loops: HashMap<String, Vec<String>>,
+    /// The working directory after a `cd` to a known place; `None` = unknown (the start).
+    cwd: Option<String>,
+}
+
+impl Env {
+    fn set(&mut self, name: String, value: Option<String>) {
+        self.loops.remove(&name);
+        self.vars.insert(name, value);
+    }
+
+    fn unset(&mut self, name: &str) {
+        self.loops.remove(name);
+        self.vars.remove(name);
+    }
+
+    /// `path` as seen from the working directory, when that is known.
+    fn resolve<'a>(&self, path: &'a str) -> std::borrow::Cow<'a, str> {
+        match &self.cwd {
+            Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
+                format!("{cwd}/{path}").into()
+            }
+            _ => path.into(),
+        }
+    }
+}
+
+/// Most values of a `for` loop tracked; longer lists make the variable unknown.
+const MAX_LOOP_VALUES: usize = 16;
 
 /// A field under construction during expansion.
 struct Building {
@@ -971,7 +1033,7 @@ impl Checker<'_> {
         if depth > MAX_DEPTH {
             return Err(too_deep());
         }
-        if let Some(name) = fork_bomb(toks) {
+        if let Some(name) = fork_bomb(toks, &mut |n| self.spend(n))? {
             return Err(Refusal::new(
                 "fork-bomb",
                 format!(
@@ -1033,6 +1095,41 @@ impl Checker<'_> {
         depth: usize,
         mut stdin: Option<String>,
     ) -> Result<Option<String>, Refusal> {
+        // Each judgement costs something, so repeated ones (loops, defaults) stay bounded.
+        self.spend(64 + words.len() + redirs.len())?;
+        // A `for` variable with known values: judge the command once per value, then once
+        // more with the variable unknown (which also keeps assignments in `env`).
+        let mut names = Vec::new();
+        for w in words {
+            param_names(&w.parts, &mut names);
+        }
+        for r in redirs {
+            param_names(&r.target.parts, &mut names);
+        }
+        if let Some((name, values)) = names
+            .iter()
+            .find_map(|n| env.loops.get(n).map(|v| (n.clone(), v.clone())))
+        {
+            for value in values {
+                let mut each = env.clone();
+                each.set(name.clone(), Some(value));
+                self.simple(words, redirs, &mut each, depth, stdin.clone())?;
+            }
+        }
+        // `${NAME:-word}` with NAME not known here: NAME may well be unset when this runs,
+        // so judge the command with the default too.
+        let mut defaulted = Vec::new();
+        for w in words {
+            fallback_names(&w.parts, &mut defaulted);
+        }
+        if let Some(name) = defaulted
+            .into_iter()
+            .find(|n| !env.vars.contains_key(n) && self.lookup(n, env).is_none())
+        {
+            let mut unset = env.clone();
+            unset.set(name, Some(String::new()));
+            self.simple(words, redirs, &mut unset, depth, stdin.clone())?;
+        }
         for w in words {
             self.nested(&w.parts, env, depth)?;
         }
@@ -1046,8 +1143,11 @@ impl Checker<'_> {
             match r.kind {
                 RedirKind::Output => {
                     for f in self.expand(&r.target, env)? {
-                        if let Some(dev) = f.val().and_then(block_device) {
-                            return Err(device_write(&format!("> {}", f.display), &dev));
+                        if let Some(dev) = f.val().and_then(|v| block_device(&env.resolve(v))) {
+                            let words: Vec<String> =
+                                words.iter().map(|w| render_source(w)).collect();
+                            let cmd = format!("{} > {}", words.join(" "), f.display);
+                            return Err(device_write(cmd.trim_start(), &dev));
                         }
                     }
                 }
@@ -1079,7 +1179,20 @@ impl Checker<'_> {
                 }
                 Some("for" | "select") => {
                     if let Some(var) = words.get(i + 1).and_then(|w| w.literal()) {
-                        env.insert(var, None);
+                        let mut values = Vec::new();
+                        if words.get(i + 2).and_then(|w| w.bare()) == Some("in") {
+                            for w in &words[i + 3..] {
+                                values.extend(self.expand(w, env)?);
+                            }
+                        }
+                        let known: Option<Vec<String>> =
+                            values.into_iter().map(|f| f.value).collect();
+                        env.set(var.clone(), None);
+                        if let Some(known) =
+                            known.filter(|k| (1..=MAX_LOOP_VALUES).contains(&k.len()))
+                        {
+                            env.loops.insert(var, known);
+                        }
                     }
                     return Ok(None);
                 }
@@ -1101,7 +1214,7 @@ impl Checker<'_> {
         if rest.is_empty() {
             for (name, parts) in assignments {
                 let f = self.expand_joined(&parts, env)?;
-                env.insert(name, f.value);
+                env.set(name, f.value);
             }
             return Ok(None);
         }
@@ -1124,21 +1237,21 @@ impl Checker<'_> {
                 for w in &rest[1..] {
                     if let Some((name, parts)) = w.assignment() {
                         let f = self.expand_joined(&parts, env)?;
-                        env.insert(name, f.value);
+                        env.set(name, f.value);
                     }
                 }
             }
             "unset" => {
                 for w in &rest[1..] {
                     if let Some(name) = w.literal() {
-                        env.remove(&name);
+                        env.unset(&name);
                     }
                 }
             }
             "read" | "mapfile" | "readarray" | "getopts" | "printf" => {
                 for w in &rest[1..] {
                     if let Some(name) = w.literal().filter(|n| is_identifier(n)) {
-                        env.insert(name, None);
+                        env.set(name, None);
                     }
                 }
             }
@@ -1157,7 +1270,7 @@ impl Checker<'_> {
     }
 
     fn lookup(&self, name: &str, env: &Env) -> Option<String> {
-        match env.get(name) {
+        match env.vars.get(name) {
             Some(v) => v.clone(),
             None => match name {
                 // Classified as the home directory wherever it appears.
@@ -1210,6 +1323,19 @@ impl Checker<'_> {
                     .map(|v| v.trim_end().to_owned())
                     .ok_or_else(|| format!("{open}{source})"))
             }
+            Part::Opaque {
+                fallback: Some((name, default)),
+                source,
+                ..
+            } => match self.lookup(name, env) {
+                Some(v) if !v.is_empty() => Ok(v),
+                // Known empty or unset on this line: the default applies.
+                _ if env.vars.get(name).is_some_and(Option::is_some) => {
+                    let d = self.expand_joined(default, env)?;
+                    d.value.ok_or_else(|| source.clone())
+                }
+                _ => Err(source.clone()),
+            },
             Part::Opaque { source, .. } => Err(source.clone()),
         })
     }
@@ -1299,7 +1425,7 @@ impl Checker<'_> {
         let mut out = Vec::new();
         for t in &toks {
             if let Tok::Word(w) = t {
-                out.extend(self.expand(w, &Env::new())?);
+                out.extend(self.expand(w, &Env::default())?);
             }
         }
         Ok(out)
@@ -1320,7 +1446,23 @@ impl Checker<'_> {
             };
             self.operator_rules(&shown(&args, usize::MAX))?;
             let Some(name) = first.val() else {
-                self.unresolved(&args)?;
+                // `$SUDO rm …`: the unknown word may be a wrapper or empty; judge the rest as a
+                // command of its own first, so the refusal names what it found.
+                if args.len() > 1 {
+                    if depth + 1 > MAX_DEPTH {
+                        return Err(too_deep());
+                    }
+                    self.command(args[1..].to_vec(), env, depth + 1, stdin.take())?;
+                }
+                self.unresolved(&args, env)?;
+                // `$SHELL -c '…'`: the script is visible even if the shell's name is not.
+                if args
+                    .get(1)
+                    .and_then(Field::val)
+                    .is_some_and(|v| v.starts_with('-') && !v.starts_with("--") && v.contains('c'))
+                {
+                    self.shell(&args[1..], env, depth, None)?;
+                }
                 return Ok(None);
             };
             let rest = &args[1..];
@@ -1392,7 +1534,10 @@ impl Checker<'_> {
         if args.is_empty() {
             return Ok(None);
         }
-        builtin_rules(&args)?;
+        builtin_rules(&args, env)?;
+        if let Some("cd" | "pushd") = args[0].val().map(basename) {
+            change_directory(&args[1..], env);
+        }
         Ok(match args[0].val().map(basename) {
             Some("cat")
                 if args[1..]
@@ -1439,7 +1584,12 @@ impl Checker<'_> {
         }
         if has_c {
             if let Some(script) = rest.get(i) {
-                self.script(script.text(), &mut env.clone(), depth + 1)?;
+                // Arguments after the script are its `$0`, `$1`, …
+                let mut inner = env.clone();
+                for (n, arg) in rest[i + 1..].iter().take(10).enumerate() {
+                    inner.set(n.to_string(), arg.value.clone());
+                }
+                self.script(script.text(), &mut inner, depth + 1)?;
             }
         } else if i >= rest.len()
             && let Some(input) = stdin
@@ -1481,7 +1631,7 @@ impl Checker<'_> {
             if v.starts_with('-') && v.len() > 1 {
                 for (k, c) in v.char_indices().skip(1) {
                     if matches!(c, 'u' | 'C' | 'S') {
-                        let attached = &v[k + 1..];
+                        let attached = &v[k + c.len_utf8()..];
                         let arg = if attached.is_empty() {
                             i += 1;
                             rest.get(i).map(|f| f.text().to_owned())
@@ -1571,7 +1721,7 @@ impl Checker<'_> {
         if delete && unfiltered {
             let mut rm = vec![Field::lit("rm"), Field::lit("-r")];
             rm.extend(starts.iter().map(|f| (*f).clone()));
-            builtin_rules(&rm).map_err(|r| Refusal {
+            builtin_rules(&rm, env).map_err(|r| Refusal {
                 message: r.message.replace(&shown(&rm, 160), &shown(args, 160)),
                 ..r
             })?;
@@ -1598,11 +1748,11 @@ impl Checker<'_> {
 
     /// The command name is unknown until run time. Refuse when its arguments would be
     /// destructive for one of the commands the rules know.
-    fn unresolved(&self, args: &[Field]) -> Result<(), Refusal> {
+    fn unresolved(&self, args: &[Field], env: &Env) -> Result<(), Refusal> {
         for candidate in ["rm", "chmod", "chown", "chgrp", "dd"] {
             let mut probe = args.to_vec();
             probe[0] = Field::lit(candidate);
-            if builtin_rules(&probe).is_err() {
+            if builtin_rules(&probe, env).is_err() {
                 return Err(Refusal::new(
                     "unresolved-command",
                     format!(
@@ -1634,6 +1784,46 @@ impl Checker<'_> {
         }
         Ok(())
     }
+}
+
+/// Names of the parameters a word uses (not looking inside substitutions).
+fn param_names(parts: &[Part], out: &mut Vec<String>) {
+    for p in parts {
+        match p {
+            Part::Param { name, .. } => out.push(name.clone()),
+            Part::Opaque {
+                fallback: Some((name, _)),
+                ..
+            } => out.push(name.clone()),
+            _ => {}
+        }
+    }
+}
+
+/// Names used as `${NAME:-default}` in a word.
+fn fallback_names(parts: &[Part], out: &mut Vec<String>) {
+    for p in parts {
+        if let Part::Opaque {
+            fallback: Some((name, _)),
+            ..
+        } = p
+        {
+            out.push(name.clone());
+        }
+    }
+}
+
+/// `cd DIR`: track the working directory when DIR is known, forget it otherwise.
+fn change_directory(rest: &[Field], env: &mut Env) {
+    let target = rest
+        .iter()
+        .find(|f| !f.val().is_some_and(|v| v.starts_with('-') && v.len() > 1));
+    env.cwd = match target.map(|f| f.val()) {
+        None => Some("~".into()),
+        Some(Some("-")) | Some(None) => None,
+        Some(Some(dir)) if dir.starts_with('/') || dir.starts_with('~') => Some(dir.to_owned()),
+        Some(Some(dir)) => env.cwd.as_ref().map(|cwd| format!("{cwd}/{dir}")),
+    };
 }
 
 fn too_deep() -> Refusal {
@@ -1729,7 +1919,7 @@ fn xargs(rest: &[Field], stdin: Option<String>) -> Vec<Field> {
         if v.starts_with('-') && v.len() > 1 {
             let mut step = 1;
             for (k, c) in v.char_indices().skip(1) {
-                let attached = &v[k + 1..];
+                let attached = &v[k + c.len_utf8()..];
                 match c {
                     'I' => {
                         replace = if attached.is_empty() {
@@ -1877,7 +2067,10 @@ fn brace_group(s: &str) -> Option<(usize, usize, Vec<&str>)> {
 }
 
 /// Fork bomb: a function that calls itself in a pipeline or in the background.
-fn fork_bomb(toks: &[Tok]) -> Option<String> {
+fn fork_bomb(
+    toks: &[Tok],
+    spend: &mut impl FnMut(usize) -> Result<(), Refusal>,
+) -> Result<Option<String>, Refusal> {
     for i in 0..toks.len() {
         let word = |k: usize| match toks.get(k) {
             Some(Tok::Word(w)) => Some(w),
@@ -1923,6 +2116,8 @@ fn fork_bomb(toks: &[Tok]) -> Option<String> {
             }
         }
         let body = &toks[j.min(end)..end];
+        // Nested definitions rescan the same tokens; charge for it.
+        spend(body.len())?;
         let mut at_command = true;
         let (mut calls_self, mut spawns) = (false, false);
         for t in body {
@@ -1942,10 +2137,10 @@ fn fork_bomb(toks: &[Tok]) -> Option<String> {
             }
         }
         if calls_self && spawns {
-            return Some(name);
+            return Ok(Some(name));
         }
     }
-    None
+    Ok(None)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2004,7 +2199,7 @@ fn long_is(opt: &str, full: &str) -> bool {
         .is_some_and(|o| !o.is_empty() && full.starts_with(o))
 }
 
-fn builtin_rules(args: &[Field]) -> Result<(), Refusal> {
+fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
     let Some(name) = args.first().and_then(Field::val).map(basename) else {
         return Ok(());
     };
@@ -2035,7 +2230,7 @@ fn builtin_rules(args: &[Field]) -> Result<(), Refusal> {
             // chmod's mode and chown's owner are operands too; they never look like paths
             // the rules care about, so every operand is classified.
             for p in &operands {
-                if let Some(what) = danger(p, name == "rm") {
+                if let Some(what) = danger(&env.resolve(p), name == "rm") {
                     return Err(if name == "rm" {
                         Refusal::new(
                             "recursive-delete",
@@ -2070,7 +2265,10 @@ fn builtin_rules(args: &[Field]) -> Result<(), Refusal> {
         }
         "dd" => {
             for v in &operands {
-                if let Some(dev) = v.strip_prefix("of=").and_then(block_device) {
+                if let Some(dev) = v
+                    .strip_prefix("of=")
+                    .and_then(|o| block_device(&env.resolve(o)))
+                {
                     return Err(Refusal::new(
                         "dd-device",
                         format!(
@@ -2083,14 +2281,16 @@ fn builtin_rules(args: &[Field]) -> Result<(), Refusal> {
             }
             Ok(())
         }
-        "tee" | "shred" => match operands.iter().find_map(|v| block_device(v)) {
+        "tee" | "shred" => match operands.iter().find_map(|v| block_device(&env.resolve(v))) {
             Some(dev) => Err(device_write(&cmd, &dev)),
             None => Ok(()),
         },
-        "cp" | "mv" | "install" => match operands.last().and_then(|v| block_device(v)) {
-            Some(dev) => Err(device_write(&cmd, &dev)),
-            None => Ok(()),
-        },
+        "cp" | "mv" | "install" => {
+            match operands.last().and_then(|v| block_device(&env.resolve(v))) {
+                Some(dev) => Err(device_write(&cmd, &dev)),
+                None => Ok(()),
+            }
+        }
         "shutdown" | "reboot" | "halt" | "poweroff" => Err(power(&cmd)),
         "init" | "telinit" if operands.iter().any(|v| matches!(*v, "0" | "6")) => Err(power(&cmd)),
         "systemctl" | "loginctl"
@@ -2615,8 +2815,52 @@ mod tests {
             ("$X -R 777 /", "unresolved-command"),
             ("$X if=/dev/zero of=/dev/sda", "unresolved-command"),
             ("X=$(get); $X -rf /", "unresolved-command"),
+            ("$SUDO rm -rf /", DELETE),
+            ("$SUDO sh -c 'rm -rf /'", DELETE),
+            ("\"$SHELL\" -c 'rm -rf /'", DELETE),
+            ("sh -c 'rm -rf \"$1\"' _ /", DELETE),
+            ("echo / | xargs sh -c 'rm -rf $0'", DELETE),
         ] {
             assert_refused(cmd, rule);
+        }
+    }
+
+    #[test]
+    fn working_directory_loops_and_defaults_are_followed() {
+        for (cmd, rule) in [
+            ("cd / && rm -rf *", DELETE),
+            ("cd /usr; rm -rf ./*", DELETE),
+            ("cd /usr/local && rm -rf ..", DELETE),
+            ("cd /tmp; cd ..; rm -rf etc", DELETE),
+            ("cd && rm -rf *", DELETE),
+            ("cd ~ && rm -rf .", DELETE),
+            ("for d in / /etc; do rm -rf \"$d\"; done", DELETE),
+            ("for d in /tmp/a /usr; do echo $d; rm -rf $d; done", DELETE),
+            (
+                "for a in x; do for b in /; do rm -rf $b; done; done",
+                DELETE,
+            ),
+            ("rm -rf ${HOME:-/tmp}", DELETE),
+            ("D=; rm -rf ${D:-/}", DELETE),
+            ("D=/; rm -rf ${D:-./build}", DELETE),
+            ("rm -rf ${UNSET_HERE:-/}", DELETE),
+            ("rm -rf \"${TARGET:-/usr}\"", DELETE),
+            ("cd /dev && cat x > sda", "device-write"),
+        ] {
+            assert_refused(cmd, rule);
+        }
+        for cmd in [
+            "cd /tmp && rm -rf *",
+            "cd ~/project && rm -rf target",
+            "cd $DIR && rm -rf *",
+            "cd /usr && ls && cd /tmp/x && rm -rf *",
+            "cd - && rm -rf *",
+            "for f in a b c; do rm -rf $f; done",
+            "for f in $(ls); do rm -rf $f; done",
+            "rm -rf ${BUILD_DIR:-./build}",
+            "rm -rf ${UNSET_HERE:-./build}",
+        ] {
+            assert_allowed(cmd);
         }
     }
 
@@ -2720,7 +2964,7 @@ mod tests {
         assert!(r.message.contains("everything under /usr"), "{}", r.message);
 
         let r = guard().check("echo x > /dev/sda").unwrap_err();
-        assert!(r.message.contains("/dev/sda"), "{}", r.message);
+        assert!(r.message.contains("`echo x > /dev/sda`"), "{}", r.message);
 
         let r = guard().check("$X -rf /").unwrap_err();
         assert!(r.message.contains("`${X}`"), "{}", r.message);
@@ -2785,6 +3029,19 @@ mod tests {
         let uses = " $a".repeat(40);
         assert_refused(&format!("a={big}; echo{uses}"), "too-complex");
 
+        // Nested loops multiply the work; the budget bounds it.
+        let values = (1..=16)
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut loops = String::new();
+        for v in ["a", "b", "c", "d", "e"] {
+            loops.push_str(&format!("for {v} in {values}; do "));
+        }
+        loops.push_str("echo $a$b$c$d$e");
+        loops.push_str(&"; done".repeat(5));
+        assert_refused(&loops, "too-complex");
+
         let braces = "echo {a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}";
         assert_refused(braces, "too-complex");
     }
@@ -2841,6 +3098,64 @@ mod tests {
         let missing = Guard::from_file(Some(&dir.path().join("nope"))).unwrap_err();
         assert!(matches!(missing, GuardError::Read { .. }));
         assert!(Guard::from_file(None).unwrap().check("ls").is_ok());
+    }
+
+    /// Arbitrary input never panics or hangs: every answer is a yes or a refusal.
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let alphabet: Vec<char> = "rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%"
+            .chars()
+            .collect();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let g = guard();
+        for _ in 0..20_000 {
+            let len = (next() % 48) as usize;
+            let s: String = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            let _ = g.check(&s);
+        }
+        // Structured fragments glued at random stress the nesting paths.
+        let pieces = [
+            "$(",
+            ")",
+            "`",
+            "'",
+            "\"",
+            "${",
+            "}",
+            "<<E\n",
+            "\nE\n",
+            "sh -c ",
+            "eval ",
+            "<(",
+            "for x in / a; do ",
+            "; done",
+            "f(){ ",
+            " f|f& }",
+            "cd / ; ",
+            "rm -rf ",
+            "X=rm; $X ",
+            "${Y:-/}",
+            "{a,b}",
+            "xargs -I{} ",
+            "env -S '",
+            "$'\\x72'",
+            " | sh",
+        ];
+        for _ in 0..5_000 {
+            let n = (next() % 12) as usize;
+            let s: String = (0..n)
+                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
+                .collect();
+            let _ = g.check(&s);
+        }
     }
 
     #[test]
