@@ -463,8 +463,9 @@ impl TargetPool {
                 .data_bytes(data.to_vec())
                 .await
                 .map_err(|e| self.lost(e))?;
-            channel.eof().await.map_err(|e| self.lost(e))?;
         }
+        // No more input: a command reading stdin sees end of file, as locally (/dev/null).
+        channel.eof().await.map_err(|e| self.lost(e))?;
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
         // The first stderr line carries the pid; bounded in case it never comes.
