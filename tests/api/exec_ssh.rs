@@ -685,3 +685,84 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
         );
     }
 }
+
+/// An env whose pool has a single channel and short idle and queue timeouts.
+async fn tight_env() -> Option<Env> {
+    if !sshd::available() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let app = TestApp::builder()
+        .var("SSHMODE_SSH_MAX_CONNECTIONS", "1")
+        .var("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1")
+        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1")
+        .var("SSHMODE_SSH_IDLE_SECS", "1")
+        .spawn()
+        .await;
+    Some(Env { app, sshd, dir })
+}
+
+#[tokio::test]
+async fn a_full_pool_queues_then_reports_busy_and_idle_connections_close() {
+    let Some(env) = tight_env().await else { return };
+    env.add_key_target("tight").await;
+    let exec = env.app.state.exec.clone();
+    let ops = exec
+        .ops_for("omt_tight", &Place::Target("tight".into()))
+        .await
+        .unwrap();
+    ops.cwd().await.unwrap();
+    // The only channel is taken by a long command; the next one waits its queue time, then
+    // gets a clear "busy" error instead of a second connection.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let long = tokio::spawn(async move {
+        let ops = exec
+            .ops_for("omt_tight_long", &Place::Target("tight".into()))
+            .await
+            .unwrap();
+        ops.cwd().await.unwrap();
+        let _ = started_tx.send(());
+        ops.terminal("sleep 4", RunOptions::default(), &CancellationToken::new())
+            .await
+    });
+    started_rx.await.unwrap();
+    // Give the long command's start a moment to take the channel: poll until it holds it.
+    let mut err = None;
+    for _ in 0..50 {
+        match env.run("tight", "true").await {
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let err = err.expect("a full pool must report busy");
+    assert!(matches!(err, ExecError::Busy { .. }), "{err}");
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(long.await.unwrap().unwrap().output.exit.success());
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert_eq!(counts["tight"], 1);
+    // Idle for longer than SSHMODE_SSH_IDLE_SECS: the reaper closes it (bounded poll).
+    let mut closed = false;
+    for _ in 0..100 {
+        if env.app.state.exec.ssh.connection_counts().await["tight"] == 0 {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(closed, "the idle connection was not closed");
+    // And the next command simply connects again.
+    assert!(
+        env.run("tight", "true")
+            .await
+            .unwrap()
+            .output
+            .exit
+            .success()
+    );
+}

@@ -604,11 +604,12 @@ impl TargetPool {
 /// Runs `script` once on a fresh connection (for `target test`) and reports how it ended.
 pub async fn run_once(
     handle: &Connection,
+    alias: &str,
     script: &str,
     timeout: Duration,
 ) -> Result<Exit, ExecError> {
     let lost = |e: String| ExecError::Connection {
-        alias: String::new(),
+        alias: alias.to_string(),
         reason: e,
     };
     let run = async {
