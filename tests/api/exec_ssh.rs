@@ -766,3 +766,96 @@ async fn a_full_pool_queues_then_reports_busy_and_idle_connections_close() {
             .success()
     );
 }
+
+/// Runs the real `sshmode` binary with `args` and `stdin`: (exit code, stdout, stderr).
+fn sshmode_bin(
+    db_url: &str,
+    data: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(args)
+        .current_dir(data)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db_url)
+        .env("SSHMODE_DATA_DIR", data)
+        .env("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_target_commands_of_the_binary() {
+    let db = crate::helpers::fresh_database().await;
+    let data = tempfile::tempdir().unwrap();
+    let closed = sshd::free_port().to_string();
+    let (code, out, err) = sshmode_bin(
+        &db,
+        data.path(),
+        &[
+            "target",
+            "add",
+            "box",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &closed,
+            "--user",
+            "u",
+            "--password-stdin",
+            "--approve",
+        ],
+        "hunter2-secret\n",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("target `box` added (approved)"), "{out}");
+    let key_file = data.path().join("master.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the vault key is created 0600"
+    );
+    let (code, list, _) = sshmode_bin(&db, data.path(), &["target", "list"], "");
+    assert_eq!(code, 0);
+    assert!(
+        list.contains("box") && list.contains("u@127.0.0.1"),
+        "{list}"
+    );
+    let (code, show, _) = sshmode_bin(&db, data.path(), &["target", "show", "box"], "");
+    assert_eq!(code, 0);
+    for o in [&list, &show] {
+        assert!(!o.contains("hunter2-secret"), "{o}");
+    }
+    // `test` fails with the reason and a non-zero status.
+    let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "test", "box"], "");
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("FAILED") && out.contains("cannot reach"),
+        "{out}"
+    );
+    // Unknown alias: a short error, non-zero.
+    let (code, _, err) = sshmode_bin(&db, data.path(), &["target", "show", "nope"], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("no target named `nope`"), "{err}");
+    let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "remove", "box"], "");
+    assert_eq!(code, 0, "{out}");
+}
