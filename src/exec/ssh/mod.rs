@@ -485,7 +485,13 @@ impl TargetPool {
                                 Some(i) => {
                                     buf.extend_from_slice(&rest[..i]);
                                     pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
-                                    rest = &rest[i + 1..];
+                                    if pid.is_some() {
+                                        rest = &rest[i + 1..];
+                                    } else {
+                                        // Not our line (a login script wrote first): keep it.
+                                        let (head, _) = buf.split_at(buf.len() - i);
+                                        err.push(head);
+                                    }
                                     pid_line = None;
                                 }
                                 None if buf.len() + rest.len() <= 32 => {
