@@ -104,6 +104,8 @@ impl Backend for LocalBackend {
             .spawn()
             .map_err(|e| ExecError::Local(format!("cannot start a shell: {e}")))?;
         let pgid = child.id().map(|p| p as i32);
+        // If the caller drops this future instead of cancelling, the group dies with it.
+        let mut group = GroupGuard(pgid);
 
         let stdin_task = match (cmd.stdin, child.stdin.take()) {
             (Some(data), Some(mut pipe)) => {
@@ -155,6 +157,9 @@ impl Backend for LocalBackend {
         if let Some(t) = stdin_task {
             t.abort();
         }
+        // The command finished: what it left running in the background on purpose (output
+        // redirected away) is its own business.
+        group.0 = None;
         let (stdout, stdout_omitted) = split(out, cmd.stdout_limit);
         let (stderr, stderr_omitted) = split(err, cmd.stderr_limit);
         Ok(Output {
@@ -264,6 +269,18 @@ fn split(acc: Option<HeadTail>, limit: usize) -> (Vec<u8>, u64) {
     let acc = acc.unwrap_or_else(|| HeadTail::new(limit));
     let omitted = acc.omitted();
     (acc.into_bytes(), omitted)
+}
+
+/// Kills a process group when dropped while still armed.
+struct GroupGuard(Option<i32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // SAFETY: signalling a process group id we created; no memory involved.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+    }
 }
 
 /// TERM to the group, KILL after a grace period, then reap the shell.

@@ -406,7 +406,9 @@ async fn test(
             t.alias
         )?;
     }
-    match crate::exec::ssh::run_once(&handle, "true", config.exec.ssh_connect_timeout).await {
+    match crate::exec::ssh::run_once(&handle, &t.alias, "true", config.exec.ssh_connect_timeout)
+        .await
+    {
         Ok(crate::exec::Exit::Code(0)) => {
             writeln!(
                 out,

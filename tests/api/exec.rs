@@ -44,6 +44,19 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert_eq!(r.output.exit, Exit::Code(3));
     assert_eq!(text(&r.output.stdout), "out\n");
     assert_eq!(text(&r.output.stderr), "err\n");
+    // Standard input is empty: a command reading it does not wait.
+    let r = ops
+        .terminal(
+            "cat; echo done",
+            RunOptions {
+                timeout: Some(Duration::from_secs(10)),
+                ..Default::default()
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&r.output.stdout), "done\n");
     let r = sh(&ops, "printf 'no newline'").await;
     assert_eq!(text(&r.output.stdout), "no newline");
     assert!(r.output.exit.success());

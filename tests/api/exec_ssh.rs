@@ -603,6 +603,24 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
+    // A key target too: no piece of the private key may surface either.
+    let key = env.key("secret_key", "ed25519", "");
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let body: String = key_text
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let key_piece = body[body.len() / 2..body.len() / 2 + 24].to_string();
+    let mut a = add_args("secret-key", env.sshd.port);
+    a.key = Some(key);
+    assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    let key_run = env.run("secret-key", "env").await.unwrap();
+    let stored_key: Vec<u8> =
+        sqlx::query_scalar("SELECT sealed_key FROM targets WHERE alias = 'secret-key'")
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+
     let mut a = add_args("secret", env.sshd.port);
     a.password_stdin = true;
     let (r, add_out) = cli(
@@ -654,4 +672,190 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
             "the password appears in {what}"
         );
     }
+    let kp = key_piece.as_bytes();
+    for (what, hay) in [
+        ("logs", logs.as_slice()),
+        ("stdout", &key_run.output.stdout[..]),
+        ("storage", &stored_key[..]),
+        ("list", list.as_bytes()),
+    ] {
+        assert!(
+            !hay.windows(kp.len()).any(|w| w == kp),
+            "the private key appears in {what}"
+        );
+    }
+}
+
+/// An env whose pool has a single channel and short idle and queue timeouts.
+async fn tight_env() -> Option<Env> {
+    if !sshd::available() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let app = TestApp::builder()
+        .var("SSHMODE_SSH_MAX_CONNECTIONS", "1")
+        .var("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1")
+        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1")
+        .var("SSHMODE_SSH_IDLE_SECS", "1")
+        .spawn()
+        .await;
+    Some(Env { app, sshd, dir })
+}
+
+#[tokio::test]
+async fn a_full_pool_queues_then_reports_busy_and_idle_connections_close() {
+    let Some(env) = tight_env().await else { return };
+    env.add_key_target("tight").await;
+    let exec = env.app.state.exec.clone();
+    let ops = exec
+        .ops_for("omt_tight", &Place::Target("tight".into()))
+        .await
+        .unwrap();
+    ops.cwd().await.unwrap();
+    // The only channel is taken by a long command; the next one waits its queue time, then
+    // gets a clear "busy" error instead of a second connection.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let long = tokio::spawn(async move {
+        let ops = exec
+            .ops_for("omt_tight_long", &Place::Target("tight".into()))
+            .await
+            .unwrap();
+        ops.cwd().await.unwrap();
+        let _ = started_tx.send(());
+        ops.terminal("sleep 4", RunOptions::default(), &CancellationToken::new())
+            .await
+    });
+    started_rx.await.unwrap();
+    // Give the long command's start a moment to take the channel: poll until it holds it.
+    let mut err = None;
+    for _ in 0..50 {
+        match env.run("tight", "true").await {
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let err = err.expect("a full pool must report busy");
+    assert!(matches!(err, ExecError::Busy { .. }), "{err}");
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(long.await.unwrap().unwrap().output.exit.success());
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert_eq!(counts["tight"], 1);
+    // Idle for longer than SSHMODE_SSH_IDLE_SECS: the reaper closes it (bounded poll).
+    let mut closed = false;
+    for _ in 0..100 {
+        if env.app.state.exec.ssh.connection_counts().await["tight"] == 0 {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(closed, "the idle connection was not closed");
+    // And the next command simply connects again.
+    assert!(
+        env.run("tight", "true")
+            .await
+            .unwrap()
+            .output
+            .exit
+            .success()
+    );
+}
+
+/// Runs the real `sshmode` binary with `args` and `stdin`: (exit code, stdout, stderr).
+fn sshmode_bin(
+    db_url: &str,
+    data: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(args)
+        .current_dir(data)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db_url)
+        .env("SSHMODE_DATA_DIR", data)
+        .env("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_target_commands_of_the_binary() {
+    let db = crate::helpers::fresh_database().await;
+    let data = tempfile::tempdir().unwrap();
+    let closed = sshd::free_port().to_string();
+    let (code, out, err) = sshmode_bin(
+        &db,
+        data.path(),
+        &[
+            "target",
+            "add",
+            "box",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &closed,
+            "--user",
+            "u",
+            "--password-stdin",
+            "--approve",
+        ],
+        "hunter2-secret\n",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("target `box` added (approved)"), "{out}");
+    let key_file = data.path().join("master.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the vault key is created 0600"
+    );
+    let (code, list, _) = sshmode_bin(&db, data.path(), &["target", "list"], "");
+    assert_eq!(code, 0);
+    assert!(
+        list.contains("box") && list.contains("u@127.0.0.1"),
+        "{list}"
+    );
+    let (code, show, _) = sshmode_bin(&db, data.path(), &["target", "show", "box"], "");
+    assert_eq!(code, 0);
+    for o in [&list, &show] {
+        assert!(!o.contains("hunter2-secret"), "{o}");
+    }
+    // `test` fails with the reason and a non-zero status.
+    let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "test", "box"], "");
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("FAILED") && out.contains("cannot reach"),
+        "{out}"
+    );
+    // Unknown alias: a short error, non-zero.
+    let (code, _, err) = sshmode_bin(&db, data.path(), &["target", "show", "nope"], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("no target named `nope`"), "{err}");
+    let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "remove", "box"], "");
+    assert_eq!(code, 0, "{out}");
 }

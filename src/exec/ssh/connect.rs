@@ -7,7 +7,6 @@
 //! never logged. Never: accepts a host key the registry does not bind to the target.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use russh::client;
 use russh::keys::{Certificate, HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
@@ -331,9 +330,4 @@ async fn authenticate(
             Err(auth_failed("the ssh-agent's keys"))
         }
     }
-}
-
-/// How long a fresh connection may take at most, for messages.
-pub fn connect_timeout(cfg: &ExecConfig) -> Duration {
-    cfg.ssh_connect_timeout
 }

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use russh::ChannelMsg;
 use russh::client::Msg;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::truncate::HeadTail;
@@ -41,6 +41,9 @@ const MAX_QUEUED: usize = 1024;
 /// First and longest wait before reconnecting after a failed connect.
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Tries to open a channel before giving up, and the longest wait between tries.
+const OPEN_ATTEMPTS: usize = 5;
+const OPEN_RETRY_WAIT: Duration = Duration::from_millis(200);
 /// How long the remote kill of a timed-out command may take.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -180,18 +183,24 @@ pub struct TargetPool {
     failure: StdMutex<Option<(Instant, u32, String)>>,
     /// The remote user's home, learned once.
     home: tokio::sync::OnceCell<String>,
+    /// Signalled whenever a channel is given back: wakes commands waiting for a connection
+    /// slot or for sshd to accept a session again.
+    freed: Arc<Notify>,
 }
 
 /// A channel slot on a connection; returns itself on drop.
 struct Lease {
     conn: Arc<Conn>,
     _permit: OwnedSemaphorePermit,
+    /// The pool's "a channel was freed" signal.
+    freed: Arc<Notify>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         self.conn.busy.fetch_sub(1, Ordering::AcqRel);
         *self.conn.last_used.lock().expect("conn lock") = Instant::now();
+        self.freed.notify_waiters();
     }
 }
 
@@ -208,6 +217,7 @@ impl TargetPool {
             conns: tokio::sync::Mutex::new(Vec::new()),
             failure: StdMutex::new(None),
             home: tokio::sync::OnceCell::new(),
+            freed: Arc::new(Notify::new()),
         }
     }
 
@@ -216,8 +226,8 @@ impl TargetPool {
     }
 
     async fn live_connections(&self) -> usize {
-        let conns = self.conns.lock().await;
-        conns.iter().filter(|c| !c.handle.is_closed()).count()
+        // Every connection held, retiring ones included: this is what the limit bounds.
+        self.conns.lock().await.len()
     }
 
     async fn close_idle(&self, idle: Duration) {
@@ -250,17 +260,40 @@ impl TargetPool {
             });
         }
         let waited = self.config.ssh_queue_timeout;
-        let permit = tokio::time::timeout(waited, self.slots.clone().acquire_owned()).await;
+        let deadline = tokio::time::Instant::now() + waited;
+        let permit = tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await;
         self.queued.fetch_sub(1, Ordering::AcqRel);
-        let permit = match permit {
-            Ok(Ok(p)) => p,
-            _ => {
-                return Err(ExecError::Busy {
-                    alias: self.alias().to_string(),
-                    waited,
-                });
-            }
+        let busy = || ExecError::Busy {
+            alias: self.alias().to_string(),
+            waited,
         };
+        let mut permit = match permit {
+            Ok(Ok(p)) => p,
+            _ => return Err(busy()),
+        };
+        loop {
+            // Registered before looking, so a channel freed meanwhile is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            permit = match self.try_lease(permit).await? {
+                Ok(lease) => return Ok(lease),
+                Err(p) => p,
+            };
+            // Every connection is full and the connection limit is reached (a retiring
+            // connection still finishing its commands counts): wait for a channel back.
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(busy());
+            }
+        }
+    }
+
+    /// A free channel on an open connection, or a new connection if fewer than the maximum
+    /// exist; gives the permit back when neither is possible now.
+    async fn try_lease(
+        &self,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Result<Lease, OwnedSemaphorePermit>, ExecError> {
         let per_conn = self.config.ssh_channels_per_connection;
         let mut conns = self.conns.lock().await;
         conns.retain(|c| {
@@ -278,11 +311,15 @@ impl TargetPool {
                 })
                 .is_ok();
             if took {
-                return Ok(Lease {
+                return Ok(Ok(Lease {
                     conn: c.clone(),
                     _permit: permit,
-                });
+                    freed: self.freed.clone(),
+                }));
             }
+        }
+        if conns.len() >= self.config.ssh_max_connections {
+            return Ok(Err(permit));
         }
         // Every channel of every connection is busy (or there is none): connect.
         if let Some((at, n, reason)) = &*self.failure.lock().expect("failure lock") {
@@ -320,10 +357,11 @@ impl TargetPool {
                     last_used: StdMutex::new(Instant::now()),
                 });
                 conns.push(conn.clone());
-                Ok(Lease {
+                Ok(Ok(Lease {
                     conn,
                     _permit: permit,
-                })
+                    freed: self.freed.clone(),
+                }))
             }
             Err(e) if seen.verdict == Some(target::HostKeyVerdict::Unpinned) => {
                 // Waiting for an operator to pin the key: the next attempt re-reads the pin.
@@ -343,14 +381,24 @@ impl TargetPool {
         }
     }
 
-    /// Opens a session channel; a connection that fails to open one is retired and the open
-    /// retried once (a dead connection is replaced by a fresh one).
+    /// Opens a session channel. sshd may refuse a session for a moment while earlier ones on
+    /// the connection are still being torn down (its `MaxSessions`): then we wait for a
+    /// channel to come back and try again, a bounded number of times. A connection that fails
+    /// otherwise is retired and the open retried on a fresh one.
     async fn channel(&self) -> Result<(Lease, russh::Channel<Msg>), ExecError> {
         let mut last = None;
-        for _ in 0..2 {
+        for _ in 0..OPEN_ATTEMPTS {
             let lease = self.lease().await?;
             match lease.conn.handle.channel_open_session().await {
                 Ok(ch) => return Ok((lease, ch)),
+                Err(e @ russh::Error::ChannelOpenFailure(_)) if !lease.conn.handle.is_closed() => {
+                    let freed = self.freed.notified();
+                    tokio::pin!(freed);
+                    freed.as_mut().enable();
+                    drop(lease);
+                    let _ = tokio::time::timeout(OPEN_RETRY_WAIT, freed).await;
+                    last = Some(e);
+                }
                 Err(e) => {
                     lease.conn.broken.store(true, Ordering::Release);
                     tracing::debug!(ssh.target = %self.target.alias, error = %e, "channel open failed; retiring the connection");
@@ -415,8 +463,9 @@ impl TargetPool {
                 .data_bytes(data.to_vec())
                 .await
                 .map_err(|e| self.lost(e))?;
-            channel.eof().await.map_err(|e| self.lost(e))?;
         }
+        // No more input: a command reading stdin sees end of file, as locally (/dev/null).
+        channel.eof().await.map_err(|e| self.lost(e))?;
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
         // The first stderr line carries the pid; bounded in case it never comes.
@@ -436,7 +485,13 @@ impl TargetPool {
                                 Some(i) => {
                                     buf.extend_from_slice(&rest[..i]);
                                     pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
-                                    rest = &rest[i + 1..];
+                                    if pid.is_some() {
+                                        rest = &rest[i + 1..];
+                                    } else {
+                                        // Not our line (a login script wrote first): keep it.
+                                        let (head, _) = buf.split_at(buf.len() - i);
+                                        err.push(head);
+                                    }
                                     pid_line = None;
                                 }
                                 None if buf.len() + rest.len() <= 32 => {
@@ -496,7 +551,22 @@ impl TargetPool {
             "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
         );
         let killed = async {
-            let mut ch = lease.conn.handle.channel_open_session().await.ok()?;
+            // On the same connection, outside the channel count (it is short-lived); sshd may
+            // refuse it for a moment at its session limit, so retry a few times.
+            let mut ch = None;
+            for _ in 0..OPEN_ATTEMPTS {
+                match lease.conn.handle.channel_open_session().await {
+                    Ok(c) => {
+                        ch = Some(c);
+                        break;
+                    }
+                    Err(russh::Error::ChannelOpenFailure(_)) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(_) => return None,
+                }
+            }
+            let mut ch = ch?;
             ch.exec(true, script.into_bytes()).await.ok()?;
             while let Some(msg) = ch.wait().await {
                 if matches!(msg, ChannelMsg::Close) {
@@ -540,11 +610,12 @@ impl TargetPool {
 /// Runs `script` once on a fresh connection (for `target test`) and reports how it ended.
 pub async fn run_once(
     handle: &Connection,
+    alias: &str,
     script: &str,
     timeout: Duration,
 ) -> Result<Exit, ExecError> {
     let lost = |e: String| ExecError::Connection {
-        alias: String::new(),
+        alias: alias.to_string(),
         reason: e,
     };
     let run = async {
