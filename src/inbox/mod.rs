@@ -46,6 +46,8 @@ pub struct InboxEvent {
 
 /// Most events written by one INSERT.
 const MAX_BATCH: usize = 256;
+/// INSERTs in flight at once.
+const FLUSHERS: usize = 4;
 
 /// The inbox's in-process side: wakes workers, and coalesces concurrent [`record`] calls into
 /// one multi-row INSERT (one transaction, one WAL flush), so an acknowledgement costs a
@@ -60,8 +62,8 @@ pub struct Inbox {
     /// Events waiting for the next INSERT; bounded by the HTTP server's concurrency (one entry
     /// per in-flight request).
     queue: std::sync::Mutex<Vec<Pending>>,
-    /// Held by the one request currently flushing.
-    flush: tokio::sync::Mutex<()>,
+    /// Permits to flush: a second batch may be written while the first waits for its commit.
+    flush: tokio::sync::Semaphore,
 }
 
 struct Pending {
@@ -75,7 +77,7 @@ impl Default for Inbox {
         Inbox {
             wake: Notify::new(),
             queue: std::sync::Mutex::new(Vec::new()),
-            flush: tokio::sync::Mutex::new(()),
+            flush: tokio::sync::Semaphore::new(FLUSHERS),
         }
     }
 }
@@ -98,7 +100,7 @@ pub async fn record(state: &AppState, env: &Envelope) -> anyhow::Result<bool> {
         tokio::select! {
             biased;
             r = &mut rx => return settle(inbox, r),
-            guard = inbox.flush.lock() => {
+            guard = inbox.flush.acquire() => {
                 let batch: Vec<Pending> = {
                     let mut q = inbox.queue.lock().unwrap_or_else(|p| p.into_inner());
                     let n = q.len().min(MAX_BATCH);
@@ -110,7 +112,7 @@ pub async fn record(state: &AppState, env: &Envelope) -> anyhow::Result<bool> {
                     return settle(inbox, (&mut rx).await);
                 }
                 // A task of its own, so that a caller that goes away mid-write cannot abandon
-                // the others' events; results are delivered before the lock is released.
+                // the others' events; results are delivered before the permit is returned.
                 let db = state.db.clone();
                 let _ = tokio::spawn(write_batch(db, batch)).await;
                 drop(guard);
