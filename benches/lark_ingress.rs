@@ -74,6 +74,11 @@ async fn send(http: &reqwest::Client, url: &str, r: &Req) -> bool {
     matches!(resp, Ok(r) if r.status() == 200)
 }
 
+async fn checkpoint(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    sqlx::query("CHECKPOINT").execute(pool).await?;
+    Ok(())
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -138,7 +143,7 @@ async fn main() -> anyhow::Result<()> {
     let server_task = tokio::spawn(app.run());
 
     let now = chrono::Utc::now().timestamp();
-    let total = 120_000usize.min(clients * seconds as usize * 2000);
+    let total = 150_000usize.min(clients * seconds as usize * 2000);
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
     let http = reqwest::Client::builder()
@@ -149,7 +154,9 @@ async fn main() -> anyhow::Result<()> {
         assert!(send(&http, &url, r).await, "warm-up request refused");
     }
 
-    // Phase 1: closed loop.
+    // Phase 1: closed loop. Each phase starts from a checkpoint, so that none pays for
+    // another's dirty pages.
+    checkpoint(&pool).await?;
     let next = Arc::new(AtomicUsize::new(200));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
@@ -206,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
             payload_sample.replace('\'', "''")
         ),
     )?;
+    checkpoint(&pool).await?;
     let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
         .args([
             "-n",
@@ -236,13 +244,16 @@ async fn main() -> anyhow::Result<()> {
             )
         });
 
-    // Phase 3: open loop at half the raw rate.
+    // Phase 3: open loop at half the raw rate, on events of its own.
     let target = raw_rate / 2.0;
     let interval = Duration::from_secs_f64(1.0 / target);
+    let n = (target * seconds as f64) as usize;
+    let now = chrono::Utc::now().timestamp();
+    let base = total;
+    let reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
+    checkpoint(&pool).await?;
     let limit = Arc::new(tokio::sync::Semaphore::new(512));
     let start = tokio::time::Instant::now();
-    let n = ((target * seconds as f64) as usize).min(reqs.len() - next.load(Ordering::Relaxed));
-    let base = next.load(Ordering::Relaxed);
     let mut handles = Vec::with_capacity(n);
     for k in 0..n {
         let due = start + interval.mul_f64(k as f64);
@@ -250,7 +261,7 @@ async fn main() -> anyhow::Result<()> {
         let permit = limit.clone().acquire_owned().await?;
         let (http, url, reqs) = (http.clone(), url.clone(), reqs.clone());
         handles.push(tokio::spawn(async move {
-            let ok = send(&http, &url, &reqs[base + k]).await;
+            let ok = send(&http, &url, &reqs[k]).await;
             drop(permit);
             (ok, due.elapsed())
         }));
@@ -267,6 +278,29 @@ async fn main() -> anyhow::Result<()> {
     }
     let paced_elapsed = start.elapsed();
     paced.sort();
+
+    // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
+    checkpoint(&pool).await?;
+    let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
+        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2", "-T"])
+        .arg(seconds.to_string())
+        .args(["-R", &format!("{target:.0}"), "-L", "50", "-f"])
+        .arg(&script)
+        .arg(&db)
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let raw_late = text
+        .lines()
+        .find(|l| l.contains("above the 50.0 ms latency limit"))
+        .map(|l| l.rsplit(':').next().unwrap_or("").trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    let raw_avg = text
+        .lines()
+        .find(|l| l.starts_with("latency average"))
+        .map(|l| l.trim_start_matches("latency average = ").to_string())
+        .unwrap_or_else(|| "?".into());
+    let ours_late = paced.iter().filter(|d| **d > Duration::from_millis(50)).count();
 
     println!("## lark_ingress ({clients} clients, {seconds} s per phase)");
     println!("| measure | value |");
@@ -291,6 +325,13 @@ async fn main() -> anyhow::Result<()> {
         ms(percentile(&paced, 0.99))
     );
     println!("| open loop refused or failed | {paced_failed} |");
+    println!(
+        "| open loop acks over 50 ms | {ours_late}/{} ({:.2} %) |",
+        paced.len(),
+        100.0 * ours_late as f64 / paced.len().max(1) as f64
+    );
+    println!("| pgbench at the same rate: latency average | {raw_avg} |");
+    println!("| pgbench at the same rate: over 50 ms | {raw_late} |");
 
     shutdown.cancel();
     server_task.await??;
