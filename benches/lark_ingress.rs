@@ -11,12 +11,15 @@
 //! Inbox workers are off: this measures the acknowledgement path (verify, decrypt, record).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqlx::Connection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use sshmode::app::App;
 use sshmode::config::Config;
 use sshmode::lark::webhook;
@@ -25,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 const KEY: &str = "bench-encrypt-key";
 const TOKEN: &str = "bench-verification-token";
 
+/// A whole HTTP/1.1 request, serialised in advance so the load generator does as little work
+/// per request as pgbench's client does.
 struct Req {
-    body: Vec<u8>,
-    ts: String,
-    sig: String,
+    wire: Vec<u8>,
 }
 
 fn event(i: usize, now: i64) -> Req {
@@ -58,20 +61,70 @@ fn event(i: usize, now: i64) -> Req {
         .into_bytes();
     let ts = now.to_string();
     let sig = webhook::signature(&ts, "bench-nonce", KEY, &body);
-    Req { body, ts, sig }
+    let mut wire = format!(
+        "POST /lark/events HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n\
+         X-Lark-Request-Timestamp: {ts}\r\nX-Lark-Request-Nonce: bench-nonce\r\n\
+         X-Lark-Signature: {sig}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    wire.extend_from_slice(&body);
+    Req { wire }
 }
 
-async fn send(http: &reqwest::Client, url: &str, r: &Req) -> bool {
-    let resp = http
-        .post(url)
-        .header("content-type", "application/json")
-        .header("X-Lark-Request-Timestamp", &r.ts)
-        .header("X-Lark-Request-Nonce", "bench-nonce")
-        .header("X-Lark-Signature", &r.sig)
-        .body(r.body.clone())
-        .send()
-        .await;
-    matches!(resp, Ok(r) if r.status() == 200)
+/// A keep-alive HTTP/1.1 connection that sends prepared requests and reads status + body.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Sends one request; returns the response status.
+    async fn roundtrip(&mut self, wire: &[u8]) -> std::io::Result<u16> {
+        self.stream.write_all(wire).await?;
+        self.buf.clear();
+        loop {
+            let mut chunk = [0u8; 2048];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = std::str::from_utf8(&self.buf[..end]).map_err(std::io::Error::other)?;
+            let status: u16 = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| std::io::Error::other("bad status line"))?;
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if self.buf.len() >= end + 4 + len {
+                return Ok(status);
+            }
+        }
+    }
+}
+
+async fn send(conn: &mut Conn, r: &Req) -> bool {
+    matches!(conn.roundtrip(&r.wire).await, Ok(200))
 }
 
 async fn checkpoint(pool: &sqlx::PgPool) -> anyhow::Result<()> {
@@ -138,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let shutdown = CancellationToken::new();
     let app = App::build(config, listener, shutdown.clone()).await?;
-    let url = format!("http://{}/lark/events", app.local_addr());
+    let addr = app.local_addr();
     let pool = app.state().db.clone();
     let server_task = tokio::spawn(app.run());
 
@@ -146,12 +199,10 @@ async fn main() -> anyhow::Result<()> {
     let total = 150_000usize.min(clients * seconds as usize * 2000);
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients * 2)
-        .build()?;
     // Warm-up: connections, prepared statements.
+    let mut warm = Conn::open(addr).await?;
     for r in reqs.iter().take(200) {
-        assert!(send(&http, &url, r).await, "warm-up request refused");
+        assert!(send(&mut warm, r).await, "warm-up request refused");
     }
 
     // Phase 1: closed loop. Each phase starts from a checkpoint, so that none pays for
@@ -162,15 +213,16 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (http, url, reqs, next) = (http.clone(), url.clone(), reqs.clone(), next.clone());
+        let (reqs, next) = (reqs.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await.expect("connect");
             let mut lat = Vec::new();
             let mut failed = 0usize;
             while Instant::now() < deadline {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(r) = reqs.get(i) else { break };
                 let t = Instant::now();
-                if send(&http, &url, r).await {
+                if send(&mut conn, r).await {
                     lat.push(t.elapsed());
                 } else {
                     failed += 1;
@@ -253,15 +305,25 @@ async fn main() -> anyhow::Result<()> {
     let reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
     checkpoint(&pool).await?;
     let limit = Arc::new(tokio::sync::Semaphore::new(512));
+    // Idle keep-alive connections (at most one per permit).
+    let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
     let start = tokio::time::Instant::now();
     let mut handles = Vec::with_capacity(n);
     for k in 0..n {
         let due = start + interval.mul_f64(k as f64);
         tokio::time::sleep_until(due).await;
         let permit = limit.clone().acquire_owned().await?;
-        let (http, url, reqs) = (http.clone(), url.clone(), reqs.clone());
+        let (reqs, idle) = (reqs.clone(), idle.clone());
         handles.push(tokio::spawn(async move {
-            let ok = send(&http, &url, &reqs[k]).await;
+            let reused = idle.lock().unwrap().pop();
+            let mut conn = match reused {
+                Some(c) => c,
+                None => Conn::open(addr).await.expect("connect"),
+            };
+            let ok = send(&mut conn, &reqs[k]).await;
+            if ok {
+                idle.lock().unwrap().push(conn);
+            }
             drop(permit);
             (ok, due.elapsed())
         }));
