@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqlx::Connection;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use sshmode::app::App;
 use sshmode::config::Config;
 use sshmode::lark::webhook;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 const KEY: &str = "bench-encrypt-key";
@@ -344,7 +344,16 @@ async fn main() -> anyhow::Result<()> {
     // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
     checkpoint(&pool).await?;
     let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2", "-T"])
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+        ])
         .arg(seconds.to_string())
         .args(["-R", &format!("{target:.0}"), "-L", "50", "-f"])
         .arg(&script)
@@ -362,7 +371,10 @@ async fn main() -> anyhow::Result<()> {
         .find(|l| l.starts_with("latency average"))
         .map(|l| l.trim_start_matches("latency average = ").to_string())
         .unwrap_or_else(|| "?".into());
-    let ours_late = paced.iter().filter(|d| **d > Duration::from_millis(50)).count();
+    let ours_late = paced
+        .iter()
+        .filter(|d| **d > Duration::from_millis(50))
+        .count();
 
     println!("## lark_ingress ({clients} clients, {seconds} s per phase)");
     println!("| measure | value |");

@@ -349,5 +349,13 @@ async fn a_failed_event_is_retried_with_backoff() {
     wait_state(&app, "ev_retry", "done").await;
     assert_eq!(fake.requests_to("/reply").len(), 2);
     assert_eq!(fake.posted().len(), 1);
+    // The retry did not log the received message a second time.
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM session_events WHERE section_id = 'oc_chat' ORDER BY seq",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["message.received", "bot.reply"]);
     app.stop().await;
 }
