@@ -32,6 +32,11 @@ const CLEANUP_BATCH: i64 = 1000;
 const CLEANUP_MAX_BATCHES: usize = 50;
 /// Longest `last_error` kept.
 const ERROR_TEXT_MAX: usize = 500;
+/// Most events written by one INSERT.
+const MAX_BATCH: usize = 256;
+/// Batched INSERTs in flight at once: while some wait for their commit, the next batch forms
+/// and is written without waiting for them (BENCHMARKS.md).
+const FLUSHERS: usize = 4;
 
 /// A claimed event.
 #[derive(Debug, Clone)]
@@ -43,11 +48,6 @@ pub struct InboxEvent {
     /// Attempts including this one.
     pub attempts: i32,
 }
-
-/// Most events written by one INSERT.
-const MAX_BATCH: usize = 256;
-/// INSERTs in flight at once.
-const FLUSHERS: usize = 4;
 
 /// The inbox's in-process side: wakes workers, and coalesces concurrent [`record`] calls into
 /// one multi-row INSERT (one transaction, one WAL flush), so an acknowledgement costs a
@@ -62,7 +62,7 @@ pub struct Inbox {
     /// Events waiting for the next INSERT; bounded by the HTTP server's concurrency (one entry
     /// per in-flight request).
     queue: std::sync::Mutex<Vec<Pending>>,
-    /// Permits to flush: a second batch may be written while the first waits for its commit.
+    /// Permits to flush ([`FLUSHERS`]).
     flush: tokio::sync::Semaphore,
 }
 
