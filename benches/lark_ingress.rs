@@ -11,6 +11,7 @@
 //! Inbox workers are off: this measures the acknowledgement path (verify, decrypt, record).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,15 +21,17 @@ use sqlx::Connection;
 use sshmode::app::App;
 use sshmode::config::Config;
 use sshmode::lark::webhook;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 const KEY: &str = "bench-encrypt-key";
 const TOKEN: &str = "bench-verification-token";
 
+/// A whole HTTP/1.1 request, serialised in advance so the load generator does as little work
+/// per request as pgbench's client does.
 struct Req {
-    body: Vec<u8>,
-    ts: String,
-    sig: String,
+    wire: Vec<u8>,
 }
 
 fn event(i: usize, now: i64) -> Req {
@@ -58,20 +61,75 @@ fn event(i: usize, now: i64) -> Req {
         .into_bytes();
     let ts = now.to_string();
     let sig = webhook::signature(&ts, "bench-nonce", KEY, &body);
-    Req { body, ts, sig }
+    let mut wire = format!(
+        "POST /lark/events HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n\
+         X-Lark-Request-Timestamp: {ts}\r\nX-Lark-Request-Nonce: bench-nonce\r\n\
+         X-Lark-Signature: {sig}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    wire.extend_from_slice(&body);
+    Req { wire }
 }
 
-async fn send(http: &reqwest::Client, url: &str, r: &Req) -> bool {
-    let resp = http
-        .post(url)
-        .header("content-type", "application/json")
-        .header("X-Lark-Request-Timestamp", &r.ts)
-        .header("X-Lark-Request-Nonce", "bench-nonce")
-        .header("X-Lark-Signature", &r.sig)
-        .body(r.body.clone())
-        .send()
-        .await;
-    matches!(resp, Ok(r) if r.status() == 200)
+/// A keep-alive HTTP/1.1 connection that sends prepared requests and reads status + body.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Sends one request; returns the response status.
+    async fn roundtrip(&mut self, wire: &[u8]) -> std::io::Result<u16> {
+        self.stream.write_all(wire).await?;
+        self.buf.clear();
+        loop {
+            let mut chunk = [0u8; 2048];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let head = std::str::from_utf8(&self.buf[..end]).map_err(std::io::Error::other)?;
+            let status: u16 = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| std::io::Error::other("bad status line"))?;
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if self.buf.len() >= end + 4 + len {
+                return Ok(status);
+            }
+        }
+    }
+}
+
+async fn send(conn: &mut Conn, r: &Req) -> bool {
+    matches!(conn.roundtrip(&r.wire).await, Ok(200))
+}
+
+async fn checkpoint(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    sqlx::query("CHECKPOINT").execute(pool).await?;
+    Ok(())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -133,37 +191,38 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let shutdown = CancellationToken::new();
     let app = App::build(config, listener, shutdown.clone()).await?;
-    let url = format!("http://{}/lark/events", app.local_addr());
+    let addr = app.local_addr();
     let pool = app.state().db.clone();
     let server_task = tokio::spawn(app.run());
 
     let now = chrono::Utc::now().timestamp();
-    let total = 120_000usize.min(clients * seconds as usize * 2000);
+    let total = 150_000usize.min(clients * seconds as usize * 2000);
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients * 2)
-        .build()?;
     // Warm-up: connections, prepared statements.
+    let mut warm = Conn::open(addr).await?;
     for r in reqs.iter().take(200) {
-        assert!(send(&http, &url, r).await, "warm-up request refused");
+        assert!(send(&mut warm, r).await, "warm-up request refused");
     }
 
-    // Phase 1: closed loop.
+    // Phase 1: closed loop. Each phase starts from a checkpoint, so that none pays for
+    // another's dirty pages.
+    checkpoint(&pool).await?;
     let next = Arc::new(AtomicUsize::new(200));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (http, url, reqs, next) = (http.clone(), url.clone(), reqs.clone(), next.clone());
+        let (reqs, next) = (reqs.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await.expect("connect");
             let mut lat = Vec::new();
             let mut failed = 0usize;
             while Instant::now() < deadline {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(r) = reqs.get(i) else { break };
                 let t = Instant::now();
-                if send(&http, &url, r).await {
+                if send(&mut conn, r).await {
                     lat.push(t.elapsed());
                 } else {
                     failed += 1;
@@ -206,6 +265,7 @@ async fn main() -> anyhow::Result<()> {
             payload_sample.replace('\'', "''")
         ),
     )?;
+    checkpoint(&pool).await?;
     let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
         .args([
             "-n",
@@ -236,21 +296,34 @@ async fn main() -> anyhow::Result<()> {
             )
         });
 
-    // Phase 3: open loop at half the raw rate.
+    // Phase 3: open loop at half the raw rate, on events of its own.
     let target = raw_rate / 2.0;
     let interval = Duration::from_secs_f64(1.0 / target);
+    let n = (target * seconds as f64) as usize;
+    let now = chrono::Utc::now().timestamp();
+    let base = total;
+    let reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
+    checkpoint(&pool).await?;
     let limit = Arc::new(tokio::sync::Semaphore::new(512));
+    // Idle keep-alive connections (at most one per permit).
+    let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
     let start = tokio::time::Instant::now();
-    let n = ((target * seconds as f64) as usize).min(reqs.len() - next.load(Ordering::Relaxed));
-    let base = next.load(Ordering::Relaxed);
     let mut handles = Vec::with_capacity(n);
     for k in 0..n {
         let due = start + interval.mul_f64(k as f64);
         tokio::time::sleep_until(due).await;
         let permit = limit.clone().acquire_owned().await?;
-        let (http, url, reqs) = (http.clone(), url.clone(), reqs.clone());
+        let (reqs, idle) = (reqs.clone(), idle.clone());
         handles.push(tokio::spawn(async move {
-            let ok = send(&http, &url, &reqs[base + k]).await;
+            let reused = idle.lock().unwrap().pop();
+            let mut conn = match reused {
+                Some(c) => c,
+                None => Conn::open(addr).await.expect("connect"),
+            };
+            let ok = send(&mut conn, &reqs[k]).await;
+            if ok {
+                idle.lock().unwrap().push(conn);
+            }
             drop(permit);
             (ok, due.elapsed())
         }));
@@ -267,6 +340,41 @@ async fn main() -> anyhow::Result<()> {
     }
     let paced_elapsed = start.elapsed();
     paced.sort();
+
+    // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
+    checkpoint(&pool).await?;
+    let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+        ])
+        .arg(seconds.to_string())
+        .args(["-R", &format!("{target:.0}"), "-L", "50", "-f"])
+        .arg(&script)
+        .arg(&db)
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let raw_late = text
+        .lines()
+        .find(|l| l.contains("above the 50.0 ms latency limit"))
+        .map(|l| l.rsplit(':').next().unwrap_or("").trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    let raw_avg = text
+        .lines()
+        .find(|l| l.starts_with("latency average"))
+        .map(|l| l.trim_start_matches("latency average = ").to_string())
+        .unwrap_or_else(|| "?".into());
+    let ours_late = paced
+        .iter()
+        .filter(|d| **d > Duration::from_millis(50))
+        .count();
 
     println!("## lark_ingress ({clients} clients, {seconds} s per phase)");
     println!("| measure | value |");
@@ -291,6 +399,13 @@ async fn main() -> anyhow::Result<()> {
         ms(percentile(&paced, 0.99))
     );
     println!("| open loop refused or failed | {paced_failed} |");
+    println!(
+        "| open loop acks over 50 ms | {ours_late}/{} ({:.2} %) |",
+        paced.len(),
+        100.0 * ours_late as f64 / paced.len().max(1) as f64
+    );
+    println!("| pgbench at the same rate: latency average | {raw_avg} |");
+    println!("| pgbench at the same rate: over 50 ms | {raw_late} |");
 
     shutdown.cancel();
     server_task.await??;

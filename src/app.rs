@@ -7,7 +7,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,9 +29,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The Lark Open API client (one connection pool, token cache and rate limits per app).
     pub lark: Arc<LarkClient>,
-    /// Wakes an idle inbox worker when the webhook records a new event (the poll interval
-    /// covers retries and expired leases).
-    pub inbox_wake: Arc<Notify>,
+    /// The inbox's in-process side: batched recording and worker wake-ups.
+    pub inbox: Arc<crate::inbox::Inbox>,
     /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
     pub exec: Arc<crate::exec::Executors>,
 }
@@ -118,7 +116,7 @@ impl App {
             llm,
             shutdown: shutdown.clone(),
             lark: Arc::new(lark),
-            inbox_wake: Arc::new(Notify::new()),
+            inbox: Arc::new(crate::inbox::Inbox::default()),
             exec: exec.clone(),
         };
         let tasks = TaskTracker::new();

@@ -46,14 +46,16 @@ pub async fn handle_event(state: &AppState, ev: &InboxEvent) -> anyhow::Result<(
         .await
         .context("looking up the bot's open_id")?;
     let msg = received.into_message(&ev.event_id, &bot);
-    handle_message(state, &msg).await
+    handle_message(state, &msg, ev.attempts > 1).await
 }
 
-/// Decides what a received message asks for and answers it.
-pub async fn handle_message(state: &AppState, msg: &Message) -> anyhow::Result<()> {
-    crate::eventlog::append(
-        &state.db,
-        msg.section(),
+/// Decides what a received message asks for and answers it. `retry` is set when an earlier
+/// attempt may already have logged part of the exchange.
+pub async fn handle_message(state: &AppState, msg: &Message, retry: bool) -> anyhow::Result<()> {
+    log(
+        state,
+        msg,
+        retry,
         "message.received",
         json!({
             "event_id": msg.event_id,
@@ -65,8 +67,7 @@ pub async fn handle_message(state: &AppState, msg: &Message) -> anyhow::Result<(
             "mentions_bot": msg.mentions_bot,
         }),
     )
-    .await
-    .context("appending to the event log")?;
+    .await?;
 
     let answer = match command::parse(&msg.addressed_text) {
         Some(Ok(Command::Help)) => command::help_text(),
@@ -79,11 +80,17 @@ pub async fn handle_message(state: &AppState, msg: &Message) -> anyhow::Result<(
         // A group message not addressed to the bot.
         None => return Ok(()),
     };
-    reply(state, msg, &answer, "reply").await
+    reply(state, msg, &answer, "reply", retry).await
 }
 
 /// Replies to `msg` (inside its thread when it is in one); idempotent per (event, purpose).
-async fn reply(state: &AppState, msg: &Message, text: &str, purpose: &str) -> anyhow::Result<()> {
+async fn reply(
+    state: &AppState,
+    msg: &Message,
+    text: &str,
+    purpose: &str,
+    retry: bool,
+) -> anyhow::Result<()> {
     let uuid = idempotency_key(&msg.event_id, purpose);
     let sent = state
         .lark
@@ -96,18 +103,49 @@ async fn reply(state: &AppState, msg: &Message, text: &str, purpose: &str) -> an
         )
         .await
         .context("replying in Lark")?;
-    crate::eventlog::append(
-        &state.db,
-        msg.section(),
+    log(
+        state,
+        msg,
+        retry,
         "bot.reply",
         json!({
+            "event_id": msg.event_id,
+            "purpose": purpose,
             "message_id": sent.message_id,
             "in_reply_to": msg.message_id,
             "text": text,
         }),
     )
     .await
-    .context("appending to the event log")?;
+}
+
+/// Appends to the message's section log. On a retry, an entry of the same kind for the same
+/// event is not written twice (the check scans one section, so it is done only on retries).
+async fn log(
+    state: &AppState,
+    msg: &Message,
+    retry: bool,
+    kind: &str,
+    payload: serde_json::Value,
+) -> anyhow::Result<()> {
+    if retry {
+        let seen: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM session_events
+             WHERE section_id = $1 AND kind = $2 AND payload->>'event_id' = $3)",
+        )
+        .bind(msg.section())
+        .bind(kind)
+        .bind(&msg.event_id)
+        .fetch_one(&state.db)
+        .await
+        .context("reading the event log")?;
+        if seen {
+            return Ok(());
+        }
+    }
+    crate::eventlog::append(&state.db, msg.section(), kind, payload)
+        .await
+        .context("appending to the event log")?;
     Ok(())
 }
 

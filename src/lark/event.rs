@@ -121,14 +121,7 @@ impl MessageReceive {
     /// The domain message; `bot_open_id` identifies mentions of this bot.
     pub fn into_message(self, event_id: &str, bot_open_id: &str) -> Message {
         let m = self.message;
-        let raw = if m.message_type == "text" {
-            serde_json::from_str::<Value>(&m.content)
-                .ok()
-                .and_then(|v| v.get("text").and_then(Value::as_str).map(str::to_owned))
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let raw = plain_text(&m.message_type, &m.content);
         let is_bot = |mention: &Mention| mention.id.open_id.as_deref() == Some(bot_open_id);
         let mentions_bot = m.mentions.iter().any(is_bot);
 
@@ -154,6 +147,46 @@ impl MessageReceive {
             addressed_text: resolve(addressed_raw, &m.mentions).trim().to_string(),
             mentions_bot,
         }
+    }
+}
+
+/// The text of a `text` message, or the text runs and mentions of a `post` (rich text) message,
+/// one line per paragraph. Other message types have no text.
+fn plain_text(message_type: &str, content: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(content) else {
+        return String::new();
+    };
+    match message_type {
+        "text" => v
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        "post" => {
+            let paragraphs = v
+                .get("content")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let lines: Vec<String> = paragraphs
+                .iter()
+                .map(|p| {
+                    p.as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[])
+                        .iter()
+                        .filter_map(|el| match el.get("tag").and_then(Value::as_str) {
+                            Some("text") | Some("a") => el.get("text").and_then(Value::as_str),
+                            Some("at") => el.get("user_id").and_then(Value::as_str),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>()
+                        .join("")
+                })
+                .collect();
+            lines.join("\n")
+        }
+        _ => String::new(),
     }
 }
 
@@ -228,6 +261,24 @@ mod tests {
         assert!(m.mentions_bot);
         assert_eq!(m.section(), "oc_1");
         assert_eq!(m.sender_open_id, "ou_sender");
+    }
+
+    #[test]
+    fn post_messages_have_text_too() {
+        let mut env = envelope("", None, "user");
+        env["event"]["message"]["message_type"] = json!("post");
+        env["event"]["message"]["content"] = json!(
+            json!({"title": "", "content": [
+                [{"tag": "at", "user_id": "@_user_1"}, {"tag": "text", "text": " /ssh status"}],
+                [{"tag": "img", "image_key": "k"}, {"tag": "text", "text": "second"}]
+            ]})
+            .to_string()
+        );
+        let m = MessageReceive::from_envelope(&env)
+            .unwrap()
+            .into_message("ev", "ou_bot");
+        assert_eq!(m.text, "@Bot /ssh status\nsecond");
+        assert_eq!(m.addressed_text, "/ssh status\nsecond");
     }
 
     #[test]

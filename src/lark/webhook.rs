@@ -462,6 +462,43 @@ mod tests {
     }
 
     #[test]
+    fn signature_is_checked_before_the_body_is_read() {
+        let key = "ek";
+        let h = SignatureHeaders {
+            timestamp: Some("1700000090"),
+            nonce: Some("n"),
+            signature: Some("00"),
+        };
+        let r = verify(&config(Some(key)), h, b"{not json", now(), WEEK);
+        assert_eq!(r, Err(Rejection::BadSignature));
+        // Unsigned and not a url_verification: a signature failure, whatever the body.
+        let r = verify(
+            &config(Some(key)),
+            Default::default(),
+            b"{not json",
+            now(),
+            WEEK,
+        );
+        assert_eq!(r, Err(Rejection::BadSignature));
+        // Only some of the headers: refused too.
+        let h = SignatureHeaders {
+            timestamp: Some("1700000090"),
+            ..Default::default()
+        };
+        let body = json!({"encrypt": encrypt(key, [1; 16], event("tok").to_string().as_bytes())});
+        let r = verify(
+            &config(Some(key)),
+            h,
+            body.to_string().as_bytes(),
+            now(),
+            WEEK,
+        );
+        assert_eq!(r, Err(Rejection::BadSignature));
+        assert_eq!(Rejection::BadSignature.status(), 401);
+        assert_eq!(Rejection::NotJson.status(), 400);
+    }
+
+    #[test]
     fn v1_envelope() {
         let body = json!({"uuid":"u1","token":"tok","ts":"1700000000.123","type":"event_callback",
             "event":{"type":"message"}})

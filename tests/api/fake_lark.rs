@@ -65,6 +65,8 @@ struct Inner {
 #[derive(Clone)]
 struct Shared {
     inner: Arc<Mutex<Inner>>,
+    /// While set, requests to paths containing it get no answer (until released).
+    hold: Arc<watch::Sender<Option<String>>>,
     /// Bumped on every request, for waiting without sleeping.
     seen: Arc<watch::Sender<usize>>,
 }
@@ -88,6 +90,7 @@ impl FakeLark {
                 next_id: 0,
             })),
             seen: Arc::new(watch::channel(0).0),
+            hold: Arc::new(watch::channel(None).0),
         };
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -137,6 +140,17 @@ impl FakeLark {
             .push((part.to_string(), failures.into()));
     }
 
+    /// Requests to paths containing `part` are recorded but not answered until [`release`].
+    ///
+    /// [`release`]: FakeLark::release
+    pub fn hold(&self, part: &str) {
+        self.shared.hold.send_replace(Some(part.to_string()));
+    }
+
+    pub fn release(&self) {
+        self.shared.hold.send_replace(None);
+    }
+
     /// Waits (bounded) until `cond` holds for the recorded requests.
     pub async fn wait_until(&self, what: &str, cond: impl Fn(&[Recorded]) -> bool) {
         let mut rx = self.shared.seen.subscribe();
@@ -178,18 +192,19 @@ async fn handle(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let response = {
-        let mut inner = shared.inner.lock().unwrap();
-        inner.requests.push(Recorded {
-            method: method.to_string(),
-            path: path.clone(),
-            auth: auth.clone(),
-            body: body.clone(),
-        });
-        answer(&mut inner, &method, &path, auth.as_deref(), &body)
-    };
+    shared.inner.lock().unwrap().requests.push(Recorded {
+        method: method.to_string(),
+        path: path.clone(),
+        auth: auth.clone(),
+        body: body.clone(),
+    });
     shared.seen.send_modify(|n| *n += 1);
-    response
+    let mut hold = shared.hold.subscribe();
+    let _ = hold
+        .wait_for(|h| !h.as_deref().is_some_and(|part| path.contains(part)))
+        .await;
+    let mut inner = shared.inner.lock().unwrap();
+    answer(&mut inner, &method, &path, auth.as_deref(), &body)
 }
 
 fn ok(data: Value) -> Response {

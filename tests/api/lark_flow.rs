@@ -349,5 +349,49 @@ async fn a_failed_event_is_retried_with_backoff() {
     wait_state(&app, "ev_retry", "done").await;
     assert_eq!(fake.requests_to("/reply").len(), 2);
     assert_eq!(fake.posted().len(), 1);
+    // The retry did not log the received message a second time.
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM session_events WHERE section_id = 'oc_chat' ORDER BY seq",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["message.received", "bot.reply"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_hands_back_an_event_being_handled() {
+    let fake = FakeLark::start().await;
+    fake.hold("/reply");
+    let app = app_with(&fake).spawn().await;
+    let env = Msg::new("ev_handback", "/help").envelope(TOKEN);
+    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    // The worker is inside the reply call when the service stops.
+    fake.wait_until("the reply call", |r| {
+        r.iter().any(|r| r.path.contains("/reply"))
+    })
+    .await;
+    let db = app.stop().await;
+    let conn_app = app_with(&fake)
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .database(&db)
+        .spawn()
+        .await;
+    assert_eq!(
+        inbox(&conn_app).await,
+        vec![("ev_handback".into(), "pending".into(), 0)],
+        "handed back, the attempt not counted"
+    );
+    conn_app.stop().await;
+
+    fake.release();
+    let app = app_with(&fake).database(&db).spawn().await;
+    wait_state(&app, "ev_handback", "done").await;
+    // Both calls carried the same uuid, so Lark posted one message.
+    let replies = fake.requests_to("/reply");
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[0].body["uuid"], replies[1].body["uuid"]);
+    assert_eq!(fake.posted().len(), 1);
     app.stop().await;
 }

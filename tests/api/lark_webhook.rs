@@ -423,3 +423,41 @@ async fn chunked_oversize(app: &TestApp) -> u16 {
     let text = String::from_utf8_lossy(&buf[..n]);
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+#[tokio::test]
+async fn concurrent_deliveries_are_each_recorded_once() {
+    let app = no_workers()
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .spawn()
+        .await;
+    let mut sends = Vec::new();
+    for i in 0..30 {
+        for _ in 0..2 {
+            let env = Msg::new(&format!("ev_c{i}"), "/help").envelope(TOKEN);
+            let req = sealed(&env, ENCRYPT_KEY, now_secs());
+            let (http, url) = (app.http.clone(), app.url("/lark/events"));
+            sends.push(tokio::spawn(async move {
+                let mut b = http.post(url).body(req.body);
+                for (k, v) in req.headers {
+                    b = b.header(k, v);
+                }
+                b.send().await.unwrap().status().as_u16()
+            }));
+        }
+    }
+    for s in sends {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    assert_eq!(inbox(&app).await.len(), 30);
+    assert!(
+        metric(&app, "sshmode_events_received_total")
+            .await
+            .ends_with(" 30")
+    );
+    assert!(
+        metric(&app, "sshmode_events_duplicate_total")
+            .await
+            .ends_with(" 30")
+    );
+    app.stop().await;
+}
