@@ -63,6 +63,8 @@ pub struct Config {
     pub master_key_file: PathBuf,
     /// `SSHMODE_LOG_FORMAT`.
     pub log_format: LogFormat,
+    /// `RUST_LOG`: the tracing filter directives.
+    pub log_filter: String,
     /// Inbox (durable event queue) tunables.
     pub inbox: InboxConfig,
     /// Execution-layer tunables.
@@ -366,6 +368,7 @@ impl Config {
             api_token: var("SSHMODE_API_TOKEN").map(SecretString::from),
             master_key_file,
             log_format,
+            log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
             inbox,
             exec,
             router,

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    sshmode::telemetry::init(config.log_format);
+    sshmode::telemetry::init(config.log_format, &config.log_filter);
     tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -5,9 +5,13 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber; a second call is a no-op.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber; a second call is a no-op. A filter that does not parse
+/// falls back to `info` with a warning, rather than silencing the service.
+pub fn init(format: LogFormat, filter: &str) {
+    let (filter, bad) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, None),
+        Err(e) => (EnvFilter::new("info"), Some(e.to_string())),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -15,4 +19,7 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Pretty => builder.try_init(),
     };
+    if let Some(e) = bad {
+        tracing::warn!(error = %e, "RUST_LOG is invalid; logging at info");
+    }
 }
