@@ -239,7 +239,7 @@ async fn open_loop(
     reqs: Arc<Vec<Req>>,
     clients: usize,
     rate: f64,
-) -> (Vec<Duration>, usize, Duration) {
+) -> (Vec<Duration>, Vec<Duration>, usize, Duration) {
     let interval = Duration::from_secs_f64(1.0 / rate);
     let next = Rc::new(Cell::new(0usize));
     let local = tokio::task::LocalSet::new();
@@ -253,19 +253,21 @@ async fn open_loop(
         let (reqs, next) = (reqs.clone(), next.clone());
         tasks.push(local.spawn_local(async move {
             let mut lat = Vec::new();
+            let mut late = Vec::new();
             let mut failed = 0usize;
             loop {
                 let k = next.replace(next.get() + 1);
                 let Some(r) = reqs.get(k) else { break };
                 let due = start + interval.mul_f64(k as f64);
                 tokio::time::sleep_until(due).await;
+                late.push(due.elapsed());
                 if send(&mut conn, r).await {
                     lat.push(due.elapsed());
                 } else {
                     failed += 1;
                 }
             }
-            (lat, failed)
+            (lat, late, failed)
         }));
     }
     let results = local
@@ -278,13 +280,14 @@ async fn open_loop(
         })
         .await;
     let elapsed = start.elapsed();
-    let mut lat = Vec::new();
+    let (mut lat, mut late) = (Vec::new(), Vec::new());
     let mut failed = 0;
-    for (l, f) in results {
+    for (l, s, f) in results {
         lat.extend(l);
+        late.extend(s);
         failed += f;
     }
-    (lat, failed, elapsed)
+    (lat, late, failed, elapsed)
 }
 
 async fn fresh_database(server: &str) -> String {
@@ -430,9 +433,10 @@ async fn main() -> anyhow::Result<()> {
     let base = total;
     let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
     checkpoint(&pool).await?;
-    let (mut paced, paced_failed, paced_elapsed) =
+    let (mut paced, mut sent_late, paced_failed, paced_elapsed) =
         on_generator(move || open_loop(addr, paced_reqs, clients, target)).await;
     paced.sort();
+    sent_late.sort();
 
     // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
     checkpoint(&pool).await?;
@@ -489,6 +493,11 @@ async fn main() -> anyhow::Result<()> {
         "| open loop ack p50 / p99 | {:.2} ms / {:.2} ms |",
         ms(percentile(&paced, 0.5)),
         ms(percentile(&paced, 0.99))
+    );
+    println!(
+        "| open loop send delay p50 / p99 (from due time) | {:.2} ms / {:.2} ms |",
+        ms(percentile(&sent_late, 0.5)),
+        ms(percentile(&sent_late, 0.99))
     );
     println!("| open loop refused or failed | {paced_failed} |");
     println!(
