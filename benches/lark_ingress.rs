@@ -5,15 +5,21 @@
 //! Run with `bash scripts/bench.sh lark_ingress` (it provides TEST_DATABASE_URL and PG_BIN).
 //! Optional arguments: `--clients N` (default 16), `--seconds S` (default 10).
 //!
-//! Three phases: (1) closed loop, N clients as fast as acks come back; (2) pgbench, N clients,
-//! one INSERT per transaction; (3) open loop at half the pgbench rate, latency measured from
-//! each request's scheduled send time (so a stall is not hidden by coordinated omission).
-//! Inbox workers are off: this measures the acknowledgement path (verify, decrypt, record).
+//! Four phases: (1) closed loop, N clients as fast as acks come back; (2) pgbench, N clients,
+//! one INSERT per transaction, the payload as a parameter (and once more as a literal, for
+//! comparison); (3) open loop at half the pgbench rate over N connections, latency measured
+//! from each request's scheduled send time (so a stall is not hidden by coordinated omission);
+//! (4) pgbench at that same rate (`-R`). Inbox workers are off: this measures the
+//! acknowledgement path (signature, decrypt, parse, token, freshness, durable insert).
+//!
+//! The service runs on this process's multi-threaded runtime; the load generator runs on a
+//! thread of its own with a single-threaded runtime, as pgbench runs in a process of its own.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -153,6 +159,137 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Runs a load-generator phase on a thread of its own with a single-threaded runtime (as
+/// pgbench is a process of its own), so that it neither steals the service's worker threads
+/// nor waits behind the service's tasks to send or time a request.
+async fn on_generator<F, Fut, T>(phase: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("generator runtime");
+        let _ = tx.send(rt.block_on(phase()));
+    });
+    rx.await.expect("the load generator panicked")
+}
+
+/// Closed loop: `clients` connections, each sending the next request when its ack arrives.
+/// Returns the ack latencies, the refused or failed count and the elapsed time.
+async fn closed_loop(
+    addr: SocketAddr,
+    reqs: Arc<Vec<Req>>,
+    first: usize,
+    clients: usize,
+    seconds: u64,
+) -> (Vec<Duration>, usize, Duration) {
+    let next = Rc::new(Cell::new(first));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let local = tokio::task::LocalSet::new();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (reqs, next) = (reqs.clone(), next.clone());
+        tasks.push(local.spawn_local(async move {
+            let mut conn = Conn::open(addr).await.expect("connect");
+            let mut lat = Vec::new();
+            let mut failed = 0usize;
+            while Instant::now() < deadline {
+                let i = next.replace(next.get() + 1);
+                let Some(r) = reqs.get(i) else { break };
+                let t = Instant::now();
+                if send(&mut conn, r).await {
+                    lat.push(t.elapsed());
+                } else {
+                    failed += 1;
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    let results = local
+        .run_until(async {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("client task"));
+            }
+            out
+        })
+        .await;
+    let elapsed = started.elapsed();
+    let mut lat = Vec::new();
+    let mut failed = 0;
+    for (l, f) in results {
+        lat.extend(l);
+        failed += f;
+    }
+    (lat, failed, elapsed)
+}
+
+/// Open loop at `rate` per second over `clients` keep-alive connections: request k is due at
+/// `k / rate`; a connection takes the next request when it is free, and the latency runs from
+/// the due time (so a stall is not hidden by coordinated omission).
+async fn open_loop(
+    addr: SocketAddr,
+    reqs: Arc<Vec<Req>>,
+    clients: usize,
+    rate: f64,
+) -> (Vec<Duration>, Vec<Duration>, usize, Duration) {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let next = Rc::new(Cell::new(0usize));
+    let local = tokio::task::LocalSet::new();
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(Conn::open(addr).await.expect("connect"));
+    }
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        let (reqs, next) = (reqs.clone(), next.clone());
+        tasks.push(local.spawn_local(async move {
+            let mut lat = Vec::new();
+            let mut late = Vec::new();
+            let mut failed = 0usize;
+            loop {
+                let k = next.replace(next.get() + 1);
+                let Some(r) = reqs.get(k) else { break };
+                let due = start + interval.mul_f64(k as f64);
+                tokio::time::sleep_until(due).await;
+                late.push(due.elapsed());
+                if send(&mut conn, r).await {
+                    lat.push(due.elapsed());
+                } else {
+                    failed += 1;
+                }
+            }
+            (lat, late, failed)
+        }));
+    }
+    let results = local
+        .run_until(async {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("client task"));
+            }
+            out
+        })
+        .await;
+    let elapsed = start.elapsed();
+    let (mut lat, mut late) = (Vec::new(), Vec::new());
+    let mut failed = 0;
+    for (l, s, f) in results {
+        lat.extend(l);
+        late.extend(s);
+        failed += f;
+    }
+    (lat, late, failed, elapsed)
+}
+
 async fn fresh_database(server: &str) -> String {
     let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(server).await.expect("connect");
@@ -200,52 +337,31 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
     // Warm-up: connections, prepared statements.
-    let mut warm = Conn::open(addr).await?;
-    for r in reqs.iter().take(200) {
-        assert!(send(&mut warm, r).await, "warm-up request refused");
-    }
+    let warm = reqs.clone();
+    on_generator(move || async move {
+        let mut conn = Conn::open(addr).await.expect("connect");
+        for r in warm.iter().take(200) {
+            assert!(send(&mut conn, r).await, "warm-up request refused");
+        }
+    })
+    .await;
 
     // Phase 1: closed loop. Each phase starts from a checkpoint, so that none pays for
     // another's dirty pages.
     checkpoint(&pool).await?;
-    let next = Arc::new(AtomicUsize::new(200));
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (reqs, next) = (reqs.clone(), next.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(addr).await.expect("connect");
-            let mut lat = Vec::new();
-            let mut failed = 0usize;
-            while Instant::now() < deadline {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(r) = reqs.get(i) else { break };
-                let t = Instant::now();
-                if send(&mut conn, r).await {
-                    lat.push(t.elapsed());
-                } else {
-                    failed += 1;
-                }
-            }
-            (lat, failed)
-        }));
-    }
-    let mut lat = Vec::new();
-    let mut failed = 0;
-    for t in tasks {
-        let (l, f) = t.await?;
-        lat.extend(l);
-        failed += f;
-    }
-    let elapsed = started.elapsed();
+    let phase = reqs.clone();
+    let (mut lat, failed, elapsed) =
+        on_generator(move || closed_loop(addr, phase, 200, clients, seconds)).await;
     lat.sort();
     let ack_rate = lat.len() as f64 / elapsed.as_secs_f64();
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
         .fetch_one(&pool)
         .await?;
 
-    // Phase 2: pgbench, raw single-row INSERTs into an inbox-shaped table.
+    // Phase 2: pgbench, raw single-row INSERTs into an inbox-shaped table, the payload sent as
+    // a parameter (as the service sends it), so PostgreSQL parses each row's jsonb as it does
+    // ours. For comparison, also with the payload as a literal of the prepared statement
+    // (parsed once, when the statement is prepared).
     sqlx::query(
         "CREATE TABLE bench_raw (LIKE inbox_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)",
     )
@@ -255,19 +371,23 @@ async fn main() -> anyhow::Result<()> {
         sqlx::query_scalar("SELECT payload::text FROM inbox_events LIMIT 1")
             .fetch_one(&pool)
             .await?;
-    let script = dir.path().join("insert.sql");
-    std::fs::write(
-        &script,
+    let insert = |payload: &str| {
         format!(
             "INSERT INTO bench_raw (event_id, event_type, payload, received_at, available_at) \
              VALUES (md5(random()::text || clock_timestamp()::text), 'im.message.receive_v1', \
-             '{}'::jsonb, now(), now()) ON CONFLICT (event_id) DO NOTHING;\n",
-            payload_sample.replace('\'', "''")
-        ),
+             {payload}, now(), now()) ON CONFLICT (event_id) DO NOTHING;\n"
+        )
+    };
+    let script = dir.path().join("insert.sql");
+    std::fs::write(&script, insert(":payload::jsonb"))?;
+    let literal_script = dir.path().join("insert_literal.sql");
+    std::fs::write(
+        &literal_script,
+        insert(&format!("'{}'::jsonb", payload_sample.replace('\'', "''"))),
     )?;
-    checkpoint(&pool).await?;
-    let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
-        .args([
+    let pgbench = |script: &std::path::Path, extra: &[String]| {
+        let mut cmd = tokio::process::Command::new(format!("{pg_bin}/pgbench"));
+        cmd.args([
             "-n",
             "-M",
             "prepared",
@@ -278,88 +398,59 @@ async fn main() -> anyhow::Result<()> {
             "-T",
         ])
         .arg(seconds.to_string())
+        .arg("-D")
+        .arg(format!("payload={payload_sample}"))
+        .args(extra)
         .arg("-f")
-        .arg(&script)
-        .arg(&db)
-        .output()
-        .await?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let raw_rate: f64 = text
-        .lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "pgbench failed: {text}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        .arg(script)
+        .arg(&db);
+        cmd
+    };
+    let tps = |out: &std::process::Output| -> f64 {
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find(|l| l.starts_with("tps = "))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "pgbench failed: {text}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    checkpoint(&pool).await?;
+    let raw_rate = tps(&pgbench(&script, &[]).output().await?);
+    checkpoint(&pool).await?;
+    let literal_rate = tps(&pgbench(&literal_script, &[]).output().await?);
 
-    // Phase 3: open loop at half the raw rate, on events of its own.
+    // Phase 3: open loop at half the raw rate, on events of its own, through the same number
+    // of connections as pgbench's clients (as `pgbench -R`: a request waits for a free
+    // connection, and its latency counts from its scheduled time).
     let target = raw_rate / 2.0;
-    let interval = Duration::from_secs_f64(1.0 / target);
     let n = (target * seconds as f64) as usize;
     let now = chrono::Utc::now().timestamp();
     let base = total;
-    let reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
+    let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
     checkpoint(&pool).await?;
-    let limit = Arc::new(tokio::sync::Semaphore::new(512));
-    // Idle keep-alive connections (at most one per permit).
-    let idle: Arc<std::sync::Mutex<Vec<Conn>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let start = tokio::time::Instant::now();
-    let mut handles = Vec::with_capacity(n);
-    for k in 0..n {
-        let due = start + interval.mul_f64(k as f64);
-        tokio::time::sleep_until(due).await;
-        let permit = limit.clone().acquire_owned().await?;
-        let (reqs, idle) = (reqs.clone(), idle.clone());
-        handles.push(tokio::spawn(async move {
-            let reused = idle.lock().unwrap().pop();
-            let mut conn = match reused {
-                Some(c) => c,
-                None => Conn::open(addr).await.expect("connect"),
-            };
-            let ok = send(&mut conn, &reqs[k]).await;
-            if ok {
-                idle.lock().unwrap().push(conn);
-            }
-            drop(permit);
-            (ok, due.elapsed())
-        }));
-    }
-    let mut paced = Vec::with_capacity(n);
-    let mut paced_failed = 0;
-    for h in handles {
-        let (ok, d) = h.await?;
-        if ok {
-            paced.push(d);
-        } else {
-            paced_failed += 1;
-        }
-    }
-    let paced_elapsed = start.elapsed();
+    let (mut paced, mut sent_late, paced_failed, paced_elapsed) =
+        on_generator(move || open_loop(addr, paced_reqs, clients, target)).await;
     paced.sort();
+    sent_late.sort();
 
     // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
     checkpoint(&pool).await?;
-    let out = tokio::process::Command::new(format!("{pg_bin}/pgbench"))
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &clients.to_string(),
-            "-j",
-            "2",
-            "-T",
-        ])
-        .arg(seconds.to_string())
-        .args(["-R", &format!("{target:.0}"), "-L", "50", "-f"])
-        .arg(&script)
-        .arg(&db)
-        .output()
-        .await?;
+    let out = pgbench(
+        &script,
+        &[
+            "-R".into(),
+            format!("{target:.0}"),
+            "-L".into(),
+            "50".into(),
+        ],
+    )
+    .output()
+    .await?;
     let text = String::from_utf8_lossy(&out.stdout);
     let raw_late = text
         .lines()
@@ -387,8 +478,13 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("| refused or failed requests | {failed} |");
     println!("| rows recorded | {stored} |");
-    println!("| raw INSERT tps (pgbench) | {raw_rate:.0} |");
+    println!("| raw INSERT tps (pgbench, payload as parameter) | {raw_rate:.0} |");
     println!("| acks / raw inserts | {:.2} |", ack_rate / raw_rate);
+    println!("| raw INSERT tps, payload as a prepared literal | {literal_rate:.0} |");
+    println!(
+        "| acks / raw inserts (literal payload) | {:.2} |",
+        ack_rate / literal_rate
+    );
     println!(
         "| open loop at {target:.0}/s: achieved | {:.0}/s |",
         paced.len() as f64 / paced_elapsed.as_secs_f64()
@@ -397,6 +493,11 @@ async fn main() -> anyhow::Result<()> {
         "| open loop ack p50 / p99 | {:.2} ms / {:.2} ms |",
         ms(percentile(&paced, 0.5)),
         ms(percentile(&paced, 0.99))
+    );
+    println!(
+        "| open loop send delay p50 / p99 (from due time) | {:.2} ms / {:.2} ms |",
+        ms(percentile(&sent_late, 0.5)),
+        ms(percentile(&sent_late, 0.99))
     );
     println!("| open loop refused or failed | {paced_failed} |");
     println!(

@@ -8,6 +8,7 @@
 //! what it holds at once.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -37,6 +38,10 @@ const MAX_BATCH: usize = 256;
 /// Batched INSERTs in flight at once: while some wait for their commit, the next batch forms
 /// and is written without waiting for them (BENCHMARKS.md).
 const FLUSHERS: usize = 4;
+/// Most callback requests admitted at once (see [`Inbox::admit`]). At ten thousand events a
+/// second and a few milliseconds each, a few dozen are in flight; this leaves room for a stall
+/// of a fraction of a second before the platform is told to retry.
+pub const ADMITTED_MAX: usize = 2048;
 
 /// A claimed event.
 #[derive(Debug, Clone)]
@@ -49,21 +54,32 @@ pub struct InboxEvent {
     pub attempts: i32,
 }
 
-/// The inbox's in-process side: wakes workers, and coalesces concurrent [`record`] calls into
-/// one multi-row INSERT (one transaction, one WAL flush), so an acknowledgement costs a
-/// fraction of a commit under load and nothing extra when idle.
+/// The inbox's in-process side: admits callback requests up to a bound, wakes workers, and
+/// coalesces concurrent [`record`] calls into multi-row INSERTs (one transaction, one WAL flush
+/// each), so an acknowledgement costs a fraction of a commit under load and nothing extra when
+/// idle.
 ///
-/// Hand-written group commit: a request queues its event, then either finds its result already
-/// there or becomes the flusher and writes everything queued. No crate coalesces requests
-/// into one statement like this.
+/// Hand-written group commit: a request queues its event and, if fewer than [`FLUSHERS`] flush
+/// tasks are running, starts one. A flush task writes whatever is queued, batch after batch,
+/// until the queue is empty, then ends. No crate coalesces requests into one statement like
+/// this.
 pub struct Inbox {
     /// Wakes an idle worker when a new event is recorded (polling covers retries and leases).
     pub wake: Notify,
-    /// Events waiting for the next INSERT; bounded by the HTTP server's concurrency (one entry
-    /// per in-flight request).
-    queue: std::sync::Mutex<Vec<Pending>>,
-    /// Permits to flush ([`FLUSHERS`]).
-    flush: tokio::sync::Semaphore,
+    /// Admission of callback requests: bounds the requests (bodies, queued events, waiting
+    /// tasks) held at once; past it the callback answers 503 and the platform retries.
+    admitted: tokio::sync::Semaphore,
+    /// Events waiting for the next INSERT and the number of flush tasks running. One lock, so
+    /// that "queue is empty, the flush task ends" and "event queued, a flush task is running"
+    /// cannot interleave and strand an event.
+    queue: std::sync::Mutex<Queue>,
+}
+
+struct Queue {
+    /// Bounded by the admitted requests: one entry per admitted request at most.
+    pending: Vec<Pending>,
+    /// Flush tasks running, at most [`FLUSHERS`].
+    flushers: usize,
 }
 
 struct Pending {
@@ -74,49 +90,92 @@ struct Pending {
 
 impl Default for Inbox {
     fn default() -> Self {
+        Inbox::new(ADMITTED_MAX)
+    }
+}
+
+impl Inbox {
+    /// An inbox admitting at most `admitted` callback requests at once.
+    pub fn new(admitted: usize) -> Inbox {
         Inbox {
             wake: Notify::new(),
-            queue: std::sync::Mutex::new(Vec::new()),
-            flush: tokio::sync::Semaphore::new(FLUSHERS),
+            admitted: tokio::sync::Semaphore::new(admitted),
+            queue: std::sync::Mutex::new(Queue {
+                pending: Vec::new(),
+                flushers: 0,
+            }),
         }
+    }
+
+    /// Admits one callback request, or `None` when the bound is reached. Hold the permit until
+    /// the request is answered.
+    pub fn admit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.admitted.try_acquire().ok()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Records a verified event, durably, before returning. Returns `false` when the event id was
 /// already recorded (a redelivery), which must not be processed again.
-pub async fn record(state: &AppState, env: &Envelope) -> anyhow::Result<bool> {
+pub async fn record(state: &AppState, env: Envelope) -> anyhow::Result<bool> {
     let inbox = &state.inbox;
-    let (tx, mut rx) = oneshot::channel();
-    inbox
-        .queue
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Pending {
-            env: env.clone(),
+    let (tx, rx) = oneshot::channel();
+    let start_flusher = {
+        let mut q = inbox.lock();
+        q.pending.push(Pending {
+            env,
             at: state.clock.now(),
             done: tx,
         });
+        let start = q.flushers < FLUSHERS;
+        if start {
+            q.flushers += 1;
+        }
+        start
+    };
+    if start_flusher {
+        // A task of its own, so that a caller that goes away mid-write cannot abandon the
+        // others' events.
+        tokio::spawn(flush(inbox.clone(), state.db.clone()));
+    }
+    settle(inbox, rx.await)
+}
+
+/// One flush task: writes queued events, batch after batch, until the queue is empty.
+async fn flush(inbox: Arc<Inbox>, db: PgPool) {
+    let mut slot = FlusherSlot {
+        inbox: &inbox,
+        released: false,
+    };
     loop {
-        tokio::select! {
-            biased;
-            r = &mut rx => return settle(inbox, r),
-            guard = inbox.flush.acquire() => {
-                let batch: Vec<Pending> = {
-                    let mut q = inbox.queue.lock().unwrap_or_else(|p| p.into_inner());
-                    let n = q.len().min(MAX_BATCH);
-                    q.drain(..n).collect()
-                };
-                if batch.is_empty() {
-                    // Our event is already being written by another flusher.
-                    drop(guard);
-                    return settle(inbox, (&mut rx).await);
-                }
-                // A task of its own, so that a caller that goes away mid-write cannot abandon
-                // the others' events; results are delivered before the permit is returned.
-                let db = state.db.clone();
-                let _ = tokio::spawn(write_batch(db, batch)).await;
-                drop(guard);
+        let batch: Vec<Pending> = {
+            let mut q = slot.inbox.lock();
+            if q.pending.is_empty() {
+                q.flushers -= 1;
+                slot.released = true;
+                return;
             }
+            let n = q.pending.len().min(MAX_BATCH);
+            q.pending.drain(..n).collect()
+        };
+        write_batch(&db, batch).await;
+    }
+}
+
+/// Gives a flush task's slot back if the task ends without doing so itself (it was dropped),
+/// so that the next [`record`] starts a new one for whatever is still queued.
+struct FlusherSlot<'a> {
+    inbox: &'a Inbox,
+    released: bool,
+}
+
+impl Drop for FlusherSlot<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            self.inbox.lock().flushers -= 1;
         }
     }
 }
@@ -135,7 +194,7 @@ fn settle(
     Ok(fresh)
 }
 
-async fn write_batch(db: PgPool, batch: Vec<Pending>) {
+async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&Value> = batch.iter().map(|p| &p.env.payload).collect();
@@ -150,7 +209,7 @@ async fn write_batch(db: PgPool, batch: Vec<Pending>) {
     .bind(&types)
     .bind(&payloads)
     .bind(&ats)
-    .fetch_all(&db)
+    .fetch_all(db)
     .await;
     match inserted {
         Ok(ids) => {
@@ -418,5 +477,15 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(4));
         assert_eq!(backoff(3), Duration::from_secs(8));
         assert_eq!(backoff(1000), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn admission_is_bounded_and_released() {
+        let inbox = Inbox::new(2);
+        let a = inbox.admit().expect("first");
+        let _b = inbox.admit().expect("second");
+        assert!(inbox.admit().is_none());
+        drop(a);
+        assert!(inbox.admit().is_some());
     }
 }

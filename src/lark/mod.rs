@@ -19,12 +19,29 @@ use serde_json::json;
 use crate::app::AppState;
 use webhook::{Rejection, SignatureHeaders, Verified};
 
+/// The `reason` label counted when a request is refused because [`crate::inbox::ADMITTED_MAX`]
+/// requests are already in flight (answered 503: the platform retries).
+pub const SATURATED: &str = "saturated";
+
 /// `POST /lark/events`.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/lark/events", post(receive))
 }
 
 async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    // Admitted before the body is read: every request held at once counts against the bound.
+    let Some(_admitted) = state.inbox.admit() else {
+        state.metrics.rejected(SATURATED);
+        tracing::warn!(
+            lark.reject = SATURATED,
+            "callback refused: too many requests in flight"
+        );
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "error": "temporarily unavailable" })),
+        )
+            .into_response();
+    };
     match receive_inner(&state, &headers, body).await {
         Ok(r) => r,
         Err(Failure::Rejected(r)) => {
@@ -88,7 +105,9 @@ async fn receive_inner(
     match verified {
         Verified::Challenge(c) => Ok(axum::Json(json!({ "challenge": c })).into_response()),
         Verified::Event(env) => {
-            let fresh = crate::inbox::record(state, &env)
+            let card = env.event_type == event::CARD_ACTION;
+            let event_id = env.event_id.clone();
+            let fresh = crate::inbox::record(state, env)
                 .await
                 .map_err(Failure::Unavailable)?;
             if fresh {
@@ -96,8 +115,8 @@ async fn receive_inner(
             } else {
                 state.metrics.events_duplicate.inc();
             }
-            tracing::debug!(lark.event_id = %env.event_id, lark.event_type = %env.event_type, fresh, "event recorded");
-            if env.event_type == event::CARD_ACTION {
+            tracing::debug!(lark.event_id = %event_id, fresh, "event recorded");
+            if card {
                 Ok(axum::Json(json!({})).into_response())
             } else {
                 Ok(axum::Json(json!({ "msg": "success" })).into_response())

@@ -26,9 +26,9 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
         .await;
     let db = &app.state.db;
     for id in ["a", "b", "c"] {
-        assert!(inbox::record(&app.state, &env(id)).await.unwrap());
+        assert!(inbox::record(&app.state, env(id)).await.unwrap());
     }
-    assert!(!inbox::record(&app.state, &env("a")).await.unwrap());
+    assert!(!inbox::record(&app.state, env("a")).await.unwrap());
 
     let t0 = Utc::now() + chrono::Duration::seconds(1);
     let lease = Duration::from_secs(60);
@@ -68,7 +68,7 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
     // Cleanup removes only done rows finished before the cut-off, at most `limit` at a time.
     let old = Utc.with_ymd_and_hms(2020, 1, 1, 0, 0, 0).unwrap();
     for id in ["d", "e", "f"] {
-        inbox::record(&app.state, &env(id)).await.unwrap();
+        inbox::record(&app.state, env(id)).await.unwrap();
         inbox::complete(db, id, old).await.unwrap();
     }
     let cut = old + chrono::Duration::days(1);

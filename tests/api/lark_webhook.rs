@@ -461,3 +461,34 @@ async fn concurrent_deliveries_are_each_recorded_once() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_saturated_inbox_answers_503_and_stores_nothing() {
+    let app = no_workers()
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .spawn()
+        .await;
+    // Take every admission, as that many requests in flight would.
+    let held: Vec<_> = std::iter::from_fn(|| app.state.inbox.admit())
+        .take(sshmode::inbox::ADMITTED_MAX + 1)
+        .collect();
+    assert_eq!(held.len(), sshmode::inbox::ADMITTED_MAX);
+    let env = Msg::new("ev_full", "/help").envelope(TOKEN);
+    let (status, _) = post(&app, sealed(&env, ENCRYPT_KEY, now_secs())).await;
+    assert_eq!(status, 503);
+    assert!(inbox(&app).await.is_empty());
+    assert!(
+        metric(&app, "sshmode_events_rejected_total")
+            .await
+            .contains("reason=\"saturated\"")
+    );
+    // Once the requests in flight are answered, the platform's retry is recorded.
+    drop(held);
+    let r = post(&app, sealed(&env, ENCRYPT_KEY, now_secs())).await;
+    assert_eq!(r, (200, json!({"msg":"success"})));
+    assert_eq!(
+        inbox(&app).await,
+        vec![("ev_full".into(), "pending".into(), 0)]
+    );
+    app.stop().await;
+}
