@@ -40,8 +40,9 @@ const MAX_BATCH: usize = 256;
 const FLUSHERS: usize = 4;
 /// Most callback requests admitted at once (see [`Inbox::admit`]). At ten thousand events a
 /// second and a few milliseconds each, a few dozen are in flight; this leaves room for a stall
-/// of a fraction of a second before the platform is told to retry.
-pub const ADMITTED_MAX: usize = 2048;
+/// of a fraction of a second before the platform is told to retry. It also caps the memory
+/// held by request bodies: at most this many times the 1 MiB body limit.
+pub const ADMITTED_MAX: usize = 512;
 
 /// A claimed event.
 #[derive(Debug, Clone)]
