@@ -150,6 +150,26 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert_eq!(r.output.exit, Exit::Cancelled);
     assert_eq!(text(&r.output.stdout), "begun\n");
 
+    // A command that never reads its (large) input still times out, and what it printed
+    // meanwhile is kept.
+    let input = vec![b'x'; 8 * 1024 * 1024];
+    let r = ops
+        .backend()
+        .exec(
+            sshmode::exec::Command {
+                script: "echo ran; sleep 300",
+                stdin: Some(&input),
+                timeout: Duration::from_secs(2),
+                stdout_limit: 4096,
+                stderr_limit: 4096,
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit, Exit::TimedOut, "{r:?}");
+    assert_eq!(text(&r.stdout), "ran\n");
+
     // Output is bounded: head and tail kept.
     let r = sh(
         &ops,

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use russh::ChannelMsg;
 use russh::client::Msg;
+use russh::{ChannelMsg, ChannelWriteHalf};
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -389,7 +389,14 @@ impl TargetPool {
         let mut last = None;
         for _ in 0..OPEN_ATTEMPTS {
             let lease = self.lease().await?;
-            match lease.conn.handle.channel_open_session().await {
+            // A peer that stops answering (without closing) must not hold us forever.
+            let opened = tokio::time::timeout(
+                self.config.ssh_connect_timeout,
+                lease.conn.handle.channel_open_session(),
+            )
+            .await
+            .unwrap_or(Err(russh::Error::ConnectionTimeout));
+            match opened {
                 Ok(ch) => return Ok((lease, ch)),
                 Err(e @ russh::Error::ChannelOpenFailure(_)) if !lease.conn.handle.is_closed() => {
                     let freed = self.freed.notified();
@@ -424,20 +431,29 @@ impl TargetPool {
                 last = e.to_string();
                 continue;
             }
-            loop {
-                match channel.wait().await {
-                    Some(ChannelMsg::Success) => return Ok((lease, channel)),
-                    Some(ChannelMsg::Failure) => {
-                        return Err(self.lost("the server refused to run the command"));
+            let confirmed = async {
+                loop {
+                    match channel.wait().await {
+                        Some(ChannelMsg::Success) => return Ok(true),
+                        Some(ChannelMsg::Failure) => return Err(()),
+                        Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => return Ok(false),
+                        Some(_) => {}
                     }
-                    Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
-                        lease.conn.broken.store(true, Ordering::Release);
-                        last = "the connection closed before the command started".into();
-                        break;
-                    }
-                    Some(_) => {}
+                }
+            };
+            match tokio::time::timeout(self.config.ssh_connect_timeout, confirmed).await {
+                Ok(Ok(true)) => return Ok((lease, channel)),
+                Ok(Err(())) => return Err(self.lost("the server refused to run the command")),
+                Ok(Ok(false)) => {
+                    last = "the connection closed before the command started".into();
+                }
+                Err(_) => {
+                    // It may still start: not retried, so nothing runs twice.
+                    lease.conn.broken.store(true, Ordering::Release);
+                    return Err(self.lost("the server did not confirm the command started"));
                 }
             }
+            lease.conn.broken.store(true, Ordering::Release);
         }
         Err(self.lost(last))
     }
@@ -457,15 +473,30 @@ impl TargetPool {
     ) -> Result<Output, ExecError> {
         // The login shell is the session leader: its pid is the process group to kill.
         let script = format!("printf '%s\\n' \"$$\" >&2\n{}", cmd.script);
-        let (lease, mut channel) = self.start(&script).await?;
-        if let Some(data) = cmd.stdin {
-            channel
-                .data_bytes(data.to_vec())
-                .await
-                .map_err(|e| self.lost(e))?;
-        }
-        // No more input: a command reading stdin sees end of file, as locally (/dev/null).
-        channel.eof().await.map_err(|e| self.lost(e))?;
+        // Waiting for a channel (bounded by the queue and connect timeouts) honours
+        // cancellation; the command's own timeout starts once it runs.
+        let (lease, channel) = tokio::select! {
+            started = self.start(&script) => started?,
+            _ = cancel.cancelled() => return Ok(Output {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                stdout_omitted: 0,
+                stderr_omitted: 0,
+                exit: Exit::Cancelled,
+            }),
+        };
+        let (mut rx, tx) = channel.split();
+        // Input is sent while output is read: a command that does not read its input (or
+        // writes much before reading) neither blocks us past the timeout nor deadlocks.
+        // Then end of file, so a command reading stdin sees it, as locally (/dev/null).
+        let input = async {
+            if let Some(data) = cmd.stdin {
+                tx.data_bytes(data.to_vec()).await?;
+            }
+            tx.eof().await
+        };
+        tokio::pin!(input);
+        let mut input_sent = false;
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
         // The first stderr line carries the pid; bounded in case it never comes.
@@ -476,7 +507,10 @@ impl TargetPool {
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                msg = channel.wait() => match msg {
+                // A command that exits without reading its input closes the channel: the
+                // error is not the command's result, so it is ignored, as locally.
+                _ = &mut input, if !input_sent => input_sent = true,
+                msg = rx.wait() => match msg {
                     Some(ChannelMsg::Data { data }) => out.push(&data),
                     Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
                         let mut rest: &[u8] = &data;
@@ -516,18 +550,18 @@ impl TargetPool {
                     Some(_) => {}
                 },
                 _ = &mut deadline => {
-                    self.kill(&lease, &channel, pid).await;
+                    self.kill(&lease, &tx, pid).await;
                     exit = Some(Exit::TimedOut);
                     break;
                 }
                 _ = cancel.cancelled() => {
-                    self.kill(&lease, &channel, pid).await;
+                    self.kill(&lease, &tx, pid).await;
                     exit = Some(Exit::Cancelled);
                     break;
                 }
             }
         }
-        let _ = channel.close().await;
+        let _ = tx.close().await;
         drop(lease);
         let exit = exit.ok_or_else(|| {
             self.lost("the channel closed before the command reported how it ended")
@@ -544,7 +578,7 @@ impl TargetPool {
 
     /// Kills a running command: a TERM signal request on its channel, then TERM and KILL to
     /// its process group from a second channel on the same connection.
-    async fn kill(&self, lease: &Lease, channel: &russh::Channel<Msg>, pid: Option<u32>) {
+    async fn kill(&self, lease: &Lease, channel: &ChannelWriteHalf<Msg>, pid: Option<u32>) {
         let _ = channel.signal(russh::Sig::TERM).await;
         let Some(pid) = pid else { return };
         let script = format!(
