@@ -510,6 +510,8 @@ async fn target_lifecycle_through_the_cli() {
         Ok(0)
     );
     assert!(env.run("life", "true").await.is_ok());
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert_eq!(counts.get("life"), Some(&1), "{counts:?}");
     assert_eq!(
         cli(
             &env.app,
@@ -524,6 +526,9 @@ async fn target_lifecycle_through_the_cli() {
     );
     let e = env.run("life", "true").await.err().unwrap();
     assert!(e.to_string().contains("disabled"), "{e}");
+    // A disabled target's connections are dropped with its pool, not kept until idle.
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert!(!counts.contains_key("life"), "{counts:?}");
     let (_, list) = cli(&env.app, TargetCmd::List, "").await;
     assert!(list.contains("life") && list.contains("disabled"), "{list}");
     let (_, show) = cli(

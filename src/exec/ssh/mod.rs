@@ -52,7 +52,8 @@ pub struct SshPool {
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
-    /// Per-target pools. Bounded by the number of registered targets.
+    /// Per-target pools. Bounded by the number of approved targets: a pool is dropped when
+    /// its target is found removed or no longer approved.
     targets: StdMutex<HashMap<String, Arc<TargetPool>>>,
 }
 
@@ -76,18 +77,19 @@ impl SshPool {
         let t = match target::get(&self.db, alias).await {
             Ok(t) => t,
             Err(target::TargetError::NotFound(_)) => {
+                self.forget(alias);
                 return Err(unavailable("no target has this alias".into()));
             }
             Err(e) => return Err(unavailable(e.to_string())),
         };
-        match t.status {
-            Status::Approved => {}
-            Status::Pending => {
-                return Err(unavailable(
-                    "it is pending; an admin must approve it first".into(),
-                ));
-            }
-            Status::Disabled => return Err(unavailable("it is disabled".into())),
+        let refused = match t.status {
+            Status::Approved => None,
+            Status::Pending => Some("it is pending; an admin must approve it first"),
+            Status::Disabled => Some("it is disabled"),
+        };
+        if let Some(reason) = refused {
+            self.forget(alias);
+            return Err(unavailable(reason.into()));
         }
         let mut map = self.targets.lock().expect("ssh pool lock");
         let pool = match map.get(alias) {
@@ -104,6 +106,15 @@ impl SshPool {
             }
         };
         Ok(Arc::new(SshBackend { pool }))
+    }
+
+    /// Drops the pool of a target that is gone or no longer approved, so the map stays
+    /// bounded by the usable targets; its connections close once their last command ends.
+    fn forget(&self, alias: &str) {
+        let gone = self.targets.lock().expect("ssh pool lock").remove(alias);
+        if gone.is_some() {
+            tracing::info!(ssh.target = %alias, "target no longer usable; its connections are closed");
+        }
     }
 
     /// Open connections per target alias (for metrics and tests).
