@@ -864,3 +864,47 @@ async fn the_target_commands_of_the_binary() {
     let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "remove", "box"], "");
     assert_eq!(code, 0, "{out}");
 }
+
+#[tokio::test]
+async fn bad_target_input_gets_a_short_clear_error() {
+    let app = TestApp::spawn().await;
+    let add = |f: &dyn Fn(&mut AddArgs)| {
+        let mut a = add_args("bad", 22);
+        f(&mut a);
+        TargetCmd::Add(a)
+    };
+    // A wrong path that never ends is refused instead of read into memory.
+    let (r, _) = cli(&app, add(&|a| a.key = Some("/dev/zero".into())), "").await;
+    let e = r.unwrap_err();
+    assert!(e.contains("larger than") && e.len() < 200, "{e}");
+    let (r, _) = cli(
+        &app,
+        add(&|a| a.password_stdin = true),
+        &"p".repeat(100_000),
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.contains("longer than") && !e.contains("ppp"), "{e}");
+    let (r, _) = cli(
+        &app,
+        add(&|a| {
+            a.agent = true;
+            a.port = 0;
+        }),
+        "",
+    )
+    .await;
+    assert!(r.unwrap_err().contains("port"));
+    let (r, _) = cli(
+        &app,
+        add(&|a| {
+            a.agent = true;
+            a.host = "example.com -oProxyCommand=x".into();
+        }),
+        "",
+    )
+    .await;
+    assert!(r.unwrap_err().contains("spaces"));
+    let (_, list) = cli(&app, TargetCmd::List, "").await;
+    assert!(!list.contains("bad"), "nothing was added: {list}");
+}
