@@ -215,6 +215,27 @@ impl Drop for Lease {
     }
 }
 
+/// A place in a target's wait queue, given back on drop.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl<'a> Queued<'a> {
+    /// Takes a place, or `None` when [`MAX_QUEUED`] are already waiting.
+    fn enter(count: &'a AtomicUsize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_QUEUED).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Queued(count))
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl TargetPool {
     fn new(target: Target, config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
@@ -263,17 +284,16 @@ impl TargetPool {
     /// A channel slot: waits (bounded) for a permit, then picks a connection with a free
     /// channel, connecting a new one when all are full.
     async fn lease(&self) -> Result<Lease, ExecError> {
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ExecError::Busy {
-                alias: self.alias().to_string(),
-                waited: Duration::ZERO,
-            });
-        }
+        // Counted out again on drop, so a caller that gives up (cancellation, shutdown)
+        // while queued does not leave its place taken.
+        let place = Queued::enter(&self.queued).ok_or_else(|| ExecError::Busy {
+            alias: self.alias().to_string(),
+            waited: Duration::ZERO,
+        })?;
         let waited = self.config.ssh_queue_timeout;
         let deadline = tokio::time::Instant::now() + waited;
         let permit = tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await;
-        self.queued.fetch_sub(1, Ordering::AcqRel);
+        drop(place);
         let busy = || ExecError::Busy {
             alias: self.alias().to_string(),
             waited,
@@ -765,6 +785,30 @@ impl Backend for SshBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_place_is_given_back_even_when_its_waiter_gives_up() {
+        let count = AtomicUsize::new(0);
+        let places: Vec<_> = (0..MAX_QUEUED)
+            .map(|_| Queued::enter(&count).expect("room"))
+            .collect();
+        assert!(Queued::enter(&count).is_none(), "the queue is bounded");
+        drop(places);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        // A waiter dropped mid-wait (a cancelled command) gives its place back too.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let waiter = async {
+                let _place = Queued::enter(&count).expect("room");
+                std::future::pending::<()>().await;
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(1), waiter).await;
+        });
+        assert_eq!(count.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
