@@ -109,10 +109,11 @@ impl App {
                 )
             })?,
         );
-        let exec = Arc::new(crate::exec::Executors::new(
+        let exec = Arc::new(crate::exec::Executors::with_metrics(
             &config.exec,
             store.pool.clone(),
             vault,
+            metrics.clone(),
         )?);
         let state = AppState {
             config: Arc::new(config),

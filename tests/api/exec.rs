@@ -170,6 +170,28 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert_eq!(r.exit, Exit::TimedOut, "{r:?}");
     assert_eq!(text(&r.stdout), "ran\n");
 
+    // Commands the tools ran are counted by backend and outcome.
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let backend = format!("backend=\"{}\"", ops.backend().name());
+    for outcome in ["ok", "failed", "timed_out", "cancelled"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("sshmode_exec_commands_total")
+                    && l.contains(&backend)
+                    && l.contains(&format!("outcome=\"{outcome}\""))),
+            "{outcome}: {metrics}"
+        );
+    }
+
     // Output is bounded: head and tail kept.
     let r = sh(
         &ops,

@@ -145,6 +145,22 @@ async fn ssh_backend_behaves_like_local() {
         .await
         .unwrap();
     assert_eq!(t.host_key.unwrap().fingerprint, env.sshd.fingerprint());
+    let metrics = env
+        .app
+        .http
+        .get(env.app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sshmode_ssh_connects_total{reason=\"ok\"}")),
+        "{metrics}"
+    );
     let actions = env.audit_actions("web").await;
     assert!(actions.contains(&"target.add".to_string()));
     assert_eq!(actions.iter().filter(|a| *a == "hostkey.record").count(), 1);

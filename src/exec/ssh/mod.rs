@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
 use crate::config::ExecConfig;
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::target::{self, Status, Target};
 use crate::vault::Vault;
 use connect::{ConnectOptions, Connection};
@@ -52,17 +53,20 @@ pub struct SshPool {
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
+    /// Counts connection attempts by outcome.
+    metrics: Arc<Metrics>,
     /// Per-target pools. Bounded by the number of approved targets: a pool is dropped when
     /// its target is found removed or no longer approved.
     targets: StdMutex<HashMap<String, Arc<TargetPool>>>,
 }
 
 impl SshPool {
-    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>, metrics: Arc<Metrics>) -> Self {
         SshPool {
             config,
             db,
             vault,
+            metrics,
             targets: StdMutex::new(HashMap::new()),
         }
     }
@@ -100,6 +104,7 @@ impl SshPool {
                     self.config.clone(),
                     self.db.clone(),
                     self.vault.clone(),
+                    self.metrics.clone(),
                 ));
                 map.insert(alias.to_string(), p.clone());
                 p
@@ -184,6 +189,8 @@ pub struct TargetPool {
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
+    /// Counts connection attempts by outcome.
+    metrics: Arc<Metrics>,
     /// One permit per channel the target may have open: connections × channels.
     slots: Arc<Semaphore>,
     /// Commands currently waiting for a permit (bounded by [`MAX_QUEUED`]).
@@ -237,13 +244,20 @@ impl Drop for Queued<'_> {
 }
 
 impl TargetPool {
-    fn new(target: Target, config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+    fn new(
+        target: Target,
+        config: ExecConfig,
+        db: PgPool,
+        vault: Arc<Vault>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
         TargetPool {
             target,
             config,
             db,
             vault,
+            metrics,
             slots: Arc::new(Semaphore::new(permits)),
             queued: AtomicUsize::new(0),
             conns: tokio::sync::Mutex::new(Vec::new()),
@@ -377,6 +391,18 @@ impl TargetPool {
             },
         )
         .await;
+        let outcome = match (&result, &seen.verdict) {
+            (Ok(_), _) => "ok",
+            (Err(ExecError::HostKeyMismatch { .. }), _) => "host_key_mismatch",
+            (Err(_), Some(target::HostKeyVerdict::Unpinned)) => "host_key_unpinned",
+            (Err(_), _) => "failed",
+        };
+        self.metrics
+            .ssh_connects
+            .get_or_create(&ReasonLabel {
+                reason: outcome.into(),
+            })
+            .inc();
         match result {
             Ok(handle) => {
                 *self.failure.lock().expect("failure lock") = None;
