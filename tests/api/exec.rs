@@ -334,6 +334,11 @@ async fn local_backend_behaves() {
         .unwrap();
     let cwd = ops.cwd().await.unwrap();
     assert!(cwd.starts_with(&app.state.config.exec.workspace_root.display().to_string()));
+    // A process that left the group and holds stdout open does not cost the output already
+    // read (reading stops after a bounded wait).
+    let r = sh(&ops, "echo before; setsid sleep 5 & exit 0").await;
+    assert_eq!(r.output.exit, Exit::Code(0));
+    assert_eq!(text(&r.output.stdout), "before\n");
 }
 
 #[tokio::test]
