@@ -171,15 +171,7 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert_eq!(text(&r.stdout), "ran\n");
 
     // Commands the tools ran are counted by backend and outcome.
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     let backend = format!("backend=\"{}\"", ops.backend().name());
     for outcome in ["ok", "failed", "timed_out", "cancelled"] {
         assert!(

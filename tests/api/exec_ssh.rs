@@ -145,16 +145,7 @@ async fn ssh_backend_behaves_like_local() {
         .await
         .unwrap();
     assert_eq!(t.host_key.unwrap().fingerprint, env.sshd.fingerprint());
-    let metrics = env
-        .app
-        .http
-        .get(env.app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = env.app.metrics().await;
     assert!(
         metrics
             .lines()
