@@ -24,6 +24,15 @@ struct Env {
 }
 
 async fn env() -> Option<Env> {
+    env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60"),
+    ])
+    .await
+}
+
+/// A fresh sshd and an app configured with `vars`; `None` where sshd cannot run.
+async fn env_with(vars: &[(&str, &str)]) -> Option<Env> {
     if !sshd::available() {
         return None;
     }
@@ -31,9 +40,9 @@ async fn env() -> Option<Env> {
     let sshd_dir = dir.path().join("sshd");
     std::fs::create_dir_all(&sshd_dir).unwrap();
     let sshd = Sshd::start(&sshd_dir, sshd::free_port());
-    let app = TestApp::builder()
-        .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
-        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60")
+    let app = vars
+        .iter()
+        .fold(TestApp::builder(), |b, (k, v)| b.var(k, v))
         .spawn()
         .await;
     Some(Env { app, sshd, dir })
@@ -700,21 +709,13 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
 
 /// An env whose pool has a single channel and short idle and queue timeouts.
 async fn tight_env() -> Option<Env> {
-    if !sshd::available() {
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
-    let app = TestApp::builder()
-        .var("SSHMODE_SSH_MAX_CONNECTIONS", "1")
-        .var("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1")
-        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1")
-        .var("SSHMODE_SSH_IDLE_SECS", "1")
-        .spawn()
-        .await;
-    Some(Env { app, sshd, dir })
+    env_with(&[
+        ("SSHMODE_SSH_MAX_CONNECTIONS", "1"),
+        ("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1"),
+        ("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1"),
+        ("SSHMODE_SSH_IDLE_SECS", "1"),
+    ])
+    .await
 }
 
 #[tokio::test]
