@@ -109,6 +109,15 @@ impl Env {
             .await
     }
 
+    /// `sshmode target test <alias> [--trust]`: (exit code or error text, stdout).
+    async fn test_target(&self, alias: &str, trust: bool) -> (Result<i32, String>, String) {
+        let cmd = TargetCmd::Test {
+            alias: alias.into(),
+            trust,
+        };
+        cli(&self.app, cmd, "").await
+    }
+
     async fn audit_actions(&self, alias: &str) -> Vec<String> {
         sqlx::query_scalar("SELECT action FROM audit_log WHERE subject = $1 ORDER BY id")
             .bind(alias)
@@ -219,15 +228,7 @@ async fn every_authentication_method_works() {
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
 
     for alias in ["rsa-pp", "ecdsa", "pw", "cert"] {
-        let (r, out) = cli(
-            &env.app,
-            TargetCmd::Test {
-                alias: alias.into(),
-                trust: false,
-            },
-            "",
-        )
-        .await;
+        let (r, out) = env.test_target(alias, false).await;
         assert_eq!(r, Ok(0), "{alias}: {out}");
         assert!(out.contains(&env.sshd.fingerprint()), "{alias}: {out}");
         let r = env.run(alias, "whoami").await.unwrap();
@@ -237,15 +238,7 @@ async fn every_authentication_method_works() {
         );
     }
     for alias in ["pw-wrong", "cert-missing"] {
-        let (r, out) = cli(
-            &env.app,
-            TargetCmd::Test {
-                alias: alias.into(),
-                trust: false,
-            },
-            "",
-        )
-        .await;
+        let (r, out) = env.test_target(alias, false).await;
         assert_eq!(r, Ok(1), "{alias} must fail: {out}");
         assert!(out.contains("refused"), "{alias}: {out}");
     }
@@ -382,15 +375,7 @@ async fn a_changed_host_key_is_refused_and_audited() {
             .contains(&"hostkey.mismatch".to_string())
     );
     // `target test` fails too, naming both.
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "swap".into(),
-            trust: true,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("swap", true).await;
     assert_eq!(r, Ok(1), "{out}");
     assert!(out.contains(&first) && out.contains(&second), "{out}");
 }
@@ -429,29 +414,13 @@ async fn strict_targets_need_a_pinned_key() {
         .await
         .expect_err("unpinned strict must fail");
     assert!(e.to_string().contains("not pinned"), "{e}");
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "strict".into(),
-            trust: false,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("strict", false).await;
     assert_eq!(r, Ok(1));
     assert!(
         out.contains(&env.sshd.fingerprint()),
         "the fingerprint is shown: {out}"
     );
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "strict".into(),
-            trust: true,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("strict", true).await;
     assert_eq!(r, Ok(0), "{out}");
     assert!(
         env.audit_actions("strict")
@@ -651,15 +620,7 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
     )
     .await;
     assert_eq!(r, Ok(0));
-    let (_, test_out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "secret".into(),
-            trust: false,
-        },
-        "",
-    )
-    .await;
+    let (_, test_out) = env.test_target("secret", false).await;
     let (_, list) = cli(&env.app, TargetCmd::List, "").await;
     let (_, show) = cli(
         &env.app,
