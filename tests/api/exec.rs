@@ -136,6 +136,33 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
         "the timed-out child survived"
     );
 
+    // A caller that drops a running command (it gave up, or is shutting down) does not leave
+    // it running: its group is killed, now locally, in the background remotely.
+    let dropped = tokio::time::timeout(
+        Duration::from_secs(2),
+        sh(&ops, "sleep 300 & echo $! > dropped.pid; wait"),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the command should still have been running"
+    );
+    let mut state = String::new();
+    for _ in 0..100 {
+        let r = sh(
+            &ops,
+            "p=$(cat dropped.pid); s=$(awk '/^State:/{print $2}' /proc/$p/status 2>/dev/null); \
+             if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo alive; fi",
+        )
+        .await;
+        state = text(&r.output.stdout);
+        if state == "gone\n" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "gone\n", "the dropped command's child survived");
+
     // Cancellation.
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();

@@ -554,6 +554,13 @@ impl TargetPool {
         };
         tokio::pin!(input);
         let mut input_sent = false;
+        // Armed until the command has ended or been killed: a caller that drops this future
+        // midway (shutdown, an abandoned tool call) must not leave it running remotely.
+        let mut orphan = KillOnDrop {
+            conn: lease.conn.clone(),
+            alias: self.target.alias.clone(),
+            pid: None,
+        };
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
         // The first stderr line carries the pid; bounded in case it never comes.
@@ -576,6 +583,7 @@ impl TargetPool {
                                 Some(i) => {
                                     buf.extend_from_slice(&rest[..i]);
                                     pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
+                                    orphan.pid = pid;
                                     if pid.is_some() {
                                         rest = &rest[i + 1..];
                                     } else {
@@ -618,6 +626,7 @@ impl TargetPool {
                 }
             }
         }
+        orphan.pid = None;
         let _ = tx.close().await;
         drop(lease);
         let exit = exit.ok_or_else(|| {
@@ -637,37 +646,8 @@ impl TargetPool {
     /// its process group from a second channel on the same connection.
     async fn kill(&self, lease: &Lease, channel: &ChannelWriteHalf<Msg>, pid: Option<u32>) {
         let _ = channel.signal(russh::Sig::TERM).await;
-        let Some(pid) = pid else { return };
-        let script = format!(
-            "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
-        );
-        let killed = async {
-            // On the same connection, outside the channel count (it is short-lived); sshd may
-            // refuse it for a moment at its session limit, so retry a few times.
-            let mut ch = None;
-            for _ in 0..OPEN_ATTEMPTS {
-                match lease.conn.handle.channel_open_session().await {
-                    Ok(c) => {
-                        ch = Some(c);
-                        break;
-                    }
-                    Err(russh::Error::ChannelOpenFailure(_)) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(_) => return None,
-                }
-            }
-            let mut ch = ch?;
-            ch.exec(true, script.into_bytes()).await.ok()?;
-            while let Some(msg) = ch.wait().await {
-                if matches!(msg, ChannelMsg::Close) {
-                    break;
-                }
-            }
-            Some(())
-        };
-        if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
-            tracing::warn!(ssh.target = %self.target.alias, "remote kill did not finish in time");
+        if let Some(pid) = pid {
+            kill_group(&lease.conn, pid, self.alias()).await;
         }
     }
 
@@ -695,6 +675,62 @@ impl TargetPool {
             })
             .await
             .cloned()
+    }
+}
+
+/// TERM, then KILL after up to 2 s, to the remote process group `pid`, from a second channel
+/// on `conn` (outside the channel count: it is short-lived). Bounded by [`KILL_WAIT`].
+async fn kill_group(conn: &Conn, pid: u32, alias: &str) {
+    let script = format!(
+        "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
+    );
+    let killed = async {
+        // On the same connection, outside the channel count (it is short-lived); sshd may
+        // refuse it for a moment at its session limit, so retry a few times.
+        let mut ch = None;
+        for _ in 0..OPEN_ATTEMPTS {
+            match conn.handle.channel_open_session().await {
+                Ok(c) => {
+                    ch = Some(c);
+                    break;
+                }
+                Err(russh::Error::ChannelOpenFailure(_)) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(_) => return None,
+            }
+        }
+        let mut ch = ch?;
+        ch.exec(true, script.into_bytes()).await.ok()?;
+        while let Some(msg) = ch.wait().await {
+            if matches!(msg, ChannelMsg::Close) {
+                break;
+            }
+        }
+        Some(())
+    };
+    if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
+        tracing::warn!(ssh.target = %alias, "remote kill did not finish in time");
+    }
+}
+
+/// Kills a started command's process group if dropped while it still runs (armed by a known
+/// pid): the remote twin of the local backend's group guard. Its shell then exits and sshd
+/// closes the channel.
+struct KillOnDrop {
+    conn: Arc<Conn>,
+    alias: String,
+    pid: Option<u32>,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (conn, alias) = (self.conn.clone(), std::mem::take(&mut self.alias));
+        rt.spawn(async move { kill_group(&conn, pid, &alias).await });
     }
 }
 
