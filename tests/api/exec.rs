@@ -221,6 +221,14 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert!(r.output.stdout.len() < 100_000);
     assert!(text(&r.output.stdout).ends_with("END\n"));
 
+    // A file that reports no size (procfs) is read to its end, as locally.
+    let read = ops
+        .read_file("/proc/version", ReadRange::Whole)
+        .await
+        .unwrap();
+    let version = read.text.unwrap_or_default();
+    assert!(version.starts_with("Linux version"), "{version:?}");
+
     // A 10 MB binary file round trip, checked on the backend's host too.
     let data = noise(10 * 1024 * 1024, 7);
     let path = ops.write_file("blob.bin", &data).await.unwrap();
