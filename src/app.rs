@@ -4,6 +4,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::future::IntoFuture;
+
 use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -34,6 +36,10 @@ pub struct AppState {
     /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
     pub exec: Arc<crate::exec::Executors>,
 }
+
+/// How long shutdown waits for HTTP requests in flight, then again for background tasks,
+/// before it goes on without them (a stuck peer must not keep the process alive).
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Seams tests may replace.
 pub struct Overrides {
@@ -103,10 +109,11 @@ impl App {
                 )
             })?,
         );
-        let exec = Arc::new(crate::exec::Executors::new(
+        let exec = Arc::new(crate::exec::Executors::with_metrics(
             &config.exec,
             store.pool.clone(),
             vault,
+            metrics.clone(),
         )?);
         let state = AppState {
             config: Arc::new(config),
@@ -157,13 +164,32 @@ impl App {
         let shutdown = state.shutdown.clone();
         let router = crate::http::router(state.clone());
         tracing::info!(http.addr = %listener.local_addr()?, "listening");
-        let served = axum::serve(listener, router)
+        let serve = axum::serve(listener, router)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .context("HTTP server failed");
+            .into_future();
+        // Once shutdown begins, requests in flight get a bounded grace, not forever.
+        let overdue = async {
+            state.shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        let served = tokio::select! {
+            r = serve => r.context("HTTP server failed"),
+            _ = overdue => {
+                tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "HTTP requests still running after the shutdown grace; dropping them");
+                Ok(())
+            }
+        };
         state.shutdown.cancel();
         tasks.close();
-        tasks.wait().await;
+        if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_secs = SHUTDOWN_GRACE.as_secs(),
+                "background tasks still running after the shutdown grace; leaving them"
+            );
+        }
         drop(state);
         store.close().await;
         served

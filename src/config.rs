@@ -173,7 +173,7 @@ impl Config {
             for item in iter {
                 let (k, v) = item.map_err(|e| ConfigError::Invalid {
                     name: "SSHMODE_DATA_DIR",
-                    reason: format!(".env could not be parsed: {e}"),
+                    reason: dotenv_parse_error(&e),
                 })?;
                 vars.insert(k, v);
             }
@@ -411,6 +411,31 @@ where
     }
 }
 
+/// Why `.env` could not be parsed, without the offending line: dotenvy's message quotes it,
+/// and it may well be the line holding a secret.
+fn dotenv_parse_error(e: &dotenvy::Error) -> String {
+    match e {
+        dotenvy::Error::LineParse(line, at) => {
+            // Named only when it looks like a variable name, never a bare value.
+            let name = match line.split_once('=') {
+                Some((n, _)) => n.trim().trim_start_matches("export ").trim(),
+                None => "",
+            };
+            let name = if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            {
+                format!(" (the line of {name})")
+            } else {
+                String::new()
+            };
+            format!(".env could not be parsed: a line is malformed at character {at}{name}")
+        }
+        other => format!(".env could not be parsed: {other}"),
+    }
+}
+
 fn check_url(name: &'static str, url: &str) -> Result<(), ConfigError> {
     if url.starts_with("http://") || url.starts_with("https://") {
         Ok(())
@@ -489,6 +514,16 @@ mod tests {
                 .to_string()
                 .contains("LARK_APP_ID")
         );
+    }
+
+    #[test]
+    fn a_malformed_env_line_is_not_quoted() {
+        let e = dotenvy::Error::LineParse("LLM_API_KEY=sk-live-secret 'open".into(), 28);
+        let msg = dotenv_parse_error(&e);
+        assert!(!msg.contains("sk-live-secret"), "{msg}");
+        assert!(msg.contains("LLM_API_KEY") && msg.contains("28"), "{msg}");
+        let e = dotenvy::Error::LineParse("abcdefsecret0123 'x".into(), 3);
+        assert!(!dotenv_parse_error(&e).contains("abcdefsecret0123"));
     }
 
     #[test]

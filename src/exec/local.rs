@@ -9,6 +9,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -120,8 +121,11 @@ impl Backend for LocalBackend {
         };
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
-        let out_task = tokio::spawn(drain(stdout, cmd.stdout_limit));
-        let err_task = tokio::spawn(drain(stderr, cmd.stderr_limit));
+        // Shared with the readers, so what was read survives if they must be stopped.
+        let out_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
+        let err_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
+        let mut out_task = tokio::spawn(drain(stdout, out_acc.clone()));
+        let mut err_task = tokio::spawn(drain(stderr, err_acc.clone()));
 
         let ended = tokio::select! {
             status = child.wait() => Ok(status),
@@ -143,25 +147,28 @@ impl Backend for LocalBackend {
         };
         // Children that outlive the shell inside its group keep the pipes open: bounded wait,
         // then they are killed too.
-        let collect = async { (out_task.await, err_task.await) };
-        let (out, err) = match tokio::time::timeout(DRAIN_AFTER_KILL, collect).await {
-            Ok((o, e)) => (o.ok(), e.ok()),
-            Err(_) => {
-                if let Some(pgid) = pgid {
-                    // SAFETY: signalling a process group id we created; no memory involved.
-                    unsafe { libc::killpg(pgid, libc::SIGKILL) };
-                }
-                (None, None)
+        let collect = async { ((&mut out_task).await, (&mut err_task).await) };
+        if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
+            .await
+            .is_err()
+        {
+            if let Some(pgid) = pgid {
+                // SAFETY: signalling a process group id we created; no memory involved.
+                unsafe { libc::killpg(pgid, libc::SIGKILL) };
             }
-        };
+            // A process that left the group may hold a pipe open for ever: stop reading
+            // (keeping what was read) rather than leave the readers behind.
+            out_task.abort();
+            err_task.abort();
+        }
         if let Some(t) = stdin_task {
             t.abort();
         }
         // The command finished: what it left running in the background on purpose (output
         // redirected away) is its own business.
         group.0 = None;
-        let (stdout, stdout_omitted) = split(out, cmd.stdout_limit);
-        let (stderr, stderr_omitted) = split(err, cmd.stderr_limit);
+        let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
+        let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
         Ok(Output {
             stdout,
             stderr,
@@ -253,20 +260,19 @@ fn io_err(path: &str, e: std::io::Error) -> ExecError {
     }
 }
 
-async fn drain<R: AsyncRead + Unpin>(mut r: R, limit: usize) -> HeadTail {
-    let mut acc = HeadTail::new(limit);
+async fn drain<R: AsyncRead + Unpin>(mut r: R, acc: Arc<Mutex<HeadTail>>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => acc.push(&buf[..n]),
+            Ok(n) => acc.lock().expect("output lock").push(&buf[..n]),
         }
     }
-    acc
 }
 
-fn split(acc: Option<HeadTail>, limit: usize) -> (Vec<u8>, u64) {
-    let acc = acc.unwrap_or_else(|| HeadTail::new(limit));
+/// What a reader collected, and how many bytes it left out.
+fn take(acc: &Mutex<HeadTail>, limit: usize) -> (Vec<u8>, u64) {
+    let acc = std::mem::replace(&mut *acc.lock().expect("output lock"), HeadTail::new(limit));
     let omitted = acc.omitted();
     (acc.into_bytes(), omitted)
 }

@@ -27,6 +27,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ExecConfig;
+use crate::metrics::Metrics;
 use crate::vault::Vault;
 
 /// How a command ended.
@@ -177,19 +178,39 @@ pub struct Executors {
     guard: Arc<guard::Guard>,
     /// Working directory per (backend name, section): a `cd` holds for the next command.
     cwds: Arc<CwdStore>,
+    /// The app's metrics: commands by backend and outcome, SSH connects by outcome.
+    metrics: Arc<Metrics>,
 }
 
 impl Executors {
-    /// Builds the layer; the guard's extra patterns come from `config.guard_extra_file`.
+    /// Builds the layer with metrics of its own (benchmarks, tools); the app uses
+    /// [`Executors::with_metrics`].
     pub fn new(config: &ExecConfig, db: PgPool, vault: Arc<Vault>) -> anyhow::Result<Self> {
+        Self::with_metrics(config, db, vault, Arc::new(Metrics::new()))
+    }
+
+    /// Builds the layer, counting into `metrics`; the guard's extra patterns come from
+    /// `config.guard_extra_file`.
+    pub fn with_metrics(
+        config: &ExecConfig,
+        db: PgPool,
+        vault: Arc<Vault>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
         let guard = guard::Guard::from_file(config.guard_extra_file.as_deref())
             .map_err(|e| anyhow::anyhow!("command guard: {e}"))?;
         Ok(Executors {
             config: config.clone(),
             local: Arc::new(local::LocalBackend::new(config.workspace_root.clone())),
-            ssh: Arc::new(ssh::SshPool::new(config.clone(), db, vault)),
+            ssh: Arc::new(ssh::SshPool::new(
+                config.clone(),
+                db,
+                vault,
+                metrics.clone(),
+            )),
             guard: Arc::new(guard),
             cwds: Arc::new(CwdStore::default()),
+            metrics,
         })
     }
 
@@ -212,6 +233,7 @@ impl Executors {
             self.guard.clone(),
             self.cwds.clone(),
             ops::Limits::from_config(&self.config),
+            self.metrics.clone(),
         )
     }
 

@@ -15,8 +15,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::guard::Guard;
-use super::{Backend, Command, CwdStore, ExecError, Output, shell_quote};
+use super::{Backend, Command, CwdStore, ExecError, Exit, Output, shell_quote};
 use crate::config::ExecConfig;
+use crate::metrics::{ExecLabels, Metrics};
 
 /// Longest timeout a caller may ask for a single command.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -139,6 +140,8 @@ pub struct Ops {
     guard: Arc<Guard>,
     cwds: Arc<CwdStore>,
     limits: Limits,
+    /// Counts every command run, by backend and outcome.
+    metrics: Arc<Metrics>,
 }
 
 impl Ops {
@@ -148,6 +151,7 @@ impl Ops {
         guard: Arc<Guard>,
         cwds: Arc<CwdStore>,
         limits: Limits,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Ops {
             backend,
@@ -155,7 +159,31 @@ impl Ops {
             guard,
             cwds,
             limits,
+            metrics,
         }
+    }
+
+    /// Runs `cmd` on the backend and counts how it ended.
+    async fn run(&self, cmd: Command<'_>, cancel: &CancellationToken) -> Result<Output, ExecError> {
+        let result = self.backend.exec(cmd, cancel).await;
+        let outcome = match &result {
+            Ok(o) => match o.exit {
+                Exit::Code(0) => "ok",
+                Exit::Code(_) => "failed",
+                Exit::Signal(_) => "signal",
+                Exit::TimedOut => "timed_out",
+                Exit::Cancelled => "cancelled",
+            },
+            Err(_) => "error",
+        };
+        self.metrics
+            .exec_commands
+            .get_or_create(&ExecLabels {
+                backend: self.backend.name().to_string(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        result
     }
 
     /// The backend these operations act on.
@@ -245,8 +273,7 @@ impl Ops {
         script.push('\n');
         let (out_limit, err_limit) = self.halves();
         let mut output = self
-            .backend
-            .exec(
+            .run(
                 Command {
                     script: &script,
                     stdin: None,
@@ -301,18 +328,17 @@ impl Ops {
             shell_quote(&cwd)
         );
         let (out_limit, err_limit) = self.halves();
-        self.backend
-            .exec(
-                Command {
-                    script: &script,
-                    stdin: Some(code.as_bytes()),
-                    timeout: self.timeout(timeout),
-                    stdout_limit: out_limit,
-                    stderr_limit: err_limit,
-                },
-                cancel,
-            )
-            .await
+        self.run(
+            Command {
+                script: &script,
+                stdin: Some(code.as_bytes()),
+                timeout: self.timeout(timeout),
+                stdout_limit: out_limit,
+                stderr_limit: err_limit,
+            },
+            cancel,
+        )
+        .await
     }
 
     /// Reads part of a file as text (or reports that it is binary).
@@ -463,8 +489,7 @@ impl Ops {
             ),
         };
         let out = self
-            .backend
-            .exec(
+            .run(
                 Command {
                     script: &script,
                     stdin: None,

@@ -1,7 +1,7 @@
 //! `sshmode target …`: add, list, show, approve, disable, remove, test.
 
-use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -243,12 +243,43 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Largest key, certificate or secret line read: far above any real one (a 16384-bit RSA
+/// key is about 12 KiB), and a wrong path such as `/dev/zero` fails instead of filling memory.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// Reads a key or certificate file of at most [`MAX_SECRET_BYTES`], as text.
+fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    let mut bytes = Zeroizing::new(Vec::new());
+    file.take(MAX_SECRET_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    if bytes.len() as u64 > MAX_SECRET_BYTES {
+        bail!(
+            "the {what} {} is larger than {} KiB: not a key or certificate",
+            path.display(),
+            MAX_SECRET_BYTES / 1024
+        );
+    }
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| anyhow::anyhow!("the {what} {} is not text", path.display()))?;
+    Ok(Zeroizing::new(text.to_string()))
+}
+
 /// Reads one line of standard input without its line ending.
 fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroizing<String>> {
     let mut line = Zeroizing::new(String::new());
-    input
+    (&mut *input)
+        .take(MAX_SECRET_BYTES)
         .read_line(&mut line)
         .with_context(|| format!("cannot read the {what} from standard input"))?;
+    if line.len() as u64 >= MAX_SECRET_BYTES {
+        bail!(
+            "the {what} on standard input is longer than {} KiB",
+            MAX_SECRET_BYTES / 1024
+        );
+    }
     let trimmed = Zeroizing::new(line.trim_end_matches(['\n', '\r']).to_string());
     if trimmed.is_empty() {
         bail!("the {what} on standard input is empty");
@@ -258,10 +289,7 @@ fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroi
 
 fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarget> {
     let secrets = if let Some(path) = &args.key {
-        let text = Zeroizing::new(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the key file {}", path.display()))?,
-        );
+        let text = read_small_file(path, "key file")?;
         let passphrase = if args.passphrase_stdin {
             Some(read_secret_line(input, "passphrase")?)
         } else {
@@ -280,8 +308,7 @@ fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarge
             })?;
         let cert = match &args.cert {
             Some(cpath) => {
-                let ctext = std::fs::read_to_string(cpath)
-                    .with_context(|| format!("cannot read the certificate {}", cpath.display()))?;
+                let ctext = read_small_file(cpath, "certificate")?;
                 let cert = Certificate::from_openssh(ctext.trim()).map_err(|_| {
                     anyhow::anyhow!("{} is not an OpenSSH certificate", cpath.display())
                 })?;

@@ -235,6 +235,15 @@ pub async fn add(
             "host and user must not be empty".into(),
         ));
     }
+    let bad = |s: &str| s.chars().any(|c| c.is_whitespace() || c.is_control());
+    if bad(&new.host) || bad(&new.user) {
+        return Err(TargetError::Invalid(
+            "host and user must not contain spaces or control characters".into(),
+        ));
+    }
+    if new.port == 0 {
+        return Err(TargetError::Invalid("the port must be 1–65535".into()));
+    }
     let seal = |data: &[u8]| vault.seal(&new.alias, data).map_err(|_| TargetError::Vault);
     let (kind, key, cert, password) = match &new.secrets {
         NewSecrets::Key { key, cert } => (

@@ -136,6 +136,33 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
         "the timed-out child survived"
     );
 
+    // A caller that drops a running command (it gave up, or is shutting down) does not leave
+    // it running: its group is killed, now locally, in the background remotely.
+    let dropped = tokio::time::timeout(
+        Duration::from_secs(2),
+        sh(&ops, "sleep 300 & echo $! > dropped.pid; wait"),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the command should still have been running"
+    );
+    let mut state = String::new();
+    for _ in 0..100 {
+        let r = sh(
+            &ops,
+            "p=$(cat dropped.pid); s=$(awk '/^State:/{print $2}' /proc/$p/status 2>/dev/null); \
+             if [ -z \"$s\" ] || [ \"$s\" = Z ]; then echo gone; else echo alive; fi",
+        )
+        .await;
+        state = text(&r.output.stdout);
+        if state == "gone\n" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "gone\n", "the dropped command's child survived");
+
     // Cancellation.
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
@@ -150,6 +177,40 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert_eq!(r.output.exit, Exit::Cancelled);
     assert_eq!(text(&r.output.stdout), "begun\n");
 
+    // A command that never reads its (large) input still times out, and what it printed
+    // meanwhile is kept.
+    let input = vec![b'x'; 8 * 1024 * 1024];
+    let r = ops
+        .backend()
+        .exec(
+            sshmode::exec::Command {
+                script: "echo ran; sleep 300",
+                stdin: Some(&input),
+                timeout: Duration::from_secs(2),
+                stdout_limit: 4096,
+                stderr_limit: 4096,
+            },
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit, Exit::TimedOut, "{r:?}");
+    assert_eq!(text(&r.stdout), "ran\n");
+
+    // Commands the tools ran are counted by backend and outcome.
+    let metrics = app.metrics().await;
+    let backend = format!("backend=\"{}\"", ops.backend().name());
+    for outcome in ["ok", "failed", "timed_out", "cancelled"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("sshmode_exec_commands_total")
+                    && l.contains(&backend)
+                    && l.contains(&format!("outcome=\"{outcome}\""))),
+            "{outcome}: {metrics}"
+        );
+    }
+
     // Output is bounded: head and tail kept.
     let r = sh(
         &ops,
@@ -159,6 +220,14 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     assert!(r.output.stdout_omitted > 0);
     assert!(r.output.stdout.len() < 100_000);
     assert!(text(&r.output.stdout).ends_with("END\n"));
+
+    // A file that reports no size (procfs) is read to its end, as locally.
+    let read = ops
+        .read_file("/proc/version", ReadRange::Whole)
+        .await
+        .unwrap();
+    let version = read.text.unwrap_or_default();
+    assert!(version.starts_with("Linux version"), "{version:?}");
 
     // A 10 MB binary file round trip, checked on the backend's host too.
     let data = noise(10 * 1024 * 1024, 7);
@@ -292,6 +361,11 @@ async fn local_backend_behaves() {
         .unwrap();
     let cwd = ops.cwd().await.unwrap();
     assert!(cwd.starts_with(&app.state.config.exec.workspace_root.display().to_string()));
+    // A process that left the group and holds stdout open does not cost the output already
+    // read (reading stops after a bounded wait).
+    let r = sh(&ops, "echo before; setsid sleep 5 & exit 0").await;
+    assert_eq!(r.output.exit, Exit::Code(0));
+    assert_eq!(text(&r.output.stdout), "before\n");
 }
 
 #[tokio::test]

@@ -24,6 +24,15 @@ struct Env {
 }
 
 async fn env() -> Option<Env> {
+    env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60"),
+    ])
+    .await
+}
+
+/// A fresh sshd and an app configured with `vars`; `None` where sshd cannot run.
+async fn env_with(vars: &[(&str, &str)]) -> Option<Env> {
     if !sshd::available() {
         return None;
     }
@@ -31,9 +40,9 @@ async fn env() -> Option<Env> {
     let sshd_dir = dir.path().join("sshd");
     std::fs::create_dir_all(&sshd_dir).unwrap();
     let sshd = Sshd::start(&sshd_dir, sshd::free_port());
-    let app = TestApp::builder()
-        .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
-        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60")
+    let app = vars
+        .iter()
+        .fold(TestApp::builder(), |b, (k, v)| b.var(k, v))
         .spawn()
         .await;
     Some(Env { app, sshd, dir })
@@ -100,6 +109,15 @@ impl Env {
             .await
     }
 
+    /// `sshmode target test <alias> [--trust]`: (exit code or error text, stdout).
+    async fn test_target(&self, alias: &str, trust: bool) -> (Result<i32, String>, String) {
+        let cmd = TargetCmd::Test {
+            alias: alias.into(),
+            trust,
+        };
+        cli(&self.app, cmd, "").await
+    }
+
     async fn audit_actions(&self, alias: &str) -> Vec<String> {
         sqlx::query_scalar("SELECT action FROM audit_log WHERE subject = $1 ORDER BY id")
             .bind(alias)
@@ -145,6 +163,13 @@ async fn ssh_backend_behaves_like_local() {
         .await
         .unwrap();
     assert_eq!(t.host_key.unwrap().fingerprint, env.sshd.fingerprint());
+    let metrics = env.app.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sshmode_ssh_connects_total{reason=\"ok\"}")),
+        "{metrics}"
+    );
     let actions = env.audit_actions("web").await;
     assert!(actions.contains(&"target.add".to_string()));
     assert_eq!(actions.iter().filter(|a| *a == "hostkey.record").count(), 1);
@@ -203,15 +228,7 @@ async fn every_authentication_method_works() {
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
 
     for alias in ["rsa-pp", "ecdsa", "pw", "cert"] {
-        let (r, out) = cli(
-            &env.app,
-            TargetCmd::Test {
-                alias: alias.into(),
-                trust: false,
-            },
-            "",
-        )
-        .await;
+        let (r, out) = env.test_target(alias, false).await;
         assert_eq!(r, Ok(0), "{alias}: {out}");
         assert!(out.contains(&env.sshd.fingerprint()), "{alias}: {out}");
         let r = env.run(alias, "whoami").await.unwrap();
@@ -221,15 +238,7 @@ async fn every_authentication_method_works() {
         );
     }
     for alias in ["pw-wrong", "cert-missing"] {
-        let (r, out) = cli(
-            &env.app,
-            TargetCmd::Test {
-                alias: alias.into(),
-                trust: false,
-            },
-            "",
-        )
-        .await;
+        let (r, out) = env.test_target(alias, false).await;
         assert_eq!(r, Ok(1), "{alias} must fail: {out}");
         assert!(out.contains("refused"), "{alias}: {out}");
     }
@@ -366,15 +375,7 @@ async fn a_changed_host_key_is_refused_and_audited() {
             .contains(&"hostkey.mismatch".to_string())
     );
     // `target test` fails too, naming both.
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "swap".into(),
-            trust: true,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("swap", true).await;
     assert_eq!(r, Ok(1), "{out}");
     assert!(out.contains(&first) && out.contains(&second), "{out}");
 }
@@ -413,29 +414,13 @@ async fn strict_targets_need_a_pinned_key() {
         .await
         .expect_err("unpinned strict must fail");
     assert!(e.to_string().contains("not pinned"), "{e}");
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "strict".into(),
-            trust: false,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("strict", false).await;
     assert_eq!(r, Ok(1));
     assert!(
         out.contains(&env.sshd.fingerprint()),
         "the fingerprint is shown: {out}"
     );
-    let (r, out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "strict".into(),
-            trust: true,
-        },
-        "",
-    )
-    .await;
+    let (r, out) = env.test_target("strict", true).await;
     assert_eq!(r, Ok(0), "{out}");
     assert!(
         env.audit_actions("strict")
@@ -510,6 +495,8 @@ async fn target_lifecycle_through_the_cli() {
         Ok(0)
     );
     assert!(env.run("life", "true").await.is_ok());
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert_eq!(counts.get("life"), Some(&1), "{counts:?}");
     assert_eq!(
         cli(
             &env.app,
@@ -524,6 +511,9 @@ async fn target_lifecycle_through_the_cli() {
     );
     let e = env.run("life", "true").await.err().unwrap();
     assert!(e.to_string().contains("disabled"), "{e}");
+    // A disabled target's connections are dropped with its pool, not kept until idle.
+    let counts = env.app.state.exec.ssh.connection_counts().await;
+    assert!(!counts.contains_key("life"), "{counts:?}");
     let (_, list) = cli(&env.app, TargetCmd::List, "").await;
     assert!(list.contains("life") && list.contains("disabled"), "{list}");
     let (_, show) = cli(
@@ -630,15 +620,7 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
     )
     .await;
     assert_eq!(r, Ok(0));
-    let (_, test_out) = cli(
-        &env.app,
-        TargetCmd::Test {
-            alias: "secret".into(),
-            trust: false,
-        },
-        "",
-    )
-    .await;
+    let (_, test_out) = env.test_target("secret", false).await;
     let (_, list) = cli(&env.app, TargetCmd::List, "").await;
     let (_, show) = cli(
         &env.app,
@@ -688,21 +670,13 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
 
 /// An env whose pool has a single channel and short idle and queue timeouts.
 async fn tight_env() -> Option<Env> {
-    if !sshd::available() {
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
-    let app = TestApp::builder()
-        .var("SSHMODE_SSH_MAX_CONNECTIONS", "1")
-        .var("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1")
-        .var("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1")
-        .var("SSHMODE_SSH_IDLE_SECS", "1")
-        .spawn()
-        .await;
-    Some(Env { app, sshd, dir })
+    env_with(&[
+        ("SSHMODE_SSH_MAX_CONNECTIONS", "1"),
+        ("SSHMODE_SSH_CHANNELS_PER_CONNECTION", "1"),
+        ("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "1"),
+        ("SSHMODE_SSH_IDLE_SECS", "1"),
+    ])
+    .await
 }
 
 #[tokio::test]
@@ -858,4 +832,48 @@ async fn the_target_commands_of_the_binary() {
     assert!(err.contains("no target named `nope`"), "{err}");
     let (code, out, _) = sshmode_bin(&db, data.path(), &["target", "remove", "box"], "");
     assert_eq!(code, 0, "{out}");
+}
+
+#[tokio::test]
+async fn bad_target_input_gets_a_short_clear_error() {
+    let app = TestApp::spawn().await;
+    let add = |f: &dyn Fn(&mut AddArgs)| {
+        let mut a = add_args("bad", 22);
+        f(&mut a);
+        TargetCmd::Add(a)
+    };
+    // A wrong path that never ends is refused instead of read into memory.
+    let (r, _) = cli(&app, add(&|a| a.key = Some("/dev/zero".into())), "").await;
+    let e = r.unwrap_err();
+    assert!(e.contains("larger than") && e.len() < 200, "{e}");
+    let (r, _) = cli(
+        &app,
+        add(&|a| a.password_stdin = true),
+        &"p".repeat(100_000),
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.contains("longer than") && !e.contains("ppp"), "{e}");
+    let (r, _) = cli(
+        &app,
+        add(&|a| {
+            a.agent = true;
+            a.port = 0;
+        }),
+        "",
+    )
+    .await;
+    assert!(r.unwrap_err().contains("port"));
+    let (r, _) = cli(
+        &app,
+        add(&|a| {
+            a.agent = true;
+            a.host = "example.com -oProxyCommand=x".into();
+        }),
+        "",
+    )
+    .await;
+    assert!(r.unwrap_err().contains("spaces"));
+    let (_, list) = cli(&app, TargetCmd::List, "").await;
+    assert!(!list.contains("bad"), "nothing was added: {list}");
 }

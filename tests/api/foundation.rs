@@ -14,15 +14,7 @@ async fn health_ready_and_metrics() {
     assert_eq!(r.status(), 200);
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let body = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = app.metrics().await;
     let samples: Vec<&str> = body
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())

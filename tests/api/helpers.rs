@@ -100,6 +100,13 @@ impl TestApp {
         format!("{}{}", self.base, path)
     }
 
+    /// The Prometheus text `GET /metrics` serves now.
+    pub async fn metrics(&self) -> String {
+        let r = self.http.get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
+    }
+
     /// Stops the service gracefully and waits for it.
     pub async fn stop(self) -> String {
         self.shutdown.cancel();

@@ -350,15 +350,7 @@ async fn quota_errors_cool_that_model_only_for_the_long_cooldown() {
         assert_eq!(s.a.count(&format!("{name}-2")), 2, "{name}");
     }
     assert_eq!(s.b.requests().len(), 0);
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics
             .lines()

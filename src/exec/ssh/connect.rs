@@ -209,7 +209,19 @@ async fn authenticate(
         )
     };
     let vault_failed = || unavailable(target, "its vaulted secret could not be opened".into());
+    let open = |sealed: &[u8]| {
+        opts.vault
+            .open(&target.alias, sealed)
+            .map_err(|_| vault_failed())
+    };
     let ssh_failed = |e: russh::Error| unavailable(target, format!("authentication failed: {e}"));
+    let accepted = |res: client::AuthResult, what: &str| {
+        if res.success() {
+            Ok(())
+        } else {
+            Err(auth_failed(what))
+        }
+    };
 
     match target.auth {
         AuthKind::Key | AuthKind::Password => {
@@ -218,38 +230,23 @@ async fn authenticate(
                 .map_err(|e| unavailable(target, e.to_string()))?;
             if target.auth == AuthKind::Password {
                 let sealed = sealed.password.ok_or_else(vault_failed)?;
-                let pw = opts
-                    .vault
-                    .open(&target.alias, &sealed)
-                    .map_err(|_| vault_failed())?;
-                let pw = zeroize::Zeroizing::new(
-                    String::from_utf8(pw.to_vec()).map_err(|_| vault_failed())?,
-                );
+                let pw = open(&sealed)?;
+                let pw = std::str::from_utf8(&pw).map_err(|_| vault_failed())?;
                 let res = handle
-                    .authenticate_password(user, pw.as_str())
+                    .authenticate_password(user, pw)
                     .await
                     .map_err(ssh_failed)?;
-                return if res.success() {
-                    Ok(())
-                } else {
-                    Err(auth_failed("the password"))
-                };
+                return accepted(res, "the password");
             }
             let sealed_key = sealed.key.ok_or_else(vault_failed)?;
-            let pem = opts
-                .vault
-                .open(&target.alias, &sealed_key)
-                .map_err(|_| vault_failed())?;
+            let pem = open(&sealed_key)?;
             let pem = std::str::from_utf8(&pem).map_err(|_| vault_failed())?;
             let key =
                 Arc::new(russh::keys::decode_secret_key(pem, None).map_err(|_| {
                     unavailable(target, "its vaulted key could not be decoded".into())
                 })?);
             if let Some(sealed_cert) = sealed.cert {
-                let cert = opts
-                    .vault
-                    .open(&target.alias, &sealed_cert)
-                    .map_err(|_| vault_failed())?;
+                let cert = open(&sealed_cert)?;
                 let cert = std::str::from_utf8(&cert)
                     .ok()
                     .and_then(|c| Certificate::from_openssh(c.trim()).ok())
@@ -263,11 +260,7 @@ async fn authenticate(
                     .authenticate_openssh_cert(user, key, cert)
                     .await
                     .map_err(ssh_failed)?;
-                return if res.success() {
-                    Ok(())
-                } else {
-                    Err(auth_failed("the user certificate"))
-                };
+                return accepted(res, "the user certificate");
             }
             let hash = if key.algorithm().is_rsa() {
                 handle
@@ -283,11 +276,7 @@ async fn authenticate(
                 .authenticate_publickey(user, PrivateKeyWithHashAlg::new(key, hash))
                 .await
                 .map_err(ssh_failed)?;
-            if res.success() {
-                Ok(())
-            } else {
-                Err(auth_failed("the key"))
-            }
+            accepted(res, "the key")
         }
         AuthKind::Agent => {
             let sock = opts.config.ssh_auth_sock.as_ref().ok_or_else(|| {

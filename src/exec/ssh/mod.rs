@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use russh::ChannelMsg;
 use russh::client::Msg;
+use russh::{ChannelMsg, ChannelWriteHalf};
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
 use crate::config::ExecConfig;
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::target::{self, Status, Target};
 use crate::vault::Vault;
 use connect::{ConnectOptions, Connection};
@@ -52,16 +53,20 @@ pub struct SshPool {
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
-    /// Per-target pools. Bounded by the number of registered targets.
+    /// Counts connection attempts by outcome.
+    metrics: Arc<Metrics>,
+    /// Per-target pools. Bounded by the number of approved targets: a pool is dropped when
+    /// its target is found removed or no longer approved.
     targets: StdMutex<HashMap<String, Arc<TargetPool>>>,
 }
 
 impl SshPool {
-    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>, metrics: Arc<Metrics>) -> Self {
         SshPool {
             config,
             db,
             vault,
+            metrics,
             targets: StdMutex::new(HashMap::new()),
         }
     }
@@ -76,18 +81,19 @@ impl SshPool {
         let t = match target::get(&self.db, alias).await {
             Ok(t) => t,
             Err(target::TargetError::NotFound(_)) => {
+                self.forget(alias);
                 return Err(unavailable("no target has this alias".into()));
             }
             Err(e) => return Err(unavailable(e.to_string())),
         };
-        match t.status {
-            Status::Approved => {}
-            Status::Pending => {
-                return Err(unavailable(
-                    "it is pending; an admin must approve it first".into(),
-                ));
-            }
-            Status::Disabled => return Err(unavailable("it is disabled".into())),
+        let refused = match t.status {
+            Status::Approved => None,
+            Status::Pending => Some("it is pending; an admin must approve it first"),
+            Status::Disabled => Some("it is disabled"),
+        };
+        if let Some(reason) = refused {
+            self.forget(alias);
+            return Err(unavailable(reason.into()));
         }
         let mut map = self.targets.lock().expect("ssh pool lock");
         let pool = match map.get(alias) {
@@ -98,12 +104,22 @@ impl SshPool {
                     self.config.clone(),
                     self.db.clone(),
                     self.vault.clone(),
+                    self.metrics.clone(),
                 ));
                 map.insert(alias.to_string(), p.clone());
                 p
             }
         };
         Ok(Arc::new(SshBackend { pool }))
+    }
+
+    /// Drops the pool of a target that is gone or no longer approved, so the map stays
+    /// bounded by the usable targets; its connections close once their last command ends.
+    fn forget(&self, alias: &str) {
+        let gone = self.targets.lock().expect("ssh pool lock").remove(alias);
+        if gone.is_some() {
+            tracing::info!(ssh.target = %alias, "target no longer usable; its connections are closed");
+        }
     }
 
     /// Open connections per target alias (for metrics and tests).
@@ -173,6 +189,8 @@ pub struct TargetPool {
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
+    /// Counts connection attempts by outcome.
+    metrics: Arc<Metrics>,
     /// One permit per channel the target may have open: connections × channels.
     slots: Arc<Semaphore>,
     /// Commands currently waiting for a permit (bounded by [`MAX_QUEUED`]).
@@ -204,14 +222,42 @@ impl Drop for Lease {
     }
 }
 
+/// A place in a target's wait queue, given back on drop.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl<'a> Queued<'a> {
+    /// Takes a place, or `None` when [`MAX_QUEUED`] are already waiting.
+    fn enter(count: &'a AtomicUsize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_QUEUED).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Queued(count))
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl TargetPool {
-    fn new(target: Target, config: ExecConfig, db: PgPool, vault: Arc<Vault>) -> Self {
+    fn new(
+        target: Target,
+        config: ExecConfig,
+        db: PgPool,
+        vault: Arc<Vault>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
         TargetPool {
             target,
             config,
             db,
             vault,
+            metrics,
             slots: Arc::new(Semaphore::new(permits)),
             queued: AtomicUsize::new(0),
             conns: tokio::sync::Mutex::new(Vec::new()),
@@ -252,17 +298,16 @@ impl TargetPool {
     /// A channel slot: waits (bounded) for a permit, then picks a connection with a free
     /// channel, connecting a new one when all are full.
     async fn lease(&self) -> Result<Lease, ExecError> {
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= MAX_QUEUED {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ExecError::Busy {
-                alias: self.alias().to_string(),
-                waited: Duration::ZERO,
-            });
-        }
+        // Counted out again on drop, so a caller that gives up (cancellation, shutdown)
+        // while queued does not leave its place taken.
+        let place = Queued::enter(&self.queued).ok_or_else(|| ExecError::Busy {
+            alias: self.alias().to_string(),
+            waited: Duration::ZERO,
+        })?;
         let waited = self.config.ssh_queue_timeout;
         let deadline = tokio::time::Instant::now() + waited;
         let permit = tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await;
-        self.queued.fetch_sub(1, Ordering::AcqRel);
+        drop(place);
         let busy = || ExecError::Busy {
             alias: self.alias().to_string(),
             waited,
@@ -346,6 +391,18 @@ impl TargetPool {
             },
         )
         .await;
+        let outcome = match (&result, &seen.verdict) {
+            (Ok(_), _) => "ok",
+            (Err(ExecError::HostKeyMismatch { .. }), _) => "host_key_mismatch",
+            (Err(_), Some(target::HostKeyVerdict::Unpinned)) => "host_key_unpinned",
+            (Err(_), _) => "failed",
+        };
+        self.metrics
+            .ssh_connects
+            .get_or_create(&ReasonLabel {
+                reason: outcome.into(),
+            })
+            .inc();
         match result {
             Ok(handle) => {
                 *self.failure.lock().expect("failure lock") = None;
@@ -389,7 +446,14 @@ impl TargetPool {
         let mut last = None;
         for _ in 0..OPEN_ATTEMPTS {
             let lease = self.lease().await?;
-            match lease.conn.handle.channel_open_session().await {
+            // A peer that stops answering (without closing) must not hold us forever.
+            let opened = tokio::time::timeout(
+                self.config.ssh_connect_timeout,
+                lease.conn.handle.channel_open_session(),
+            )
+            .await
+            .unwrap_or(Err(russh::Error::ConnectionTimeout));
+            match opened {
                 Ok(ch) => return Ok((lease, ch)),
                 Err(e @ russh::Error::ChannelOpenFailure(_)) if !lease.conn.handle.is_closed() => {
                     let freed = self.freed.notified();
@@ -424,20 +488,29 @@ impl TargetPool {
                 last = e.to_string();
                 continue;
             }
-            loop {
-                match channel.wait().await {
-                    Some(ChannelMsg::Success) => return Ok((lease, channel)),
-                    Some(ChannelMsg::Failure) => {
-                        return Err(self.lost("the server refused to run the command"));
+            let confirmed = async {
+                loop {
+                    match channel.wait().await {
+                        Some(ChannelMsg::Success) => return Ok(true),
+                        Some(ChannelMsg::Failure) => return Err(()),
+                        Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => return Ok(false),
+                        Some(_) => {}
                     }
-                    Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
-                        lease.conn.broken.store(true, Ordering::Release);
-                        last = "the connection closed before the command started".into();
-                        break;
-                    }
-                    Some(_) => {}
+                }
+            };
+            match tokio::time::timeout(self.config.ssh_connect_timeout, confirmed).await {
+                Ok(Ok(true)) => return Ok((lease, channel)),
+                Ok(Err(())) => return Err(self.lost("the server refused to run the command")),
+                Ok(Ok(false)) => {
+                    last = "the connection closed before the command started".into();
+                }
+                Err(_) => {
+                    // It may still start: not retried, so nothing runs twice.
+                    lease.conn.broken.store(true, Ordering::Release);
+                    return Err(self.lost("the server did not confirm the command started"));
                 }
             }
+            lease.conn.broken.store(true, Ordering::Release);
         }
         Err(self.lost(last))
     }
@@ -457,15 +530,37 @@ impl TargetPool {
     ) -> Result<Output, ExecError> {
         // The login shell is the session leader: its pid is the process group to kill.
         let script = format!("printf '%s\\n' \"$$\" >&2\n{}", cmd.script);
-        let (lease, mut channel) = self.start(&script).await?;
-        if let Some(data) = cmd.stdin {
-            channel
-                .data_bytes(data.to_vec())
-                .await
-                .map_err(|e| self.lost(e))?;
-        }
-        // No more input: a command reading stdin sees end of file, as locally (/dev/null).
-        channel.eof().await.map_err(|e| self.lost(e))?;
+        // Waiting for a channel (bounded by the queue and connect timeouts) honours
+        // cancellation; the command's own timeout starts once it runs.
+        let (lease, channel) = tokio::select! {
+            started = self.start(&script) => started?,
+            _ = cancel.cancelled() => return Ok(Output {
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                stdout_omitted: 0,
+                stderr_omitted: 0,
+                exit: Exit::Cancelled,
+            }),
+        };
+        let (mut rx, tx) = channel.split();
+        // Input is sent while output is read: a command that does not read its input (or
+        // writes much before reading) neither blocks us past the timeout nor deadlocks.
+        // Then end of file, so a command reading stdin sees it, as locally (/dev/null).
+        let input = async {
+            if let Some(data) = cmd.stdin {
+                tx.data_bytes(data.to_vec()).await?;
+            }
+            tx.eof().await
+        };
+        tokio::pin!(input);
+        let mut input_sent = false;
+        // Armed until the command has ended or been killed: a caller that drops this future
+        // midway (shutdown, an abandoned tool call) must not leave it running remotely.
+        let mut orphan = KillOnDrop {
+            conn: lease.conn.clone(),
+            alias: self.target.alias.clone(),
+            pid: None,
+        };
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
         // The first stderr line carries the pid; bounded in case it never comes.
@@ -476,7 +571,10 @@ impl TargetPool {
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                msg = channel.wait() => match msg {
+                // A command that exits without reading its input closes the channel: the
+                // error is not the command's result, so it is ignored, as locally.
+                _ = &mut input, if !input_sent => input_sent = true,
+                msg = rx.wait() => match msg {
                     Some(ChannelMsg::Data { data }) => out.push(&data),
                     Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
                         let mut rest: &[u8] = &data;
@@ -485,6 +583,7 @@ impl TargetPool {
                                 Some(i) => {
                                     buf.extend_from_slice(&rest[..i]);
                                     pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
+                                    orphan.pid = pid;
                                     if pid.is_some() {
                                         rest = &rest[i + 1..];
                                     } else {
@@ -516,18 +615,19 @@ impl TargetPool {
                     Some(_) => {}
                 },
                 _ = &mut deadline => {
-                    self.kill(&lease, &channel, pid).await;
+                    self.kill(&lease, &tx, pid).await;
                     exit = Some(Exit::TimedOut);
                     break;
                 }
                 _ = cancel.cancelled() => {
-                    self.kill(&lease, &channel, pid).await;
+                    self.kill(&lease, &tx, pid).await;
                     exit = Some(Exit::Cancelled);
                     break;
                 }
             }
         }
-        let _ = channel.close().await;
+        orphan.pid = None;
+        let _ = tx.close().await;
         drop(lease);
         let exit = exit.ok_or_else(|| {
             self.lost("the channel closed before the command reported how it ended")
@@ -544,39 +644,10 @@ impl TargetPool {
 
     /// Kills a running command: a TERM signal request on its channel, then TERM and KILL to
     /// its process group from a second channel on the same connection.
-    async fn kill(&self, lease: &Lease, channel: &russh::Channel<Msg>, pid: Option<u32>) {
+    async fn kill(&self, lease: &Lease, channel: &ChannelWriteHalf<Msg>, pid: Option<u32>) {
         let _ = channel.signal(russh::Sig::TERM).await;
-        let Some(pid) = pid else { return };
-        let script = format!(
-            "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
-        );
-        let killed = async {
-            // On the same connection, outside the channel count (it is short-lived); sshd may
-            // refuse it for a moment at its session limit, so retry a few times.
-            let mut ch = None;
-            for _ in 0..OPEN_ATTEMPTS {
-                match lease.conn.handle.channel_open_session().await {
-                    Ok(c) => {
-                        ch = Some(c);
-                        break;
-                    }
-                    Err(russh::Error::ChannelOpenFailure(_)) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(_) => return None,
-                }
-            }
-            let mut ch = ch?;
-            ch.exec(true, script.into_bytes()).await.ok()?;
-            while let Some(msg) = ch.wait().await {
-                if matches!(msg, ChannelMsg::Close) {
-                    break;
-                }
-            }
-            Some(())
-        };
-        if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
-            tracing::warn!(ssh.target = %self.target.alias, "remote kill did not finish in time");
+        if let Some(pid) = pid {
+            kill_group(&lease.conn, pid, self.alias()).await;
         }
     }
 
@@ -604,6 +675,62 @@ impl TargetPool {
             })
             .await
             .cloned()
+    }
+}
+
+/// TERM, then KILL after up to 2 s, to the remote process group `pid`, from a second channel
+/// on `conn` (outside the channel count: it is short-lived). Bounded by [`KILL_WAIT`].
+async fn kill_group(conn: &Conn, pid: u32, alias: &str) {
+    let script = format!(
+        "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
+    );
+    let killed = async {
+        // On the same connection, outside the channel count (it is short-lived); sshd may
+        // refuse it for a moment at its session limit, so retry a few times.
+        let mut ch = None;
+        for _ in 0..OPEN_ATTEMPTS {
+            match conn.handle.channel_open_session().await {
+                Ok(c) => {
+                    ch = Some(c);
+                    break;
+                }
+                Err(russh::Error::ChannelOpenFailure(_)) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(_) => return None,
+            }
+        }
+        let mut ch = ch?;
+        ch.exec(true, script.into_bytes()).await.ok()?;
+        while let Some(msg) = ch.wait().await {
+            if matches!(msg, ChannelMsg::Close) {
+                break;
+            }
+        }
+        Some(())
+    };
+    if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
+        tracing::warn!(ssh.target = %alias, "remote kill did not finish in time");
+    }
+}
+
+/// Kills a started command's process group if dropped while it still runs (armed by a known
+/// pid): the remote twin of the local backend's group guard. Its shell then exits and sshd
+/// closes the channel.
+struct KillOnDrop {
+    conn: Arc<Conn>,
+    alias: String,
+    pid: Option<u32>,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (conn, alias) = (self.conn.clone(), std::mem::take(&mut self.alias));
+        rt.spawn(async move { kill_group(&conn, pid, &alias).await });
     }
 }
 
@@ -720,6 +847,30 @@ impl Backend for SshBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_place_is_given_back_even_when_its_waiter_gives_up() {
+        let count = AtomicUsize::new(0);
+        let places: Vec<_> = (0..MAX_QUEUED)
+            .map(|_| Queued::enter(&count).expect("room"))
+            .collect();
+        assert!(Queued::enter(&count).is_none(), "the queue is bounded");
+        drop(places);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        // A waiter dropped mid-wait (a cancelled command) gives its place back too.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let waiter = async {
+                let _place = Queued::enter(&count).expect("room");
+                std::future::pending::<()>().await;
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(1), waiter).await;
+        });
+        assert_eq!(count.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -87,6 +87,14 @@ async fn read_in(s: &Session, path: &str, offset: u64, len: u64) -> Result<FileB
         .await
         .map_err(|e| file_err(path, e))?
         .handle;
+    if size == 0 {
+        // procfs and other files that report no size: read on until end of file.
+        let data = read_sequential(s, &handle, offset, len).await;
+        let _ = s.raw.close(handle).await;
+        let data = data.map_err(|e| file_err(path, e))?;
+        let size = offset + data.len() as u64;
+        return Ok(FileBytes { data, size });
+    }
     let end = offset.saturating_add(len).min(size);
     let starts: Vec<u64> = (offset..end).step_by(CHUNK).collect();
     let chunks = futures_util::stream::iter(starts.into_iter().map(|at| {
@@ -118,6 +126,26 @@ async fn read_in(s: &Session, path: &str, offset: u64, len: u64) -> Result<FileB
         return Err(file_err(path, e));
     }
     Ok(FileBytes { data, size })
+}
+
+/// Reads up to `len` bytes from `offset`, one chunk at a time, stopping at end of file.
+async fn read_sequential(
+    s: &Session,
+    handle: &str,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, SftpError> {
+    let mut data = Vec::new();
+    while (data.len() as u64) < len {
+        let want = (len - data.len() as u64).min(CHUNK as u64) as usize;
+        let chunk = read_exact_at(&s.raw, handle, offset + data.len() as u64, want).await?;
+        let short = chunk.len() < want;
+        data.extend_from_slice(&chunk);
+        if short {
+            break;
+        }
+    }
+    Ok(data)
 }
 
 /// Reads `n` bytes at `at`, looping over short reads, stopping at end of file.
