@@ -224,21 +224,7 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
             .pointer_mut("/header")
             .and_then(Value::as_object_mut)
             .and_then(|h| h.remove("token"));
-        let Some(Value::String(token)) = token else {
-            return Err(Rejection::MissingFields);
-        };
-        if event_id.is_empty() || event_type.is_empty() {
-            return Err(Rejection::MissingFields);
-        }
-        return Ok(Parsed {
-            kind: Kind::Event(Envelope {
-                event_id,
-                event_type,
-                payload: v,
-            }),
-            token: Zeroizing::new(token),
-            created_at,
-        });
+        return event(event_id, event_type, token, created_at, v);
     }
     if v.get("uuid").is_some() {
         let event_id = str_at(&v, "/uuid").ok_or(Rejection::MissingFields)?;
@@ -248,23 +234,35 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
             Some(t) => Some(parse_event_time_v1(t).ok_or(Rejection::MissingFields)?),
         };
         let token = v.as_object_mut().and_then(|o| o.remove("token"));
-        let Some(Value::String(token)) = token else {
-            return Err(Rejection::MissingFields);
-        };
-        if event_id.is_empty() || event_type.is_empty() {
-            return Err(Rejection::MissingFields);
-        }
-        return Ok(Parsed {
-            kind: Kind::Event(Envelope {
-                event_id,
-                event_type,
-                payload: v,
-            }),
-            token: Zeroizing::new(token),
-            created_at,
-        });
+        return event(event_id, event_type, token, created_at, v);
     }
     Err(Rejection::MissingFields)
+}
+
+/// An event envelope (v2 or v1) once its fields are pulled out; the token already removed from
+/// the payload that will be stored.
+fn event(
+    event_id: String,
+    event_type: String,
+    token: Option<Value>,
+    created_at: Option<DateTime<Utc>>,
+    payload: Value,
+) -> Result<Parsed, Rejection> {
+    let Some(Value::String(token)) = token else {
+        return Err(Rejection::MissingFields);
+    };
+    if event_id.is_empty() || event_type.is_empty() {
+        return Err(Rejection::MissingFields);
+    }
+    Ok(Parsed {
+        kind: Kind::Event(Envelope {
+            event_id,
+            event_type,
+            payload,
+        }),
+        token: Zeroizing::new(token),
+        created_at,
+    })
 }
 
 /// `X-Lark-Request-Timestamp`: whole seconds since the epoch.
