@@ -58,12 +58,7 @@ async fn help_is_answered_with_the_exact_reply_request() {
         })
     );
     // The exchange is in the chat's section log.
-    let kinds: Vec<String> = sqlx::query_scalar(
-        "SELECT kind FROM session_events WHERE section_id = 'oc_chat' ORDER BY seq",
-    )
-    .fetch_all(&app.state.db)
-    .await
-    .unwrap();
+    let kinds = section_kinds(&app, "oc_chat").await;
     assert_eq!(kinds, ["message.received", "bot.reply"]);
     app.stop().await;
 }
@@ -253,15 +248,7 @@ async fn a_rate_limited_reply_is_posted_exactly_once() {
         "the retry is the same request, uuid included"
     );
     assert_eq!(fake.posted().len(), 1);
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("sshmode_lark_api_calls_total{api=\"reply\",outcome=\"rate_limited\"} 1"),
         "{metrics}"
@@ -296,15 +283,7 @@ async fn an_event_that_keeps_failing_is_dead_lettered() {
             .unwrap();
     assert!(err.contains("230002"), "{err}");
     assert!(!err.contains("t-1") && !err.contains(crate::fake_lark::APP_SECRET));
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(metrics.contains("sshmode_events_dead_total 1"), "{metrics}");
     assert!(
         metrics.contains("sshmode_events_failed_total 1"),
@@ -350,12 +329,7 @@ async fn a_failed_event_is_retried_with_backoff() {
     assert_eq!(fake.requests_to("/reply").len(), 2);
     assert_eq!(fake.posted().len(), 1);
     // The retry did not log the received message a second time.
-    let kinds: Vec<String> = sqlx::query_scalar(
-        "SELECT kind FROM session_events WHERE section_id = 'oc_chat' ORDER BY seq",
-    )
-    .fetch_all(&app.state.db)
-    .await
-    .unwrap();
+    let kinds = section_kinds(&app, "oc_chat").await;
     assert_eq!(kinds, ["message.received", "bot.reply"]);
     app.stop().await;
 }
@@ -394,4 +368,13 @@ async fn shutdown_hands_back_an_event_being_handled() {
     assert_eq!(replies[0].body["uuid"], replies[1].body["uuid"]);
     assert_eq!(fake.posted().len(), 1);
     app.stop().await;
+}
+
+/// The kinds of a section's event-log entries, in order.
+async fn section_kinds(app: &crate::helpers::TestApp, section: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT kind FROM session_events WHERE section_id = $1 ORDER BY seq")
+        .bind(section)
+        .fetch_all(&app.state.db)
+        .await
+        .unwrap()
 }

@@ -17,15 +17,7 @@ fn no_workers() -> crate::helpers::TestAppBuilder {
 }
 
 async fn metric(app: &TestApp, name: &str) -> String {
-    let body = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = app.metrics().await;
     body.lines()
         .filter(|l| l.starts_with(name))
         .collect::<Vec<_>>()
