@@ -371,6 +371,11 @@ mod tests {
 
     const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
+    /// Verifies an unsigned body with no Encrypt Key configured.
+    fn verify_plain(body: &str, at: DateTime<Utc>) -> Result<Verified, Rejection> {
+        verify(&config(None), Default::default(), body.as_bytes(), at, WEEK)
+    }
+
     fn now() -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_100, 0).unwrap()
     }
@@ -410,14 +415,7 @@ mod tests {
     #[test]
     fn plain_event_passes_and_token_is_removed() {
         let body = event("tok").to_string();
-        let v = verify(
-            &config(None),
-            Default::default(),
-            body.as_bytes(),
-            now(),
-            WEEK,
-        )
-        .unwrap();
+        let v = verify_plain(&body, now()).unwrap();
         let Verified::Event(e) = v else {
             panic!("not an event")
         };
@@ -425,13 +423,7 @@ mod tests {
         assert_eq!(e.event_type, "im.message.receive_v1");
         assert!(e.payload.pointer("/header/token").is_none());
         let body = event("tik").to_string();
-        let r = verify(
-            &config(None),
-            Default::default(),
-            body.as_bytes(),
-            now(),
-            WEEK,
-        );
+        let r = verify_plain(&body, now());
         assert_eq!(r, Err(Rejection::BadToken));
     }
 
@@ -439,13 +431,7 @@ mod tests {
     fn staleness_uses_header_then_create_time() {
         let body = event("tok").to_string();
         let later = now() + chrono::Duration::days(8);
-        let r = verify(
-            &config(None),
-            Default::default(),
-            body.as_bytes(),
-            later,
-            WEEK,
-        );
+        let r = verify_plain(&body, later);
         assert_eq!(r, Err(Rejection::Stale));
         let key = "ek";
         let enc = json!({"encrypt": encrypt(key, [1; 16], body.as_bytes())}).to_string();
@@ -501,14 +487,7 @@ mod tests {
         let body = json!({"uuid":"u1","token":"tok","ts":"1700000000.123","type":"event_callback",
             "event":{"type":"message"}})
         .to_string();
-        let v = verify(
-            &config(None),
-            Default::default(),
-            body.as_bytes(),
-            now(),
-            WEEK,
-        )
-        .unwrap();
+        let v = verify_plain(&body, now()).unwrap();
         let Verified::Event(e) = v else {
             panic!("not an event")
         };
