@@ -43,8 +43,7 @@ async fn wait_exited(pid: u32, within: Duration) -> bool {
 
 #[tokio::test]
 async fn a_login_script_printing_1_never_turns_a_timeout_into_kill_minus_1() {
-    let Some(env) = env_with_sshd(&[("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")], "").await
-    else {
+    let Some(env) = env_with_sshd(&[("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")], "").await else {
         return;
     };
     // Every session of this user first prints `1` on stderr, as a chatty rc file would (sshd
