@@ -131,6 +131,9 @@ pub async fn run_with(
             let offline = args.offline;
             let mut new = new_target(args, input)?;
             super::validate(&new).map_err(user_error)?;
+            if super::get(db, &new.alias).await.is_ok() {
+                return Err(user_error(TargetError::Exists(new.alias)));
+            }
             if !offline {
                 see_host_key(&mut new, config).await?;
             }

@@ -568,8 +568,8 @@ pub async fn remove(db: &PgPool, alias: &str, actor: &str) -> Result<(), TargetE
 }
 
 /// The sealed secrets of generation `generation` of a target (for `exec::ssh`
-/// authentication only). `None` in a field that is set means the row is still at seal
-/// version 1 (not yet re-sealed): it is refused rather than opened the old way.
+/// authentication only). A row still at seal version 1 (its re-seal failed) is refused rather
+/// than opened the old way.
 pub async fn sealed_secrets(
     db: &PgPool,
     alias: &str,
