@@ -134,7 +134,7 @@ async fn run() {
                 cert: None,
             },
             host_key_policy: HostKeyPolicy::Tofu,
-            pinned: None,
+            host_key: None,
             approve: true,
         };
         sshmode::target::add(&store.pool, &vault, new, "bench")

@@ -109,11 +109,17 @@ impl App {
                 )
             })?,
         );
+        // Vault records still bound to the alias alone are sealed again for their row and field.
+        crate::target::reseal_legacy(&store.pool, &vault)
+            .await
+            .context("re-sealing vault records")?;
+        let tasks = TaskTracker::new();
         let exec = Arc::new(crate::exec::Executors::with_metrics(
             &config.exec,
             store.pool.clone(),
             vault,
             metrics.clone(),
+            tasks.clone(),
         )?);
         let state = AppState {
             config: Arc::new(config),
@@ -126,7 +132,6 @@ impl App {
             inbox: Arc::new(crate::inbox::Inbox::default()),
             exec: exec.clone(),
         };
-        let tasks = TaskTracker::new();
         crate::inbox::spawn_workers(&state, &tasks);
         tasks.spawn(exec.run_reaper(shutdown.clone()));
         if let Some(router) = &state.llm {

@@ -1,10 +1,13 @@
 //! The vault: SSH secrets encrypted with AES-256-GCM under a master key file (mode 0600), a
-//! fresh nonce per record, the target alias as associated data. Plaintext leaves only towards
-//! SSH authentication.
+//! fresh nonce per record, and associated data naming the record's place: the target row
+//! (alias and generation) and the field (key, certificate or password). Plaintext leaves only
+//! towards SSH authentication.
 //!
 //! A sealed record is `version (1 byte) || nonce (12 bytes) || ciphertext || tag (16 bytes)`.
-//! Binding the alias as associated data means a record copied onto another target's row fails
-//! to open instead of authenticating as the wrong host. The vault never logs, formats or returns
+//! Binding the record's place as associated data means a record copied onto another target's
+//! row, onto a later target that reuses a removed alias, or into another field of its own row
+//! fails to open instead of authenticating with the wrong secret. Version 1 records (alias
+//! only) are opened once more, by the start-up re-seal, and never again. The vault never logs, formats or returns
 //! plaintext in an error, never holds the raw key outside `Zeroizing` memory (the working copy
 //! lives inside ring's key schedule), and never accepts a key file other users could read.
 
@@ -20,8 +23,55 @@ use zeroize::Zeroizing;
 
 /// Length of the master key: AES-256.
 const KEY_LEN: usize = 32;
-/// Format version of sealed records; bump when the layout or algorithm changes.
-const VERSION: u8 = 1;
+/// Format version of sealed records; bump when the layout, algorithm or associated data
+/// changes. 2: bound to (alias, generation, field).
+const VERSION: u8 = 2;
+/// The first format: the alias alone as associated data (read only to re-seal).
+const LEGACY_VERSION: u8 = 1;
+
+/// Which secret of a target a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// The private key.
+    Key,
+    /// The OpenSSH user certificate.
+    Cert,
+    Password,
+}
+
+impl Field {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Key => "key",
+            Field::Cert => "cert",
+            Field::Password => "password",
+        }
+    }
+}
+
+/// Where a record belongs: one field of one target row. Its bytes are the record's associated
+/// data, so it opens only there.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    pub alias: &'a str,
+    /// The row's generation: a new one each time the alias is added.
+    pub generation: i64,
+    pub field: Field,
+}
+
+impl Place<'_> {
+    /// `sshmode.vault.v2 NUL generation (8 bytes, big endian) field NUL alias`: unambiguous,
+    /// since the field names and aliases contain no NUL.
+    fn aad(&self) -> Vec<u8> {
+        let mut aad = Vec::with_capacity(48 + self.alias.len());
+        aad.extend_from_slice(b"sshmode.vault.v2\0");
+        aad.extend_from_slice(&self.generation.to_be_bytes());
+        aad.extend_from_slice(self.field.as_str().as_bytes());
+        aad.push(0);
+        aad.extend_from_slice(self.alias.as_bytes());
+        aad
+    }
+}
 /// AES-GCM tag length.
 const TAG_LEN: usize = 16;
 const HEADER_LEN: usize = 1 + NONCE_LEN;
@@ -191,17 +241,44 @@ impl Vault {
         Ok(key)
     }
 
-    /// Encrypts `plaintext` for `alias`: `version || nonce || ciphertext+tag`.
-    pub fn seal(&self, alias: &str, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
+    /// Encrypts `plaintext` for `place`: `version || nonce || ciphertext+tag`.
+    pub fn seal(&self, place: &Place<'_>, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
+        self.seal_with(VERSION, &place.aad(), place.alias, plaintext)
+    }
+
+    /// Decrypts a record sealed for `place`. A record of another place (another target,
+    /// an earlier target with this alias, another field), a wrong key, a version 1 record, or
+    /// any altered or missing byte fails.
+    pub fn open(&self, place: &Place<'_>, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+        self.open_with(VERSION, &place.aad(), place.alias, sealed)
+    }
+
+    /// Opens a version 1 record (the alias alone as associated data), only so that the
+    /// start-up re-seal can seal it again for its place.
+    pub(crate) fn open_legacy(
+        &self,
+        alias: &str,
+        sealed: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+        self.open_with(LEGACY_VERSION, alias.as_bytes(), alias, sealed)
+    }
+
+    fn seal_with(
+        &self,
+        version: u8,
+        aad: &[u8],
+        alias: &str,
+        plaintext: &[u8],
+    ) -> Result<Vec<u8>, VaultError> {
         let mut nonce = [0u8; NONCE_LEN];
         self.rng.fill(&mut nonce).map_err(|_| VaultError::Random)?;
         let mut out = Vec::with_capacity(HEADER_LEN + plaintext.len() + TAG_LEN);
-        out.push(VERSION);
+        out.push(version);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(plaintext);
         let sealed = self.key.seal_in_place_separate_tag(
             Nonce::assume_unique_for_key(nonce),
-            Aad::from(alias.as_bytes()),
+            Aad::from(aad),
             &mut out[HEADER_LEN..],
         );
         match sealed {
@@ -219,9 +296,13 @@ impl Vault {
         }
     }
 
-    /// Decrypts a record sealed for `alias`. A wrong alias, a wrong key, or any altered or
-    /// missing byte fails.
-    pub fn open(&self, alias: &str, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+    fn open_with(
+        &self,
+        version: u8,
+        aad: &[u8],
+        alias: &str,
+        sealed: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, VaultError> {
         let malformed = |reason| VaultError::Malformed {
             alias: alias.to_owned(),
             reason,
@@ -229,15 +310,15 @@ impl Vault {
         if sealed.len() < HEADER_LEN + TAG_LEN {
             return Err(malformed("too short"));
         }
-        if sealed[0] != VERSION {
-            return Err(malformed("unknown format version"));
+        if sealed[0] != version {
+            return Err(malformed("unexpected format version"));
         }
         let nonce = Nonce::try_assume_unique_for_key(&sealed[1..HEADER_LEN])
             .map_err(|_| malformed("bad nonce"))?;
         let mut buf = Zeroizing::new(sealed[HEADER_LEN..].to_vec());
         let len = self
             .key
-            .open_in_place(nonce, Aad::from(alias.as_bytes()), &mut buf[..])
+            .open_in_place(nonce, Aad::from(aad), &mut buf[..])
             .map_err(|_| VaultError::Decrypt {
                 alias: alias.to_owned(),
             })?
@@ -245,12 +326,27 @@ impl Vault {
         buf.truncate(len);
         Ok(buf)
     }
+
+    /// Seals a version 1 record, as the first format did (tests of the re-seal only).
+    #[cfg(test)]
+    fn seal_legacy(&self, alias: &str, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
+        self.seal_with(LEGACY_VERSION, alias.as_bytes(), alias, plaintext)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// The key field of generation 7 of `alias`.
+    fn at(alias: &str) -> Place<'_> {
+        Place {
+            alias,
+            generation: 7,
+            field: Field::Key,
+        }
+    }
 
     fn fresh() -> (tempfile::TempDir, PathBuf, Vault) {
         let dir = tempfile::tempdir().unwrap();
@@ -262,22 +358,22 @@ mod tests {
     #[test]
     fn round_trip() {
         let (_d, _p, v) = fresh();
-        let sealed = v.seal("web-1", b"-----BEGIN KEY-----").unwrap();
+        let sealed = v.seal(&at("web-1"), b"-----BEGIN KEY-----").unwrap();
         assert_eq!(sealed.len(), 1 + 12 + 19 + 16);
         assert_eq!(sealed[0], VERSION);
         assert_eq!(
-            &v.open("web-1", &sealed).unwrap()[..],
+            &v.open(&at("web-1"), &sealed).unwrap()[..],
             b"-----BEGIN KEY-----"
         );
-        let empty = v.seal("web-1", b"").unwrap();
-        assert!(v.open("web-1", &empty).unwrap().is_empty());
+        let empty = v.seal(&at("web-1"), b"").unwrap();
+        assert!(v.open(&at("web-1"), &empty).unwrap().is_empty());
     }
 
     #[test]
     fn sealing_twice_gives_different_records() {
         let (_d, _p, v) = fresh();
-        let a = v.seal("db", b"hunter2").unwrap();
-        let b = v.seal("db", b"hunter2").unwrap();
+        let a = v.seal(&at("db"), b"hunter2").unwrap();
+        let b = v.seal(&at("db"), b"hunter2").unwrap();
         assert_ne!(a, b);
         assert_ne!(a[1..13], b[1..13], "nonces must differ");
         assert!(
@@ -289,21 +385,61 @@ mod tests {
     #[test]
     fn wrong_alias_fails() {
         let (_d, _p, v) = fresh();
-        let sealed = v.seal("db", b"hunter2").unwrap();
-        let err = v.open("web", &sealed).unwrap_err();
+        let sealed = v.seal(&at("db"), b"hunter2").unwrap();
+        let err = v.open(&at("web"), &sealed).unwrap_err();
         assert!(matches!(err, VaultError::Decrypt { .. }), "{err:?}");
         assert!(!err.to_string().contains("hunter2"));
     }
 
     #[test]
+    fn a_record_opens_only_in_its_own_row_and_field() {
+        let (_d, _p, v) = fresh();
+        let sealed = v.seal(&at("db"), b"hunter2").unwrap();
+        // The alias added again later (a new generation): refused.
+        let later = Place {
+            generation: 8,
+            ..at("db")
+        };
+        assert!(matches!(
+            v.open(&later, &sealed),
+            Err(VaultError::Decrypt { .. })
+        ));
+        // Another field of the same row (a key moved into the certificate column): refused.
+        for field in [Field::Cert, Field::Password] {
+            let other = Place { field, ..at("db") };
+            assert!(v.open(&other, &sealed).is_err(), "{field:?}");
+        }
+        assert_eq!(&v.open(&at("db"), &sealed).unwrap()[..], b"hunter2");
+    }
+
+    #[test]
+    fn version_1_records_open_only_for_the_reseal() {
+        let (_d, _p, v) = fresh();
+        let old = v.seal_legacy("db", b"hunter2").unwrap();
+        assert_eq!(old[0], LEGACY_VERSION);
+        assert!(
+            v.open(&at("db"), &old).is_err(),
+            "a v1 record is not a v2 one"
+        );
+        assert_eq!(&v.open_legacy("db", &old).unwrap()[..], b"hunter2");
+        assert!(v.open_legacy("web", &old).is_err());
+        // Nor does a v2 record pass as v1.
+        let new = v.seal(&at("db"), b"hunter2").unwrap();
+        assert!(v.open_legacy("db", &new).is_err());
+    }
+
+    #[test]
     fn any_flipped_bit_fails() {
         let (_d, _p, v) = fresh();
-        let sealed = v.seal("db", b"hunter2").unwrap();
+        let sealed = v.seal(&at("db"), b"hunter2").unwrap();
         for i in 0..sealed.len() {
             for bit in [0x01u8, 0x80] {
                 let mut t = sealed.clone();
                 t[i] ^= bit;
-                assert!(v.open("db", &t).is_err(), "byte {i} bit {bit:#x} accepted");
+                assert!(
+                    v.open(&at("db"), &t).is_err(),
+                    "byte {i} bit {bit:#x} accepted"
+                );
             }
         }
     }
@@ -311,25 +447,25 @@ mod tests {
     #[test]
     fn truncated_or_extended_records_fail() {
         let (_d, _p, v) = fresh();
-        let sealed = v.seal("db", b"hunter2").unwrap();
+        let sealed = v.seal(&at("db"), b"hunter2").unwrap();
         for n in 0..sealed.len() {
             assert!(
-                v.open("db", &sealed[..n]).is_err(),
+                v.open(&at("db"), &sealed[..n]).is_err(),
                 "prefix of {n} bytes accepted"
             );
         }
         let mut longer = sealed.clone();
         longer.push(0);
-        assert!(v.open("db", &longer).is_err());
+        assert!(v.open(&at("db"), &longer).is_err());
     }
 
     #[test]
     fn another_key_cannot_open() {
         let (_d1, _p1, v1) = fresh();
         let (_d2, _p2, v2) = fresh();
-        let sealed = v1.seal("db", b"hunter2").unwrap();
+        let sealed = v1.seal(&at("db"), b"hunter2").unwrap();
         assert!(matches!(
-            v2.open("db", &sealed),
+            v2.open(&at("db"), &sealed),
             Err(VaultError::Decrypt { .. })
         ));
     }
@@ -348,7 +484,7 @@ mod tests {
     #[test]
     fn reopening_decrypts_old_records() {
         let (_d, path, v) = fresh();
-        let sealed = v.seal("db", b"hunter2").unwrap();
+        let sealed = v.seal(&at("db"), b"hunter2").unwrap();
         let key_before = fs::read(&path).unwrap();
         drop(v);
         let again = Vault::open_or_create(&path).unwrap();
@@ -357,7 +493,7 @@ mod tests {
             key_before,
             "key file was rewritten"
         );
-        assert_eq!(&again.open("db", &sealed).unwrap()[..], b"hunter2");
+        assert_eq!(&again.open(&at("db"), &sealed).unwrap()[..], b"hunter2");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::ExecConfig;
 use crate::metrics::Metrics;
@@ -98,7 +99,7 @@ pub enum ExecError {
     Unavailable { alias: String, reason: String },
     /// The host presented a key other than the recorded one: refused.
     #[error(
-        "host key of `{alias}` changed: expected {expected}, got {presented}; refusing to connect (an admin must check the host and re-pin its key)"
+        "host key of `{alias}` changed: expected {expected}, got {presented}; refusing to connect. If the change is legitimate, an admin checks the new key on the host and runs `sshmode target rekey {alias} --host-key SHA256:…`"
     )]
     HostKeyMismatch {
         alias: String,
@@ -186,16 +187,24 @@ impl Executors {
     /// Builds the layer with metrics of its own (benchmarks, tools); the app uses
     /// [`Executors::with_metrics`].
     pub fn new(config: &ExecConfig, db: PgPool, vault: Arc<Vault>) -> anyhow::Result<Self> {
-        Self::with_metrics(config, db, vault, Arc::new(Metrics::new()))
+        Self::with_metrics(
+            config,
+            db,
+            vault,
+            Arc::new(Metrics::new()),
+            TaskTracker::new(),
+        )
     }
 
     /// Builds the layer, counting into `metrics`; the guard's extra patterns come from
-    /// `config.guard_extra_file`.
+    /// `config.guard_extra_file`. Background work (the remote kill of a dropped command) runs
+    /// on `tasks`, the app's tracker, so shutdown waits for it.
     pub fn with_metrics(
         config: &ExecConfig,
         db: PgPool,
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
+        tasks: TaskTracker,
     ) -> anyhow::Result<Self> {
         let guard = guard::Guard::from_file(config.guard_extra_file.as_deref())
             .map_err(|e| anyhow::anyhow!("command guard: {e}"))?;
@@ -207,6 +216,7 @@ impl Executors {
                 db,
                 vault,
                 metrics.clone(),
+                tasks,
             )),
             guard: Arc::new(guard),
             cwds: Arc::new(CwdStore::default()),

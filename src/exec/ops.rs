@@ -261,13 +261,11 @@ impl Ops {
             "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
             d = shell_quote(&cwd)
         ));
-        for (k, v) in &opts.env {
-            if !valid_env_name(k) {
-                return Err(ExecError::Invalid(format!(
-                    "`{k}` is not a valid environment variable name"
-                )));
-            }
-            script.push_str(&format!("export {k}={}\n", shell_quote(v)));
+        // Values travel on standard input, not in the script: the script is the shell's
+        // command line, which anyone on the host can read with `ps`.
+        let env_input = env_block(&opts.env)?;
+        if env_input.is_some() {
+            script.push_str(ENV_READER);
         }
         script.push_str(command);
         script.push('\n');
@@ -276,7 +274,7 @@ impl Ops {
             .run(
                 Command {
                     script: &script,
-                    stdin: None,
+                    stdin: env_input.as_deref(),
                     timeout: self.timeout(opts.timeout),
                     // Room for the marker line, which is removed again.
                     stdout_limit: out_limit + marker.len() + 4096,
@@ -442,7 +440,7 @@ impl Ops {
                 "old_string occurs {count} times in {path}; include more context to make it unique, or set replace_all"
             )));
         }
-        let patched = text.replace(old, new);
+        let patched = replace_bounded(&text, old, new, count, &path)?;
         self.backend.write(&path, patched.as_bytes()).await?;
         Ok(PatchResult {
             path,
@@ -512,6 +510,26 @@ impl Ops {
     }
 }
 
+/// `text` with the `count` occurrences of `old` replaced by `new`, refused before anything is
+/// built when the result would exceed [`MAX_FILE_BYTES`] (a short `old` replaced everywhere by
+/// a long `new` multiplies the size).
+fn replace_bounded(
+    text: &str,
+    old: &str,
+    new: &str,
+    count: usize,
+    path: &str,
+) -> Result<String, ExecError> {
+    let size =
+        text.len() as u128 - count as u128 * old.len() as u128 + count as u128 * new.len() as u128;
+    if size > MAX_FILE_BYTES as u128 {
+        return Err(ExecError::Invalid(format!(
+            "replacing {count} occurrences would make {path} {size} bytes; at most {MAX_FILE_BYTES} can be written at once"
+        )));
+    }
+    Ok(text.replace(old, new))
+}
+
 fn join(dir: &str, rest: &str) -> String {
     if rest.is_empty() {
         dir.to_string()
@@ -520,6 +538,66 @@ fn join(dir: &str, rest: &str) -> String {
     } else {
         format!("{dir}/{rest}")
     }
+}
+
+/// Most variables one command may be given.
+const MAX_ENV_VARS: usize = 128;
+/// Most bytes of names and values together.
+const MAX_ENV_BYTES: usize = 64 * 1024;
+
+/// Reads `NAME ENCODED` lines from standard input up to a `.` line and exports each value
+/// (decoded by `printf %b`; the `x` keeps trailing newlines through the substitution). POSIX
+/// sh, so it works under any login shell the script may meet. What the command reads from
+/// its standard input afterwards is what follows the block: nothing.
+const ENV_READER: &str = "while IFS=' ' read -r __sshmode_k __sshmode_v; do \
+[ \"$__sshmode_k\" = . ] && break; \
+__sshmode_v=$(printf '%bx' \"$__sshmode_v\"); export \"$__sshmode_k=${__sshmode_v%x}\"; \
+done; unset __sshmode_k __sshmode_v\n";
+
+/// The standard input that carries `env` to [`ENV_READER`]: one `NAME ENCODED` line per
+/// variable (every byte but `[A-Za-z0-9._/:@%+,=-]` as a `\0ooo` octal escape, so a value is
+/// one line without spaces or backslashes of its own), then `.`. `None` when `env` is empty.
+fn env_block(env: &[(String, String)]) -> Result<Option<Vec<u8>>, ExecError> {
+    if env.is_empty() {
+        return Ok(None);
+    }
+    if env.len() > MAX_ENV_VARS {
+        return Err(ExecError::Invalid(format!(
+            "{} environment variables given; at most {MAX_ENV_VARS}",
+            env.len()
+        )));
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_ENV_BYTES {
+        return Err(ExecError::Invalid(format!(
+            "the environment variables hold {total} bytes; at most {MAX_ENV_BYTES}"
+        )));
+    }
+    let mut out = Vec::with_capacity(total * 2 + 8);
+    for (k, v) in env {
+        if !valid_env_name(k) {
+            return Err(ExecError::Invalid(format!(
+                "`{k}` is not a valid environment variable name"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ExecError::Invalid(format!(
+                "the value of `{k}` contains a NUL byte, which no environment can hold"
+            )));
+        }
+        out.extend_from_slice(k.as_bytes());
+        out.push(b' ');
+        for &b in v.as_bytes() {
+            if b.is_ascii_alphanumeric() || b"._/:@%+,=-".contains(&b) {
+                out.push(b);
+            } else {
+                out.extend_from_slice(format!("\\0{b:03o}").as_bytes());
+            }
+        }
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b".\n");
+    Ok(Some(out))
 }
 
 fn valid_env_name(k: &str) -> bool {
@@ -577,6 +655,18 @@ mod tests {
     }
 
     #[test]
+    fn replace_all_is_bounded_before_the_result_is_built() {
+        assert_eq!(replace_bounded("a-a", "a", "bb", 2, "/f").unwrap(), "bb-bb");
+        // 1 MiB of `a`, each replaced by 100 bytes: 100 MiB, over the limit.
+        let text = "a".repeat(1 << 20);
+        let new = "x".repeat(100);
+        let e = replace_bounded(&text, "a", &new, 1 << 20, "/f").unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        // Shrinking is always fine.
+        assert_eq!(replace_bounded(&text, "aa", "", 1 << 19, "/f").unwrap(), "");
+    }
+
+    #[test]
     fn binary_detection() {
         assert!(is_binary(b"ab\0cd", false));
         assert!(!is_binary("héllo".as_bytes(), false));
@@ -585,6 +675,63 @@ mod tests {
         let s = "aé".as_bytes();
         assert!(!is_binary(&s[..2], true));
         assert!(is_binary(&s[..2], false));
+    }
+
+    #[test]
+    fn env_values_travel_on_stdin_and_survive_every_shell() {
+        let values = [
+            "plain",
+            "",
+            "it's $HOME `x` \"q\" \\n \\0101 %s %b",
+            "trailing newlines\n\n",
+            "  spaces  and\ttabs ",
+            "héllo ☃ \u{1}\u{7f}",
+            "-n",
+            ".",
+        ];
+        let env: Vec<(String, String)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("V{i}"), v.to_string()))
+            .collect();
+        let block = env_block(&env).unwrap().unwrap();
+        // One line per variable: nothing a shell would read as a space, quote or escape.
+        assert!(
+            !block.windows(6).any(|w| w == b"it's $"),
+            "values travel encoded"
+        );
+        assert_eq!(block.iter().filter(|b| **b == b'\n').count(), env.len() + 1);
+        for shell in ["sh", "bash"] {
+            for (i, v) in values.iter().enumerate() {
+                let script = format!("{ENV_READER}printf '%s' \"$V{i}\"; cat");
+                let mut child = std::process::Command::new(shell)
+                    .arg("-c")
+                    .arg(&script)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                use std::io::Write;
+                let mut input = block.clone();
+                input.extend_from_slice(b"rest of stdin");
+                child.stdin.take().unwrap().write_all(&input).unwrap();
+                let out = child.wait_with_output().unwrap();
+                let expected = format!("{v}rest of stdin");
+                assert_eq!(
+                    String::from_utf8_lossy(&out.stdout),
+                    expected,
+                    "{shell}: V{i}"
+                );
+            }
+        }
+        assert_eq!(env_block(&[]).unwrap(), None);
+        assert!(env_block(&[("A".into(), "a\0b".into())]).is_err());
+        assert!(env_block(&[("A;x".into(), "v".into())]).is_err());
+        let many: Vec<_> = (0..=MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert!(env_block(&many).is_err());
+        assert!(env_block(&[("BIG".into(), "x".repeat(MAX_ENV_BYTES))]).is_err());
     }
 
     #[test]

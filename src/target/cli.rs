@@ -1,4 +1,6 @@
-//! `sshmode target …`: add, list, show, approve, disable, remove, test.
+//! `sshmode target …`: add (which sees the host key once, unless `--offline`), list, show,
+//! approve (which pins the key shown), disable, remove, test (`--trust [SHA256:…]` pins only
+//! the key the operator checked), rekey.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -9,7 +11,7 @@ use russh::keys::{Certificate, HashAlg, PublicKey};
 use sqlx::PgPool;
 use zeroize::Zeroizing;
 
-use super::{HostKey, HostKeyPolicy, NewSecrets, NewTarget, Status, Target, TargetError};
+use super::{HostKey, HostKeyPolicy, NewSecrets, NewTarget, Status, Target, TargetError, Trust};
 use crate::config::Config;
 use crate::exec::ssh::connect::{self, ConnectOptions};
 use crate::vault::Vault;
@@ -35,9 +37,18 @@ pub enum TargetCmd {
     /// Connect, check the host key, run `true`; print the host key fingerprint.
     Test {
         alias: String,
-        /// Pin the presented host key (for `strict` targets).
+        /// Pin the presented host key, only if it has the `SHA256:…` fingerprint you checked
+        /// on the host (`--trust` alone pins the presented key if no other is recorded).
+        #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "SHA256:FP")]
+        trust: Option<String>,
+    },
+    /// Replace the recorded or pinned host key after a legitimate change (audited).
+    Rekey {
+        alias: String,
+        /// The new key: a `known_hosts`-style key line or a `SHA256:…` fingerprint, checked
+        /// on the host.
         #[arg(long)]
-        trust: bool,
+        host_key: String,
     },
 }
 
@@ -84,9 +95,13 @@ pub struct AddArgs {
     /// Pin this host key: a `known_hosts`-style key line or a `SHA256:…` fingerprint.
     #[arg(long)]
     pub host_key: Option<String>,
-    /// Added by an operator: usable at once.
+    /// Added by an operator: usable at once (the host key seen now is pinned).
     #[arg(long)]
     pub approve: bool,
+    /// Do not connect now to see the host key; the first connection records it (a strict
+    /// target needs `--host-key` or `target test --trust SHA256:…`).
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// Runs a target command; returns the process exit code.
@@ -112,8 +127,16 @@ pub async fn run_with(
     crate::install_crypto_provider();
     match cmd {
         TargetCmd::Add(args) => {
-            let vault = open_vault(config)?;
-            let new = new_target(args, input)?;
+            let vault = open_vault(config, db).await?;
+            let offline = args.offline;
+            let mut new = new_target(args, input)?;
+            super::validate(&new).map_err(user_error)?;
+            if super::get(db, &new.alias).await.is_ok() {
+                return Err(user_error(TargetError::Exists(new.alias)));
+            }
+            if !offline {
+                see_host_key(&mut new, config).await?;
+            }
             let approved = new.approve;
             let t = super::add(db, &vault, new, ACTOR)
                 .await
@@ -129,10 +152,18 @@ pub async fn run_with(
                     "; an admin must approve it before chats can use it"
                 }
             )?;
-            if t.host_key_policy == HostKeyPolicy::Strict && t.host_key.is_none() {
+            match &t.host_key {
+                Some(k) => writeln!(out, "host key: {}", k.describe())?,
+                None => writeln!(
+                    out,
+                    "host key: not seen (--offline); the first connection records it"
+                )?,
+            }
+            let pinned = t.host_key.as_ref().is_some_and(|k| k.source == "pinned");
+            if t.host_key_policy == HostKeyPolicy::Strict && !pinned {
                 writeln!(
                     out,
-                    "strict target without a pinned host key: run `sshmode target test {} --trust` after checking the fingerprint",
+                    "strict target without a pinned host key: check the fingerprint on the host and run `sshmode target test {} --trust SHA256:…`",
                     t.alias
                 )?;
             }
@@ -167,7 +198,20 @@ pub async fn run_with(
             show(&t, out)?;
             Ok(0)
         }
-        TargetCmd::Approve { alias } => status(db, &alias, Status::Approved, out).await,
+        TargetCmd::Approve { alias } => {
+            let a = super::approve(db, &alias, ACTOR)
+                .await
+                .map_err(user_error)?;
+            writeln!(out, "target `{alias}`: {} -> approved", a.previous.as_str())?;
+            match a.pinned {
+                Some(k) => writeln!(out, "host key pinned: {}", k.describe())?,
+                None => writeln!(
+                    out,
+                    "no host key seen yet: the first connection records it (a strict target needs `target test {alias} --trust SHA256:…`)"
+                )?,
+            }
+            Ok(0)
+        }
         TargetCmd::Disable { alias } => status(db, &alias, Status::Disabled, out).await,
         TargetCmd::Remove { alias } => {
             super::remove(db, &alias, ACTOR).await.map_err(user_error)?;
@@ -175,20 +219,81 @@ pub async fn run_with(
             Ok(0)
         }
         TargetCmd::Test { alias, trust } => {
-            let vault = open_vault(config)?;
+            let trust = match trust.as_deref().map(str::trim) {
+                None => None,
+                Some("") => Some(Trust::Presented),
+                Some(fp) => Some(Trust::Fingerprint(parse_fingerprint(fp)?)),
+            };
+            let vault = open_vault(config, db).await?;
             let t = super::get(db, &alias).await.map_err(user_error)?;
             test(&t, config, db, &vault, trust, out).await
+        }
+        TargetCmd::Rekey { alias, host_key } => {
+            let key = parse_host_key(&host_key)?;
+            let prev = super::rekey(db, &alias, &key, ACTOR)
+                .await
+                .map_err(user_error)?;
+            writeln!(
+                out,
+                "target `{alias}`: host key {} replaced; now pinned: {}",
+                prev.as_deref().unwrap_or("(none)"),
+                key.fingerprint
+            )?;
+            Ok(0)
         }
     }
 }
 
-fn open_vault(config: &Config) -> anyhow::Result<Vault> {
-    Vault::open_or_create(&config.master_key_file).map_err(|e| {
+/// Opens the vault and re-seals any records still in the first format (idempotent).
+async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
+    let vault = Vault::open_or_create(&config.master_key_file).map_err(|e| {
         anyhow::anyhow!(
             "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
             config.master_key_file.display()
         )
-    })
+    })?;
+    super::reseal_legacy(db, &vault).await.map_err(user_error)?;
+    Ok(vault)
+}
+
+/// Connects once to see the host key (`target add` without `--offline`): a key given with
+/// `--host-key` must be the one presented; otherwise the presented one is recorded as seen.
+async fn see_host_key(new: &mut NewTarget, config: &Config) -> anyhow::Result<()> {
+    let (fingerprint, algorithm) =
+        connect::probe_host_key(&config.exec, new.host.trim(), new.port)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "could not see the host key of `{}`: {e}; fix the address, or add it with --offline (the first connection then records the key)",
+                    new.alias
+                )
+            })?;
+    if let Some(given) = &new.host_key
+        && given.fingerprint != fingerprint
+    {
+        bail!(
+            "{}:{} presents host key {fingerprint} ({algorithm}), not the {} given with --host-key; nothing was added",
+            new.host,
+            new.port,
+            given.fingerprint
+        );
+    }
+    let key = new.host_key.get_or_insert_with(|| HostKey {
+        fingerprint,
+        algorithm: None,
+        source: "seen".into(),
+        at: None,
+    });
+    key.algorithm.get_or_insert(algorithm);
+    Ok(())
+}
+
+/// A `SHA256:…` fingerprint as `--trust` takes it.
+fn parse_fingerprint(s: &str) -> anyhow::Result<String> {
+    if !s.starts_with("SHA256:") {
+        bail!("--trust takes the `SHA256:…` fingerprint you checked on the host");
+    }
+    Ok(parse_host_key(s)?.fingerprint)
 }
 
 fn user_error(e: TargetError) -> anyhow::Error {
@@ -196,6 +301,7 @@ fn user_error(e: TargetError) -> anyhow::Error {
 }
 
 async fn status(db: &PgPool, alias: &str, to: Status, out: &mut dyn Write) -> anyhow::Result<i32> {
+    debug_assert!(to != Status::Approved, "approval goes through `approve`");
     let prev = super::set_status(db, alias, to, ACTOR)
         .await
         .map_err(user_error)?;
@@ -224,16 +330,7 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out, "auth:            {}", auth_label(t))?;
     writeln!(out, "host key policy: {}", t.host_key_policy.as_str())?;
     match &t.host_key {
-        Some(k) => writeln!(
-            out,
-            "host key:        {}{} ({})",
-            k.fingerprint,
-            k.algorithm
-                .as_deref()
-                .map(|a| format!(" {a}"))
-                .unwrap_or_default(),
-            k.source
-        )?,
+        Some(k) => writeln!(out, "host key:        {}", k.describe())?,
         None => writeln!(out, "host key:        none recorded yet")?,
     }
     if let Some(d) = &t.description {
@@ -350,7 +447,7 @@ fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarge
             HostKeyPolicyArg::Tofu => HostKeyPolicy::Tofu,
             HostKeyPolicyArg::Strict => HostKeyPolicy::Strict,
         },
-        pinned,
+        host_key: pinned,
         approve: args.approve,
     })
 }
@@ -393,16 +490,17 @@ async fn test(
     config: &Config,
     db: &PgPool,
     vault: &Vault,
-    trust: bool,
+    trust: Option<Trust>,
     out: &mut dyn Write,
 ) -> anyhow::Result<i32> {
+    let trusted = trust.is_some();
     let (seen, result) = connect::connect(
         t,
         ConnectOptions {
             config: &config.exec,
             db,
             vault,
-            pin: trust,
+            trust,
             actor: ACTOR,
         },
     )
@@ -421,11 +519,14 @@ async fn test(
             return Ok(1);
         }
     };
-    if seen.verdict == Some(super::HostKeyVerdict::Recorded) {
+    if matches!(
+        seen.verdict,
+        Some(super::HostKeyVerdict::Recorded | super::HostKeyVerdict::Pinned)
+    ) {
         writeln!(
             out,
             "host key {} for `{}`",
-            if trust {
+            if trusted {
                 "pinned"
             } else {
                 "recorded (trust on first use)"

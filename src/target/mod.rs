@@ -1,11 +1,15 @@
 //! The registry of SSH targets: what an admin registered (host, port, user, how to
-//! authenticate, host-key policy), its approval status, and its recorded or pinned host key.
-//! Secrets are stored vault-sealed (AES-256-GCM, alias as associated data), never in
-//! plaintext and never with the path they came from.
+//! authenticate, host-key policy), its approval status, and its host key — seen at `add`,
+//! recorded on first use, or pinned. Secrets are stored vault-sealed (AES-256-GCM, bound to
+//! the row's alias and generation and to the field), never in plaintext and never with the
+//! path they came from.
 //!
-//! Every status change, add, remove and host-key record or mismatch writes its audit row in
-//! the same transaction. Never: returns a secret from a listing, or decrypts one (only
-//! `exec::ssh` asks the vault, to authenticate).
+//! **Approval pins the host key**: [`approve`] (and [`set_status`] to approved) turns the key
+//! the admin was shown into the pinned one, in the same transaction as the status change.
+//!
+//! Every status change, add, remove, host-key record, pin, rekey or mismatch writes its audit
+//! row in the same transaction. Never: returns a secret from a listing, or decrypts one (only
+//! `exec::ssh` asks the vault, to authenticate, and [`reseal_legacy`] to re-seal).
 
 pub mod cli;
 
@@ -16,7 +20,7 @@ use sqlx::{PgPool, Row};
 use zeroize::Zeroizing;
 
 use crate::audit;
-use crate::vault::Vault;
+use crate::vault::{Field, Place, Vault};
 
 /// Approval status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -95,9 +99,26 @@ pub struct HostKey {
     pub fingerprint: String,
     /// Key algorithm when known (`ssh-ed25519`, …); a pin by fingerprint alone has none.
     pub algorithm: Option<String>,
-    /// `tofu` (recorded on first connection) or `pinned` (by an operator).
+    /// `seen` (by `target add`; approval pins it), `tofu` (recorded on first connection) or
+    /// `pinned` (by approval or an operator).
     pub source: String,
     pub at: Option<DateTime<Utc>>,
+}
+
+impl HostKey {
+    /// One line for people: `SHA256:… ssh-ed25519 (seen at add; approving pins it)`.
+    pub fn describe(&self) -> String {
+        let how = match self.source.as_str() {
+            "seen" => "seen by `target add`; approving the target pins it",
+            "tofu" => "recorded on first use",
+            "pinned" => "pinned",
+            other => other,
+        };
+        match &self.algorithm {
+            Some(a) => format!("{} {a} ({how})", self.fingerprint),
+            None => format!("{} ({how})", self.fingerprint),
+        }
+    }
 }
 
 /// A target as the registry shows it: never a secret, never a key path.
@@ -141,8 +162,9 @@ pub struct NewTarget {
     pub description: Option<String>,
     pub secrets: NewSecrets,
     pub host_key_policy: HostKeyPolicy,
-    /// A pinned host key given at add time.
-    pub pinned: Option<HostKey>,
+    /// The host key given (`pinned`) or seen (`seen`) at add time. A seen key is pinned at
+    /// once when `approve` is set.
+    pub host_key: Option<HostKey>,
     /// Approved at once (an operator added it).
     pub approve: bool,
 }
@@ -165,6 +187,10 @@ pub enum TargetError {
     Invalid(String),
     #[error("the vault could not seal the secret")]
     Vault,
+    #[error(
+        "target `{0}` has no host key to replace the recorded one with; pass --host-key KEY_LINE|SHA256:FP"
+    )]
+    NoHostKey(String),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
 }
@@ -217,13 +243,8 @@ fn from_row(r: &sqlx::postgres::PgRow) -> Target {
     }
 }
 
-/// Adds a target, sealing its secrets; audited as `target.add`.
-pub async fn add(
-    db: &PgPool,
-    vault: &Vault,
-    new: NewTarget,
-    actor: &str,
-) -> Result<Target, TargetError> {
+/// Checks what an add would refuse, before anything (a connection) is made for it.
+pub fn validate(new: &NewTarget) -> Result<(), TargetError> {
     if !valid_alias(&new.alias) {
         return Err(TargetError::Invalid(format!(
             "`{}` is not a valid alias: use letters, digits, `.`, `_`, `-` (at most 63)",
@@ -244,31 +265,71 @@ pub async fn add(
     if new.port == 0 {
         return Err(TargetError::Invalid("the port must be 1–65535".into()));
     }
-    let seal = |data: &[u8]| vault.seal(&new.alias, data).map_err(|_| TargetError::Vault);
-    let (kind, key, cert, password) = match &new.secrets {
-        NewSecrets::Key { key, cert } => (
-            AuthKind::Key,
-            Some(seal(key.as_bytes())?),
-            cert.as_deref().map(|c| seal(c.as_bytes())).transpose()?,
-            None,
-        ),
-        NewSecrets::Password(p) => (AuthKind::Password, None, None, Some(seal(p.as_bytes())?)),
-        NewSecrets::Agent => (AuthKind::Agent, None, None, None),
-    };
+    Ok(())
+}
+
+/// Adds a target, sealing its secrets; audited as `target.add`.
+pub async fn add(
+    db: &PgPool,
+    vault: &Vault,
+    new: NewTarget,
+    actor: &str,
+) -> Result<Target, TargetError> {
+    validate(&new)?;
     let status = if new.approve {
         Status::Approved
     } else {
         Status::Pending
     };
+    // Approval pins the key the operator was shown — but a strict target's key must be checked
+    // by the operator (`--host-key`, `target test --trust SHA256:…`, or `target approve`
+    // after reading it), so adding with `--approve` does not pin a key nobody looked at.
+    let host_key = new.host_key.clone().map(|mut k| {
+        if new.approve && k.source == "seen" && new.host_key_policy == HostKeyPolicy::Tofu {
+            k.source = "pinned".into();
+        }
+        k
+    });
     let mut tx = db.begin().await?;
+    // The generation first: the sealed records are bound to it.
+    let generation: i64 =
+        sqlx::query_scalar("SELECT nextval(pg_get_serial_sequence('targets', 'generation'))")
+            .fetch_one(&mut *tx)
+            .await?;
+    let seal = |field: Field, data: &[u8]| {
+        let place = Place {
+            alias: &new.alias,
+            generation,
+            field,
+        };
+        vault.seal(&place, data).map_err(|_| TargetError::Vault)
+    };
+    let (kind, key, cert, password) = match &new.secrets {
+        NewSecrets::Key { key, cert } => (
+            AuthKind::Key,
+            Some(seal(Field::Key, key.as_bytes())?),
+            cert.as_deref()
+                .map(|c| seal(Field::Cert, c.as_bytes()))
+                .transpose()?,
+            None,
+        ),
+        NewSecrets::Password(p) => (
+            AuthKind::Password,
+            None,
+            None,
+            Some(seal(Field::Password, p.as_bytes())?),
+        ),
+        NewSecrets::Agent => (AuthKind::Agent, None, None, None),
+    };
     let row = sqlx::query(&format!(
-        "INSERT INTO targets (alias, host, port, username, description, auth_kind, sealed_key, \
-         sealed_cert, sealed_password, host_key_policy, host_key_fingerprint, host_key_algorithm, \
-         host_key_source, host_key_at, status, added_by) \
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16) \
+        "INSERT INTO targets (alias, generation, host, port, username, description, auth_kind, \
+         sealed_key, sealed_cert, sealed_password, seal_version, host_key_policy, \
+         host_key_fingerprint, host_key_algorithm, host_key_source, host_key_at, status, added_by) \
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,2,$11,$12,$13,$14,$15,$16,$17) \
          ON CONFLICT (alias) DO NOTHING RETURNING {COLUMNS}"
     ))
     .bind(&new.alias)
+    .bind(generation)
     .bind(new.host.trim())
     .bind(new.port as i32)
     .bind(new.user.trim())
@@ -278,10 +339,10 @@ pub async fn add(
     .bind(cert)
     .bind(password)
     .bind(new.host_key_policy.as_str())
-    .bind(new.pinned.as_ref().map(|p| p.fingerprint.clone()))
-    .bind(new.pinned.as_ref().and_then(|p| p.algorithm.clone()))
-    .bind(new.pinned.as_ref().map(|_| "pinned"))
-    .bind(new.pinned.as_ref().map(|_| Utc::now()))
+    .bind(host_key.as_ref().map(|k| k.fingerprint.clone()))
+    .bind(host_key.as_ref().and_then(|k| k.algorithm.clone()))
+    .bind(host_key.as_ref().map(|k| k.source.clone()))
+    .bind(host_key.as_ref().map(|_| Utc::now()))
     .bind(status.as_str())
     .bind(actor)
     .fetch_optional(&mut *tx)
@@ -300,7 +361,8 @@ pub async fn add(
                 "host": target.host, "port": target.port, "user": target.user,
                 "auth": kind.as_str(), "cert": target.has_cert,
                 "host_key_policy": target.host_key_policy.as_str(),
-                "pinned": target.host_key.as_ref().map(|k| &k.fingerprint),
+                "host_key": target.host_key.as_ref().map(|k| &k.fingerprint),
+                "host_key_source": target.host_key.as_ref().map(|k| &k.source),
                 "status": status.as_str(),
             }),
         },
@@ -329,45 +391,155 @@ pub async fn get(db: &PgPool, alias: &str) -> Result<Target, TargetError> {
         .ok_or_else(|| TargetError::NotFound(alias.to_string()))
 }
 
+/// What [`approve`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// The status before.
+    pub previous: Status,
+    /// The key now pinned; `None` when none was known yet (a target added `--offline`: its
+    /// first connection records one, or, when strict, an operator pins one).
+    pub pinned: Option<HostKey>,
+}
+
+/// Approves a target and pins the host key the admin was shown (seen by `target add`, or
+/// recorded since), in one transaction; audited as `target.approve` (naming the key) and
+/// `hostkey.pin`. The chat's approval and `sshmode target approve` both come here.
+pub async fn approve(db: &PgPool, alias: &str, actor: &str) -> Result<Approval, TargetError> {
+    let (previous, pinned) = change_status(db, alias, Status::Approved, actor).await?;
+    Ok(Approval { previous, pinned })
+}
+
 /// Changes a target's status; audited as `target.approve` / `target.disable` /
-/// `target.pending`. Returns the previous status.
+/// `target.pending`. Approving pins the host key, as [`approve`] does. Returns the previous
+/// status.
 pub async fn set_status(
     db: &PgPool,
     alias: &str,
     status: Status,
     actor: &str,
 ) -> Result<Status, TargetError> {
+    Ok(change_status(db, alias, status, actor).await?.0)
+}
+
+async fn change_status(
+    db: &PgPool,
+    alias: &str,
+    status: Status,
+    actor: &str,
+) -> Result<(Status, Option<HostKey>), TargetError> {
     let mut tx = db.begin().await?;
-    let prev: Option<String> =
-        sqlx::query_scalar("SELECT status FROM targets WHERE alias = $1 FOR UPDATE")
-            .bind(alias)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some(prev) = prev else {
+    let row = sqlx::query(
+        "SELECT status, host_key_fingerprint, host_key_algorithm, host_key_source \
+         FROM targets WHERE alias = $1 FOR UPDATE",
+    )
+    .bind(alias)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
         return Err(TargetError::NotFound(alias.to_string()));
     };
+    let prev: String = row.get("status");
+    let fingerprint: Option<String> = row.get("host_key_fingerprint");
+    let source: Option<String> = row.get("host_key_source");
     sqlx::query("UPDATE targets SET status = $2, updated_at = now() WHERE alias = $1")
         .bind(alias)
         .bind(status.as_str())
         .execute(&mut *tx)
         .await?;
+    let mut pinned = None;
+    let mut pin_audit = None;
+    if status == Status::Approved
+        && let Some(fp) = &fingerprint
+    {
+        if source.as_deref() != Some("pinned") {
+            sqlx::query(
+                "UPDATE targets SET host_key_source = 'pinned', host_key_at = now() WHERE alias = $1",
+            )
+            .bind(alias)
+            .execute(&mut *tx)
+            .await?;
+            pin_audit = Some(json!({ "fingerprint": fp, "by": "approval", "was": source }));
+        }
+        pinned = Some(HostKey {
+            fingerprint: fp.clone(),
+            algorithm: row.get("host_key_algorithm"),
+            source: "pinned".into(),
+            at: Some(Utc::now()),
+        });
+    }
     let action = match status {
         Status::Approved => "target.approve",
         Status::Disabled => "target.disable",
         Status::Pending => "target.pending",
     };
+    let mut detail = json!({ "from": prev, "to": status.as_str() });
+    if status == Status::Approved {
+        detail["host_key"] = json!(fingerprint);
+    }
     audit::record(
         &mut tx,
         audit::Entry {
             actor,
             action,
             subject: alias,
-            detail: json!({ "from": prev, "to": status.as_str() }),
+            detail,
+        },
+    )
+    .await?;
+    if let Some(detail) = pin_audit {
+        audit::record(
+            &mut tx,
+            audit::Entry {
+                actor,
+                action: "hostkey.pin",
+                subject: alias,
+                detail,
+            },
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok((Status::parse(&prev), pinned))
+}
+
+/// Replaces the recorded or pinned host key after a legitimate change; the new key is pinned.
+/// Audited as `hostkey.rekey` with both fingerprints. Returns the key replaced, if any.
+pub async fn rekey(
+    db: &PgPool,
+    alias: &str,
+    key: &HostKey,
+    actor: &str,
+) -> Result<Option<String>, TargetError> {
+    let mut tx = db.begin().await?;
+    let prev: Option<Option<String>> =
+        sqlx::query_scalar("SELECT host_key_fingerprint FROM targets WHERE alias = $1 FOR UPDATE")
+            .bind(alias)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(prev) = prev else {
+        return Err(TargetError::NotFound(alias.to_string()));
+    };
+    sqlx::query(
+        "UPDATE targets SET host_key_fingerprint = $2, host_key_algorithm = $3, \
+         host_key_source = 'pinned', host_key_at = now(), updated_at = now() WHERE alias = $1",
+    )
+    .bind(alias)
+    .bind(&key.fingerprint)
+    .bind(&key.algorithm)
+    .execute(&mut *tx)
+    .await?;
+    audit::record(
+        &mut tx,
+        audit::Entry {
+            actor,
+            action: "hostkey.rekey",
+            subject: alias,
+            detail: json!({ "from": prev, "to": key.fingerprint, "algorithm": key.algorithm }),
         },
     )
     .await?;
     tx.commit().await?;
-    Ok(Status::parse(&prev))
+    Ok(prev)
 }
 
 /// Removes a target and its sealed secrets; audited as `target.remove`.
@@ -395,20 +567,111 @@ pub async fn remove(db: &PgPool, alias: &str, actor: &str) -> Result<(), TargetE
     Ok(())
 }
 
-/// The sealed secrets of a target (for `exec::ssh` authentication only).
-pub async fn sealed_secrets(db: &PgPool, alias: &str) -> Result<SealedSecrets, TargetError> {
+/// The sealed secrets of generation `generation` of a target (for `exec::ssh`
+/// authentication only). A row still at seal version 1 (its re-seal failed) is refused rather
+/// than opened the old way.
+pub async fn sealed_secrets(
+    db: &PgPool,
+    alias: &str,
+    generation: i64,
+) -> Result<SealedSecrets, TargetError> {
     let row = sqlx::query(
-        "SELECT sealed_key, sealed_cert, sealed_password FROM targets WHERE alias = $1",
+        "SELECT sealed_key, sealed_cert, sealed_password, seal_version FROM targets \
+         WHERE alias = $1 AND generation = $2",
     )
     .bind(alias)
+    .bind(generation)
     .fetch_optional(db)
     .await?
     .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
+    if row.get::<i16, _>("seal_version") != 2 {
+        return Err(TargetError::Invalid(format!(
+            "the secrets of `{alias}` are still in the old vault format and could not be re-sealed at start; remove the target and add it again"
+        )));
+    }
     Ok(SealedSecrets {
         key: row.get("sealed_key"),
         cert: row.get("sealed_cert"),
         password: row.get("sealed_password"),
     })
+}
+
+/// Re-seals every row still at seal version 1 (vault records bound to the alias alone) for
+/// its (alias, generation, field), one row per transaction; idempotent, and safe to run from
+/// several processes at once (a row is locked and re-checked). A row whose records do not
+/// open (another master key) is left as it is, logged, and refused when used. Returns the
+/// number of rows re-sealed.
+pub async fn reseal_legacy(db: &PgPool, vault: &Vault) -> Result<usize, TargetError> {
+    let legacy: Vec<i64> = sqlx::query_scalar(
+        "SELECT generation FROM targets WHERE seal_version = 1 ORDER BY generation LIMIT 100000",
+    )
+    .fetch_all(db)
+    .await?;
+    let mut done = 0;
+    for generation in legacy {
+        let mut tx = db.begin().await?;
+        let row = sqlx::query(
+            "SELECT alias, sealed_key, sealed_cert, sealed_password FROM targets \
+             WHERE generation = $1 AND seal_version = 1 FOR UPDATE",
+        )
+        .bind(generation)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { continue };
+        let alias: String = row.get("alias");
+        let reseal = |field: Field, column: &str| -> Result<Option<Vec<u8>>, ()> {
+            let Some(old) = row.get::<Option<Vec<u8>>, _>(column) else {
+                return Ok(None);
+            };
+            let plain = vault.open_legacy(&alias, &old).map_err(|_| ())?;
+            let place = Place {
+                alias: &alias,
+                generation,
+                field,
+            };
+            vault.seal(&place, &plain).map(Some).map_err(|_| ())
+        };
+        let sealed = (|| {
+            Ok::<_, ()>((
+                reseal(Field::Key, "sealed_key")?,
+                reseal(Field::Cert, "sealed_cert")?,
+                reseal(Field::Password, "sealed_password")?,
+            ))
+        })();
+        let Ok((key, cert, password)) = sealed else {
+            tracing::warn!(ssh.target = %alias, "its vaulted secrets could not be re-sealed (another master key?); it stays unusable until added again");
+            continue;
+        };
+        sqlx::query(
+            "UPDATE targets SET sealed_key = $2, sealed_cert = $3, sealed_password = $4, \
+             seal_version = 2, updated_at = now() WHERE generation = $1",
+        )
+        .bind(generation)
+        .bind(key)
+        .bind(cert)
+        .bind(password)
+        .execute(&mut *tx)
+        .await?;
+        audit::record(
+            &mut tx,
+            audit::Entry {
+                actor: "system",
+                action: "target.reseal",
+                subject: &alias,
+                detail: json!({ "generation": generation, "seal_version": 2 }),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        done += 1;
+    }
+    if done > 0 {
+        tracing::info!(
+            targets = done,
+            "vault records re-sealed for their target row and field"
+        );
+    }
+    Ok(done)
 }
 
 /// Outcome of binding a presented host key to a target.
@@ -418,26 +681,41 @@ pub enum HostKeyVerdict {
     Match,
     /// None was recorded; it is now (tofu, or pinned with `--trust`).
     Recorded,
+    /// It matches the key recorded before, which the operator's `--trust` has now pinned.
+    Pinned,
     /// A different key is recorded: refused, audited.
     Mismatch { expected: String },
     /// A strict target without a pinned key: refused until an operator pins one.
     Unpinned,
+    /// `--trust SHA256:…` named another key than the one presented: refused, nothing pinned.
+    TrustMismatch { checked: String },
+}
+
+/// What an operator asks `target test --trust` to pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// `--trust` alone: the presented key, if none other is recorded.
+    Presented,
+    /// `--trust SHA256:…`: only a presented key with this fingerprint.
+    Fingerprint(String),
 }
 
 /// Checks `fingerprint` against the target's key in one transaction: records it on first use
-/// (tofu) or when `pin` is set, audits a record (`hostkey.record` / `hostkey.pin`) or a
-/// mismatch (`hostkey.mismatch`, naming both fingerprints).
+/// (tofu), pins it when the operator trusts it (`trust`, which a `SHA256:…` must match),
+/// and audits a record (`hostkey.record` / `hostkey.pin`), a refused trust
+/// (`hostkey.trust_mismatch`) or a mismatch (`hostkey.mismatch`, naming both fingerprints).
 pub async fn check_host_key(
     db: &PgPool,
     alias: &str,
     fingerprint: &str,
     algorithm: &str,
-    pin: bool,
+    trust: Option<&Trust>,
     actor: &str,
 ) -> Result<HostKeyVerdict, TargetError> {
     let mut tx = db.begin().await?;
     let row = sqlx::query(
-        "SELECT host_key_policy, host_key_fingerprint FROM targets WHERE alias = $1 FOR UPDATE",
+        "SELECT host_key_policy, host_key_fingerprint, host_key_source FROM targets \
+         WHERE alias = $1 FOR UPDATE",
     )
     .bind(alias)
     .fetch_optional(&mut *tx)
@@ -445,9 +723,24 @@ pub async fn check_host_key(
     .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
     let policy: String = row.get("host_key_policy");
     let recorded: Option<String> = row.get("host_key_fingerprint");
-    let verdict = match recorded {
-        Some(expected) if expected == fingerprint => HostKeyVerdict::Match,
-        Some(expected) => {
+    let source: Option<String> = row.get("host_key_source");
+    let verdict = match (recorded, trust) {
+        (_, Some(Trust::Fingerprint(checked))) if checked != fingerprint => {
+            audit::record(
+                &mut tx,
+                audit::Entry {
+                    actor,
+                    action: "hostkey.trust_mismatch",
+                    subject: alias,
+                    detail: json!({ "checked": checked, "presented": fingerprint, "algorithm": algorithm }),
+                },
+            )
+            .await?;
+            HostKeyVerdict::TrustMismatch {
+                checked: checked.clone(),
+            }
+        }
+        (Some(expected), _) if expected != fingerprint => {
             audit::record(
                 &mut tx,
                 audit::Entry {
@@ -460,24 +753,35 @@ pub async fn check_host_key(
             .await?;
             HostKeyVerdict::Mismatch { expected }
         }
-        None if policy == "strict" && !pin => HostKeyVerdict::Unpinned,
-        None => {
-            let source = if pin { "pinned" } else { "tofu" };
+        (Some(_), Some(_)) if source.as_deref() != Some("pinned") => {
+            pin_presented(&mut tx, alias, fingerprint, algorithm, actor, source).await?;
+            HostKeyVerdict::Pinned
+        }
+        // A strict target accepts only a pinned key, not one merely seen or recorded.
+        (Some(_), None) if policy == "strict" && source.as_deref() != Some("pinned") => {
+            HostKeyVerdict::Unpinned
+        }
+        (Some(_), _) => HostKeyVerdict::Match,
+        (None, Some(_)) => {
+            pin_presented(&mut tx, alias, fingerprint, algorithm, actor, None).await?;
+            HostKeyVerdict::Recorded
+        }
+        (None, None) if policy == "strict" => HostKeyVerdict::Unpinned,
+        (None, None) => {
             sqlx::query(
                 "UPDATE targets SET host_key_fingerprint = $2, host_key_algorithm = $3, \
-                 host_key_source = $4, host_key_at = now(), updated_at = now() WHERE alias = $1",
+                 host_key_source = 'tofu', host_key_at = now(), updated_at = now() WHERE alias = $1",
             )
             .bind(alias)
             .bind(fingerprint)
             .bind(algorithm)
-            .bind(source)
             .execute(&mut *tx)
             .await?;
             audit::record(
                 &mut tx,
                 audit::Entry {
                     actor,
-                    action: if pin { "hostkey.pin" } else { "hostkey.record" },
+                    action: "hostkey.record",
                     subject: alias,
                     detail: json!({ "fingerprint": fingerprint, "algorithm": algorithm }),
                 },
@@ -488,6 +792,36 @@ pub async fn check_host_key(
     };
     tx.commit().await?;
     Ok(verdict)
+}
+
+/// Pins the presented key an operator trusted; audited as `hostkey.pin`.
+async fn pin_presented(
+    tx: &mut sqlx::PgConnection,
+    alias: &str,
+    fingerprint: &str,
+    algorithm: &str,
+    actor: &str,
+    was: Option<String>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE targets SET host_key_fingerprint = $2, host_key_algorithm = $3, \
+         host_key_source = 'pinned', host_key_at = now(), updated_at = now() WHERE alias = $1",
+    )
+    .bind(alias)
+    .bind(fingerprint)
+    .bind(algorithm)
+    .execute(&mut *tx)
+    .await?;
+    audit::record(
+        tx,
+        audit::Entry {
+            actor,
+            action: "hostkey.pin",
+            subject: alias,
+            detail: json!({ "fingerprint": fingerprint, "algorithm": algorithm, "by": "trust", "was": was }),
+        },
+    )
+    .await
 }
 
 #[cfg(test)]

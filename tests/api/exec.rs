@@ -20,6 +20,21 @@ async fn sh(ops: &Ops, cmd: &str) -> sshmode::exec::ops::TerminalResult {
         .unwrap_or_else(|e| panic!("`{cmd}` failed: {e}"))
 }
 
+/// Runs `check` until it succeeds (bounded: 10 s), pausing 20 ms between tries.
+pub async fn wait_for(ops: &Ops, check: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if sh(ops, check).await.output.exit.success() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "`{check}` did not succeed within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so a corrupted byte anywhere shows.
 pub fn noise(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -96,19 +111,35 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     let r = sh(&ops, &format!("cat {}; rm -f {}", resolved, resolved)).await;
     assert_eq!(text(&r.output.stdout), "tilde");
 
-    // Environment variables for one command.
+    // Environment variables for one command — passed on standard input, never on the shell's
+    // command line, which anyone on the host can read with `ps`.
+    let secret = format!("s3cret-{}", uuid::Uuid::new_v4().simple());
     let r = ops
         .terminal(
-            "printf '%s' \"$GREETING\"",
+            "printf '%s|%s|' \"$GREETING\" \"$TOKEN\"; tr '\\0' ' ' < /proc/$$/cmdline",
             RunOptions {
-                env: vec![("GREETING".into(), "hi 'there' $x".into())],
+                env: vec![
+                    ("GREETING".into(), "hi 'there' $x\n".into()),
+                    ("TOKEN".into(), secret.clone()),
+                ],
                 ..Default::default()
             },
             &never,
         )
         .await
         .unwrap();
-    assert_eq!(text(&r.output.stdout), "hi 'there' $x");
+    let out = text(&r.output.stdout);
+    let values = format!("hi 'there' $x\n|{secret}|");
+    assert!(out.starts_with(&values), "{out}");
+    let cmdline = &out[values.len()..];
+    assert!(
+        cmdline.contains("GREETING"),
+        "the script is this shell's command line: {cmdline}"
+    );
+    assert!(
+        !cmdline.contains(&secret),
+        "an env value shows in `ps`: {cmdline}"
+    );
 
     // Timeout: the command and its children are killed, partial output returned.
     let r = ops
@@ -138,15 +169,19 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
 
     // A caller that drops a running command (it gave up, or is shutting down) does not leave
     // it running: its group is killed, now locally, in the background remotely.
-    let dropped = tokio::time::timeout(
-        Duration::from_secs(2),
-        sh(&ops, "sleep 300 & echo $! > dropped.pid; wait"),
-    )
-    .await;
-    assert!(
-        dropped.is_err(),
-        "the command should still have been running"
-    );
+    sh(&ops, "rm -f dropped.pid").await;
+    {
+        let dropped = sh(&ops, "sleep 300 & echo $! > dropped.pid; wait");
+        tokio::pin!(dropped);
+        // Dropped once it has visibly started.
+        // `biased`: the command is polled first at every wake-up, so what it has received
+        // (its pid line) is taken in before the check's answer ends the wait.
+        tokio::select! {
+            biased;
+            _ = &mut dropped => panic!("the command should still have been running"),
+            _ = wait_for(&ops, "test -s dropped.pid") => {}
+        }
+    }
     let mut state = String::new();
     for _ in 0..100 {
         let r = sh(
@@ -163,17 +198,22 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
     }
     assert_eq!(state, "gone\n", "the dropped command's child survived");
 
-    // Cancellation.
+    // Cancellation, once the command has visibly started.
+    sh(&ops, "rm -f cancel.flag").await;
     let cancel = CancellationToken::new();
-    let c2 = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        c2.cancel();
-    });
-    let r = ops
-        .terminal("echo begun; sleep 300", RunOptions::default(), &cancel)
-        .await
-        .unwrap();
+    let trigger = async {
+        wait_for(&ops, "test -e cancel.flag").await;
+        cancel.cancel();
+    };
+    let (r, ()) = tokio::join!(
+        ops.terminal(
+            "echo begun; touch cancel.flag; sleep 300",
+            RunOptions::default(),
+            &cancel
+        ),
+        trigger
+    );
+    let r = r.unwrap();
     assert_eq!(r.output.exit, Exit::Cancelled);
     assert_eq!(text(&r.output.stdout), "begun\n");
 

@@ -16,14 +16,14 @@ use tokio_util::sync::CancellationToken;
 use crate::helpers::TestApp;
 use crate::sshd::{self, Sshd};
 
-struct Env {
-    app: TestApp,
-    sshd: Sshd,
+pub struct Env {
+    pub app: TestApp,
+    pub sshd: Sshd,
     /// Keys and the sshd fixture live here.
-    dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
 }
 
-async fn env() -> Option<Env> {
+pub async fn env() -> Option<Env> {
     env_with(&[
         ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
         ("SSHMODE_SSH_QUEUE_TIMEOUT_SECS", "60"),
@@ -32,14 +32,19 @@ async fn env() -> Option<Env> {
 }
 
 /// A fresh sshd and an app configured with `vars`; `None` where sshd cannot run.
-async fn env_with(vars: &[(&str, &str)]) -> Option<Env> {
+pub async fn env_with(vars: &[(&str, &str)]) -> Option<Env> {
+    env_with_sshd(vars, "").await
+}
+
+/// [`env_with`], with `sshd_extra` appended to the sshd configuration.
+pub async fn env_with_sshd(vars: &[(&str, &str)], sshd_extra: &str) -> Option<Env> {
     if !sshd::available() {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let sshd_dir = dir.path().join("sshd");
     std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_with(&sshd_dir, sshd::free_port(), sshd_extra);
     let app = vars
         .iter()
         .fold(TestApp::builder(), |b, (k, v)| b.var(k, v))
@@ -48,7 +53,7 @@ async fn env_with(vars: &[(&str, &str)]) -> Option<Env> {
     Some(Env { app, sshd, dir })
 }
 
-fn add_args(alias: &str, port: u16) -> AddArgs {
+pub fn add_args(alias: &str, port: u16) -> AddArgs {
     AddArgs {
         alias: alias.into(),
         host: "127.0.0.1".into(),
@@ -63,11 +68,18 @@ fn add_args(alias: &str, port: u16) -> AddArgs {
         host_key_policy: HostKeyPolicyArg::Tofu,
         host_key: None,
         approve: true,
+        offline: false,
     }
 }
 
 /// Runs a `sshmode target …` command in-process: (exit code or error text, stdout).
-async fn cli(app: &TestApp, cmd: TargetCmd, stdin: &str) -> (Result<i32, String>, String) {
+fn add_args_pw(alias: &str, port: u16) -> AddArgs {
+    let mut a = add_args(alias, port);
+    a.password_stdin = true;
+    a
+}
+
+pub async fn cli(app: &TestApp, cmd: TargetCmd, stdin: &str) -> (Result<i32, String>, String) {
     let mut out = Vec::new();
     let mut input = Cursor::new(stdin.as_bytes().to_vec());
     let r = run_with(cmd, &app.state.config, &app.state.db, &mut input, &mut out)
@@ -78,7 +90,7 @@ async fn cli(app: &TestApp, cmd: TargetCmd, stdin: &str) -> (Result<i32, String>
 
 impl Env {
     /// A fresh authorized key pair of `kind`.
-    fn key(&self, name: &str, kind: &str, passphrase: &str) -> PathBuf {
+    pub fn key(&self, name: &str, kind: &str, passphrase: &str) -> PathBuf {
         let p = self.dir.path().join(name);
         sshd::new_key(&p, kind, passphrase);
         self.sshd
@@ -86,7 +98,7 @@ impl Env {
         p
     }
 
-    async fn add_key_target(&self, alias: &str) {
+    pub async fn add_key_target(&self, alias: &str) {
         let key = self.key(&format!("{alias}_key"), "ed25519", "");
         let mut a = add_args(alias, self.sshd.port);
         a.key = Some(key);
@@ -94,7 +106,7 @@ impl Env {
         assert_eq!(r, Ok(0), "{out}");
     }
 
-    async fn run(
+    pub async fn run(
         &self,
         alias: &str,
         cmd: &str,
@@ -109,16 +121,21 @@ impl Env {
             .await
     }
 
-    /// `sshmode target test <alias> [--trust]`: (exit code or error text, stdout).
-    async fn test_target(&self, alias: &str, trust: bool) -> (Result<i32, String>, String) {
+    /// `sshmode target test <alias> [--trust [FP]]` (`Some("")` is `--trust` alone): (exit
+    /// code or error text, stdout).
+    pub async fn test_target(
+        &self,
+        alias: &str,
+        trust: Option<&str>,
+    ) -> (Result<i32, String>, String) {
         let cmd = TargetCmd::Test {
             alias: alias.into(),
-            trust,
+            trust: trust.map(str::to_string),
         };
         cli(&self.app, cmd, "").await
     }
 
-    async fn audit_actions(&self, alias: &str) -> Vec<String> {
+    pub async fn audit_actions(&self, alias: &str) -> Vec<String> {
         sqlx::query_scalar("SELECT action FROM audit_log WHERE subject = $1 ORDER BY id")
             .bind(alias)
             .fetch_all(&self.app.state.db)
@@ -158,11 +175,14 @@ async fn ssh_backend_behaves_like_local() {
     assert_eq!(r.cwd, dir);
     crate::exec::behaviour(&env.app, Place::Target("web".into()), &section).await;
 
-    // Trust on first use recorded the server's key, as ssh-keygen -l prints it, and audited it.
+    // `target add` saw the server's key, as ssh-keygen -l prints it, and `--approve` pinned
+    // it: the first connection had nothing left to trust on first use.
     let t = sshmode::target::get(&env.app.state.db, "web")
         .await
         .unwrap();
-    assert_eq!(t.host_key.unwrap().fingerprint, env.sshd.fingerprint());
+    let key = t.host_key.unwrap();
+    assert_eq!(key.fingerprint, env.sshd.fingerprint());
+    assert_eq!(key.source, "pinned");
     let metrics = env.app.metrics().await;
     assert!(
         metrics
@@ -172,7 +192,7 @@ async fn ssh_backend_behaves_like_local() {
     );
     let actions = env.audit_actions("web").await;
     assert!(actions.contains(&"target.add".to_string()));
-    assert_eq!(actions.iter().filter(|a| *a == "hostkey.record").count(), 1);
+    assert_eq!(actions.iter().filter(|a| *a == "hostkey.record").count(), 0);
 }
 
 #[tokio::test]
@@ -228,7 +248,7 @@ async fn every_authentication_method_works() {
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
 
     for alias in ["rsa-pp", "ecdsa", "pw", "cert"] {
-        let (r, out) = env.test_target(alias, false).await;
+        let (r, out) = env.test_target(alias, None).await;
         assert_eq!(r, Ok(0), "{alias}: {out}");
         assert!(out.contains(&env.sshd.fingerprint()), "{alias}: {out}");
         let r = env.run(alias, "whoami").await.unwrap();
@@ -238,7 +258,7 @@ async fn every_authentication_method_works() {
         );
     }
     for alias in ["pw-wrong", "cert-missing"] {
-        let (r, out) = env.test_target(alias, false).await;
+        let (r, out) = env.test_target(alias, None).await;
         assert_eq!(r, Ok(1), "{alias} must fail: {out}");
         assert!(out.contains("refused"), "{alias}: {out}");
     }
@@ -374,10 +394,46 @@ async fn a_changed_host_key_is_refused_and_audited() {
             .await
             .contains(&"hostkey.mismatch".to_string())
     );
-    // `target test` fails too, naming both.
-    let (r, out) = env.test_target("swap", true).await;
+    // `target test` fails too, naming both, and says how to accept a legitimate change.
+    let (r, out) = env.test_target("swap", Some("")).await;
     assert_eq!(r, Ok(1), "{out}");
     assert!(out.contains(&first) && out.contains(&second), "{out}");
+    assert!(
+        out.contains("sshmode target rekey swap --host-key"),
+        "{out}"
+    );
+    // Even `--trust` with the new fingerprint does not override a recorded key.
+    let (r, out) = env.test_target("swap", Some(&second)).await;
+    assert_eq!(r, Ok(1), "{out}");
+    // The admin checked the new key: `target rekey` replaces it, audited.
+    let (r, out) = cli(
+        &env.app,
+        TargetCmd::Rekey {
+            alias: "swap".into(),
+            host_key: second.clone(),
+        },
+        "",
+    )
+    .await;
+    assert_eq!(r, Ok(0), "{out}");
+    assert!(out.contains(&first) && out.contains(&second), "{out}");
+    assert!(env.run("swap", "true").await.unwrap().output.exit.success());
+    let t = sshmode::target::get(&env.app.state.db, "swap")
+        .await
+        .unwrap();
+    let key = t.host_key.unwrap();
+    assert_eq!(
+        (key.fingerprint.as_str(), key.source.as_str()),
+        (second.as_str(), "pinned")
+    );
+    let rekeyed: serde_json::Value = sqlx::query_scalar(
+        "SELECT detail FROM audit_log WHERE subject = 'swap' AND action = 'hostkey.rekey'",
+    )
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(rekeyed["from"], first.as_str());
+    assert_eq!(rekeyed["to"], second.as_str());
 }
 
 #[tokio::test]
@@ -387,6 +443,16 @@ async fn unreachable_targets_fail_clearly_within_the_connect_timeout() {
     let closed = sshd::free_port();
     let mut a = add_args("closed", closed);
     a.password_stdin = true;
+    // Without --offline, `add` itself refuses: it could not see the host key.
+    let (r, _) = cli(
+        &env.app,
+        TargetCmd::Add(add_args_pw("closed", closed)),
+        "x\n",
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.contains("cannot reach") && e.contains("--offline"), "{e}");
+    a.offline = true;
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "x\n").await.0, Ok(0));
     let e = env.run("closed", "true").await.expect_err("must fail");
     assert!(e.to_string().contains("cannot reach"), "{e}");
@@ -394,6 +460,7 @@ async fn unreachable_targets_fail_clearly_within_the_connect_timeout() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut a = add_args("silent", silent.local_addr().unwrap().port());
     a.password_stdin = true;
+    a.offline = true;
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "x\n").await.0, Ok(0));
     let e = env.run("silent", "true").await.expect_err("must fail");
     assert!(e.to_string().contains("within 3s"), "{e}");
@@ -409,19 +476,45 @@ async fn strict_targets_need_a_pinned_key() {
     a.key = Some(key.clone());
     a.host_key_policy = HostKeyPolicyArg::Strict;
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
+    // `add` saw the key, but a strict target accepts only a pinned one.
+    let t = sshmode::target::get(&env.app.state.db, "strict")
+        .await
+        .unwrap();
+    assert_eq!(t.host_key.as_ref().unwrap().source, "seen");
     let e = env
         .run("strict", "true")
         .await
         .expect_err("unpinned strict must fail");
     assert!(e.to_string().contains("not pinned"), "{e}");
-    let (r, out) = env.test_target("strict", false).await;
+    let (r, out) = env.test_target("strict", None).await;
     assert_eq!(r, Ok(1));
     assert!(
         out.contains(&env.sshd.fingerprint()),
         "the fingerprint is shown: {out}"
     );
-    let (r, out) = env.test_target("strict", true).await;
+    // `--trust` with a fingerprint the server does not present pins nothing.
+    let wrong = "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let (r, out) = env.test_target("strict", Some(wrong)).await;
+    assert_eq!(r, Ok(1), "{out}");
+    assert!(
+        out.contains(wrong) && out.contains("nothing was pinned"),
+        "{out}"
+    );
+    let t = sshmode::target::get(&env.app.state.db, "strict")
+        .await
+        .unwrap();
+    assert_eq!(t.host_key.as_ref().unwrap().source, "seen");
+    assert!(
+        env.audit_actions("strict")
+            .await
+            .contains(&"hostkey.trust_mismatch".to_string())
+    );
+    // The fingerprint the operator checked: pinned.
+    let (r, out) = env
+        .test_target("strict", Some(&env.sshd.fingerprint()))
+        .await;
     assert_eq!(r, Ok(0), "{out}");
+    assert!(out.contains("pinned"), "{out}");
     assert!(
         env.audit_actions("strict")
             .await
@@ -454,11 +547,33 @@ async fn strict_targets_need_a_pinned_key() {
     a.key = Some(key);
     a.host_key_policy = HostKeyPolicyArg::Strict;
     a.host_key = Some(std::fs::read_to_string(env.dir.path().join("strict_key.pub")).unwrap());
+    // `add` sees that the server presents another key, and adds nothing.
+    let (r, _) = cli(&env.app, TargetCmd::Add(clone_args(&a)), "").await;
+    let e = r.unwrap_err();
+    assert!(
+        e.contains(&env.sshd.fingerprint()) && e.contains("nothing was added"),
+        "{e}"
+    );
+    // Added offline, the first connection finds the mismatch.
+    a.offline = true;
     assert_eq!(cli(&env.app, TargetCmd::Add(a), "").await.0, Ok(0));
     assert!(matches!(
         env.run("strict-wrong", "true").await,
         Err(ExecError::HostKeyMismatch { .. })
     ));
+}
+
+fn clone_args(a: &AddArgs) -> AddArgs {
+    AddArgs {
+        alias: a.alias.clone(),
+        host: a.host.clone(),
+        user: a.user.clone(),
+        key: a.key.clone(),
+        cert: a.cert.clone(),
+        description: a.description.clone(),
+        host_key: a.host_key.clone(),
+        ..*a
+    }
 }
 
 #[tokio::test]
@@ -556,12 +671,13 @@ async fn target_lifecycle_through_the_cli() {
         .0
         .is_err()
     );
+    // The key seen at add was pinned by the approval: nothing was trusted on first use.
     assert_eq!(
         env.audit_actions("life").await,
         [
             "target.add",
             "target.approve",
-            "hostkey.record",
+            "hostkey.pin",
             "target.disable",
             "target.remove"
         ]
@@ -620,7 +736,7 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
     )
     .await;
     assert_eq!(r, Ok(0));
-    let (_, test_out) = env.test_target("secret", false).await;
+    let (_, test_out) = env.test_target("secret", None).await;
     let (_, list) = cli(&env.app, TargetCmd::List, "").await;
     let (_, show) = cli(
         &env.app,
@@ -796,6 +912,7 @@ async fn the_target_commands_of_the_binary() {
             "u",
             "--password-stdin",
             "--approve",
+            "--offline",
         ],
         "hunter2-secret\n",
     );

@@ -16,5 +16,7 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod llm;
+mod ssh_kill;
+mod ssh_trust;
 #[allow(dead_code)]
 mod sshd;

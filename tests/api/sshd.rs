@@ -3,7 +3,9 @@
 //! free loopback port, in the foreground (`-D -e`) as a child process that is killed — with
 //! the per-connection processes it forked — on drop. Readiness is polled on the TCP port.
 //!
-//! Needs root (to create test users and run sshd); [`Sshd::available`] says why not, loudly.
+//! Needs root (to create test users and run sshd) and `/usr/sbin/sshd`. Without them the SSH
+//! tests FAIL — in `scripts/test.sh`, and so in CI, too — unless a developer opts out with
+//! `SSHMODE_TEST_SKIP_SSH=1`; then [`available`] says loudly that they were skipped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,53 +16,97 @@ pub const USER: &str = "sshmode_t";
 /// Its password.
 pub const PASSWORD: &str = "pw-Zq8#tricky 'quoted' pass";
 
-/// Whether SSH tests can run here; prints a loud message when they cannot.
+/// Set to `1` by a developer without root or sshd to skip the SSH tests (never in CI).
+pub const SKIP_VAR: &str = "SSHMODE_TEST_SKIP_SSH";
+
+/// Whether SSH tests run here. Panics (the test fails) when they cannot and nobody opted out;
+/// prints a loud notice when a developer did.
 pub fn available() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let sshd = Path::new("/usr/sbin/sshd").exists();
-    if !root || !sshd {
-        eprintln!(
-            "\n!!!!! SKIPPING SSH TESTS: they need root and /usr/sbin/sshd (root={root}, sshd={sshd}); \
-             run them through scripts/test.sh as root !!!!!\n"
-        );
-        return false;
+    let opted_out = std::env::var(SKIP_VAR).is_ok_and(|v| v == "1");
+    match policy(root, sshd, opted_out) {
+        Ok(true) => {
+            ensure_user(USER);
+            true
+        }
+        Ok(false) => {
+            eprintln!(
+                "\n!!!!! SKIPPING SSH TESTS ({SKIP_VAR}=1): root={root}, sshd={sshd}. \
+                 Nothing about SSH was tested !!!!!\n"
+            );
+            false
+        }
+        Err(why) => panic!("{why}"),
     }
-    ensure_user();
-    true
 }
 
-fn ensure_user() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let exists = Command::new("id")
-            .arg(USER)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+/// Run (`Ok(true)`), skip because a developer opted out (`Ok(false)`), or fail.
+fn policy(root: bool, sshd: bool, opted_out: bool) -> Result<bool, String> {
+    if root && sshd {
+        return Ok(true);
+    }
+    if opted_out {
+        return Ok(false);
+    }
+    Err(format!(
+        "the SSH tests need root (for useradd) and /usr/sbin/sshd (root={root}, sshd={sshd}): \
+         run them through scripts/test.sh as root, or set {SKIP_VAR}=1 to skip them on a \
+         developer machine"
+    ))
+}
+
+#[test]
+fn missing_root_or_sshd_fails_unless_a_developer_opts_out() {
+    assert_eq!(policy(true, true, false), Ok(true));
+    assert_eq!(
+        policy(true, true, true),
+        Ok(true),
+        "available tests always run"
+    );
+    for (root, sshd) in [(false, true), (true, false), (false, false)] {
+        let e = policy(root, sshd, false).unwrap_err();
+        assert!(e.contains(SKIP_VAR) && e.contains("root"), "{e}");
+        assert_eq!(policy(root, sshd, true), Ok(false));
+    }
+}
+
+/// Creates `user` (a login shell, a home, [`PASSWORD`]) once per process.
+pub fn ensure_user(user: &str) {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.iter().any(|u| u == user) {
+        return;
+    }
+    let exists = Command::new("id")
+        .arg(user)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !exists {
+        let ok = Command::new("useradd")
+            .args(["-m", "-s", "/bin/bash", user])
             .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !exists {
-            let ok = Command::new("useradd")
-                .args(["-m", "-s", "/bin/bash", USER])
-                .status()
-                .expect("useradd");
-            assert!(ok.success(), "useradd {USER} failed");
-        }
-        let mut child = Command::new("chpasswd")
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("chpasswd");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(format!("{USER}:{PASSWORD}\n").as_bytes())
-            .unwrap();
-        assert!(child.wait().unwrap().success(), "chpasswd failed");
-        std::fs::create_dir_all("/run/sshd").expect("mkdir /run/sshd");
-    });
+            .expect("useradd");
+        assert!(ok.success(), "useradd {user} failed");
+    }
+    let mut child = Command::new("chpasswd")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("chpasswd");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{user}:{PASSWORD}\n").as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "chpasswd failed");
+    std::fs::create_dir_all("/run/sshd").expect("mkdir /run/sshd");
+    done.push(user.to_string());
 }
 
 /// Runs `ssh-keygen` with `args`; panics on failure.
@@ -109,6 +155,11 @@ impl Sshd {
     /// Starts sshd on `port` with the host key at `dir/host_key` (created if missing) and a
     /// user CA at `dir/ca` (created if missing).
     pub fn start(dir: &Path, port: u16) -> Sshd {
+        Self::start_with(dir, port, "")
+    }
+
+    /// [`Sshd::start`] with `extra` lines appended to its configuration.
+    pub fn start_with(dir: &Path, port: u16, extra: &str) -> Sshd {
         let host_key = dir.join("host_key");
         if !host_key.exists() {
             new_key(&host_key, "ed25519", "");
@@ -124,7 +175,7 @@ impl Sshd {
                 "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nUsePAM no\n\
                  PasswordAuthentication yes\nPubkeyAuthentication yes\nKbdInteractiveAuthentication no\n\
                  TrustedUserCAKeys {ca}.pub\nAuthorizedKeysFile {dir}/%u.keys\nStrictModes no\n\
-                 Subsystem sftp internal-sftp\nMaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n",
+                 Subsystem sftp internal-sftp\nMaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n{extra}",
                 hk = host_key.display(),
                 pid = dir.join("sshd.pid").display(),
                 ca = ca.display(),
@@ -162,12 +213,17 @@ impl Sshd {
 
     /// Authorizes a public key (file contents) for [`USER`].
     pub fn authorize(&self, pub_key_file: &Path) {
+        self.authorize_for(USER, pub_key_file)
+    }
+
+    /// Authorizes a public key (file contents) for `user`.
+    pub fn authorize_for(&self, user: &str, pub_key_file: &Path) {
         use std::io::Write;
         let line = std::fs::read_to_string(pub_key_file).unwrap();
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join(format!("{USER}.keys")))
+            .open(self.dir.join(format!("{user}.keys")))
             .unwrap();
         f.write_all(line.as_bytes()).unwrap();
     }

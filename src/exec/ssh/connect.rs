@@ -1,7 +1,8 @@
 //! One SSH connection to one target: TCP with `TCP_NODELAY`, host-key verification against
-//! the registry (trust on first use, or a pinned key for `strict` targets; a mismatch is
-//! refused and audited), then authentication with the vaulted key (or key + certificate),
-//! password, or the ssh-agent.
+//! the registry (the key seen at `target add` and pinned by approval, trust on first use for
+//! a target added offline, or a pinned key for `strict` targets; a mismatch is refused and
+//! audited), then authentication with the vaulted key (or key + certificate), password, or
+//! the ssh-agent. [`probe_host_key`] is the one handshake `target add` makes to see the key.
 //!
 //! Secrets are opened from the vault here and only here, held in `Zeroizing` buffers, and
 //! never logged. Never: accepts a host key the registry does not bind to the target.
@@ -14,8 +15,8 @@ use sqlx::PgPool;
 
 use crate::config::ExecConfig;
 use crate::exec::ExecError;
-use crate::target::{self, AuthKind, HostKeyVerdict, Target};
-use crate::vault::Vault;
+use crate::target::{self, AuthKind, HostKeyVerdict, Target, Trust};
+use crate::vault::{Field, Place, Vault};
 
 /// What the host presented and what the registry said about it.
 #[derive(Debug, Clone, Default)]
@@ -33,8 +34,8 @@ pub struct HostKeySeen {
 pub struct Client {
     db: PgPool,
     alias: String,
-    /// Pin the presented key when none is recorded (`target test --trust`).
-    pin: bool,
+    /// What the operator trusts (`target test --trust [SHA256:…]`); `None` for the pool.
+    trust: Option<Trust>,
     /// Who the audit rows name.
     actor: String,
     /// Shared with the caller, who reads it after the handshake.
@@ -63,7 +64,7 @@ impl client::Handler for Client {
             &self.alias,
             &fingerprint,
             &algorithm,
-            self.pin,
+            self.trust.as_ref(),
             &self.actor,
         )
         .await;
@@ -72,7 +73,10 @@ impl client::Handler for Client {
         seen.algorithm = Some(algorithm);
         match verdict {
             Ok(v) => {
-                let ok = matches!(v, HostKeyVerdict::Match | HostKeyVerdict::Recorded);
+                let ok = matches!(
+                    v,
+                    HostKeyVerdict::Match | HostKeyVerdict::Recorded | HostKeyVerdict::Pinned
+                );
                 seen.verdict = Some(v);
                 Ok(ok)
             }
@@ -89,8 +93,8 @@ pub struct ConnectOptions<'a> {
     pub config: &'a ExecConfig,
     pub db: &'a PgPool,
     pub vault: &'a Vault,
-    /// Pin the presented key if none is recorded (only `target test --trust`).
-    pub pin: bool,
+    /// What the operator trusts (only `target test --trust`); `None` pins nothing.
+    pub trust: Option<Trust>,
     /// Who audit rows name (`system` for the pool, `cli` for `target test`).
     pub actor: &'a str,
 }
@@ -119,7 +123,7 @@ pub async fn connect(
     let handler = Client {
         db: opts.db.clone(),
         alias: target.alias.clone(),
-        pin: opts.pin,
+        trust: opts.trust.clone(),
         actor: opts.actor.to_string(),
         seen: seen.clone(),
     };
@@ -151,6 +155,52 @@ pub async fn connect(
     (seen, result)
 }
 
+/// The russh handler of [`probe_host_key`]: notes the presented key and ends the handshake
+/// there (it is refused, so nothing is ever authenticated against an unchecked key).
+struct Probe {
+    seen: Arc<Mutex<Option<(String, String)>>>,
+}
+
+impl client::Handler for Probe {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        key: &PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        if let PublicKeyOrCertificate::PublicKey { key, .. } = key {
+            *self.seen.lock().expect("seen lock") = Some((
+                key.fingerprint(HashAlg::Sha256).to_string(),
+                key.algorithm().to_string(),
+            ));
+        }
+        Ok(false)
+    }
+}
+
+/// The host key `host:port` presents: `(SHA256:…, algorithm)`. One handshake, ended at the key
+/// (no authentication), within the connect timeout; `target add` records what it returns.
+pub async fn probe_host_key(
+    config: &ExecConfig,
+    host: &str,
+    port: u16,
+) -> Result<(String, String), String> {
+    let seen = Arc::new(Mutex::new(None));
+    let handler = Probe { seen: seen.clone() };
+    let timeout = config.ssh_connect_timeout;
+    let attempt = client::connect(client_config(config), (host, port), handler);
+    let result = tokio::time::timeout(timeout, attempt).await;
+    if let Some(key) = seen.lock().expect("seen lock").take() {
+        return Ok(key);
+    }
+    Err(match result {
+        Err(_) => format!("no answer from {host}:{port} within {}s", timeout.as_secs()),
+        Ok(Err(russh::Error::IO(io))) => format!("cannot reach {host}:{port}: {io}"),
+        Ok(Err(e)) => format!("SSH handshake with {host}:{port} failed: {e}"),
+        Ok(Ok(_)) => format!("{host}:{port} presented no plain host key"),
+    })
+}
+
 fn unavailable(target: &Target, reason: String) -> ExecError {
     ExecError::Unavailable {
         alias: target.alias.clone(),
@@ -173,8 +223,16 @@ fn handshake_error(target: &Target, seen: &Mutex<HostKeySeen>, e: russh::Error) 
             return unavailable(
                 target,
                 format!(
-                    "host key {presented} is not pinned and the target is strict; pin it with `sshmode target test {} --trust` after checking it",
+                    "host key {presented} is not pinned and the target is strict; check it on the host (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`) and pin it with `sshmode target test {} --trust SHA256:…`",
                     target.alias
+                ),
+            );
+        }
+        Some(HostKeyVerdict::TrustMismatch { checked }) => {
+            return unavailable(
+                target,
+                format!(
+                    "the server presents host key {presented}, not the {checked} you checked; nothing was pinned"
                 ),
             );
         }
@@ -209,10 +267,14 @@ async fn authenticate(
         )
     };
     let vault_failed = || unavailable(target, "its vaulted secret could not be opened".into());
-    let open = |sealed: &[u8]| {
-        opts.vault
-            .open(&target.alias, sealed)
-            .map_err(|_| vault_failed())
+    // Each record opens only for this target row (alias and generation) and its own field.
+    let open = |sealed: &[u8], field: Field| {
+        let place = Place {
+            alias: &target.alias,
+            generation: target.generation,
+            field,
+        };
+        opts.vault.open(&place, sealed).map_err(|_| vault_failed())
     };
     let ssh_failed = |e: russh::Error| unavailable(target, format!("authentication failed: {e}"));
     let accepted = |res: client::AuthResult, what: &str| {
@@ -225,13 +287,15 @@ async fn authenticate(
 
     match target.auth {
         AuthKind::Key | AuthKind::Password => {
-            let sealed = target::sealed_secrets(opts.db, &target.alias)
+            let sealed = target::sealed_secrets(opts.db, &target.alias, target.generation)
                 .await
                 .map_err(|e| unavailable(target, e.to_string()))?;
             if target.auth == AuthKind::Password {
                 let sealed = sealed.password.ok_or_else(vault_failed)?;
-                let pw = open(&sealed)?;
+                let pw = open(&sealed, Field::Password)?;
                 let pw = std::str::from_utf8(&pw).map_err(|_| vault_failed())?;
+                // russh copies it into its `auth::Method::Password`, which zeroizes the
+                // copy on drop; ours is the `Zeroizing` buffer `pw` borrows from.
                 let res = handle
                     .authenticate_password(user, pw)
                     .await
@@ -239,14 +303,14 @@ async fn authenticate(
                 return accepted(res, "the password");
             }
             let sealed_key = sealed.key.ok_or_else(vault_failed)?;
-            let pem = open(&sealed_key)?;
+            let pem = open(&sealed_key, Field::Key)?;
             let pem = std::str::from_utf8(&pem).map_err(|_| vault_failed())?;
             let key =
                 Arc::new(russh::keys::decode_secret_key(pem, None).map_err(|_| {
                     unavailable(target, "its vaulted key could not be decoded".into())
                 })?);
             if let Some(sealed_cert) = sealed.cert {
-                let cert = open(&sealed_cert)?;
+                let cert = open(&sealed_cert, Field::Cert)?;
                 let cert = std::str::from_utf8(&cert)
                     .ok()
                     .and_then(|c| Certificate::from_openssh(c.trim()).ok())

@@ -7,11 +7,13 @@
 //!
 //! Commands run on exec channels; files move over SFTP ([`sftp`]). A command past its timeout
 //! is killed on the remote — its process group (sshd makes each session's shell a session
-//! leader, and the script reports its pid first) gets TERM then KILL — and its partial output
-//! returned.
+//! leader, and the script reports its pid first, behind a marker made for that command) gets
+//! TERM then KILL — and its partial output returned. A command dropped midway is killed from
+//! a task on the app's tracker.
 //!
-//! Never: accepts an unknown or changed host key, keeps a secret outside the vault, or lets an
-//! SSH failure turn into local execution.
+//! Never: accepts an unknown or changed host key, keeps a secret outside the vault, signals a
+//! pid it did not read from behind its marker (or one ≤ 1), or lets an SSH failure turn into
+//! local execution.
 
 pub mod connect;
 mod sftp;
@@ -28,6 +30,7 @@ use russh::{ChannelMsg, ChannelWriteHalf};
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
@@ -58,16 +61,25 @@ pub struct SshPool {
     /// Per-target pools. Bounded by the number of approved targets: a pool is dropped when
     /// its target is found removed or no longer approved.
     targets: StdMutex<HashMap<String, Arc<TargetPool>>>,
+    /// The app's task tracker: background remote kills run on it, so shutdown waits for them.
+    tasks: TaskTracker,
 }
 
 impl SshPool {
-    pub fn new(config: ExecConfig, db: PgPool, vault: Arc<Vault>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        config: ExecConfig,
+        db: PgPool,
+        vault: Arc<Vault>,
+        metrics: Arc<Metrics>,
+        tasks: TaskTracker,
+    ) -> Self {
         SshPool {
             config,
             db,
             vault,
             metrics,
             targets: StdMutex::new(HashMap::new()),
+            tasks,
         }
     }
 
@@ -105,6 +117,7 @@ impl SshPool {
                     self.db.clone(),
                     self.vault.clone(),
                     self.metrics.clone(),
+                    self.tasks.clone(),
                 ));
                 map.insert(alias.to_string(), p.clone());
                 p
@@ -204,6 +217,8 @@ pub struct TargetPool {
     /// Signalled whenever a channel is given back: wakes commands waiting for a connection
     /// slot or for sshd to accept a session again.
     freed: Arc<Notify>,
+    /// The app's task tracker, for background kills of dropped commands.
+    tasks: TaskTracker,
 }
 
 /// A channel slot on a connection; returns itself on drop.
@@ -250,6 +265,7 @@ impl TargetPool {
         db: PgPool,
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
+        tasks: TaskTracker,
     ) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
         TargetPool {
@@ -264,6 +280,7 @@ impl TargetPool {
             failure: StdMutex::new(None),
             home: tokio::sync::OnceCell::new(),
             freed: Arc::new(Notify::new()),
+            tasks,
         }
     }
 
@@ -386,7 +403,7 @@ impl TargetPool {
                 config: &self.config,
                 db: &self.db,
                 vault: &self.vault,
-                pin: false,
+                trust: None,
                 actor: "system",
             },
         )
@@ -420,8 +437,15 @@ impl TargetPool {
                     freed: self.freed.clone(),
                 }))
             }
-            Err(e) if seen.verdict == Some(target::HostKeyVerdict::Unpinned) => {
-                // Waiting for an operator to pin the key: the next attempt re-reads the pin.
+            Err(e)
+                if matches!(
+                    seen.verdict,
+                    Some(
+                        target::HostKeyVerdict::Unpinned | target::HostKeyVerdict::Mismatch { .. }
+                    )
+                ) =>
+            {
+                // Waiting for an operator to pin or rekey: the next attempt re-reads the key.
                 Err(e)
             }
             Err(e) => {
@@ -528,8 +552,15 @@ impl TargetPool {
         cmd: Command<'_>,
         cancel: &CancellationToken,
     ) -> Result<Output, ExecError> {
-        // The login shell is the session leader: its pid is the process group to kill.
-        let script = format!("printf '%s\\n' \"$$\" >&2\n{}", cmd.script);
+        // The login shell is the session leader: its pid is the process group to kill. It is
+        // printed behind a one-time marker, so nothing a login script prints first (a `1`
+        // from an rc file) is ever taken for it.
+        let mut pid_scan = PidScan::new();
+        let script = format!(
+            "printf '%s%s\\n' {} \"$$\" >&2\n{}",
+            pid_scan.marker(),
+            cmd.script
+        );
         // Waiting for a channel (bounded by the queue and connect timeouts) honours
         // cancellation; the command's own timeout starts once it runs.
         let (lease, channel) = tokio::select! {
@@ -560,11 +591,11 @@ impl TargetPool {
             conn: lease.conn.clone(),
             alias: self.target.alias.clone(),
             pid: None,
+            tasks: self.tasks.clone(),
+            freed: self.freed.clone(),
         };
         let mut out = HeadTail::new(cmd.stdout_limit);
         let mut err = HeadTail::new(cmd.stderr_limit);
-        // The first stderr line carries the pid; bounded in case it never comes.
-        let mut pid_line: Option<Vec<u8>> = Some(Vec::new());
         let mut pid: Option<u32> = None;
         let mut exit = None;
         let deadline = tokio::time::sleep(cmd.timeout);
@@ -577,33 +608,10 @@ impl TargetPool {
                 msg = rx.wait() => match msg {
                     Some(ChannelMsg::Data { data }) => out.push(&data),
                     Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
-                        let mut rest: &[u8] = &data;
-                        if let Some(buf) = pid_line.as_mut() {
-                            match rest.iter().position(|b| *b == b'\n') {
-                                Some(i) => {
-                                    buf.extend_from_slice(&rest[..i]);
-                                    pid = std::str::from_utf8(buf).ok().and_then(|s| s.trim().parse().ok());
-                                    orphan.pid = pid;
-                                    if pid.is_some() {
-                                        rest = &rest[i + 1..];
-                                    } else {
-                                        // Not our line (a login script wrote first): keep it.
-                                        let (head, _) = buf.split_at(buf.len() - i);
-                                        err.push(head);
-                                    }
-                                    pid_line = None;
-                                }
-                                None if buf.len() + rest.len() <= 32 => {
-                                    buf.extend_from_slice(rest);
-                                    rest = &[];
-                                }
-                                None => {
-                                    err.push(buf);
-                                    pid_line = None;
-                                }
-                            }
+                        if let Some(found) = pid_scan.push(&data, &mut err) {
+                            pid = Some(found);
+                            orphan.pid = pid;
                         }
-                        err.push(rest);
                     }
                     Some(ChannelMsg::ExitStatus { exit_status }) => {
                         exit = Some(Exit::Code(exit_status as i32));
@@ -627,6 +635,7 @@ impl TargetPool {
             }
         }
         orphan.pid = None;
+        pid_scan.flush(&mut err);
         let _ = tx.close().await;
         drop(lease);
         let exit = exit.ok_or_else(|| {
@@ -679,8 +688,12 @@ impl TargetPool {
 }
 
 /// TERM, then KILL after up to 2 s, to the remote process group `pid`, from a second channel
-/// on `conn` (outside the channel count: it is short-lived). Bounded by [`KILL_WAIT`].
+/// on `conn` (outside the channel count: it is short-lived). Bounded by [`KILL_WAIT`]. A pid
+/// of 0 or 1 is never signalled: `kill -- -1` would reach every process of the user.
 async fn kill_group(conn: &Conn, pid: u32, alias: &str) {
+    if pid <= 1 {
+        return;
+    }
     let script = format!(
         "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
     );
@@ -714,23 +727,145 @@ async fn kill_group(conn: &Conn, pid: u32, alias: &str) {
     }
 }
 
+/// Most stderr bytes searched for the pid line (login scripts may print before it); past
+/// that, a kill can only signal the command's channel.
+const PID_SCAN_MAX: usize = 64 * 1024;
+/// Longest pid text after the marker (`i32::MAX` has 10 digits).
+const PID_DIGITS_MAX: usize = 10;
+
+/// Finds the `<marker><pid>` line the wrapper prints first on stderr, behind a marker made
+/// for this one command, and passes every other byte through to the command's stderr.
+struct PidScan {
+    /// `__sshmode_pid_<random>__`: `[a-z0-9_]`, so it needs no quoting in the script.
+    marker: String,
+    /// Bytes held back while they may still hold (part of) the marker line.
+    held: Vec<u8>,
+    /// Bytes examined so far (bounded by [`PID_SCAN_MAX`]).
+    scanned: usize,
+    /// The line was found, or the search given up: everything else passes straight through.
+    done: bool,
+}
+
+impl PidScan {
+    fn new() -> Self {
+        PidScan {
+            marker: format!("__sshmode_pid_{}__", uuid::Uuid::new_v4().simple()),
+            held: Vec::new(),
+            scanned: 0,
+            done: false,
+        }
+    }
+
+    fn marker(&self) -> &str {
+        &self.marker
+    }
+
+    /// Feeds stderr bytes; what is not the pid line goes to `err`. Returns the pid once, when
+    /// its line is complete and names a process group we may signal (> 1).
+    fn push(&mut self, data: &[u8], err: &mut HeadTail) -> Option<u32> {
+        if self.done {
+            err.push(data);
+            return None;
+        }
+        self.held.extend_from_slice(data);
+        self.scanned += data.len();
+        let m = self.marker.as_bytes();
+        if let Some(at) = self.held.windows(m.len()).position(|w| w == m) {
+            let after = at + m.len();
+            match self.held[after..].iter().position(|b| *b == b'\n') {
+                Some(nl) => {
+                    let pid = parse_pid(&self.held[after..after + nl]);
+                    err.push(&self.held[..at]);
+                    err.push(&self.held[after + nl + 1..]);
+                    self.held = Vec::new();
+                    self.done = true;
+                    return pid;
+                }
+                // The rest of the line is still on its way.
+                None if self.held.len() - after <= PID_DIGITS_MAX => return None,
+                // Not a pid line after all: no pid.
+                None => {
+                    self.flush(err);
+                    return None;
+                }
+            }
+        }
+        if self.scanned > PID_SCAN_MAX {
+            self.flush(err);
+            return None;
+        }
+        // Keep only a tail that could still be the start of the marker line.
+        let keep = m.len() + PID_DIGITS_MAX;
+        if self.held.len() > keep {
+            let cut = self.held.len() - keep;
+            err.push(&self.held[..cut]);
+            self.held.drain(..cut);
+        }
+        None
+    }
+
+    /// Gives up the search: whatever is held is the command's stderr.
+    fn flush(&mut self, err: &mut HeadTail) {
+        err.push(&self.held);
+        self.held = Vec::new();
+        self.done = true;
+    }
+}
+
+/// A pid as the wrapper prints it: decimal digits only, and a group we may signal (> 1).
+fn parse_pid(text: &[u8]) -> Option<u32> {
+    if text.is_empty() || text.len() > PID_DIGITS_MAX || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let pid: u32 = std::str::from_utf8(text).ok()?.parse().ok()?;
+    (pid > 1 && pid <= i32::MAX as u32).then_some(pid)
+}
+
 /// Kills a started command's process group if dropped while it still runs (armed by a known
 /// pid): the remote twin of the local backend's group guard. Its shell then exits and sshd
-/// closes the channel.
+/// closes the channel. The kill runs on the app's task tracker, so shutdown waits for it, and
+/// holds a channel of the connection, so the idle reaper does not close it first.
 struct KillOnDrop {
     conn: Arc<Conn>,
     alias: String,
     pid: Option<u32>,
+    /// The app's task tracker.
+    tasks: TaskTracker,
+    /// The pool's "a channel was freed" signal, rung when the kill's channel is given back.
+    freed: Arc<Notify>,
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let Some(pid) = self.pid else { return };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
+        }
+        self.conn.busy.fetch_add(1, Ordering::AcqRel);
+        let held = Held {
+            conn: self.conn.clone(),
+            freed: self.freed.clone(),
         };
-        let (conn, alias) = (self.conn.clone(), std::mem::take(&mut self.alias));
-        rt.spawn(async move { kill_group(&conn, pid, &alias).await });
+        let alias = std::mem::take(&mut self.alias);
+        self.tasks.spawn(async move {
+            kill_group(&held.conn, pid, &alias).await;
+            drop(held);
+        });
+    }
+}
+
+/// A channel of a connection counted as busy without a pool permit (the background kill);
+/// given back on drop.
+struct Held {
+    conn: Arc<Conn>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.conn.busy.fetch_sub(1, Ordering::AcqRel);
+        *self.conn.last_used.lock().expect("conn lock") = Instant::now();
+        self.freed.notify_waiters();
     }
 }
 
@@ -870,6 +1005,90 @@ mod tests {
             let _ = tokio::time::timeout(Duration::from_millis(1), waiter).await;
         });
         assert_eq!(count.load(Ordering::Acquire), 0);
+    }
+
+    /// Feeds `chunks` to a scan; returns (pid, the stderr the command is left with).
+    fn scan(chunks: &[&[u8]]) -> (Option<u32>, Vec<u8>, String) {
+        let mut s = PidScan::new();
+        let marker = s.marker().to_string();
+        let mut err = HeadTail::new(1 << 20);
+        let mut pid = None;
+        for c in chunks {
+            let c = String::from_utf8_lossy(c).replace("<M>", &marker);
+            if let Some(p) = s.push(c.as_bytes(), &mut err) {
+                assert!(pid.is_none(), "a pid is reported once");
+                pid = Some(p);
+            }
+        }
+        s.flush(&mut err);
+        (pid, err.into_bytes(), marker)
+    }
+
+    #[test]
+    fn the_pid_is_read_only_from_behind_the_marker() {
+        // A login script that prints `1` first: kept as stderr, never taken for the pid.
+        let (pid, err, _) = scan(&[b"1\n<M>4242\nboom\n"]);
+        assert_eq!(pid, Some(4242));
+        assert_eq!(err, b"1\nboom\n");
+        // Split anywhere, even inside the marker.
+        let (pid, err, m) = scan(&[b"motd\n"]);
+        assert_eq!((pid, err), (None, b"motd\n".to_vec()));
+        let line = format!("rc says hi\n{m}777\nafter");
+        for cut in 0..line.len() {
+            let (a, b) = line.as_bytes().split_at(cut);
+            let (pid, err, _) = scan_with(&m, &[a, b]);
+            assert_eq!(pid, Some(777), "cut at {cut}");
+            assert_eq!(err, b"rc says hi\nafter", "cut at {cut}");
+        }
+        // No marker at all: no pid, and every byte is the command's.
+        let (pid, err, _) = scan(&[b"1\n", b"2\n"]);
+        assert_eq!((pid, err), (None, b"1\n2\n".to_vec()));
+    }
+
+    /// [`scan`] with a given marker (for splitting a line that already holds it).
+    fn scan_with(marker: &str, chunks: &[&[u8]]) -> (Option<u32>, Vec<u8>, String) {
+        let mut s = PidScan::new();
+        s.marker = marker.to_string();
+        let mut err = HeadTail::new(1 << 20);
+        let mut pid = None;
+        for c in chunks {
+            if let Some(p) = s.push(c, &mut err) {
+                pid = Some(p);
+            }
+        }
+        s.flush(&mut err);
+        (pid, err.into_bytes(), marker.to_string())
+    }
+
+    #[test]
+    fn pids_we_must_never_signal_are_refused() {
+        for bad in [
+            "0",
+            "1",
+            "-1",
+            " 42",
+            "42 ",
+            "4x",
+            "",
+            "99999999999",
+            "4294967295",
+        ] {
+            assert_eq!(parse_pid(bad.as_bytes()), None, "{bad:?}");
+        }
+        assert_eq!(parse_pid(b"2"), Some(2));
+        assert_eq!(parse_pid(b"2147483647"), Some(2147483647));
+        let (pid, _, _) = scan(&[b"<M>1\n"]);
+        assert_eq!(pid, None, "a marker line naming pid 1 is no pid");
+        let (pid, _, _) = scan(&[b"<M>-1\n"]);
+        assert_eq!(pid, None);
+    }
+
+    #[test]
+    fn the_pid_search_is_bounded() {
+        let noise = vec![b'x'; PID_SCAN_MAX + 1];
+        let (pid, err, _) = scan(&[&noise, b"<M>42\n"]);
+        assert_eq!(pid, None, "given up after the bound");
+        assert!(err.starts_with(&noise) && err.ends_with(b"42\n"));
     }
 
     #[test]
