@@ -4,9 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use std::future::IntoFuture;
-
-use anyhow::Context;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -121,6 +118,7 @@ impl App {
             metrics.clone(),
             tasks.clone(),
         )?);
+        let tasks = TaskTracker::new();
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
@@ -129,7 +127,10 @@ impl App {
             llm,
             shutdown: shutdown.clone(),
             lark: Arc::new(lark),
-            inbox: Arc::new(crate::inbox::Inbox::default()),
+            inbox: Arc::new(crate::inbox::Inbox::new(
+                crate::inbox::ADMITTED_MAX,
+                tasks.clone(),
+            )),
             exec: exec.clone(),
         };
         crate::inbox::spawn_workers(&state, &tasks);
@@ -169,21 +170,24 @@ impl App {
         let shutdown = state.shutdown.clone();
         let router = crate::http::router(state.clone());
         tracing::info!(http.addr = %listener.local_addr()?, "listening");
-        let serve = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .into_future();
+        let serve = crate::http::serve::serve(
+            listener,
+            router,
+            state.config.http.clone(),
+            state.metrics.clone(),
+            shutdown,
+        );
         // Once shutdown begins, requests in flight get a bounded grace, not forever.
         let overdue = async {
             state.shutdown.cancelled().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         };
-        let served = tokio::select! {
-            r = serve => r.context("HTTP server failed"),
+        tokio::select! {
+            () = serve => {}
             _ = overdue => {
                 tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "HTTP requests still running after the shutdown grace; dropping them");
-                Ok(())
             }
-        };
+        }
         state.shutdown.cancel();
         tasks.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
@@ -197,7 +201,7 @@ impl App {
         }
         drop(state);
         store.close().await;
-        served
+        Ok(())
     }
 }
 

@@ -22,6 +22,17 @@ pub enum ConfigError {
     },
     #[error("{name} is invalid: {reason}")]
     Invalid { name: &'static str, reason: String },
+    /// `serve` without an Encrypt Key and without the explicit opt-out.
+    #[error(
+        "LARK_ENCRYPT_KEY is required by `sshmode serve`. Without an Encrypt Key Lark signs \
+         nothing: the verification token inside every callback body is then the only proof \
+         that an event comes from Lark, so anyone who sees one callback body can forge events, \
+         admin commands included. Set one in the Lark/Feishu developer console (your app → \
+         Events & Callbacks → Encryption Strategy → Encrypt Key) and put the same value in \
+         LARK_ENCRYPT_KEY. To accept unsigned events anyway (a local test setup only), set \
+         SSHMODE_ALLOW_UNSIGNED_EVENTS=true."
+    )]
+    UnsignedEvents,
 }
 
 /// Log output format (`SSHMODE_LOG_FORMAT`).
@@ -41,9 +52,12 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `SSHMODE_LISTEN`.
     pub listen: SocketAddr,
-    /// Lark app settings. Optional here so that non-serving commands work without them;
-    /// `serve` calls [`Config::require_lark`].
+    /// Lark app settings. Optional here so that non-serving commands work without them (or
+    /// with an incomplete set, as a copied `.env.example` has); `serve` calls
+    /// [`Config::require_serve`].
     pub lark: Option<LarkConfig>,
+    /// The first `LARK_*` credential missing when only some are set; reported by `serve`.
+    pub lark_missing: Option<&'static str>,
     /// `LARK_BASE_URL`, without a trailing slash. Kept apart from [`LarkConfig`] so that the
     /// base is known even to commands that do not need credentials.
     pub lark_base_url: String,
@@ -71,6 +85,23 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Model-router tunables.
     pub router: RouterTunables,
+    /// HTTP server bounds.
+    pub http: HttpConfig,
+}
+
+/// Bounds of the HTTP server: how long a client may take to send a request, and how many
+/// connections are served at once.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// `SSHMODE_HTTP_HEADER_TIMEOUT_SECS`: a request's head (line and headers) must arrive
+    /// within this; it is also how long an idle keep-alive connection stays open.
+    pub header_timeout: Duration,
+    /// `SSHMODE_HTTP_BODY_TIMEOUT_SECS`: a request's whole body must arrive within this,
+    /// counted from its head.
+    pub body_timeout: Duration,
+    /// `SSHMODE_HTTP_MAX_CONNECTIONS`: connections served at once; past it, new ones wait in
+    /// the listen backlog.
+    pub max_connections: usize,
 }
 
 /// Lark app credentials (`LARK_*`).
@@ -81,6 +112,10 @@ pub struct LarkConfig {
     pub verification_token: SecretString,
     /// `LARK_ENCRYPT_KEY`: when set, bodies are decrypted and signatures checked.
     pub encrypt_key: Option<SecretString>,
+    /// `SSHMODE_ALLOW_UNSIGNED_EVENTS`: accept events without an Encrypt Key (checked by the
+    /// verification token alone). Off by default: `serve` refuses to start, and the callback
+    /// refuses every request, while there is no key and this is false.
+    pub allow_unsigned_events: bool,
 }
 
 /// How the model is reached.
@@ -203,18 +238,28 @@ impl Config {
             "127.0.0.1:8080".parse().unwrap(),
         )?;
 
-        let lark = match (
+        // An incomplete set is no error here: only `serve` needs the credentials, and it
+        // names the missing one (`require_serve`).
+        let allow_unsigned_events: bool = parse_or(
+            "SSHMODE_ALLOW_UNSIGNED_EVENTS",
+            var("SSHMODE_ALLOW_UNSIGNED_EVENTS"),
+            false,
+        )?;
+        let (lark, lark_missing) = match (
             var("LARK_APP_ID"),
             var("LARK_APP_SECRET"),
             var("LARK_VERIFICATION_TOKEN"),
         ) {
-            (None, None, None) => None,
-            (Some(app_id), Some(secret), Some(token)) => Some(LarkConfig {
-                app_id,
-                app_secret: SecretString::from(secret),
-                verification_token: SecretString::from(token),
-                encrypt_key: var("LARK_ENCRYPT_KEY").map(SecretString::from),
-            }),
+            (Some(app_id), Some(secret), Some(token)) => (
+                Some(LarkConfig {
+                    app_id,
+                    app_secret: SecretString::from(secret),
+                    verification_token: SecretString::from(token),
+                    encrypt_key: var("LARK_ENCRYPT_KEY").map(SecretString::from),
+                    allow_unsigned_events,
+                }),
+                None,
+            ),
             (a, s, _) => {
                 let name = if a.is_none() {
                     "LARK_APP_ID"
@@ -223,10 +268,7 @@ impl Config {
                 } else {
                     "LARK_VERIFICATION_TOKEN"
                 };
-                return Err(ConfigError::Missing {
-                    name,
-                    why: " when any LARK_* credential is set",
-                });
+                (None, Some(name))
             }
         };
         let lark_base_url = var("LARK_BASE_URL").unwrap_or_else(|| "https://open.feishu.cn".into());
@@ -355,11 +397,18 @@ impl Config {
             probe_interval: secs("SSHMODE_PROBE_INTERVAL_SECS", 300)?,
         };
 
+        let http = HttpConfig {
+            header_timeout: secs("SSHMODE_HTTP_HEADER_TIMEOUT_SECS", 10)?,
+            body_timeout: secs("SSHMODE_HTTP_BODY_TIMEOUT_SECS", 10)?,
+            max_connections: count("SSHMODE_HTTP_MAX_CONNECTIONS", 1024)?,
+        };
+
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
             data_dir,
             listen,
             lark,
+            lark_missing,
             lark_base_url,
             admins,
             llm,
@@ -372,15 +421,26 @@ impl Config {
             inbox,
             exec,
             router,
+            http,
         })
     }
 
-    /// The Lark credentials, or an error naming the first missing variable (`serve` needs them).
+    /// The Lark credentials, or an error naming the first missing variable.
     pub fn require_lark(&self) -> Result<&LarkConfig, ConfigError> {
         self.lark.as_ref().ok_or(ConfigError::Missing {
-            name: "LARK_APP_ID",
+            name: self.lark_missing.unwrap_or("LARK_APP_ID"),
             why: " by `sshmode serve`",
         })
+    }
+
+    /// What `serve` needs: the Lark credentials, and an Encrypt Key unless unsigned events
+    /// are explicitly allowed (`SSHMODE_ALLOW_UNSIGNED_EVENTS=true`).
+    pub fn require_serve(&self) -> Result<&LarkConfig, ConfigError> {
+        let lark = self.require_lark()?;
+        if lark.encrypt_key.is_none() && !lark.allow_unsigned_events {
+            return Err(ConfigError::UnsignedEvents);
+        }
+        Ok(lark)
     }
 
     /// Whether `open_id` is listed in `SSHMODE_ADMINS`.
@@ -492,7 +552,10 @@ mod tests {
 
     #[test]
     fn errors_name_the_variable() {
-        let e = load(&[("LARK_APP_ID", "cli_x")]).unwrap_err().to_string();
+        // An incomplete LARK_* set loads (other commands need none of it); `serve` names the
+        // missing variable.
+        let c = load(&[("LARK_APP_ID", "cli_x")]).unwrap();
+        let e = c.require_serve().unwrap_err().to_string();
         assert!(e.contains("LARK_APP_SECRET"), "{e}");
         let e = load(&[("SSHMODE_LISTEN", "nope")]).unwrap_err().to_string();
         assert!(e.contains("SSHMODE_LISTEN"), "{e}");
@@ -514,6 +577,53 @@ mod tests {
                 .to_string()
                 .contains("LARK_APP_ID")
         );
+    }
+
+    /// `.env.example` copied unchanged: `migrate` and `target` load it; `serve` says what to
+    /// fill in.
+    #[test]
+    fn the_example_env_file_loads_unchanged() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".env.example");
+        let mut map = HashMap::new();
+        for item in dotenvy::from_path_iter(&path).expect(".env.example") {
+            let (k, v) = item.expect("a well-formed line");
+            map.insert(k, v);
+        }
+        let c = Config::from_vars(&|k| map.get(k).cloned(), Path::new("/srv/app"))
+            .expect(".env.example loads");
+        let e = c.require_serve().unwrap_err().to_string();
+        assert!(e.contains("LARK_"), "{e}");
+    }
+
+    #[test]
+    fn serve_requires_an_encrypt_key_or_the_explicit_opt_out() {
+        let creds = [
+            ("LARK_APP_ID", "cli_x"),
+            ("LARK_APP_SECRET", "s"),
+            ("LARK_VERIFICATION_TOKEN", "t"),
+        ];
+        let e = load(&creds)
+            .unwrap()
+            .require_serve()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LARK_ENCRYPT_KEY")
+                && e.contains("Encrypt Key")
+                && e.contains("SSHMODE_ALLOW_UNSIGNED_EVENTS=true"),
+            "{e}"
+        );
+        let mut with_key = creds.to_vec();
+        with_key.push(("LARK_ENCRYPT_KEY", "k"));
+        assert!(load(&with_key).unwrap().require_serve().is_ok());
+        let mut opt_out = creds.to_vec();
+        opt_out.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "true"));
+        let c = load(&opt_out).unwrap();
+        assert!(c.require_serve().unwrap().allow_unsigned_events);
+        let mut bad = creds.to_vec();
+        bad.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "yes please"));
+        let e = load(&bad).unwrap_err().to_string();
+        assert!(e.contains("SSHMODE_ALLOW_UNSIGNED_EVENTS"), "{e}");
     }
 
     #[test]

@@ -73,7 +73,14 @@ fn main() -> ExitCode {
 async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Serve => {
-            config.require_lark()?;
+            let lark = config.require_serve()?;
+            if lark.encrypt_key.is_none() {
+                tracing::warn!(
+                    "SSHMODE_ALLOW_UNSIGNED_EVENTS=true and no LARK_ENCRYPT_KEY: callbacks are \
+                     not signed, and anyone who sees one callback body can forge events; set \
+                     an Encrypt Key in the Lark developer console for any real deployment"
+                );
+            }
             tracing::info!(
                 data_dir = %config.data_dir.display(),
                 master_key_file = %config.master_key_file.display(),

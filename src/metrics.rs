@@ -53,6 +53,8 @@ pub struct Metrics {
     pub llm_latency_seconds: Histogram,
     pub exec_commands: Family<ExecLabels, Counter>,
     pub ssh_connects: Family<ReasonLabel, Counter>,
+    /// HTTP connections open now.
+    pub http_connections: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,6 +79,7 @@ impl Metrics {
             llm_latency_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             exec_commands: Family::default(),
             ssh_connects: Family::default(),
+            http_connections: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -138,6 +141,11 @@ impl Metrics {
             "ssh_connects",
             "SSH connection attempts by outcome",
             m.ssh_connects.clone(),
+        );
+        registry.register(
+            "http_connections",
+            "HTTP connections open",
+            m.http_connections.clone(),
         );
         Metrics { registry, ..m }
     }

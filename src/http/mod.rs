@@ -1,7 +1,9 @@
 //! HTTP surface: one axum router merged from each area's routes, one error type. Handlers
 //! here never make outbound calls (webhooks: verify, record, answer).
 
+pub mod body;
 mod health;
+pub mod serve;
 
 use axum::Router;
 use axum::http::StatusCode;

@@ -38,10 +38,10 @@ const MAX_BATCH: usize = 256;
 /// Batched INSERTs in flight at once: while some wait for their commit, the next batch forms
 /// and is written without waiting for them (BENCHMARKS.md).
 const FLUSHERS: usize = 4;
-/// Most callback requests admitted at once (see [`Inbox::admit`]). At ten thousand events a
-/// second and a few milliseconds each, a few dozen are in flight; this leaves room for a stall
-/// of a fraction of a second before the platform is told to retry. It also caps the memory
-/// held by request bodies: at most this many times the 1 MiB body limit.
+/// Most callback requests admitted at once (see [`Inbox::admit`]), counted once their body is
+/// in. At ten thousand events a second and a few milliseconds each, a few dozen are in
+/// flight; this leaves room for a stall of a fraction of a second before the platform is told
+/// to retry.
 pub const ADMITTED_MAX: usize = 512;
 
 /// A claimed event.
@@ -67,9 +67,12 @@ pub struct InboxEvent {
 pub struct Inbox {
     /// Wakes an idle worker when a new event is recorded (polling covers retries and leases).
     pub wake: Notify,
-    /// Admission of callback requests: bounds the requests (bodies, queued events, waiting
-    /// tasks) held at once; past it the callback answers 503 and the platform retries.
+    /// Admission of callback requests: bounds the requests (queued events, waiting tasks)
+    /// held at once; past it the callback answers 503 and the platform retries.
     admitted: tokio::sync::Semaphore,
+    /// The app's task tracker: flush tasks run on it, so shutdown waits for a write in
+    /// progress before the store is closed.
+    tasks: TaskTracker,
     /// Events waiting for the next INSERT and the number of flush tasks running. One lock, so
     /// that "queue is empty, the flush task ends" and "event queued, a flush task is running"
     /// cannot interleave and strand an event.
@@ -89,18 +92,14 @@ struct Pending {
     done: oneshot::Sender<Result<bool, String>>,
 }
 
-impl Default for Inbox {
-    fn default() -> Self {
-        Inbox::new(ADMITTED_MAX)
-    }
-}
-
 impl Inbox {
-    /// An inbox admitting at most `admitted` callback requests at once.
-    pub fn new(admitted: usize) -> Inbox {
+    /// An inbox admitting at most `admitted` callback requests at once, running its flush
+    /// tasks on `tasks`.
+    pub fn new(admitted: usize, tasks: TaskTracker) -> Inbox {
         Inbox {
             wake: Notify::new(),
             admitted: tokio::sync::Semaphore::new(admitted),
+            tasks,
             queue: std::sync::Mutex::new(Queue {
                 pending: Vec::new(),
                 flushers: 0,
@@ -121,7 +120,8 @@ impl Inbox {
 
 /// Records a verified event, durably, before returning. Returns `false` when the event id was
 /// already recorded (a redelivery), which must not be processed again.
-pub async fn record(state: &AppState, env: Envelope) -> anyhow::Result<bool> {
+pub async fn record(state: &AppState, mut env: Envelope) -> anyhow::Result<bool> {
+    storable(&mut env);
     let inbox = &state.inbox;
     let (tx, rx) = oneshot::channel();
     let start_flusher = {
@@ -139,8 +139,8 @@ pub async fn record(state: &AppState, env: Envelope) -> anyhow::Result<bool> {
     };
     if start_flusher {
         // A task of its own, so that a caller that goes away mid-write cannot abandon the
-        // others' events.
-        tokio::spawn(flush(inbox.clone(), state.db.clone()));
+        // others' events; on the app's tracker, so that shutdown waits for it.
+        inbox.tasks.spawn(flush(inbox.clone(), state.db.clone()));
     }
     settle(inbox, rx.await)
 }
@@ -195,12 +195,85 @@ fn settle(
     Ok(fresh)
 }
 
+/// PostgreSQL's `text` and `jsonb` cannot hold U+0000, which JSON may carry (`\u0000`), and
+/// one such value would fail the whole multi-row INSERT. It is stored as U+FFFD instead.
+fn storable(env: &mut Envelope) {
+    fn clean(s: &mut String) {
+        if s.contains('\0') {
+            *s = s.replace('\0', "\u{FFFD}");
+        }
+    }
+    fn walk(v: &mut Value) {
+        match v {
+            Value::String(s) => clean(s),
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    let old = std::mem::take(map);
+                    for (mut k, v) in old {
+                        clean(&mut k);
+                        map.insert(k, v);
+                    }
+                }
+                map.values_mut().for_each(walk);
+            }
+            _ => {}
+        }
+    }
+    clean(&mut env.event_id);
+    clean(&mut env.event_type);
+    walk(&mut env.payload);
+}
+
+/// Writes a batch with one INSERT; if the database refuses it, row by row, so that one row it
+/// refuses fails only its own request. (A batch that fails for want of a connection fails
+/// whole: one row at a time would not fare better, only slower.)
 async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
+    if batch.len() == 1 {
+        return insert(db, batch).await;
+    }
+    match try_insert(db, &batch).await {
+        Ok(ids) => answer(batch, ids),
+        Err(e @ sqlx::Error::Database(_)) => {
+            tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
+            for p in batch {
+                insert(db, vec![p]).await;
+            }
+        }
+        Err(e) => refuse(batch, &e),
+    }
+}
+
+/// One INSERT for `batch`, each request answered with its outcome.
+async fn insert(db: &PgPool, batch: Vec<Pending>) {
+    match try_insert(db, &batch).await {
+        Ok(ids) => answer(batch, ids),
+        Err(e) => refuse(batch, &e),
+    }
+}
+
+fn refuse(batch: Vec<Pending>, e: &sqlx::Error) {
+    let msg = e.to_string();
+    for p in batch {
+        let _ = p.done.send(Err(msg.clone()));
+    }
+}
+
+fn answer(batch: Vec<Pending>, inserted: Vec<String>) {
+    // The first of several equal ids in one batch is the fresh one.
+    let mut fresh: HashSet<String> = inserted.into_iter().collect();
+    for p in batch {
+        let f = fresh.remove(&p.env.event_id);
+        let _ = p.done.send(Ok(f));
+    }
+}
+
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&Value> = batch.iter().map(|p| &p.env.payload).collect();
     let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
-    let inserted: Result<Vec<String>, sqlx::Error> = sqlx::query_scalar(
+    sqlx::query_scalar(
         "INSERT INTO inbox_events (event_id, event_type, payload, received_at, available_at)
          SELECT i, t, p, a, a FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[])
              AS u(i, t, p, a)
@@ -211,23 +284,7 @@ async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
     .bind(&payloads)
     .bind(&ats)
     .fetch_all(db)
-    .await;
-    match inserted {
-        Ok(ids) => {
-            // The first of several equal ids in one batch is the fresh one.
-            let mut fresh: HashSet<String> = ids.into_iter().collect();
-            for p in batch {
-                let f = fresh.remove(&p.env.event_id);
-                let _ = p.done.send(Ok(f));
-            }
-        }
-        Err(e) => {
-            let msg = e.to_string();
-            for p in batch {
-                let _ = p.done.send(Err(msg.clone()));
-            }
-        }
-    }
+    .await
 }
 
 /// Claims the oldest due event, if any, leasing it until `now + lease`.
@@ -315,10 +372,11 @@ pub async fn fail(
     })
 }
 
-/// Returns a claimed event unprocessed (shutdown): due at once, the attempt not counted.
+/// Returns a claimed event unprocessed (shutdown): due at once. The attempt stays counted:
+/// the handler may have done part of its work, so the next run must know it is a retry.
 pub async fn hand_back(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx::Result<()> {
     sqlx::query(
-        "UPDATE inbox_events SET available_at = $2, attempts = GREATEST(attempts - 1, 0)
+        "UPDATE inbox_events SET available_at = $2
          WHERE event_id = $1 AND state = 'pending'",
     )
     .bind(event_id)
@@ -328,12 +386,13 @@ pub async fn hand_back(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sql
     Ok(())
 }
 
-/// Deletes up to `limit` done rows finished before `before`. Returns how many.
+/// Deletes up to `limit` finished rows (done or dead) finished before `before`. Returns how
+/// many.
 pub async fn cleanup(pool: &PgPool, before: DateTime<Utc>, limit: i64) -> sqlx::Result<u64> {
     Ok(sqlx::query(
         "DELETE FROM inbox_events WHERE event_id IN (
              SELECT event_id FROM inbox_events
-             WHERE state = 'done' AND finished_at < $1 LIMIT $2)",
+             WHERE state IN ('done', 'dead') AND finished_at < $1 LIMIT $2)",
     )
     .bind(before)
     .bind(limit)
@@ -482,7 +541,7 @@ mod tests {
 
     #[test]
     fn admission_is_bounded_and_released() {
-        let inbox = Inbox::new(2);
+        let inbox = Inbox::new(2, TaskTracker::new());
         let a = inbox.admit().expect("first");
         let _b = inbox.admit().expect("second");
         assert!(inbox.admit().is_none());

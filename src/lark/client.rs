@@ -39,6 +39,9 @@ const APP_RATE: u32 = 50;
 const CHAT_RATE: u32 = 5;
 /// `uuid` may be at most 50 characters.
 const UUID_LEN: usize = 40;
+/// Largest answer read from the Open API (its answers are a few kilobytes); a longer one is
+/// unreadable, not buffered.
+pub const MAX_RESPONSE: usize = 1024 * 1024;
 
 /// What went wrong with a call. Messages carry codes and Lark's `msg`, never tokens.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +99,25 @@ pub struct Sent {
     pub chat_id: Option<String>,
     /// Set when the message is in a thread (always after `reply_in_thread`).
     pub thread_id: Option<String>,
+}
+
+/// Reads an answer as JSON, at most [`MAX_RESPONSE`] bytes of it; `None` when it is longer,
+/// cut off, or not JSON.
+async fn read_json(mut resp: reqwest::Response) -> Option<Value> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE as u64)
+    {
+        return None;
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.ok()? {
+        if out.len() + chunk.len() > MAX_RESPONSE {
+            return None;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&out).ok()
 }
 
 /// An idempotency key for a message send: the same inputs always give the same ≤ 50-character
@@ -334,7 +356,7 @@ impl LarkClient {
             LarkError::Token(format!("transport error: {}", without_url(&e)))
         })?;
         let status = resp.status();
-        let v: Value = resp.json().await.map_err(|_| {
+        let v: Value = read_json(resp).await.ok_or_else(|| {
             self.count("token", "error");
             LarkError::Token(format!("unreadable answer (HTTP {status})"))
         })?;
@@ -415,7 +437,7 @@ impl LarkClient {
                 .get("x-ogw-ratelimit-reset")
                 .and_then(|h| h.to_str().ok())
                 .and_then(|s| s.trim().parse::<f64>().ok());
-            let v: Option<Value> = resp.json().await.ok();
+            let v: Option<Value> = read_json(resp).await;
             let code = v
                 .as_ref()
                 .and_then(|v| v.get("code"))

@@ -11,16 +11,17 @@ pub mod webhook;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::http::body::BodyError;
 use webhook::{Rejection, SignatureHeaders, Verified};
 
 /// The `reason` label counted when a request is refused because [`crate::inbox::ADMITTED_MAX`]
-/// requests are already in flight (answered 503: the platform retries).
+/// requests are already being recorded (answered 503: the platform retries).
 pub const SATURATED: &str = "saturated";
 
 /// `POST /lark/events`.
@@ -29,37 +30,51 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    // Admitted before the body is read: every request held at once counts against the bound.
+    // The body is read first, bounded in size and (by the server) in time, holding nothing
+    // scarce: a client that sends slowly keeps only its own connection busy, never a permit
+    // a real delivery needs.
+    let body = match crate::http::body::read(&headers, body, webhook::MAX_BODY).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return refused(&state, Rejection::TooLarge),
+        Err(BodyError::TimedOut) => return refused(&state, Rejection::BodyTimeout),
+        // The client went away: nobody is left to answer.
+        Err(BodyError::Broken) => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    // Admitted once the body is in: bounds the events queued for the inbox and the tasks
+    // waiting on its writes.
     let Some(_admitted) = state.inbox.admit() else {
         state.metrics.rejected(SATURATED);
         tracing::warn!(
             lark.reject = SATURATED,
             "callback refused: too many requests in flight"
         );
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({ "error": "temporarily unavailable" })),
-        )
-            .into_response();
+        return unavailable();
     };
-    match receive_inner(&state, &headers, body).await {
+    match receive_inner(&state, &headers, &body).await {
         Ok(r) => r,
-        Err(Failure::Rejected(r)) => {
-            state.metrics.rejected(r.reason());
-            tracing::info!(lark.reject = r.reason(), "callback refused");
-            let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
-            (status, axum::Json(json!({ "error": r.to_string() }))).into_response()
-        }
+        Err(Failure::Rejected(r)) => refused(&state, r),
         Err(Failure::Unavailable(e)) => {
             // The platform retries; nothing was acknowledged.
             tracing::error!(error = format!("{e:#}"), "recording a Lark event failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(json!({ "error": "temporarily unavailable" })),
-            )
-                .into_response()
+            unavailable()
         }
     }
+}
+
+/// A refused request: counted by reason, answered with its status and a short reason.
+fn refused(state: &AppState, r: Rejection) -> Response {
+    state.metrics.rejected(r.reason());
+    tracing::info!(lark.reject = r.reason(), "callback refused");
+    let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, axum::Json(json!({ "error": r.to_string() }))).into_response()
+}
+
+fn unavailable() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(json!({ "error": "temporarily unavailable" })),
+    )
+        .into_response()
 }
 
 enum Failure {
@@ -70,19 +85,8 @@ enum Failure {
 async fn receive_inner(
     state: &AppState,
     headers: &HeaderMap,
-    body: Body,
+    body: &Bytes,
 ) -> Result<Response, Failure> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > webhook::MAX_BODY as u64) {
-        return Err(Failure::Rejected(Rejection::TooLarge));
-    }
-    // Reading stops at the limit; an error here is an oversized body or a client that went away.
-    let body: Bytes = axum::body::to_bytes(body, webhook::MAX_BODY)
-        .await
-        .map_err(|_| Failure::Rejected(Rejection::TooLarge))?;
     let Some(lark) = state.config.lark.as_ref() else {
         return Err(Failure::Unavailable(anyhow::anyhow!(
             "LARK_* credentials are not configured"
@@ -97,7 +101,7 @@ async fn receive_inner(
     let verified = webhook::verify(
         lark,
         sig,
-        &body,
+        body,
         state.clock.now(),
         state.config.inbox.dedup_retention,
     )

@@ -1,6 +1,11 @@
 //! The event callback's checks, in the order PROTOCOL.md gives: size, signature, decryption,
-//! envelope, verification token, freshness. Pure functions over the raw request (headers and
-//! bytes) and "now": no I/O, no storage, no knowledge of what an event means.
+//! envelope, verification token, app id, freshness. Pure functions over the raw request
+//! (headers and bytes) and "now": no I/O, no storage, no knowledge of what an event means.
+//!
+//! Signed-only by default: with an Encrypt Key nothing is parsed, not even as JSON, before the
+//! signature over the raw bytes checks out — except an unsigned url_verification of at most
+//! [`MAX_UNSIGNED_BODY`] bytes, which is all an unsigned request can ever be answered as.
+//! Without a key every request is refused unless unsigned events are explicitly allowed.
 //!
 //! Lark's AES-256-CBC is not offered by ring, so the RustCrypto `aes` + `cbc` crates do it;
 //! the digest is `sha2`, and every secret comparison goes through `subtle`.
@@ -22,6 +27,11 @@ use crate::config::LarkConfig;
 
 /// Largest callback body accepted; Lark's own events are a few kilobytes.
 pub const MAX_BODY: usize = 1024 * 1024;
+/// Largest unsigned body parsed while an Encrypt Key is set: a url_verification is a few
+/// hundred bytes, and nothing else may arrive unsigned.
+pub const MAX_UNSIGNED_BODY: usize = 4 * 1024;
+/// How far ahead of our clock a request's time may be (clock skew) before it is refused.
+pub const MAX_SKEW: Duration = Duration::from_secs(5 * 60);
 
 pub const HEADER_TIMESTAMP: &str = "x-lark-request-timestamp";
 pub const HEADER_NONCE: &str = "x-lark-request-nonce";
@@ -33,6 +43,10 @@ pub const HEADER_SIGNATURE: &str = "x-lark-signature";
 pub enum Rejection {
     #[error("body too large")]
     TooLarge,
+    #[error("body not received in time")]
+    BodyTimeout,
+    #[error("unsigned events are not accepted: no encrypt key is configured")]
+    Unsigned,
     #[error("missing or wrong signature")]
     BadSignature,
     #[error("body is not JSON")]
@@ -47,8 +61,12 @@ pub enum Rejection {
     MissingFields,
     #[error("wrong verification token")]
     BadToken,
+    #[error("event is for another app")]
+    WrongApp,
     #[error("request is too old")]
     Stale,
+    #[error("request is dated in the future")]
+    Future,
 }
 
 impl Rejection {
@@ -56,8 +74,14 @@ impl Rejection {
     pub fn status(self) -> u16 {
         match self {
             Rejection::TooLarge => 413,
-            Rejection::BadSignature | Rejection::BadToken | Rejection::Stale => 401,
-            Rejection::MissingEncryption => 401,
+            Rejection::BodyTimeout => 408,
+            Rejection::Unsigned
+            | Rejection::BadSignature
+            | Rejection::BadToken
+            | Rejection::WrongApp
+            | Rejection::Stale
+            | Rejection::Future
+            | Rejection::MissingEncryption => 401,
             Rejection::NotJson
             | Rejection::BadCiphertext
             | Rejection::UnexpectedEncryption
@@ -69,6 +93,8 @@ impl Rejection {
     pub fn reason(self) -> &'static str {
         match self {
             Rejection::TooLarge => "too_large",
+            Rejection::BodyTimeout => "body_timeout",
+            Rejection::Unsigned => "unsigned",
             Rejection::BadSignature => "signature",
             Rejection::NotJson => "not_json",
             Rejection::BadCiphertext => "ciphertext",
@@ -76,7 +102,9 @@ impl Rejection {
             Rejection::MissingEncryption => "missing_encryption",
             Rejection::MissingFields => "missing_fields",
             Rejection::BadToken => "token",
+            Rejection::WrongApp => "app_id",
             Rejection::Stale => "stale",
+            Rejection::Future => "future",
         }
     }
 }
@@ -123,25 +151,23 @@ pub fn verify(
     }
     let encrypt_key = config.encrypt_key.as_ref().map(|k| k.expose_secret());
 
-    // Signature first, over the raw bytes. Unsigned requests are let through only to be
-    // accepted as url_verification below.
+    // Signature first, over the raw bytes: nothing is parsed before it. Unsigned requests
+    // are let through only when small, and only to be accepted as url_verification below.
     let mut signed = false;
-    if let Some(key) = encrypt_key {
-        match (headers.timestamp, headers.nonce, headers.signature) {
+    match encrypt_key {
+        Some(key) => match (headers.timestamp, headers.nonce, headers.signature) {
             (Some(ts), Some(nonce), Some(sig)) => {
                 let expected = signature(ts, nonce, key, body);
-                let ok: bool = expected
-                    .as_bytes()
-                    .ct_eq(sig.trim().to_ascii_lowercase().as_bytes())
-                    .into();
-                if !ok {
+                if !same_secret(&expected, &sig.trim().to_ascii_lowercase()) {
                     return Err(Rejection::BadSignature);
                 }
                 signed = true;
             }
-            (None, None, None) => {}
+            (None, None, None) if body.len() <= MAX_UNSIGNED_BODY => {}
             _ => return Err(Rejection::BadSignature),
-        }
+        },
+        None if config.allow_unsigned_events => {}
+        None => return Err(Rejection::Unsigned),
     }
     let unsigned = encrypt_key.is_some() && !signed;
     // An unsigned request that is not a well-formed url_verification is a signature failure,
@@ -165,13 +191,16 @@ pub fn verify(
         return Err(Rejection::BadSignature);
     }
 
-    let expected = config.verification_token.expose_secret().as_bytes();
-    let token_ok: bool = parsed.token.as_bytes().ct_eq(expected).into();
-    if !token_ok {
+    if !same_secret(&parsed.token, config.verification_token.expose_secret()) {
         return Err(Rejection::BadToken);
     }
+    if parsed.app_id.as_ref().is_some_and(|a| *a != config.app_id) {
+        return Err(Rejection::WrongApp);
+    }
 
-    // Freshness: the signed timestamp header where present, else the event's own time.
+    // Freshness: the signed timestamp header where present, else the event's own time. Too
+    // old could be a replay the inbox no longer remembers; too far ahead would stay "fresh"
+    // for longer than the inbox remembers it.
     let sent_at = match headers.timestamp {
         Some(ts) if signed => Some(parse_seconds(ts).ok_or(Rejection::MissingFields)?),
         _ => parsed.created_at,
@@ -181,6 +210,10 @@ pub fn verify(
         let limit = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         if age > limit {
             return Err(Rejection::Stale);
+        }
+        let skew = chrono::Duration::from_std(MAX_SKEW).unwrap_or(chrono::Duration::zero());
+        if -age > skew {
+            return Err(Rejection::Future);
         }
     }
 
@@ -198,7 +231,17 @@ enum Kind {
 struct Parsed {
     kind: Kind,
     token: Zeroizing<String>,
+    /// v2 `header.app_id`, v1 `event.app_id`, when the envelope carries one.
+    app_id: Option<String>,
     created_at: Option<DateTime<Utc>>,
+}
+
+/// Compares two secrets in constant time over their SHA-256 digests, so that neither the
+/// content nor the length of the expected one shows in the timing.
+fn same_secret(given: &str, expected: &str) -> bool {
+    Sha256::digest(given.as_bytes())
+        .ct_eq(&Sha256::digest(expected.as_bytes()))
+        .into()
 }
 
 /// Tells url_verification, v2 and v1 apart and pulls out what the checks need.
@@ -210,6 +253,7 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
         return Ok(Parsed {
             kind: Kind::Challenge(challenge),
             token: Zeroizing::new(token),
+            app_id: None,
             created_at: None,
         });
     }
@@ -220,11 +264,12 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
             None | Some(Value::Null) => None,
             Some(t) => Some(parse_event_time(t).ok_or(Rejection::MissingFields)?),
         };
+        let app_id = str_at(&v, "/header/app_id");
         let token = v
             .pointer_mut("/header")
             .and_then(Value::as_object_mut)
             .and_then(|h| h.remove("token"));
-        return event(event_id, event_type, token, created_at, v);
+        return event(event_id, event_type, token, app_id, created_at, v);
     }
     if v.get("uuid").is_some() {
         let event_id = str_at(&v, "/uuid").ok_or(Rejection::MissingFields)?;
@@ -233,8 +278,9 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
             None | Some(Value::Null) => None,
             Some(t) => Some(parse_event_time_v1(t).ok_or(Rejection::MissingFields)?),
         };
+        let app_id = str_at(&v, "/event/app_id");
         let token = v.as_object_mut().and_then(|o| o.remove("token"));
-        return event(event_id, event_type, token, created_at, v);
+        return event(event_id, event_type, token, app_id, created_at, v);
     }
     Err(Rejection::MissingFields)
 }
@@ -245,6 +291,7 @@ fn event(
     event_id: String,
     event_type: String,
     token: Option<Value>,
+    app_id: Option<String>,
     created_at: Option<DateTime<Utc>>,
     payload: Value,
 ) -> Result<Parsed, Rejection> {
@@ -261,6 +308,7 @@ fn event(
             payload,
         }),
         token: Zeroizing::new(token),
+        app_id,
         created_at,
     })
 }
@@ -360,12 +408,14 @@ mod tests {
     use secrecy::SecretString;
     use serde_json::json;
 
+    /// With a key: signed only. Without: unsigned events explicitly allowed.
     fn config(key: Option<&str>) -> LarkConfig {
         LarkConfig {
             app_id: "cli_a".into(),
             app_secret: SecretString::from("s"),
             verification_token: SecretString::from("tok"),
             encrypt_key: key.map(SecretString::from),
+            allow_unsigned_events: key.is_none(),
         }
     }
 
@@ -496,5 +546,89 @@ mod tests {
             ("u1", "message")
         );
         assert!(e.payload.get("token").is_none());
+    }
+
+    #[test]
+    fn without_a_key_nothing_passes_unless_unsigned_events_are_allowed() {
+        let mut c = config(None);
+        c.allow_unsigned_events = false;
+        let challenge = json!({"type":"url_verification","challenge":"c","token":"tok"});
+        for body in [event("tok").to_string(), challenge.to_string()] {
+            let r = verify(&c, Default::default(), body.as_bytes(), now(), WEEK);
+            assert_eq!(r, Err(Rejection::Unsigned));
+        }
+        assert_eq!(Rejection::Unsigned.status(), 401);
+        c.allow_unsigned_events = true;
+        let r = verify(
+            &c,
+            Default::default(),
+            challenge.to_string().as_bytes(),
+            now(),
+            WEEK,
+        );
+        assert_eq!(r, Ok(Verified::Challenge("c".into())));
+    }
+
+    #[test]
+    fn an_unsigned_request_is_parsed_only_when_small() {
+        let c = config(Some("ek"));
+        let challenge = json!({"type":"url_verification","challenge":"c","token":"tok"});
+        let sealed = encrypt("ek", [2; 16], challenge.to_string().as_bytes());
+        let small = json!({ "encrypt": sealed }).to_string();
+        let r = verify(&c, Default::default(), small.as_bytes(), now(), WEEK);
+        assert_eq!(r, Ok(Verified::Challenge("c".into())));
+        // The same url_verification, padded past the bound, is not even parsed.
+        let big = format!("{small}{}", " ".repeat(MAX_UNSIGNED_BODY));
+        let r = verify(&c, Default::default(), big.as_bytes(), now(), WEEK);
+        assert_eq!(r, Err(Rejection::BadSignature));
+    }
+
+    #[test]
+    fn a_request_from_the_future_is_refused() {
+        let body = event("tok").to_string();
+        let created = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        // Four minutes of skew pass; six do not.
+        let early = created - chrono::Duration::minutes(4);
+        assert!(verify_plain(&body, early).is_ok());
+        let too_early = created - chrono::Duration::minutes(6);
+        assert_eq!(verify_plain(&body, too_early), Err(Rejection::Future));
+        // The signed timestamp header is judged the same way.
+        let key = "ek";
+        let enc = json!({"encrypt": encrypt(key, [1; 16], body.as_bytes())}).to_string();
+        let ts = (now().timestamp() + 3600).to_string();
+        let sig = signature(&ts, "n", key, enc.as_bytes());
+        let h = SignatureHeaders {
+            timestamp: Some(&ts),
+            nonce: Some("n"),
+            signature: Some(&sig),
+        };
+        let r = verify(&config(Some(key)), h, enc.as_bytes(), now(), WEEK);
+        assert_eq!(r, Err(Rejection::Future));
+    }
+
+    #[test]
+    fn an_event_for_another_app_is_refused() {
+        let mut other = event("tok");
+        other["header"]["app_id"] = json!("cli_other");
+        let r = verify_plain(&other.to_string(), now());
+        assert_eq!(r, Err(Rejection::WrongApp));
+        // No app id in the envelope: nothing to compare.
+        let mut none = event("tok");
+        none["header"].as_object_mut().unwrap().remove("app_id");
+        assert!(verify_plain(&none.to_string(), now()).is_ok());
+        let v1 = json!({"uuid":"u1","token":"tok","ts":"1700000000","type":"event_callback",
+            "event":{"type":"message","app_id":"cli_other"}});
+        assert_eq!(
+            verify_plain(&v1.to_string(), now()),
+            Err(Rejection::WrongApp)
+        );
+    }
+
+    #[test]
+    fn secrets_compare_by_content_only() {
+        assert!(same_secret("tok", "tok"));
+        for other in ["", "to", "tok ", "tok\0", "TOK"] {
+            assert!(!same_secret(other, "tok"), "{other:?}");
+        }
     }
 }

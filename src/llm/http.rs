@@ -1,12 +1,19 @@
 //! The router's HTTP surface: `GET /router/health`, `GET /router/stats`, and the router as an
 //! OpenAI-compatible endpoint, `POST /v1/chat/completions` (plus `GET /v1/models`), behind the
-//! `SSHMODE_API_TOKEN` bearer token and off while it is unset. Errors on `/v1` use OpenAI's
-//! error shape so that SDKs report them properly; they never carry keys or internal detail.
+//! `SSHMODE_API_TOKEN` bearer token and off while it is unset. The router status routes need
+//! the same token while it is set. Errors on `/v1` use OpenAI's error shape so that SDKs
+//! report them properly; they never carry keys or internal detail.
+//!
+//! A completion request is checked before anything of its body is read: the token first,
+//! then a place among [`MAX_CONCURRENT`], then the body (bounded in size here, in time by
+//! the server).
+
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -14,44 +21,87 @@ use secrecy::ExposeSecret;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
 use super::router::RouterError;
 use super::wire::ChatRequest;
 use crate::app::AppState;
+use crate::http::body::{self, BodyError};
 
 /// Largest accepted request body: long agent contexts run to a few MB.
 const MAX_BODY: usize = 16 * 1024 * 1024;
+/// Completion requests handled at once (body read, then the model call). Past it a request is
+/// answered 503 at once: so at most this many bodies of up to [`MAX_BODY`] are held.
+pub const MAX_CONCURRENT: usize = 32;
 
 /// `/router/health`, `/router/stats`, `/v1/chat/completions`, `/v1/models`.
 pub fn routes() -> Router<AppState> {
+    let places = Arc::new(Semaphore::new(MAX_CONCURRENT));
     Router::new()
         .route("/router/health", get(health))
         .route("/router/stats", get(stats))
         .route(
             "/v1/chat/completions",
-            post(chat_completions).layer(DefaultBodyLimit::max(MAX_BODY)),
+            post(move |state, headers, body| chat_completions(state, headers, body, places)),
         )
         .route("/v1/models", get(models))
 }
 
-async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+async fn health(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = status_refusal(&state, &headers) {
+        return r;
+    }
     match &state.llm {
-        None => Json(json!({ "entries": [], "default_model": null })),
+        None => Json(json!({ "entries": [], "default_model": null })).into_response(),
         Some(router) => Json(json!({
             "default_model": router.default_model(),
             "entries": router.health().await,
-        })),
+        }))
+        .into_response(),
     }
 }
 
-async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
+async fn stats(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = status_refusal(&state, &headers) {
+        return r;
+    }
     match &state.llm {
-        None => Json(json!({ "entries": [], "chains": [] })),
+        None => Json(json!({ "entries": [], "chains": [] })).into_response(),
         Some(router) => {
             let (entries, chains) = router.stats();
-            Json(json!({ "entries": entries, "chains": chains }))
+            Json(json!({ "entries": entries, "chains": chains })).into_response()
         }
     }
+}
+
+/// The router status routes are open while `SSHMODE_API_TOKEN` is unset (they carry no
+/// keys); once it is set they need it too, since they show provider errors.
+fn status_refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let expected = state.config.api_token.as_ref()?;
+    (!bearer_matches(headers, expected.expose_secret())).then(|| {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({ "error": "missing or wrong bearer token" })),
+        )
+            .into_response()
+    })
+}
+
+/// Whether the request carries `Authorization: Bearer <expected>`. Both sides are hashed
+/// first so the comparison is constant-time and leaks no length.
+fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .unwrap_or("")
+        .trim();
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(expected.as_bytes());
+    !given.is_empty() && bool::from(a.ct_eq(&b))
 }
 
 /// An error in OpenAI's shape: `{"error":{"message","type","code"}}`.
@@ -74,18 +124,7 @@ fn refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
             "this endpoint is off: set SSHMODE_API_TOKEN to enable it",
         ));
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .unwrap_or("")
-        .trim();
-    let a = Sha256::digest(given.as_bytes());
-    let b = Sha256::digest(expected.expose_secret().as_bytes());
-    if given.is_empty() || !bool::from(a.ct_eq(&b)) {
+    if !bearer_matches(headers, expected.expose_secret()) {
         return Some(openai_error(
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
@@ -99,11 +138,41 @@ fn refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
+    places: Arc<Semaphore>,
 ) -> Response {
+    // Nothing of the body is read before the token is checked and a place is taken.
     if let Some(r) = refusal(&state, &headers) {
         return r;
     }
+    let Ok(_place) = places.try_acquire() else {
+        return openai_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            Some("server_busy"),
+            "too many requests in progress; retry shortly",
+        );
+    };
+    let body = match body::read(&headers, body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
+            return openai_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+                "the request body is too large",
+            );
+        }
+        Err(BodyError::TimedOut) => {
+            return openai_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("request_timeout"),
+                "the request body did not arrive in time",
+            );
+        }
+        Err(BodyError::Broken) => return StatusCode::BAD_REQUEST.into_response(),
+    };
     let Some(router) = &state.llm else {
         return openai_error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -18,4 +18,4 @@ pub use classify::FailureClass;
 pub use router::{Attempt, ProbeReport, Routed, Router, RouterError, Served};
 pub use wire::{ChatRequest, ChatResponse, Message, Tool, ToolCall};
 
-pub use http::routes;
+pub use http::{MAX_CONCURRENT as API_MAX_CONCURRENT, routes};

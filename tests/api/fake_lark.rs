@@ -45,6 +45,8 @@ pub enum Failure {
     Code(i64),
     /// HTTP 503 with a non-JSON body.
     ServerError,
+    /// HTTP 200 with a well-formed success answer padded to this many bytes.
+    Huge(usize),
 }
 
 struct Inner {
@@ -260,6 +262,11 @@ fn answer(
             Failure::Code(c) => return code(StatusCode::OK, c, "scripted failure"),
             Failure::ServerError => {
                 return (StatusCode::SERVICE_UNAVAILABLE, "upstream unavailable").into_response();
+            }
+            Failure::Huge(size) => {
+                return axum::Json(json!({"code": 0, "msg": "ok",
+                    "data": {"message_id": "om_huge", "chat_id": "oc_1", "pad": "x".repeat(size)}}))
+                .into_response();
             }
         }
     }

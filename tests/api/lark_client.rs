@@ -264,3 +264,22 @@ async fn transport_errors_are_typed() {
     let e = lark.bot_open_id().await.unwrap_err();
     assert!(matches!(e, LarkError::Token(_)), "{e}");
 }
+
+#[tokio::test]
+async fn an_oversized_answer_is_not_read() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let limit = sshmode::lark::client::MAX_RESPONSE;
+    fake.fail_next("/messages", vec![Failure::Huge(limit + 1)]);
+    let r = lark
+        .send("oc_1", &Content::Text("hi".into()), "uuid-huge")
+        .await;
+    assert!(matches!(r, Err(LarkError::Decode { .. })), "{r:?}");
+    // A large answer within the bound is read as usual.
+    fake.fail_next("/messages", vec![Failure::Huge(limit / 2)]);
+    let sent = lark
+        .send("oc_1", &Content::Text("hi".into()), "uuid-big")
+        .await
+        .unwrap();
+    assert_eq!(sent.message_id, "om_huge");
+}

@@ -2,8 +2,11 @@
 //! redeliveries, recovery after a restart, rate-limit retries, the router's answers, and
 //! dead-lettering.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use sshmode::chat::{NO_MODEL, command};
+use sshmode::clock::ManualClock;
 use sshmode::lark::client::idempotency_key;
 
 use crate::fake_lark::{Failure, FakeLark};
@@ -19,7 +22,7 @@ async fn help_is_answered_with_the_exact_reply_request() {
     let fake = FakeLark::start().await;
     let app = app_with(&fake).spawn().await;
     let msg = Msg::new("ev_help", "/help");
-    assert_eq!(post(&app, plain(&msg.envelope(TOKEN))).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&msg.envelope(TOKEN))).await.0, 200);
     wait_state(&app, "ev_help", "done").await;
 
     let reqs = fake.requests();
@@ -71,7 +74,7 @@ async fn ssh_help_in_a_thread_with_a_mention_replies_in_the_thread() {
     msg.chat_type = "group";
     msg.mention_bot = true;
     msg.thread_id = Some("omt_thread".into());
-    assert_eq!(post(&app, plain(&msg.envelope(TOKEN))).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&msg.envelope(TOKEN))).await.0, 200);
     wait_state(&app, "ev_th", "done").await;
     let replies = fake.requests_to("/reply");
     assert_eq!(replies.len(), 1);
@@ -110,7 +113,7 @@ async fn the_router_answers_what_it_can_and_ignores_the_rest() {
         &bad,
         &direct,
     ] {
-        assert_eq!(post(&app, plain(&m.envelope(TOKEN))).await.0, 200);
+        assert_eq!(post(&app, sealed_now(&m.envelope(TOKEN))).await.0, 200);
     }
     for m in [
         &from_bot,
@@ -176,7 +179,7 @@ async fn an_event_recorded_before_a_stop_is_handled_after_restart() {
         .spawn()
         .await;
     let env = Msg::new("ev_restart", "/help").envelope(TOKEN);
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     assert_eq!(
         inbox(&app).await,
         vec![("ev_restart".into(), "pending".into(), 0)]
@@ -208,7 +211,7 @@ async fn a_claimed_but_unfinished_event_is_retaken_after_its_lease() {
         .spawn()
         .await;
     let env = Msg::new("ev_lease", "/help").envelope(TOKEN);
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     let claimed = sshmode::inbox::claim(
         &app.state.db,
         chrono::Utc::now(),
@@ -239,7 +242,7 @@ async fn a_rate_limited_reply_is_posted_exactly_once() {
     fake.fail_next("/reply", vec![Failure::RateLimited("0")]);
     let app = app_with(&fake).spawn().await;
     let env = Msg::new("ev_429", "/help").envelope(TOKEN);
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     wait_state(&app, "ev_429", "done").await;
     let replies = fake.requests_to("/reply");
     assert_eq!(replies.len(), 2, "one refused, one accepted");
@@ -274,7 +277,7 @@ async fn an_event_that_keeps_failing_is_dead_lettered() {
         .spawn()
         .await;
     let env = Msg::new("ev_dead", "/help").envelope(TOKEN);
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     wait_state(&app, "ev_dead", "dead").await;
     let err: String =
         sqlx::query_scalar("SELECT last_error FROM inbox_events WHERE event_id = 'ev_dead'")
@@ -297,34 +300,39 @@ async fn an_event_that_keeps_failing_is_dead_lettered() {
 async fn a_failed_event_is_retried_with_backoff() {
     let fake = FakeLark::start().await;
     fake.fail_next("/reply", vec![Failure::Code(230002)]);
-    let app = app_with(&fake).spawn().await;
+    // The app's clock stands still until the test moves it, so the retry cannot happen
+    // before the failure has been looked at.
+    // Whole microseconds, as PostgreSQL stores them.
+    let t0 =
+        chrono::DateTime::from_timestamp_micros(chrono::Utc::now().timestamp_micros()).unwrap();
+    let clock = Arc::new(ManualClock::new(t0));
+    let app = app_with(&fake).clock(clock.clone()).spawn().await;
     let env = Msg::new("ev_retry", "/help").envelope(TOKEN);
-    let before = chrono::Utc::now();
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
-    fake.wait_until("the failed reply", |r| {
-        r.iter().any(|r| r.path.contains("/reply"))
-    })
-    .await;
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     // The failure is recorded with a retry two seconds out (first backoff step) …
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let row = loop {
         let row: (String, i32, Option<String>, chrono::DateTime<chrono::Utc>) = sqlx::query_as(
             "SELECT state, attempts, last_error, available_at FROM inbox_events WHERE event_id = 'ev_retry'",
         )
         .fetch_one(&app.state.db)
         .await
         .unwrap();
-        if row.2.is_some() || row.0 == "done" {
-            if row.0 == "pending" {
-                assert_eq!(row.1, 1);
-                assert!(row.3 >= before + chrono::Duration::seconds(2));
-            }
-            break;
+        if row.2.is_some() {
+            break row;
         }
-        assert!(tokio::time::Instant::now() < deadline);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failure was never recorded: {row:?}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    // … and then the retry succeeds.
+    };
+    assert_eq!((row.0.as_str(), row.1), ("pending", 1));
+    assert!(row.2.unwrap().contains("230002"));
+    assert_eq!(row.3, t0 + chrono::Duration::seconds(2));
+    assert_eq!(fake.requests_to("/reply").len(), 1);
+    // … and once that time has come, the retry succeeds.
+    clock.advance(chrono::Duration::seconds(2));
     wait_state(&app, "ev_retry", "done").await;
     assert_eq!(fake.requests_to("/reply").len(), 2);
     assert_eq!(fake.posted().len(), 1);
@@ -340,7 +348,7 @@ async fn shutdown_hands_back_an_event_being_handled() {
     fake.hold("/reply");
     let app = app_with(&fake).spawn().await;
     let env = Msg::new("ev_handback", "/help").envelope(TOKEN);
-    assert_eq!(post(&app, plain(&env)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&env)).await.0, 200);
     // The worker is inside the reply call when the service stops.
     fake.wait_until("the reply call", |r| {
         r.iter().any(|r| r.path.contains("/reply"))
@@ -354,8 +362,8 @@ async fn shutdown_hands_back_an_event_being_handled() {
         .await;
     assert_eq!(
         inbox(&conn_app).await,
-        vec![("ev_handback".into(), "pending".into(), 0)],
-        "handed back, the attempt not counted"
+        vec![("ev_handback".into(), "pending".into(), 1)],
+        "handed back, the attempt counted: the re-run is a retry"
     );
     conn_app.stop().await;
 
@@ -367,6 +375,9 @@ async fn shutdown_hands_back_an_event_being_handled() {
     assert_eq!(replies.len(), 2);
     assert_eq!(replies[0].body["uuid"], replies[1].body["uuid"]);
     assert_eq!(fake.posted().len(), 1);
+    // The re-run knew it was one: the section log holds the exchange once.
+    let kinds = section_kinds(&app, "oc_chat").await;
+    assert_eq!(kinds, ["message.received", "bot.reply"]);
     app.stop().await;
 }
 

@@ -44,8 +44,10 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
     let f = inbox::fail(db, &b, "boom", t0, 2).await.unwrap();
     assert_eq!(f, Failed::Retry(t0 + chrono::Duration::seconds(2)));
     inbox::hand_back(db, "c", t0).await.unwrap();
+    // Handed back: due at once, and its next run knows it is a retry (the handler may have
+    // done part of its work).
     let c2 = inbox::claim(db, t0, lease).await.unwrap().unwrap();
-    assert_eq!((c2.event_id.as_str(), c2.attempts), ("c", 1));
+    assert_eq!((c2.event_id.as_str(), c2.attempts), ("c", 2));
     assert!(inbox::claim(db, t0, lease).await.unwrap().is_none());
     let b2 = inbox::claim(db, t0 + chrono::Duration::seconds(2), lease)
         .await
@@ -65,15 +67,26 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
             .is_none()
     );
 
-    // Cleanup removes only done rows finished before the cut-off, at most `limit` at a time.
+    // Cleanup removes finished rows — done or dead — finished before the cut-off, at most
+    // `limit` at a time.
     let old = Utc.with_ymd_and_hms(2020, 1, 1, 0, 0, 0).unwrap();
     for id in ["d", "e", "f"] {
         inbox::record(&app.state, env(id)).await.unwrap();
         inbox::complete(db, id, old).await.unwrap();
     }
+    inbox::record(&app.state, env("g")).await.unwrap();
+    let g = inbox::claim(db, t0 + chrono::Duration::days(1), lease)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.event_id, "g");
+    assert_eq!(
+        inbox::fail(db, &g, "boom", old, 1).await.unwrap(),
+        Failed::Dead
+    );
     let cut = old + chrono::Duration::days(1);
     assert_eq!(inbox::cleanup(db, cut, 2).await.unwrap(), 2);
-    assert_eq!(inbox::cleanup(db, cut, 2).await.unwrap(), 1);
+    assert_eq!(inbox::cleanup(db, cut, 2).await.unwrap(), 2);
     assert_eq!(inbox::cleanup(db, cut, 2).await.unwrap(), 0);
     let left: Vec<(String, String)> =
         sqlx::query_as("SELECT event_id, state FROM inbox_events ORDER BY event_id")
@@ -88,5 +101,95 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
             ("c".into(), "done".into())
         ]
     );
+    app.stop().await;
+}
+
+/// A payload PostgreSQL's jsonb refuses (`\u0000`) is stored with U+FFFD in its place, and
+/// neither it nor the events written in the same batch fail.
+#[tokio::test]
+async fn an_event_with_a_nul_character_does_not_fail_its_batch() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let mut writes = Vec::new();
+    for i in 0..40 {
+        let state = app.state.clone();
+        let mut e = env(&format!("n{i}"));
+        if i % 10 == 3 {
+            e.payload["event"] = json!({"text": "before\u{0}after", "k\u{0}ey": ["\u{0}"]});
+        }
+        if i == 17 {
+            e.event_id = "n\u{0}17".into();
+        }
+        writes.push(tokio::spawn(async move { inbox::record(&state, e).await }));
+    }
+    for w in writes {
+        assert!(w.await.unwrap().expect("recorded"));
+    }
+    let db = &app.state.db;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
+        .fetch_one(db)
+        .await
+        .unwrap();
+    assert_eq!(n, 40);
+    let p: serde_json::Value =
+        sqlx::query_scalar("SELECT payload FROM inbox_events WHERE event_id = 'n3'")
+            .fetch_one(db)
+            .await
+            .unwrap();
+    assert_eq!(
+        p["event"],
+        json!({"text": "before\u{FFFD}after", "k\u{FFFD}ey": ["\u{FFFD}"]})
+    );
+    let odd: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE event_id = 'n\u{FFFD}17'")
+            .fetch_one(db)
+            .await
+            .unwrap();
+    assert_eq!(odd, 1);
+    app.stop().await;
+}
+
+/// A flush runs on the task tracker the inbox was given (the app's), so shutdown waits for a
+/// write in progress even when the request that started it has gone away.
+#[tokio::test]
+async fn a_flush_runs_on_the_apps_task_tracker() {
+    use sqlx::Connection;
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let tracker = tokio_util::task::TaskTracker::new();
+    let mut state = app.state.clone();
+    state.inbox = std::sync::Arc::new(inbox::Inbox::new(8, tracker.clone()));
+    // Hold the table so the write cannot finish yet.
+    let mut lock = sqlx::PgConnection::connect(&app.db_url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+    sqlx::query("LOCK TABLE inbox_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let request = tokio::spawn(async move { inbox::record(&state, env("t1")).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tracker.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no flush task on the tracker"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The request goes away; shutdown begins; the write goes through and is waited for.
+    request.abort();
+    tracker.close();
+    sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), tracker.wait())
+        .await
+        .expect("the flush finished");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE event_id = 't1'")
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
     app.stop().await;
 }

@@ -26,9 +26,11 @@ pub fn vectors() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// An app whose Lark client talks to `fake`.
+/// An app whose Lark client talks to `fake`, with an Encrypt Key (signed events only).
 pub fn app_with(fake: &FakeLark) -> TestAppBuilder {
-    TestApp::builder().var("LARK_BASE_URL", &fake.base)
+    TestApp::builder()
+        .var("LARK_BASE_URL", &fake.base)
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
 }
 
 /// Options of a test message.
@@ -110,6 +112,11 @@ pub fn sealed(v: &Value, key: &str, ts: i64) -> Req {
         .to_string()
         .into_bytes();
     signed(body, key, ts)
+}
+
+/// `v` as Lark delivers it to an app with [`ENCRYPT_KEY`]: encrypted and signed now.
+pub fn sealed_now(v: &Value) -> Req {
+    sealed(v, ENCRYPT_KEY, now_secs())
 }
 
 /// Signs raw bytes.

@@ -16,6 +16,11 @@ fn no_workers() -> crate::helpers::TestAppBuilder {
     TestApp::builder().var("SSHMODE_WORKERS_ENABLED", "false")
 }
 
+/// No Encrypt Key, and unsigned events explicitly allowed: for the checks of unsigned bodies.
+fn unsigned_allowed() -> crate::helpers::TestAppBuilder {
+    no_workers().var("SSHMODE_ALLOW_UNSIGNED_EVENTS", "true")
+}
+
 async fn metric(app: &TestApp, name: &str) -> String {
     let body = app.metrics().await;
     body.lines()
@@ -132,7 +137,7 @@ async fn url_verification_from_the_vectors_plain_signed_and_unsigned() {
 
 #[tokio::test]
 async fn plain_url_verification_checks_the_token() {
-    let app = no_workers().spawn().await;
+    let app = unsigned_allowed().spawn().await;
     let ok = json!({"challenge":"c-1","token":TOKEN,"type":"url_verification"});
     assert_eq!(
         post(&app, plain(&ok)).await,
@@ -186,15 +191,18 @@ async fn events_are_recorded_once_without_their_token() {
 
 #[tokio::test]
 async fn v1_events_and_card_actions_are_recorded() {
-    let app = no_workers().spawn().await;
+    let app = no_workers()
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .spawn()
+        .await;
     let v1 = json!({"uuid":"v1-uuid-1","token":TOKEN,"ts":format!("{}.5", now_secs()),
         "type":"event_callback","event":{"type":"message","text":"hi"}});
-    assert_eq!(post(&app, plain(&v1)).await.0, 200);
+    assert_eq!(post(&app, sealed_now(&v1)).await.0, 200);
     let card = json!({"schema":"2.0","header":{"event_id":"ev_card","event_type":"card.action.trigger",
         "create_time": (Utc::now().timestamp_micros()).to_string(),"token":TOKEN,"app_id":"cli_test_app"},
         "event":{"operator":{"open_id":"ou_user"},"action":{"value":{"k":"v"},"tag":"button"},
             "context":{"open_message_id":"om_1","open_chat_id":"oc_chat"}}});
-    assert_eq!(post(&app, plain(&card)).await, (200, json!({})));
+    assert_eq!(post(&app, sealed_now(&card)).await, (200, json!({})));
     let rows: Vec<(String, String)> =
         sqlx::query_as("SELECT event_id, event_type FROM inbox_events ORDER BY event_id")
             .fetch_all(&app.state.db)
@@ -339,7 +347,7 @@ async fn bad_input_with_an_encrypt_key() {
 
 #[tokio::test]
 async fn bad_input_without_an_encrypt_key() {
-    let app = no_workers().spawn().await;
+    let app = unsigned_allowed().spawn().await;
     let mut stale = Msg::new("ev_old", "/help");
     stale.create_ms = (Utc::now() - chrono::Duration::days(8)).timestamp_millis();
     let cases: Vec<(&str, Req, u16)> = vec![

@@ -765,3 +765,188 @@ fn a_router_file_is_checked_when_the_configuration_loads() {
     let e = load(&vars).unwrap_err().to_string();
     assert!(e.contains("SSHMODE_ROUTER_CONFIG"), "{e}");
 }
+
+/// The app of `s`'s router file with `SSHMODE_API_TOKEN` set, and the given extra variables.
+async fn spawn_with_token(s: &Setup, extra: &[(&str, &str)]) -> TestApp {
+    let mut b = TestApp::builder()
+        .var(
+            "SSHMODE_ROUTER_CONFIG",
+            &s.file.path().display().to_string(),
+        )
+        .var("KEY_A", KEY_A)
+        .var("KEY_B", KEY_B)
+        .var("SSHMODE_API_TOKEN", API_TOKEN)
+        .clock(s.clock.clone());
+    for (k, v) in extra {
+        b = b.var(k, v);
+    }
+    b.spawn().await
+}
+
+const API_TOKEN: &str = "router-token-123";
+
+/// Sends a completion request's head (declaring a large body) and `body_start`, then waits for
+/// the answer's status line without sending more.
+async fn head_only(app: &TestApp, token: Option<&str>, body_start: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         {auth}Content-Length: 1000000\r\n\r\n{body_start}"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s
+}
+
+/// The status code of the answer on `s`, waiting at most `within`.
+async fn status_on(s: &mut tokio::net::TcpStream, within: std::time::Duration) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 2048];
+    let n = tokio::time::timeout(within, s.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    String::from_utf8_lossy(&buf[..n])
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn the_bearer_token_is_checked_before_the_body_is_read() {
+    let s = setup(TWO).await;
+    // A body that never comes would hold the request for a minute.
+    let slow_body = [("SSHMODE_HTTP_BODY_TIMEOUT_SECS", "60")];
+    let within = std::time::Duration::from_secs(20);
+    // Endpoint off: refused at once, body or not.
+    let app = s.spawn().await;
+    let mut c = head_only(&app, Some("anything"), "{").await;
+    assert_eq!(status_on(&mut c, within).await, Some(404));
+    app.stop().await;
+
+    let app = spawn_with_token(&s, &slow_body).await;
+    let mut c = head_only(&app, Some("wrong"), "{").await;
+    assert_eq!(status_on(&mut c, within).await, Some(401));
+    let mut c = head_only(&app, None, "{").await;
+    assert_eq!(status_on(&mut c, within).await, Some(401));
+    // A declared body over the limit is refused without being read.
+    let mut c = {
+        use tokio::io::AsyncWriteExt;
+        let mut c = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_TOKEN}\r\n\
+             Content-Length: {}\r\n\r\n",
+            64 * 1024 * 1024
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        c
+    };
+    assert_eq!(status_on(&mut c, within).await, Some(413));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn completion_requests_in_progress_are_bounded() {
+    let s = setup(TWO).await;
+    s.a.always("a1", text("a1", "hello from a1"));
+    let app = spawn_with_token(&s, &[("SSHMODE_HTTP_BODY_TIMEOUT_SECS", "120")]).await;
+    let body = json!({"model": "coder", "messages": [{"role": "user", "content": "hi"}]});
+    let ask = || {
+        app.http
+            .post(app.url("/v1/chat/completions"))
+            .bearer_auth(API_TOKEN)
+            .json(&body)
+            .send()
+    };
+    // Authenticated clients that never finish their bodies hold every place …
+    let mut holders = Vec::new();
+    for _ in 0..sshmode::llm::API_MAX_CONCURRENT {
+        holders.push(head_only(&app, Some(API_TOKEN), "{\"model\"").await);
+    }
+    // … so the next request is turned away at once, not queued behind them.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = ask().await.unwrap();
+        if r.status() == 503 {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "server_busy");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never refused as busy (last: {})",
+            r.status()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Once they go, requests are served again.
+    drop(holders);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let status = ask().await.unwrap().status();
+        if status == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "last: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn router_status_needs_the_api_token_when_it_is_set() {
+    let s = setup(TWO).await;
+    s.a.push(
+        "a1",
+        error(
+            503,
+            json!({"error": {"message": "upstream melted near rack-77"}}),
+        ),
+    );
+    let app = spawn_with_token(&s, &[]).await;
+    router(&app).chat(None, ask("1")).await.unwrap();
+    for path in ["/router/health", "/router/stats"] {
+        let r = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let r = app
+            .http
+            .get(app.url(path))
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        let r = app
+            .http
+            .get(app.url(path))
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    // The provider's message is in the (guarded) health report, never in /metrics.
+    let h: Value = app
+        .http
+        .get(app.url("/router/health"))
+        .bearer_auth(API_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let msg = entry(&h, "coder", "a1")["last_error"]["message"].to_string();
+    assert!(msg.contains("rack-77"), "{msg}");
+    let metrics = app.metrics().await;
+    assert!(metrics.contains("sshmode_llm_requests_total"), "{metrics}");
+    assert!(
+        !metrics.contains("rack-77") && !metrics.contains("melted"),
+        "{metrics}"
+    );
+    app.stop().await;
+}

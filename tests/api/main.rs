@@ -12,6 +12,7 @@ mod foundation;
 mod helpers;
 mod lark_client;
 mod lark_flow;
+mod lark_http;
 mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
