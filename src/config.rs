@@ -69,6 +69,8 @@ pub struct Config {
     pub inbox: InboxConfig,
     /// Execution-layer tunables.
     pub exec: ExecConfig,
+    /// Chat control.
+    pub chat: ChatConfig,
     /// Model-router tunables.
     pub router: RouterTunables,
 }
@@ -113,6 +115,13 @@ pub struct InboxConfig {
     /// `SSHMODE_WORKERS_ENABLED` (`true`/`false`): run the inbox workers in `serve`. Off only
     /// to prove recovery after a restart.
     pub workers_enabled: bool,
+}
+
+/// Chat control (SSH Mode in chats).
+#[derive(Debug, Clone)]
+pub struct ChatConfig {
+    /// `SSHMODE_YOLO_TTL_HOURS`: lifetime of a `/ssh yolo on` grant (default 12 h).
+    pub yolo_ttl: Duration,
 }
 
 /// Execution tunables.
@@ -355,6 +364,10 @@ impl Config {
             probe_interval: secs("SSHMODE_PROBE_INTERVAL_SECS", 300)?,
         };
 
+        let chat = ChatConfig {
+            yolo_ttl: secs("SSHMODE_YOLO_TTL_HOURS", 12)?.saturating_mul(3600),
+        };
+
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
             data_dir,
@@ -371,6 +384,7 @@ impl Config {
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
             inbox,
             exec,
+            chat,
             router,
         })
     }

@@ -17,7 +17,7 @@ use subtle::ConstantTimeEq;
 
 use super::router::RouterError;
 use super::wire::ChatRequest;
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// Largest accepted request body: long agent contexts run to a few MB.
 const MAX_BODY: usize = 16 * 1024 * 1024;

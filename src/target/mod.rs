@@ -7,6 +7,7 @@
 //! the same transaction. Never: returns a secret from a listing, or decrypts one (only
 //! `exec::ssh` asks the vault, to authenticate).
 
+pub mod allow;
 pub mod cli;
 
 use chrono::{DateTime, Utc};
@@ -38,7 +39,7 @@ impl Status {
             Status::Disabled => "disabled",
         }
     }
-    fn parse(s: &str) -> Status {
+    pub(crate) fn parse(s: &str) -> Status {
         match s {
             "approved" => Status::Approved,
             "disabled" => Status::Disabled,
@@ -169,10 +170,18 @@ pub enum TargetError {
     Db(#[from] sqlx::Error),
 }
 
-/// Whether `alias` is a valid target alias (letters, digits, `.`, `_`, `-`; ≤ 63).
+/// Words that are never an alias (chat commands use them as keywords; any case).
+pub const RESERVED_ALIASES: [&str; 4] = ["all", "local", "off", "help"];
+
+/// Whether `alias` is a valid target alias: letters, digits, `.`, `_`, `-`, a letter or digit
+/// first, at most 63, not a reserved word. The one alias rule: the chat parser uses it and the
+/// database CHECKs the same.
 pub fn valid_alias(alias: &str) -> bool {
     let b = alias.as_bytes();
-    !b.is_empty()
+    !RESERVED_ALIASES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(alias))
+        && !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b.iter()
@@ -499,7 +508,7 @@ mod tests {
         for ok in ["web", "db-1", "a.b_c", "X"] {
             assert!(valid_alias(ok), "{ok}");
         }
-        for bad in ["", "-x", "a b", "a/b", "ü", &"x".repeat(64)] {
+        for bad in ["", "-x", "a b", "a/b", "ü", &"x".repeat(64), "all", "Off"] {
             assert!(!valid_alias(bad), "{bad}");
         }
     }
