@@ -121,13 +121,19 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
     let text = normalize(text);
     let mut words = text.split_whitespace();
     let first = words.next()?.to_lowercase();
+    let rest: Vec<&str> = words.collect();
     match first.as_str() {
         "/help" => return Some(Ok(Command::Help)),
-        "/stop" => return Some(Ok(Command::Stop)),
+        "/stop" if rest.is_empty() => return Some(Ok(Command::Stop)),
+        "/stop" => {
+            return Some(Err(UsageError(format!(
+                "Usage: {} (send /ssh help for all commands)",
+                usage_of("Stop")
+            ))));
+        }
         "/ssh" => {}
         _ => return None,
     }
-    let rest: Vec<&str> = words.collect();
     let usage = |variant: &str| {
         Err(UsageError(format!(
             "Usage: {} (send /ssh help for all commands)",
