@@ -53,25 +53,24 @@ pub struct Toast {
     pub text: String,
 }
 
-/// What a click is told at once; the decision itself is applied by a worker.
-pub fn click_toast(is_admin: bool, value: &Value) -> Toast {
-    match read_value(value) {
-        None => Toast {
-            kind: "warning",
-            text: "This button is not understood.".into(),
-        },
-        Some(_) if !is_admin => Toast {
-            kind: "error",
-            text: "Only an admin can approve or reject targets.".into(),
-        },
-        Some((alias, d)) => Toast {
+/// What a click is told at once (`None` for a button that is not an approval's: no answer);
+/// the decision itself is applied by a worker.
+pub fn click_toast(is_admin: bool, value: &Value) -> Option<Toast> {
+    let (alias, d) = read_value(value)?;
+    Some(if is_admin {
+        Toast {
             kind: "info",
             text: format!(
                 "Received: `{alias}` will be {}. The card updates shortly.",
                 d.word()
             ),
-        },
-    }
+        }
+    } else {
+        Toast {
+            kind: "error",
+            text: "Only an admin can approve or reject targets.".into(),
+        }
+    })
 }
 
 /// A click as the worker applies it.

@@ -274,8 +274,10 @@ impl Triage for LarkTriage {
         let Ok(a) = CardAction::from_envelope(&env.payload) else {
             return json!({});
         };
-        let t = approval::click_toast(self.config.is_admin(&a.operator.open_id), &a.action.value);
-        json!({ "toast": { "type": t.kind, "content": t.text } })
+        match approval::click_toast(self.config.is_admin(&a.operator.open_id), &a.action.value) {
+            Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
+            None => json!({}),
+        }
     }
 }
 

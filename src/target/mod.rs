@@ -235,7 +235,7 @@ pub async fn add(
 ) -> Result<Target, TargetError> {
     if !valid_alias(&new.alias) {
         return Err(TargetError::Invalid(format!(
-            "`{}` is not a valid alias: use letters, digits, `.`, `_`, `-` (at most 63)",
+            "`{}` is not a valid alias: use letters, digits, `.`, `_`, `-`, a letter or digit first (at most 63; not all, local, off or help)",
             new.alias
         )));
     }
