@@ -5,7 +5,9 @@
 //! 1 000 other sections. The chat's oldest event is claimed and left in progress, so every
 //! ordered claim must pass the chat's 9 999 held events to reach the other sections: the worst
 //! case of head-of-line order. Then, in one run, each variant claims and completes events
-//! until `n` are done (default 1000), and the data is reset between variants.
+//! until `n` are done (default 1000), and the data is reset between variants. Variants: the
+//! claim in use (section heads by a loose index scan), the same rule as a `NOT EXISTS` probe
+//! per candidate, and the claim from before sections (no order).
 //!
 //! Needs a PostgreSQL server in `TEST_DATABASE_URL`: `bash scripts/bench.sh claim`.
 
@@ -99,6 +101,17 @@ async fn run(n: usize) -> anyhow::Result<()> {
         reset(&pool).await?;
         let start = Instant::now();
         for _ in 0..n {
+            let id = sshmode::inbox::claim_not_exists(&pool, Utc::now(), lease)
+                .await?
+                .expect("an event is due");
+            assert!(id.starts_with('o'), "order broken");
+            sshmode::inbox::complete(&pool, &id, Utc::now()).await?;
+        }
+        let not_exists = start.elapsed();
+
+        reset(&pool).await?;
+        let start = Instant::now();
+        for _ in 0..n {
             let id = sshmode::inbox::claim_unordered(&pool, Utc::now(), lease)
                 .await?
                 .expect("an event is due");
@@ -106,12 +119,15 @@ async fn run(n: usize) -> anyhow::Result<()> {
         }
         let unordered = start.elapsed();
         let rate = |d: Duration| n as f64 / d.as_secs_f64();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0 / n as f64;
         println!(
-            "round {round}: ordered claim {:.0} claims/s ({:.2} ms each); previous claim {:.0} claims/s ({:.2} ms each)",
+            "round {round}: section heads (used) {:.0} claims/s ({:.2} ms each); NOT EXISTS per candidate {:.0} claims/s ({:.2} ms); previous unordered claim {:.0} claims/s ({:.2} ms)",
             rate(ordered),
-            ordered.as_secs_f64() * 1000.0 / n as f64,
+            ms(ordered),
+            rate(not_exists),
+            ms(not_exists),
             rate(unordered),
-            unordered.as_secs_f64() * 1000.0 / n as f64,
+            ms(unordered),
         );
     }
     pool.close().await;
