@@ -683,3 +683,69 @@ async fn a_dead_lettered_message_is_told_to_its_sender() {
     assert!(texts[1].contains("Please send it again"), "{texts:?}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn target_allow_limits_chats_and_is_shown() {
+    use clap::Parser;
+    use sshmode::target::cli::{TargetCmd, run_with};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: TargetCmd,
+    }
+    let app = TestApp::spawn().await;
+    add_target(&app, "web", true).await;
+    let run = |args: &[&str]| {
+        let cmd = Cli::try_parse_from(std::iter::once("target").chain(args.iter().copied()))
+            .map(|c| c.cmd);
+        let app = &app;
+        async move {
+            let mut out = Vec::new();
+            let mut input = std::io::empty();
+            let r = match cmd {
+                Ok(cmd) => run_with(cmd, &app.state.config, &app.state.db, &mut input, &mut out)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            (r, String::from_utf8(out).unwrap())
+        }
+    };
+    assert!(
+        run(&["allow", "web"]).await.0.is_err(),
+        "a list or --all-chats is required"
+    );
+    assert!(
+        run(&["allow", "web", "oc_a", "--all-chats"])
+            .await
+            .0
+            .is_err()
+    );
+    assert_eq!(run(&["allow", "web", "oc_a", "oc_b"]).await.0, Ok(0));
+    let (_, shown) = run(&["show", "web"]).await;
+    assert!(shown.contains("chats:           oc_a oc_b"), "{shown}");
+    let visible = |chat: &'static str| {
+        let db = app.state.db.clone();
+        async move {
+            sshmode::target::allow::visible_in(&db, chat)
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(visible("oc_a").await, 1);
+    assert_eq!(visible("oc_z").await, 0);
+    assert_eq!(run(&["allow", "web", "--all-chats"]).await.0, Ok(0));
+    let (_, shown) = run(&["show", "web"]).await;
+    assert!(shown.contains("chats:           all"), "{shown}");
+    assert_eq!(visible("oc_z").await, 1);
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'target.allow' AND actor = 'operator' AND target = 'web'",
+    )
+    .fetch_one(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(audited, 2);
+    app.stop().await;
+}
