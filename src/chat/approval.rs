@@ -251,7 +251,13 @@ pub async fn notify_pending(deps: &Deps) -> anyhow::Result<usize> {
 /// Sends approval cards until `shutdown`; a failed pass is logged and retried next time.
 pub async fn run_notifier(deps: Deps, shutdown: CancellationToken) {
     loop {
-        if let Err(e) = notify_pending(&deps).await {
+        // A pass waiting on a slow platform does not hold up shutdown; an interrupted send is
+        // made again later under the same idempotency key.
+        let pass = tokio::select! {
+            r = notify_pending(&deps) => r,
+            _ = shutdown.cancelled() => return,
+        };
+        if let Err(e) = pass {
             tracing::warn!(error = format!("{e:#}"), "sending approval cards failed");
         }
         tokio::select! {
