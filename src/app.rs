@@ -5,35 +5,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::chat::{Deps, NoAgent};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::lark::client::LarkClient;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-/// The one state every handler and worker shares. Cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    pub config: Arc<Config>,
-    pub db: PgPool,
-    pub metrics: Arc<Metrics>,
-    pub clock: Arc<dyn Clock>,
-    /// The model router; `None` when no model is configured (the agent then says so).
-    pub llm: Option<Arc<crate::llm::Router>>,
-    /// Cancelled when the service begins shutting down.
-    pub shutdown: CancellationToken,
-    /// The Lark Open API client (one connection pool, token cache and rate limits per app).
-    pub lark: Arc<LarkClient>,
-    /// The inbox's in-process side: batched recording and worker wake-ups.
-    pub inbox: Arc<crate::inbox::Inbox>,
-    /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
-    pub exec: Arc<crate::exec::Executors>,
-}
+/// The shared state lives below the wiring; re-exported so `sshmode::app::AppState` works.
+pub use crate::state::AppState;
 
 /// How long shutdown waits for HTTP requests in flight, then again for background tasks,
 /// before it goes on without them (a stuck peer must not keep the process alive).
@@ -119,9 +103,16 @@ impl App {
             metrics.clone(),
             tasks.clone(),
         )?);
-        let tasks = TaskTracker::new();
+        let config = Arc::new(config);
+        let agent: Arc<dyn crate::chat::AgentPort> = Arc::new(NoAgent {
+            model_configured: llm.is_some(),
+        });
         let state = AppState {
-            config: Arc::new(config),
+            triage: Arc::new(crate::lark::adapter::LarkTriage {
+                config: config.clone(),
+            }),
+            agent,
+            config,
             db: store.pool.clone(),
             metrics,
             clock: overrides.clock,
@@ -134,7 +125,25 @@ impl App {
             )),
             exec: exec.clone(),
         };
-        crate::inbox::spawn_workers(&state, &tasks);
+        let lark_client = state.lark.clone();
+        let deps = Deps {
+            db: state.db.clone(),
+            clock: state.clock.clone(),
+            config: state.config.clone(),
+            agent: state.agent.clone(),
+            admins: Arc::new(crate::lark::adapter::LarkAdmins {
+                lark: lark_client.clone(),
+            }),
+        };
+        // The inbox is handed its handler: it never calls the chat domain by name.
+        let handler = Arc::new(crate::lark::adapter::LarkHandler {
+            lark: lark_client,
+            deps: deps.clone(),
+        });
+        crate::inbox::spawn_workers(&state, handler, &tasks);
+        if state.config.lark.is_some() {
+            tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
+        }
         tasks.spawn(exec.run_reaper(shutdown.clone()));
         if let Some(router) = &state.llm {
             tasks.spawn(router.clone().probe_loop(shutdown.clone()));

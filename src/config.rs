@@ -83,6 +83,8 @@ pub struct Config {
     pub inbox: InboxConfig,
     /// Execution-layer tunables.
     pub exec: ExecConfig,
+    /// Chat control.
+    pub chat: ChatConfig,
     /// Model-router tunables.
     pub router: RouterTunables,
     /// HTTP server bounds.
@@ -148,6 +150,13 @@ pub struct InboxConfig {
     /// `SSHMODE_WORKERS_ENABLED` (`true`/`false`): run the inbox workers in `serve`. Off only
     /// to prove recovery after a restart.
     pub workers_enabled: bool,
+}
+
+/// Chat control (SSH Mode in chats).
+#[derive(Debug, Clone)]
+pub struct ChatConfig {
+    /// `SSHMODE_YOLO_TTL_HOURS`: lifetime of a `/ssh yolo on` grant (default 12 h).
+    pub yolo_ttl: Duration,
 }
 
 /// Execution tunables.
@@ -402,6 +411,9 @@ impl Config {
             body_timeout: secs("SSHMODE_HTTP_BODY_TIMEOUT_SECS", 10)?,
             max_connections: count("SSHMODE_HTTP_MAX_CONNECTIONS", 1024)?,
         };
+        let chat = ChatConfig {
+            yolo_ttl: secs("SSHMODE_YOLO_TTL_HOURS", 12)?.saturating_mul(3600),
+        };
 
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
@@ -420,6 +432,7 @@ impl Config {
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
             inbox,
             exec,
+            chat,
             router,
             http,
         })

@@ -19,6 +19,7 @@ pub mod inbox;
 pub mod lark;
 pub mod llm;
 pub mod metrics;
+pub mod state;
 pub mod store;
 pub mod target;
 pub mod telemetry;

@@ -1,8 +1,15 @@
 //! The chat commands of CONTRACT as one typed enum. Each variant's doc comment *is* its line in
-//! the help text: the `commands!` macro below declares the enum and builds [`HELP`] from the
-//! same doc strings, so the two cannot drift apart. Parsing only; no effects.
+//! the help text and its `usage` literal is the usage line shown on a malformed command: the
+//! `commands!` macro below declares the enum, [`HELP`] and [`Command::usage`] from the same
+//! declaration, so none can drift from the others. Parsing only; no effects.
+//!
+//! Normalisation: the text is NFKC-normalised (full-width `／ｓｓｈ` and full-width spaces
+//! become ASCII) and keywords are lower-cased; aliases are then matched exactly. The alias rule
+//! is the registry's ([`crate::target::valid_alias`]), which the database CHECKs as well.
 
-/// Declares [`Command`] and, from the same doc comments, the help table.
+use unicode_normalization::UnicodeNormalization;
+
+/// Declares [`Command`], the help table and each variant's usage line.
 macro_rules! commands {
     ($(
         $(#[doc = $doc:literal])+
@@ -15,15 +22,23 @@ macro_rules! commands {
             $( $(#[doc = $doc])+ $variant $({ $($field: $ty),* })? ),*
         }
 
-        /// `(usage, description)` per command, in the order of the enum.
-        pub const HELP: &[(&str, &str)] = &[ $( ($usage, concat!($($doc),+)) ),* ];
+        /// `(variant, usage, description)` per command, in the order of the enum.
+        pub const HELP: &[(&str, &str, &str)] =
+            &[ $( (stringify!($variant), $usage, concat!($($doc),+)) ),* ];
+
+        impl Command {
+            /// This command's usage line.
+            pub fn usage(&self) -> &'static str {
+                match self { $( Command::$variant { .. } => $usage ),* }
+            }
+        }
     };
 }
 
 commands! {
-    /// In the main chat: open a thread bound to the target. In a thread: bind or switch this thread.
-    usage "/ssh use <alias>"
-    Use { alias: String },
+    /// In the main chat: open a thread bound to the target. In a thread: bind or switch this thread. `--here` binds the current place without a new thread.
+    usage "/ssh use <alias> [--here]"
+    Use { alias: String, here: bool },
     /// Return this thread to the local backend (`/ssh off` does the same).
     usage "/ssh local"
     Local,
@@ -36,12 +51,15 @@ commands! {
     /// Let the model enter a target (or any target) by itself, in this thread only.
     usage "/ssh yolo on <alias|all>"
     YoloOn { scope: YoloScope },
-    /// Take that right back.
+    /// Take that right back (also returns a thread the model bound to local).
     usage "/ssh yolo off"
     YoloOff,
     /// Admins only: approve a pending target.
     usage "/ssh approve <alias>"
     Approve { alias: String },
+    /// Admins only: reject a target (it becomes disabled).
+    usage "/ssh reject <alias>"
+    Reject { alias: String },
     /// Show this help.
     usage "/ssh help"
     Help,
@@ -49,6 +67,9 @@ commands! {
     usage "/stop"
     Stop,
 }
+
+/// Words that can never be an alias.
+pub const RESERVED: [&str; 4] = crate::target::RESERVED_ALIASES;
 
 /// What a `/ssh yolo on` grant covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,66 +83,111 @@ pub enum YoloScope {
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// The usage line of the variant named `variant` (from [`HELP`]).
+fn usage_of(variant: &str) -> &'static str {
+    HELP.iter()
+        .find(|(v, _, _)| *v == variant)
+        .map(|(_, u, _)| *u)
+        .unwrap_or("/ssh help")
+}
+
 /// The help text, as sent to the chat.
 pub fn help_text() -> String {
     let mut out = String::from("SSH Mode commands:\n");
-    for (usage, doc) in HELP {
+    for (_, usage, doc) in HELP {
         out.push_str(usage);
         out.push_str(" — ");
         out.push_str(doc.trim());
         out.push('\n');
     }
-    out.push_str("/help — Show this help.");
+    out.push_str("/help — Show this help.\n");
+    out.push_str("Examples: /ssh use web · /ssh status · /ssh yolo on web · /ssh local");
     out
+}
+
+/// The text as the parser reads it: NFKC-normalised, trimmed.
+pub fn normalize(text: &str) -> String {
+    text.nfkc().collect::<String>().trim().to_string()
+}
+
+/// Whether the text is `/stop` (checked on the request path to let it pass its section).
+pub fn is_stop(text: &str) -> bool {
+    matches!(parse(text), Some(Ok(Command::Stop)))
 }
 
 /// Parses a message's text (a leading mention of the bot already removed). `None` when the
 /// text is not addressed to the command parser at all (it is for the agent).
 pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
+    let text = normalize(text);
     let mut words = text.split_whitespace();
-    let first = words.next()?;
-    match first {
+    let first = words.next()?.to_lowercase();
+    let rest: Vec<&str> = words.collect();
+    match first.as_str() {
         "/help" => return Some(Ok(Command::Help)),
-        "/stop" => return Some(Ok(Command::Stop)),
+        "/stop" if rest.is_empty() => return Some(Ok(Command::Stop)),
+        "/stop" => {
+            return Some(Err(UsageError(format!(
+                "Usage: {} (send /ssh help for all commands)",
+                usage_of("Stop")
+            ))));
+        }
         "/ssh" => {}
         _ => return None,
     }
-    let rest: Vec<&str> = words.collect();
-    let usage = |u: &str| {
+    let usage = |variant: &str| {
         Err(UsageError(format!(
-            "Usage: {u} (send /ssh help for all commands)"
+            "Usage: {} (send /ssh help for all commands)",
+            usage_of(variant)
         )))
     };
-    let alias = |w: &str| {
-        let ok = !w.is_empty()
-            && w.len() <= 64
-            && w.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-        ok.then(|| w.to_string())
-    };
-    Some(match rest.as_slice() {
+    // Keywords lower-cased; aliases kept exactly as written.
+    let kw: Vec<String> = rest.iter().map(|w| w.to_lowercase()).collect();
+    let kw: Vec<&str> = kw.iter().map(String::as_str).collect();
+    let alias = |w: &str| crate::target::valid_alias(w).then(|| w.to_string());
+    Some(match kw.as_slice() {
         [] | ["help"] => Ok(Command::Help),
-        ["use", a] => alias(a)
-            .map(|alias| Command::Use { alias })
-            .map_or_else(|| usage("/ssh use <alias>"), Ok),
-        ["use", ..] => usage("/ssh use <alias>"),
+        ["use", ..] => {
+            let here = kw[1..].contains(&"--here");
+            let names: Vec<&str> = rest[1..]
+                .iter()
+                .copied()
+                .filter(|w| !w.eq_ignore_ascii_case("--here"))
+                .collect();
+            match (
+                names.as_slice(),
+                kw[1..].iter().filter(|w| **w == "--here").count(),
+            ) {
+                ([a], 0 | 1) => alias(a)
+                    .map(|alias| Command::Use { alias, here })
+                    .map_or_else(|| usage("Use"), Ok),
+                _ => usage("Use"),
+            }
+        }
         ["local"] | ["off"] => Ok(Command::Local),
+        ["local" | "off", ..] => usage("Local"),
         ["status"] => Ok(Command::Status),
+        ["status", ..] => usage("Status"),
         ["list"] => Ok(Command::List),
+        ["list", ..] => usage("List"),
         ["yolo", "off"] => Ok(Command::YoloOff),
         ["yolo", "on", "all"] => Ok(Command::YoloOn {
             scope: YoloScope::All,
         }),
-        ["yolo", "on", a] => alias(a)
+        ["yolo", "on", _] => alias(rest[2])
             .map(|a| Command::YoloOn {
                 scope: YoloScope::Target(a),
             })
-            .map_or_else(|| usage("/ssh yolo on <alias|all>"), Ok),
-        ["yolo", ..] => usage("/ssh yolo on <alias|all> or /ssh yolo off"),
-        ["approve", a] => alias(a)
+            .map_or_else(|| usage("YoloOn"), Ok),
+        ["yolo", "off", ..] => usage("YoloOff"),
+        ["yolo", ..] => usage("YoloOn"),
+        ["approve", _] => alias(rest[1])
             .map(|alias| Command::Approve { alias })
-            .map_or_else(|| usage("/ssh approve <alias>"), Ok),
-        ["approve", ..] => usage("/ssh approve <alias>"),
+            .map_or_else(|| usage("Approve"), Ok),
+        ["approve", ..] => usage("Approve"),
+        ["reject", _] => alias(rest[1])
+            .map(|alias| Command::Reject { alias })
+            .map_or_else(|| usage("Reject"), Ok),
+        ["reject", ..] => usage("Reject"),
         [other, ..] => Err(UsageError(format!(
             "Unknown command `/ssh {}`. Send /ssh help for the list.",
             other.chars().take(32).collect::<String>()
@@ -133,15 +199,19 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
 mod tests {
     use super::*;
 
+    fn use_(alias: &str, here: bool) -> Command {
+        Command::Use {
+            alias: alias.into(),
+            here,
+        }
+    }
+
     #[test]
     fn every_contract_command_parses() {
         let cases = [
-            (
-                "/ssh use web-1",
-                Command::Use {
-                    alias: "web-1".into(),
-                },
-            ),
+            ("/ssh use web-1", use_("web-1", false)),
+            ("/ssh use web-1 --here", use_("web-1", true)),
+            ("/ssh use --here web-1", use_("web-1", true)),
             ("/ssh local", Command::Local),
             ("/ssh off", Command::Local),
             ("/ssh status", Command::Status),
@@ -160,7 +230,9 @@ mod tests {
             ),
             ("/ssh yolo off", Command::YoloOff),
             ("/ssh approve db", Command::Approve { alias: "db".into() }),
+            ("/ssh reject db", Command::Reject { alias: "db".into() }),
             ("/ssh help", Command::Help),
+            ("/ssh", Command::Help),
             ("/help", Command::Help),
             ("  /stop ", Command::Stop),
         ];
@@ -170,34 +242,85 @@ mod tests {
     }
 
     #[test]
-    fn non_commands_and_bad_usage() {
-        assert_eq!(parse("hello /ssh list"), None);
-        assert_eq!(parse(""), None);
-        assert_eq!(parse("/sshx"), None);
-        assert!(matches!(parse("/ssh use"), Some(Err(_))));
-        assert!(matches!(parse("/ssh use a b"), Some(Err(_))));
-        assert!(matches!(parse("/ssh use ../x;rm"), Some(Err(_))));
-        assert!(matches!(parse("/ssh frobnicate"), Some(Err(_))));
+    fn tolerated_spellings() {
+        // Full-width slash, letters and spaces; upper case keywords; aliases kept exactly.
+        assert_eq!(parse("／ｓｓｈ　ｓｔａｔｕｓ"), Some(Ok(Command::Status)));
+        assert_eq!(parse("/SSH Status"), Some(Ok(Command::Status)));
+        assert_eq!(parse("/Ssh USE Web"), Some(Ok(use_("Web", false))));
+        assert_eq!(parse("/ssh use web --HERE"), Some(Ok(use_("web", true))));
+        assert_eq!(
+            parse("/ssh YOLO ON ALL"),
+            Some(Ok(Command::YoloOn {
+                scope: YoloScope::All
+            }))
+        );
+        assert_eq!(parse("／ｓｔｏｐ"), Some(Ok(Command::Stop)));
+        assert!(is_stop(" /STOP "));
+        assert!(!is_stop("/stop now please"));
     }
 
     #[test]
-    fn help_lists_every_command_from_the_doc_comments() {
-        let h = help_text();
-        for u in [
-            "/ssh use",
-            "/ssh local",
-            "/ssh status",
-            "/ssh list",
-            "/ssh yolo on",
-            "/ssh yolo off",
-            "/ssh approve",
-            "/ssh help",
-            "/stop",
-            "/help",
-        ] {
-            assert!(h.contains(u), "{u} missing from help");
+    fn reserved_words_are_not_aliases() {
+        for w in ["all", "local", "off", "help", "ALL", "Local"] {
+            assert!(
+                matches!(parse(&format!("/ssh use {w}")), Some(Err(_))),
+                "{w}"
+            );
+            assert!(
+                matches!(parse(&format!("/ssh approve {w}")), Some(Err(_))),
+                "{w}"
+            );
         }
-        assert!(h.contains("Admins only: approve a pending target."));
-        assert_eq!(HELP.len(), 9);
+    }
+
+    #[test]
+    fn non_commands_and_malformed_inputs() {
+        assert_eq!(parse("hello /ssh list"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("/sshx"), None);
+        for bad in [
+            "/ssh use",
+            "/ssh use a b",
+            "/ssh use ../x;rm",
+            "/ssh use -x",
+            "/ssh use --here",
+            "/ssh use a --here --here",
+            "/ssh frobnicate",
+            "/ssh yolo",
+            "/ssh yolo on",
+            "/ssh yolo maybe",
+            "/ssh approve",
+            "/ssh reject a b",
+            "/ssh status now",
+        ] {
+            let r = parse(bad);
+            assert!(matches!(r, Some(Err(_))), "{bad}: {r:?}");
+        }
+        let long = format!("/ssh use {}", "x".repeat(64));
+        assert!(matches!(parse(&long), Some(Err(_))));
+        let ok = format!("/ssh use {}", "x".repeat(63));
+        assert!(matches!(parse(&ok), Some(Ok(_))));
+        // The usage text names the command's own usage line.
+        let Some(Err(UsageError(u))) = parse("/ssh use") else {
+            panic!()
+        };
+        assert!(u.contains("/ssh use <alias> [--here]"), "{u}");
+    }
+
+    #[test]
+    fn help_and_usage_come_from_the_declaration() {
+        let h = help_text();
+        for (_, usage, doc) in HELP {
+            assert!(h.contains(usage), "{usage} missing from help");
+            assert!(h.contains(doc.trim()));
+        }
+        assert!(h.contains("/help"));
+        assert_eq!(use_("a", false).usage(), "/ssh use <alias> [--here]");
+        assert_eq!(Command::Stop.usage(), "/stop");
+        for v in [
+            "Use", "Local", "Status", "List", "YoloOn", "YoloOff", "Approve", "Reject",
+        ] {
+            assert_ne!(usage_of(v), "/ssh help", "{v}");
+        }
     }
 }

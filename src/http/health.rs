@@ -6,7 +6,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 pub fn routes() -> Router<AppState> {
     Router::new()

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {

@@ -1,7 +1,16 @@
 //! The durable inbox: verified Lark events recorded in Postgres before they are acknowledged,
 //! then claimed by workers (`FOR UPDATE SKIP LOCKED` plus a lease), retried with exponential
 //! backoff and dead-lettered after too many failures. Knows nothing of event bodies beyond
-//! their id and type: what an event means is [`crate::chat`]'s business.
+//! their id, type, section and message id: what an event means is the [`Handler`]'s business,
+//! which the app hands to [`spawn_workers`].
+//!
+//! **Order.** Events of one section are handled one at a time in recording order (`seq`, which
+//! the INSERT assigns), across workers and replicas: a claim takes an event only when no older
+//! unfinished event of its section exists, i.e. when it is its section's head (invariant 9). Express events (`/stop`, card
+//! actions) neither wait nor hold others. An event of a section is retried on a short schedule
+//! only ([`SECTION_ATTEMPTS`]), then dead-lettered and the handler told, so a failing message
+//! holds its section for about a minute, not hours. A message redelivered under a new event id
+//! is recorded once (unique `message_id`).
 //!
 //! A claim moves the row's `available_at` to the end of its lease; if the process dies, the
 //! lease runs out and the event is claimed again after restart. On shutdown a worker hands back
@@ -17,8 +26,8 @@ use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::task::TaskTracker;
 
-use crate::app::AppState;
 use crate::lark::webhook::Envelope;
+use crate::state::AppState;
 
 /// How often an idle worker looks for due events (retries, expired leases) without a wake-up.
 const POLL: Duration = Duration::from_secs(1);
@@ -31,6 +40,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 const CLEANUP_EVERY: Duration = Duration::from_secs(600);
 const CLEANUP_BATCH: i64 = 1000;
 const CLEANUP_MAX_BATCHES: usize = 50;
+/// Attempts of an event that holds its section (it has one and is not express) before it is
+/// dead-lettered: with [`backoff`] that is 2 + 4 + 8 + 16 s of retries, about half a minute.
+pub const SECTION_ATTEMPTS: i32 = 5;
 /// Longest `last_error` kept.
 const ERROR_TEXT_MAX: usize = 500;
 /// Most events written by one INSERT.
@@ -53,6 +65,19 @@ pub struct InboxEvent {
     pub payload: Value,
     /// Attempts including this one.
     pub attempts: i32,
+    /// The section (thread or chat) it belongs to, when it names one.
+    pub section: Option<String>,
+    /// Handled without waiting for its section.
+    pub express: bool,
+}
+
+/// What the inbox hands its events to.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync {
+    /// Handles one claimed event. An error means "retry later".
+    async fn handle(&self, event: &InboxEvent) -> anyhow::Result<()>;
+    /// Told once an event is dead-lettered (to let the user know); best effort.
+    async fn dead_lettered(&self, event: &InboxEvent, error: &str);
 }
 
 /// The inbox's in-process side: admits callback requests up to a bound, wakes workers, and
@@ -88,6 +113,7 @@ struct Queue {
 
 struct Pending {
     env: Envelope,
+    express: bool,
     at: DateTime<Utc>,
     done: oneshot::Sender<Result<bool, String>>,
 }
@@ -127,6 +153,7 @@ pub async fn record(state: &AppState, mut env: Envelope) -> anyhow::Result<bool>
     let start_flusher = {
         let mut q = inbox.lock();
         q.pending.push(Pending {
+            express: state.triage.express(&env),
             env,
             at: state.clock.now(),
             done: tx,
@@ -222,6 +249,12 @@ fn storable(env: &mut Envelope) {
     }
     clean(&mut env.event_id);
     clean(&mut env.event_type);
+    if let Some(s) = env.section.as_mut() {
+        clean(s);
+    }
+    if let Some(m) = env.message_id.as_mut() {
+        clean(m);
+    }
     walk(&mut env.payload);
 }
 
@@ -273,35 +306,66 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx:
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&Value> = batch.iter().map(|p| &p.env.payload).collect();
     let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
+    let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
+    let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
+    let express: Vec<bool> = batch.iter().map(|p| p.express).collect();
+    // `seq` follows the order of the rows (WITH ORDINALITY), so recording order is the order
+    // the requests were queued. Any unique conflict (event id, or a message id seen before)
+    // is a redelivery.
     sqlx::query_scalar(
-        "INSERT INTO inbox_events (event_id, event_type, payload, received_at, available_at)
-         SELECT i, t, p, a, a FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::timestamptz[])
-             AS u(i, t, p, a)
-         ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+        "INSERT INTO inbox_events
+             (event_id, event_type, payload, received_at, available_at, section, message_id, express)
+         SELECT i, t, p, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::jsonb[],
+             $4::timestamptz[], $5::text[], $6::text[], $7::bool[])
+             WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
+         ORDER BY n
+         ON CONFLICT DO NOTHING RETURNING event_id",
     )
     .bind(&ids)
     .bind(&types)
     .bind(&payloads)
     .bind(&ats)
+    .bind(&sections)
+    .bind(&messages)
+    .bind(&express)
     .fetch_all(db)
     .await
 }
 
-/// Claims the oldest due event, if any, leasing it until `now + lease`.
+/// The ordered events a claim may take: the oldest unfinished ordered event of each section,
+/// found by walking the partial index on (section, seq) one section at a time (a loose index
+/// scan), so its cost grows with the number of busy sections, not with the events queued
+/// behind a section's head (BENCHMARKS.md).
+const HEADS: &str = "WITH RECURSIVE heads(section, seq) AS (
+        (SELECT section, seq FROM inbox_events
+         WHERE state = 'pending' AND NOT express AND section IS NOT NULL
+         ORDER BY section, seq LIMIT 1)
+        UNION ALL
+        SELECT n.section, n.seq FROM heads h CROSS JOIN LATERAL (
+            SELECT section, seq FROM inbox_events
+            WHERE state = 'pending' AND NOT express AND section > h.section
+            ORDER BY section, seq LIMIT 1) n)";
+
+/// Claims the oldest due event whose section has no older unfinished event (express events
+/// never wait), leasing it until `now + lease`. Same rule as "no older unfinished event of the
+/// same section exists" (`NOT EXISTS`, see [`claim_not_exists`]), computed as the set of
+/// section heads; `SKIP LOCKED` lets workers and replicas claim side by side.
 pub async fn claim(
     pool: &PgPool,
     now: DateTime<Utc>,
     lease: Duration,
 ) -> sqlx::Result<Option<InboxEvent>> {
     let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-    let row = sqlx::query(
-        "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
-         FROM (SELECT event_id FROM inbox_events
-               WHERE state = 'pending' AND available_at <= $1
-               ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED) c
+    let row = sqlx::query(&format!(
+        "{HEADS}
+         UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+         FROM (SELECT c.event_id FROM inbox_events c
+               WHERE c.state = 'pending' AND c.available_at <= $1
+                 AND (c.express OR c.section IS NULL OR c.seq IN (SELECT seq FROM heads))
+               ORDER BY c.available_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED) c
          WHERE e.event_id = c.event_id
-         RETURNING e.event_id, e.event_type, e.payload, e.attempts",
-    )
+         RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express"
+    ))
     .bind(now)
     .bind(until)
     .fetch_optional(pool)
@@ -312,9 +376,59 @@ pub async fn claim(
             event_type: r.try_get("event_type")?,
             payload: r.try_get("payload")?,
             attempts: r.try_get("attempts")?,
+            section: r.try_get("section")?,
+            express: r.try_get("express")?,
         })
     })
     .transpose()
+}
+
+/// The same ordered claim written as `NOT EXISTS (an older unfinished event of the same
+/// section)`, probed per candidate: kept for the claim benchmark, which compares the two.
+#[doc(hidden)]
+pub async fn claim_not_exists(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    lease: Duration,
+) -> sqlx::Result<Option<String>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    sqlx::query_scalar(
+        "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+         FROM (SELECT c.event_id FROM inbox_events c
+               WHERE c.state = 'pending' AND c.available_at <= $1
+                 AND (c.express OR c.section IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM inbox_events o
+                     WHERE o.section = c.section AND o.seq < c.seq
+                       AND o.state = 'pending' AND NOT o.express))
+               ORDER BY c.available_at LIMIT 1 FOR UPDATE SKIP LOCKED) c
+         WHERE e.event_id = c.event_id RETURNING e.event_id",
+    )
+    .bind(now)
+    .bind(until)
+    .fetch_optional(pool)
+    .await
+}
+
+/// The claim before events had sections: the oldest due event, in no order per section. Kept
+/// for the claim benchmark only.
+#[doc(hidden)]
+pub async fn claim_unordered(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    lease: Duration,
+) -> sqlx::Result<Option<String>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    sqlx::query_scalar(
+        "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+         FROM (SELECT event_id FROM inbox_events
+               WHERE state = 'pending' AND available_at <= $1
+               ORDER BY available_at LIMIT 1 FOR UPDATE SKIP LOCKED) c
+         WHERE e.event_id = c.event_id RETURNING e.event_id",
+    )
+    .bind(now)
+    .bind(until)
+    .fetch_optional(pool)
+    .await
 }
 
 /// Marks a claimed event done.
@@ -422,18 +536,18 @@ pub async fn refresh_depth(state: &AppState) {
 
 /// Starts the workers and the retention cleanup on `tasks`; they stop when the shutdown token
 /// is cancelled. Does nothing when workers are disabled (`SSHMODE_WORKERS_ENABLED=false`).
-pub fn spawn_workers(state: &AppState, tasks: &TaskTracker) {
+pub fn spawn_workers(state: &AppState, handler: Arc<dyn Handler>, tasks: &TaskTracker) {
     if !state.config.inbox.workers_enabled {
         tracing::warn!("inbox workers are disabled; events are recorded but not processed");
         return;
     }
     for n in 0..state.config.inbox.workers {
-        tasks.spawn(worker(state.clone(), n));
+        tasks.spawn(worker(state.clone(), handler.clone(), n));
     }
     tasks.spawn(cleanup_loop(state.clone()));
 }
 
-async fn worker(state: AppState, n: usize) {
+async fn worker(state: AppState, handler: Arc<dyn Handler>, n: usize) {
     let shutdown = state.shutdown.clone();
     let lease = state.config.inbox.lease;
     // A handler must finish well inside its lease, or another worker could take the event.
@@ -461,7 +575,7 @@ async fn worker(state: AppState, n: usize) {
             }
         };
         let outcome = tokio::select! {
-            r = tokio::time::timeout(budget, crate::chat::handle_event(&state, &event)) => {
+            r = tokio::time::timeout(budget, handler.handle(&event)) => {
                 Some(r.unwrap_or_else(|_| Err(anyhow::anyhow!("handler ran out of time"))))
             }
             _ = shutdown.cancelled() => None,
@@ -476,18 +590,17 @@ async fn worker(state: AppState, n: usize) {
             Some(Err(e)) => {
                 state.metrics.events_failed.inc();
                 let text = format!("{e:#}");
-                let r = fail(
-                    &state.db,
-                    &event,
-                    &text,
-                    now,
-                    state.config.inbox.max_attempts,
-                )
-                .await;
+                let max = if event.section.is_some() && !event.express {
+                    state.config.inbox.max_attempts.min(SECTION_ATTEMPTS)
+                } else {
+                    state.config.inbox.max_attempts
+                };
+                let r = fail(&state.db, &event, &text, now, max).await;
                 match r {
                     Ok(Failed::Dead) => {
                         state.metrics.events_dead.inc();
                         tracing::error!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, "event dead-lettered");
+                        handler.dead_lettered(&event, &text).await;
                     }
                     Ok(Failed::Retry(at)) => {
                         tracing::warn!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, retry_at = %at, "event failed; will retry");

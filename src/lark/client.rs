@@ -231,6 +231,31 @@ impl LarkClient {
         sent("send", &v)
     }
 
+    /// Sends a new message to one user, one-to-one, by open_id.
+    pub async fn send_to_user(
+        &self,
+        open_id: &str,
+        content: &Content,
+        uuid: &str,
+    ) -> Result<Sent, LarkError> {
+        let body = json!({
+            "receive_id": open_id,
+            "msg_type": content.msg_type(),
+            "content": content.encoded(),
+            "uuid": uuid,
+        });
+        let v = self
+            .call(
+                "send",
+                Method::POST,
+                "/open-apis/im/v1/messages?receive_id_type=open_id",
+                Some(body),
+                Some(open_id),
+            )
+            .await?;
+        sent("send", &v)
+    }
+
     /// Replies to a message (an `om_` id). `in_thread` opens or continues a thread; the answer
     /// names the thread.
     pub async fn reply(

@@ -9,6 +9,81 @@ pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
 /// The event type of a card button click.
 pub const CARD_ACTION: &str = "card.action.trigger";
 
+/// Where an event belongs, read from its envelope when it is verified: the inbox stores it
+/// beside the event so it never parses bodies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// `thread_id` when the message is in a thread, else `chat_id`; for a card action the chat
+    /// the card is in.
+    pub section: Option<String>,
+    /// The message id of a received message.
+    pub message_id: Option<String>,
+}
+
+/// The routing of a verified envelope (v2 or v1); empty for events that name no section.
+pub fn route(event_type: &str, payload: &Value) -> Routing {
+    let s = |ptr: &str| {
+        payload
+            .pointer(ptr)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    match event_type {
+        MESSAGE_RECEIVE => Routing {
+            section: s("/event/message/thread_id").or_else(|| s("/event/message/chat_id")),
+            message_id: s("/event/message/message_id"),
+        },
+        CARD_ACTION => Routing {
+            section: s("/event/context/open_chat_id"),
+            message_id: None,
+        },
+        _ => Routing::default(),
+    }
+}
+
+/// `event` of `card.action.trigger`, as sent.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CardAction {
+    pub operator: CardOperator,
+    pub action: CardActionValue,
+    #[serde(default)]
+    pub context: CardContext,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CardOperator {
+    #[serde(default)]
+    pub open_id: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CardActionValue {
+    /// The button's `behaviors[].value` object.
+    #[serde(default)]
+    pub value: Value,
+    #[serde(default)]
+    pub tag: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CardContext {
+    #[serde(default)]
+    pub open_message_id: String,
+    #[serde(default)]
+    pub open_chat_id: String,
+}
+
+impl CardAction {
+    /// Reads `event` out of a stored v2 envelope.
+    pub fn from_envelope(payload: &Value) -> Result<Self, EventError> {
+        let event = payload
+            .get("event")
+            .ok_or_else(|| EventError::Shape(CARD_ACTION, "no `event`".into()))?;
+        CardAction::deserialize(event).map_err(|e| EventError::Shape(CARD_ACTION, e.to_string()))
+    }
+}
+
 /// Why an event body could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
@@ -84,6 +159,8 @@ pub struct Message {
     pub chat_type: String,
     /// Present exactly when the message is in a thread.
     pub thread_id: Option<String>,
+    /// The thread's root message (in a thread) or the quoted message (a reply).
+    pub root_id: Option<String>,
     pub sender_open_id: String,
     /// Text with every `@_user_N` placeholder replaced by `@Name`.
     pub text: String,
@@ -111,6 +188,22 @@ impl MessageReceive {
             .ok_or_else(|| EventError::Shape(MESSAGE_RECEIVE, "no `event`".into()))?;
         MessageReceive::deserialize(event)
             .map_err(|e| EventError::Shape(MESSAGE_RECEIVE, e.to_string()))
+    }
+
+    /// The text with any leading mentions removed (no bot id needed: used on the request path
+    /// to recognise `/stop`).
+    pub fn text_after_mentions(&self) -> String {
+        let raw = plain_text(&self.message.message_type, &self.message.content);
+        let mut rest = raw.trim_start();
+        while let Some(m) = self
+            .message
+            .mentions
+            .iter()
+            .find(|m| !m.key.is_empty() && starts_with_placeholder(rest, &m.key))
+        {
+            rest = rest[m.key.len()..].trim_start();
+        }
+        rest.to_string()
     }
 
     /// Whether another bot (or this one) sent it.
@@ -142,6 +235,7 @@ impl MessageReceive {
             chat_id: m.chat_id,
             chat_type: m.chat_type,
             thread_id: m.thread_id.filter(|t| !t.is_empty()),
+            root_id: m.root_id.filter(|t| !t.is_empty()),
             sender_open_id: self.sender.sender_id.open_id.unwrap_or_default(),
             text: resolve(&raw, &m.mentions).trim().to_string(),
             addressed_text: resolve(addressed_raw, &m.mentions).trim().to_string(),
@@ -279,6 +373,41 @@ mod tests {
             .into_message("ev", "ou_bot");
         assert_eq!(m.text, "@Bot /ssh status\nsecond");
         assert_eq!(m.addressed_text, "/ssh status\nsecond");
+    }
+
+    #[test]
+    fn routing_names_the_section_and_message() {
+        let plain = envelope("hi", None, "user");
+        assert_eq!(
+            route(MESSAGE_RECEIVE, &plain),
+            Routing {
+                section: Some("oc_1".into()),
+                message_id: Some("om_1".into())
+            }
+        );
+        let threaded = envelope("hi", Some("omt_9"), "user");
+        assert_eq!(
+            route(MESSAGE_RECEIVE, &threaded).section.as_deref(),
+            Some("omt_9")
+        );
+        let click = json!({"event": {"operator": {"open_id": "ou_a"},
+            "action": {"value": {"act": "approve"}, "tag": "button"},
+            "context": {"open_message_id": "om_card", "open_chat_id": "oc_p2p"}}});
+        assert_eq!(
+            route(CARD_ACTION, &click),
+            Routing {
+                section: Some("oc_p2p".into()),
+                message_id: None
+            }
+        );
+        let a = CardAction::from_envelope(&click).unwrap();
+        assert_eq!(a.operator.open_id, "ou_a");
+        assert_eq!(a.context.open_message_id, "om_card");
+        assert_eq!(route("other.event", &plain), Routing::default());
+        // Leading mentions are skipped without knowing the bot's id.
+        let stop = envelope("@_user_1 @_user_2 /stop", None, "user");
+        let m = MessageReceive::from_envelope(&stop).unwrap();
+        assert_eq!(m.text_after_mentions(), "/stop");
     }
 
     #[test]

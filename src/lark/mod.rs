@@ -4,6 +4,8 @@
 //! The callback handler here only verifies, records and answers (invariant 1): it makes no
 //! outbound call, and a rejected request leaves nothing behind.
 
+pub mod adapter;
+pub mod card;
 pub mod client;
 pub mod event;
 pub mod webhook;
@@ -16,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::http::body::BodyError;
 use webhook::{Rejection, SignatureHeaders, Verified};
 
@@ -109,7 +111,9 @@ async fn receive_inner(
     match verified {
         Verified::Challenge(c) => Ok(axum::Json(json!({ "challenge": c })).into_response()),
         Verified::Event(env) => {
-            let card = env.event_type == event::CARD_ACTION;
+            // A card click is answered at once with a toast; the decision is the worker's.
+            let card =
+                (env.event_type == event::CARD_ACTION).then(|| state.triage.card_answer(&env));
             let event_id = env.event_id.clone();
             let fresh = crate::inbox::record(state, env)
                 .await
@@ -120,8 +124,8 @@ async fn receive_inner(
                 state.metrics.events_duplicate.inc();
             }
             tracing::debug!(lark.event_id = %event_id, fresh, "event recorded");
-            if card {
-                Ok(axum::Json(json!({})).into_response())
+            if let Some(answer) = card {
+                Ok(axum::Json(answer).into_response())
             } else {
                 Ok(axum::Json(json!({ "msg": "success" })).into_response())
             }

@@ -127,6 +127,10 @@ pub struct Envelope {
     pub event_type: String,
     /// The decrypted envelope with its verification token removed (it is stored).
     pub payload: Value,
+    /// The section the event belongs to (thread, else chat), when it names one.
+    pub section: Option<String>,
+    /// The chat message it carries, if any: redeliveries under a new event id act once.
+    pub message_id: Option<String>,
 }
 
 /// The three signature headers, as received.
@@ -301,11 +305,14 @@ fn event(
     if event_id.is_empty() || event_type.is_empty() {
         return Err(Rejection::MissingFields);
     }
+    let route = super::event::route(&event_type, &payload);
     Ok(Parsed {
         kind: Kind::Event(Envelope {
             event_id,
             event_type,
             payload,
+            section: route.section,
+            message_id: route.message_id,
         }),
         token: Zeroizing::new(token),
         app_id,

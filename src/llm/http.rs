@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 
 use super::router::RouterError;
 use super::wire::ChatRequest;
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::http::body::{self, BodyError};
 
 /// Largest accepted request body: long agent contexts run to a few MB.

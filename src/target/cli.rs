@@ -34,6 +34,9 @@ pub enum TargetCmd {
     Disable { alias: String },
     /// Remove a target and its vaulted secrets.
     Remove { alias: String },
+    /// Which chats may use the target: the listed chat ids only, or every chat (the default
+    /// for a target without a list).
+    Allow(AllowArgs),
     /// Connect, check the host key, run `true`; print the host key fingerprint.
     Test {
         alias: String,
@@ -50,6 +53,18 @@ pub enum TargetCmd {
         #[arg(long)]
         host_key: String,
     },
+}
+
+/// `sshmode target allow <alias> (<chat_id>… | --all-chats)`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["chats", "all_chats"])))]
+pub struct AllowArgs {
+    pub alias: String,
+    /// Chat ids (`oc_…`) that may use the target.
+    pub chats: Vec<String>,
+    /// Every chat may use the target (removes the list).
+    #[arg(long)]
+    pub all_chats: bool,
 }
 
 /// Host-key policy of a target.
@@ -196,6 +211,25 @@ pub async fn run_with(
         TargetCmd::Show { alias } => {
             let t = super::get(db, &alias).await.map_err(user_error)?;
             show(&t, out)?;
+            let chats = super::allow::allowed_chats(db, &alias)
+                .await
+                .map_err(user_error)?;
+            if chats.is_empty() {
+                writeln!(out, "chats:           all")?;
+            } else {
+                writeln!(out, "chats:           {}", chats.join(" "))?;
+            }
+            Ok(0)
+        }
+        TargetCmd::Allow(a) => {
+            let chats = (!a.all_chats).then_some(a.chats.as_slice());
+            super::allow::set_allowed(db, &a.alias, chats, "operator")
+                .await
+                .map_err(user_error)?;
+            match chats {
+                Some(c) => writeln!(out, "target `{}` may be used in: {}", a.alias, c.join(" "))?,
+                None => writeln!(out, "target `{}` may be used in every chat", a.alias)?,
+            }
             Ok(0)
         }
         TargetCmd::Approve { alias } => {

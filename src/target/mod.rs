@@ -11,6 +11,7 @@
 //! row in the same transaction. Never: returns a secret from a listing, or decrypts one (only
 //! `exec::ssh` asks the vault, to authenticate, and [`reseal_legacy`] to re-seal).
 
+pub mod allow;
 pub mod cli;
 
 use chrono::{DateTime, Utc};
@@ -42,7 +43,7 @@ impl Status {
             Status::Disabled => "disabled",
         }
     }
-    fn parse(s: &str) -> Status {
+    pub(crate) fn parse(s: &str) -> Status {
         match s {
             "approved" => Status::Approved,
             "disabled" => Status::Disabled,
@@ -195,10 +196,18 @@ pub enum TargetError {
     Db(#[from] sqlx::Error),
 }
 
-/// Whether `alias` is a valid target alias (letters, digits, `.`, `_`, `-`; ≤ 63).
+/// Words that are never an alias (chat commands use them as keywords; any case).
+pub const RESERVED_ALIASES: [&str; 4] = ["all", "local", "off", "help"];
+
+/// Whether `alias` is a valid target alias: letters, digits, `.`, `_`, `-`, a letter or digit
+/// first, at most 63, not a reserved word. The one alias rule: the chat parser uses it and the
+/// database CHECKs the same.
 pub fn valid_alias(alias: &str) -> bool {
     let b = alias.as_bytes();
-    !b.is_empty()
+    !RESERVED_ALIASES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(alias))
+        && !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b.iter()
@@ -247,7 +256,7 @@ fn from_row(r: &sqlx::postgres::PgRow) -> Target {
 pub fn validate(new: &NewTarget) -> Result<(), TargetError> {
     if !valid_alias(&new.alias) {
         return Err(TargetError::Invalid(format!(
-            "`{}` is not a valid alias: use letters, digits, `.`, `_`, `-` (at most 63)",
+            "`{}` is not a valid alias: use letters, digits, `.`, `_`, `-`, a letter or digit first (at most 63; not all, local, off or help)",
             new.alias
         )));
     }
@@ -833,7 +842,7 @@ mod tests {
         for ok in ["web", "db-1", "a.b_c", "X"] {
             assert!(valid_alias(ok), "{ok}");
         }
-        for bad in ["", "-x", "a b", "a/b", "ü", &"x".repeat(64)] {
+        for bad in ["", "-x", "a b", "a/b", "ü", &"x".repeat(64), "all", "Off"] {
             assert!(!valid_alias(bad), "{bad}");
         }
     }

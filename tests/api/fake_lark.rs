@@ -47,6 +47,8 @@ pub enum Failure {
     ServerError,
     /// HTTP 200 with a well-formed success answer padded to this many bytes.
     Huge(usize),
+    /// A reply succeeds but its answer carries no `thread_id` (seen with some chats).
+    NoThread,
 }
 
 struct Inner {
@@ -245,12 +247,14 @@ fn answer(
             "Invalid access token for authorization",
         );
     }
+    let mut no_thread = false;
     if let Some((_, queue)) = inner
         .script
         .iter_mut()
         .find(|(part, q)| path_and_query.contains(part.as_str()) && !q.is_empty())
     {
         match queue.pop_front().unwrap() {
+            Failure::NoThread => no_thread = true,
             Failure::RateLimited(reset) => {
                 return (
                     StatusCode::TOO_MANY_REQUESTS,
@@ -281,6 +285,25 @@ fn answer(
             if !is_message_body(body) || body["receive_id"].as_str().is_none() {
                 return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
             }
+            // The id must be of the kind `receive_id_type` names.
+            let kind = path_and_query
+                .split_once("receive_id_type=")
+                .map(|(_, k)| k.split('&').next().unwrap_or(""));
+            let prefix = match kind {
+                Some("chat_id") => "oc_",
+                Some("open_id") => "ou_",
+                _ => return code(StatusCode::BAD_REQUEST, 230001, "invalid receive_id_type"),
+            };
+            if !body["receive_id"].as_str().unwrap().starts_with(prefix) {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230001,
+                    "receive_id does not match its type",
+                );
+            }
+            if body["msg_type"] == "interactive" && !is_card_2(&body["content"]) {
+                return code(StatusCode::BAD_REQUEST, 230099, "card content invalid");
+            }
             let chat = body["receive_id"].as_str().unwrap().to_string();
             create(inner, body, json!({"chat_id": chat}))
         }
@@ -291,7 +314,7 @@ fn answer(
             if !is_message_body(body) || !body["reply_in_thread"].is_boolean() {
                 return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
             }
-            let thread = if body["reply_in_thread"] == true {
+            let thread = if body["reply_in_thread"] == true && !no_thread {
                 json!(format!("omt_{}", target.trim_start_matches("om_")))
             } else {
                 Value::Null
@@ -312,6 +335,9 @@ fn answer(
             if body["content"].as_str().is_none() {
                 return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
             }
+            if !is_card_2(&body["content"]) {
+                return code(StatusCode::BAD_REQUEST, 230099, "card content invalid");
+            }
             ok(json!({}))
         }
         ("POST", ["open-apis", "im", "v1", "messages", id, "reactions"]) => {
@@ -330,6 +356,33 @@ fn answer(
         ("DELETE", ["open-apis", "im", "v1", "messages", _, "reactions", _]) => ok(json!({})),
         _ => code(StatusCode::NOT_FOUND, 404, "not found"),
     }
+}
+
+/// A card JSON 2.0 document (as a string): `schema` "2.0", elements under `body`, no 1.0
+/// `action` wrapper, `update_multi` never false, buttons' callback values objects in
+/// `behaviors`.
+fn is_card_2(content: &Value) -> bool {
+    let Some(card) = content
+        .as_str()
+        .and_then(|c| serde_json::from_str::<Value>(c).ok())
+    else {
+        return false;
+    };
+    let Some(elements) = card.pointer("/body/elements").and_then(Value::as_array) else {
+        return false;
+    };
+    card["schema"] == "2.0"
+        && card
+            .pointer("/config/update_multi")
+            .is_none_or(|u| u == &json!(true))
+        && elements.iter().all(|e| {
+            e["tag"] != "action"
+                && e.get("value").is_none()
+                && (e["tag"] != "button"
+                    || e["behaviors"]
+                        .as_array()
+                        .is_some_and(|b| b.iter().all(|b| b["value"].is_object())))
+        })
 }
 
 fn is_message_body(body: &Value) -> bool {

@@ -136,11 +136,8 @@ async fn the_router_answers_what_it_can_and_ignores_the_rest() {
     assert!(by_target("ev_group").is_empty());
     assert_eq!(by_target("ev_mention"), [NO_MODEL]);
     assert_eq!(by_target("ev_dm"), [NO_MODEL]);
-    assert_eq!(
-        by_target("ev_status"),
-        ["`/ssh status` is not available yet."]
-    );
-    assert_eq!(by_target("ev_off"), ["`/ssh local` is not available yet."]);
+    assert!(by_target("ev_status")[0].starts_with("Backend: local"));
+    assert_eq!(by_target("ev_off"), ["This thread already runs locally."]);
     assert!(by_target("ev_bad")[0].starts_with("Usage: /ssh use <alias>"));
     app.stop().await;
 }

@@ -15,6 +15,8 @@ fn env(id: &str) -> Envelope {
         event_id: id.into(),
         event_type: "im.message.receive_v1".into(),
         payload: json!({"header": {"event_id": id}}),
+        section: None,
+        message_id: None,
     }
 }
 

@@ -45,6 +45,10 @@ pub struct Msg {
     /// Whether `@_user_1` (the bot) is in `mentions`.
     pub mention_bot: bool,
     pub create_ms: i64,
+    /// The thread's root message (a message in a thread names it).
+    pub root_id: Option<String>,
+    pub sender: String,
+    pub chat_id: String,
 }
 
 impl Msg {
@@ -58,6 +62,9 @@ impl Msg {
             sender_type: "user",
             mention_bot: false,
             create_ms: chrono::Utc::now().timestamp_millis(),
+            root_id: None,
+            sender: "ou_user".to_string(),
+            chat_id: "oc_chat".to_string(),
         }
     }
 
@@ -70,9 +77,11 @@ impl Msg {
             );
         }
         let mut message = json!({
-            "message_id": self.message_id, "root_id": "", "parent_id": "",
+            "message_id": self.message_id,
+            "root_id": self.root_id.clone().unwrap_or_default(),
+            "parent_id": self.root_id.clone().unwrap_or_default(),
             "create_time": self.create_ms.to_string(), "update_time": self.create_ms.to_string(),
-            "chat_id": "oc_chat", "chat_type": self.chat_type, "message_type": "text",
+            "chat_id": self.chat_id, "chat_type": self.chat_type, "message_type": "text",
             "content": json!({"text": self.text}).to_string(), "mentions": mentions,
         });
         if let Some(t) = &self.thread_id {
@@ -84,7 +93,7 @@ impl Msg {
                 "create_time": self.create_ms.to_string(), "token": token,
                 "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
             "event": {
-                "sender": {"sender_id": {"open_id": "ou_user", "user_id": "u1", "union_id": "on_u"},
+                "sender": {"sender_id": {"open_id": self.sender, "user_id": "u1", "union_id": "on_u"},
                     "sender_type": self.sender_type, "tenant_key": "tk"},
                 "message": message
             }

@@ -1,0 +1,268 @@
+//! Admin approval of targets: a card to each admin (`SSHMODE_ADMINS`, one-to-one) when a
+//! target becomes pending, decisions by card click or by `/ssh approve|reject`, and the cards
+//! rewritten afterwards to show who decided and when. Owns `approval_cards` and
+//! `card_decisions`. Who may decide is [`super::authz`]'s call, through
+//! [`control::decide`]. Never: answers a click synchronously with anything but a toast
+//! (the platform's callback path makes no outbound call).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::Row;
+use tokio_util::sync::CancellationToken;
+
+use super::authz::Actor;
+use super::control::{self, Decision};
+use super::dispatch::Deps;
+use super::port::ApprovalView;
+use crate::target::{self, Status};
+
+/// How often pending targets are looked for.
+const NOTIFY_EVERY: Duration = Duration::from_secs(5);
+/// Most cards sent in one pass.
+const NOTIFY_BATCH: i64 = 50;
+/// A card claimed but not recorded as sent after this long is sent again (same idempotency
+/// key, so Lark does not post it twice).
+const RESEND_AFTER_SECS: i64 = 120;
+
+/// A button's value on an approval card.
+pub fn button_value(alias: &str, generation: i64, decision: Decision) -> Value {
+    serde_json::json!({
+        "act": match decision { Decision::Approve => "approve", Decision::Reject => "reject" },
+        "alias": alias,
+        "gen": generation,
+    })
+}
+
+fn read_value(v: &Value) -> Option<(String, Decision)> {
+    let decision = match v.get("act")?.as_str()? {
+        "approve" => Decision::Approve,
+        "reject" => Decision::Reject,
+        _ => return None,
+    };
+    let alias = v.get("alias")?.as_str()?;
+    target::valid_alias(alias).then(|| (alias.to_string(), decision))
+}
+
+/// The immediate toast for a click: computed without I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toast {
+    /// `success`, `info`, `warning` or `error`.
+    pub kind: &'static str,
+    pub text: String,
+}
+
+/// What a click is told at once (`None` for a button that is not an approval's: no answer);
+/// the decision itself is applied by a worker.
+pub fn click_toast(is_admin: bool, value: &Value) -> Option<Toast> {
+    let (alias, d) = read_value(value)?;
+    Some(if is_admin {
+        Toast {
+            kind: "info",
+            text: format!(
+                "Received: `{alias}` will be {}. The card updates shortly.",
+                d.word()
+            ),
+        }
+    } else {
+        Toast {
+            kind: "error",
+            text: "Only an admin can approve or reject targets.".into(),
+        }
+    })
+}
+
+/// A click as the worker applies it.
+#[derive(Debug, Clone)]
+pub struct Click {
+    pub message_id: String,
+    pub operator: String,
+    pub value: Value,
+}
+
+/// Applies a card click once per (message, operator, value): authorised by the operator's
+/// open_id (refusals audited), then the cards are rewritten.
+pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
+    let Some((alias, decision)) = read_value(&click.value) else {
+        return Ok(());
+    };
+    let value = click.value.to_string();
+    let fresh = sqlx::query(
+        "INSERT INTO card_decisions (message_id, operator, value, at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&click.message_id)
+    .bind(&click.operator)
+    .bind(&value)
+    .bind(deps.clock.now())
+    .execute(&deps.db)
+    .await?
+    .rows_affected()
+        == 1;
+    if !fresh {
+        return Ok(());
+    }
+    let actor = Actor::User {
+        open_id: &click.operator,
+        admin: deps.config.is_admin(&click.operator),
+    };
+    let applied = async {
+        if control::decide(&deps.db, actor, &alias, decision, None)
+            .await?
+            .is_ok()
+        {
+            update_cards(deps, &alias).await?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if applied.is_err() {
+        // Let the retry act: the click has not taken effect.
+        let _ = sqlx::query(
+            "DELETE FROM card_decisions WHERE message_id = $1 AND operator = $2 AND value = $3",
+        )
+        .bind(&click.message_id)
+        .bind(&click.operator)
+        .bind(&value)
+        .execute(&deps.db)
+        .await;
+    }
+    applied
+}
+
+fn view(t: &target::Target, decided: Option<(String, String, String)>) -> ApprovalView {
+    ApprovalView {
+        alias: t.alias.clone(),
+        generation: t.generation,
+        destination: format!("{}@{}:{}", t.user, t.host, t.port),
+        added_by: t.added_by.clone(),
+        fingerprint: t.host_key.as_ref().map(|k| k.fingerprint.clone()),
+        decided,
+    }
+}
+
+/// Rewrites every approval card of `alias`'s current generation to show the last decision
+/// recorded in the audit log.
+pub async fn update_cards(deps: &Deps, alias: &str) -> anyhow::Result<()> {
+    let t = match target::get(&deps.db, alias).await {
+        Ok(t) => t,
+        Err(target::TargetError::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let decided: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT actor, outcome, at FROM audit_log
+         WHERE action = 'target.decide' AND target = $1 AND outcome IN ('approved', 'rejected')
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(alias)
+    .fetch_optional(&deps.db)
+    .await?;
+    let Some((by, what, at)) = decided else {
+        return Ok(());
+    };
+    let cards: Vec<(String, String)> = sqlx::query_as(
+        "UPDATE approval_cards SET decided_by = $3, decision = $4, decided_at = $5
+         WHERE generation = $1 AND alias = $2 AND message_id IS NOT NULL
+         RETURNING admin, message_id",
+    )
+    .bind(t.generation)
+    .bind(alias)
+    .bind(&by)
+    .bind(&what)
+    .bind(at)
+    .fetch_all(&deps.db)
+    .await?;
+    let v = view(
+        &t,
+        Some((by, what, at.format("%Y-%m-%d %H:%M UTC").to_string())),
+    );
+    for (_, message_id) in cards {
+        deps.admins.update_approval(&message_id, &v).await?;
+    }
+    Ok(())
+}
+
+/// Sends an approval card to each admin for each pending target that has none yet. Returns
+/// how many were sent.
+pub async fn notify_pending(deps: &Deps) -> anyhow::Result<usize> {
+    if deps.config.admins.is_empty() {
+        return Ok(0);
+    }
+    let now = deps.clock.now();
+    let due = sqlx::query(
+        "SELECT t.alias, t.generation, a.admin FROM targets t CROSS JOIN UNNEST($1::text[]) a(admin)
+         WHERE t.status = 'pending' AND NOT EXISTS (
+             SELECT 1 FROM approval_cards c WHERE c.generation = t.generation AND c.admin = a.admin
+               AND (c.message_id IS NOT NULL OR c.created_at > $2))
+         ORDER BY t.created_at LIMIT $3",
+    )
+    .bind(&deps.config.admins)
+    .bind(now - chrono::Duration::seconds(RESEND_AFTER_SECS))
+    .bind(NOTIFY_BATCH)
+    .fetch_all(&deps.db)
+    .await?;
+    let mut sent = 0;
+    for row in due {
+        let alias: String = row.get("alias");
+        let generation: i64 = row.get("generation");
+        let admin: String = row.get("admin");
+        // Claim it (another replica may be sending the same card).
+        let claimed = sqlx::query(
+            "INSERT INTO approval_cards (generation, alias, admin, created_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (generation, admin) DO UPDATE SET created_at = EXCLUDED.created_at
+             WHERE approval_cards.message_id IS NULL AND approval_cards.created_at <= $5",
+        )
+        .bind(generation)
+        .bind(&alias)
+        .bind(&admin)
+        .bind(now)
+        .bind(now - chrono::Duration::seconds(RESEND_AFTER_SECS))
+        .execute(&deps.db)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
+            continue;
+        }
+        let t = target::get(&deps.db, &alias).await?;
+        if t.status != Status::Pending || t.generation != generation {
+            continue;
+        }
+        let key = format!("approval:{generation}:{admin}");
+        let message_id = deps
+            .admins
+            .send_approval(&admin, &view(&t, None), &key)
+            .await?;
+        sqlx::query(
+            "UPDATE approval_cards SET message_id = $3, sent_at = $4 WHERE generation = $1 AND admin = $2",
+        )
+        .bind(generation)
+        .bind(&admin)
+        .bind(&message_id)
+        .bind(deps.clock.now())
+        .execute(&deps.db)
+        .await?;
+        sent += 1;
+    }
+    Ok(sent)
+}
+
+/// Sends approval cards until `shutdown`; a failed pass is logged and retried next time.
+pub async fn run_notifier(deps: Deps, shutdown: CancellationToken) {
+    loop {
+        // A pass waiting on a slow platform does not hold up shutdown; an interrupted send is
+        // made again later under the same idempotency key.
+        let pass = tokio::select! {
+            r = notify_pending(&deps) => r,
+            _ = shutdown.cancelled() => return,
+        };
+        if let Err(e) = pass {
+            tracing::warn!(error = format!("{e:#}"), "sending approval cards failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(NOTIFY_EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! The one authorisation function (invariant 6): who may bind what — a user's command, the
+//! model's request, an admin's decision. Pure: it reads facts its callers loaded in the same
+//! transaction as the change, and returns a permit or a refusal whose text the user or the
+//! model can act on. Never: touches the database, or is bypassed by any caller.
+
+use chrono::{DateTime, Utc};
+
+use crate::target::Status;
+use crate::target::allow::Facts;
+
+/// Who asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor<'a> {
+    /// A chat user; `admin` when listed in `SSHMODE_ADMINS`.
+    User { open_id: &'a str, admin: bool },
+    /// The agent's model, through its `ssh_mode` tool.
+    Model,
+}
+
+impl Actor<'_> {
+    /// The audit log's name for the actor.
+    pub fn name(&self) -> &str {
+        match self {
+            Actor::User { open_id, .. } => open_id,
+            Actor::Model => "model",
+        }
+    }
+}
+
+/// How a section is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A user's `/ssh use`: stays until a user changes it.
+    Sticky,
+    /// The model's `request_use` under a grant: lives no longer than the grant.
+    Model,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Sticky => "sticky",
+            Kind::Model => "model",
+        }
+    }
+}
+
+/// A section's binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub section: String,
+    pub alias: String,
+    pub kind: Kind,
+    /// The user's open_id, or `model`.
+    pub owner: String,
+    pub bound_at: DateTime<Utc>,
+    /// The grant a model-made binding lives under.
+    pub grant_id: Option<i64>,
+}
+
+/// A live grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub id: i64,
+    pub section: String,
+    /// `None` covers every target approved and allowed for the chat.
+    pub alias: Option<String>,
+    pub granted_by: String,
+    pub granted_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Grant {
+    pub fn covers(&self, alias: &str) -> bool {
+        self.alias.as_deref().is_none_or(|a| a == alias)
+    }
+}
+
+/// What is asked.
+#[derive(Debug, Clone, Copy)]
+pub enum Act<'a> {
+    /// Bind (or switch) the section to `alias`. `target` is `None` when no such target exists.
+    Bind {
+        alias: &'a str,
+        target: Option<&'a Facts>,
+        current: Option<&'a Binding>,
+        grants: &'a [Grant],
+    },
+    /// Return the section to local.
+    Release { current: Option<&'a Binding> },
+    /// Grant the model the right to enter `alias` (or any target, with `None`).
+    GrantOn {
+        alias: Option<&'a str>,
+        target: Option<&'a Facts>,
+    },
+    /// Revoke this section's grants.
+    GrantOff,
+    /// Approve or reject a target.
+    Decide,
+}
+
+/// What may be done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// Bind with this kind (and, for the model, under this grant).
+    Bind { kind: Kind, grant_id: Option<i64> },
+    /// Nothing needs to change (already so).
+    Unchanged,
+    /// Go ahead.
+    Allowed,
+}
+
+/// Why not, in words the asker can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("There is no target named `{0}`.")]
+    UnknownTarget(String),
+    #[error("Target `{0}` is waiting for an admin's approval.")]
+    Pending(String),
+    #[error("Target `{0}` is disabled.")]
+    Disabled(String),
+    #[error("Target `{0}` is not allowed in this chat.")]
+    NotAllowedHere(String),
+    #[error(
+        "I may not enter `{0}` by myself here: ask a user to run `/ssh use {0}` or `/ssh yolo on {0}`."
+    )]
+    NoGrant(String),
+    #[error(
+        "This thread was bound to `{alias}` by a user; only a user can change that (`/ssh use <alias>` or `/ssh local`)."
+    )]
+    StickyHeld { alias: String },
+    #[error(
+        "This thread is bound to `{alias}` by {owner}; only they or an admin can switch it. Anyone can return it to local with `/ssh local`."
+    )]
+    NotOwner { alias: String, owner: String },
+    #[error("Only a user can do that, with `/ssh yolo on <alias>` or `/ssh yolo off`.")]
+    UsersOnly,
+    #[error("Only an admin can approve or reject targets.")]
+    NotAdmin,
+}
+
+impl Refusal {
+    /// A short word for the audit log.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::UnknownTarget(_) => "unknown_target",
+            Refusal::Pending(_) => "pending",
+            Refusal::Disabled(_) => "disabled",
+            Refusal::NotAllowedHere(_) => "not_allowed_here",
+            Refusal::NoGrant(_) => "no_grant",
+            Refusal::StickyHeld { .. } => "sticky",
+            Refusal::NotOwner { .. } => "not_owner",
+            Refusal::UsersOnly => "users_only",
+            Refusal::NotAdmin => "not_admin",
+        }
+    }
+}
+
+/// Whether `alias` is usable in this chat at all.
+fn usable(alias: &str, target: Option<&Facts>) -> Result<(), Refusal> {
+    let t = target.ok_or_else(|| Refusal::UnknownTarget(alias.to_string()))?;
+    match t.status {
+        Status::Pending => return Err(Refusal::Pending(alias.to_string())),
+        Status::Disabled => return Err(Refusal::Disabled(alias.to_string())),
+        Status::Approved => {}
+    }
+    if !t.allowed_here {
+        return Err(Refusal::NotAllowedHere(alias.to_string()));
+    }
+    Ok(())
+}
+
+/// Decides whether `actor` may do `act`. The only place such a decision is made.
+pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
+    match (actor, act) {
+        (
+            actor,
+            Act::Bind {
+                alias,
+                target,
+                current,
+                grants,
+            },
+        ) => {
+            usable(alias, target)?;
+            match actor {
+                Actor::User { open_id, admin } => match current {
+                    Some(b) if b.kind == Kind::Sticky && b.alias == alias => Ok(Permit::Unchanged),
+                    Some(b) if b.kind == Kind::Sticky && b.owner != open_id && !admin => {
+                        Err(Refusal::NotOwner {
+                            alias: b.alias.clone(),
+                            owner: b.owner.clone(),
+                        })
+                    }
+                    _ => Ok(Permit::Bind {
+                        kind: Kind::Sticky,
+                        grant_id: None,
+                    }),
+                },
+                Actor::Model => {
+                    if let Some(b) = current {
+                        if b.kind == Kind::Sticky {
+                            return if b.alias == alias {
+                                Ok(Permit::Unchanged)
+                            } else {
+                                Err(Refusal::StickyHeld {
+                                    alias: b.alias.clone(),
+                                })
+                            };
+                        }
+                        if b.alias == alias {
+                            return Ok(Permit::Unchanged);
+                        }
+                    }
+                    // A grant for this very target is preferred over `all`.
+                    let grant = grants
+                        .iter()
+                        .find(|g| g.alias.as_deref() == Some(alias))
+                        .or_else(|| grants.iter().find(|g| g.covers(alias)))
+                        .ok_or_else(|| Refusal::NoGrant(alias.to_string()))?;
+                    Ok(Permit::Bind {
+                        kind: Kind::Model,
+                        grant_id: Some(grant.id),
+                    })
+                }
+            }
+        }
+        (_, Act::Release { current: None }) => Ok(Permit::Unchanged),
+        (Actor::User { .. }, Act::Release { current: Some(_) }) => Ok(Permit::Allowed),
+        (Actor::Model, Act::Release { current: Some(b) }) => match b.kind {
+            Kind::Model => Ok(Permit::Allowed),
+            Kind::Sticky => Err(Refusal::StickyHeld {
+                alias: b.alias.clone(),
+            }),
+        },
+        (Actor::Model, Act::GrantOn { .. } | Act::GrantOff) => Err(Refusal::UsersOnly),
+        (Actor::User { .. }, Act::GrantOn { alias, target }) => {
+            if let Some(alias) = alias {
+                usable(alias, target)?;
+            }
+            Ok(Permit::Allowed)
+        }
+        (Actor::User { .. }, Act::GrantOff) => Ok(Permit::Allowed),
+        (Actor::User { admin: true, .. }, Act::Decide) => Ok(Permit::Allowed),
+        (_, Act::Decide) => Err(Refusal::NotAdmin),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(alias: &str, status: Status, allowed: bool) -> Facts {
+        Facts {
+            alias: alias.into(),
+            status,
+            allowed_here: allowed,
+            destination: "u@h".into(),
+        }
+    }
+    fn binding(alias: &str, kind: Kind, owner: &str) -> Binding {
+        Binding {
+            section: "omt_1".into(),
+            alias: alias.into(),
+            kind,
+            owner: owner.into(),
+            bound_at: Utc::now(),
+            grant_id: (kind == Kind::Model).then_some(7),
+        }
+    }
+    fn grant(id: i64, alias: Option<&str>) -> Grant {
+        Grant {
+            id,
+            section: "omt_1".into(),
+            alias: alias.map(Into::into),
+            granted_by: "ou_a".into(),
+            granted_at: Utc::now(),
+            expires_at: Utc::now(),
+        }
+    }
+    const ANN: Actor = Actor::User {
+        open_id: "ou_ann",
+        admin: false,
+    };
+    const BOB: Actor = Actor::User {
+        open_id: "ou_bob",
+        admin: false,
+    };
+    const ADMIN: Actor = Actor::User {
+        open_id: "ou_admin",
+        admin: true,
+    };
+
+    fn bind<'a>(
+        alias: &'a str,
+        t: Option<&'a Facts>,
+        current: Option<&'a Binding>,
+        grants: &'a [Grant],
+    ) -> Act<'a> {
+        Act::Bind {
+            alias,
+            target: t,
+            current,
+            grants,
+        }
+    }
+
+    #[test]
+    fn target_state_refusals_apply_to_everyone() {
+        let p = facts("web", Status::Pending, true);
+        let d = facts("web", Status::Disabled, true);
+        let n = facts("web", Status::Approved, false);
+        for who in [ANN, ADMIN, Actor::Model] {
+            let g = [grant(1, None)];
+            assert_eq!(
+                authorize(who, bind("web", None, None, &g)),
+                Err(Refusal::UnknownTarget("web".into()))
+            );
+            assert_eq!(
+                authorize(who, bind("web", Some(&p), None, &g)),
+                Err(Refusal::Pending("web".into()))
+            );
+            assert_eq!(
+                authorize(who, bind("web", Some(&d), None, &g)),
+                Err(Refusal::Disabled("web".into()))
+            );
+            assert_eq!(
+                authorize(who, bind("web", Some(&n), None, &g)),
+                Err(Refusal::NotAllowedHere("web".into()))
+            );
+        }
+    }
+
+    #[test]
+    fn users_bind_sticky_and_only_owner_or_admin_switch() {
+        let web = facts("web", Status::Approved, true);
+        let db = facts("db", Status::Approved, true);
+        let sticky = Permit::Bind {
+            kind: Kind::Sticky,
+            grant_id: None,
+        };
+        assert_eq!(
+            authorize(ANN, bind("web", Some(&web), None, &[])),
+            Ok(sticky)
+        );
+        let anns = binding("web", Kind::Sticky, "ou_ann");
+        assert_eq!(
+            authorize(ANN, bind("db", Some(&db), Some(&anns), &[])),
+            Ok(sticky)
+        );
+        assert!(matches!(
+            authorize(BOB, bind("db", Some(&db), Some(&anns), &[])),
+            Err(Refusal::NotOwner { .. })
+        ));
+        assert_eq!(
+            authorize(ADMIN, bind("db", Some(&db), Some(&anns), &[])),
+            Ok(sticky)
+        );
+        // A model-made binding is anyone's to replace.
+        let model = binding("web", Kind::Model, "model");
+        assert_eq!(
+            authorize(BOB, bind("db", Some(&db), Some(&model), &[])),
+            Ok(sticky)
+        );
+        // Anyone may return to local.
+        assert_eq!(
+            authorize(
+                BOB,
+                Act::Release {
+                    current: Some(&anns)
+                }
+            ),
+            Ok(Permit::Allowed)
+        );
+    }
+
+    #[test]
+    fn the_model_needs_a_live_grant_and_never_touches_sticky() {
+        let web = facts("web", Status::Approved, true);
+        let db = facts("db", Status::Approved, true);
+        let m = Actor::Model;
+        assert_eq!(
+            authorize(m, bind("web", Some(&web), None, &[])),
+            Err(Refusal::NoGrant("web".into()))
+        );
+        let only_web = [grant(3, Some("web"))];
+        assert_eq!(
+            authorize(m, bind("web", Some(&web), None, &only_web)),
+            Ok(Permit::Bind {
+                kind: Kind::Model,
+                grant_id: Some(3)
+            })
+        );
+        assert_eq!(
+            authorize(m, bind("db", Some(&db), None, &only_web)),
+            Err(Refusal::NoGrant("db".into()))
+        );
+        let all = [grant(4, None)];
+        assert_eq!(
+            authorize(m, bind("db", Some(&db), None, &all)),
+            Ok(Permit::Bind {
+                kind: Kind::Model,
+                grant_id: Some(4)
+            })
+        );
+        let sticky = binding("web", Kind::Sticky, "ou_ann");
+        assert!(matches!(
+            authorize(m, bind("db", Some(&db), Some(&sticky), &all)),
+            Err(Refusal::StickyHeld { .. })
+        ));
+        assert!(matches!(
+            authorize(
+                m,
+                Act::Release {
+                    current: Some(&sticky)
+                }
+            ),
+            Err(Refusal::StickyHeld { .. })
+        ));
+        let model = binding("web", Kind::Model, "model");
+        assert_eq!(
+            authorize(
+                m,
+                Act::Release {
+                    current: Some(&model)
+                }
+            ),
+            Ok(Permit::Allowed)
+        );
+        assert_eq!(
+            authorize(
+                m,
+                Act::GrantOn {
+                    alias: None,
+                    target: None
+                }
+            ),
+            Err(Refusal::UsersOnly)
+        );
+        let refusal = Refusal::NoGrant("web".into()).to_string();
+        assert!(refusal.contains("/ssh use web") && refusal.contains("/ssh yolo on web"));
+    }
+
+    #[test]
+    fn only_admins_decide() {
+        assert_eq!(authorize(ADMIN, Act::Decide), Ok(Permit::Allowed));
+        assert_eq!(authorize(ANN, Act::Decide), Err(Refusal::NotAdmin));
+        assert_eq!(authorize(Actor::Model, Act::Decide), Err(Refusal::NotAdmin));
+    }
+}

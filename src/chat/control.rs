@@ -1,0 +1,454 @@
+//! The operations of SSH Mode, shared by the users' commands and the model's requests: bind,
+//! release, grant, revoke, decide, and the reports (status, list). Each one loads the facts
+//! and the section's state in one transaction, asks [`authz::authorize`], applies the permit
+//! and writes its audit row (refusals included) in that same transaction (invariant 5).
+//! Never: answers anyone (callers turn results into words), or decides by itself who may act.
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::authz::{self, Act, Actor, Binding, Grant, Kind, Permit, Refusal};
+use super::{binding, grant};
+use crate::audit;
+use crate::target::{self, Status, Target, allow};
+
+/// What an operation needs: the database, the time of the request, the grant lifetime.
+#[derive(Clone, Copy)]
+pub struct Ctl<'a> {
+    pub db: &'a PgPool,
+    pub now: DateTime<Utc>,
+    pub yolo_ttl: std::time::Duration,
+}
+
+/// A binding that was made (or already held).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    pub alias: String,
+    /// `user@host`.
+    pub destination: String,
+    /// The target it replaced, if it switched.
+    pub replaced: Option<String>,
+    pub unchanged: bool,
+}
+
+async fn refuse(
+    conn: &mut sqlx::PgConnection,
+    actor: Actor<'_>,
+    action: &str,
+    section: Option<&str>,
+    alias: Option<&str>,
+    r: &Refusal,
+) -> sqlx::Result<()> {
+    audit::record_chat(
+        conn,
+        audit::ChatEntry {
+            actor: actor.name(),
+            action,
+            section,
+            target: alias,
+            outcome: "refused",
+            detail: json!({ "reason": r.code() }),
+        },
+    )
+    .await
+}
+
+/// Checks, without changing anything, that `actor` could bind a *new* section of `chat_id`
+/// to `alias` (a `/ssh use` in a parent chat, before its thread exists). A refusal is audited.
+pub async fn check_use(
+    ctl: Ctl<'_>,
+    actor: Actor<'_>,
+    section: &str,
+    chat_id: &str,
+    alias: &str,
+) -> anyhow::Result<Result<allow::Facts, Refusal>> {
+    let mut tx = ctl.db.begin().await?;
+    let facts = allow::facts(&mut tx, alias, chat_id).await?;
+    let act = Act::Bind {
+        alias,
+        target: facts.as_ref(),
+        current: None,
+        grants: &[],
+    };
+    let out = match authz::authorize(actor, act) {
+        Ok(_) => Ok(facts.expect("authorised targets exist")),
+        Err(r) => {
+            refuse(
+                &mut tx,
+                actor,
+                "binding.set",
+                Some(section),
+                Some(alias),
+                &r,
+            )
+            .await?;
+            Err(r)
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Binds `section` (of chat `chat_id`) to `alias` for `actor`.
+pub async fn bind(
+    ctl: Ctl<'_>,
+    actor: Actor<'_>,
+    section: &str,
+    chat_id: &str,
+    alias: &str,
+) -> anyhow::Result<Result<Bound, Refusal>> {
+    let mut tx = ctl.db.begin().await?;
+    let current = binding::current(&mut tx, section, ctl.now).await?;
+    let facts = allow::facts(&mut tx, alias, chat_id).await?;
+    let grants = grant::live(&mut tx, section, ctl.now).await?;
+    let act = Act::Bind {
+        alias,
+        target: facts.as_ref(),
+        current: current.as_ref(),
+        grants: &grants,
+    };
+    let out = match authz::authorize(actor, act) {
+        Err(r) => {
+            refuse(
+                &mut tx,
+                actor,
+                "binding.set",
+                Some(section),
+                Some(alias),
+                &r,
+            )
+            .await?;
+            Err(r)
+        }
+        Ok(permit) => {
+            let facts = facts.expect("authorised targets exist");
+            let replaced = current
+                .as_ref()
+                .filter(|c| c.alias != alias)
+                .map(|c| c.alias.clone());
+            let unchanged = permit == Permit::Unchanged;
+            if let Permit::Bind { kind, grant_id } = permit {
+                // The same target by a user turns a model-made binding sticky; that is a change.
+                let b = Binding {
+                    section: section.to_string(),
+                    alias: alias.to_string(),
+                    kind,
+                    owner: match actor {
+                        Actor::User { open_id, .. } => open_id.to_string(),
+                        Actor::Model => "model".to_string(),
+                    },
+                    bound_at: ctl.now,
+                    grant_id,
+                };
+                binding::set(&mut tx, &b).await?;
+                audit::record_chat(
+                    &mut tx,
+                    audit::ChatEntry {
+                        actor: actor.name(),
+                        action: if replaced.is_some() {
+                            "binding.switch"
+                        } else {
+                            "binding.set"
+                        },
+                        section: Some(section),
+                        target: Some(alias),
+                        outcome: "ok",
+                        detail: json!({ "kind": kind.as_str(), "grant": grant_id, "from": replaced }),
+                    },
+                )
+                .await?;
+            }
+            Ok(Bound {
+                alias: alias.to_string(),
+                destination: facts.destination,
+                replaced,
+                unchanged,
+            })
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// Returns `section` to local for `actor`; `Ok(None)` when it was local already.
+pub async fn release(
+    ctl: Ctl<'_>,
+    actor: Actor<'_>,
+    section: &str,
+) -> anyhow::Result<Result<Option<Binding>, Refusal>> {
+    let mut tx = ctl.db.begin().await?;
+    let current = binding::current(&mut tx, section, ctl.now).await?;
+    let out = match authz::authorize(
+        actor,
+        Act::Release {
+            current: current.as_ref(),
+        },
+    ) {
+        Err(r) => {
+            let alias = current.as_ref().map(|c| c.alias.as_str());
+            refuse(&mut tx, actor, "binding.release", Some(section), alias, &r).await?;
+            Err(r)
+        }
+        Ok(Permit::Allowed) => {
+            let b = current.expect("a release is allowed only of a binding");
+            binding::clear(&mut tx, section).await?;
+            audit::record_chat(
+                &mut tx,
+                audit::ChatEntry {
+                    actor: actor.name(),
+                    action: "binding.release",
+                    section: Some(section),
+                    target: Some(&b.alias),
+                    outcome: "ok",
+                    detail: json!({ "kind": b.kind.as_str(), "owner": b.owner }),
+                },
+            )
+            .await?;
+            Ok(Some(b))
+        }
+        Ok(_) => Ok(None),
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// `/ssh yolo on <alias>|all` in `section`.
+pub async fn grant_on(
+    ctl: Ctl<'_>,
+    actor: Actor<'_>,
+    section: &str,
+    chat_id: &str,
+    alias: Option<&str>,
+) -> anyhow::Result<Result<Grant, Refusal>> {
+    let mut tx = ctl.db.begin().await?;
+    binding::current(&mut tx, section, ctl.now).await?;
+    let facts = match alias {
+        Some(a) => allow::facts(&mut tx, a, chat_id).await?,
+        None => None,
+    };
+    let out = match authz::authorize(
+        actor,
+        Act::GrantOn {
+            alias,
+            target: facts.as_ref(),
+        },
+    ) {
+        Err(r) => {
+            refuse(&mut tx, actor, "grant.add", Some(section), alias, &r).await?;
+            Err(r)
+        }
+        Ok(_) => {
+            let ttl =
+                chrono::Duration::from_std(ctl.yolo_ttl).unwrap_or(chrono::Duration::hours(12));
+            let g = grant::open(&mut tx, section, alias, actor.name(), ctl.now, ttl).await?;
+            audit::record_chat(
+                &mut tx,
+                audit::ChatEntry {
+                    actor: actor.name(),
+                    action: "grant.add",
+                    section: Some(section),
+                    target: Some(alias.unwrap_or("*")),
+                    outcome: "ok",
+                    detail: json!({ "grant": g.id, "expires_at": g.expires_at }),
+                },
+            )
+            .await?;
+            Ok(g)
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// What `/ssh yolo off` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    pub grants: usize,
+    /// The model-made binding it returned to local.
+    pub released: Option<String>,
+}
+
+/// `/ssh yolo off` in `section`: closes its grants, and returns a model-made binding to local.
+pub async fn grant_off(
+    ctl: Ctl<'_>,
+    actor: Actor<'_>,
+    section: &str,
+) -> anyhow::Result<Result<Revoked, Refusal>> {
+    let mut tx = ctl.db.begin().await?;
+    let before = binding::current(&mut tx, section, ctl.now).await?;
+    let out = match authz::authorize(actor, Act::GrantOff) {
+        Err(r) => {
+            refuse(&mut tx, actor, "grant.revoke", Some(section), None, &r).await?;
+            Err(r)
+        }
+        Ok(_) => {
+            let ids = grant::revoke_all(&mut tx, section, actor.name(), ctl.now).await?;
+            audit::record_chat(
+                &mut tx,
+                audit::ChatEntry {
+                    actor: actor.name(),
+                    action: "grant.revoke",
+                    section: Some(section),
+                    target: None,
+                    outcome: "ok",
+                    detail: json!({ "grants": ids }),
+                },
+            )
+            .await?;
+            // The binding the model made under a grant just closed goes with it.
+            let after = binding::current(&mut tx, section, ctl.now).await?;
+            let released = match (before, after) {
+                (Some(b), None) => Some(b.alias),
+                _ => None,
+            };
+            Ok(Revoked {
+                grants: ids.len(),
+                released,
+            })
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// What `/ssh status` shows.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub binding: Option<Binding>,
+    /// The bound target as the registry shows it (no secrets).
+    pub target: Option<Target>,
+    pub grants: Vec<Grant>,
+}
+
+/// The section's state at `now` (releasing what expired, audited).
+pub async fn report(db: &PgPool, section: &str, now: DateTime<Utc>) -> anyhow::Result<Report> {
+    let mut tx = db.begin().await?;
+    let b = binding::current(&mut tx, section, now).await?;
+    let grants = grant::live(&mut tx, section, now).await?;
+    tx.commit().await?;
+    let target = match &b {
+        Some(b) => target::get(db, &b.alias).await.ok(),
+        None => None,
+    };
+    Ok(Report {
+        binding: b,
+        target,
+        grants,
+    })
+}
+
+/// Targets `chat_id` may see, any status (for `/ssh list` and refusals).
+pub async fn visible(db: &PgPool, chat_id: &str) -> anyhow::Result<Vec<Target>> {
+    Ok(allow::visible_in(db, chat_id).await?)
+}
+
+/// Completes a pending `/ssh use` from a parent chat: binds `thread_id` to the target recorded
+/// under its root message, unless the thread has a binding already. Idempotent.
+pub async fn complete_pending(
+    db: &PgPool,
+    now: DateTime<Utc>,
+    thread_id: &str,
+    root_message_id: &str,
+) -> anyhow::Result<Option<Binding>> {
+    let mut tx = db.begin().await?;
+    let Some(p) = binding::take_pending(&mut tx, root_message_id).await? else {
+        return Ok(None);
+    };
+    let current = binding::current(&mut tx, thread_id, now).await?;
+    let out = match current {
+        Some(b) => Some(b),
+        None => {
+            let b = Binding {
+                section: thread_id.to_string(),
+                alias: p.alias.clone(),
+                kind: Kind::Sticky,
+                owner: p.owner.clone(),
+                bound_at: now,
+                grant_id: None,
+            };
+            binding::set(&mut tx, &b).await?;
+            audit::record_chat(
+                &mut tx,
+                audit::ChatEntry {
+                    actor: &p.owner,
+                    action: "binding.set",
+                    section: Some(thread_id),
+                    target: Some(&p.alias),
+                    outcome: "ok",
+                    detail: json!({ "kind": "sticky", "chat": p.chat_id, "root": root_message_id }),
+                },
+            )
+            .await?;
+            Some(b)
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// An admin's decision on a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+impl Decision {
+    pub fn status(self) -> Status {
+        match self {
+            Decision::Approve => Status::Approved,
+            Decision::Reject => Status::Disabled,
+        }
+    }
+    pub fn word(self) -> &'static str {
+        match self {
+            Decision::Approve => "approved",
+            Decision::Reject => "rejected",
+        }
+    }
+}
+
+/// Approves or rejects `alias` for `actor` (a command in `section`, or a card click). The
+/// status change is audited by the registry in its transaction; the decision's context
+/// (section, outcome) and every refusal are audited here.
+pub async fn decide(
+    db: &PgPool,
+    actor: Actor<'_>,
+    alias: &str,
+    decision: Decision,
+    section: Option<&str>,
+) -> anyhow::Result<Result<Status, Refusal>> {
+    if let Err(r) = authz::authorize(actor, Act::Decide) {
+        let mut tx = db.begin().await?;
+        refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
+        tx.commit().await?;
+        return Ok(Err(r));
+    }
+    let prev = match target::set_status(db, alias, decision.status(), actor.name()).await {
+        Ok(prev) => prev,
+        Err(target::TargetError::NotFound(_)) => {
+            let r = Refusal::UnknownTarget(alias.to_string());
+            let mut tx = db.begin().await?;
+            refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
+            tx.commit().await?;
+            return Ok(Err(r));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut tx = db.begin().await?;
+    audit::record_chat(
+        &mut tx,
+        audit::ChatEntry {
+            actor: actor.name(),
+            action: "target.decide",
+            section,
+            target: Some(alias),
+            outcome: decision.word(),
+            detail: json!({ "from": prev.as_str() }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(prev))
+}

@@ -1,0 +1,231 @@
+//! The dispatcher: one received message in, its effects and its answer out. Commands are
+//! short and handled inline; anything for the agent is enqueued through [`AgentPort`]. Answers
+//! go through [`Reply`], so this never knows the platform.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use super::approval;
+use super::authz::Actor;
+use super::command::{self, Command, YoloScope};
+use super::control::{self, Ctl, Decision};
+use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnRequest};
+use super::{binding, render};
+use crate::clock::Clock;
+use crate::config::Config;
+
+/// What the dispatcher works with.
+#[derive(Clone)]
+pub struct Deps {
+    pub db: PgPool,
+    pub clock: Arc<dyn Clock>,
+    pub config: Arc<Config>,
+    pub agent: Arc<dyn AgentPort>,
+    pub admins: Arc<dyn AdminChannel>,
+}
+
+impl Deps {
+    fn ctl(&self) -> Ctl<'_> {
+        Ctl {
+            db: &self.db,
+            now: self.clock.now(),
+            yolo_ttl: self.config.chat.yolo_ttl,
+        }
+    }
+
+    fn actor<'a>(&self, open_id: &'a str) -> Actor<'a> {
+        Actor::User {
+            open_id,
+            admin: self.config.is_admin(open_id),
+        }
+    }
+}
+
+/// Handles one message. An error means "retry later"; answers are idempotent per purpose.
+pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow::Result<()> {
+    // A message in a thread opened by `/ssh use` may arrive before the reply's answer was
+    // processed: its root message names the pending binding.
+    if let (Some(thread), Some(root)) = (&msg.thread_id, &msg.root_id) {
+        control::complete_pending(&deps.db, deps.clock.now(), thread, root).await?;
+    }
+    let cmd = match command::parse(&msg.text) {
+        None if msg.addressed => {
+            let req = TurnRequest {
+                section: msg.section().to_string(),
+                chat_id: msg.chat_id.clone(),
+                message_id: msg.message_id.clone(),
+                sender_open_id: msg.sender.clone(),
+                text: msg.text.clone(),
+                in_thread: msg.thread_id.is_some(),
+            };
+            if let Some(text) = deps.agent.enqueue(&req).await? {
+                reply.answer(&text, "agent").await?;
+            }
+            return Ok(());
+        }
+        // A group message not addressed to the bot.
+        None => return Ok(()),
+        Some(Err(usage)) => return reply.answer(&usage.0, "usage").await,
+        Some(Ok(cmd)) => cmd,
+    };
+    let section = msg.section();
+    let actor = deps.actor(&msg.sender);
+    let text = match cmd {
+        Command::Help => command::help_text(),
+        Command::Stop => deps.agent.stop(section, &msg.sender).await?,
+        Command::Use { alias, here } if msg.thread_id.is_none() && !here => {
+            return open_bound_thread(deps, msg, reply, &alias).await;
+        }
+        Command::Use { alias, .. } => {
+            match control::bind(deps.ctl(), actor, section, &msg.chat_id, &alias).await? {
+                Ok(b) if b.unchanged => format!(
+                    "Already on `{}` ({}). Send /ssh local to return to local.",
+                    b.alias, b.destination
+                ),
+                Ok(b) => format!(
+                    "{} `{}` ({}){}. Send /ssh local to return to local.",
+                    if msg.thread_id.is_some() {
+                        "This thread now runs on"
+                    } else {
+                        "This chat now runs on"
+                    },
+                    b.alias,
+                    b.destination,
+                    b.replaced
+                        .map(|r| format!(", instead of `{r}`"))
+                        .unwrap_or_default()
+                ),
+                Err(r) => refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?,
+            }
+        }
+        Command::Local => match control::release(deps.ctl(), actor, section).await? {
+            Ok(Some(b)) => format!("Left `{}`. This thread runs locally again.", b.alias),
+            Ok(None) => "This thread already runs locally.".into(),
+            Err(r) => r.to_string(),
+        },
+        Command::Status => {
+            let now = deps.clock.now();
+            let r = control::report(&deps.db, section, now).await?;
+            let mut s = render::status(&r, now);
+            if let Some(line) = deps.agent.status_line(section).await {
+                s.push('\n');
+                s.push_str(&line);
+            }
+            s
+        }
+        Command::List => render::list(&control::visible(&deps.db, &msg.chat_id).await?),
+        Command::YoloOn { scope } => {
+            let alias = match &scope {
+                YoloScope::Target(a) => Some(a.as_str()),
+                YoloScope::All => None,
+            };
+            match control::grant_on(deps.ctl(), actor, section, &msg.chat_id, alias).await? {
+                Ok(g) => format!(
+                    "The model may now enter {} by itself in this thread, until {}. /ssh yolo off takes it back.",
+                    alias
+                        .map(|a| format!("`{a}`"))
+                        .unwrap_or_else(|| "any target approved for this chat".into()),
+                    g.expires_at.format("%Y-%m-%d %H:%M UTC")
+                ),
+                Err(r) => refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?,
+            }
+        }
+        Command::YoloOff => match control::grant_off(deps.ctl(), actor, section).await? {
+            Ok(r) => {
+                let mut s = format!(
+                    "The model may no longer enter targets by itself here ({} grant{} revoked).",
+                    r.grants,
+                    if r.grants == 1 { "" } else { "s" }
+                );
+                if let Some(a) = r.released {
+                    s.push_str(&format!(
+                        " It had entered `{a}`; this thread is local again."
+                    ));
+                }
+                s
+            }
+            Err(r) => r.to_string(),
+        },
+        Command::Approve { alias } => {
+            decide(deps, actor, &alias, Decision::Approve, Some(section)).await?
+        }
+        Command::Reject { alias } => {
+            decide(deps, actor, &alias, Decision::Reject, Some(section)).await?
+        }
+    };
+    reply.answer(&text, "reply").await
+}
+
+async fn decide(
+    deps: &Deps,
+    actor: Actor<'_>,
+    alias: &str,
+    decision: Decision,
+    section: Option<&str>,
+) -> anyhow::Result<String> {
+    Ok(
+        match control::decide(&deps.db, actor, alias, decision, section).await? {
+            Ok(_) => {
+                approval::update_cards(deps, alias).await?;
+                format!("Target `{alias}` is {}.", decision.word())
+            }
+            Err(r) => r.to_string(),
+        },
+    )
+}
+
+async fn refusal_with_list(deps: &Deps, chat_id: &str, why: &str) -> anyhow::Result<String> {
+    let targets = control::visible(&deps.db, chat_id).await?;
+    Ok(format!("{why} {}", render::available(&targets)))
+}
+
+/// `/ssh use <alias>` in a parent chat: checks, records a pending binding keyed by the user's
+/// message (the new thread's root), opens the thread with the answer, then binds the thread.
+async fn open_bound_thread(
+    deps: &Deps,
+    msg: &Incoming,
+    reply: &dyn Reply,
+    alias: &str,
+) -> anyhow::Result<()> {
+    let actor = deps.actor(&msg.sender);
+    let facts =
+        match control::check_use(deps.ctl(), actor, msg.section(), &msg.chat_id, alias).await? {
+            Ok(f) => f,
+            Err(r) => {
+                let text = refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?;
+                return reply.answer(&text, "reply").await;
+            }
+        };
+    let pending = binding::Pending {
+        root_message_id: msg.message_id.clone(),
+        chat_id: msg.chat_id.clone(),
+        alias: alias.to_string(),
+        owner: msg.sender.clone(),
+    };
+    binding::put_pending(&deps.db, &pending, deps.clock.now()).await?;
+    let text = format!(
+        "This thread runs on `{alias}` ({}). Talk to me here; send /ssh local to return to local.",
+        facts.destination
+    );
+    match reply.open_thread(&text, "thread").await {
+        Ok(Some(thread)) => {
+            control::complete_pending(&deps.db, deps.clock.now(), &thread, &msg.message_id).await?;
+            Ok(())
+        }
+        // The first event from the thread (its root_id) completes the binding.
+        Ok(None) => Ok(()),
+        Err(ThreadError::NotAllowed) => {
+            binding::drop_pending(&deps.db, &msg.message_id).await?;
+            reply
+                .answer(
+                    &format!(
+                        "This chat does not allow threads. Send `/ssh use {alias} --here` to bind this chat itself."
+                    ),
+                    "no-thread",
+                )
+                .await
+        }
+        Err(ThreadError::Other(e)) => Err(e),
+    }
+}

@@ -1,0 +1,138 @@
+//! The chat domain's edges: what it receives ([`Incoming`]), how it answers ([`Reply`]), how
+//! it reaches admins ([`AdminChannel`]) and the agent ([`AgentPort`]). Lark implements the
+//! first two in `lark::reply`; a terminal console can implement them too. Nothing here knows
+//! a platform.
+
+use async_trait::async_trait;
+
+/// A received chat message, as the domain sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    /// The inbox event it came from (idempotency of answers derives from it).
+    pub event_id: String,
+    pub message_id: String,
+    pub chat_id: String,
+    /// Present exactly when the message is in a thread.
+    pub thread_id: Option<String>,
+    /// The thread's root message, when the message is in a thread (or a quoted reply).
+    pub root_id: Option<String>,
+    pub sender: String,
+    /// The text with a leading @mention of the bot removed.
+    pub text: String,
+    /// Addressed to the bot: it mentions the bot, or the chat is a one-to-one chat.
+    pub addressed: bool,
+}
+
+impl Incoming {
+    /// The section: the thread, else the chat.
+    pub fn section(&self) -> &str {
+        self.thread_id.as_deref().unwrap_or(&self.chat_id)
+    }
+}
+
+/// Why a thread could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadError {
+    /// The chat does not allow threads (Lark 230071).
+    #[error("this chat does not allow threads")]
+    NotAllowed,
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// Answers one received message.
+#[async_trait]
+pub trait Reply: Send + Sync {
+    /// Answers in the message's place (its thread when it is in one). `purpose` makes the
+    /// answer idempotent: the same (message, purpose) is never posted twice.
+    async fn answer(&self, text: &str, purpose: &str) -> anyhow::Result<()>;
+    /// Answers by opening a thread on the message; returns the new thread's id when the
+    /// platform names it.
+    async fn open_thread(&self, text: &str, purpose: &str) -> Result<Option<String>, ThreadError>;
+}
+
+/// A target awaiting (or given) an admin's decision, as an approval card shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalView {
+    pub alias: String,
+    /// The target's generation (a removed and re-added alias is a new one).
+    pub generation: i64,
+    /// `user@host:port`.
+    pub destination: String,
+    pub added_by: String,
+    pub fingerprint: Option<String>,
+    /// Who decided, what, and when (RFC 3339), once decided.
+    pub decided: Option<(String, String, String)>,
+}
+
+/// Reaches admins one-to-one.
+#[async_trait]
+pub trait AdminChannel: Send + Sync {
+    /// Sends an approval card to an admin; returns the card message's id. `key` makes the
+    /// send idempotent.
+    async fn send_approval(
+        &self,
+        admin_open_id: &str,
+        view: &ApprovalView,
+        key: &str,
+    ) -> anyhow::Result<String>;
+    /// Rewrites a sent approval card in place.
+    async fn update_approval(&self, message_id: &str, view: &ApprovalView) -> anyhow::Result<()>;
+}
+
+/// A request for the agent, made from one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnRequest {
+    pub section: String,
+    pub chat_id: String,
+    pub message_id: String,
+    pub sender_open_id: String,
+    pub text: String,
+    pub in_thread: bool,
+}
+
+/// The agent, as the dispatcher reaches it: enqueue a turn, stop the running one. The turn
+/// runner implements it; [`NoAgent`] stands in until then.
+#[async_trait]
+pub trait AgentPort: Send + Sync {
+    /// Queues a turn for the message (idempotent on its message id). `Some(text)` is an answer
+    /// to send at once (e.g. no model configured); `None` when the agent answers later itself.
+    async fn enqueue(&self, req: &TurnRequest) -> anyhow::Result<Option<String>>;
+    /// Cancels the section's running turn; returns what to tell the user.
+    async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String>;
+    /// One line on running and queued turns for `/ssh status`, if there is anything to say.
+    async fn status_line(&self, _section: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The answer to an agent request while no model is configured (CONTRACT).
+pub const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
+Chat commands still work: send /help to see them.";
+/// The answer to an agent request until the agent exists.
+pub const AGENT_NOT_READY: &str = "The agent is not available yet. Send /help to see the commands.";
+/// The answer to `/stop` when no turn runs.
+pub const NOTHING_RUNNING: &str = "Nothing is running in this thread.";
+
+/// The stand-in agent: says that no model is configured, or that the agent is not there yet.
+pub struct NoAgent {
+    pub model_configured: bool,
+}
+
+#[async_trait]
+impl AgentPort for NoAgent {
+    async fn enqueue(&self, _req: &TurnRequest) -> anyhow::Result<Option<String>> {
+        Ok(Some(
+            if self.model_configured {
+                AGENT_NOT_READY
+            } else {
+                NO_MODEL
+            }
+            .to_string(),
+        ))
+    }
+
+    async fn stop(&self, _section: &str, _by: &str) -> anyhow::Result<String> {
+        Ok(NOTHING_RUNNING.to_string())
+    }
+}

@@ -1,0 +1,314 @@
+//! The chat domain on Lark: the inbox [`Handler`] that turns Lark events into the domain's
+//! messages and clicks, the [`Reply`] and [`AdminChannel`] that answer through the Open API,
+//! and the [`Triage`] the callback path asks (express lane, card toasts) without I/O.
+//! Never: decides what a message means (that is [`crate::chat`]).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use super::card;
+use super::client::{Content, LarkClient, LarkError, idempotency_key};
+use super::event::{self, CardAction, Message, MessageReceive};
+use super::webhook::Envelope;
+use crate::chat::approval::{self, Click};
+use crate::chat::{self, AdminChannel, ApprovalView, Deps, Incoming, Reply, ThreadError};
+use crate::config::Config;
+use crate::inbox::{Handler, InboxEvent};
+use crate::state::Triage;
+
+/// Lark refuses thread replies in this chat.
+const THREADS_NOT_ALLOWED: i64 = 230071;
+
+/// The inbox handler for Lark events.
+pub struct LarkHandler {
+    pub lark: Arc<LarkClient>,
+    pub deps: Deps,
+}
+
+#[async_trait]
+impl Handler for LarkHandler {
+    async fn handle(&self, ev: &InboxEvent) -> anyhow::Result<()> {
+        match ev.event_type.as_str() {
+            event::MESSAGE_RECEIVE => {
+                let Some(msg) = self.message(ev).await? else {
+                    return Ok(());
+                };
+                let retry = ev.attempts > 1;
+                log(
+                    &self.deps.db,
+                    &msg,
+                    retry,
+                    "message.received",
+                    json!({
+                        "event_id": msg.event_id, "message_id": msg.message_id,
+                        "chat_id": msg.chat_id, "thread_id": msg.thread_id,
+                        "sender": msg.sender_open_id, "text": msg.text,
+                        "mentions_bot": msg.mentions_bot,
+                    }),
+                )
+                .await?;
+                let reply = LarkReply {
+                    lark: self.lark.clone(),
+                    db: self.deps.db.clone(),
+                    msg: msg.clone(),
+                    retry,
+                };
+                chat::dispatch(&self.deps, &incoming(&msg), &reply).await
+            }
+            event::CARD_ACTION => {
+                let a = match CardAction::from_envelope(&ev.payload) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable card action; skipped");
+                        return Ok(());
+                    }
+                };
+                approval::apply_click(
+                    &self.deps,
+                    &Click {
+                        message_id: a.context.open_message_id,
+                        operator: a.operator.open_id,
+                        value: a.action.value,
+                    },
+                )
+                .await
+            }
+            other => {
+                tracing::debug!(lark.event_id = %ev.event_id, lark.event_type = %other, "event type not handled; skipped");
+                Ok(())
+            }
+        }
+    }
+
+    async fn dead_lettered(&self, ev: &InboxEvent, _error: &str) {
+        if ev.event_type != event::MESSAGE_RECEIVE {
+            return;
+        }
+        let told = async {
+            let Some(msg) = self.message(ev).await? else {
+                return anyhow::Ok(());
+            };
+            let reply = LarkReply {
+                lark: self.lark.clone(),
+                db: self.deps.db.clone(),
+                msg,
+                retry: true,
+            };
+            reply
+                .answer(
+                    "Sorry, I could not handle this message after several tries; it was set aside. Please send it again.",
+                    "dead-letter",
+                )
+                .await
+        }
+        .await;
+        if let Err(e) = told {
+            tracing::warn!(lark.event_id = %ev.event_id, error = format!("{e:#}"), "telling the user about a dead-lettered event failed");
+        }
+    }
+}
+
+impl LarkHandler {
+    /// The domain message of a message event; `None` for bots and unreadable bodies.
+    async fn message(&self, ev: &InboxEvent) -> anyhow::Result<Option<Message>> {
+        let received = match MessageReceive::from_envelope(&ev.payload) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable message event; skipped");
+                return Ok(None);
+            }
+        };
+        if received.from_bot() {
+            return Ok(None);
+        }
+        let bot = self
+            .lark
+            .bot_open_id()
+            .await
+            .context("looking up the bot's open_id")?;
+        Ok(Some(received.into_message(&ev.event_id, &bot)))
+    }
+}
+
+fn incoming(m: &Message) -> Incoming {
+    Incoming {
+        event_id: m.event_id.clone(),
+        message_id: m.message_id.clone(),
+        chat_id: m.chat_id.clone(),
+        thread_id: m.thread_id.clone(),
+        root_id: m.root_id.clone(),
+        sender: m.sender_open_id.clone(),
+        text: m.addressed_text.clone(),
+        addressed: m.mentions_bot || m.is_p2p(),
+    }
+}
+
+/// Answers one message through the Open API, and logs the answer in its section.
+pub struct LarkReply {
+    pub lark: Arc<LarkClient>,
+    pub db: PgPool,
+    pub msg: Message,
+    pub retry: bool,
+}
+
+impl LarkReply {
+    async fn send(
+        &self,
+        text: &str,
+        purpose: &str,
+        in_thread: bool,
+    ) -> Result<super::client::Sent, LarkError> {
+        let uuid = idempotency_key(&self.msg.event_id, purpose);
+        self.lark
+            .reply(
+                &self.msg.message_id,
+                &Content::Text(text.to_string()),
+                in_thread,
+                &uuid,
+                Some(&self.msg.chat_id),
+            )
+            .await
+    }
+
+    async fn logged(
+        &self,
+        text: &str,
+        purpose: &str,
+        sent: &super::client::Sent,
+    ) -> anyhow::Result<()> {
+        log(
+            &self.db,
+            &self.msg,
+            self.retry,
+            "bot.reply",
+            json!({
+                "event_id": self.msg.event_id, "purpose": purpose,
+                "message_id": sent.message_id, "in_reply_to": self.msg.message_id,
+                "thread_id": sent.thread_id, "text": text,
+            }),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl Reply for LarkReply {
+    async fn answer(&self, text: &str, purpose: &str) -> anyhow::Result<()> {
+        let sent = self
+            .send(text, purpose, self.msg.thread_id.is_some())
+            .await
+            .context("replying in Lark")?;
+        self.logged(text, purpose, &sent).await
+    }
+
+    async fn open_thread(&self, text: &str, purpose: &str) -> Result<Option<String>, ThreadError> {
+        match self.send(text, purpose, true).await {
+            Ok(sent) => {
+                self.logged(text, purpose, &sent).await?;
+                Ok(sent.thread_id)
+            }
+            Err(LarkError::Api { code, .. }) if code == THREADS_NOT_ALLOWED => {
+                Err(ThreadError::NotAllowed)
+            }
+            Err(e) => Err(ThreadError::Other(
+                anyhow::Error::new(e).context("opening a thread in Lark"),
+            )),
+        }
+    }
+}
+
+/// Approval cards to admins, one-to-one.
+pub struct LarkAdmins {
+    pub lark: Arc<LarkClient>,
+}
+
+#[async_trait]
+impl AdminChannel for LarkAdmins {
+    async fn send_approval(
+        &self,
+        admin_open_id: &str,
+        view: &ApprovalView,
+        key: &str,
+    ) -> anyhow::Result<String> {
+        let sent = self
+            .lark
+            .send_to_user(
+                admin_open_id,
+                &Content::Card(card::approval(view)),
+                &idempotency_key(key, "approval"),
+            )
+            .await
+            .context("sending an approval card")?;
+        Ok(sent.message_id)
+    }
+
+    async fn update_approval(&self, message_id: &str, view: &ApprovalView) -> anyhow::Result<()> {
+        self.lark
+            .edit(message_id, &Content::Card(card::approval(view)))
+            .await
+            .context("updating an approval card")?;
+        Ok(())
+    }
+}
+
+/// The callback path's questions, answered from the envelope and the config alone.
+pub struct LarkTriage {
+    pub config: Arc<Config>,
+}
+
+impl Triage for LarkTriage {
+    fn express(&self, env: &Envelope) -> bool {
+        match env.event_type.as_str() {
+            event::CARD_ACTION => true,
+            event::MESSAGE_RECEIVE => MessageReceive::from_envelope(&env.payload)
+                .is_ok_and(|m| chat::command::is_stop(&m.text_after_mentions())),
+            _ => false,
+        }
+    }
+
+    fn card_answer(&self, env: &Envelope) -> Value {
+        let Ok(a) = CardAction::from_envelope(&env.payload) else {
+            return json!({});
+        };
+        match approval::click_toast(self.config.is_admin(&a.operator.open_id), &a.action.value) {
+            Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
+            None => json!({}),
+        }
+    }
+}
+
+/// Appends to the message's section log. On a retry, an entry of the same kind for the same
+/// event is not written twice (the check scans one section, so it is done only on retries).
+async fn log(
+    db: &PgPool,
+    msg: &Message,
+    retry: bool,
+    kind: &str,
+    payload: Value,
+) -> anyhow::Result<()> {
+    if retry {
+        let seen: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM session_events
+             WHERE section_id = $1 AND kind = $2 AND payload->>'event_id' = $3
+               AND payload->>'purpose' IS NOT DISTINCT FROM $4)",
+        )
+        .bind(msg.section())
+        .bind(kind)
+        .bind(&msg.event_id)
+        .bind(payload.get("purpose").and_then(Value::as_str))
+        .fetch_one(db)
+        .await
+        .context("reading the event log")?;
+        if seen {
+            return Ok(());
+        }
+    }
+    crate::eventlog::append(db, msg.section(), kind, payload)
+        .await
+        .context("appending to the event log")?;
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Which chats may use a target: an optional allow-list per target. A target without one is
+//! usable in every chat. Changes are audited in the same transaction. Never: decides who may
+//! bind (that is `chat::authz`); it only answers facts.
+
+use serde_json::json;
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::{COLUMNS, Status, Target, TargetError, from_row};
+use crate::audit;
+
+/// Replaces the allow-list of `alias`: `Some(chats)` limits it to those chats, `None` opens it
+/// to every chat. Audited as `target.allow`.
+pub async fn set_allowed(
+    db: &PgPool,
+    alias: &str,
+    chats: Option<&[String]>,
+    actor: &str,
+) -> Result<(), TargetError> {
+    let mut tx = db.begin().await?;
+    let exists: Option<String> =
+        sqlx::query_scalar("SELECT alias FROM targets WHERE alias = $1 FOR UPDATE")
+            .bind(alias)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if exists.is_none() {
+        return Err(TargetError::NotFound(alias.to_string()));
+    }
+    if let Some(bad) = chats
+        .unwrap_or(&[])
+        .iter()
+        .find(|c| c.is_empty() || c.len() > 128 || c.chars().any(|ch| ch.is_whitespace()))
+    {
+        return Err(TargetError::Invalid(format!("`{bad}` is not a chat id")));
+    }
+    sqlx::query("DELETE FROM target_chats WHERE alias = $1")
+        .bind(alias)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(chats) = chats {
+        sqlx::query(
+            "INSERT INTO target_chats (alias, chat_id) SELECT $1, c FROM UNNEST($2::text[]) c
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(alias)
+        .bind(chats)
+        .execute(&mut *tx)
+        .await?;
+    }
+    audit::record_chat(
+        &mut tx,
+        audit::ChatEntry {
+            actor,
+            action: "target.allow",
+            section: None,
+            target: Some(alias),
+            outcome: "ok",
+            detail: json!({ "chats": chats }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The allow-list of `alias`; empty means every chat.
+pub async fn allowed_chats(db: &PgPool, alias: &str) -> Result<Vec<String>, TargetError> {
+    Ok(
+        sqlx::query_scalar("SELECT chat_id FROM target_chats WHERE alias = $1 ORDER BY chat_id")
+            .bind(alias)
+            .fetch_all(db)
+            .await?,
+    )
+}
+
+/// What authorisation needs to know of a target in one chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub alias: String,
+    pub status: Status,
+    /// The chat is on the allow-list, or there is none.
+    pub allowed_here: bool,
+    /// `user@host`, for answers.
+    pub destination: String,
+}
+
+/// Facts of `alias` for `chat_id`, or `None` when no such target exists.
+pub async fn facts(
+    conn: &mut PgConnection,
+    alias: &str,
+    chat_id: &str,
+) -> Result<Option<Facts>, TargetError> {
+    let row = sqlx::query(
+        "SELECT t.status, t.username, t.host,
+                (NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias)
+                 OR EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias AND c.chat_id = $2))
+                 AS allowed
+         FROM targets t WHERE t.alias = $1",
+    )
+    .bind(alias)
+    .bind(chat_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|r| Facts {
+        alias: alias.to_string(),
+        status: Status::parse(r.get("status")),
+        allowed_here: r.get("allowed"),
+        destination: format!(
+            "{}@{}",
+            r.get::<String, _>("username"),
+            r.get::<String, _>("host")
+        ),
+    }))
+}
+
+/// Targets `chat_id` may see (its allow-lists permit it), any status, by alias.
+pub async fn visible_in(db: &PgPool, chat_id: &str) -> Result<Vec<Target>, TargetError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM targets t
+         WHERE NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias)
+            OR EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias AND c.chat_id = $1)
+         ORDER BY alias"
+    ))
+    .bind(chat_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.iter().map(from_row).collect())
+}
