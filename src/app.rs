@@ -115,6 +115,7 @@ impl App {
             vault,
             metrics.clone(),
         )?);
+        exec.log_local_level();
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),

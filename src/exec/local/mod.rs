@@ -1,12 +1,18 @@
 //! The local backend: scripts run on the service's own machine, each in its own process
-//! group, starting in the section's workspace directory under `workspace_root`; on timeout or
-//! cancellation the whole group is signalled (TERM, then KILL) so children die too.
+//! group, starting in the section's workspace (`$SSHMODE_WORKSPACE_ROOT/sections/<section>`),
+//! with a clean environment, as the tools account when the service runs as root, inside a
+//! Landlock sandbox and under resource limits ([`sandbox`]). File operations open paths
+//! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
+//! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
+//! command's end the whole group is killed, so nothing it started outlives it.
 //!
-//! Never: reads another section's workspace on its own initiative, or waits unboundedly for
-//! output after a kill (a process that left the group may hold the pipe; we stop draining).
+//! Never: runs a local command or file operation when nothing isolates it and the operator did
+//! not opt in; passes the service's environment; reads another section's workspace; waits
+//! unboundedly for output after a kill (a process that left the group may hold the pipe).
 
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::PermissionsExt;
+pub mod files;
+pub mod sandbox;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -14,25 +20,71 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
+use crate::config::LocalConfig;
+use sandbox::{Level, Sandbox};
 
 /// Time between TERM and KILL of a timed-out process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long output is still drained after the group was killed.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+/// Longest a local file read or write may take (a slow or stuck file system).
+const FILE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Runs on this machine. Cheap; one per app.
-pub struct LocalBackend {
-    /// Parent of the per-section working directories.
+/// The machine's side of local execution, shared by every section: where workspaces live,
+/// the sandbox, and the cap on concurrent commands. One per app.
+pub struct LocalHost {
+    /// Parent of `sections/<section>` (and of shared workspaces).
     workspace_root: PathBuf,
+    /// Parent of each section's private temporary directory (`$SSHMODE_DATA_DIR/tmp`).
+    tmp_root: PathBuf,
+    /// Identity, Landlock and limits, as probed at start-up.
+    sandbox: Sandbox,
+    /// Local commands running at once (`SSHMODE_LOCAL_MAX_CONCURRENT`).
+    slots: Semaphore,
 }
 
-impl LocalBackend {
-    pub fn new(workspace_root: PathBuf) -> Self {
-        LocalBackend { workspace_root }
+impl LocalHost {
+    /// Probes the isolation this machine offers and prepares the data directory. Blocking.
+    pub fn new(workspace_root: PathBuf, config: &LocalConfig) -> anyhow::Result<Self> {
+        let tmp_root = config.data_dir.join("tmp");
+        let sandbox = Sandbox::probe(config, &workspace_root, &tmp_root)?;
+        let sections = workspace_root.join("sections");
+        std::fs::create_dir_all(&sections)?;
+        std::fs::set_permissions(
+            &sections,
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )?;
+        Ok(LocalHost {
+            workspace_root,
+            tmp_root,
+            sandbox,
+            slots: Semaphore::new(config.max_concurrent),
+        })
+    }
+
+    /// What is enforced on every local command (for the start-up log and `/readyz`).
+    pub fn level(&self) -> &Level {
+        self.sandbox.level()
+    }
+
+    /// Logs the isolation level (and warnings) once.
+    pub fn log_level(&self) {
+        self.sandbox.log();
+    }
+
+    /// The backend of one section: its workspace, its tmp.
+    pub fn for_section(self: &Arc<Self>, section: &str) -> LocalBackend {
+        let name = workspace_dir_name(section);
+        LocalBackend {
+            host: self.clone(),
+            workspace: self.workspace_root.join("sections").join(&name),
+            tmp: self.tmp_root.join(&name),
+        }
     }
 
     /// The shell scripts run under: bash where present (as on most SSH targets), else sh.
@@ -41,6 +93,41 @@ impl LocalBackend {
             "/bin/bash"
         } else {
             "/bin/sh"
+        }
+    }
+}
+
+/// One section's local backend: commands and files confined to its workspace and tmp.
+pub struct LocalBackend {
+    host: Arc<LocalHost>,
+    /// The section's workspace: `HOME`, the initial directory, writable.
+    workspace: PathBuf,
+    /// The section's private temporary directory (`TMPDIR`), writable.
+    tmp: PathBuf,
+}
+
+impl LocalBackend {
+    /// Refuses when nothing isolates local tools; creates the section's directories.
+    fn ready(&self) -> Result<(), ExecError> {
+        let sandbox = &self.host.sandbox;
+        sandbox
+            .check_allowed()
+            .map_err(|e| ExecError::Local(e.to_string()))?;
+        for dir in [&self.workspace, &self.tmp] {
+            sandbox
+                .own_dir(dir)
+                .map_err(|e| ExecError::Local(format!("cannot prepare {}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The roots a file tool may write beneath, then those it may only read beneath.
+    fn file_roots(&self) -> files::Roots {
+        files::Roots {
+            writable: vec![self.workspace.clone(), self.tmp.clone()],
+            readable: files::system_read_roots(),
+            excluded: self.host.sandbox.excluded().to_vec(),
+            identity: self.host.sandbox.identity().cloned(),
         }
     }
 }
@@ -58,7 +145,11 @@ pub fn workspace_dir_name(section: &str) -> String {
         })
         .take(128)
         .collect();
-    if s.is_empty() { "_".into() } else { s }
+    if s.is_empty() || s.starts_with('-') {
+        format!("_{s}")
+    } else {
+        s
+    }
 }
 
 #[async_trait]
@@ -72,17 +163,12 @@ impl Backend for LocalBackend {
     }
 
     async fn home(&self) -> Result<String, ExecError> {
-        std::env::home_dir()
-            .map(|p| p.display().to_string())
-            .ok_or_else(|| ExecError::Local("the service user has no home directory".into()))
+        Ok(self.workspace.display().to_string())
     }
 
-    async fn initial_dir(&self, section: &str) -> Result<String, ExecError> {
-        let dir = self.workspace_root.join(workspace_dir_name(section));
-        tokio::fs::create_dir_all(&dir).await.map_err(|e| {
-            ExecError::Local(format!("cannot create workspace {}: {e}", dir.display()))
-        })?;
-        Ok(dir.display().to_string())
+    async fn initial_dir(&self, _section: &str) -> Result<String, ExecError> {
+        self.ready()?;
+        Ok(self.workspace.display().to_string())
     }
 
     async fn exec(
@@ -90,9 +176,29 @@ impl Backend for LocalBackend {
         cmd: Command<'_>,
         cancel: &CancellationToken,
     ) -> Result<Output, ExecError> {
-        let mut child = tokio::process::Command::new(Self::shell())
+        self.ready()?;
+        let sandbox = &self.host.sandbox;
+        // A bounded wait for a slot: the command's own timeout.
+        let _slot = tokio::select! {
+            permit = self.host.slots.acquire() => permit.map_err(|_| ExecError::Local("local execution is shut down".into()))?,
+            _ = tokio::time::sleep(cmd.timeout) => return Err(ExecError::Local(
+                "too many local commands are running; try again shortly".into())),
+            _ = cancel.cancelled() => return Ok(Output {
+                stdout: Vec::new(), stderr: Vec::new(), stdout_omitted: 0, stderr_omitted: 0,
+                exit: Exit::Cancelled,
+            }),
+        };
+        let prepared = sandbox
+            .prepare(&self.workspace, &self.tmp)
+            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let shell = LocalHost::shell();
+        let mut command = tokio::process::Command::new(shell);
+        command
             .arg("-c")
             .arg(cmd.script)
+            .env_clear()
+            .envs(sandbox.environment(&self.workspace, &self.tmp, shell))
+            .current_dir(&self.workspace)
             .stdin(if cmd.stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -101,9 +207,12 @@ impl Backend for LocalBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| ExecError::Local(format!("cannot start a shell: {e}")))?;
+            .kill_on_drop(true);
+        prepared.apply(&mut command);
+        let spawned = command.spawn();
+        drop(prepared);
+        let mut child =
+            spawned.map_err(|e| ExecError::Local(format!("cannot start a shell: {e}")))?;
         let pgid = child.id().map(|p| p as i32);
         // If the caller drops this future instead of cancelling, the group dies with it.
         let mut group = GroupGuard(pgid);
@@ -164,8 +273,11 @@ impl Backend for LocalBackend {
         if let Some(t) = stdin_task {
             t.abort();
         }
-        // The command finished: what it left running in the background on purpose (output
-        // redirected away) is its own business.
+        // The command finished: nothing it started in its group outlives it.
+        if let Some(pgid) = pgid {
+            // SAFETY: signalling a process group id we created; no memory involved.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
         group.0 = None;
         let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
         let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
@@ -179,84 +291,35 @@ impl Backend for LocalBackend {
     }
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
+        self.ready()?;
+        let roots = self.file_roots();
         let path = path.to_string();
-        tokio::task::spawn_blocking(move || {
-            let mut file = std::fs::File::open(&path).map_err(|e| io_err(&path, e))?;
-            let meta = file.metadata().map_err(|e| io_err(&path, e))?;
-            if meta.is_dir() {
-                return Err(ExecError::File(format!("{path}: is a directory")));
-            }
-            file.seek(SeekFrom::Start(offset))
-                .map_err(|e| io_err(&path, e))?;
-            let mut data = Vec::new();
-            file.take(len)
-                .read_to_end(&mut data)
-                .map_err(|e| io_err(&path, e))?;
-            Ok(FileBytes {
-                data,
-                size: meta.len(),
-            })
+        blocking_file_op(&path.clone(), move || {
+            files::read(&roots, &path, offset, len)
         })
         .await
-        .map_err(|e| ExecError::Local(format!("file task failed: {e}")))?
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
+        self.ready()?;
+        let roots = self.file_roots();
         let path = path.to_string();
         let data = data.to_vec();
-        tokio::task::spawn_blocking(move || write_atomic(&path, &data))
-            .await
-            .map_err(|e| ExecError::Local(format!("file task failed: {e}")))?
+        blocking_file_op(&path.clone(), move || files::write(&roots, &path, &data)).await
     }
 }
 
-/// Temp file in the target's directory, fsync, keep the old mode, rename over.
-fn write_atomic(path: &str, data: &[u8]) -> Result<(), ExecError> {
-    // Writing through a symlink replaces the file it points to, as an editor would.
-    let target = std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path));
-    let parent = target
-        .parent()
-        .ok_or_else(|| ExecError::Invalid(format!("{path}: not a file path")))?;
-    std::fs::create_dir_all(parent).map_err(|e| io_err(&parent.display().to_string(), e))?;
-    let mode = std::fs::metadata(&target).ok().map(|m| {
-        if m.is_dir() {
-            Err(ExecError::File(format!("{path}: is a directory")))
-        } else {
-            Ok(m.permissions().mode())
-        }
-    });
-    let mode = mode.transpose()?;
-    let file_name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = parent.join(format!(
-        ".{file_name}.sshmode-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        if let Some(mode) = mode {
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        }
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io_err(path, e));
-    }
-    Ok(())
-}
-
-fn io_err(path: &str, e: std::io::Error) -> ExecError {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => ExecError::NotFound(path.to_string()),
-        _ => ExecError::File(format!("{path}: {e}")),
+/// Runs a file operation on the blocking pool, bounded by [`FILE_TIMEOUT`]: a stuck file
+/// system costs the caller at most that long.
+async fn blocking_file_op<T: Send + 'static>(
+    path: &str,
+    op: impl FnOnce() -> Result<T, ExecError> + Send + 'static,
+) -> Result<T, ExecError> {
+    match tokio::time::timeout(FILE_TIMEOUT, tokio::task::spawn_blocking(op)).await {
+        Ok(joined) => joined.map_err(|e| ExecError::Local(format!("file task failed: {e}")))?,
+        Err(_) => Err(ExecError::File(format!(
+            "{path}: the file operation did not finish within {FILE_TIMEOUT:?}"
+        ))),
     }
 }
 
