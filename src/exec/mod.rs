@@ -255,6 +255,17 @@ impl Executors {
         )
     }
 
+    /// The local operations of `section` working in `workspace` (a shared workspace below the
+    /// workspace root, as `/workspace set` chooses); the sandbox grants that directory.
+    pub fn local_ops_in(
+        &self,
+        section: &str,
+        workspace: &std::path::Path,
+    ) -> Result<ops::Ops, ExecError> {
+        let backend = self.local.for_section_in(section, workspace)?;
+        Ok(self.ops(section, Arc::new(backend)))
+    }
+
     /// Both together: `ops(section, backend(place)?)`.
     pub async fn ops_for(&self, section: &str, place: &Place) -> Result<ops::Ops, ExecError> {
         let backend = self.backend(section, place).await?;

@@ -21,6 +21,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use std::time::Duration;
+
 use anyhow::{Context, bail};
 use sqlx::postgres::PgConnectOptions;
 
@@ -33,7 +35,7 @@ const MAX_SOCKET_PATH: usize = 107;
 /// `pg_ctl start/stop -t`.
 const PG_CTL_WAIT_SECS: &str = "60";
 /// Longest wait for `pg.lock` (another command starting or stopping the cluster).
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+const LOCK_WAIT: Duration = Duration::from_secs(120);
 /// The file holding the service role's password, in the data directory.
 const PASSWORD_FILE: &str = "pg.password";
 
@@ -386,7 +388,7 @@ fn lock(parent: &Path) -> anyhow::Result<File> {
     lock_within(parent, LOCK_WAIT)
 }
 
-fn lock_within(parent: &Path, wait: std::time::Duration) -> anyhow::Result<File> {
+fn lock_within(parent: &Path, wait: Duration) -> anyhow::Result<File> {
     let path = parent.join("pg.lock");
     let file = OpenOptions::new()
         .create(true)
@@ -396,13 +398,13 @@ fn lock_within(parent: &Path, wait: std::time::Duration) -> anyhow::Result<File>
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
     let deadline = std::time::Instant::now() + wait;
-    let mut pause = std::time::Duration::from_millis(10);
+    let mut pause = Duration::from_millis(10);
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(file),
             Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
             Err(fs::TryLockError::WouldBlock) => bail!(
                 "{} is held by another sshmode command for more than {wait:?} (starting or \
@@ -585,4 +587,50 @@ fn check_reachable(data_dir: &Path, account: &Account) -> anyhow::Result<()> {
 fn chown(path: &Path, a: &Account) -> anyhow::Result<()> {
     std::os::unix::fs::chown(path, Some(a.uid), Some(a.gid))
         .with_context(|| format!("cannot hand {} to the `{}` account", path.display(), a.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_is_waited_for_a_bounded_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock_within(dir.path(), Duration::from_secs(1)).unwrap();
+        let started = std::time::Instant::now();
+        let e = lock_within(dir.path(), Duration::from_millis(300)).expect_err("the lock is held");
+        assert!(e.to_string().contains("held by another"), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        drop(held);
+        lock_within(dir.path(), Duration::from_millis(300)).expect("free again");
+    }
+
+    #[test]
+    fn the_password_file_is_private_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = password(dir.path()).unwrap();
+        let mode = fs::metadata(dir.path().join(PASSWORD_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(first.len(), 48);
+        assert_eq!(*password(dir.path()).unwrap(), *first);
+    }
+
+    #[test]
+    fn a_lost_password_of_a_scram_cluster_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("pg")).unwrap();
+        fs::write(dir.path().join("pg/PG_VERSION"), "15\n").unwrap();
+        fs::write(
+            dir.path().join("pg/pg_hba.conf"),
+            "# trust is not used\nlocal all all scram-sha-256\n",
+        )
+        .unwrap();
+        let e = password(dir.path()).expect_err("refused").to_string();
+        assert!(e.contains("pg.password"), "{e}");
+        fs::write(dir.path().join("pg/pg_hba.conf"), "local all all trust\n").unwrap();
+        password(dir.path()).expect("an old trusting cluster gets a password");
+    }
 }

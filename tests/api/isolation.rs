@@ -431,7 +431,7 @@ async fn without_sandboxing_local_tools_are_refused_unless_opted_in() {
             );
             let _ = read;
         } else {
-            let e = ran.err().expect("refused").to_string();
+            let e = ran.expect_err("refused").to_string();
             assert!(e.contains("SSHMODE_LOCAL_UNSANDBOXED"), "{e}");
             assert!(read.is_err() && wrote.is_err());
             assert!(
@@ -527,8 +527,7 @@ async fn the_embedded_cluster_needs_its_password() {
         .database("sshmode");
     let e = sqlx::ConnectOptions::connect(&no_pw)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(e.to_string().contains("password"), "{e}");
 
     // A tool: psql and a raw socket connect.
@@ -680,4 +679,47 @@ async fn tcp_connects_are_limited_to_the_listed_ports() {
     )
     .await;
     assert_eq!(text(&r.output.stdout), format!("{p}\n"), "{r:?}");
+}
+
+/// A section working in a shared workspace is granted that directory, and never another
+/// section's own workspace.
+#[tokio::test]
+async fn a_shared_workspace_is_granted_instead_of_the_own_one() {
+    let app = TestApp::spawn().await;
+    let exec = &app.state.exec;
+    let root = app.state.config.exec.workspace_root.clone();
+    let shared = root.join("team");
+    let a = exec.local_ops_in("omt_sh_a", &shared).unwrap();
+    let b = exec.local_ops_in("omt_sh_b", &shared).unwrap();
+    let r = run(&a, "echo from-a > shared.txt; pwd").await;
+    assert_eq!(
+        text(&r.output.stdout),
+        format!("{}\n", shared.display()),
+        "{r:?}"
+    );
+    let r = run(&b, "cat shared.txt").await;
+    assert_eq!(text(&r.output.stdout), "from-a\n", "{r:?}");
+    // The section's own workspace is not granted while it works elsewhere.
+    let own = exec.ops_for("omt_sh_a", &Place::Local).await.unwrap();
+    own.write_file("~/mine", b"x").await.unwrap();
+    let own_dir = own.backend().home().await.unwrap();
+    let r = run(&a, &format!("cat {own_dir}/mine")).await;
+    assert!(
+        r.output.stdout.is_empty() && !r.output.exit.success(),
+        "{r:?}"
+    );
+    assert!(a.read_bytes(&format!("{own_dir}/mine")).await.is_err());
+    for bad in [
+        root.clone(),
+        root.join("sections"),
+        root.join("sections/omt_sh_a"),
+        root.join("team/../sections/omt_sh_a"),
+        std::path::PathBuf::from("/etc"),
+    ] {
+        assert!(
+            exec.local_ops_in("omt_sh_b", &bad).is_err(),
+            "{}",
+            bad.display()
+        );
+    }
 }

@@ -103,15 +103,8 @@ pub fn read(roots: &Roots, path: &str, offset: u64, len: u64) -> Result<FileByte
 /// an existing file's mode.
 pub fn write(roots: &Roots, path: &str, data: &[u8]) -> Result<(), ExecError> {
     let (root, rel) = locate(roots, path, true)?;
-    let name = match rel.file_name() {
-        Some(n)
-            if rel
-                .components()
-                .last()
-                .is_some_and(|c| matches!(c, Component::Normal(_))) =>
-        {
-            n.to_os_string()
-        }
+    let name = match rel.components().next_back() {
+        Some(Component::Normal(n)) => n.to_os_string(),
         _ => return Err(ExecError::Invalid(format!("{path}: not a file path"))),
     };
     let root_fd = open_root(&root).map_err(|e| io_err(path, e))?;

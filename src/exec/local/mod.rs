@@ -87,6 +87,38 @@ impl LocalHost {
         }
     }
 
+    /// The backend of a section that works in `workspace`, a directory beneath the workspace
+    /// root (a shared workspace); the sandbox then grants that directory, not the section's own.
+    pub fn for_section_in(
+        self: &Arc<Self>,
+        section: &str,
+        workspace: &Path,
+    ) -> Result<LocalBackend, ExecError> {
+        let beneath = workspace.is_absolute()
+            && workspace.starts_with(&self.workspace_root)
+            && workspace != self.workspace_root
+            && workspace != self.workspace_root.join("sections")
+            && workspace.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::RootDir
+                )
+            });
+        let mut backend = self.for_section(section);
+        // Another section's own workspace is never shared.
+        let foreign = workspace.starts_with(self.workspace_root.join("sections"))
+            && !workspace.starts_with(&backend.workspace);
+        if !beneath || foreign {
+            return Err(ExecError::Invalid(format!(
+                "{}: a local workspace must be a directory below {}, outside other sections' own",
+                workspace.display(),
+                self.workspace_root.display()
+            )));
+        }
+        backend.workspace = workspace.to_path_buf();
+        Ok(backend)
+    }
+
     /// The shell scripts run under: bash where present (as on most SSH targets), else sh.
     fn shell() -> &'static str {
         if Path::new("/bin/bash").exists() {

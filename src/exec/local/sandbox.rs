@@ -212,7 +212,14 @@ impl Sandbox {
             } else {
                 tracing::warn!("{}", SandboxError::Disabled);
             }
-        } else if !self.level.separate_uid {
+        }
+        if self.config.tcp_ports.is_some() && self.level.landlock_abi.is_none_or(|v| v < 4) {
+            tracing::warn!(
+                "SSHMODE_LOCAL_TCP_PORTS needs Landlock V4 (Linux 6.7); this kernel does not \
+                 filter ports, so local commands may connect anywhere"
+            );
+        }
+        if self.level.is_enforced() && !self.level.separate_uid {
             tracing::warn!(
                 "local tools share the service's account (it does not run as root): Landlock \
                  alone is a weaker boundary; see README, \"Local tool isolation\""
@@ -481,13 +488,12 @@ impl Prepared {
                         libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
                     }
                 }
-                if let Some((uid, gid, groups)) = &identity {
-                    if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                if let Some((uid, gid, groups)) = &identity
+                    && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                         || libc::setgid(*gid) != 0
-                        || libc::setuid(*uid) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                        || libc::setuid(*uid) != 0)
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 if let Some(fd) = fd {
                     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
