@@ -277,6 +277,12 @@ impl Backend for LocalBackend {
             Ok(status) => {
                 let status =
                     status.map_err(|e| ExecError::Local(format!("waiting for the shell: {e}")))?;
+                // The command ended: what it left running in its group goes with it (and lets
+                // go of the pipes at once).
+                if let Some(pgid) = pgid {
+                    // SAFETY: signalling a process group id we created; no memory involved.
+                    unsafe { libc::killpg(pgid, libc::SIGKILL) };
+                }
                 exit_of(status)
             }
             Err(why) => {
@@ -286,8 +292,7 @@ impl Backend for LocalBackend {
                 why
             }
         };
-        // Children that outlive the shell inside its group keep the pipes open: bounded wait,
-        // then they are killed too.
+        // A process that left the group (setsid) may still hold the pipes: bounded wait.
         let collect = async { ((&mut out_task).await, (&mut err_task).await) };
         if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
             .await

@@ -234,17 +234,24 @@ impl Sandbox {
         let data = &self.config.data_dir;
         std::fs::create_dir_all(data)
             .with_context(|| format!("cannot create {}", data.display()))?;
-        set_mode(data, 0o711)?;
+        // A path the service may not chmod (someone else's) is reported, not fatal: the
+        // sandbox does not rely on modes, the tools account does.
+        let warn = |r: anyhow::Result<()>| {
+            if let Err(e) = r {
+                tracing::warn!(error = %format!("{e:#}"), "could not tighten a permission");
+            }
+        };
+        warn(set_mode(data, 0o711));
         for entry in std::fs::read_dir(data)?.flatten() {
             let path = entry.path();
             if path == workspace_root || path == tmp_root {
                 continue;
             }
-            tighten(&path)?;
+            warn(tighten(&path));
         }
         for file in &self.config.protected {
             if file.exists() {
-                tighten(file)?;
+                warn(tighten(file));
             }
         }
         for dir in [workspace_root, tmp_root] {
