@@ -109,15 +109,16 @@ async fn run() {
             samples[i].push(once(b).await);
         }
     }
-    println!("| isolation (level reported) | runs | median | p99 | added (median) |");
-    println!("|---|---|---|---|---|");
+    println!("| isolation (level reported) | runs | median | p99 | added: median | added: p99 |");
+    println!("|---|---|---|---|---|---|");
     let mut base = None;
     for ((level, _), s) in cases.iter().zip(samples.iter_mut()) {
         let (med, p99) = stats(s);
-        let base_med = *base.get_or_insert(med);
+        let (base_med, base_p99) = *base.get_or_insert((med, p99));
         println!(
-            "| `{level}` | {RUNS} | {med:.3} ms | {p99:.3} ms | {:+.3} ms |",
-            med - base_med
+            "| `{level}` | {RUNS} | {med:.3} ms | {p99:.3} ms | {:+.3} ms | {:+.3} ms |",
+            med - base_med,
+            p99 - base_p99
         );
     }
 }

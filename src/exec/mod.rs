@@ -5,7 +5,8 @@
 //! A backend offers a handful of primitives (run a script, read bytes, write bytes atomically,
 //! the user's home); everything a tool needs is built from them in [`ops`], so local and remote
 //! behave alike. Paths handed to a backend are absolute and already resolved *on that backend's
-//! host* — `~` is the backend user's home, never the service's.
+//! host* — `~` is the backend user's home (locally: the section's workspace), never the
+//! service's.
 //!
 //! Never: knows chats, models or bindings; falls back from a remote backend to the local one.
 //! [`Executors::backend`] returns the backend a place names or an error — there is no path
