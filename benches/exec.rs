@@ -155,7 +155,10 @@ async fn run() {
     let before = rss_kib();
     let mut held = Vec::new();
     for i in 0..20 {
-        let b = exec.backend(&Place::Target(format!("t{i}"))).await.unwrap();
+        let b = exec
+            .backend("bench", &Place::Target(format!("t{i}")))
+            .await
+            .unwrap();
         b.exec(cmd("true"), &never).await.unwrap();
         held.push(b);
     }
@@ -168,7 +171,10 @@ async fn run() {
         after.saturating_sub(before)
     );
 
-    let backend = exec.backend(&Place::Target("t0".into())).await.unwrap();
+    let backend = exec
+        .backend("bench", &Place::Target("t0".into()))
+        .await
+        .unwrap();
     println!(
         "\n## Round trip of `true` (loopback sshd, user {})\n",
         sshd::USER

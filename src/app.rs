@@ -103,6 +103,7 @@ impl App {
             metrics.clone(),
             tasks.clone(),
         )?);
+        exec.log_local_level();
         let config = Arc::new(config);
         let agent: Arc<dyn crate::chat::AgentPort> = Arc::new(NoAgent {
             model_configured: llm.is_some(),

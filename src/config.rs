@@ -184,6 +184,8 @@ pub struct ExecConfig {
     pub workspace_root: PathBuf,
     /// `SSH_AUTH_SOCK`: the ssh-agent used by targets added with `--agent`.
     pub ssh_auth_sock: Option<PathBuf>,
+    /// How local tools are isolated from the service (see [`LocalConfig`]).
+    pub local: LocalConfig,
 }
 
 /// Router tunables.
@@ -197,6 +199,145 @@ pub struct RouterTunables {
     pub rate_cooldown: Duration,
     /// `SSHMODE_PROBE_INTERVAL_SECS`: how often cooling entries are probed.
     pub probe_interval: Duration,
+}
+
+// --- Local tool isolation (`exec::local`) ---------------------------------------------------------
+
+/// How local tools are kept away from the service: the account they run as, the sandbox, and
+/// the limits of each command.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// `SSHMODE_LOCAL_USER`: the account local commands run as when the service runs as root.
+    pub user: String,
+    /// `SSHMODE_LOCAL_UNSANDBOXED`: allow local tools with neither a separate identity nor an
+    /// enforced Landlock sandbox (warned at every start).
+    pub unsandboxed: bool,
+    /// `SSHMODE_LOCAL_TCP_PORTS`: when set (Landlock V4+), the only TCP ports a local command
+    /// may connect to; binding is then refused. Unset: the network is not filtered.
+    pub tcp_ports: Option<Vec<u16>>,
+    /// `SSHMODE_LOCAL_MAX_CONCURRENT`: local commands running at once; more wait.
+    pub max_concurrent: usize,
+    /// `SSHMODE_LOCAL_MAX_PROCS`: processes of the tools account (`RLIMIT_NPROC`).
+    pub max_processes: u64,
+    /// `SSHMODE_LOCAL_CPU_SECS`: CPU seconds per process (`RLIMIT_CPU`).
+    pub cpu_secs: u64,
+    /// `SSHMODE_LOCAL_MEMORY_MB`: address space per process (`RLIMIT_AS`); 0 = unlimited.
+    pub address_space_mb: u64,
+    /// `SSHMODE_LOCAL_OPEN_FILES`: open files per process (`RLIMIT_NOFILE`).
+    pub open_files: u64,
+    /// The data directory: never reachable by a tool (only its workspace and tmp parts).
+    pub data_dir: PathBuf,
+    /// Files of the service a tool must never read: the master key, `.env` (when present in
+    /// the working directory), the router file, the guard file.
+    pub protected: Vec<PathBuf>,
+    /// `LANG`, `LC_*`, `TZ`, `TERM` as the service has them: the only variables passed on.
+    pub passthrough_env: Vec<(String, String)>,
+    /// Tests only: behave as if neither a separate identity nor Landlock were available.
+    #[doc(hidden)]
+    pub simulate_no_sandbox: bool,
+    /// Tests and benchmarks only: behave as a service not running as root (no tools account).
+    #[doc(hidden)]
+    pub simulate_non_root: bool,
+}
+
+impl LocalConfig {
+    fn from_vars(
+        get: &dyn Fn(&str) -> Option<String>,
+        cwd: &Path,
+        data_dir: &Path,
+        master_key_file: &Path,
+    ) -> Result<Self, ConfigError> {
+        let var = |name: &'static str| get(name).filter(|v| !v.trim().is_empty());
+        let tcp_ports = match var("SSHMODE_LOCAL_TCP_PORTS") {
+            None => None,
+            Some(list) => Some(
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| {
+                        p.parse::<u16>().map_err(|e| ConfigError::Invalid {
+                            name: "SSHMODE_LOCAL_TCP_PORTS",
+                            reason: format!("`{p}`: {e}"),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let user = var("SSHMODE_LOCAL_USER").unwrap_or_else(|| "sshmode-tools".into());
+        if !user
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            || user.starts_with('-')
+            || user.len() > 32
+        {
+            return Err(ConfigError::Invalid {
+                name: "SSHMODE_LOCAL_USER",
+                reason: format!("`{user}` is not a valid account name"),
+            });
+        }
+        let positive = |name: &'static str, default: u64| -> Result<u64, ConfigError> {
+            let n: u64 = parse_or(name, var(name), default)?;
+            if n == 0 {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: "must be greater than 0".into(),
+                });
+            }
+            Ok(n)
+        };
+        let abs = |p: String| {
+            let p = PathBuf::from(p);
+            normalize(&if p.is_absolute() { p } else { cwd.join(p) })
+        };
+        let mut protected = vec![master_key_file.to_path_buf()];
+        if cwd.join(".env").is_file() {
+            protected.push(cwd.join(".env"));
+        }
+        protected.extend(var("SSHMODE_ROUTER_CONFIG").map(abs));
+        protected.extend(var("SSHMODE_GUARD_EXTRA_FILE").map(abs));
+        let mut passthrough_env = Vec::new();
+        for name in ["LANG", "LANGUAGE", "TZ", "TERM"] {
+            if let Some(v) = get(name) {
+                passthrough_env.push((name.to_string(), v));
+            }
+        }
+        for name in [
+            "LC_ALL",
+            "LC_CTYPE",
+            "LC_COLLATE",
+            "LC_MESSAGES",
+            "LC_MONETARY",
+            "LC_NUMERIC",
+            "LC_TIME",
+        ] {
+            if let Some(v) = get(name) {
+                passthrough_env.push((name.to_string(), v));
+            }
+        }
+        Ok(LocalConfig {
+            user,
+            unsandboxed: parse_or(
+                "SSHMODE_LOCAL_UNSANDBOXED",
+                var("SSHMODE_LOCAL_UNSANDBOXED"),
+                false,
+            )?,
+            tcp_ports,
+            max_concurrent: positive("SSHMODE_LOCAL_MAX_CONCURRENT", 8)? as usize,
+            max_processes: positive("SSHMODE_LOCAL_MAX_PROCS", 256)?,
+            cpu_secs: positive("SSHMODE_LOCAL_CPU_SECS", 600)?,
+            address_space_mb: parse_or(
+                "SSHMODE_LOCAL_MEMORY_MB",
+                var("SSHMODE_LOCAL_MEMORY_MB"),
+                4096,
+            )?,
+            open_files: positive("SSHMODE_LOCAL_OPEN_FILES", 1024)?,
+            data_dir: data_dir.to_path_buf(),
+            protected,
+            passthrough_env,
+            simulate_no_sandbox: false,
+            simulate_non_root: false,
+        })
+    }
 }
 
 impl Config {
@@ -398,6 +539,7 @@ impl Config {
                 .map(|p| normalize(&abs(p)))
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             ssh_auth_sock: var("SSH_AUTH_SOCK").map(|p| normalize(&abs(p))),
+            local: LocalConfig::from_vars(get, cwd, &data_dir, &master_key_file)?,
         };
         let router = RouterTunables {
             request_timeout: secs("SSHMODE_LLM_TIMEOUT_SECS", 120)?,

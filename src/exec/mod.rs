@@ -5,7 +5,8 @@
 //! A backend offers a handful of primitives (run a script, read bytes, write bytes atomically,
 //! the user's home); everything a tool needs is built from them in [`ops`], so local and remote
 //! behave alike. Paths handed to a backend are absolute and already resolved *on that backend's
-//! host* — `~` is the backend user's home, never the service's.
+//! host* — `~` is the backend user's home (locally: the section's workspace), never the
+//! service's.
 //!
 //! Never: knows chats, models or bindings; falls back from a remote backend to the local one.
 //! [`Executors::backend`] returns the backend a place names or an error — there is no path
@@ -171,8 +172,8 @@ const MAX_CWDS: usize = 10_000;
 pub struct Executors {
     /// Tunables (timeouts, limits, workspace root).
     config: ExecConfig,
-    /// The local backend (it is stateless apart from its workspace root).
-    local: Arc<local::LocalBackend>,
+    /// Local execution: workspaces, the sandbox, the cap on concurrent commands.
+    local: Arc<local::LocalHost>,
     /// Every SSH connection of the app, keyed by target alias, shared by all sections.
     pub ssh: Arc<ssh::SshPool>,
     /// The command guard applied by [`ops`] to every shell command a tool runs.
@@ -210,7 +211,10 @@ impl Executors {
             .map_err(|e| anyhow::anyhow!("command guard: {e}"))?;
         Ok(Executors {
             config: config.clone(),
-            local: Arc::new(local::LocalBackend::new(config.workspace_root.clone())),
+            local: Arc::new(local::LocalHost::new(
+                config.workspace_root.clone(),
+                &config.local,
+            )?),
             ssh: Arc::new(ssh::SshPool::new(
                 config.clone(),
                 db,
@@ -224,12 +228,27 @@ impl Executors {
         })
     }
 
-    /// The backend a place names. For a target this checks that it exists and is approved;
-    /// the connection itself is made (or reused) when the first operation runs. An error here
-    /// or later is the caller's answer: nothing falls back to local.
-    pub async fn backend(&self, place: &Place) -> Result<Arc<dyn Backend>, ExecError> {
+    /// What isolates local tools here (`separate-uid+landlock-v7`, …, `none`).
+    pub fn local_level(&self) -> &local::sandbox::Level {
+        self.local.level()
+    }
+
+    /// Logs the local isolation level, with a warning when it is weak or absent.
+    pub fn log_local_level(&self) {
+        self.local.log_level();
+    }
+
+    /// The backend a place names for `section` (a local backend is confined to the section's
+    /// workspace). For a target this checks that it exists and is approved; the connection
+    /// itself is made (or reused) when the first operation runs. An error here or later is
+    /// the caller's answer: nothing falls back to local.
+    pub async fn backend(
+        &self,
+        section: &str,
+        place: &Place,
+    ) -> Result<Arc<dyn Backend>, ExecError> {
         match place {
-            Place::Local => Ok(self.local.clone()),
+            Place::Local => Ok(Arc::new(self.local.for_section(section))),
             Place::Target(alias) => Ok(self.ssh.backend(alias).await?),
         }
     }
@@ -247,9 +266,20 @@ impl Executors {
         )
     }
 
+    /// The local operations of `section` working in `workspace` (a shared workspace below the
+    /// workspace root, as `/workspace set` chooses); the sandbox grants that directory.
+    pub fn local_ops_in(
+        &self,
+        section: &str,
+        workspace: &std::path::Path,
+    ) -> Result<ops::Ops, ExecError> {
+        let backend = self.local.for_section_in(section, workspace)?;
+        Ok(self.ops(section, Arc::new(backend)))
+    }
+
     /// Both together: `ops(section, backend(place)?)`.
     pub async fn ops_for(&self, section: &str, place: &Place) -> Result<ops::Ops, ExecError> {
-        let backend = self.backend(place).await?;
+        let backend = self.backend(section, place).await?;
         Ok(self.ops(section, backend))
     }
 

@@ -15,13 +15,15 @@ pub fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
+/// Readiness, with the local tools' isolation level as detail (`local-isolation: …`).
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let isolation = format!("local-isolation: {}", state.exec.local_level());
     if crate::store::is_ready(&state.db).await {
-        (StatusCode::OK, "ready")
+        (StatusCode::OK, format!("ready\n{isolation}\n"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "database not reachable or not migrated",
+            format!("database not reachable or not migrated\n{isolation}\n"),
         )
     }
 }

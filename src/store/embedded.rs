@@ -6,14 +6,22 @@
 //! commands at once never race on `initdb` or `pg_ctl`. PostgreSQL refuses to run as root, so
 //! under root the cluster runs as the unprivileged `postgres` account.
 //!
+//! The cluster authenticates: scram-sha-256 on its socket, with a password generated on first
+//! use and kept in `pg.password` (0600) in the data directory. A cluster made by an older
+//! version with trust authentication is given the password and switched over on its next
+//! start. Below Landlock V9 a sandboxed tool could still connect to the socket; the password is
+//! what keeps it out.
+//!
 //! Hand-written rather than a crate: the embedded-PostgreSQL crates download binaries at run
 //! time, which neither this machine nor a typical server may do.
 
 use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::postgres::PgConnectOptions;
@@ -26,14 +34,28 @@ const PORT: u16 = 5432;
 const MAX_SOCKET_PATH: usize = 107;
 /// `pg_ctl start/stop -t`.
 const PG_CTL_WAIT_SECS: &str = "60";
+/// Longest wait for `pg.lock` (another command starting or stopping the cluster).
+const LOCK_WAIT: Duration = Duration::from_secs(120);
+/// The file holding the service role's password, in the data directory.
+const PASSWORD_FILE: &str = "pg.password";
 
 /// A running cluster this process uses; stops it on release only if this process started it.
-#[derive(Debug)]
 pub struct EmbeddedCluster {
     dir: PathBuf,
     bin: PathBuf,
+    /// The service role's password (from `pg.password`).
+    password: zeroize::Zeroizing<String>,
     run_as: Option<Account>,
     started_here: bool,
+}
+
+impl std::fmt::Debug for EmbeddedCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedCluster")
+            .field("dir", &self.dir)
+            .field("started_here", &self.started_here)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -66,12 +88,14 @@ impl EmbeddedCluster {
         if let Some(account) = &run_as {
             check_reachable(parent, account)?;
         }
+        let password = password(parent)?;
         if !dir.join("PG_VERSION").exists() {
-            init(dir, &bin, run_as.as_ref())?;
+            init(dir, &bin, run_as.as_ref(), &password)?;
         }
         let mut cluster = EmbeddedCluster {
             dir: dir.to_path_buf(),
             bin,
+            password,
             run_as,
             started_here: false,
         };
@@ -79,6 +103,7 @@ impl EmbeddedCluster {
             cluster.start()?;
             cluster.started_here = true;
         }
+        cluster.require_password()?;
         cluster.ensure_database()?;
         Ok(cluster)
     }
@@ -89,6 +114,7 @@ impl EmbeddedCluster {
             .socket(&self.dir)
             .port(PORT)
             .username(DB_NAME)
+            .password(&self.password)
             .database(DB_NAME)
     }
 
@@ -200,7 +226,11 @@ impl EmbeddedCluster {
                 "-c",
                 sql,
             ]);
-            let out = self.as_account(cmd).output().context("cannot run psql")?;
+            let out = self
+                .as_account(cmd)
+                .env("PGPASSWORD", self.password.as_str())
+                .output()
+                .context("cannot run psql")?;
             if !out.status.success() {
                 bail!(
                     "psql failed: {}",
@@ -216,6 +246,62 @@ impl EmbeddedCluster {
         if exists != "1" {
             query(&format!("CREATE DATABASE {DB_NAME}"), "postgres")?;
         }
+        Ok(())
+    }
+
+    /// Switches a cluster that still trusts its socket (made before authentication) to scram:
+    /// sets the role's password over the trusted socket, rewrites `pg_hba.conf`, reloads.
+    fn require_password(&self) -> anyhow::Result<()> {
+        if !trusts_socket(&self.dir) {
+            return Ok(());
+        }
+        let sql = format!(
+            "SET password_encryption = 'scram-sha-256'; ALTER ROLE {DB_NAME} PASSWORD '{}'",
+            self.password.as_str()
+        );
+        let mut cmd = Command::new(self.bin.join("psql"));
+        cmd.args(["-X", "-q", "-h"])
+            .arg(&self.dir)
+            .args([
+                "-p",
+                &PORT.to_string(),
+                "-U",
+                DB_NAME,
+                "-d",
+                "postgres",
+                "-f",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // The password goes on standard input, never on a command line.
+        let mut child = self.as_account(cmd).spawn().context("cannot run psql")?;
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().context("psql stdin")?;
+            stdin.write_all(sql.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "could not set the embedded PostgreSQL password: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        write_hba(&self.dir, self.run_as.as_ref())?;
+        let status = self
+            .pg_ctl()
+            .args(["reload", "-D"])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("cannot run pg_ctl reload")?;
+        if !status.success() {
+            bail!("pg_ctl reload failed after switching the embedded PostgreSQL to scram");
+        }
+        tracing::info!(pg.dir = %self.dir.display(), "embedded PostgreSQL now requires its password (scram)");
         Ok(())
     }
 
@@ -241,11 +327,30 @@ impl Drop for EmbeddedCluster {
     }
 }
 
-fn init(dir: &Path, bin: &Path, run_as: Option<&Account>) -> anyhow::Result<()> {
+fn init(dir: &Path, bin: &Path, run_as: Option<&Account>, password: &str) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
     if let Some(a) = run_as {
         chown(dir, a)?;
+    }
+    // initdb reads the password from a file; it lives in the data directory's parent only
+    // for the call (0600, readable by the cluster's account).
+    let pwfile = dir
+        .parent()
+        .unwrap_or(dir)
+        .join(format!(".pg.pwfile-{}", uuid::Uuid::new_v4().simple()));
+    {
+        use std::io::Write;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&pwfile)
+            .with_context(|| format!("cannot create {}", pwfile.display()))?;
+        f.write_all(password.as_bytes())?;
+    }
+    if let Some(a) = run_as {
+        chown(&pwfile, a)?;
     }
     let mut cmd = Command::new(bin.join("initdb"));
     cmd.arg("-D")
@@ -253,17 +358,20 @@ fn init(dir: &Path, bin: &Path, run_as: Option<&Account>) -> anyhow::Result<()> 
         .args([
             "-U",
             DB_NAME,
-            "--auth=trust",
+            "--auth=scram-sha-256",
             "-E",
             "UTF8",
             "--locale=C",
             "--no-instructions",
         ])
+        .arg(format!("--pwfile={}", pwfile.display()))
         .current_dir(dir);
     if let Some(a) = run_as {
         cmd.uid(a.uid).gid(a.gid).env("HOME", dir);
     }
-    let out = cmd.output().context("cannot run initdb")?;
+    let out = cmd.output();
+    let _ = fs::remove_file(&pwfile);
+    let out = out.context("cannot run initdb")?;
     if !out.status.success() {
         bail!(
             "initdb failed for the embedded PostgreSQL at {}: {}",
@@ -275,18 +383,109 @@ fn init(dir: &Path, bin: &Path, run_as: Option<&Account>) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Holds `pg.lock` in `parent` exclusively until dropped.
+/// Holds `pg.lock` in `parent` exclusively until dropped; waits at most [`LOCK_WAIT`].
 fn lock(parent: &Path) -> anyhow::Result<File> {
+    lock_within(parent, LOCK_WAIT)
+}
+
+fn lock_within(parent: &Path, wait: Duration) -> anyhow::Result<File> {
     let path = parent.join("pg.lock");
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
-    file.lock()
-        .with_context(|| format!("cannot lock {}", path.display()))?;
-    Ok(file)
+    let deadline = std::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(fs::TryLockError::WouldBlock) => bail!(
+                "{} is held by another sshmode command for more than {wait:?} (starting or \
+                 stopping the embedded PostgreSQL); if none is running, check for a stuck pg_ctl",
+                path.display()
+            ),
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+            }
+        }
+    }
+}
+
+/// The role's password from `pg.password` in `parent`, generated (0600) on first use.
+fn password(parent: &Path) -> anyhow::Result<zeroize::Zeroizing<String>> {
+    let path = parent.join(PASSWORD_FILE);
+    match fs::read_to_string(&path) {
+        Ok(p) if !p.trim().is_empty() => {
+            let mode = fs::metadata(&path)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+            }
+            return Ok(zeroize::Zeroizing::new(p.trim().to_string()));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    if parent.join("pg").join("PG_VERSION").exists() && !trusts_socket(&parent.join("pg")) {
+        bail!(
+            "{} is missing but the embedded PostgreSQL already requires a password; restore the \
+             file, or remove {} to start a new cluster",
+            path.display(),
+            parent.join("pg").display()
+        );
+    }
+    let mut bytes = [0u8; 24];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| anyhow::anyhow!("no randomness for the embedded PostgreSQL password"))?;
+    let pw = zeroize::Zeroizing::new(hex::encode(bytes));
+    {
+        use std::io::Write;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        f.write_all(pw.as_bytes())?;
+        f.sync_all()?;
+    }
+    Ok(pw)
+}
+
+fn trusts_socket(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("pg_hba.conf"))
+        .map(|s| {
+            s.lines()
+                .map(str::trim)
+                .filter(|l| !l.starts_with('#'))
+                .any(|l| l.split_whitespace().any(|w| w == "trust"))
+        })
+        .unwrap_or(false)
+}
+
+/// `pg_hba.conf`: the socket only, scram only.
+fn write_hba(dir: &Path, run_as: Option<&Account>) -> anyhow::Result<()> {
+    let path = dir.join("pg_hba.conf");
+    let tmp = dir.join("pg_hba.conf.sshmode-new");
+    fs::write(
+        &tmp,
+        "# Written by sshmode: the unix socket only, with a password (scram).\n\
+         local all all scram-sha-256\n",
+    )?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600))?;
+    if let Some(a) = run_as {
+        chown(&tmp, a)?;
+    }
+    fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok(())
 }
 
 /// The directory holding `pg_ctl`, `initdb`, `postgres` and `psql`: from PATH, else the newest
@@ -388,4 +587,50 @@ fn check_reachable(data_dir: &Path, account: &Account) -> anyhow::Result<()> {
 fn chown(path: &Path, a: &Account) -> anyhow::Result<()> {
     std::os::unix::fs::chown(path, Some(a.uid), Some(a.gid))
         .with_context(|| format!("cannot hand {} to the `{}` account", path.display(), a.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_is_waited_for_a_bounded_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock_within(dir.path(), Duration::from_secs(1)).unwrap();
+        let started = std::time::Instant::now();
+        let e = lock_within(dir.path(), Duration::from_millis(300)).expect_err("the lock is held");
+        assert!(e.to_string().contains("held by another"), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        drop(held);
+        lock_within(dir.path(), Duration::from_millis(300)).expect("free again");
+    }
+
+    #[test]
+    fn the_password_file_is_private_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = password(dir.path()).unwrap();
+        let mode = fs::metadata(dir.path().join(PASSWORD_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(first.len(), 48);
+        assert_eq!(*password(dir.path()).unwrap(), *first);
+    }
+
+    #[test]
+    fn a_lost_password_of_a_scram_cluster_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("pg")).unwrap();
+        fs::write(dir.path().join("pg/PG_VERSION"), "15\n").unwrap();
+        fs::write(
+            dir.path().join("pg/pg_hba.conf"),
+            "# trust is not used\nlocal all all scram-sha-256\n",
+        )
+        .unwrap();
+        let e = password(dir.path()).expect_err("refused").to_string();
+        assert!(e.contains("pg.password"), "{e}");
+        fs::write(dir.path().join("pg/pg_hba.conf"), "local all all trust\n").unwrap();
+        password(dir.path()).expect("an old trusting cluster gets a password");
+    }
 }

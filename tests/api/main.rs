@@ -11,6 +11,7 @@ mod fake_llm;
 mod foundation;
 #[allow(dead_code)]
 mod helpers;
+mod isolation;
 mod lark_client;
 mod lark_flow;
 mod lark_http;

@@ -1,0 +1,438 @@
+//! The local backend: scripts run on the service's own machine, each in its own process
+//! group, starting in the section's workspace (`$SSHMODE_WORKSPACE_ROOT/sections/<section>`),
+//! with a clean environment, as the tools account when the service runs as root, inside a
+//! Landlock sandbox and under resource limits ([`sandbox`]). File operations open paths
+//! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
+//! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
+//! command's end the whole group is killed, so nothing it started outlives it.
+//!
+//! Never: runs a local command or file operation when nothing isolates it and the operator did
+//! not opt in; passes the service's environment; reads another section's workspace; waits
+//! unboundedly for output after a kill (a process that left the group may hold the pipe).
+
+pub mod files;
+pub mod sandbox;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::truncate::HeadTail;
+use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
+use crate::config::LocalConfig;
+use sandbox::{Level, Sandbox};
+
+/// Time between TERM and KILL of a timed-out process group.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long output is still drained after the group was killed.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+/// Longest a local file read or write may take (a slow or stuck file system).
+const FILE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The machine's side of local execution, shared by every section: where workspaces live,
+/// the sandbox, and the cap on concurrent commands. One per app.
+pub struct LocalHost {
+    /// Parent of `sections/<section>` (and of shared workspaces).
+    workspace_root: PathBuf,
+    /// Parent of each section's private temporary directory (`$SSHMODE_DATA_DIR/tmp`).
+    tmp_root: PathBuf,
+    /// Identity, Landlock and limits, as probed at start-up.
+    sandbox: Sandbox,
+    /// Local commands running at once (`SSHMODE_LOCAL_MAX_CONCURRENT`).
+    slots: Semaphore,
+}
+
+impl LocalHost {
+    /// Probes the isolation this machine offers and prepares the data directory. Blocking.
+    pub fn new(workspace_root: PathBuf, config: &LocalConfig) -> anyhow::Result<Self> {
+        let tmp_root = config.data_dir.join("tmp");
+        let sandbox = Sandbox::probe(config, &workspace_root, &tmp_root)?;
+        let sections = workspace_root.join("sections");
+        std::fs::create_dir_all(&sections)?;
+        std::fs::set_permissions(
+            &sections,
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )?;
+        Ok(LocalHost {
+            workspace_root,
+            tmp_root,
+            sandbox,
+            slots: Semaphore::new(config.max_concurrent),
+        })
+    }
+
+    /// What is enforced on every local command (for the start-up log and `/readyz`).
+    pub fn level(&self) -> &Level {
+        self.sandbox.level()
+    }
+
+    /// Logs the isolation level (and warnings) once.
+    pub fn log_level(&self) {
+        self.sandbox.log();
+    }
+
+    /// The backend of one section: its workspace, its tmp.
+    pub fn for_section(self: &Arc<Self>, section: &str) -> LocalBackend {
+        let name = workspace_dir_name(section);
+        LocalBackend {
+            host: self.clone(),
+            workspace: self.workspace_root.join("sections").join(&name),
+            tmp: self.tmp_root.join(&name),
+        }
+    }
+
+    /// The backend of a section that works in `workspace`, a directory beneath the workspace
+    /// root (a shared workspace); the sandbox then grants that directory, not the section's own.
+    pub fn for_section_in(
+        self: &Arc<Self>,
+        section: &str,
+        workspace: &Path,
+    ) -> Result<LocalBackend, ExecError> {
+        let beneath = workspace.is_absolute()
+            && workspace.starts_with(&self.workspace_root)
+            && workspace != self.workspace_root
+            && workspace != self.workspace_root.join("sections")
+            && workspace.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::Normal(_) | std::path::Component::RootDir
+                )
+            });
+        let mut backend = self.for_section(section);
+        // Another section's own workspace is never shared.
+        let foreign = workspace.starts_with(self.workspace_root.join("sections"))
+            && !workspace.starts_with(&backend.workspace);
+        if !beneath || foreign {
+            return Err(ExecError::Invalid(format!(
+                "{}: a local workspace must be a directory below {}, outside other sections' own",
+                workspace.display(),
+                self.workspace_root.display()
+            )));
+        }
+        backend.workspace = workspace.to_path_buf();
+        Ok(backend)
+    }
+
+    /// The shell scripts run under: bash where present (as on most SSH targets), else sh.
+    fn shell() -> &'static str {
+        if Path::new("/bin/bash").exists() {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        }
+    }
+}
+
+/// One section's local backend: commands and files confined to its workspace and tmp.
+pub struct LocalBackend {
+    host: Arc<LocalHost>,
+    /// The section's workspace: `HOME`, the initial directory, writable.
+    workspace: PathBuf,
+    /// The section's private temporary directory (`TMPDIR`), writable.
+    tmp: PathBuf,
+}
+
+impl LocalBackend {
+    /// Refuses when nothing isolates local tools; creates the section's directories.
+    fn ready(&self) -> Result<(), ExecError> {
+        let sandbox = &self.host.sandbox;
+        sandbox
+            .check_allowed()
+            .map_err(|e| ExecError::Local(e.to_string()))?;
+        for dir in [&self.workspace, &self.tmp] {
+            sandbox
+                .own_dir(dir)
+                .map_err(|e| ExecError::Local(format!("cannot prepare {}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The roots a file tool may write beneath, then those it may only read beneath.
+    fn file_roots(&self) -> files::Roots {
+        files::Roots {
+            writable: vec![self.workspace.clone(), self.tmp.clone()],
+            readable: files::system_read_roots(),
+            excluded: self.host.sandbox.excluded().to_vec(),
+            identity: self.host.sandbox.identity().cloned(),
+        }
+    }
+}
+
+/// A section id as a single safe directory name.
+pub fn workspace_dir_name(section: &str) -> String {
+    let s: String = section
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128)
+        .collect();
+    if s.is_empty() || s.starts_with('-') {
+        format!("_{s}")
+    } else {
+        s
+    }
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn is_local(&self) -> bool {
+        true
+    }
+
+    async fn home(&self) -> Result<String, ExecError> {
+        Ok(self.workspace.display().to_string())
+    }
+
+    async fn initial_dir(&self, _section: &str) -> Result<String, ExecError> {
+        self.ready()?;
+        Ok(self.workspace.display().to_string())
+    }
+
+    async fn exec(
+        &self,
+        cmd: Command<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Output, ExecError> {
+        self.ready()?;
+        let sandbox = &self.host.sandbox;
+        // A bounded wait for a slot: the command's own timeout.
+        let _slot = tokio::select! {
+            permit = self.host.slots.acquire() => permit.map_err(|_| ExecError::Local("local execution is shut down".into()))?,
+            _ = tokio::time::sleep(cmd.timeout) => return Err(ExecError::Local(
+                "too many local commands are running; try again shortly".into())),
+            _ = cancel.cancelled() => return Ok(Output {
+                stdout: Vec::new(), stderr: Vec::new(), stdout_omitted: 0, stderr_omitted: 0,
+                exit: Exit::Cancelled,
+            }),
+        };
+        let prepared = sandbox
+            .prepare(&self.workspace, &self.tmp)
+            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let shell = LocalHost::shell();
+        let mut command = tokio::process::Command::new(shell);
+        command
+            .arg("-c")
+            .arg(cmd.script)
+            .env_clear()
+            .envs(sandbox.environment(&self.workspace, &self.tmp, shell))
+            .current_dir(&self.workspace)
+            .stdin(if cmd.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        prepared.apply(&mut command);
+        let spawned = command.spawn();
+        drop(prepared);
+        let mut child =
+            spawned.map_err(|e| ExecError::Local(format!("cannot start a shell: {e}")))?;
+        let pgid = child.id().map(|p| p as i32);
+        // If the caller drops this future instead of cancelling, the group dies with it.
+        let mut group = GroupGuard(pgid);
+
+        let stdin_task = match (cmd.stdin, child.stdin.take()) {
+            (Some(data), Some(mut pipe)) => {
+                let data = data.to_vec();
+                Some(tokio::spawn(async move {
+                    // A script that does not read its input closes the pipe: not an error.
+                    let _ = pipe.write_all(&data).await;
+                    let _ = pipe.shutdown().await;
+                }))
+            }
+            _ => None,
+        };
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        // Shared with the readers, so what was read survives if they must be stopped.
+        let out_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
+        let err_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
+        let mut out_task = tokio::spawn(drain(stdout, out_acc.clone()));
+        let mut err_task = tokio::spawn(drain(stderr, err_acc.clone()));
+
+        let ended = tokio::select! {
+            status = child.wait() => Ok(status),
+            _ = tokio::time::sleep(cmd.timeout) => Err(Exit::TimedOut),
+            _ = cancel.cancelled() => Err(Exit::Cancelled),
+        };
+        let exit = match ended {
+            Ok(status) => {
+                let status =
+                    status.map_err(|e| ExecError::Local(format!("waiting for the shell: {e}")))?;
+                // The command ended: what it left running in its group goes with it (and lets
+                // go of the pipes at once).
+                if let Some(pgid) = pgid {
+                    // SAFETY: signalling a process group id we created; no memory involved.
+                    unsafe { libc::killpg(pgid, libc::SIGKILL) };
+                }
+                exit_of(status)
+            }
+            Err(why) => {
+                if let Some(pgid) = pgid {
+                    kill_group(pgid, &mut child).await;
+                }
+                why
+            }
+        };
+        // A process that left the group (setsid) may still hold the pipes: bounded wait.
+        let collect = async { ((&mut out_task).await, (&mut err_task).await) };
+        if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
+            .await
+            .is_err()
+        {
+            if let Some(pgid) = pgid {
+                // SAFETY: signalling a process group id we created; no memory involved.
+                unsafe { libc::killpg(pgid, libc::SIGKILL) };
+            }
+            // A process that left the group may hold a pipe open for ever: stop reading
+            // (keeping what was read) rather than leave the readers behind.
+            out_task.abort();
+            err_task.abort();
+        }
+        if let Some(t) = stdin_task {
+            t.abort();
+        }
+        // The command finished: nothing it started in its group outlives it.
+        if let Some(pgid) = pgid {
+            // SAFETY: signalling a process group id we created; no memory involved.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+        group.0 = None;
+        let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
+        let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
+        Ok(Output {
+            stdout,
+            stderr,
+            stdout_omitted,
+            stderr_omitted,
+            exit,
+        })
+    }
+
+    async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
+        self.ready()?;
+        let roots = self.file_roots();
+        let path = path.to_string();
+        blocking_file_op(&path.clone(), move || {
+            files::read(&roots, &path, offset, len)
+        })
+        .await
+    }
+
+    async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
+        self.ready()?;
+        let roots = self.file_roots();
+        let path = path.to_string();
+        let data = data.to_vec();
+        blocking_file_op(&path.clone(), move || files::write(&roots, &path, &data)).await
+    }
+}
+
+/// Runs a file operation on the blocking pool, bounded by [`FILE_TIMEOUT`]: a stuck file
+/// system costs the caller at most that long.
+async fn blocking_file_op<T: Send + 'static>(
+    path: &str,
+    op: impl FnOnce() -> Result<T, ExecError> + Send + 'static,
+) -> Result<T, ExecError> {
+    match tokio::time::timeout(FILE_TIMEOUT, tokio::task::spawn_blocking(op)).await {
+        Ok(joined) => joined.map_err(|e| ExecError::Local(format!("file task failed: {e}")))?,
+        Err(_) => Err(ExecError::File(format!(
+            "{path}: the file operation did not finish within {FILE_TIMEOUT:?}"
+        ))),
+    }
+}
+
+async fn drain<R: AsyncRead + Unpin>(mut r: R, acc: Arc<Mutex<HeadTail>>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => acc.lock().expect("output lock").push(&buf[..n]),
+        }
+    }
+}
+
+/// What a reader collected, and how many bytes it left out.
+fn take(acc: &Mutex<HeadTail>, limit: usize) -> (Vec<u8>, u64) {
+    let acc = std::mem::replace(&mut *acc.lock().expect("output lock"), HeadTail::new(limit));
+    let omitted = acc.omitted();
+    (acc.into_bytes(), omitted)
+}
+
+/// Kills a process group when dropped while still armed.
+struct GroupGuard(Option<i32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // SAFETY: signalling a process group id we created; no memory involved.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// TERM to the group, KILL after a grace period, then reap the shell.
+async fn kill_group(pgid: i32, child: &mut tokio::process::Child) {
+    // SAFETY: signalling a process group id we created; no memory involved.
+    unsafe { libc::killpg(pgid, libc::SIGTERM) };
+    if tokio::time::timeout(KILL_GRACE, child.wait())
+        .await
+        .is_err()
+    {
+        // SAFETY: as above.
+        unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        let _ = child.wait().await;
+    } else {
+        // The shell is gone; make sure nothing it started survives in its group.
+        // SAFETY: as above.
+        unsafe { libc::killpg(pgid, libc::SIGKILL) };
+    }
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => Exit::Code(c),
+        (None, Some(s)) => Exit::Signal(signal_name(s)),
+        (None, None) => Exit::Code(-1),
+    }
+}
+
+/// `SIGTERM` → `TERM`, as SSH names signals.
+pub fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGHUP => "HUP",
+        libc::SIGINT => "INT",
+        libc::SIGQUIT => "QUIT",
+        libc::SIGILL => "ILL",
+        libc::SIGABRT => "ABRT",
+        libc::SIGFPE => "FPE",
+        libc::SIGKILL => "KILL",
+        libc::SIGSEGV => "SEGV",
+        libc::SIGPIPE => "PIPE",
+        libc::SIGALRM => "ALRM",
+        libc::SIGTERM => "TERM",
+        libc::SIGUSR1 => "USR1",
+        libc::SIGUSR2 => "USR2",
+        other => return format!("{other}"),
+    }
+    .to_string()
+}

@@ -1,0 +1,678 @@
+//! What keeps a local tool away from the service: the tools account (when the service runs as
+//! root), a Landlock sandbox built per command, resource limits, a clean environment, and the
+//! file permissions of the data directory. [`Sandbox::probe`] finds out, once at start-up, what
+//! this machine can enforce and reports it as a [`Level`].
+//!
+//! The ruleset is built in the parent; the `pre_exec` hook that runs in the forked child only
+//! makes raw system calls on values prepared before the fork (`setrlimit`, `setgroups`,
+//! `setgid`, `setuid`, `PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`): no allocation, no lock.
+//!
+//! Never: passes a variable of the service's environment that is not on the allow-list; grants
+//! a tool anything in the data directory but its own workspace and temporary directory; runs a
+//! local command when nothing is enforced unless the operator opted in.
+
+use std::ffi::CString;
+use std::fmt;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, LandlockStatus, NetPort,
+    PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus,
+    Scope,
+};
+
+use crate::config::LocalConfig;
+
+/// The highest Landlock ABI whose rights this module asks for. Best effort: an older kernel
+/// enforces what it knows (V9 adds connects to pathname unix sockets).
+const ABI_REQUESTED: ABI = ABI::V9;
+/// PATH of every local command (the service's own PATH is not passed on).
+pub const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Trees a tool may read and execute.
+const SYSTEM_TREES: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    "/nix/store",
+    "/proc",
+    "/sys",
+    "/run/systemd/resolve",
+];
+/// Device files a tool may read and write (and use ioctls on).
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+/// Most rules of one ruleset (a system tree holding a protected path is granted child by child).
+const MAX_RULES: usize = 4096;
+
+/// What the service enforces on local tools, as found at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    /// Local commands run as the tools account, not as the service.
+    pub separate_uid: bool,
+    /// The Landlock ABI a restriction was actually enforced at (`None`: not enforced).
+    pub landlock_abi: Option<i32>,
+}
+
+impl Level {
+    /// Whether anything separates a tool from the service.
+    pub fn is_enforced(&self) -> bool {
+        self.separate_uid || self.landlock_abi.is_some()
+    }
+}
+
+impl fmt::Display for Level {
+    /// `separate-uid+landlock-v7`, `separate-uid`, `landlock-v3` or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.separate_uid, self.landlock_abi) {
+            (true, Some(v)) => write!(f, "separate-uid+landlock-v{v}"),
+            (true, None) => f.write_str("separate-uid"),
+            (false, Some(v)) => write!(f, "landlock-v{v}"),
+            (false, None) => f.write_str("none"),
+        }
+    }
+}
+
+/// The unprivileged account local commands run as.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub name: String,
+    pub uid: libc::uid_t,
+    pub gid: libc::gid_t,
+    /// Supplementary groups, set before exec.
+    pub groups: Vec<libc::gid_t>,
+}
+
+/// The isolation of local commands: identity, Landlock, limits. One per app.
+#[derive(Debug)]
+pub struct Sandbox {
+    config: LocalConfig,
+    identity: Option<Identity>,
+    /// Landlock is enforced on every command (the probe saw it enforced).
+    landlock: bool,
+    level: Level,
+    /// Paths no rule may cover: the data directory and the protected files.
+    excluded: Vec<PathBuf>,
+}
+
+/// Why a local command cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "local tools are disabled: this service can neither run them as a separate account \
+         (it does not run as root) nor sandbox them (Landlock is not available on this kernel). \
+         Run the service as root (tools then run as SSHMODE_LOCAL_USER), use a kernel with \
+         Landlock, bind this thread to an SSH target, or set SSHMODE_LOCAL_UNSANDBOXED=true \
+         to accept the risk"
+    )]
+    Disabled,
+    #[error("the local sandbox could not be prepared: {0}")]
+    Setup(String),
+}
+
+impl Sandbox {
+    /// Finds out what can be enforced here, creates the tools account if needed (under root)
+    /// and tightens the data directory. `workspace_root` and `tmp_root` are where tools may
+    /// write. Blocking (may run `useradd`).
+    pub fn probe(
+        config: &LocalConfig,
+        workspace_root: &Path,
+        tmp_root: &Path,
+    ) -> anyhow::Result<Self> {
+        let excluded: Vec<PathBuf> = std::iter::once(config.data_dir.clone())
+            .chain(config.protected.iter().cloned())
+            .collect();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let identity = if root && !config.simulate_no_sandbox && !config.simulate_non_root {
+            Some(ensure_account(&config.user)?)
+        } else {
+            None
+        };
+        let mut sandbox = Sandbox {
+            config: config.clone(),
+            identity,
+            landlock: false,
+            level: Level {
+                separate_uid: false,
+                landlock_abi: None,
+            },
+            excluded,
+        };
+        sandbox.prepare_dirs(workspace_root, tmp_root)?;
+        if sandbox.identity.is_none() && !config.simulate_no_sandbox {
+            // Tools share the service's uid: make its /proc entries (environ, mem, fds) root's,
+            // reachable only with CAP_SYS_PTRACE, which a tool never has. Landlock does not
+            // stop a sandboxed process from reading its parent's /proc/<pid>/environ.
+            // SAFETY: a plain prctl on this process.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        }
+        let abi = if config.simulate_no_sandbox {
+            None
+        } else {
+            sandbox.probe_landlock(workspace_root)
+        };
+        sandbox.landlock = abi.is_some();
+        sandbox.level = Level {
+            separate_uid: sandbox.identity.is_some(),
+            landlock_abi: abi,
+        };
+        Ok(sandbox)
+    }
+
+    /// What is enforced on every local command.
+    pub fn level(&self) -> &Level {
+        &self.level
+    }
+
+    /// The tools account, when commands run as one.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// Paths no rule covers: the data directory and the protected files.
+    pub fn excluded(&self) -> &[PathBuf] {
+        &self.excluded
+    }
+
+    /// Whether local tools may run: something is enforced, or the operator opted out.
+    pub fn check_allowed(&self) -> Result<(), SandboxError> {
+        if self.level.is_enforced() || self.config.unsandboxed {
+            Ok(())
+        } else {
+            Err(SandboxError::Disabled)
+        }
+    }
+
+    /// Logs the level once (start-up); warns when the operator runs tools unsandboxed.
+    pub fn log(&self) {
+        tracing::info!(local.isolation = %self.level, local.user = self.identity.as_ref().map(|i| i.name.as_str()).unwrap_or("-"), "local tool isolation");
+        if !self.level.is_enforced() {
+            if self.config.unsandboxed {
+                tracing::warn!(
+                    "SSHMODE_LOCAL_UNSANDBOXED=true: local tools run as the service itself, \
+                     unsandboxed, and can read its secrets"
+                );
+            } else {
+                tracing::warn!("{}", SandboxError::Disabled);
+            }
+        }
+        if self.config.tcp_ports.is_some() && self.level.landlock_abi.is_none_or(|v| v < 4) {
+            tracing::warn!(
+                "SSHMODE_LOCAL_TCP_PORTS needs Landlock V4 (Linux 6.7); this kernel does not \
+                 filter ports, so local commands may connect anywhere"
+            );
+        }
+        if self.level.is_enforced() && !self.level.separate_uid {
+            tracing::warn!(
+                "local tools share the service's account (it does not run as root): Landlock \
+                 alone is a weaker boundary; see README, \"Local tool isolation\""
+            );
+        }
+    }
+
+    /// The data directory's layout and modes: the directory itself 0711, everything in it
+    /// but the tools' parts closed to others; the workspace root belongs to the tools account.
+    fn prepare_dirs(&self, workspace_root: &Path, tmp_root: &Path) -> anyhow::Result<()> {
+        use anyhow::Context;
+        let data = &self.config.data_dir;
+        std::fs::create_dir_all(data)
+            .with_context(|| format!("cannot create {}", data.display()))?;
+        // A path the service may not chmod (someone else's) is reported, not fatal: the
+        // sandbox does not rely on modes, the tools account does.
+        let warn = |r: anyhow::Result<()>| {
+            if let Err(e) = r {
+                tracing::warn!(error = %format!("{e:#}"), "could not tighten a permission");
+            }
+        };
+        warn(set_mode(data, 0o711));
+        for entry in std::fs::read_dir(data)?.flatten() {
+            let path = entry.path();
+            if path == workspace_root || path == tmp_root {
+                continue;
+            }
+            warn(tighten(&path));
+        }
+        for file in &self.config.protected {
+            if file.exists() {
+                warn(tighten(file));
+            }
+        }
+        for dir in [workspace_root, tmp_root] {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        set_mode(tmp_root, 0o711)?;
+        set_mode(workspace_root, 0o711)?;
+        if let Some(id) = &self.identity {
+            std::os::unix::fs::chown(workspace_root, Some(id.uid), Some(id.gid)).with_context(
+                || format!("cannot hand {} to {}", workspace_root.display(), id.name),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Creates `dir` (a section's workspace or tmp) for the tools account, mode 0700.
+    pub fn own_dir(&self, dir: &Path) -> std::io::Result<()> {
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        if let Some(id) = &self.identity {
+            std::os::unix::fs::chown(dir, Some(id.uid), Some(id.gid))?;
+        }
+        Ok(())
+    }
+
+    /// Restricts a throwaway thread with a ruleset like the commands' and reads the status
+    /// the kernel gave: the Landlock ABI actually enforced, or `None`.
+    fn probe_landlock(&self, writable: &Path) -> Option<i32> {
+        let writable = writable.to_path_buf();
+        let ruleset = match self.ruleset(&writable, &writable) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "Landlock ruleset could not be built");
+                return None;
+            }
+        };
+        let status = std::thread::spawn(move || ruleset.restrict_self())
+            .join()
+            .ok()?;
+        match status {
+            Ok(s) if s.ruleset != RulesetStatus::NotEnforced => match s.landlock {
+                LandlockStatus::Available { effective_abi, .. } => Some(effective_abi as i32),
+                _ => None,
+            },
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "Landlock restriction failed");
+                None
+            }
+        }
+    }
+
+    /// The ruleset of one command: read and execute on the system trees, everything on the
+    /// section's workspace and tmp, chosen TCP ports, no signals or abstract sockets outside.
+    fn ruleset(&self, workspace: &Path, tmp: &Path) -> Result<RulesetCreated, String> {
+        let abi = ABI_REQUESTED;
+        let e = |e: landlock::RulesetError| e.to_string();
+        let mut rs = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))
+            .map_err(e)?
+            .scope(Scope::from_all(abi))
+            .map_err(e)?;
+        if self.config.tcp_ports.is_some() {
+            rs = rs.handle_access(AccessNet::from_all(abi)).map_err(e)?;
+        }
+        let mut created = rs.create().map_err(e)?;
+        let read_exec = AccessFs::from_read(abi);
+        let mut rules = 0usize;
+        for tree in SYSTEM_TREES {
+            self.grant(&mut created, Path::new(tree), read_exec, &mut rules)?;
+        }
+        // Listing /dev is harmless; the devices themselves are granted one by one.
+        if let Ok(fd) = PathFd::new("/dev") {
+            created = created
+                .add_rule(PathBeneath::new(fd, AccessFs::ReadDir))
+                .map_err(e)?;
+        }
+        let device = AccessFs::from_read(abi)
+            | AccessFs::WriteFile
+            | AccessFs::IoctlDev
+            | AccessFs::Truncate;
+        for dev in DEVICES {
+            if let Ok(fd) = PathFd::new(dev) {
+                created = created.add_rule(PathBeneath::new(fd, device)).map_err(e)?;
+            }
+        }
+        for dir in [workspace, tmp] {
+            let fd = PathFd::new(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
+            created = created
+                .add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))
+                .map_err(e)?;
+        }
+        if let Some(ports) = &self.config.tcp_ports {
+            for port in ports {
+                created = created
+                    .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                    .map_err(e)?;
+            }
+        }
+        Ok(created)
+    }
+
+    /// Grants `access` beneath `path`, except on the excluded paths: a tree holding one is
+    /// granted entry by entry around it.
+    fn grant(
+        &self,
+        created: &mut RulesetCreated,
+        path: &Path,
+        access: BitFlags<AccessFs>,
+        rules: &mut usize,
+    ) -> Result<(), String> {
+        if self.excluded.iter().any(|x| x == path) {
+            return Ok(());
+        }
+        let Ok(meta) = std::fs::metadata(path) else {
+            return Ok(());
+        };
+        let holds_excluded = self.excluded.iter().any(|x| x.starts_with(path));
+        if *rules >= MAX_RULES {
+            // Denying the rest is the safe side of a bound.
+            return Ok(());
+        }
+        if !holds_excluded || !meta.is_dir() {
+            let Ok(fd) = PathFd::new(path) else {
+                return Ok(());
+            };
+            let access = if meta.is_dir() {
+                access
+            } else {
+                access & AccessFs::from_file(ABI_REQUESTED)
+            };
+            created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(|e| e.to_string())?;
+            *rules += 1;
+            return Ok(());
+        }
+        let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for entry in entries.flatten() {
+            self.grant(created, &entry.path(), access, rules)?;
+        }
+        Ok(())
+    }
+
+    /// Everything one command needs, prepared in the parent: the ruleset's descriptor and the
+    /// values the child sets.
+    pub fn prepare(&self, workspace: &Path, tmp: &Path) -> Result<Prepared, SandboxError> {
+        self.check_allowed()?;
+        let ruleset = if self.landlock {
+            let created = self.ruleset(workspace, tmp).map_err(SandboxError::Setup)?;
+            let fd: Option<OwnedFd> = created.into();
+            Some(fd.ok_or_else(|| SandboxError::Setup("Landlock gave no ruleset".into()))?)
+        } else {
+            None
+        };
+        let c = &self.config;
+        let mut limits = vec![
+            (libc::RLIMIT_CPU, c.cpu_secs),
+            (libc::RLIMIT_NOFILE, c.open_files),
+        ];
+        if c.address_space_mb > 0 {
+            limits.push((libc::RLIMIT_AS, c.address_space_mb.saturating_mul(1 << 20)));
+        }
+        // Counted per account: only meaningful when tools have an account of their own (the
+        // service's threads would count against it otherwise).
+        if self.identity.is_some() {
+            limits.push((libc::RLIMIT_NPROC, c.max_processes));
+        }
+        Ok(Prepared {
+            ruleset,
+            identity: self.identity.clone(),
+            limits,
+            // SAFETY: geteuid has no preconditions.
+            drop_capabilities: unsafe { libc::geteuid() } == 0,
+        })
+    }
+
+    /// The environment of a local command: the allow-list, nothing else.
+    pub fn environment(&self, home: &Path, tmp: &Path, shell: &str) -> Vec<(String, String)> {
+        let user = match &self.identity {
+            Some(id) => id.name.clone(),
+            None => current_user_name(),
+        };
+        let mut env = vec![
+            ("PATH".to_string(), TOOL_PATH.to_string()),
+            ("HOME".to_string(), home.display().to_string()),
+            ("USER".to_string(), user.clone()),
+            ("LOGNAME".to_string(), user),
+            ("SHELL".to_string(), shell.to_string()),
+            ("TMPDIR".to_string(), tmp.display().to_string()),
+        ];
+        env.extend(self.config.passthrough_env.iter().cloned());
+        if !env.iter().any(|(k, _)| k == "LANG") {
+            env.push(("LANG".into(), "C.UTF-8".into()));
+        }
+        env
+    }
+}
+
+/// What the child applies between fork and exec.
+pub struct Prepared {
+    /// The Landlock ruleset (closed on exec: the kernel opens it `O_CLOEXEC`).
+    ruleset: Option<OwnedFd>,
+    identity: Option<Identity>,
+    limits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// Empty the capability bounding set (the service runs as root): a command never regains
+    /// a capability, not even by running as uid 0.
+    drop_capabilities: bool,
+}
+
+impl Prepared {
+    /// Installs the child's side on `cmd`. `self` must outlive the spawn.
+    pub fn apply(&self, cmd: &mut tokio::process::Command) {
+        let fd = self.ruleset.as_ref().map(|f| f.as_raw_fd());
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|i| (i.uid, i.gid, i.groups.clone()));
+        let limits = self.limits.clone();
+        let drop_capabilities = self.drop_capabilities;
+        // SAFETY: the closure only makes system calls on values moved into it before the
+        // fork; it neither allocates nor takes a lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                for (res, value) in &limits {
+                    let lim = libc::rlimit {
+                        rlim_cur: *value,
+                        rlim_max: *value,
+                    };
+                    if libc::setrlimit(*res, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if drop_capabilities {
+                    for cap in 0..64 {
+                        // Past the last capability the kernel knows this fails: ignored.
+                        libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                    }
+                }
+                if let Some((uid, gid, groups)) = &identity
+                    && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(*gid) != 0
+                        || libc::setuid(*uid) != 0)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = fd {
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// The Landlock ABI this kernel offers (0 when it has none).
+pub fn kernel_landlock_abi() -> i32 {
+    // SAFETY: the version query takes no pointer (NULL, size 0) and only returns a number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    if v < 0 { 0 } else { v as i32 }
+}
+
+fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
+}
+
+/// Takes group and other permissions off a path of the service (not following symlinks).
+fn tighten(path: &Path) -> anyhow::Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        set_mode(path, mode & !0o077)?;
+    }
+    Ok(())
+}
+
+/// Serialises `useradd` within the process.
+static ACCOUNT_LOCK: Mutex<()> = Mutex::new(());
+
+/// Looks up `name`, creating it as a system account without login when missing.
+pub fn ensure_account(name: &str) -> anyhow::Result<Identity> {
+    let _held = ACCOUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(id) = lookup_account(name)? {
+        return Ok(id);
+    }
+    let shell = ["/usr/sbin/nologin", "/sbin/nologin", "/bin/false"]
+        .into_iter()
+        .find(|s| Path::new(s).exists())
+        .unwrap_or("/bin/false");
+    let mut last = String::new();
+    // Another process may hold the passwd lock for a moment: retry a few times.
+    for attempt in 0..10 {
+        let out = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                shell,
+                name,
+            ])
+            .env("PATH", TOOL_PATH)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                tracing::info!(
+                    local.user = name,
+                    "created the system account local tools run as"
+                );
+                break;
+            }
+            Ok(o) => last = String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => last = e.to_string(),
+        }
+        if lookup_account(name)?.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100 * (attempt + 1)));
+    }
+    lookup_account(name)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "the account `{name}` (SSHMODE_LOCAL_USER) does not exist and could not be created \
+             ({last}); create it with `useradd --system --user-group --shell /usr/sbin/nologin {name}`"
+        )
+    })
+}
+
+fn lookup_account(name: &str) -> anyhow::Result<Option<Identity>> {
+    let cname = CString::new(name)?;
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: all pointers are valid for the call; the record points into `buf`.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        return Ok(None);
+    }
+    let (uid, gid) = (pw.pw_uid, pw.pw_gid);
+    if uid == 0 {
+        anyhow::bail!("SSHMODE_LOCAL_USER `{name}` is root; choose an unprivileged account");
+    }
+    let mut groups = vec![0 as libc::gid_t; 64];
+    let mut n = groups.len() as libc::c_int;
+    // SAFETY: `groups` holds `n` entries; getgrouplist writes at most that many.
+    let rc = unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+    if rc < 0 {
+        groups.clear();
+        groups.push(gid);
+    } else {
+        groups.truncate(n.max(0) as usize);
+    }
+    Ok(Some(Identity {
+        name: name.to_string(),
+        uid,
+        gid,
+        groups,
+    }))
+}
+
+fn current_user_name() -> String {
+    // SAFETY: geteuid has no preconditions; getpwuid returns static storage or null, copied
+    // out at once.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() {
+            return "sshmode".into();
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn level_names() {
+        let l = |separate_uid, landlock_abi| Level {
+            separate_uid,
+            landlock_abi,
+        };
+        assert_eq!(l(true, Some(7)).to_string(), "separate-uid+landlock-v7");
+        assert_eq!(l(false, Some(3)).to_string(), "landlock-v3");
+        assert_eq!(l(true, None).to_string(), "separate-uid");
+        assert_eq!(l(false, None).to_string(), "none");
+        assert!(!l(false, None).is_enforced());
+        assert!(l(false, Some(1)).is_enforced());
+    }
+}
