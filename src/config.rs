@@ -71,6 +71,8 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Model-router tunables.
     pub router: RouterTunables,
+    /// Agent turn tunables.
+    pub agent: AgentConfig,
 }
 
 /// Lark app credentials (`LARK_*`).
@@ -153,6 +155,30 @@ pub struct RouterTunables {
     pub rate_cooldown: Duration,
     /// `SSHMODE_PROBE_INTERVAL_SECS`: how often cooling entries are probed.
     pub probe_interval: Duration,
+}
+
+// ---- Agent turns ------------------------------------------------------------------------------
+
+/// Agent turn tunables.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// `SSHMODE_TURN_BUDGET_SECS`: wall-clock budget of one turn, counted across resumes.
+    /// Default 900 s (15 min): room for a build or a test run, short enough that a runaway
+    /// turn costs little.
+    pub turn_budget: Duration,
+    /// `SSHMODE_TURN_LEASE_SECS`: how long a turn runner's claim holds without a heartbeat;
+    /// another replica resumes a turn this long after its runner died.
+    pub turn_lease: Duration,
+    /// `SSHMODE_TURN_WORKERS`: sections whose turns one replica runs at once.
+    pub turn_workers: usize,
+    /// `SSHMODE_MAX_ITERATIONS`: model calls per turn.
+    pub max_iterations: u32,
+    /// `SSHMODE_TOOL_TIMEOUT_SECS`: the longest one tool call may run.
+    pub tool_timeout: Duration,
+    /// `SSHMODE_TOOL_RESULT_LIMIT`: bytes of one tool result sent to the model (head + tail).
+    pub tool_result_limit: usize,
+    /// `SSHMODE_CONTEXT_TOKENS`: the context budget of a section's conversation.
+    pub context_tokens: usize,
 }
 
 impl Config {
@@ -355,6 +381,16 @@ impl Config {
             probe_interval: secs("SSHMODE_PROBE_INTERVAL_SECS", 300)?,
         };
 
+        let agent = AgentConfig {
+            turn_budget: secs("SSHMODE_TURN_BUDGET_SECS", 900)?,
+            turn_lease: secs("SSHMODE_TURN_LEASE_SECS", 30)?,
+            turn_workers: count("SSHMODE_TURN_WORKERS", 16)?,
+            max_iterations: count("SSHMODE_MAX_ITERATIONS", 40)?.min(10_000) as u32,
+            tool_timeout: secs("SSHMODE_TOOL_TIMEOUT_SECS", 600)?,
+            tool_result_limit: count("SSHMODE_TOOL_RESULT_LIMIT", 16 * 1024)?.max(256),
+            context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
+        };
+
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
             data_dir,
@@ -372,6 +408,7 @@ impl Config {
             inbox,
             exec,
             router,
+            agent,
         })
     }
 
