@@ -35,6 +35,10 @@ pub struct AppState {
     pub inbox: Arc<crate::inbox::Inbox>,
     /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
     pub exec: Arc<crate::exec::Executors>,
+    /// The agent: `accept` queues a turn request, `stop` is `/stop`.
+    pub agent: Arc<crate::agent::Agent>,
+    /// This replica's turn runner (claims sections, drives turns).
+    pub turns: Arc<crate::turns::Runner>,
 }
 
 /// How long shutdown waits for HTTP requests in flight, then again for background tasks,
@@ -44,12 +48,15 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Seams tests may replace.
 pub struct Overrides {
     pub clock: Arc<dyn Clock>,
+    /// The agent's view of chat control (bindings, `ssh_mode`); `None` = every section local.
+    pub section_control: Option<Arc<dyn crate::agent::SectionControl>>,
 }
 
 impl Default for Overrides {
     fn default() -> Self {
         Overrides {
             clock: Arc::new(SystemClock),
+            section_control: None,
         }
     }
 }
@@ -115,6 +122,15 @@ impl App {
             vault,
             metrics.clone(),
         )?);
+        let lark = Arc::new(lark);
+        let (agent, turns) = crate::agent::build(
+            &config,
+            store.pool.clone(),
+            exec.clone(),
+            llm.clone(),
+            lark.clone(),
+            overrides.section_control,
+        );
         let state = AppState {
             config: Arc::new(config),
             db: store.pool.clone(),
@@ -122,13 +138,16 @@ impl App {
             clock: overrides.clock,
             llm,
             shutdown: shutdown.clone(),
-            lark: Arc::new(lark),
+            lark,
             inbox: Arc::new(crate::inbox::Inbox::default()),
             exec: exec.clone(),
+            agent,
+            turns: turns.clone(),
         };
         let tasks = TaskTracker::new();
         crate::inbox::spawn_workers(&state, &tasks);
         tasks.spawn(exec.run_reaper(shutdown.clone()));
+        tasks.spawn(turns.run(shutdown.clone(), tasks.clone()));
         if let Some(router) = &state.llm {
             tasks.spawn(router.clone().probe_loop(shutdown.clone()));
         }
