@@ -168,7 +168,8 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         };
         let usage = routed.served.usage;
         if usage.prompt_tokens > 0 && estimate > 0 {
-            scale = (usage.prompt_tokens as f64 / estimate as f64).clamp(0.5, 4.0) * scale;
+            // Only ever up: the bytes/4 estimate is kept unless the provider counts more.
+            scale = (usage.prompt_tokens as f64 / estimate as f64).clamp(1.0, 4.0);
         }
         let mut reply = routed.response.message().cloned().unwrap_or_default();
         reply.role = "assistant".into();
