@@ -319,10 +319,15 @@ pub struct Fence {
 
 impl Fence {
     pub(super) fn new(db: PgPool, lease: &Lease) -> Self {
+        Self::at(db, &lease.section, lease.generation)
+    }
+
+    /// The fence of `section` as claimed at `generation` (writes pass only while it is current).
+    pub fn at(db: PgPool, section: &str, generation: i64) -> Self {
         Fence {
             db,
-            section: lease.section.clone(),
-            generation: lease.generation,
+            section: section.to_string(),
+            generation,
         }
     }
 

@@ -1114,3 +1114,108 @@ async fn history_survives_a_restart_and_old_tool_output_is_masked_first() {
     .unwrap();
     assert_eq!(stored, 1);
 }
+
+#[tokio::test]
+async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more() {
+    let env = env(&[]).await;
+    let s = unique("omt_fenced");
+    let ws = workspace(&env.app, &s).await;
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "echo $$ > pid; while [ ! -f go ]; do sleep 0.05; done; echo finished"}),
+        ),
+    );
+    env.llm.push(MODEL, say("should not be sent"));
+    let msg = unique("om_fenced");
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, &msg, "block"))
+        .await
+        .unwrap();
+    let pid_file = ws.join("pid");
+    wait_for("the command to start", 20, || async {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
+    })
+    .await;
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    // Another runner claims the section (as after an expired lease): the generation moves on.
+    sqlx::query(
+        "UPDATE turn_sections SET generation = generation + 1, holder = 'elsewhere',
+                lease_until = now() + interval '10 minutes' WHERE section_id = $1",
+    )
+    .bind(&s)
+    .execute(&env.app.state.db)
+    .await
+    .unwrap();
+    wait_for("the command to be killed", 10, || async {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    })
+    .await;
+    // Nothing marks the old runner's end; give it time to try writes (none may land).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let tool_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'tool'",
+    )
+    .bind(&s)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        tool_rows, 0,
+        "a write stamped with the old generation was refused"
+    );
+    assert_eq!(turn_states(&env.app, &s).await, vec!["running"]);
+    assert!(replies_to(&env.lark, &msg).is_empty());
+    assert_eq!(env.llm.count(MODEL), 1);
+}
+
+#[tokio::test]
+async fn a_fenced_write_waits_for_a_claim_in_progress_and_is_refused_after_it() {
+    use sshmode::turns::{Fence, Fenced};
+    let app = TestApp::spawn().await;
+    let db = app.state.db.clone();
+    let s = unique("omt_fence");
+    sqlx::query("INSERT INTO turn_sections (section_id, generation) VALUES ($1, 5)")
+        .bind(&s)
+        .execute(&db)
+        .await
+        .unwrap();
+    assert!(matches!(
+        Fence::at(db.clone(), &s, 4).begin().await,
+        Err(Fenced::Lost)
+    ));
+    // A write in progress holds the claim's share lock: a new claim waits for it …
+    let tx = Fence::at(db.clone(), &s, 5).begin().await.unwrap();
+    let claim = {
+        let db = db.clone();
+        let s = s.clone();
+        tokio::spawn(async move {
+            sqlx::query(
+                "UPDATE turn_sections SET generation = generation + 1 WHERE section_id = $1",
+            )
+            .bind(&s)
+            .execute(&db)
+            .await
+            .unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !claim.is_finished(),
+        "the claim waits for the write in progress"
+    );
+    tx.commit().await.unwrap();
+    claim.await.unwrap();
+    // … and after it, the old generation writes nothing.
+    assert!(matches!(
+        Fence::at(db.clone(), &s, 5).begin().await,
+        Err(Fenced::Lost)
+    ));
+    assert!(Fence::at(db, &s, 6).begin().await.is_ok());
+}
