@@ -69,10 +69,14 @@ pub async fn append(
 ) -> Result<i64, Fenced> {
     let value = serde_json::to_value(message).unwrap_or(Value::Null);
     let bytes = value.to_string().len() as i32;
-    let mut tx = fence.begin().await?;
-    let id: i64 = sqlx::query_scalar(
+    // One statement: the fence's check (a share lock on the section's row at the claimed
+    // generation) and the insert, in one round trip and one commit.
+    let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+         SELECT $1, $2, $3, $4, $5, $6
+          WHERE EXISTS (SELECT 1 FROM turn_sections
+                         WHERE section_id = $1 AND generation = $7 FOR SHARE)
+         RETURNING id",
     )
     .bind(fence.section())
     .bind(turn_id)
@@ -80,10 +84,10 @@ pub async fn append(
     .bind(call_id)
     .bind(&value)
     .bind(bytes)
-    .fetch_one(&mut *tx)
+    .bind(fence.generation())
+    .fetch_optional(fence.db())
     .await?;
-    tx.commit().await?;
-    Ok(id)
+    id.ok_or(Fenced::Lost)
 }
 
 fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {
