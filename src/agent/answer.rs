@@ -111,6 +111,18 @@ pub(super) async fn receipt(deps: &AgentDeps, message_id: &str) {
     }
 }
 
+/// A dropped request's receipt is replaced by the failure reaction (best effort).
+pub(super) async fn dropped(deps: &AgentDeps, d: &crate::turns::DroppedRequest) {
+    if let Some(r) = &d.receipt_reaction
+        && let Err(e) = deps.out.remove_reaction(&d.message_id, r).await
+    {
+        tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "removing the receipt reaction failed");
+    }
+    if let Err(e) = deps.out.add_reaction(&d.message_id, FAILURE).await {
+        tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "final reaction failed");
+    }
+}
+
 /// Replaces each message's receipt with the final reaction (once per message).
 pub(super) async fn finish_reactions(
     deps: &AgentDeps,

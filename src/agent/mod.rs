@@ -207,10 +207,16 @@ impl Agent {
                     }
                     s
                 }
-                StopOutcome::DroppedWaiting { dropped } => format!(
-                    "Dropped {dropped} waiting message{}.",
-                    if dropped == 1 { "" } else { "s" }
-                ),
+                StopOutcome::DroppedWaiting { dropped } => {
+                    for d in &dropped {
+                        answer::dropped(&self.deps, d).await;
+                    }
+                    format!(
+                        "Dropped {} waiting message{}.",
+                        dropped.len(),
+                        if dropped.len() == 1 { "" } else { "s" }
+                    )
+                }
                 StopOutcome::Idle => "Nothing is running here.".into(),
             },
         )

@@ -64,9 +64,17 @@ pub enum StopOutcome {
     /// `waiting` requests stay queued (a second `/stop` drops them).
     Stopping { turn_id: i64, waiting: i64 },
     /// A stop was already requested (or no turn ran): the waiting requests were dropped.
-    DroppedWaiting { dropped: i64 },
+    DroppedWaiting { dropped: Vec<DroppedRequest> },
     /// Nothing ran and nothing waited.
     Idle,
+}
+
+/// A waiting request a second `/stop` dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedRequest {
+    pub message_id: String,
+    /// Its receipt reaction, to take off.
+    pub receipt_reaction: Option<String>,
 }
 
 /// `/stop` for `section`, by `by` (an open_id): the first stop cancels the running turn and

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use super::{ActiveTurn, Enqueued, StopOutcome, TurnCancel, TurnEnd, TurnMessage, TurnRequest};
+use super::{
+    ActiveTurn, DroppedRequest, Enqueued, StopOutcome, TurnCancel, TurnEnd, TurnMessage,
+    TurnRequest,
+};
 
 /// The notification channel runners listen on (a wake-up only; the tables are the truth).
 pub(crate) const CHANNEL: &str = "sshmode_turns";
@@ -86,15 +89,21 @@ pub(super) async fn request_stop(
             StopOutcome::Stopping { turn_id, waiting }
         }
         _ => {
-            let dropped = sqlx::query(
-                "UPDATE turn_requests SET dropped_at = now()
-                 WHERE section_id = $1 AND turn_id IS NULL AND dropped_at IS NULL",
+            let dropped: Vec<DroppedRequest> = sqlx::query_as::<_, (String, Option<String>)>(
+                "UPDATE turn_requests SET dropped_at = now(), final_reaction = 'dropped'
+                 WHERE section_id = $1 AND turn_id IS NULL AND dropped_at IS NULL
+                 RETURNING message_id, receipt_reaction",
             )
             .bind(section)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?
-            .rows_affected() as i64;
-            if dropped == 0 && running.is_none() {
+            .into_iter()
+            .map(|(message_id, receipt_reaction)| DroppedRequest {
+                message_id,
+                receipt_reaction,
+            })
+            .collect();
+            if dropped.is_empty() && running.is_none() {
                 StopOutcome::Idle
             } else {
                 StopOutcome::DroppedWaiting { dropped }

@@ -1219,3 +1219,41 @@ async fn a_fenced_write_waits_for_a_claim_in_progress_and_is_refused_after_it() 
     ));
     assert!(Fence::at(db, &s, 6).begin().await.is_ok());
 }
+
+#[tokio::test]
+async fn a_second_stop_drops_the_waiting_messages() {
+    let env = env(&[]).await;
+    let s = unique("omt_drop");
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "while [ ! -f go ]; do sleep 0.05; done"}),
+        ),
+    );
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, "om_d1", "block"))
+        .await
+        .unwrap();
+    wait_for("the tool to start", 20, || tool_started(&env.app, &s)).await;
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, "om_d2", "waits"))
+        .await
+        .unwrap();
+    let first = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
+    assert!(first.contains("1 waiting message will run next"), "{first}");
+    let second = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
+    assert_eq!(second, "Dropped 1 waiting message.");
+    assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["stopped"]);
+    assert_eq!(reactions(&env.lark, "om_d2"), vec!["Typing", "CrossMark"]);
+    assert!(replies_to(&env.lark, "om_d2").is_empty());
+    assert_eq!(
+        env.app.state.agent.stop(&s, "ou_user").await.unwrap(),
+        "Nothing is running here."
+    );
+    assert_eq!(turn_states(&env.app, &s).await, vec!["stopped"]);
+}
