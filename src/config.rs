@@ -554,6 +554,28 @@ mod tests {
     }
 
     #[test]
+    fn agent_settings_have_documented_defaults_and_name_the_variable() {
+        let a = load(&[]).unwrap().agent;
+        assert_eq!(a.turn_budget, Duration::from_secs(900));
+        assert_eq!(a.tool_result_limit, 16 * 1024);
+        assert_eq!(a.turn_lease, Duration::from_secs(30));
+        let a = load(&[
+            ("SSHMODE_TURN_BUDGET_SECS", "60"),
+            ("SSHMODE_TOOL_RESULT_LIMIT", "4096"),
+            ("SSHMODE_CONTEXT_TOKENS", "8000"),
+        ])
+        .unwrap()
+        .agent;
+        assert_eq!(a.turn_budget, Duration::from_secs(60));
+        assert_eq!(a.tool_result_limit, 4096);
+        assert_eq!(a.context_tokens, 8000);
+        let e = load(&[("SSHMODE_TURN_BUDGET_SECS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_TURN_BUDGET_SECS"), "{e}");
+    }
+
+    #[test]
     fn a_malformed_env_line_is_not_quoted() {
         let e = dotenvy::Error::LineParse("LLM_API_KEY=sk-live-secret 'open".into(), 28);
         let msg = dotenv_parse_error(&e);
