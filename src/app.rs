@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::chat::{Deps, NoAgent};
+use crate::chat::Deps;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::lark::client::LarkClient;
@@ -26,12 +26,15 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Seams tests may replace.
 pub struct Overrides {
     pub clock: Arc<dyn Clock>,
+    /// The agent's view of chat control (bindings, `ssh_mode`); `None` = every section local.
+    pub section_control: Option<Arc<dyn crate::agent::SectionControl>>,
 }
 
 impl Default for Overrides {
     fn default() -> Self {
         Overrides {
             clock: Arc::new(SystemClock),
+            section_control: None,
         }
     }
 }
@@ -104,10 +107,24 @@ impl App {
             tasks.clone(),
         )?);
         exec.log_local_level();
-        let config = Arc::new(config);
-        let agent: Arc<dyn crate::chat::AgentPort> = Arc::new(NoAgent {
-            model_configured: llm.is_some(),
+        let lark = Arc::new(lark);
+        // The agent reads bindings and answers `ssh_mode` through chat control.
+        let control = overrides.section_control.unwrap_or_else(|| {
+            Arc::new(crate::agent::port::ChatControl {
+                db: store.pool.clone(),
+                clock: overrides.clock.clone(),
+                yolo_ttl: config.chat.yolo_ttl,
+            })
         });
+        let (agent, turns) = crate::agent::build(
+            &config,
+            store.pool.clone(),
+            exec.clone(),
+            llm.clone(),
+            lark.clone(),
+            Some(control),
+        );
+        let config = Arc::new(config);
         let state = AppState {
             triage: Arc::new(crate::lark::adapter::LarkTriage {
                 config: config.clone(),
@@ -119,12 +136,13 @@ impl App {
             clock: overrides.clock,
             llm,
             shutdown: shutdown.clone(),
-            lark: Arc::new(lark),
+            lark,
             inbox: Arc::new(crate::inbox::Inbox::new(
                 crate::inbox::ADMITTED_MAX,
                 tasks.clone(),
             )),
             exec: exec.clone(),
+            turns: turns.clone(),
         };
         let lark_client = state.lark.clone();
         let deps = Deps {
@@ -146,6 +164,7 @@ impl App {
             tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
         }
         tasks.spawn(exec.run_reaper(shutdown.clone()));
+        tasks.spawn(turns.run(shutdown.clone(), tasks.clone()));
         if let Some(router) = &state.llm {
             tasks.spawn(router.clone().probe_loop(shutdown.clone()));
         }

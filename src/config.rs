@@ -87,6 +87,8 @@ pub struct Config {
     pub chat: ChatConfig,
     /// Model-router tunables.
     pub router: RouterTunables,
+    /// Agent turn tunables.
+    pub agent: AgentConfig,
     /// HTTP server bounds.
     pub http: HttpConfig,
 }
@@ -340,6 +342,30 @@ impl LocalConfig {
     }
 }
 
+// ---- Agent turns ------------------------------------------------------------------------------
+
+/// Agent turn tunables.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// `SSHMODE_TURN_BUDGET_SECS`: wall-clock budget of one turn, counted across resumes.
+    /// Default 900 s (15 min): room for a build or a test run, short enough that a runaway
+    /// turn costs little.
+    pub turn_budget: Duration,
+    /// `SSHMODE_TURN_LEASE_SECS`: how long a turn runner's claim holds without a heartbeat;
+    /// another replica resumes a turn this long after its runner died.
+    pub turn_lease: Duration,
+    /// `SSHMODE_TURN_WORKERS`: sections whose turns one replica runs at once.
+    pub turn_workers: usize,
+    /// `SSHMODE_MAX_ITERATIONS`: model calls per turn.
+    pub max_iterations: u32,
+    /// `SSHMODE_TOOL_TIMEOUT_SECS`: the longest one tool call may run.
+    pub tool_timeout: Duration,
+    /// `SSHMODE_TOOL_RESULT_LIMIT`: bytes of one tool result sent to the model (head + tail).
+    pub tool_result_limit: usize,
+    /// `SSHMODE_CONTEXT_TOKENS`: the context budget of a section's conversation.
+    pub context_tokens: usize,
+}
+
 impl Config {
     /// Reads `.env` from the working directory (if present; it never overrides the real
     /// environment) and then the process environment.
@@ -556,6 +582,15 @@ impl Config {
         let chat = ChatConfig {
             yolo_ttl: secs("SSHMODE_YOLO_TTL_HOURS", 12)?.saturating_mul(3600),
         };
+        let agent = AgentConfig {
+            turn_budget: secs("SSHMODE_TURN_BUDGET_SECS", 900)?,
+            turn_lease: secs("SSHMODE_TURN_LEASE_SECS", 30)?,
+            turn_workers: count("SSHMODE_TURN_WORKERS", 16)?,
+            max_iterations: count("SSHMODE_MAX_ITERATIONS", 40)?.min(10_000) as u32,
+            tool_timeout: secs("SSHMODE_TOOL_TIMEOUT_SECS", 600)?,
+            tool_result_limit: count("SSHMODE_TOOL_RESULT_LIMIT", 16 * 1024)?.max(256),
+            context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
+        };
 
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
@@ -577,6 +612,7 @@ impl Config {
             chat,
             router,
             http,
+            agent,
         })
     }
 
@@ -779,6 +815,28 @@ mod tests {
         bad.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "yes please"));
         let e = load(&bad).unwrap_err().to_string();
         assert!(e.contains("SSHMODE_ALLOW_UNSIGNED_EVENTS"), "{e}");
+    }
+
+    #[test]
+    fn agent_settings_have_documented_defaults_and_name_the_variable() {
+        let a = load(&[]).unwrap().agent;
+        assert_eq!(a.turn_budget, Duration::from_secs(900));
+        assert_eq!(a.tool_result_limit, 16 * 1024);
+        assert_eq!(a.turn_lease, Duration::from_secs(30));
+        let a = load(&[
+            ("SSHMODE_TURN_BUDGET_SECS", "60"),
+            ("SSHMODE_TOOL_RESULT_LIMIT", "4096"),
+            ("SSHMODE_CONTEXT_TOKENS", "8000"),
+        ])
+        .unwrap()
+        .agent;
+        assert_eq!(a.turn_budget, Duration::from_secs(60));
+        assert_eq!(a.tool_result_limit, 4096);
+        assert_eq!(a.context_tokens, 8000);
+        let e = load(&[("SSHMODE_TURN_BUDGET_SECS", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_TURN_BUDGET_SECS"), "{e}");
     }
 
     #[test]

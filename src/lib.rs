@@ -7,6 +7,7 @@
 //! access; [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state.
 //! ARCHITECTURE.md has the map and the invariants.
 
+pub mod agent;
 pub mod app;
 pub mod audit;
 pub mod chat;
@@ -23,6 +24,7 @@ pub mod state;
 pub mod store;
 pub mod target;
 pub mod telemetry;
+pub mod turns;
 pub mod vault;
 
 /// Installs ring as rustls' process-wide crypto provider (we build rustls without aws-lc).

@@ -31,8 +31,10 @@ pub struct AppState {
     pub inbox: Arc<crate::inbox::Inbox>,
     /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
     pub exec: Arc<crate::exec::Executors>,
-    /// Where agent requests and `/stop` go (the turn runner, or a stand-in until it exists).
-    pub agent: Arc<dyn crate::chat::AgentPort>,
+    /// The agent: `accept` queues a turn request, `stop` is `/stop` (and the dispatcher's `AgentPort`).
+    pub agent: Arc<crate::agent::Agent>,
+    /// This replica's turn runner (claims sections, drives turns).
+    pub turns: Arc<crate::turns::Runner>,
     /// The domain's answers the request path needs without I/O.
     pub triage: Arc<dyn Triage>,
 }

@@ -283,6 +283,11 @@ impl Executors {
         Ok(self.ops(section, backend))
     }
 
+    /// The per-(backend, section) working directories, for callers that persist them.
+    pub fn cwds(&self) -> &CwdStore {
+        &self.cwds
+    }
+
     /// Closes idle SSH connections until `shutdown`; spawn it on the app's task tracker.
     pub async fn run_reaper(self: Arc<Self>, shutdown: CancellationToken) {
         self.ssh.clone().run_reaper(shutdown).await;

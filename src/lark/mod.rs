@@ -18,8 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
-use crate::state::AppState;
 use crate::http::body::BodyError;
+use crate::state::AppState;
 use webhook::{Rejection, SignatureHeaders, Verified};
 
 /// The `reason` label counted when a request is refused because [`crate::inbox::ADMITTED_MAX`]

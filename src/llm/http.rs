@@ -25,8 +25,8 @@ use tokio::sync::Semaphore;
 
 use super::router::RouterError;
 use super::wire::ChatRequest;
-use crate::state::AppState;
 use crate::http::body::{self, BodyError};
+use crate::state::AppState;
 
 /// Largest accepted request body: long agent contexts run to a few MB.
 const MAX_BODY: usize = 16 * 1024 * 1024;

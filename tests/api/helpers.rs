@@ -71,6 +71,7 @@ pub struct TestAppBuilder {
     vars: HashMap<String, String>,
     clock: Arc<dyn Clock>,
     db_url: Option<String>,
+    section_control: Option<Arc<dyn sshmode::agent::SectionControl>>,
 }
 
 impl TestApp {
@@ -89,6 +90,7 @@ impl TestApp {
             vars,
             clock: Arc::new(SystemClock),
             db_url: None,
+            section_control: None,
         }
     }
 
@@ -131,6 +133,12 @@ impl TestAppBuilder {
         self
     }
 
+    /// The agent's view of chat control (bindings, `ssh_mode`).
+    pub fn section_control(mut self, c: Arc<dyn sshmode::agent::SectionControl>) -> Self {
+        self.section_control = Some(c);
+        self
+    }
+
     /// Reuses an existing database (e.g. to restart the service on the same state).
     pub fn database(mut self, url: &str) -> Self {
         self.db_url = Some(url.to_string());
@@ -156,7 +164,10 @@ impl TestAppBuilder {
             config,
             listener,
             shutdown.clone(),
-            Overrides { clock: self.clock },
+            Overrides {
+                clock: self.clock,
+                section_control: self.section_control,
+            },
         )
         .await
         .expect("build app");

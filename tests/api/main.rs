@@ -1,6 +1,7 @@
 //! Black-box tests of sshmode against a real PostgreSQL (TEST_DATABASE_URL, which
 //! `scripts/test.sh` provides) and fakes of the services that cannot run here.
 
+mod agent;
 mod chat_control;
 mod exec;
 mod exec_ssh;

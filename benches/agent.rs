@@ -1,0 +1,318 @@
+//! Benchmark of the agent's own overhead per tool step (see BENCHMARKS.md): a fake model that
+//! answers at once with a `terminal` call of `true` until a turn has made STEPS calls, turns run
+//! by the real runner, local and against a real OpenSSH server on loopback. A step is the time
+//! between two consecutive model requests of a turn; the overhead is that minus the model's
+//! round trip (measured through the router alone) and the command's (the terminal tool alone).
+//!
+//! Run as root with `bash scripts/bench.sh agent` (it provides TEST_DATABASE_URL).
+
+#[path = "../tests/api/sshd.rs"]
+#[allow(dead_code)]
+mod sshd;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::Json;
+use axum::extract::State;
+use serde_json::{Value, json};
+use sqlx::Connection;
+use sshmode::agent::{ChatOut, SectionControl, SshModeAction};
+use sshmode::config::Config;
+use sshmode::exec::{Executors, Place};
+use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
+use sshmode::turns::TurnRequest;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use zeroize::Zeroizing;
+
+/// Tool steps per turn.
+const STEPS: usize = 20;
+/// Turns per backend.
+const TURNS: usize = 15;
+/// Direct round trips measured for the baselines.
+const RUNS: usize = 300;
+
+fn main() {
+    if !sshd::available() {
+        std::process::exit(1);
+    }
+    sshmode::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run());
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let med = samples[samples.len() / 2];
+    let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+    (med, p99)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+/// Arrival times of model requests with the number of tool results they carried.
+type Arrivals = Arc<Mutex<Vec<(Instant, usize)>>>;
+
+async fn model(State(arrivals): State<Arrivals>, Json(body): Json<Value>) -> Json<Value> {
+    let tools = body["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+        .unwrap_or(0);
+    arrivals.lock().unwrap().push((Instant::now(), tools));
+    let message = if body["tools"].is_null() || tools >= STEPS {
+        json!({"role": "assistant", "content": "done"})
+    } else {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{tools}"),
+               "type": "function", "function": {"name": "terminal",
+               // Distinct arguments, so the repetition guard does not end the turn.
+               "arguments": json!({"command": format!("true # {tools}")}).to_string()}}]})
+    };
+    Json(
+        json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
+    )
+}
+
+struct Fixed(Place);
+
+#[async_trait]
+impl SectionControl for Fixed {
+    async fn place(&self, _: &str) -> anyhow::Result<Place> {
+        Ok(self.0.clone())
+    }
+    async fn ssh_mode(
+        &self,
+        _: &str,
+        _: &str,
+        _: SshModeAction,
+        _: Option<&str>,
+    ) -> anyhow::Result<String> {
+        Ok("fixed".into())
+    }
+}
+
+/// Answers are not part of a step; they go nowhere.
+struct Nowhere;
+
+#[async_trait]
+impl ChatOut for Nowhere {
+    async fn add_reaction(&self, _: &str, _: &str) -> anyhow::Result<String> {
+        Ok("r".into())
+    }
+    async fn remove_reaction(&self, _: &str, _: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn reply_markdown(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: bool,
+        _: &str,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+async fn run() {
+    let server = std::env::var("TEST_DATABASE_URL")
+        .expect("TEST_DATABASE_URL is not set: run through scripts/bench.sh");
+    let db_name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&server).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {db_name}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let db_url = match server.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db_name}"),
+        None => panic!("unexpected TEST_DATABASE_URL"),
+    };
+
+    let arrivals: Arrivals = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let llm_base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let fake = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(model))
+        .with_state(arrivals.clone());
+    tokio::spawn(async move { axum::serve(listener, fake).await });
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let sshd_dir = dir.join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = sshd::Sshd::start(&sshd_dir, sshd::free_port());
+    let key = dir.join("bench_key");
+    sshd::new_key(&key, "ed25519", "");
+    sshd.authorize(&dir.join("bench_key.pub"));
+
+    let mut vars = HashMap::new();
+    vars.insert("DATABASE_URL".to_string(), db_url);
+    vars.insert(
+        "SSHMODE_DATA_DIR".to_string(),
+        dir.join("data").display().to_string(),
+    );
+    vars.insert("LLM_BASE_URL".to_string(), llm_base);
+    vars.insert("LLM_MODEL".to_string(), "m".to_string());
+    vars.insert("SSHMODE_MAX_ITERATIONS".to_string(), "1000".to_string());
+    let config = Config::from_vars(&|k| vars.get(k).cloned(), dir).unwrap();
+    let store = sshmode::store::Store::open(&config).await.unwrap();
+    let db = store.pool.clone();
+    let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
+    sshmode::target::add(
+        &db,
+        &vault,
+        NewTarget {
+            alias: "t".into(),
+            host: "127.0.0.1".into(),
+            port: sshd.port,
+            user: sshd::USER.into(),
+            description: None,
+            secrets: NewSecrets::Key {
+                key: Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
+                cert: None,
+            },
+            host_key_policy: HostKeyPolicy::Tofu,
+            host_key: None,
+            approve: true,
+        },
+        "bench",
+    )
+    .await
+    .unwrap();
+    let exec = Arc::new(Executors::new(&config.exec, db.clone(), vault).unwrap());
+    let metrics = Arc::new(sshmode::metrics::Metrics::new());
+    let router = Arc::new(
+        sshmode::llm::Router::from_config(
+            &config,
+            db.clone(),
+            Arc::new(sshmode::clock::SystemClock),
+            metrics,
+        )
+        .unwrap()
+        .unwrap(),
+    );
+
+    // Baseline: the model's round trip through the router (a request like a step's).
+    for _ in 0..20 {
+        router.chat(None, small_request()).await.unwrap();
+    }
+    let mut model_rt = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        router.chat(None, small_request()).await.unwrap();
+        model_rt.push(t.elapsed());
+    }
+    let (model_med, model_p99) = percentiles(model_rt);
+    arrivals.lock().unwrap().clear();
+
+    println!("\n## Agent overhead per tool step ({STEPS} steps × {TURNS} turns per backend)\n");
+    println!(
+        "model round trip through the router alone: median {}, p99 {}\n",
+        ms(model_med),
+        ms(model_p99)
+    );
+    println!(
+        "| backend | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) |"
+    );
+    println!("|---|---|---|---|");
+    for (label, place) in [("local", Place::Local), ("ssh", Place::Target("t".into()))] {
+        let never = CancellationToken::new();
+        let ops = exec.ops_for("bench_baseline", &place).await.unwrap();
+        for _ in 0..20 {
+            ops.terminal("true", Default::default(), &never)
+                .await
+                .unwrap();
+        }
+        let mut cmd_rt = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            ops.terminal("true", Default::default(), &never)
+                .await
+                .unwrap();
+            cmd_rt.push(t.elapsed());
+        }
+        let (cmd_med, cmd_p99) = percentiles(cmd_rt);
+
+        let (agent, runner) = sshmode::agent::build(
+            &config,
+            db.clone(),
+            exec.clone(),
+            Some(router.clone()),
+            Arc::new(Nowhere),
+            Some(Arc::new(Fixed(place.clone()))),
+        );
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(runner.clone().run(shutdown.clone(), tasks.clone()));
+        let mut steps = Vec::new();
+        for turn in 0..TURNS + 1 {
+            arrivals.lock().unwrap().clear();
+            let section = format!("omt_bench_{label}_{turn}");
+            agent
+                .accept(&TurnRequest {
+                    section: section.clone(),
+                    chat_id: "oc_bench".into(),
+                    message_id: format!("om_bench_{label}_{turn}"),
+                    sender: "ou_bench".into(),
+                    text: "go".into(),
+                    in_thread: true,
+                })
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let state: Option<String> =
+                    sqlx::query_scalar("SELECT state FROM turns WHERE section_id = $1")
+                        .bind(&section)
+                        .fetch_optional(&db)
+                        .await
+                        .unwrap();
+                if state.as_deref().is_some_and(|s| s != "running") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "turn did not end");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let a = arrivals.lock().unwrap().clone();
+            assert_eq!(a.len(), STEPS + 1, "every step reached the model");
+            if turn == 0 {
+                continue; // warm-up
+            }
+            for w in a.windows(2) {
+                assert_eq!(w[1].1, w[0].1 + 1);
+                steps.push(w[1].0 - w[0].0);
+            }
+        }
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        let (step_med, step_p99) = percentiles(steps);
+        let over = |d: Duration| d.saturating_sub(model_med + cmd_med);
+        println!(
+            "| {label} | {} / {} | {} / {} | {} / {} |",
+            ms(cmd_med),
+            ms(cmd_p99),
+            ms(step_med),
+            ms(step_p99),
+            ms(over(step_med)),
+            ms(over(step_p99))
+        );
+    }
+    drop(sshd);
+}
+
+fn small_request() -> sshmode::llm::ChatRequest {
+    sshmode::llm::ChatRequest {
+        messages: vec![sshmode::llm::Message::user("baseline")],
+        ..Default::default()
+    }
+}

@@ -1,0 +1,230 @@
+//! Answers in the chat: the receipt reaction, the final reaction, and the final answer as
+//! markdown `post` replies under Lark's 30 KB limit, each with a deterministic `uuid`.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::{AgentDeps, ChatOut, FAILURE, RECEIPT, SUCCESS};
+use crate::lark::client::{Content, LarkClient, idempotency_key};
+use crate::turns::{ActiveTurn, Fenced};
+
+/// Most bytes of markdown in one post. JSON escaping at most doubles it, which stays under
+/// Lark's 30 KB post limit with room for the envelope.
+const CHUNK_BYTES: usize = 14_000;
+
+/// A `post` body with one `md` element.
+pub fn post_content(markdown: &str) -> Value {
+    json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": markdown }]] } })
+}
+
+/// Splits markdown into chunks of at most [`CHUNK_BYTES`] (plus a fence line), at line breaks
+/// where possible; a code block cut by a split is closed and reopened.
+pub fn markdown_chunks(text: &str) -> Vec<String> {
+    let text = if text.trim().is_empty() {
+        "(no answer)"
+    } else {
+        text
+    };
+    let mut chunks = Vec::new();
+    let mut cur = String::new();
+    let mut in_code = false;
+    let push_piece =
+        |cur: &mut String, piece: &str, in_code: &mut bool, chunks: &mut Vec<String>| {
+            if !cur.is_empty() && cur.len() + piece.len() > CHUNK_BYTES {
+                let mut done = std::mem::take(cur);
+                if *in_code {
+                    if !done.ends_with('\n') {
+                        done.push('\n');
+                    }
+                    done.push_str("```");
+                    cur.push_str("```\n");
+                }
+                chunks.push(done);
+            }
+            cur.push_str(piece);
+            if piece.trim_start().starts_with("```") {
+                *in_code = !*in_code;
+            }
+        };
+    for line in text.split_inclusive('\n') {
+        if line.len() <= CHUNK_BYTES {
+            push_piece(&mut cur, line, &mut in_code, &mut chunks);
+            continue;
+        }
+        // A single huge line: cut at character boundaries.
+        let mut rest = line;
+        while !rest.is_empty() {
+            let mut end = rest.len().min(CHUNK_BYTES);
+            while !rest.is_char_boundary(end) {
+                end -= 1;
+            }
+            push_piece(&mut cur, &rest[..end], &mut in_code, &mut chunks);
+            rest = &rest[end..];
+        }
+    }
+    if !cur.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}
+
+/// Puts the receipt reaction on a queued message, once. If the turn already finished by the
+/// time the reaction exists, it is taken off again.
+pub(super) async fn receipt(deps: &AgentDeps, message_id: &str) {
+    let state: Option<(Option<String>, Option<String>)> = match sqlx::query_as(
+        "SELECT receipt_reaction, final_reaction FROM turn_requests WHERE message_id = $1",
+    )
+    .bind(message_id)
+    .fetch_optional(&deps.db)
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(lark.message_id = %message_id, error = %e, "reading the receipt state failed");
+            return;
+        }
+    };
+    if !matches!(state, Some((None, None))) {
+        return;
+    }
+    let reaction = match deps.out.add_reaction(message_id, RECEIPT).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(lark.message_id = %message_id, error = %format!("{e:#}"), "receipt reaction failed");
+            return;
+        }
+    };
+    let kept: Option<i64> = sqlx::query_scalar(
+        "UPDATE turn_requests SET receipt_reaction = $2
+          WHERE message_id = $1 AND receipt_reaction IS NULL AND final_reaction IS NULL
+         RETURNING id",
+    )
+    .bind(message_id)
+    .bind(&reaction)
+    .fetch_optional(&deps.db)
+    .await
+    .unwrap_or(None);
+    if kept.is_none()
+        && let Err(e) = deps.out.remove_reaction(message_id, &reaction).await
+    {
+        tracing::warn!(lark.message_id = %message_id, error = %format!("{e:#}"), "removing a late receipt reaction failed");
+    }
+}
+
+/// A dropped request's receipt is replaced by the failure reaction (best effort).
+pub(super) async fn dropped(deps: &AgentDeps, d: &crate::turns::DroppedRequest) {
+    if let Some(r) = &d.receipt_reaction
+        && let Err(e) = deps.out.remove_reaction(&d.message_id, r).await
+    {
+        tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "removing the receipt reaction failed");
+    }
+    if let Err(e) = deps.out.add_reaction(&d.message_id, FAILURE).await {
+        tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "final reaction failed");
+    }
+}
+
+/// Replaces each message's receipt with the final reaction (once per message).
+pub(super) async fn finish_reactions(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    success: bool,
+) -> Result<(), Fenced> {
+    let emoji = if success { SUCCESS } else { FAILURE };
+    for m in &turn.messages {
+        let mut tx = turn.fence.begin().await?;
+        let receipt: Option<Option<String>> = sqlx::query_scalar(
+            "UPDATE turn_requests SET final_reaction = $2
+              WHERE id = $1 AND final_reaction IS NULL RETURNING receipt_reaction",
+        )
+        .bind(m.request_id)
+        .bind(emoji)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let Some(receipt) = receipt else { continue };
+        if let Some(r) = receipt
+            && let Err(e) = deps.out.remove_reaction(&m.message_id, &r).await
+        {
+            tracing::warn!(lark.message_id = %m.message_id, error = %format!("{e:#}"), "removing the receipt reaction failed");
+        }
+        if let Err(e) = deps.out.add_reaction(&m.message_id, emoji).await {
+            tracing::warn!(lark.message_id = %m.message_id, error = %format!("{e:#}"), "final reaction failed");
+        }
+    }
+    Ok(())
+}
+
+/// Sends `text` as the turn's answer: a reply to the turn's last message, in its thread when
+/// it was in one, else in place. The uuids derive from the turn, so a resend is dropped.
+pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> anyhow::Result<()> {
+    let Some(last) = turn.messages.last() else {
+        return Ok(());
+    };
+    let key = format!("turn:{}", turn.id);
+    for (i, chunk) in markdown_chunks(text).iter().enumerate() {
+        let uuid = idempotency_key(&key, &format!("answer:{i}"));
+        deps.out
+            .reply_markdown(
+                &turn.chat_id,
+                &last.message_id,
+                chunk,
+                last.in_thread,
+                &uuid,
+            )
+            .await?;
+    }
+    turn.fence.mark_answered(turn.id).await?;
+    Ok(())
+}
+
+#[async_trait]
+impl ChatOut for LarkClient {
+    async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
+        Ok(LarkClient::add_reaction(self, message_id, emoji).await?)
+    }
+
+    async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()> {
+        Ok(LarkClient::remove_reaction(self, message_id, reaction_id).await?)
+    }
+
+    async fn reply_markdown(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        markdown: &str,
+        in_thread: bool,
+        uuid: &str,
+    ) -> anyhow::Result<()> {
+        let content = Content::Post(post_content(markdown));
+        self.reply(message_id, &content, in_thread, uuid, Some(chat_id))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_stay_under_the_post_limit_and_keep_code_fences() {
+        let mut text = String::from("intro\n```\n");
+        for i in 0..4000 {
+            text.push_str(&format!("line \"{i}\" \\ with quotes\n"));
+        }
+        text.push_str("```\nend\n");
+        let chunks = markdown_chunks(&text);
+        assert!(chunks.len() > 1);
+        for c in &chunks {
+            let encoded = post_content(c).to_string();
+            assert!(encoded.len() < 30_000, "{}", encoded.len());
+            assert_eq!(c.matches("```").count() % 2, 0, "fences balanced: {c:.80}");
+        }
+        assert!(chunks.concat().contains("line \"3999\""));
+        let huge = "é".repeat(40_000);
+        for c in markdown_chunks(&huge) {
+            assert!(post_content(&c).to_string().len() < 30_000);
+        }
+        assert_eq!(markdown_chunks("  "), vec!["(no answer)".to_string()]);
+    }
+}

@@ -1,0 +1,348 @@
+//! A section's conversation in Postgres and the context built from it.
+//!
+//! Every user message, model reply, tool start mark and tool result is appended (through the
+//! turn's fence) before the next step. The context sent to the model is the latest summary plus
+//! the messages after it, within the token budget: old tool outputs are masked first, then the
+//! oldest whole turns are summarised — the summary is stored before they leave the context.
+//! Nothing is ever deleted from the stored log.
+
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+
+use crate::llm::Message;
+use crate::turns::{Fence, Fenced};
+
+/// Most messages loaded into one context (beyond it the oldest are summarised anyway).
+const MAX_LOADED: i64 = 5000;
+/// Longest summary kept; older summary text is cut from the front.
+const MAX_SUMMARY_BYTES: usize = 8 * 1024;
+/// Tool outputs of the latest messages that are never masked.
+const KEEP_RECENT_TOOL_OUTPUTS: usize = 2;
+
+/// What a stored row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    User,
+    Assistant,
+    Tool,
+    /// A tool call about to run (not sent to the model; resume uses it).
+    ToolStarted,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::User => "user",
+            Kind::Assistant => "assistant",
+            Kind::Tool => "tool",
+            Kind::ToolStarted => "tool_started",
+        }
+    }
+
+    fn parse(s: &str) -> Kind {
+        match s {
+            "user" => Kind::User,
+            "assistant" => Kind::Assistant,
+            "tool" => Kind::Tool,
+            _ => Kind::ToolStarted,
+        }
+    }
+}
+
+/// One stored row.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub id: i64,
+    pub turn_id: i64,
+    pub kind: Kind,
+    pub call_id: Option<String>,
+    pub message: Message,
+}
+
+/// Appends a row; refused when the claim is stale.
+pub async fn append(
+    fence: &Fence,
+    turn_id: i64,
+    kind: Kind,
+    call_id: Option<&str>,
+    message: &Message,
+) -> Result<i64, Fenced> {
+    let value = serde_json::to_value(message).unwrap_or(Value::Null);
+    let bytes = value.to_string().len() as i32;
+    // One statement: the fence's check (a share lock on the section's row at the claimed
+    // generation) and the insert, in one round trip and one commit.
+    let id: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
+         SELECT $1, $2, $3, $4, $5, $6
+          WHERE EXISTS (SELECT 1 FROM turn_sections
+                         WHERE section_id = $1 AND generation = $7 FOR SHARE)
+         RETURNING id",
+    )
+    .bind(fence.section())
+    .bind(turn_id)
+    .bind(kind.as_str())
+    .bind(call_id)
+    .bind(&value)
+    .bind(bytes)
+    .bind(fence.generation())
+    .fetch_optional(fence.db())
+    .await?;
+    id.ok_or(Fenced::Lost)
+}
+
+fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {
+    let value: Value = r.try_get("message")?;
+    Ok(Stored {
+        id: r.try_get("id")?,
+        turn_id: r.try_get("turn_id")?,
+        kind: Kind::parse(r.try_get::<String, _>("kind")?.as_str()),
+        call_id: r.try_get("call_id")?,
+        message: serde_json::from_value(value).unwrap_or_default(),
+    })
+}
+
+/// Every row of one turn, in order (for resume).
+pub async fn of_turn(db: &PgPool, turn_id: i64) -> sqlx::Result<Vec<Stored>> {
+    sqlx::query(
+        "SELECT id, turn_id, kind, call_id, message FROM agent_messages
+          WHERE turn_id = $1 ORDER BY id",
+    )
+    .bind(turn_id)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(row_to_stored)
+    .collect()
+}
+
+/// Estimated tokens of a text: bytes / 4, scaled by what the provider last reported.
+fn tokens(bytes: usize, scale: f64) -> usize {
+    ((bytes as f64 / 4.0) * scale).ceil() as usize
+}
+
+fn message_bytes(m: &Message) -> usize {
+    serde_json::to_string(m).map(|s| s.len()).unwrap_or(0)
+}
+
+/// The context: `system`, the stored summary, and the conversation after it, within
+/// `budget` tokens. `scale` corrects the bytes/4 estimate when the provider reports usage.
+pub async fn context(
+    fence: &Fence,
+    system: &str,
+    budget: usize,
+    scale: f64,
+    current_turn: i64,
+) -> Result<Vec<Message>, Fenced> {
+    let db = fence.db();
+    let section = fence.section();
+    let (mut through, mut summary): (i64, String) = sqlx::query_as(
+        "SELECT through_id, summary FROM agent_summaries WHERE section_id = $1
+          ORDER BY through_id DESC LIMIT 1",
+    )
+    .bind(section)
+    .fetch_optional(db)
+    .await?
+    .unwrap_or((0, String::new()));
+    let mut rows: Vec<Stored> = sqlx::query(
+        "SELECT * FROM (SELECT id, turn_id, kind, call_id, message FROM agent_messages
+                          WHERE section_id = $1 AND id > $2 AND kind <> 'tool_started'
+                          ORDER BY id DESC LIMIT $3) r ORDER BY id",
+    )
+    .bind(section)
+    .bind(through)
+    .bind(MAX_LOADED)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(row_to_stored)
+    .collect::<sqlx::Result<_>>()?;
+
+    let fixed = tokens(system.len(), scale);
+    let total = |rows: &[Stored], summary: &str| {
+        fixed
+            + tokens(summary.len(), scale)
+            + rows
+                .iter()
+                .map(|r| tokens(message_bytes(&r.message), scale))
+                .sum::<usize>()
+    };
+
+    // 1. Mask old tool outputs, oldest first, keeping the latest few.
+    if total(&rows, &summary) > budget {
+        let tool_idx: Vec<usize> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.kind == Kind::Tool)
+            .map(|(i, _)| i)
+            .collect();
+        let maskable = tool_idx.len().saturating_sub(KEEP_RECENT_TOOL_OUTPUTS);
+        for &i in &tool_idx[..maskable] {
+            if total(&rows, &summary) <= budget {
+                break;
+            }
+            let text = rows[i].message.text_content();
+            if text.len() > 200 {
+                let id = rows[i].message.tool_call_id.clone().unwrap_or_default();
+                rows[i].message = Message::tool(
+                    id,
+                    format!(
+                        "[output of {} bytes masked to save context; run the tool again if you need it]",
+                        text.len()
+                    ),
+                );
+            }
+        }
+    }
+
+    // 2. Summarise the oldest whole turns (never the current one) until the rest fits.
+    if total(&rows, &summary) > budget {
+        let mut cut = 0;
+        while cut < rows.len()
+            && rows[cut].turn_id != current_turn
+            && total(&rows[cut..], &summary) > budget
+        {
+            let turn = rows[cut].turn_id;
+            while cut < rows.len() && rows[cut].turn_id == turn {
+                cut += 1;
+            }
+        }
+        if cut > 0 {
+            summary = summarise(&summary, &rows[..cut]);
+            through = rows[cut - 1].id;
+            let mut tx = fence.begin().await?;
+            sqlx::query(
+                "INSERT INTO agent_summaries (section_id, through_id, summary) VALUES ($1, $2, $3)",
+            )
+            .bind(section)
+            .bind(through)
+            .bind(&summary)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            rows.drain(..cut);
+        }
+    }
+
+    let mut out = Vec::with_capacity(rows.len() + 2);
+    out.push(Message::system(system));
+    if !summary.is_empty() {
+        out.push(Message::system(format!(
+            "Summary of the earlier conversation in this thread:\n{summary}"
+        )));
+    }
+    out.extend(rows.into_iter().map(|r| r.message));
+    Ok(out)
+}
+
+/// An extractive summary of `rows` (whole turns) appended to `previous`: what was asked, which
+/// tools ran, what was answered. Bounded to [`MAX_SUMMARY_BYTES`], oldest text cut first.
+fn summarise(previous: &str, rows: &[Stored]) -> String {
+    let mut s = previous.to_string();
+    let mut turn = None;
+    let mut tools: Vec<String> = Vec::new();
+    let flush_tools = |s: &mut String, tools: &mut Vec<String>| {
+        if !tools.is_empty() {
+            s.push_str(&format!("- tools used: {}\n", tools.join(", ")));
+            tools.clear();
+        }
+    };
+    for r in rows {
+        if turn != Some(r.turn_id) {
+            flush_tools(&mut s, &mut tools);
+            turn = Some(r.turn_id);
+        }
+        match r.kind {
+            Kind::User => s.push_str(&format!(
+                "- user: {}\n",
+                clip(&r.message.text_content(), 300)
+            )),
+            Kind::Assistant => {
+                for c in &r.message.tool_calls {
+                    tools.push(format!(
+                        "{}({})",
+                        c.function.name,
+                        clip(&c.function.arguments, 80)
+                    ));
+                }
+                let text = r.message.text_content();
+                if r.message.tool_calls.is_empty() && !text.trim().is_empty() {
+                    flush_tools(&mut s, &mut tools);
+                    s.push_str(&format!("- you answered: {}\n", clip(&text, 400)));
+                }
+            }
+            _ => {}
+        }
+    }
+    flush_tools(&mut s, &mut tools);
+    if s.len() > MAX_SUMMARY_BYTES {
+        let mut start = s.len() - MAX_SUMMARY_BYTES;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        s = format!("(older part omitted)\n{}", &s[start..]);
+    }
+    s
+}
+
+/// `s` cut to `max` bytes at a character boundary, with an ellipsis when cut.
+pub fn clip(s: &str, max: usize) -> String {
+    let s = s.trim();
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_names_requests_tools_and_answers_and_is_bounded() {
+        let mut call = crate::llm::ToolCall::default();
+        call.function.name = "terminal".into();
+        call.function.arguments = r#"{"command":"ls"}"#.into();
+        let rows = vec![
+            Stored {
+                id: 1,
+                turn_id: 7,
+                kind: Kind::User,
+                call_id: None,
+                message: Message::user("list files"),
+            },
+            Stored {
+                id: 2,
+                turn_id: 7,
+                kind: Kind::Assistant,
+                call_id: None,
+                message: Message {
+                    role: "assistant".into(),
+                    tool_calls: vec![call],
+                    ..Default::default()
+                },
+            },
+            Stored {
+                id: 3,
+                turn_id: 7,
+                kind: Kind::Assistant,
+                call_id: None,
+                message: Message {
+                    role: "assistant".into(),
+                    content: Some(crate::llm::wire::Content::Text("two files".into())),
+                    ..Default::default()
+                },
+            },
+        ];
+        let s = summarise("", &rows);
+        assert!(s.contains("user: list files"), "{s}");
+        assert!(s.contains("terminal("), "{s}");
+        assert!(s.contains("you answered: two files"), "{s}");
+        let long = summarise(&"x".repeat(20_000), &rows);
+        assert!(long.len() <= MAX_SUMMARY_BYTES + 40);
+        assert!(long.contains("you answered"));
+    }
+}

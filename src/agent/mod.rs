@@ -1,0 +1,265 @@
+//! The agent: one turn of a section's conversation. It builds the context (stored conversation
+//! within a token budget, a system prompt from the section's state), calls the model through
+//! the router, runs the tools the model asks for on the section's backend *resolved at each
+//! call*, stores every model reply and tool result before the next step, enforces the bounds,
+//! and answers in the chat.
+//!
+//! It reaches the rest of the system through small seams: [`SectionControl`] (the section's
+//! backend and the `ssh_mode` domain API, owned by chat control), [`ChatOut`] (reactions and
+//! replies; implemented for the Lark client), and [`StepSink`] (step events for a live progress
+//! view). Durability, leases and cancellation come from [`crate::turns`], which calls
+//! [`Agent`] as its [`TurnWork`].
+//!
+//! Never: picks a backend itself or falls back to local when the bound target fails (a tool
+//! fails with the reason); hands a backend to a control-plane tool; re-runs a tool call whose
+//! outcome is unknown.
+
+mod answer;
+mod conversation;
+pub mod port;
+mod prompt;
+mod run;
+mod tools;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::PgPool;
+
+use crate::config::AgentConfig;
+use crate::exec::{Executors, Place};
+use crate::llm::Router;
+use crate::turns::{self, ActiveTurn, Enqueued, StopOutcome, TurnRequest, TurnWork};
+
+pub use answer::{markdown_chunks, post_content};
+pub use tools::definitions as tool_definitions;
+
+/// The receipt reaction put on a message when its turn is queued.
+pub const RECEIPT: &str = "Typing";
+/// The reaction that replaces it when the turn answered.
+pub const SUCCESS: &str = "DONE";
+/// The reaction that replaces it when the turn failed, stopped or hit a bound.
+pub const FAILURE: &str = "CrossMark";
+
+/// What the model may ask of `ssh_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SshModeAction {
+    Status,
+    ListTargets,
+    RequestUse,
+    RequestLocal,
+}
+
+impl SshModeAction {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "status" => SshModeAction::Status,
+            "list_targets" => SshModeAction::ListTargets,
+            "request_use" => SshModeAction::RequestUse,
+            "request_local" => SshModeAction::RequestLocal,
+            _ => return None,
+        })
+    }
+}
+
+/// Chat control as the agent needs it (implemented by chat control; tests use their own).
+#[async_trait]
+pub trait SectionControl: Send + Sync + 'static {
+    /// The section's backend now (its binding). Called at every task-tool call.
+    async fn place(&self, section: &str) -> anyhow::Result<Place>;
+
+    /// The model's `ssh_mode` tool: a short, actionable answer (a refusal is an answer too;
+    /// an `Err` is a failure to decide at all).
+    async fn ssh_mode(
+        &self,
+        section: &str,
+        chat_id: &str,
+        action: SshModeAction,
+        target: Option<&str>,
+    ) -> anyhow::Result<String>;
+}
+
+/// Where answers go: reactions and markdown replies. Every reply carries a deterministic `uuid`
+/// so a retried or resumed turn never posts twice.
+#[async_trait]
+pub trait ChatOut: Send + Sync + 'static {
+    /// Adds a reaction; returns its id.
+    async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String>;
+    async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()>;
+    /// Replies to `message_id` with one markdown chunk (a `post` with an `md` element, under
+    /// 30 KB). `in_thread` keeps the answer in the message's thread; false answers in place.
+    async fn reply_markdown(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        markdown: &str,
+        in_thread: bool,
+        uuid: &str,
+    ) -> anyhow::Result<()>;
+}
+
+/// A step of a turn, for a live progress view.
+#[derive(Debug, Clone)]
+pub enum StepEvent {
+    Started {
+        resumed: bool,
+    },
+    /// The model answered; `tools` are the calls it asked for (empty for the final answer).
+    Model {
+        tools: Vec<String>,
+    },
+    ToolStarted {
+        tool: String,
+        short: String,
+    },
+    ToolFinished {
+        tool: String,
+        ok: bool,
+        millis: u64,
+    },
+    Ended {
+        outcome: String,
+    },
+}
+
+/// Receives step events. Must not block: a slow consumer drops events (bounded).
+pub trait StepSink: Send + Sync + 'static {
+    fn step(&self, section: &str, turn_id: i64, event: &StepEvent);
+}
+
+/// No progress view.
+pub struct NoProgress;
+
+impl StepSink for NoProgress {
+    fn step(&self, _: &str, _: i64, _: &StepEvent) {}
+}
+
+/// The section control used until chat control provides bindings: every section is local and
+/// `ssh_mode` says that SSH mode cannot be entered from here.
+pub struct LocalOnly;
+
+#[async_trait]
+impl SectionControl for LocalOnly {
+    async fn place(&self, _: &str) -> anyhow::Result<Place> {
+        Ok(Place::Local)
+    }
+
+    async fn ssh_mode(
+        &self,
+        _: &str,
+        _: &str,
+        action: SshModeAction,
+        _: Option<&str>,
+    ) -> anyhow::Result<String> {
+        Ok(match action {
+            SshModeAction::Status | SshModeAction::RequestLocal => {
+                "This thread runs locally.".into()
+            }
+            _ => "SSH targets cannot be used from this service yet.".into(),
+        })
+    }
+}
+
+/// What the agent is built from.
+pub struct AgentDeps {
+    pub db: PgPool,
+    pub exec: Arc<Executors>,
+    /// `None` when no model is configured: turns then answer with that.
+    pub llm: Option<Arc<Router>>,
+    /// The abstract model name (`SSHMODE_MODEL`); `None` = the router's default chain.
+    pub model: Option<String>,
+    pub control: Arc<dyn SectionControl>,
+    pub out: Arc<dyn ChatOut>,
+    pub steps: Arc<dyn StepSink>,
+    pub config: AgentConfig,
+}
+
+/// The agent. One per app; cheap to share.
+pub struct Agent {
+    deps: AgentDeps,
+}
+
+impl Agent {
+    pub fn new(deps: AgentDeps) -> Arc<Agent> {
+        Arc::new(Agent { deps })
+    }
+
+    /// Queues a chat message for a turn (idempotent on its message id) and puts the receipt
+    /// reaction on it. A redelivered message gets no second reaction.
+    pub async fn accept(&self, req: &TurnRequest) -> anyhow::Result<Enqueued> {
+        let queued = turns::enqueue(&self.deps.db, req).await?;
+        answer::receipt(&self.deps, &req.message_id).await;
+        Ok(queued)
+    }
+
+    /// `/stop` in `section` by `by`: asks the running turn to stop (it says itself what it had
+    /// done) or, on a second stop, drops the waiting messages. Returns what to tell the user.
+    pub async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String> {
+        Ok(
+            match turns::request_stop(&self.deps.db, section, by).await? {
+                StopOutcome::Stopping { waiting, .. } => {
+                    let mut s = "Stopping the running task.".to_string();
+                    if waiting > 0 {
+                        s.push_str(&format!(
+                        " {waiting} waiting message{} will run next; send /stop again to drop {}.",
+                        if waiting == 1 { "" } else { "s" },
+                        if waiting == 1 { "it" } else { "them" }
+                    ));
+                    }
+                    s
+                }
+                StopOutcome::DroppedWaiting { dropped } => {
+                    for d in &dropped {
+                        answer::dropped(&self.deps, d).await;
+                    }
+                    format!(
+                        "Dropped {} waiting message{}.",
+                        dropped.len(),
+                        if dropped.len() == 1 { "" } else { "s" }
+                    )
+                }
+                StopOutcome::Idle => "Nothing is running here.".into(),
+            },
+        )
+    }
+}
+
+#[async_trait]
+impl TurnWork for Agent {
+    async fn run_turn(&self, turn: &ActiveTurn) -> anyhow::Result<()> {
+        run::run_turn(&self.deps, turn).await
+    }
+}
+
+/// Builds the agent and this replica's turn runner from the app's handles (the runner is
+/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one.
+pub fn build(
+    config: &crate::config::Config,
+    db: PgPool,
+    exec: Arc<Executors>,
+    llm: Option<Arc<Router>>,
+    out: Arc<dyn ChatOut>,
+    control: Option<Arc<dyn SectionControl>>,
+) -> (Arc<Agent>, Arc<turns::Runner>) {
+    let agent = Agent::new(AgentDeps {
+        db: db.clone(),
+        exec,
+        llm,
+        model: config.model.clone(),
+        control: control.unwrap_or_else(|| Arc::new(LocalOnly)),
+        out,
+        steps: Arc::new(NoProgress),
+        config: config.agent.clone(),
+    });
+    let runner = turns::Runner::new(
+        db,
+        turns::RunnerConfig {
+            lease: config.agent.turn_lease,
+            workers: config.agent.turn_workers,
+            budget: config.agent.turn_budget,
+            poll: std::time::Duration::from_secs(1),
+        },
+        agent.clone(),
+    );
+    (agent, runner)
+}

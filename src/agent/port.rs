@@ -1,0 +1,80 @@
+//! Where the agent meets chat control, in both directions: [`ChatControl`] gives the agent the
+//! section's binding and the model's side of SSH Mode (`chat::binding`, `chat::model_api`), and
+//! [`Agent`] is the dispatcher's [`chat::AgentPort`]. Translation only: no decisions are made
+//! here, so authorisation stays in `chat::authz` and turn order in `turns`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::PgPool;
+
+use super::{Agent, SectionControl, SshModeAction};
+use crate::chat::{self, model_api::Here};
+use crate::clock::Clock;
+use crate::exec::Place;
+
+/// Chat control as the agent sees it: bindings read from Postgres at every call.
+pub struct ChatControl {
+    pub db: PgPool,
+    pub clock: Arc<dyn Clock>,
+    /// `SSHMODE_YOLO_TTL_HOURS`: how long a model-made binding may outlive nothing.
+    pub yolo_ttl: std::time::Duration,
+}
+
+#[async_trait]
+impl SectionControl for ChatControl {
+    async fn place(&self, section: &str) -> anyhow::Result<Place> {
+        chat::binding::resolve_place(&self.db, section, self.clock.now()).await
+    }
+
+    async fn ssh_mode(
+        &self,
+        section: &str,
+        chat_id: &str,
+        action: SshModeAction,
+        target: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let here = Here { section, chat_id };
+        let now = self.clock.now();
+        match action {
+            SshModeAction::Status => chat::model_api::status(&self.db, now, here).await,
+            SshModeAction::ListTargets => chat::model_api::list_targets(&self.db, here).await,
+            SshModeAction::RequestUse => match target {
+                Some(alias) => {
+                    chat::model_api::request_use(&self.db, now, self.yolo_ttl, here, alias).await
+                }
+                None => Ok(
+                    "request_use needs `target`: the alias of the target to enter \
+                            (list_targets shows them)."
+                        .to_string(),
+                ),
+            },
+            SshModeAction::RequestLocal => {
+                chat::model_api::request_local(&self.db, now, here).await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl chat::AgentPort for Agent {
+    async fn enqueue(&self, req: &chat::TurnRequest) -> anyhow::Result<Option<String>> {
+        if self.deps.llm.is_none() {
+            return Ok(Some(chat::NO_MODEL.to_string()));
+        }
+        self.accept(&crate::turns::TurnRequest {
+            section: req.section.clone(),
+            chat_id: req.chat_id.clone(),
+            message_id: req.message_id.clone(),
+            sender: req.sender_open_id.clone(),
+            text: req.text.clone(),
+            in_thread: req.in_thread,
+        })
+        .await?;
+        Ok(None)
+    }
+
+    async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String> {
+        Agent::stop(self, section, by).await
+    }
+}

@@ -1,0 +1,80 @@
+//! The system prompt, built at each step from the section's state: its backend (local, or the
+//! target alias with `user@host`), its working directory there, what `ssh_mode` can do here,
+//! and the line between task tools (the backend) and the local control plane.
+
+use super::{AgentDeps, SshModeAction};
+use crate::exec::Place;
+
+/// Builds the prompt. A part that cannot be read says so instead of failing the step.
+pub async fn system_prompt(deps: &AgentDeps, section: &str, chat_id: &str) -> String {
+    let place = deps.control.place(section).await;
+    let (backend, backend_name) = match &place {
+        Ok(Place::Local) => (
+            "the local backend: a sandboxed workspace on the service's own machine".to_string(),
+            "local".to_string(),
+        ),
+        Ok(Place::Target(alias)) => match crate::target::get(&deps.db, alias).await {
+            Ok(t) => (
+                format!(
+                    "the SSH target `{alias}` ({}@{}{})",
+                    t.user,
+                    t.host,
+                    if t.port == 22 {
+                        String::new()
+                    } else {
+                        format!(":{}", t.port)
+                    }
+                ),
+                alias.clone(),
+            ),
+            Err(_) => (
+                format!("the SSH target `{alias}` (not registered now: task tools will fail)"),
+                alias.clone(),
+            ),
+        },
+        Err(e) => (
+            format!("unknown right now ({e}); task tools will fail until it is resolved"),
+            String::new(),
+        ),
+    };
+    let cwd: Option<String> =
+        sqlx::query_scalar("SELECT dir FROM section_cwds WHERE section_id = $1 AND backend = $2")
+            .bind(section)
+            .bind(&backend_name)
+            .fetch_optional(&deps.db)
+            .await
+            .ok()
+            .flatten();
+    let ssh = match deps
+        .control
+        .ssh_mode(section, chat_id, SshModeAction::Status, None)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => format!("(status unavailable: {e})"),
+    };
+    format!(
+        "You are sshmode, an engineering assistant working in a team chat thread. You do the work \
+yourself with your tools and then answer briefly in Markdown.\n\n\
+## Where your task tools run\n\
+This thread's backend is {backend}. The task tools (terminal, read_file, write_file, patch, \
+search_files, execute_code) run there, resolved again at every call. Paths are on that host: \
+`~` is that user's home; relative paths are relative to the working directory{cwd}. \
+If the backend fails, the tool fails with the reason; nothing runs anywhere else instead.\n\n\
+## Switching backends\n\
+`ssh_mode` asks chat control: `status`, `list_targets`, `request_use` with a `target` \
+(allowed only where the users granted it with `/ssh yolo on`), `request_local`. A refusal is \
+final for this turn; tell the user what they can do (for example `/ssh use <alias>`). \
+Current state: {ssh}\n\n\
+## The control plane\n\
+Memory and skills belong to the service's local control plane, never to the backend. \
+Do not look for them on the target.\n\n\
+## Rules\n\
+Check before you change. Never repeat a command whose outcome is unknown without checking \
+its effect first. Keep answers short: what you did, what you found, what is left.",
+        cwd = match cwd {
+            Some(d) => format!(" (now `{d}`)"),
+            None => String::new(),
+        },
+    )
+}

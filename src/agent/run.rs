@@ -1,0 +1,565 @@
+//! One turn: resume from the last stored step, then model call → tool calls → model call …
+//! until a final answer or a bound, storing every step before the next.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::conversation::{self, Kind, Stored};
+use super::{AgentDeps, StepEvent, answer, prompt, tools};
+use crate::llm::{ChatRequest, Message, ToolCall};
+use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
+
+/// Claims of one turn after which it is given up (a turn that keeps killing its runner).
+const MAX_ATTEMPTS: i32 = 5;
+/// The same call returning the same result this many times ends the turn.
+const MAX_REPEATS: u32 = 3;
+/// What the model receives for a call that was started but whose result was never stored.
+pub const INTERRUPTED: &str = "interrupted, outcome unknown: check before repeating. \
+The service stopped while this call ran; it may or may not have taken effect, and it was not run again.";
+/// The answer when no model is configured.
+const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
+Chat commands still work: send /help to see them.";
+
+/// Why the loop stopped early.
+enum Halt {
+    /// Leave the turn running for another runner (shutdown, lost lease).
+    Leave,
+    /// End the turn with this state and message.
+    End(TurnEnd, String),
+}
+
+pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()> {
+    deps.steps.step(
+        &turn.section,
+        turn.id,
+        &StepEvent::Started {
+            resumed: turn.attempt > 1,
+        },
+    );
+    if turn.answered {
+        // The answer went out before the last runner died; only the ending is left.
+        return finish(deps, turn, TurnEnd::Done, "answered").await;
+    }
+    let mut stored = conversation::of_turn(turn.fence.db(), turn.id).await?;
+    if turn.attempt > MAX_ATTEMPTS {
+        let text = format!(
+            "I could not finish this: the task was interrupted {} times. {}",
+            turn.attempt - 1,
+            done_so_far(&stored)
+        );
+        return conclude(deps, turn, &stored, TurnEnd::Failed, &text).await;
+    }
+    let Some(router) = deps.llm.clone() else {
+        return conclude(deps, turn, &stored, TurnEnd::Failed, NO_MODEL).await;
+    };
+    if !stored.iter().any(|s| s.kind == Kind::User) {
+        for m in &turn.messages {
+            let msg = Message::user(m.text.clone());
+            let id = conversation::append(&turn.fence, turn.id, Kind::User, None, &msg).await?;
+            stored.push(Stored {
+                id,
+                turn_id: turn.id,
+                kind: Kind::User,
+                call_id: None,
+                message: msg,
+            });
+        }
+    }
+
+    let mut repeats = Repeats::default();
+    repeats.replay(&stored);
+    let mut scale = 1.0f64;
+    let cancel = turn.cancel.token();
+
+    // Resume: a stored final answer is delivered; open tool calls are settled first.
+    if let Some(last) = stored
+        .iter()
+        .rev()
+        .find(|s| s.kind == Kind::Assistant)
+        .cloned()
+    {
+        let answered_after = stored
+            .iter()
+            .any(|s| s.id > last.id && s.kind == Kind::User);
+        if !answered_after
+            && last.message.tool_calls.is_empty()
+            && stored.last().map(|s| s.id) == Some(last.id)
+        {
+            let text = last.message.text_content();
+            return deliver(deps, turn, TurnEnd::Done, &text).await;
+        }
+        if !last.message.tool_calls.is_empty() {
+            match run_calls(deps, turn, &mut stored, &last, &mut repeats).await? {
+                None => {}
+                Some(Halt::Leave) => return Ok(()),
+                Some(Halt::End(end, text)) => {
+                    return conclude(deps, turn, &stored, end, &text).await;
+                }
+            }
+        }
+    }
+
+    loop {
+        if let Some(h) = halted(turn, &stored) {
+            return match h {
+                Halt::Leave => Ok(()),
+                Halt::End(end, text) => conclude(deps, turn, &stored, end, &text).await,
+            };
+        }
+        let iterations = stored.iter().filter(|s| s.kind == Kind::Assistant).count() as u32;
+        if iterations >= deps.config.max_iterations {
+            let text = format!(
+                "Stopped: this task reached the limit of {} model steps per turn. {}",
+                deps.config.max_iterations,
+                done_so_far(&stored)
+            );
+            return conclude(deps, turn, &stored, TurnEnd::Bounded, &text).await;
+        }
+        let system = prompt::system_prompt(deps, &turn.section, &turn.chat_id).await;
+        let messages = match conversation::context(
+            &turn.fence,
+            &system,
+            deps.config.context_tokens,
+            scale,
+            turn.id,
+        )
+        .await
+        {
+            Ok(m) => m,
+            Err(Fenced::Lost) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let estimate = messages
+            .iter()
+            .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0))
+            .sum::<usize>()
+            / 4;
+        let request = ChatRequest {
+            messages,
+            tools: Some(tools::definitions()),
+            tool_choice: Some(json!("auto")),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let routed = tokio::select! {
+            r = router.chat(deps.model.as_deref(), request) => r,
+            _ = cancel.cancelled() => continue, // `halted` decides what the cancel means
+        };
+        let routed = match routed {
+            Ok(r) => r,
+            Err(e) => {
+                let text = crate::llm::classify::scrub(&e.to_string(), None);
+                log(
+                    deps,
+                    turn,
+                    "agent.error",
+                    json!({"turn": turn.id, "stage": "model", "error": text}),
+                )
+                .await;
+                let answer = format!(
+                    "I could not reach the model: {text}. Nothing more was done; send the request again later. {}",
+                    done_so_far(&stored)
+                );
+                return conclude(deps, turn, &stored, TurnEnd::Failed, &answer).await;
+            }
+        };
+        let usage = routed.served.usage;
+        if usage.prompt_tokens > 0 && estimate > 0 {
+            // Only ever up: the bytes/4 estimate is kept unless the provider counts more.
+            scale = (usage.prompt_tokens as f64 / estimate as f64).clamp(1.0, 4.0);
+        }
+        let mut reply = routed.response.message().cloned().unwrap_or_default();
+        reply.role = "assistant".into();
+        let id =
+            match conversation::append(&turn.fence, turn.id, Kind::Assistant, None, &reply).await {
+                Ok(id) => id,
+                Err(Fenced::Lost) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+        let row = Stored {
+            id,
+            turn_id: turn.id,
+            kind: Kind::Assistant,
+            call_id: None,
+            message: reply.clone(),
+        };
+        stored.push(row.clone());
+        log(
+            deps,
+            turn,
+            "agent.step",
+            json!({
+                "turn": turn.id,
+                "route": format!("{}/{}", routed.served.provider, routed.served.model),
+                "chain": routed.served.chain,
+                "latency_ms": started.elapsed().as_millis() as u64,
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "tool_calls": reply.tool_calls.iter().map(|c| c.function.name.clone()).collect::<Vec<_>>(),
+            }),
+        )
+        .await;
+        deps.steps.step(
+            &turn.section,
+            turn.id,
+            &StepEvent::Model {
+                tools: reply
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.function.name.clone())
+                    .collect(),
+            },
+        );
+        if reply.tool_calls.is_empty() {
+            return deliver(deps, turn, TurnEnd::Done, &reply.text_content()).await;
+        }
+        match run_calls(deps, turn, &mut stored, &row, &mut repeats).await? {
+            None => {}
+            Some(Halt::Leave) => return Ok(()),
+            Some(Halt::End(end, text)) => return conclude(deps, turn, &stored, end, &text).await,
+        }
+    }
+}
+
+/// What a cancellation means now, if the turn was cancelled.
+fn halted(turn: &ActiveTurn, stored: &[Stored]) -> Option<Halt> {
+    Some(match turn.cancel.reason()? {
+        CancelReason::Shutdown | CancelReason::LeaseLost => Halt::Leave,
+        CancelReason::Stop => Halt::End(
+            TurnEnd::Stopped,
+            format!("Stopped by /stop. {}", done_so_far(stored)),
+        ),
+        CancelReason::Budget => Halt::End(
+            TurnEnd::Bounded,
+            format!(
+                "Stopped: this task used up its time budget. {}",
+                done_so_far(stored)
+            ),
+        ),
+    })
+}
+
+/// Runs the calls of `assistant` that have no stored result, in order. A call with a start
+/// mark but no result is not run again: the model gets [`INTERRUPTED`].
+async fn run_calls(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    stored: &mut Vec<Stored>,
+    assistant: &Stored,
+    repeats: &mut Repeats,
+) -> anyhow::Result<Option<Halt>> {
+    for call in &assistant.message.tool_calls {
+        let key = format!("{}:{}", assistant.id, call.id);
+        let has = |k: Kind| {
+            stored
+                .iter()
+                .any(|s| s.kind == k && s.call_id.as_deref() == Some(key.as_str()))
+        };
+        if has(Kind::Tool) {
+            continue;
+        }
+        if has(Kind::ToolStarted) {
+            store_result(turn, stored, &key, call, INTERRUPTED).await?;
+            log(deps, turn, "agent.tool", json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true})).await;
+            continue;
+        }
+        if let Some(h) = halted(turn, stored) {
+            return Ok(Some(h));
+        }
+        let mark = Message {
+            role: "tool_started".into(),
+            ..Default::default()
+        };
+        match conversation::append(&turn.fence, turn.id, Kind::ToolStarted, Some(&key), &mark).await
+        {
+            Ok(id) => stored.push(Stored {
+                id,
+                turn_id: turn.id,
+                kind: Kind::ToolStarted,
+                call_id: Some(key.clone()),
+                message: mark,
+            }),
+            Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+            Err(e) => return Err(e.into()),
+        }
+        let short = tools::short_form(call);
+        deps.steps.step(
+            &turn.section,
+            turn.id,
+            &StepEvent::ToolStarted {
+                tool: call.function.name.clone(),
+                short: short.clone(),
+            },
+        );
+        let result = tools::run(
+            deps,
+            &turn.section,
+            &turn.chat_id,
+            call,
+            turn.cancel.token(),
+        )
+        .await;
+        let reason = turn.cancel.reason();
+        let text = match reason {
+            Some(CancelReason::LeaseLost) => return Ok(Some(Halt::Leave)),
+            // The call was cut short by a shutdown: its effect is unknown to the next runner.
+            Some(CancelReason::Shutdown) => INTERRUPTED.to_string(),
+            Some(CancelReason::Stop) => format!("{}\n(stopped by the user's /stop)", result.text),
+            Some(CancelReason::Budget) => {
+                format!("{}\n(stopped: the turn's time budget ran out)", result.text)
+            }
+            None => result.text.clone(),
+        };
+        match store_result(turn, stored, &key, call, &text).await {
+            Ok(()) => {}
+            Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+            Err(e) => return Err(e.into()),
+        }
+        let target = result
+            .backend
+            .as_deref()
+            .filter(|b| *b != "local" && *b != "control");
+        log(
+            deps,
+            turn,
+            "agent.tool",
+            json!({
+                "turn": turn.id,
+                "tool": call.function.name,
+                "backend": match result.backend.as_deref() {
+                    Some("local") => "local", Some("control") => "control", Some(_) => "ssh", None => "unresolved",
+                },
+                "target": target,
+                "duration_ms": result.millis,
+                "exit": result.exit,
+                "ok": result.ok,
+                "short": short,
+            }),
+        )
+        .await;
+        if !result.ok {
+            log(
+                deps,
+                turn,
+                "agent.error",
+                json!({"turn": turn.id, "stage": "tool", "tool": call.function.name,
+                "error": crate::llm::classify::scrub(&result.text, None)}),
+            )
+            .await;
+        }
+        deps.steps.step(
+            &turn.section,
+            turn.id,
+            &StepEvent::ToolFinished {
+                tool: call.function.name.clone(),
+                ok: result.ok,
+                millis: result.millis,
+            },
+        );
+        if reason.is_some() {
+            return Ok(halted(turn, stored));
+        }
+        if repeats.record(call, &text) >= MAX_REPEATS {
+            let msg = format!(
+                "Stopped: the same `{}` call returned the same result {MAX_REPEATS} times, so I was not making progress. {}",
+                call.function.name,
+                done_so_far(stored)
+            );
+            return Ok(Some(Halt::End(TurnEnd::Bounded, msg)));
+        }
+    }
+    Ok(None)
+}
+
+async fn store_result(
+    turn: &ActiveTurn,
+    stored: &mut Vec<Stored>,
+    key: &str,
+    call: &ToolCall,
+    text: &str,
+) -> Result<(), Fenced> {
+    let msg = Message::tool(call.id.clone(), text);
+    let id = conversation::append(&turn.fence, turn.id, Kind::Tool, Some(key), &msg).await?;
+    stored.push(Stored {
+        id,
+        turn_id: turn.id,
+        kind: Kind::Tool,
+        call_id: Some(key.to_string()),
+        message: msg,
+    });
+    Ok(())
+}
+
+/// Ends the turn with `text`: every open call gets a "not run" result (so the stored
+/// conversation stays well-formed), the text is stored as the model's answer and sent.
+async fn conclude(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    stored: &[Stored],
+    end: TurnEnd,
+    text: &str,
+) -> anyhow::Result<()> {
+    if let Some(last) = stored.iter().rev().find(|s| s.kind == Kind::Assistant) {
+        for call in &last.message.tool_calls {
+            let key = format!("{}:{}", last.id, call.id);
+            let answered = stored
+                .iter()
+                .any(|s| s.kind == Kind::Tool && s.call_id.as_deref() == Some(key.as_str()));
+            if !answered {
+                let msg =
+                    Message::tool(call.id.clone(), "not run: the turn ended before this call");
+                match conversation::append(&turn.fence, turn.id, Kind::Tool, Some(&key), &msg).await
+                {
+                    Ok(_) => {}
+                    Err(Fenced::Lost) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    let msg = Message {
+        role: "assistant".into(),
+        content: Some(crate::llm::wire::Content::Text(text.to_string())),
+        ..Default::default()
+    };
+    match conversation::append(&turn.fence, turn.id, Kind::Assistant, None, &msg).await {
+        Ok(_) => {}
+        Err(Fenced::Lost) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    deliver(deps, turn, end, text).await
+}
+
+/// Sends the answer, sets the final reactions, ends the turn.
+async fn deliver(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    end: TurnEnd,
+    text: &str,
+) -> anyhow::Result<()> {
+    match answer::send(deps, turn, text).await {
+        Ok(()) => {}
+        Err(e)
+            if e.downcast_ref::<Fenced>()
+                .is_some_and(|f| matches!(f, Fenced::Lost)) =>
+        {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    }
+    finish(deps, turn, end, &conversation::clip(text, 200)).await
+}
+
+async fn finish(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    end: TurnEnd,
+    outcome: &str,
+) -> anyhow::Result<()> {
+    match answer::finish_reactions(deps, turn, end == TurnEnd::Done).await {
+        Ok(()) => {}
+        Err(Fenced::Lost) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    match turn.fence.finish_turn(turn.id, end, outcome).await {
+        Ok(()) => {}
+        Err(Fenced::Lost) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    log(
+        deps,
+        turn,
+        "agent.turn",
+        json!({"turn": turn.id, "end": end.as_str(), "attempt": turn.attempt}),
+    )
+    .await;
+    deps.steps.step(
+        &turn.section,
+        turn.id,
+        &StepEvent::Ended {
+            outcome: end.as_str().into(),
+        },
+    );
+    Ok(())
+}
+
+/// "Done so far: …" from the turn's stored calls and results.
+fn done_so_far(stored: &[Stored]) -> String {
+    let mut lines = Vec::new();
+    for s in stored.iter().filter(|s| s.kind == Kind::Assistant) {
+        for call in &s.message.tool_calls {
+            let key = format!("{}:{}", s.id, call.id);
+            let result = stored
+                .iter()
+                .find(|r| r.kind == Kind::Tool && r.call_id.as_deref() == Some(key.as_str()))
+                .map(|r| r.message.text_content());
+            let status = match result {
+                None => "did not finish".to_string(),
+                Some(t) => conversation::clip(t.lines().next().unwrap_or_default(), 80),
+            };
+            lines.push(format!(
+                "- `{}` {}: {status}",
+                call.function.name,
+                tools::short_form(call)
+            ));
+        }
+    }
+    if lines.is_empty() {
+        "Nothing had been done yet.".into()
+    } else {
+        let n = lines.len();
+        if n > 20 {
+            lines.drain(..n - 20);
+            lines.insert(0, format!("- … {} earlier steps", n - 20));
+        }
+        format!("Done so far:\n{}", lines.join("\n"))
+    }
+}
+
+/// Counts identical (call, result) pairs within the turn.
+#[derive(Default)]
+struct Repeats(HashMap<u64, u32>);
+
+impl Repeats {
+    fn key(call: &ToolCall, result: &str) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        call.function.name.hash(&mut h);
+        let args = call
+            .parsed_arguments()
+            .map(|m| serde_json::Value::Object(m).to_string())
+            .unwrap_or_else(|_| call.function.arguments.clone());
+        args.hash(&mut h);
+        result.hash(&mut h);
+        h.finish()
+    }
+
+    fn record(&mut self, call: &ToolCall, result: &str) -> u32 {
+        let n = self.0.entry(Self::key(call, result)).or_default();
+        *n += 1;
+        *n
+    }
+
+    /// Counts the pairs already stored (on resume).
+    fn replay(&mut self, stored: &[Stored]) {
+        for s in stored.iter().filter(|s| s.kind == Kind::Assistant) {
+            for call in &s.message.tool_calls {
+                let key = format!("{}:{}", s.id, call.id);
+                if let Some(r) = stored
+                    .iter()
+                    .find(|r| r.kind == Kind::Tool && r.call_id.as_deref() == Some(key.as_str()))
+                {
+                    self.record(call, &r.message.text_content());
+                }
+            }
+        }
+    }
+}
+
+async fn log(deps: &AgentDeps, turn: &ActiveTurn, kind: &str, payload: serde_json::Value) {
+    if let Err(e) = crate::eventlog::append(&deps.db, &turn.section, kind, payload).await {
+        tracing::warn!(turn.section = %turn.section, error = %e, "event log append failed");
+    }
+}

@@ -1,0 +1,539 @@
+//! The tools the model sees: JSON schemas, argument checking, and dispatch.
+//!
+//! Task tools resolve the section's backend through [`SectionControl::place`] at *each* call and
+//! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached fails the
+//! call with the reason. The section's working directory per backend is kept in Postgres
+//! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode` is a
+//! control-plane tool: it never receives a backend.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::conversation::clip;
+use super::{AgentDeps, SshModeAction};
+use crate::exec::ops::{ReadRange, RunOptions, SearchRequest, SearchTarget};
+use crate::exec::truncate::HeadTail;
+use crate::exec::{ExecError, Exit, Output, Place};
+use crate::llm::{Tool, ToolCall};
+
+/// The tool definitions sent with every model call.
+pub fn definitions() -> Vec<Tool> {
+    vec![
+        Tool::function(
+            "terminal",
+            "Run a shell command on this thread's backend, in the thread's working directory (a `cd` holds for the next command).",
+            json!({"type": "object", "properties": {
+                "command": {"type": "string", "description": "A POSIX shell command."},
+                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."}
+            }, "required": ["command"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "read_file",
+            "Read a text file on the backend. `~` is the backend user's home.",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"},
+                "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
+                "limit": {"type": "integer", "minimum": 1, "description": "Number of lines."}
+            }, "required": ["path"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "write_file",
+            "Create or replace a file on the backend (atomically; parent directories are created).",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"}
+            }, "required": ["path", "content"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "patch",
+            "Replace an exact string in a file on the backend (once, unless replace_all).",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+                "replace_all": {"type": "boolean"}
+            }, "required": ["path", "old_string", "new_string"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "search_files",
+            "Search file contents (regex) or file names (glob, with target=files) on the backend.",
+            json!({"type": "object", "properties": {
+                "pattern": {"type": "string"},
+                "path": {"type": "string", "description": "Where to search; default the working directory."},
+                "target": {"type": "string", "enum": ["content", "files"]},
+                "file_glob": {"type": "string"},
+                "max_results": {"type": "integer", "minimum": 1, "maximum": 1000}
+            }, "required": ["pattern"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "execute_code",
+            "Run a program on the backend (python by default; bash, sh, node, ruby, perl where installed).",
+            json!({"type": "object", "properties": {
+                "code": {"type": "string"},
+                "language": {"type": "string", "enum": ["python", "bash", "sh", "node", "ruby", "perl"]},
+                "timeout": {"type": "integer", "minimum": 1}
+            }, "required": ["code"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "ssh_mode",
+            "Ask chat control about this thread's backend: status, list_targets, request_use (with target), request_local.",
+            json!({"type": "object", "properties": {
+                "action": {"type": "string", "enum": ["status", "list_targets", "request_use", "request_local"]},
+                "target": {"type": "string", "description": "The target alias, for request_use."}
+            }, "required": ["action"], "additionalProperties": false}),
+        ),
+    ]
+}
+
+/// What a tool call produced, for the model and for the event log.
+#[derive(Debug, Clone)]
+pub struct ToolResult {
+    /// The text the model receives (already cut to the result limit).
+    pub text: String,
+    pub ok: bool,
+    /// `local`, a target alias, or `control` for control-plane tools; `None` when it was
+    /// never resolved.
+    pub backend: Option<String>,
+    /// How a command ended, when one ran.
+    pub exit: Option<String>,
+    pub millis: u64,
+}
+
+/// A checked argument object.
+struct Args<'a> {
+    tool: &'a str,
+    map: Map<String, Value>,
+}
+
+impl Args<'_> {
+    fn bad(&self, msg: String) -> String {
+        format!("invalid arguments for `{}`: {msg}", self.tool)
+    }
+
+    fn str(&self, name: &str) -> Result<String, String> {
+        match self.map.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
+            None => Err(self.bad(format!("`{name}` is required"))),
+        }
+    }
+
+    fn opt_str(&self, name: &str) -> Result<Option<String>, String> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
+        }
+    }
+
+    fn opt_u64(&self, name: &str) -> Result<Option<u64>, String> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v
+                .as_u64()
+                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+            {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.bad(format!("`{name}` must be a positive integer"))),
+            },
+        }
+    }
+
+    fn opt_bool(&self, name: &str) -> Result<bool, String> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(self.bad(format!("`{name}` must be true or false"))),
+        }
+    }
+
+    /// Refuses properties the schema does not list.
+    fn only(&self, allowed: &[&str]) -> Result<(), String> {
+        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(self.bad(format!(
+                "unknown argument `{k}` (allowed: {})",
+                allowed.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A short, log-safe description of a call (the command or path, clipped).
+pub fn short_form(call: &ToolCall) -> String {
+    let args = call.parsed_arguments().unwrap_or_default();
+    let key = match call.function.name.as_str() {
+        "terminal" => "command",
+        "execute_code" => "code",
+        "search_files" => "pattern",
+        "ssh_mode" => "action",
+        _ => "path",
+    };
+    let s = args.get(key).and_then(Value::as_str).unwrap_or_default();
+    let s = s.lines().next().unwrap_or_default();
+    crate::llm::classify::scrub(&clip(s, 120), None)
+}
+
+/// Runs one call. Never panics on the model's input; every failure is a result for the model.
+pub async fn run(
+    deps: &AgentDeps,
+    section: &str,
+    chat_id: &str,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> ToolResult {
+    let started = Instant::now();
+    let mut backend = None;
+    let mut exit = None;
+    let outcome = dispatch(
+        deps,
+        section,
+        chat_id,
+        call,
+        cancel,
+        &mut backend,
+        &mut exit,
+    )
+    .await;
+    let (text, ok) = match outcome {
+        Ok(t) => (t, true),
+        Err(e) => (format!("error: {e}"), false),
+    };
+    ToolResult {
+        text: cut(&text, deps.config.tool_result_limit),
+        ok,
+        backend,
+        exit,
+        millis: started.elapsed().as_millis() as u64,
+    }
+}
+
+async fn dispatch(
+    deps: &AgentDeps,
+    section: &str,
+    chat_id: &str,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+    backend_out: &mut Option<String>,
+    exit_out: &mut Option<String>,
+) -> Result<String, String> {
+    let tool = call.function.name.as_str();
+    let map = call.parsed_arguments().map_err(|e| e.to_string())?;
+    let args = Args { tool, map };
+    if tool == "ssh_mode" {
+        *backend_out = Some("control".into());
+        args.only(&["action", "target"])?;
+        let action_text = args.str("action")?;
+        let action = SshModeAction::parse(&action_text).ok_or_else(|| {
+            args.bad(
+                "`action` must be one of status, list_targets, request_use, request_local".into(),
+            )
+        })?;
+        let target = args.opt_str("target")?;
+        if action == SshModeAction::RequestUse && target.is_none() {
+            return Err(args.bad("`target` is required for request_use".into()));
+        }
+        return deps
+            .control
+            .ssh_mode(section, chat_id, action, target.as_deref())
+            .await
+            .map_err(|e| format!("ssh_mode failed: {e:#}"));
+    }
+    if !matches!(
+        tool,
+        "terminal" | "read_file" | "write_file" | "patch" | "search_files" | "execute_code"
+    ) {
+        return Err(format!(
+            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code or ssh_mode"
+        ));
+    }
+    // Check the arguments before anything is resolved or run.
+    let allowed: &[&str] = match tool {
+        "terminal" => &["command", "timeout"],
+        "read_file" => &["path", "offset", "limit"],
+        "write_file" => &["path", "content"],
+        "patch" => &["path", "old_string", "new_string", "replace_all"],
+        "search_files" => &["pattern", "path", "target", "file_glob", "max_results"],
+        _ => &["code", "language", "timeout"],
+    };
+    args.only(allowed)?;
+    let required: &[&str] = match tool {
+        "terminal" => &["command"],
+        "write_file" => &["path", "content"],
+        "patch" => &["path", "old_string", "new_string"],
+        "search_files" => &["pattern"],
+        "execute_code" => &["code"],
+        _ => &["path"],
+    };
+    for r in required {
+        args.str(r)?;
+    }
+
+    // The backend, resolved now: a switch made since the last call holds from this one.
+    let place = deps
+        .control
+        .place(section)
+        .await
+        .map_err(|e| format!("this thread's backend cannot be determined: {e:#}"))?;
+    *backend_out = Some(match &place {
+        Place::Local => "local".into(),
+        Place::Target(a) => a.clone(),
+    });
+    let ops = deps
+        .exec
+        .ops_for(section, &place)
+        .await
+        .map_err(|e| e.to_string())?;
+    let backend_name = ops.backend().name().to_string();
+    let seeded = seed_cwd(deps, section, &backend_name).await;
+
+    let limit = deps.config.tool_timeout;
+    let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
+    // File operations take no cancellation token: cancel (and the per-tool timeout) drop them.
+    let guarded = async {
+        match tool {
+            "terminal" => {
+                let command = args.str("command")?;
+                let opts = RunOptions {
+                    timeout: Some(timeout(args.opt_u64("timeout")?)),
+                    env: Vec::new(),
+                };
+                let r = ops
+                    .terminal(&command, opts, cancel)
+                    .await
+                    .map_err(exec_err)?;
+                *exit_out = Some(exit_text(&r.output.exit));
+                Ok(format_output(&r.output, Some(&r.cwd)))
+            }
+            "execute_code" => {
+                let code = args.str("code")?;
+                let lang = args.opt_str("language")?;
+                let t = timeout(args.opt_u64("timeout")?);
+                let out = ops
+                    .execute_code(&code, lang.as_deref(), Some(t), cancel)
+                    .await
+                    .map_err(exec_err)?;
+                *exit_out = Some(exit_text(&out.exit));
+                Ok(format_output(&out, None))
+            }
+            "read_file" => {
+                let path = args.str("path")?;
+                let range = match (args.opt_u64("offset")?, args.opt_u64("limit")?) {
+                    (None, None) => ReadRange::Whole,
+                    (start, count) => ReadRange::Lines {
+                        start: start.unwrap_or(1),
+                        count: count.unwrap_or(2000),
+                    },
+                };
+                let r = ops.read_file(&path, range).await.map_err(exec_err)?;
+                Ok(match r.text {
+                    None => format!("{} is a binary file of {} bytes", r.path, r.size),
+                    Some(t) => format!(
+                        "{} ({} bytes{}):\n{t}",
+                        r.path,
+                        r.size,
+                        if r.truncated {
+                            ", more follows: read on with offset"
+                        } else {
+                            ""
+                        }
+                    ),
+                })
+            }
+            "write_file" => {
+                let path = args.str("path")?;
+                let content = args.str("content")?;
+                let p = ops
+                    .write_file(&path, content.as_bytes())
+                    .await
+                    .map_err(exec_err)?;
+                Ok(format!("wrote {} bytes to {p}", content.len()))
+            }
+            "patch" => {
+                let r = ops
+                    .patch(
+                        &args.str("path")?,
+                        &args.str("old_string")?,
+                        &args.str("new_string")?,
+                        args.opt_bool("replace_all")?,
+                    )
+                    .await
+                    .map_err(exec_err)?;
+                Ok(format!(
+                    "patched {}: {} replacement(s)",
+                    r.path, r.replacements
+                ))
+            }
+            _ => {
+                let target = match args.opt_str("target")?.as_deref() {
+                    None | Some("content") => SearchTarget::Content,
+                    Some("files") => SearchTarget::Files,
+                    Some(_) => return Err(args.bad("`target` must be content or files".into())),
+                };
+                let req = SearchRequest {
+                    pattern: args.str("pattern")?,
+                    path: args.opt_str("path")?,
+                    target,
+                    file_glob: args.opt_str("file_glob")?,
+                    max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
+                };
+                let r = ops.search(&req, cancel).await.map_err(exec_err)?;
+                Ok(if r.matches.is_empty() {
+                    "no matches".to_string()
+                } else {
+                    format!(
+                        "{}{}",
+                        r.matches.join("\n"),
+                        if r.truncated {
+                            "\n(more results exist; narrow the search)"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+            }
+        }
+    };
+    // A little beyond the command's own timeout, so a command is killed by its own timeout
+    // first; this catches file operations that hang.
+    let outer = limit + Duration::from_secs(15);
+    let result = tokio::select! {
+        r = tokio::time::timeout(outer, guarded) => match r {
+            Ok(r) => r,
+            Err(_) => Err(format!("the tool did not finish within {} s and was abandoned", outer.as_secs())),
+        },
+        _ = cancel.cancelled(), if tool != "terminal" && tool != "execute_code" && tool != "search_files" => {
+            Err("cancelled".into())
+        }
+    };
+    if let Ok(now) = ops.cwd().await
+        && seeded.as_deref() != Some(now.as_str())
+    {
+        store_cwd(deps, section, &backend_name, &now).await;
+    }
+    result
+}
+
+fn exec_err(e: ExecError) -> String {
+    e.to_string()
+}
+
+fn exit_text(exit: &Exit) -> String {
+    match exit {
+        Exit::Code(c) => format!("exit {c}"),
+        Exit::Signal(s) => format!("signal {s}"),
+        Exit::TimedOut => "timed out".into(),
+        Exit::Cancelled => "cancelled".into(),
+    }
+}
+
+fn format_output(out: &Output, cwd: Option<&str>) -> String {
+    let mut s = match &out.exit {
+        Exit::Code(c) => format!("exit code: {c}\n"),
+        Exit::Signal(sig) => format!("killed by signal {sig}\n"),
+        Exit::TimedOut => "timed out: the command was killed with its process group\n".into(),
+        Exit::Cancelled => "cancelled: the command was killed with its process group\n".into(),
+    };
+    if let Some(d) = cwd {
+        s.push_str(&format!("cwd: {d}\n"));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stdout.is_empty() {
+        s.push_str(&format!("stdout:\n{stdout}"));
+        if !stdout.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    if !stderr.is_empty() {
+        s.push_str(&format!("stderr:\n{stderr}"));
+    }
+    if stdout.is_empty() && stderr.is_empty() {
+        s.push_str("(no output)\n");
+    }
+    s
+}
+
+/// Head + tail of `text` within `limit` bytes, with a note of what was cut.
+pub fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let note = format!(
+        "\n[result cut: {} bytes in all; the first and last parts are shown]",
+        text.len()
+    );
+    let mut ht = HeadTail::new(limit.saturating_sub(note.len() + 48).max(64));
+    ht.push(text.as_bytes());
+    let mut s = String::from_utf8_lossy(&ht.into_bytes()).into_owned();
+    s.push_str(&note);
+    s
+}
+
+async fn seed_cwd(deps: &AgentDeps, section: &str, backend: &str) -> Option<String> {
+    let dir: Option<String> =
+        sqlx::query_scalar("SELECT dir FROM section_cwds WHERE section_id = $1 AND backend = $2")
+            .bind(section)
+            .bind(backend)
+            .fetch_optional(&deps.db)
+            .await
+            .ok()
+            .flatten();
+    if let Some(d) = &dir {
+        deps.exec.cwds().set(backend, section, d.clone());
+    }
+    dir
+}
+
+async fn store_cwd(deps: &AgentDeps, section: &str, backend: &str, dir: &str) {
+    if let Err(e) = sqlx::query(
+        "INSERT INTO section_cwds (section_id, backend, dir) VALUES ($1, $2, $3)
+         ON CONFLICT (section_id, backend) DO UPDATE SET dir = $3, updated_at = now()",
+    )
+    .bind(section)
+    .bind(backend)
+    .bind(dir)
+    .execute(&deps.db)
+    .await
+    {
+        tracing::warn!(turn.section = %section, error = %e, "storing the working directory failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_keeps_head_and_tail_with_a_note() {
+        let text: String = (0..5000).map(|i| format!("{i}\n")).collect();
+        let c = cut(&text, 1024);
+        assert!(c.len() <= 1024 + 100, "{}", c.len());
+        assert!(c.starts_with("0\n1\n"));
+        assert!(c.contains("4999"));
+        assert!(c.contains("result cut"));
+        assert_eq!(cut("short", 1024), "short");
+    }
+
+    #[test]
+    fn schemas_name_the_contract_tools_and_required_arguments() {
+        let defs = definitions();
+        let find = |n: &str| {
+            defs.iter()
+                .find(|t| t.function.name == n)
+                .unwrap_or_else(|| panic!("{n}"))
+                .function
+                .parameters["required"]
+                .clone()
+        };
+        assert_eq!(find("terminal"), json!(["command"]));
+        assert_eq!(find("write_file"), json!(["path", "content"]));
+        assert_eq!(find("patch"), json!(["path", "old_string", "new_string"]));
+        assert_eq!(find("search_files"), json!(["pattern"]));
+        assert_eq!(find("execute_code"), json!(["code"]));
+        assert_eq!(find("ssh_mode"), json!(["action"]));
+        assert_eq!(find("read_file"), json!(["path"]));
+    }
+}
