@@ -26,6 +26,13 @@ enum Cmd {
     /// Manage SSH targets.
     #[command(subcommand)]
     Target(sshmode::target::cli::TargetCmd),
+    /// A terminal chat that is one local section, with the slash commands and the agent.
+    /// Needs no Lark settings; with piped input it handles each line in order and exits.
+    Chat {
+        /// Resume the section `console:NAME` (default: a new section named after the time).
+        #[arg(long, value_name = "NAME")]
+        section: Option<String>,
+    },
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
@@ -109,6 +116,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
+        Cmd::Chat { section } => sshmode::console::run(config, section).await,
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;
             let stdout = std::io::stdout();

@@ -3,6 +3,7 @@
 
 mod agent;
 mod chat_control;
+mod console;
 mod exec;
 mod exec_ssh;
 #[allow(dead_code)]
