@@ -56,7 +56,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    sshmode::telemetry::init(config.log_format, &config.log_filter);
+    // The console is a conversation on the terminal: routine log lines would drown it, so the
+    // default `info` becomes `warn` there (any other RUST_LOG is kept).
+    let filter = match &cli.cmd {
+        Cmd::Chat { .. } if config.log_filter == "info" => "warn",
+        _ => config.log_filter.as_str(),
+    };
+    sshmode::telemetry::init(config.log_format, filter);
     tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
