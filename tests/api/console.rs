@@ -260,3 +260,85 @@ async fn console_without_a_model_still_runs_commands_and_exits_at_end_of_input()
     assert!(stdout.contains(sshmode::chat::NO_MODEL), "{stdout}");
     assert_eq!(env.llm.requests().len(), 0);
 }
+
+/// Waits (bounded) until the request for `message_id` is settled.
+async fn settled(db: &sqlx::PgPool, message_id: &str) {
+    let deadline = tokio::time::Instant::now() + RUN_LIMIT;
+    while sshmode::turns::request_settled(db, message_id)
+        .await
+        .unwrap()
+        != Some(true)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{message_id} never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A service's runner leaves console sections to their console (it could not answer them),
+/// and the console's runner takes what waits in its section.
+#[tokio::test]
+async fn console_sections_are_run_by_their_console_only() {
+    let llm = FakeProvider::start().await;
+    let lark = crate::fake_lark::FakeLark::start().await;
+    let app = crate::helpers::TestApp::builder()
+        .var("LARK_BASE_URL", &lark.base)
+        .var("LLM_BASE_URL", &llm.base)
+        .var("LLM_API_KEY", "sk-console-test")
+        .var("LLM_MODEL", MODEL)
+        .spawn()
+        .await;
+    let name = format!("s{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let section = format!("console:{name}");
+    let request = |section: &str, message_id: &str| sshmode::turns::TurnRequest {
+        section: section.into(),
+        chat_id: section.into(),
+        message_id: message_id.into(),
+        sender: "console:someone".into(),
+        text: "hello".into(),
+        in_thread: true,
+    };
+    let waiting = format!("{section}:early");
+    let lark = format!("om_{name}");
+    // Queued first, so a runner that could claim it would take it before the other.
+    app.state
+        .agent
+        .accept(&request(&section, &waiting))
+        .await
+        .unwrap();
+    app.state
+        .agent
+        .accept(&request(&format!("omt_{name}"), &lark))
+        .await
+        .unwrap();
+    settled(&app.state.db, &lark).await;
+    assert_eq!(
+        sshmode::turns::request_settled(&app.state.db, &waiting)
+            .await
+            .unwrap(),
+        Some(false),
+        "the service's runner must not take a console section"
+    );
+
+    llm.always(
+        MODEL,
+        crate::fake_llm::text(MODEL, "answered in the console"),
+    );
+    let env = Env {
+        db_url: app.db_url.clone(),
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: llm.clone(),
+    };
+    let (code, out, err) = env.chat(&["--section", &name], &["and now?"]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("answered in the console"), "{out}");
+    assert_eq!(
+        sshmode::turns::request_settled(&app.state.db, &waiting)
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    app.stop().await;
+}
