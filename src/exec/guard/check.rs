@@ -1567,6 +1567,12 @@ mod bounds_and_wrappers {
         assert_allowed("((i++)); echo $((i << 2)) $[i*2]");
         assert_allowed("for ((i=0; i<3; i++)); do echo $i; done");
         assert_allowed("((cd /tmp) && ls)");
+        // Each `((` looks ahead for its end; many unclosed ones are refused, not slow.
+        assert_refused(&"((".repeat(30_000), "too-deep");
+        assert_refused(
+            &format!("{}\nrm -rf /etc", "$((1<<2".repeat(4_000)),
+            "too-deep",
+        );
     }
 
     #[test]

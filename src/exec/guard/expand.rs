@@ -153,6 +153,19 @@ impl Building {
         self.keep = true;
     }
 
+    /// An unknown part; `${X:?}` stops the command when X is empty, so it never is.
+    fn unknown_part(&mut self, p: &Part, display: &str) {
+        self.unknown(display);
+        if let Part::Opaque { source, .. } = p
+            && let Some(inner) = source.strip_prefix("${")
+            && inner
+                .find(|c: char| c != '_' && !c.is_ascii_alphanumeric())
+                .is_some_and(|n| inner[n..].starts_with(":?"))
+        {
+            self.if_empty.push('_');
+        }
+    }
+
     fn has_content(&self) -> bool {
         self.keep || !self.display.is_empty()
     }
@@ -257,7 +270,7 @@ impl Checker<'_> {
                 );
                 match self.part_value(p, env)? {
                     Ok(v) => self.push_value(&mut cur, &mut out, &v, quoted, env)?,
-                    Err(display) => cur.unknown(&display),
+                    Err(display) => cur.unknown_part(p, &display),
                 }
             }
             cur.finish(&mut out);
@@ -326,7 +339,7 @@ impl Checker<'_> {
                     self.spend(v.len())?;
                     cur.push(&v);
                 }
-                Err(display) => cur.unknown(&display),
+                Err(display) => cur.unknown_part(p, &display),
             }
         }
         let mut f = Field {
@@ -580,6 +593,8 @@ mod tests {
             .unwrap_err();
         assert!(r.message.contains("empty"), "{}", r.message);
         assert_allowed("rm -rf \"$UNSET\"");
+        assert_allowed("rm -rf \"${DIR:?}\"/*");
+        assert_refused("rm -rf \"${DIR?}\"/*", DELETE);
         assert_allowed("rm -rf \"$DIR\"/build");
     }
 }

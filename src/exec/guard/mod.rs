@@ -221,7 +221,8 @@ fn too_deep() -> Refusal {
         "too-deep",
         format!(
             "refused: the command nests shells, eval, substitutions or arithmetic more than \
-             {MAX_DEPTH} levels deep, too deep to check; flatten it"
+             {MAX_DEPTH} levels deep (or opens more of them than it closes), too deep to \
+             check; flatten it"
         ),
     )
 }

@@ -181,12 +181,19 @@ pub(super) struct Lexer {
     i: usize,
     /// Nesting level of this text (0 = the command as given).
     depth: usize,
+    /// Characters the search for the end of arithmetic may still look at. Each `((` looks
+    /// ahead, so a text of many unclosed ones would cost quadratic time without it; spent,
+    /// the text is refused as too intricate (never read as parentheses instead, which
+    /// could turn a `<<` inside arithmetic into a here-document).
+    lookahead: usize,
 }
 
 impl Lexer {
     pub(super) fn new(src: &str, depth: usize) -> Lexer {
+        let s: Vec<char> = src.chars().collect();
         Lexer {
-            s: src.chars().collect(),
+            lookahead: 8 * s.len() + 1024,
+            s,
             i: 0,
             depth,
         }
@@ -253,8 +260,9 @@ impl Lexer {
                     };
                     toks.push(Tok::Op(op));
                 }
-                '(' if self.peek(1) == Some('(') && self.arith_end(self.i + 2, ')').is_some() => {
-                    let end = self.arith_end(self.i + 2, ')').unwrap_or(self.s.len());
+                '(' if self.peek(1) == Some('(')
+                    && let Some(end) = self.arith_end(self.i + 2, ')')? =>
+                {
                     let part = self.arithmetic(self.i + 2, end, "((", "))")?;
                     self.i = (end + 2).min(self.s.len());
                     toks.push(Tok::Arith(Word { parts: vec![part] }));
@@ -496,15 +504,17 @@ impl Lexer {
                 self.i += 2;
                 self.double_quoted(w, Some('"'))?;
             }
-            Some('(') if self.peek(2) == Some('(') && self.arith_end(self.i + 3, ')').is_some() => {
-                let end = self.arith_end(self.i + 3, ')').unwrap_or(self.s.len());
+            Some('(')
+                if self.peek(2) == Some('(')
+                    && let Some(end) = self.arith_end(self.i + 3, ')')? =>
+            {
                 let part = self.arithmetic(self.i + 3, end, "$((", "))")?;
                 self.i = (end + 2).min(self.s.len());
                 w.parts.push(part);
             }
             Some('[') => {
                 // `$[…]` (old bash arithmetic); unclosed, it runs to the end of the text.
-                let end = self.arith_end(self.i + 2, ']').unwrap_or(self.s.len());
+                let end = self.arith_end(self.i + 2, ']')?.unwrap_or(self.s.len());
                 let part = self.arithmetic(self.i + 2, end, "$[", "]")?;
                 self.i = (end + 1).min(self.s.len());
                 w.parts.push(part);
@@ -567,7 +577,7 @@ impl Lexer {
     /// `))` (`close == ')'`) or `]`, at nesting level zero and outside quotes. `None` when it
     /// does not close — or, for `((`, when a single `)` closes it first, which makes it two
     /// nested subshells rather than arithmetic. One pass: linear in the text.
-    fn arith_end(&self, from: usize, close: char) -> Option<usize> {
+    fn arith_end(&mut self, from: usize, close: char) -> Result<Option<usize>, TooDeep> {
         let open = if close == ')' { '(' } else { '[' };
         let mut depth = 0usize;
         let mut k = from;
@@ -594,17 +604,24 @@ impl Lexer {
                 c if c == open => depth += 1,
                 c if c == close && depth > 0 => depth -= 1,
                 c if c == close => {
-                    return if close == ']' || self.s.get(k + 1) == Some(&')') {
+                    self.charge(k - from)?;
+                    return Ok(if close == ']' || self.s.get(k + 1) == Some(&')') {
                         Some(k)
                     } else {
                         None
-                    };
+                    });
                 }
                 _ => {}
             }
             k += 1;
         }
-        None
+        self.charge(k.saturating_sub(from))?;
+        Ok(None)
+    }
+
+    fn charge(&mut self, n: usize) -> Result<(), TooDeep> {
+        self.lookahead = self.lookahead.checked_sub(n).ok_or(TooDeep)?;
+        Ok(())
     }
 
     /// The arithmetic text `s[start..end]` as an opaque part: its value is unknown, the
