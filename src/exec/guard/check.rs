@@ -1667,6 +1667,9 @@ mod bounds_and_wrappers {
         at("/tmp/work", "rm -rf *").unwrap();
         at("/home/me/project", "rm -rf target").unwrap();
         at("/", "ls; cd /tmp/x && rm -rf *").unwrap();
+        // An unset variable is an empty argument, not the working directory.
+        at("/", "rm -rf \"$UNSET\"").unwrap();
+        at("/", "rm -rf $UNSET").unwrap();
         let env = [("TARGET".to_string(), "/".to_string())];
         let with_env = Context {
             env: &env,

@@ -95,6 +95,10 @@ impl Env {
     /// `path` as seen from the working directory, when that is known; a path inside the
     /// known home directory is written `~/…`.
     pub(super) fn resolve<'a>(&self, path: &'a str) -> std::borrow::Cow<'a, str> {
+        // An empty argument names no file (`rm -rf ""` deletes nothing).
+        if path.is_empty() {
+            return path.into();
+        }
         let absolute: std::borrow::Cow<'a, str> = match &self.cwd {
             Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
                 format!("{cwd}/{path}").into()
