@@ -327,10 +327,16 @@ impl Ops {
                 )));
             }
         };
-        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
-            self.guard.check(code).map_err(ExecError::Refused)?;
-        }
         let cwd = self.cwd().await?;
+        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
+            let context = Context {
+                cwd: Some(&cwd),
+                ..Context::default()
+            };
+            self.guard
+                .check_in(code, &context)
+                .map_err(ExecError::Refused)?;
+        }
         let script = format!(
             "cd -- {} 2>/dev/null || cd\nexec {interpreter}",
             shell_quote(&cwd)
