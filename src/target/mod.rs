@@ -605,6 +605,9 @@ pub async fn sealed_secrets(
     })
 }
 
+/// A row's sealed key, certificate and password, in that order.
+type SealedFields = [Option<Vec<u8>>; 3];
+
 /// Whether `text` holds a secret of any registered target (its key, certificate or password).
 /// The records are opened and compared inside the vault ([`Vault::contains_secret`]); only the
 /// answer comes back. Rows still at seal version 1 are skipped (they are refused when used).
@@ -615,7 +618,7 @@ pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool
     )
     .fetch_all(db)
     .await?;
-    let owned: Vec<(String, i64, [Option<Vec<u8>>; 3])> = rows
+    let owned: Vec<(String, i64, SealedFields)> = rows
         .iter()
         .map(|r| {
             (
