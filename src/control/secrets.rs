@@ -57,9 +57,10 @@ impl SecretFilter {
         }
         own.extend(config.api_token.clone());
         if let Some(url) = &config.database_url
-            && let Some(pw) = database_password(url.expose_secret())
+            && let Some((raw, decoded)) = database_password(url.expose_secret())
         {
-            own.push(SecretString::from(pw));
+            own.push(SecretString::from(raw));
+            own.push(SecretString::from(decoded));
         }
         own.retain(|s| !s.expose_secret().trim().is_empty());
         SecretFilter { own, vault }
@@ -93,8 +94,9 @@ pub fn has_private_key_block(text: &str) -> bool {
     })
 }
 
-/// The password part of `scheme://user:password@host/…`, percent-decoded.
-fn database_password(url: &str) -> Option<String> {
+/// The password part of `scheme://user:password@host/…`, as written and percent-decoded
+/// (either spelling may be pasted).
+fn database_password(url: &str) -> Option<(String, String)> {
     let rest = url.split_once("://")?.1;
     let authority = rest.split(['/', '?']).next()?;
     let userinfo = authority.rsplit_once('@')?.0;
@@ -102,7 +104,7 @@ fn database_password(url: &str) -> Option<String> {
     if pw.is_empty() {
         return None;
     }
-    Some(percent_decode(pw))
+    Some((pw.to_string(), percent_decode(pw)))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -141,8 +143,8 @@ mod tests {
     #[test]
     fn database_password_is_found_raw_and_decoded() {
         assert_eq!(
-            database_password("postgres://app:p%40ss@db:5432/x").as_deref(),
-            Some("p@ss")
+            database_password("postgres://app:p%40ss@db:5432/x"),
+            Some(("p%40ss".to_string(), "p@ss".to_string()))
         );
         assert_eq!(database_password("postgres://app@db/x"), None);
         assert_eq!(database_password("postgres:///x?host=/run"), None);
