@@ -372,7 +372,8 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .unwrap()
             .contains("local backend")
     );
-    assert_eq!(reqs[0].body["tools"].as_array().unwrap().len(), 7);
+    // Seven task and chat-control tools, plus memory and skills.
+    assert_eq!(reqs[0].body["tools"].as_array().unwrap().len(), 9);
 
     // The answer: a post with md, replying in place (a parent section).
     let replies = replies_to(&env.lark, &msg);
