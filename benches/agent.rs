@@ -188,7 +188,7 @@ async fn run() {
     )
     .await
     .unwrap();
-    let exec = Arc::new(Executors::new(&config.exec, db.clone(), vault).unwrap());
+    let exec = Arc::new(Executors::new(&config.exec, db.clone(), vault.clone()).unwrap());
     let metrics = Arc::new(sshmode::metrics::Metrics::new());
     let router = Arc::new(
         sshmode::llm::Router::from_config(
@@ -249,6 +249,11 @@ async fn run() {
             Some(router.clone()),
             Arc::new(Nowhere),
             Some(Arc::new(Fixed(place.clone()))),
+            Arc::new(sshmode::control::ControlPlane::new(
+                &config,
+                db.clone(),
+                vault.clone(),
+            )),
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

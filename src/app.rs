@@ -98,6 +98,11 @@ impl App {
         crate::target::reseal_legacy(&store.pool, &vault)
             .await
             .context("re-sealing vault records")?;
+        let plane = Arc::new(crate::control::ControlPlane::new(
+            &config,
+            store.pool.clone(),
+            vault.clone(),
+        ));
         let tasks = TaskTracker::new();
         let exec = Arc::new(crate::exec::Executors::with_metrics(
             &config.exec,
@@ -123,6 +128,7 @@ impl App {
             llm.clone(),
             lark.clone(),
             Some(control),
+            plane,
         );
         let config = Arc::new(config);
         let state = AppState {

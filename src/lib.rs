@@ -14,6 +14,7 @@ pub mod chat;
 pub mod clock;
 pub mod config;
 pub mod console;
+pub mod control;
 pub mod eventlog;
 pub mod exec;
 pub mod http;

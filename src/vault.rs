@@ -327,11 +327,64 @@ impl Vault {
         Ok(buf)
     }
 
+    /// Whether `text` holds the plaintext of any of `records` (the sealed secrets of targets,
+    /// as stored): the whole secret, or for a key or certificate any line of its encoded body.
+    /// Each record is opened here, compared and wiped; only the answer leaves. A record that
+    /// does not open is skipped (it could not authenticate either).
+    pub fn contains_secret(&self, text: &str, records: &[SealedRecord<'_>]) -> bool {
+        records.iter().any(|r| match self.open(&r.place, r.sealed) {
+            Ok(plain) => match std::str::from_utf8(&plain) {
+                Ok(secret) => holds(text, secret),
+                Err(_) => false,
+            },
+            Err(_) => false,
+        })
+    }
+
     /// Seals a version 1 record, as the first format did (tests of the re-seal only).
     #[cfg(test)]
     fn seal_legacy(&self, alias: &str, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
         self.seal_with(LEGACY_VERSION, alias.as_bytes(), alias, plaintext)
     }
+}
+
+/// One sealed record and the place it was sealed for (a target row's field).
+#[derive(Debug, Clone, Copy)]
+pub struct SealedRecord<'a> {
+    pub place: Place<'a>,
+    pub sealed: &'a [u8],
+}
+
+/// Shortest secret matched anywhere in a text; a shorter one must stand as a whole word.
+const MIN_SUBSTRING: usize = 8;
+/// Shortest line of a key or certificate body that counts as a piece of it.
+const MIN_KEY_LINE: usize = 16;
+
+/// Whether `text` holds `secret`: the whole of it, or (for a multi-line secret such as a key)
+/// any of its longer lines. Comparison only; nothing is copied out.
+pub fn holds(text: &str, secret: &str) -> bool {
+    let secret = secret.trim();
+    if secret.is_empty() {
+        return false;
+    }
+    if secret.contains('\n') {
+        return text.contains(secret)
+            || secret
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.len() >= MIN_KEY_LINE && !l.starts_with("-----"))
+                .any(|l| text.contains(l));
+    }
+    if secret.len() >= MIN_SUBSTRING {
+        // A one-line certificate (`type base64 comment`): its base64 part alone counts too.
+        return text.contains(secret)
+            || secret
+                .split_whitespace()
+                .filter(|w| w.len() >= 32)
+                .any(|w| text.contains(w));
+    }
+    text.split(|c: char| c.is_whitespace() || "\"'`,;:()[]{}<>=".contains(c))
+        .any(|w| w == secret)
 }
 
 #[cfg(test)]
@@ -353,6 +406,47 @@ mod tests {
         let path = dir.path().join("state/keys/master.key");
         let vault = Vault::open_or_create(&path).unwrap();
         (dir, path, vault)
+    }
+
+    #[test]
+    fn contains_secret_opens_compares_and_skips_foreign_records() {
+        let (_d, _p, v) = fresh();
+        let pw = v
+            .seal(
+                &Place {
+                    alias: "db",
+                    generation: 3,
+                    field: Field::Password,
+                },
+                b"hunter2-correct-horse",
+            )
+            .unwrap();
+        let rec = SealedRecord {
+            place: Place {
+                alias: "db",
+                generation: 3,
+                field: Field::Password,
+            },
+            sealed: &pw,
+        };
+        assert!(v.contains_secret("the db password is hunter2-correct-horse ok", &[rec]));
+        assert!(!v.contains_secret("the db password is in the vault", &[rec]));
+        // Sealed for another place: it does not open, so it matches nothing.
+        let wrong = SealedRecord {
+            place: at("db"),
+            sealed: &pw,
+        };
+        assert!(!v.contains_secret("hunter2-correct-horse", &[wrong]));
+    }
+
+    #[test]
+    fn holds_matches_whole_secrets_short_words_and_key_lines() {
+        assert!(holds("pw: s3cr3t!", "s3cr3t!"));
+        assert!(!holds("pws3cr3t!x", "s3cr3t!"));
+        let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n-----END OPENSSH PRIVATE KEY-----\n";
+        assert!(holds("a piece: b3BlbnNzaC1rZXktdjEAAAAABG5vbmU", key));
+        assert!(!holds("-----END OPENSSH PRIVATE KEY-----", key));
+        assert!(!holds("anything", "  "));
     }
 
     #[test]

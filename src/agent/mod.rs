@@ -169,6 +169,8 @@ pub struct AgentDeps {
     /// The abstract model name (`SSHMODE_MODEL`); `None` = the router's default chain.
     pub model: Option<String>,
     pub control: Arc<dyn SectionControl>,
+    /// The local control plane behind `memory` and `skills` (never a backend).
+    pub plane: Arc<crate::control::ControlPlane>,
     pub out: Arc<dyn ChatOut>,
     pub steps: Arc<dyn StepSink>,
     pub config: AgentConfig,
@@ -218,7 +220,7 @@ impl Agent {
                         if dropped.len() == 1 { "" } else { "s" }
                     )
                 }
-                StopOutcome::Idle => "Nothing is running here.".into(),
+                StopOutcome::Idle => crate::chat::NOTHING_RUNNING.into(),
             },
         )
     }
@@ -240,6 +242,7 @@ pub fn build(
     llm: Option<Arc<Router>>,
     out: Arc<dyn ChatOut>,
     control: Option<Arc<dyn SectionControl>>,
+    plane: Arc<crate::control::ControlPlane>,
 ) -> (Arc<Agent>, Arc<turns::Runner>) {
     let agent = Agent::new(AgentDeps {
         db: db.clone(),
@@ -247,6 +250,7 @@ pub fn build(
         llm,
         model: config.model.clone(),
         control: control.unwrap_or_else(|| Arc::new(LocalOnly)),
+        plane,
         out,
         steps: Arc::new(NoProgress),
         config: config.agent.clone(),

@@ -1,6 +1,7 @@
 //! The system prompt, built at each step from the section's state: its backend (local, or the
 //! target alias with `user@host`), its working directory there, what `ssh_mode` can do here,
-//! and the line between task tools (the backend) and the local control plane.
+//! the line between task tools (the backend) and the local control plane, and the chat's
+//! notes (fenced as notes, not instructions).
 
 use super::{AgentDeps, SshModeAction};
 use crate::exec::Place;
@@ -67,11 +68,19 @@ If the backend fails, the tool fails with the reason; nothing runs anywhere else
 final for this turn; tell the user what they can do (for example `/ssh use <alias>`). \
 Current state: {ssh}\n\n\
 ## The control plane\n\
-Memory and skills belong to the service's local control plane, never to the backend. \
-Do not look for them on the target.\n\n\
+Memory and skills belong to the service's local control plane, never to the backend, and \
+are the same whatever the backend. Do not look for them on the target. `memory` keeps short \
+notes for this chat (add, list, remove); `skills` lists, views and manages runbooks shared by \
+the deployment. Before remote work, view the built-in `ssh-mode` skill; after it, update \
+notes and skills with what you learned. Never store secrets in either.\n\n\
 ## Rules\n\
 Check before you change. Never repeat a command whose outcome is unknown without checking \
-its effect first. Keep answers short: what you did, what you found, what is left.",
+its effect first. Keep answers short: what you did, what you found, what is left.{notes}",
+        notes = match deps.plane.prompt_notes(chat_id).await {
+            Ok(b) if b.is_empty() => String::new(),
+            Ok(b) => format!("\n\n{b}"),
+            Err(e) => format!("\n\n(the notes of this chat cannot be read now: {e})"),
+        },
         cwd = match cwd {
             Some(d) => format!(" (now `{d}`)"),
             None => String::new(),

@@ -3,8 +3,8 @@
 //! Task tools resolve the section's backend through [`SectionControl::place`] at *each* call and
 //! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached fails the
 //! call with the reason. The section's working directory per backend is kept in Postgres
-//! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode` is a
-//! control-plane tool: it never receives a backend.
+//! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode`,
+//! `memory` and `skills` are control-plane tools: they never receive a backend.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use crate::llm::{Tool, ToolCall};
 
 /// The tool definitions sent with every model call.
 pub fn definitions() -> Vec<Tool> {
-    vec![
+    let mut tools = vec![
         Tool::function(
             "terminal",
             "Run a shell command on this thread's backend, in the thread's working directory (a `cd` holds for the next command).",
@@ -84,7 +84,9 @@ pub fn definitions() -> Vec<Tool> {
                 "target": {"type": "string", "description": "The target alias, for request_use."}
             }, "required": ["action"], "additionalProperties": false}),
         ),
-    ]
+    ];
+    tools.extend(crate::control::ControlPlane::definitions());
+    tools
 }
 
 /// What a tool call produced, for the model and for the event log.
@@ -168,7 +170,7 @@ pub fn short_form(call: &ToolCall) -> String {
         "terminal" => "command",
         "execute_code" => "code",
         "search_files" => "pattern",
-        "ssh_mode" => "action",
+        "ssh_mode" | "memory" | "skills" => "action",
         _ => "path",
     };
     let s = args.get(key).and_then(Value::as_str).unwrap_or_default();
@@ -241,12 +243,17 @@ async fn dispatch(
             .await
             .map_err(|e| format!("ssh_mode failed: {e:#}"));
     }
+    if crate::control::ControlPlane::owns(tool) {
+        *backend_out = Some("control".into());
+        let caller = crate::control::Caller { section, chat_id };
+        return deps.plane.call(tool, caller, &args.map).await;
+    }
     if !matches!(
         tool,
         "terminal" | "read_file" | "write_file" | "patch" | "search_files" | "execute_code"
     ) {
         return Err(format!(
-            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code or ssh_mode"
+            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, ssh_mode, memory or skills"
         ));
     }
     // Check the arguments before anything is resolved or run.
@@ -535,5 +542,7 @@ mod tests {
         assert_eq!(find("execute_code"), json!(["code"]));
         assert_eq!(find("ssh_mode"), json!(["action"]));
         assert_eq!(find("read_file"), json!(["path"]));
+        assert_eq!(find("memory"), json!(["action"]));
+        assert_eq!(find("skills"), json!(["action"]));
     }
 }

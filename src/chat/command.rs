@@ -66,6 +66,12 @@ commands! {
     /// Cancel the agent's running turn in this thread.
     usage "/stop"
     Stop,
+    /// List the notes the agent keeps for this chat.
+    usage "/memory list"
+    MemoryList,
+    /// Delete one of this chat's notes.
+    usage "/memory forget <id>"
+    MemoryForget { id: i64 },
 }
 
 /// Words that can never be an alias.
@@ -132,6 +138,7 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
             ))));
         }
         "/ssh" => {}
+        "/memory" => return Some(parse_memory(&rest)),
         _ => return None,
     }
     let usage = |variant: &str| {
@@ -195,6 +202,27 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
     })
 }
 
+/// `/memory list` and `/memory forget <id>`.
+fn parse_memory(rest: &[&str]) -> Result<Command, UsageError> {
+    let usage = |variant: &str| {
+        Err(UsageError(format!(
+            "Usage: {} (send /ssh help for all commands)",
+            usage_of(variant)
+        )))
+    };
+    let kw: Vec<String> = rest.iter().map(|w| w.to_lowercase()).collect();
+    match kw.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        [] | ["list"] => Ok(Command::MemoryList),
+        ["list", ..] => usage("MemoryList"),
+        ["forget", id] => match id.trim_start_matches('#').parse::<i64>() {
+            Ok(id) if id > 0 => Ok(Command::MemoryForget { id }),
+            _ => usage("MemoryForget"),
+        },
+        ["forget", ..] => usage("MemoryForget"),
+        _ => usage("MemoryList"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +263,10 @@ mod tests {
             ("/ssh", Command::Help),
             ("/help", Command::Help),
             ("  /stop ", Command::Stop),
+            ("/memory list", Command::MemoryList),
+            ("/memory", Command::MemoryList),
+            ("/MEMORY forget 12", Command::MemoryForget { id: 12 }),
+            ("/memory forget #3", Command::MemoryForget { id: 3 }),
         ];
         for (text, want) in cases {
             assert_eq!(parse(text), Some(Ok(want)), "{text}");
@@ -292,6 +324,12 @@ mod tests {
             "/ssh approve",
             "/ssh reject a b",
             "/ssh status now",
+            "/memory forget",
+            "/memory forget x",
+            "/memory forget -1",
+            "/memory forget 1 2",
+            "/memory list all",
+            "/memory wipe",
         ] {
             let r = parse(bad);
             assert!(matches!(r, Some(Err(_))), "{bad}: {r:?}");
@@ -318,7 +356,16 @@ mod tests {
         assert_eq!(use_("a", false).usage(), "/ssh use <alias> [--here]");
         assert_eq!(Command::Stop.usage(), "/stop");
         for v in [
-            "Use", "Local", "Status", "List", "YoloOn", "YoloOff", "Approve", "Reject",
+            "Use",
+            "Local",
+            "Status",
+            "List",
+            "YoloOn",
+            "YoloOff",
+            "Approve",
+            "Reject",
+            "MemoryList",
+            "MemoryForget",
         ] {
             assert_ne!(usage_of(v), "/ssh help", "{v}");
         }

@@ -147,6 +147,20 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             }
             Err(r) => r.to_string(),
         },
+        Command::MemoryList => crate::control::memory::render_for_user(
+            &crate::control::memory::list(&deps.db, &msg.chat_id).await?,
+        ),
+        Command::MemoryForget { id } => {
+            match crate::control::memory::remove(&deps.db, &msg.chat_id, section, &msg.sender, id)
+                .await?
+            {
+                Ok(()) => format!("Forgot note [{id}]."),
+                Err(e) => format!(
+                    "{}. Send /memory list to see this chat's notes.",
+                    capitalise(&e.to_string())
+                ),
+            }
+        }
         Command::Approve { alias } => {
             decide(deps, actor, &alias, Decision::Approve, Some(section)).await?
         }
@@ -155,6 +169,14 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
         }
     };
     reply.answer(&text, "reply").await
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
 }
 
 async fn decide(

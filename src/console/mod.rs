@@ -155,6 +155,11 @@ impl Session {
         crate::target::reseal_legacy(&db, &vault)
             .await
             .context("re-sealing vault records")?;
+        let plane = Arc::new(crate::control::ControlPlane::new(
+            &config,
+            db.clone(),
+            vault.clone(),
+        ));
         let exec = Arc::new(crate::exec::Executors::with_metrics(
             &config.exec,
             db.clone(),
@@ -175,6 +180,7 @@ impl Session {
             llm: llm.clone(),
             model: config.model.clone(),
             control,
+            plane,
             out: term.clone(),
             steps: term.clone(),
             config: config.agent.clone(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::guard::Guard;
+use super::guard::{Context, Guard};
 use super::{Backend, Command, CwdStore, ExecError, Exit, Output, shell_quote};
 use crate::config::ExecConfig;
 use crate::metrics::{ExecLabels, Metrics};
@@ -247,8 +247,16 @@ impl Ops {
         opts: RunOptions,
         cancel: &CancellationToken,
     ) -> Result<TerminalResult, ExecError> {
-        self.guard.check(command).map_err(ExecError::Refused)?;
         let cwd = self.cwd().await?;
+        let home = self.backend.home().await.ok();
+        let context = Context {
+            cwd: Some(&cwd),
+            home: home.as_deref(),
+            env: &opts.env,
+        };
+        self.guard
+            .check_in(command, &context)
+            .map_err(ExecError::Refused)?;
         let marker = format!("__sshmode_cwd_{}__", uuid::Uuid::new_v4().simple());
         let mut script = String::with_capacity(command.len() + 256);
         // The EXIT trap reports the final directory on stdout behind a one-time marker that
@@ -317,10 +325,16 @@ impl Ops {
                 )));
             }
         };
-        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
-            self.guard.check(code).map_err(ExecError::Refused)?;
-        }
         let cwd = self.cwd().await?;
+        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
+            let context = Context {
+                cwd: Some(&cwd),
+                ..Context::default()
+            };
+            self.guard
+                .check_in(code, &context)
+                .map_err(ExecError::Refused)?;
+        }
         let script = format!(
             "cd -- {} 2>/dev/null || cd\nexec {interpreter}",
             shell_quote(&cwd)

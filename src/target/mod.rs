@@ -605,6 +605,56 @@ pub async fn sealed_secrets(
     })
 }
 
+/// A row's sealed key, certificate and password, in that order.
+type SealedFields = [Option<Vec<u8>>; 3];
+
+/// Whether `text` holds a secret of any registered target (its key, certificate or password).
+/// The records are opened and compared inside the vault ([`Vault::contains_secret`]); only the
+/// answer comes back. Rows still at seal version 1 are skipped (they are refused when used).
+pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool, TargetError> {
+    let rows = sqlx::query(
+        "SELECT alias, generation, sealed_key, sealed_cert, sealed_password FROM targets \
+         WHERE seal_version = 2 ORDER BY generation LIMIT 10000",
+    )
+    .fetch_all(db)
+    .await?;
+    let owned: Vec<(String, i64, SealedFields)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get("alias"),
+                r.get("generation"),
+                [
+                    r.get("sealed_key"),
+                    r.get("sealed_cert"),
+                    r.get("sealed_password"),
+                ],
+            )
+        })
+        .collect();
+    let fields = [
+        crate::vault::Field::Key,
+        crate::vault::Field::Cert,
+        crate::vault::Field::Password,
+    ];
+    let records: Vec<crate::vault::SealedRecord<'_>> = owned
+        .iter()
+        .flat_map(|(alias, generation, sealed)| {
+            sealed.iter().zip(fields).filter_map(move |(s, field)| {
+                s.as_deref().map(|sealed| crate::vault::SealedRecord {
+                    place: crate::vault::Place {
+                        alias,
+                        generation: *generation,
+                        field,
+                    },
+                    sealed,
+                })
+            })
+        })
+        .collect();
+    Ok(vault.contains_secret(text, &records))
+}
+
 /// Re-seals every row still at seal version 1 (vault records bound to the alias alone) for
 /// its (alias, generation, field), one row per transaction; idempotent, and safe to run from
 /// several processes at once (a row is locked and re-checked). A row whose records do not

@@ -372,7 +372,8 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .unwrap()
             .contains("local backend")
     );
-    assert_eq!(reqs[0].body["tools"].as_array().unwrap().len(), 7);
+    // Seven task and chat-control tools, plus memory and skills.
+    assert_eq!(reqs[0].body["tools"].as_array().unwrap().len(), 9);
 
     // The answer: a post with md, replying in place (a parent section).
     let replies = replies_to(&env.lark, &msg);
@@ -758,7 +759,7 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
     // … and a stop with nothing running drops what waits.
     assert_eq!(
         other.state.agent.stop(&thread, "ou_user").await.unwrap(),
-        "Nothing is running here."
+        sshmode::chat::NOTHING_RUNNING
     );
     drop(sshd);
 }
@@ -1259,7 +1260,7 @@ async fn a_second_stop_drops_the_waiting_messages() {
     assert!(replies_to(&env.lark, "om_d2").is_empty());
     assert_eq!(
         env.app.state.agent.stop(&s, "ou_user").await.unwrap(),
-        "Nothing is running here."
+        sshmode::chat::NOTHING_RUNNING
     );
     assert_eq!(turn_states(&env.app, &s).await, vec!["stopped"]);
 }

@@ -386,6 +386,16 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
         .execute_code("rm -rf / --no-preserve-root", Some("sh"), None, &never)
         .await;
     assert!(matches!(r, Err(ExecError::Refused(_))), "{r:?}");
+
+    // It judges with the section's working directory: after `cd /` in one call, `rm -rf *`
+    // in the next would delete everything. (`--version` keeps the command harmless should
+    // the guard ever let it through: rm only prints its version.)
+    assert_eq!(sh(&ops, "cd /").await.cwd, "/");
+    let r = ops
+        .terminal("rm -rf --version *", RunOptions::default(), &never)
+        .await;
+    assert!(matches!(r, Err(ExecError::Refused(_))), "{r:?}");
+    assert_eq!(sh(&ops, &format!("cd {start}")).await.cwd, start);
 }
 
 #[tokio::test]

@@ -1,0 +1,284 @@
+//! The local control plane: what the agent keeps in the service's own store rather than on a
+//! backend — memory (notes per chat, [`memory`]) and skills (runbooks shared by the
+//! deployment, [`skills`], with the built-in SSH Mode skill) — behind the `memory` and
+//! `skills` tools, and the secret filter both go through ([`secrets`]).
+//!
+//! Everything here is the same whatever a section's backend: no function takes or resolves a
+//! [`crate::exec::Backend`] (invariant 3). Never: stores a text the secret filter refuses,
+//! echoes a refused secret, or lets one chat read another chat's notes.
+
+pub mod memory;
+pub mod secrets;
+pub mod skills;
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use sqlx::PgPool;
+
+use crate::config::Config;
+use crate::llm::Tool;
+use crate::vault::Vault;
+
+pub use secrets::{Refusal, SecretFilter};
+
+/// The control plane's handles: the database and the secret filter.
+pub struct ControlPlane {
+    db: PgPool,
+    filter: SecretFilter,
+}
+
+/// Where a tool call comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller<'a> {
+    pub section: &'a str,
+    /// The chat: the scope of notes.
+    pub chat_id: &'a str,
+}
+
+impl Caller<'_> {
+    /// The audit actor of a change the model makes.
+    fn actor(&self) -> String {
+        format!("model:{}", self.section)
+    }
+}
+
+impl ControlPlane {
+    pub fn new(config: &Config, db: PgPool, vault: Arc<Vault>) -> ControlPlane {
+        ControlPlane {
+            filter: SecretFilter::new(config, vault),
+            db,
+        }
+    }
+
+    /// Whether this is a control-plane tool.
+    pub fn owns(tool: &str) -> bool {
+        matches!(tool, "memory" | "skills")
+    }
+
+    /// The tool definitions (JSON schemas) of `memory` and `skills`.
+    pub fn definitions() -> Vec<Tool> {
+        vec![
+            Tool::function(
+                "memory",
+                "Short notes kept for this chat in the service's own store (never on the backend; the same on every backend). add a note (`content`), list them, or remove one (`id`). Notes are shown to you in later turns. Never store passwords, keys or tokens: they are refused.",
+                json!({"type": "object", "properties": {
+                    "action": {"type": "string", "enum": ["add", "list", "remove"]},
+                    "content": {"type": "string", "maxLength": memory::NOTE_MAX_CHARS, "description": "The note, for add."},
+                    "id": {"type": "integer", "minimum": 1, "description": "The note's id, for remove."}
+                }, "required": ["action"], "additionalProperties": false}),
+            ),
+            Tool::function(
+                "skills",
+                "Runbooks in Markdown shared by this deployment, kept in the service's own store. list them, view one (`name`), or manage one (`op` create, update or delete; `name`, `description`, `body`). The built-in `ssh-mode` skill is read-only.",
+                json!({"type": "object", "properties": {
+                    "action": {"type": "string", "enum": ["list", "view", "manage"]},
+                    "name": {"type": "string", "maxLength": skills::NAME_MAX},
+                    "op": {"type": "string", "enum": ["create", "update", "delete"]},
+                    "description": {"type": "string", "maxLength": skills::DESCRIPTION_MAX},
+                    "body": {"type": "string", "maxLength": skills::BODY_MAX}
+                }, "required": ["action"], "additionalProperties": false}),
+            ),
+        ]
+    }
+
+    /// Runs a `memory` or `skills` call. `Err` is the failure text for the model.
+    pub async fn call(
+        &self,
+        tool: &str,
+        caller: Caller<'_>,
+        args: &Map<String, Value>,
+    ) -> Result<String, String> {
+        let a = Args { tool, map: args };
+        match tool {
+            "memory" => self.memory(caller, &a).await,
+            "skills" => self.skills(caller, &a).await,
+            _ => Err(format!("`{tool}` is not a control-plane tool")),
+        }
+    }
+
+    /// The notes block of the system prompt for `chat_id` (empty when there are none).
+    pub async fn prompt_notes(&self, chat_id: &str) -> anyhow::Result<String> {
+        Ok(memory::prompt_block(
+            &memory::list(&self.db, chat_id).await?,
+        ))
+    }
+
+    /// Runs the secret filter on `text`; a refusal or a failure to check is the error text.
+    async fn screen(&self, what: &str, text: &str) -> Result<(), String> {
+        match self.filter.check(&self.db, text).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(r)) => Err(format!("refused: the {what} was not stored because {r}")),
+            Err(e) => Err(format!(
+                "the {what} was not stored: the secret check failed ({e:#})"
+            )),
+        }
+    }
+
+    async fn memory(&self, caller: Caller<'_>, a: &Args<'_>) -> Result<String, String> {
+        let db = &self.db;
+        let failed = |e: anyhow::Error| format!("memory failed: {e:#}");
+        match a.str("action")?.as_str() {
+            "list" => {
+                a.only(&["action"])?;
+                let notes = memory::list(db, caller.chat_id).await.map_err(failed)?;
+                Ok(memory::render_for_model(&notes))
+            }
+            "add" => {
+                a.only(&["action", "content"])?;
+                let content = a.str("content")?;
+                let content = memory::check_size(&content).map_err(|e| e.to_string())?;
+                self.screen("note", &content).await?;
+                let id = memory::add(
+                    db,
+                    caller.chat_id,
+                    caller.section,
+                    &caller.actor(),
+                    &content,
+                )
+                .await
+                .map_err(failed)?
+                .map_err(|e| e.to_string())?;
+                Ok(format!("noted as [{id}]"))
+            }
+            "remove" => {
+                a.only(&["action", "id"])?;
+                let id = a.id("id")?;
+                memory::remove(db, caller.chat_id, caller.section, &caller.actor(), id)
+                    .await
+                    .map_err(failed)?
+                    .map_err(|e| e.to_string())?;
+                Ok(format!("removed note [{id}]"))
+            }
+            _ => Err(a.bad("`action` must be one of add, list, remove".into())),
+        }
+    }
+
+    async fn skills(&self, caller: Caller<'_>, a: &Args<'_>) -> Result<String, String> {
+        let db = &self.db;
+        let failed = |e: anyhow::Error| format!("skills failed: {e:#}");
+        match a.str("action")?.as_str() {
+            "list" => {
+                a.only(&["action"])?;
+                let all = skills::list(db).await.map_err(failed)?;
+                let mut s = String::from("Skills (view one with action=view, name=…):\n");
+                for k in all {
+                    s.push_str(&format!(
+                        "- {}{}: {}\n",
+                        k.name,
+                        if k.builtin {
+                            " (built-in, read-only)"
+                        } else {
+                            ""
+                        },
+                        k.description
+                    ));
+                }
+                Ok(s)
+            }
+            "view" => {
+                a.only(&["action", "name"])?;
+                let name = a.str("name")?;
+                match skills::view(db, &name).await.map_err(failed)? {
+                    Some(k) => Ok(format!(
+                        "# skill `{}`{}\n{}\n\n{}",
+                        k.name,
+                        if k.builtin {
+                            " (built-in, read-only)"
+                        } else {
+                            ""
+                        },
+                        k.description,
+                        k.body
+                    )),
+                    None => Err(format!(
+                        "there is no skill `{}`; list them with action=list",
+                        name.chars().take(skills::NAME_MAX).collect::<String>()
+                    )),
+                }
+            }
+            "manage" => {
+                a.only(&["action", "op", "name", "description", "body"])?;
+                let op_text = a.str("op")?;
+                let op = skills::Op::parse(&op_text)
+                    .ok_or_else(|| a.bad("`op` must be one of create, update, delete".into()))?;
+                let name = a.str("name")?;
+                let description = a.opt_str("description")?;
+                let body = a.opt_str("body")?;
+                skills::check(op, &name, description.as_deref(), body.as_deref())
+                    .map_err(|e| e.to_string())?;
+                if op != skills::Op::Delete {
+                    let text = format!(
+                        "{name}\n{}\n{}",
+                        description.as_deref().unwrap_or_default(),
+                        body.as_deref().unwrap_or_default()
+                    );
+                    self.screen("skill", &text).await?;
+                }
+                skills::manage(
+                    db,
+                    &caller.actor(),
+                    caller.section,
+                    op,
+                    &name,
+                    description.as_deref(),
+                    body.as_deref(),
+                )
+                .await
+                .map_err(failed)?
+                .map_err(|e| e.to_string())?;
+                Ok(format!("skill `{name}`: {op_text} done"))
+            }
+            _ => Err(a.bad("`action` must be one of list, view, manage".into())),
+        }
+    }
+}
+
+/// A checked argument object.
+struct Args<'a> {
+    tool: &'a str,
+    map: &'a Map<String, Value>,
+}
+
+impl Args<'_> {
+    fn bad(&self, msg: String) -> String {
+        format!("invalid arguments for `{}`: {msg}", self.tool)
+    }
+
+    fn str(&self, name: &str) -> Result<String, String> {
+        match self.map.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
+            None => Err(self.bad(format!("`{name}` is required"))),
+        }
+    }
+
+    fn opt_str(&self, name: &str) -> Result<Option<String>, String> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
+        }
+    }
+
+    fn id(&self, name: &str) -> Result<i64, String> {
+        let v = self
+            .map
+            .get(name)
+            .ok_or_else(|| self.bad(format!("`{name}` is required")))?;
+        v.as_i64()
+            .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+            .filter(|n| *n > 0)
+            .ok_or_else(|| self.bad(format!("`{name}` must be a positive integer")))
+    }
+
+    fn only(&self, allowed: &[&str]) -> Result<(), String> {
+        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(self.bad(format!(
+                "unknown argument `{k}` for this action (allowed: {})",
+                allowed.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}

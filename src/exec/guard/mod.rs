@@ -1,0 +1,430 @@
+//! The command guard: refuses clearly destructive shell commands (recursive deletion of `/`,
+//! the home directory or system directories, formatting or overwriting disks, overwriting
+//! system files, fork bombs, shutting the machine down, signalling every process, recursive
+//! permission changes of system trees) before a task tool hands them to a backend, with a
+//! message a model can act on.
+//!
+//! **This is defence in depth, not the security boundary.** A determined caller can always
+//! obfuscate past a static check (`base64 -d | sh`, a script file, `python -c`, …). What keeps
+//! a host safe is the account a command runs as, the admin's approval of SSH targets and who
+//! may bind them. The guard's job is to catch the honest mistake and the obvious trick, and
+//! to keep its own promises: **every bound fails closed** — past a limit on size, nesting,
+//! expanded text, brace words, wrappers or CPU time the command is refused, never judged in
+//! part.
+//!
+//! The stages, one file each:
+//! - [`parse`]: reads the command as bash would (quoting, substitutions, arithmetic,
+//!   here-documents) into tokens; [`parse::simple_commands`] offers the same split to others.
+//! - `expand`: words to arguments — braces, parameters, `IFS` splitting, known output of
+//!   `echo`/`printf`; unknown values are judged as possibly empty.
+//! - `check`: walks the command in execution order, tracks assignments and `cd` from the
+//!   caller's [`Context`], strips wrappers, follows nested scripts, spends the budget.
+//! - `rules`: what is refused, on one normalised command or write target.
+//!
+//! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
+//! matched against the raw text and against every normalised simple command.
+//!
+//! The guard never executes anything, never touches the filesystem when checking, and never
+//! rewrites a command: it only answers yes or no.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use regex::{Regex, RegexBuilder};
+
+mod check;
+mod expand;
+pub mod parse;
+mod rules;
+
+use check::Checker;
+use expand::Env;
+
+/// Longest command the guard examines; longer ones are refused.
+pub const MAX_INPUT: usize = 64 * 1024;
+/// Deepest nesting of shells, `eval`, substitutions and arithmetic the guard follows.
+pub const MAX_DEPTH: usize = 8;
+/// Total characters lexed and expanded per check (all nesting levels together).
+const BUDGET: usize = 1 << 20;
+/// CPU time one check may take; past it the command is refused. Ordinary commands take
+/// microseconds.
+pub const CPU_BUDGET: Duration = Duration::from_millis(250);
+/// Longest variable value tracked; longer values count as unknown.
+const MAX_VALUE: usize = 64 * 1024;
+/// Most words one brace expansion may produce.
+const MAX_BRACE: usize = 1024;
+/// Most wrapper commands (`sudo env nice …`) unwrapped in one simple command; more are
+/// refused.
+const MAX_WRAPPERS: usize = 32;
+/// Compiled size limit of one operator regex, so a pathological pattern cannot eat memory.
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// Where and how a command will run, as far as the caller knows: the guard judges relative
+/// paths, `~` and variables with it. Everything is optional; what is missing is unknown.
+#[derive(Debug, Clone, Default)]
+pub struct Context<'a> {
+    /// The working directory the command starts in (absolute).
+    pub cwd: Option<&'a str>,
+    /// The home directory of the account it runs as (absolute).
+    pub home: Option<&'a str>,
+    /// Variables the call sets for the command.
+    pub env: &'a [(String, String)],
+}
+
+/// instead, written for the model that asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// Stable rule id (`recursive-delete`, `device-write`, `operator`, …) for metrics and logs.
+    pub rule: String,
+    /// What was refused and why, phrased so the caller can act on it.
+    pub message: String,
+}
+
+impl Refusal {
+    pub(super) fn new(rule: &str, message: String) -> Refusal {
+        Refusal {
+            rule: rule.to_owned(),
+            message,
+        }
+    }
+}
+
+/// Problems building a guard from operator configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error("guard pattern {line} of {origin} is not a valid regular expression: {reason}")]
+    BadPattern {
+        origin: String,
+        line: usize,
+        reason: String,
+    },
+    #[error("could not read guard patterns from {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One operator-configured pattern.
+#[derive(Debug)]
+struct OperatorRule {
+    pub(super) regex: Regex,
+}
+
+/// The command guard. Cloning is cheap (the compiled operator rules are shared).
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    /// Operator-added patterns, compiled once at start-up; empty means built-ins only.
+    extra: Arc<[OperatorRule]>,
+}
+
+impl Guard {
+    /// A guard with the built-in rules plus `extra_patterns` (regex crate syntax), each
+    /// matched against the raw command and every normalised simple command.
+    pub fn new(extra_patterns: &[String]) -> Result<Guard, GuardError> {
+        let lines = extra_patterns
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i + 1, p.as_str()));
+        Self::build(lines, "the configured patterns")
+    }
+
+    /// A guard with the built-in rules plus the patterns in `path`: one regex per line, blank
+    /// lines and lines starting with `#` ignored, surrounding whitespace trimmed. `None` means
+    /// built-ins only.
+    pub fn from_file(path: Option<&Path>) -> Result<Guard, GuardError> {
+        let Some(path) = path else {
+            return Ok(Guard::default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| GuardError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim()))
+            .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
+        Self::build(lines, &path.display().to_string())
+    }
+
+    fn build<'a>(
+        lines: impl Iterator<Item = (usize, &'a str)>,
+        origin: &str,
+    ) -> Result<Guard, GuardError> {
+        let mut rules = Vec::new();
+        for (line, pattern) in lines {
+            let bad = |reason: String| GuardError::BadPattern {
+                origin: origin.to_owned(),
+                line,
+                reason,
+            };
+            if pattern.is_empty() {
+                return Err(bad("an empty pattern would refuse every command".into()));
+            }
+            let regex = RegexBuilder::new(pattern)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map_err(|e| bad(e.to_string()))?;
+            rules.push(OperatorRule { regex });
+        }
+        Ok(Guard {
+            extra: rules.into(),
+        })
+    }
+
+    /// Checks one command line as a shell would run it, knowing nothing of where it runs.
+    /// `Err` says what was refused and why.
+    pub fn check(&self, command: &str) -> Result<(), Refusal> {
+        self.check_in(command, &Context::default())
+    }
+
+    /// Checks one command line as a shell would run it in `context`: starting in its
+    /// working directory, with its home directory and variables.
+    pub fn check_in(&self, command: &str, context: &Context<'_>) -> Result<(), Refusal> {
+        self.check_with(command, context, CPU_BUDGET)
+    }
+
+    fn check_with(
+        &self,
+        command: &str,
+        context: &Context<'_>,
+        cpu: Duration,
+    ) -> Result<(), Refusal> {
+        if command.len() > MAX_INPUT {
+            return Err(Refusal::new(
+                "too-long",
+                format!(
+                    "refused: the command is {} bytes, over the guard's limit of {MAX_INPUT}; \
+                     write long scripts to a file and run the file",
+                    command.len()
+                ),
+            ));
+        }
+        let mut env = Env {
+            cwd: context.cwd.map(str::to_owned),
+            home: context.home.map(str::to_owned),
+            ..Env::default()
+        };
+        for (name, value) in context.env {
+            env.set(name.clone(), Some(value.clone()));
+        }
+        Checker::new(self, BUDGET, cpu).script(command, &mut env, 0)
+    }
+}
+
+fn too_deep() -> Refusal {
+    Refusal::new(
+        "too-deep",
+        format!(
+            "refused: the command nests shells, eval, substitutions or arithmetic more than \
+             {MAX_DEPTH} levels deep (or opens more of them than it closes), too deep to \
+             check; flatten it"
+        ),
+    )
+}
+
+fn abbreviate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+pub(super) mod testing {
+    use super::Guard;
+
+    pub(crate) const DELETE: &str = "recursive-delete";
+
+    #[track_caller]
+    pub(crate) fn assert_refused(cmd: &str, rule: &str) {
+        match Guard::default().check(cmd) {
+            Ok(()) => panic!("allowed, expected `{rule}`: {cmd}"),
+            Err(r) => assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message),
+        }
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_allowed(cmd: &str) {
+        if let Err(r) = Guard::default().check(cmd) {
+            panic!("refused ({}): {cmd}: {}", r.rule, r.message);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{DELETE, assert_allowed};
+    use super::*;
+
+    #[test]
+    fn messages_name_the_command_and_what_to_do() {
+        let r = Guard::default().check("rm -rf /").unwrap_err();
+        assert_eq!(r.rule, DELETE);
+        assert!(
+            r.message.starts_with("refused: `rm -rf /`"),
+            "{}",
+            r.message
+        );
+        assert!(r.message.contains("root filesystem"), "{}", r.message);
+        assert!(
+            r.message.contains("name the exact directory"),
+            "{}",
+            r.message
+        );
+        assert_eq!(r.to_string(), r.message);
+
+        let r = Guard::default()
+            .check("sudo /bin/rm -rf /usr/*")
+            .unwrap_err();
+        assert!(r.message.contains("`rm -rf /usr/*`"), "{}", r.message);
+        assert!(r.message.contains("everything under /usr"), "{}", r.message);
+
+        let r = Guard::default().check("echo x > /dev/sda").unwrap_err();
+        assert!(r.message.contains("`echo x > /dev/sda`"), "{}", r.message);
+
+        let r = Guard::default().check("$X -rf /").unwrap_err();
+        assert!(r.message.contains("`${X}`"), "{}", r.message);
+        assert!(r.message.contains("literally"), "{}", r.message);
+    }
+
+    #[test]
+    fn oversized_input_is_refused_with_a_clear_message() {
+        let long = format!("echo {}", "a".repeat(MAX_INPUT));
+        let r = Guard::default().check(&long).unwrap_err();
+        assert_eq!(r.rule, "too-long");
+        assert!(r.message.contains(&MAX_INPUT.to_string()), "{}", r.message);
+        let fits = format!("echo {}", "a".repeat(MAX_INPUT - 5));
+        assert_allowed(&fits);
+    }
+
+    #[test]
+    fn operator_patterns_apply_to_raw_text_and_normalised_commands() {
+        let g = Guard::new(&[r"^docker\s+system\s+prune".into(), r"DROP\s+TABLE".into()]).unwrap();
+        for cmd in [
+            "docker system prune -af",
+            "sudo docker system prune",
+            "sh -c 'docker system prune'",
+            "X=docker; $X system prune",
+            "psql -c 'DROP TABLE users'",
+        ] {
+            let r = g.check(cmd).unwrap_err();
+            assert_eq!(r.rule, "operator", "{cmd}");
+            assert!(r.message.contains("operator"), "{}", r.message);
+        }
+        g.check("docker ps").unwrap();
+        g.check("echo docker system prune").unwrap();
+        // Built-ins still apply.
+        assert_eq!(g.check("rm -rf /").unwrap_err().rule, DELETE);
+    }
+
+    #[test]
+    fn operator_pattern_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("guard.txt");
+        std::fs::write(&path, "# comment\n\n  ^terraform\\s+destroy  \n").unwrap();
+        let g = Guard::from_file(Some(&path)).unwrap();
+        assert_eq!(g.check("terraform destroy").unwrap_err().rule, "operator");
+        g.check("terraform plan").unwrap();
+        // A comment is not a command, and the pattern is anchored.
+        g.check("# terraform destroy").unwrap();
+    }
+
+    #[test]
+    fn bad_operator_patterns_name_their_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("guard.txt");
+        std::fs::write(&path, "# ok\nfine\n\n(unclosed\n").unwrap();
+        let err = Guard::from_file(Some(&path)).unwrap_err();
+        match &err {
+            GuardError::BadPattern { line, .. } => assert_eq!(*line, 4),
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("guard.txt"), "{err}");
+        let err = Guard::new(&["ok".into(), "[".into()]).unwrap_err();
+        assert!(
+            matches!(err, GuardError::BadPattern { line: 2, .. }),
+            "{err:?}"
+        );
+        assert!(Guard::new(&[String::new()]).is_err());
+        let missing = Guard::from_file(Some(&dir.path().join("nope"))).unwrap_err();
+        assert!(matches!(missing, GuardError::Read { .. }));
+        assert!(Guard::from_file(None).unwrap().check("ls").is_ok());
+    }
+
+    /// Arbitrary input never panics or hangs: every answer is a yes or a refusal.
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let alphabet: Vec<char> = "rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%"
+            .chars()
+            .collect();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let g = Guard::default();
+        for _ in 0..20_000 {
+            let len = (next() % 48) as usize;
+            let s: String = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            let _ = g.check(&s);
+        }
+        // Structured fragments glued at random stress the nesting paths.
+        let pieces = [
+            "$(",
+            ")",
+            "`",
+            "'",
+            "\"",
+            "${",
+            "}",
+            "<<E\n",
+            "\nE\n",
+            "sh -c ",
+            "eval ",
+            "<(",
+            "for x in / a; do ",
+            "; done",
+            "f(){ ",
+            " f|f& }",
+            "cd / ; ",
+            "rm -rf ",
+            "X=rm; $X ",
+            "${Y:-/}",
+            "{a,b}",
+            "((",
+            "))",
+            "$((",
+            "$[",
+            "]",
+            "x<<2",
+            "coproc ",
+            "su -lc ",
+            "IFS=, ",
+            "X+=/",
+            "/bin/r? ",
+            "find / -delete ",
+            "xargs -I{} ",
+            "env -S '",
+            "$'\\x72'",
+            " | sh",
+        ];
+        for _ in 0..5_000 {
+            let n = (next() % 12) as usize;
+            let s: String = (0..n)
+                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
+                .collect();
+            let _ = g.check(&s);
+        }
+    }
+}
