@@ -13,6 +13,7 @@ pub mod audit;
 pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod control;
 pub mod eventlog;
 pub mod exec;

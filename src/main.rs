@@ -26,6 +26,13 @@ enum Cmd {
     /// Manage SSH targets.
     #[command(subcommand)]
     Target(sshmode::target::cli::TargetCmd),
+    /// A terminal chat that is one local section, with the slash commands and the agent.
+    /// Needs no Lark settings; with piped input it handles each line in order and exits.
+    Chat {
+        /// Resume the section `console:NAME` (default: a new section named after the time).
+        #[arg(long, value_name = "NAME")]
+        section: Option<String>,
+    },
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
@@ -49,7 +56,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    sshmode::telemetry::init(config.log_format, &config.log_filter);
+    // The console is a conversation on the terminal: routine log lines would drown it, so the
+    // default `info` becomes `warn` there (any other RUST_LOG is kept).
+    let filter = match &cli.cmd {
+        Cmd::Chat { .. } if config.log_filter == "info" => "warn",
+        _ => config.log_filter.as_str(),
+    };
+    sshmode::telemetry::init(config.log_format, filter);
     tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -109,6 +122,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
+        Cmd::Chat { section } => sshmode::console::run(config, section).await,
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;
             let stdout = std::io::stdout();

@@ -255,7 +255,8 @@ pub fn build(
         steps: Arc::new(NoProgress),
         config: config.agent.clone(),
     });
-    let runner = turns::Runner::new(
+    // Console sections are answered by the console that owns them.
+    let runner = turns::Runner::scoped(
         db,
         turns::RunnerConfig {
             lease: config.agent.turn_lease,
@@ -264,6 +265,7 @@ pub fn build(
             poll: std::time::Duration::from_secs(1),
         },
         agent.clone(),
+        turns::Scope::Except(crate::console::SECTION_PREFIX.into()),
     );
     (agent, runner)
 }

@@ -42,6 +42,17 @@ pub struct TurnRequest {
     pub in_thread: bool,
 }
 
+/// Which sections a [`Runner`] claims. Front-ends whose answers only they can deliver (the
+/// terminal console) run their own runner for their sections, and the others leave them alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    /// Exactly this section.
+    Only(String),
+    /// Every section whose id does not start with this prefix.
+    Except(String),
+}
+
 /// What [`enqueue`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Enqueued {
@@ -187,4 +198,18 @@ impl TurnEnd {
 #[async_trait]
 pub trait TurnWork: Send + Sync + 'static {
     async fn run_turn(&self, turn: &ActiveTurn) -> anyhow::Result<()>;
+}
+
+/// Whether the request for `message_id` is settled: `None` when no such request exists,
+/// `Some(true)` once it was dropped or the turn that took it has ended, `Some(false)` while it
+/// waits or runs. (The terminal console waits on it to run piped lines in order.)
+pub async fn request_settled(db: &PgPool, message_id: &str) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar(
+        "SELECT r.dropped_at IS NOT NULL OR COALESCE(t.state <> 'running', false)
+           FROM turn_requests r LEFT JOIN turns t ON t.id = r.turn_id
+          WHERE r.message_id = $1",
+    )
+    .bind(message_id)
+    .fetch_optional(db)
+    .await
 }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::store::{self, Fence, Fenced, Lease};
-use super::{ActiveTurn, CancelReason, TurnWork};
+use super::{ActiveTurn, CancelReason, Scope, TurnWork};
 
 /// How often a running turn's lease is renewed and its stop flag read.
 const BEAT: Duration = Duration::from_millis(500);
@@ -41,6 +41,8 @@ pub struct Runner {
     db: PgPool,
     config: RunnerConfig,
     work: Arc<dyn TurnWork>,
+    /// The sections this runner claims.
+    scope: Scope,
     /// Cancelled to make the runner vanish the way a killed process does: turns are dropped
     /// mid-step, nothing more is written, leases are left to expire. Tests use it to stand in
     /// for `kill -9`.
@@ -58,11 +60,22 @@ enum Driven {
 
 impl Runner {
     pub fn new(db: PgPool, config: RunnerConfig, work: Arc<dyn TurnWork>) -> Arc<Runner> {
+        Self::scoped(db, config, work, Scope::All)
+    }
+
+    /// A runner that claims only the sections `scope` covers.
+    pub fn scoped(
+        db: PgPool,
+        config: RunnerConfig,
+        work: Arc<dyn TurnWork>,
+        scope: Scope,
+    ) -> Arc<Runner> {
         Arc::new(Runner {
             id: format!("runner-{}", uuid::Uuid::new_v4().simple()),
             db,
             config,
             work,
+            scope,
             halt: CancellationToken::new(),
         })
     }
@@ -82,7 +95,7 @@ impl Runner {
                 _ = shutdown.cancelled() => break,
                 _ = self.halt.cancelled() => break,
             };
-            match store::claim(&self.db, &self.id, self.config.lease).await {
+            match store::claim(&self.db, &self.id, self.config.lease, &self.scope).await {
                 Ok(Some(lease)) => {
                     tracing::debug!(turn.section = %lease.section, turn.generation = lease.generation, "section claimed");
                     let me = self.clone();

@@ -121,12 +121,19 @@ pub(super) struct Lease {
     pub generation: i64,
 }
 
-/// Claims the pending section with the oldest work whose lease is free or expired.
+/// Claims the pending section with the oldest work whose lease is free or expired, among the
+/// sections `scope` covers.
 pub(super) async fn claim(
     db: &PgPool,
     holder: &str,
     lease: Duration,
+    scope: &super::Scope,
 ) -> sqlx::Result<Option<Lease>> {
+    let (only, except) = match scope {
+        super::Scope::All => (None, None),
+        super::Scope::Only(s) => (Some(s.as_str()), None),
+        super::Scope::Except(prefix) => (None, Some(prefix.as_str())),
+    };
     let row = sqlx::query(
         "UPDATE turn_sections s
             SET generation = s.generation + 1, holder = $1,
@@ -134,6 +141,8 @@ pub(super) async fn claim(
           WHERE s.section_id = (
                 SELECT c.section_id FROM turn_sections c
                  WHERE c.pending AND (c.holder IS NULL OR c.lease_until < now())
+                   AND ($3::text IS NULL OR c.section_id = $3)
+                   AND ($4::text IS NULL OR NOT starts_with(c.section_id, $4))
                  ORDER BY (SELECT min(r.id) FROM turn_requests r
                             WHERE r.section_id = c.section_id AND r.turn_id IS NULL
                               AND r.dropped_at IS NULL) NULLS FIRST
@@ -142,6 +151,8 @@ pub(super) async fn claim(
     )
     .bind(holder)
     .bind(lease.as_secs_f64())
+    .bind(only)
+    .bind(except)
     .fetch_optional(db)
     .await?;
     row.map(|r| {

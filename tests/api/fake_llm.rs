@@ -22,6 +22,9 @@ pub enum Reply {
     },
     /// Never answers (for timeouts).
     Hang,
+    /// A text answer that repeats the last tool result of the conversation on one line
+    /// (newlines become ` | `), prefixed with `prefix` (a model reporting what a command printed).
+    EchoTool { prefix: String },
 }
 
 /// One request the fake received.
@@ -119,6 +122,22 @@ async fn handle(
     };
     match reply {
         Reply::Hang => std::future::pending().await,
+        Reply::EchoTool { prefix } => {
+            let last = body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "tool"))
+                .map(|m| {
+                    m["content"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .replace('\n', " | ")
+                })
+                .unwrap_or_default();
+            match text(&model, &format!("{prefix}{last}")) {
+                Reply::Json { body, .. } => Json(body).into_response(),
+                _ => unreachable!("text() builds a JSON reply"),
+            }
+        }
         Reply::Json {
             status,
             headers,

@@ -3,6 +3,7 @@
 
 mod agent;
 mod chat_control;
+mod console;
 mod control_plane;
 mod exec;
 mod exec_ssh;

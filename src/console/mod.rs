@@ -1,0 +1,363 @@
+//! `sshmode chat`: the terminal as a second chat front-end. One console session is one local
+//! section, `console:NAME`, driven by the same dispatcher ([`crate::chat::dispatch`]) and the
+//! same agent and turn runner as Lark; only the edges differ ([`out`]: lines on standard output
+//! instead of messages and reactions).
+//!
+//! The section behaves like a thread: `/ssh use <alias>` binds it in place. The actor is
+//! `console:<os user>`, and it counts as an operator (admin) for chat control, since whoever
+//! can run the binary against the database owns the deployment anyway. Each line is one
+//! message; a line for the agent waits until its turn has ended (Ctrl-C during a turn sends
+//! `/stop`), so piped input runs in order and the command exits 0 at end of input.
+//!
+//! Never: needs Lark settings, binds a network port, or runs work outside the turn runner
+//! (turns are durable: a section resumed with `--section` continues where it stopped).
+
+mod out;
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use std::io::{BufRead, Read, Write};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::chat::{self, Deps, Incoming};
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use out::{LineReply, NoAdminChannel, Terminal};
+
+/// The prefix of every console section id.
+pub const SECTION_PREFIX: &str = "console:";
+/// Longest accepted input line, in bytes; longer lines are refused, not cut.
+const LINE_MAX: u64 = 64 * 1024;
+/// Longest section name.
+const NAME_MAX: usize = 64;
+/// How often a waiting console looks whether its turn has ended.
+const POLL: Duration = Duration::from_millis(100);
+/// How long shutdown waits for background tasks.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Checks a `--section` name: letters, digits, `-`, `_` and `.`, at most 64 characters. A full
+/// `console:NAME` id is accepted too.
+pub fn section_name(name: &str) -> anyhow::Result<String> {
+    let name = name.strip_prefix(SECTION_PREFIX).unwrap_or(name);
+    if name.is_empty()
+        || name.len() > NAME_MAX
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        anyhow::bail!(
+            "a section name is 1 to {NAME_MAX} letters, digits, '-', '_' or '.' (got {name:?})"
+        );
+    }
+    Ok(name.to_string())
+}
+
+/// A fresh section name: the UTC time it was started, `YYYYMMDD-HHMMSS`, plus four
+/// random hex digits so two consoles started in the same second stay apart.
+fn generated_name(clock: &dyn Clock) -> String {
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..4];
+    format!("{}-{suffix}", clock.now().format("%Y%m%d-%H%M%S"))
+}
+
+/// The operating-system user running the console.
+fn os_user() -> String {
+    // SAFETY: geteuid has no preconditions; getpwuid returns static storage or null, copied
+    // out at once.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() {
+            return format!("uid{}", libc::geteuid());
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Runs `sshmode chat`: returns the process's exit status.
+pub async fn run(mut config: Config, section: Option<String>) -> anyhow::Result<i32> {
+    crate::install_crypto_provider();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let name = match section {
+        Some(s) => section_name(&s)?,
+        None => generated_name(clock.as_ref()),
+    };
+    let section = format!("{SECTION_PREFIX}{name}");
+    let actor = format!("{SECTION_PREFIX}{}", os_user());
+    // The console user is an operator of this deployment.
+    if !config.is_admin(&actor) {
+        config.admins.push(actor.clone());
+    }
+    let interactive = std::io::stdin().is_terminal();
+
+    let store = Store::open(&config).await?;
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let result = async {
+        let session = Session::build(config, &store, clock, &section, &shutdown, &tasks).await?;
+        eprintln!(
+            "sshmode chat: section {section} (resume it with `sshmode chat --section {name}`); /help lists the commands"
+        );
+        session.repl(&section, &actor, interactive).await
+    }
+    .await;
+    shutdown.cancel();
+    tasks.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks still running after the shutdown grace; leaving them");
+    }
+    store.close().await;
+    result
+}
+
+/// The pieces a console session runs on.
+struct Session {
+    deps: Deps,
+    term: Arc<Terminal>,
+    /// How long one turn may take, at most, before the console stops waiting for it.
+    turn_wait: Duration,
+}
+
+impl Session {
+    /// Wires the model router, the executors, the agent and a turn runner for `section` alone
+    /// (spawned on `tasks` until `shutdown`), and the dispatcher's dependencies.
+    async fn build(
+        config: Config,
+        store: &Store,
+        clock: Arc<dyn Clock>,
+        section: &str,
+        shutdown: &CancellationToken,
+        tasks: &TaskTracker,
+    ) -> anyhow::Result<Session> {
+        let metrics = Arc::new(Metrics::new());
+        let db = store.pool.clone();
+        let llm =
+            crate::llm::Router::from_config(&config, db.clone(), clock.clone(), metrics.clone())
+                .context("building the model router")?
+                .map(Arc::new);
+        let vault = Arc::new(
+            crate::vault::Vault::open_or_create(&config.master_key_file).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
+                    config.master_key_file.display()
+                )
+            })?,
+        );
+        crate::target::reseal_legacy(&db, &vault)
+            .await
+            .context("re-sealing vault records")?;
+        let plane = Arc::new(crate::control::ControlPlane::new(
+            &config,
+            db.clone(),
+            vault.clone(),
+        ));
+        let exec = Arc::new(crate::exec::Executors::with_metrics(
+            &config.exec,
+            db.clone(),
+            vault,
+            metrics,
+            tasks.clone(),
+        )?);
+        exec.log_local_level();
+        let term = Arc::new(Terminal::default());
+        let control = Arc::new(crate::agent::port::ChatControl {
+            db: db.clone(),
+            clock: clock.clone(),
+            yolo_ttl: config.chat.yolo_ttl,
+        });
+        let agent = crate::agent::Agent::new(crate::agent::AgentDeps {
+            db: db.clone(),
+            exec: exec.clone(),
+            llm: llm.clone(),
+            model: config.model.clone(),
+            control,
+            plane,
+            out: term.clone(),
+            steps: term.clone(),
+            config: config.agent.clone(),
+        });
+        // Only this section: another section's answers belong to its own front-end.
+        let runner = crate::turns::Runner::scoped(
+            db.clone(),
+            crate::turns::RunnerConfig {
+                lease: config.agent.turn_lease,
+                workers: config.agent.turn_workers,
+                budget: config.agent.turn_budget,
+                poll: Duration::from_secs(1),
+            },
+            agent.clone(),
+            crate::turns::Scope::Only(section.to_string()),
+        );
+        tasks.spawn(runner.run(shutdown.clone(), tasks.clone()));
+        tasks.spawn(exec.run_reaper(shutdown.clone()));
+        if let Some(router) = &llm {
+            tasks.spawn(router.clone().probe_loop(shutdown.clone()));
+        }
+        let turn_wait = config.agent.turn_budget + config.agent.turn_lease * 2;
+        Ok(Session {
+            deps: Deps {
+                db,
+                clock,
+                config: Arc::new(config),
+                agent,
+                admins: Arc::new(NoAdminChannel),
+            },
+            term,
+            turn_wait,
+        })
+    }
+
+    /// Reads lines until end of input; each is one message of the section.
+    async fn repl(&self, section: &str, actor: &str, interactive: bool) -> anyhow::Result<i32> {
+        let mut lines = read_lines();
+        loop {
+            if interactive {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(b"> ");
+                let _ = err.flush();
+            }
+            let next = tokio::select! {
+                l = lines.recv() => l,
+                _ = tokio::signal::ctrl_c(), if interactive => {
+                    eprintln!();
+                    return Ok(0);
+                }
+            };
+            let line = match next {
+                None | Some(Line::End) => return Ok(0),
+                Some(Line::Failed(e)) => return Err(e).context("reading standard input"),
+                Some(Line::TooLong) => {
+                    self.term
+                        .say(&format!("[line longer than {LINE_MAX} bytes; ignored]"));
+                    continue;
+                }
+                Some(Line::Text(t)) => t,
+            };
+            let text = line.trim();
+            if text.is_empty() {
+                continue;
+            }
+            self.handle(section, actor, text).await?;
+        }
+    }
+
+    /// One message: dispatches it, then waits for the turn it queued (if any) to end.
+    async fn handle(&self, section: &str, actor: &str, text: &str) -> anyhow::Result<()> {
+        let message_id = format!("{section}:{}", uuid::Uuid::new_v4().simple());
+        let msg = Incoming {
+            event_id: message_id.clone(),
+            message_id: message_id.clone(),
+            chat_id: section.to_string(),
+            thread_id: Some(section.to_string()),
+            root_id: None,
+            sender: actor.to_string(),
+            text: text.to_string(),
+            addressed: true,
+        };
+        let reply = LineReply {
+            term: &self.term,
+            message_id: &message_id,
+        };
+        chat::dispatch(&self.deps, &msg, &reply).await?;
+        self.wait_turn(section, actor, &message_id).await
+    }
+
+    /// Waits until the turn that took `message_id` has ended (or the request was dropped).
+    /// Ctrl-C meanwhile asks the turn to stop, as `/stop` does.
+    async fn wait_turn(&self, section: &str, actor: &str, message_id: &str) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + self.turn_wait;
+        loop {
+            match crate::turns::request_settled(&self.deps.db, message_id).await? {
+                None | Some(true) => return Ok(()),
+                Some(false) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.term.say(
+                    "[the task is still running past its budget; going on with the next line]",
+                );
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::signal::ctrl_c() => {
+                    let said = self.deps.agent.stop(section, actor).await?;
+                    self.term.say(&said);
+                }
+            }
+        }
+    }
+}
+
+/// One read from standard input.
+enum Line {
+    Text(String),
+    /// Longer than [`LINE_MAX`]; the rest of it was skipped.
+    TooLong,
+    End,
+    Failed(std::io::Error),
+}
+
+/// Reads standard input on a thread of its own (a blocking read would hold a runtime worker),
+/// one line ahead at most.
+fn read_lines() -> tokio::sync::mpsc::Receiver<Line> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            let mut buf = Vec::new();
+            let line = match (&mut stdin).take(LINE_MAX + 1).read_until(b'\n', &mut buf) {
+                Ok(0) => Line::End,
+                Ok(_) if buf.len() as u64 > LINE_MAX => {
+                    // Skip the rest of the over-long line.
+                    let mut rest = buf;
+                    while !rest.ends_with(b"\n") {
+                        rest.clear();
+                        match (&mut stdin).take(LINE_MAX).read_until(b'\n', &mut rest) {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    Line::TooLong
+                }
+                Ok(_) => Line::Text(String::from_utf8_lossy(&buf).into_owned()),
+                Err(e) => Line::Failed(e),
+            };
+            let last = matches!(line, Line::End | Line::Failed(_));
+            if tx.blocking_send(line).is_err() || last {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_names() {
+        assert_eq!(section_name("work").unwrap(), "work");
+        assert_eq!(section_name("console:a-b_c.1").unwrap(), "a-b_c.1");
+        for bad in ["", "a b", "a/b", "console:", "../x", &"x".repeat(65)] {
+            assert!(section_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn generated_names_are_valid_and_distinct() {
+        let a = generated_name(&SystemClock);
+        let b = generated_name(&SystemClock);
+        assert_ne!(a, b);
+        assert_eq!(section_name(&a).unwrap(), a);
+    }
+}

@@ -1,0 +1,344 @@
+//! `sshmode chat` end to end: the real binary with piped input, the scripted fake model, the
+//! real sshd as a target and a fresh database. No Lark variables are set.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+
+use crate::fake_llm::{FakeProvider, Reply, completion};
+use crate::helpers::fresh_database;
+use crate::sshd::{self, Sshd};
+
+const MODEL: &str = "m";
+/// The tools account local commands run as when the tests run as root.
+const TOOLS_USER: &str = "sshmode-tools";
+/// A bound on one whole console run (each line waits for its turn).
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+fn terminal(command: &str) -> Reply {
+    let args = json!({ "command": command });
+    completion(
+        MODEL,
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_0", "type": "function",
+             "function": {"name": "terminal", "arguments": args.to_string()}}]}),
+        json!("tool_calls"),
+    )
+}
+
+fn echo(prefix: &str) -> Reply {
+    Reply::EchoTool {
+        prefix: prefix.into(),
+    }
+}
+
+/// The user local commands run as: the tools account under root, else this user.
+fn local_user() -> String {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return TOOLS_USER.into();
+    }
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+struct Env {
+    db_url: String,
+    data_dir: tempfile::TempDir,
+    llm: FakeProvider,
+}
+
+impl Env {
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sshmode"));
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", &self.db_url)
+            .env("SSHMODE_DATA_DIR", self.data_dir.path())
+            .env("SSHMODE_LOCAL_USER", TOOLS_USER)
+            .env("LLM_BASE_URL", &self.llm.base)
+            .env("LLM_API_KEY", "sk-console-test")
+            .env("LLM_MODEL", MODEL)
+            .current_dir(self.data_dir.path())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs `sshmode chat` with `lines` piped in; returns (exit status, stdout, stderr).
+    async fn chat(&self, args: &[&str], lines: &[&str]) -> (Option<i32>, String, String) {
+        let mut all = vec!["chat"];
+        all.extend_from_slice(args);
+        let mut child = self
+            .command(&all)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("{}\n", lines.join("\n")).as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let out = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+            .await
+            .expect("sshmode chat finishes")
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Registers the sshd as the approved target `alias` through `sshmode target add`.
+    async fn add_target(&self, sshd: &Sshd, dir: &Path, alias: &str) {
+        let key = dir.join(format!("{alias}_key"));
+        sshd::new_key(&key, "ed25519", "");
+        sshd.authorize(&dir.join(format!("{alias}_key.pub")));
+        let port = sshd.port.to_string();
+        let key = key.display().to_string();
+        let out = self
+            .command(&[
+                "target",
+                "add",
+                alias,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port,
+                "--user",
+                sshd::USER,
+                "--key",
+                &key,
+                "--approve",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The line of `out` that starts with `prefix`.
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{out}"))
+}
+
+#[tokio::test]
+async fn console_binds_runs_remotely_resumes_and_returns_to_local() {
+    if !sshd::available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let env = Env {
+        db_url: fresh_database().await,
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: FakeProvider::start().await,
+    };
+    env.add_target(&sshd, dir.path(), "web").await;
+    let section = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let sub = format!("d_{section}");
+
+    // First run: bind in place, then a remote command that leaves the shell in a new directory.
+    env.llm
+        .push(
+            MODEL,
+            terminal(&format!("mkdir -p ~/{sub} && cd ~/{sub} && id -un")),
+        )
+        .push(MODEL, echo("remote: "));
+    let (code, out, err) = env
+        .chat(
+            &["--section", &section],
+            &["/ssh use web --here", "who runs commands there?"],
+        )
+        .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("now runs on `web`"), "{out}");
+    assert!(line(&out, "remote: ").contains(sshd::USER), "{out}");
+    assert!(out.contains("· terminal:"), "progress lines: {out}");
+    assert!(
+        err.contains(&format!("console:{section}")),
+        "the section is named: {err}"
+    );
+
+    // Second run, same section: still bound, still in that directory; then back to local.
+    env.llm
+        .push(MODEL, terminal("pwd; id -un"))
+        .push(MODEL, echo("resumed: "))
+        .push(MODEL, terminal("id -un"))
+        .push(MODEL, echo("local: "));
+    let (code, out, err) = env
+        .chat(
+            &["--section", &section],
+            &["where are you?", "/ssh local", "and now?", "/ssh status"],
+        )
+        .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let resumed = line(&out, "resumed: ");
+    assert!(
+        resumed.contains(&format!("/home/{}/{sub}", sshd::USER)) && resumed.contains(sshd::USER),
+        "{out}"
+    );
+    assert!(out.contains("Left `web`"), "{out}");
+    let local = line(&out, "local: ");
+    assert!(local.contains(&local_user()), "{out}");
+    assert!(!local.contains(sshd::USER), "{out}");
+    // Lines are handled in order: each answer comes after the one before it.
+    let pos = |s: &str| out.find(s).unwrap_or_else(|| panic!("{s:?} in {out}"));
+    assert!(pos("resumed: ") < pos("Left `web`") && pos("Left `web`") < pos("local: "));
+
+    // The audit names the console user as the actor of the binding.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&env.db_url)
+        .await
+        .unwrap();
+    let actors: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT actor FROM audit_log WHERE actor LIKE 'console:%'")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    let me = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let me = String::from_utf8(me.stdout).unwrap();
+    assert_eq!(actors, vec![format!("console:{}", me.trim())]);
+}
+
+#[tokio::test]
+async fn console_without_a_model_still_runs_commands_and_exits_at_end_of_input() {
+    let env = Env {
+        db_url: fresh_database().await,
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: FakeProvider::start().await,
+    };
+    let mut cmd = env.command(&["chat"]);
+    cmd.env_remove("LLM_BASE_URL")
+        .env_remove("LLM_API_KEY")
+        .env_remove("LLM_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"/help\nhello\n/ssh status\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("/ssh use"), "help: {stdout}");
+    assert!(stdout.contains(sshmode::chat::NO_MODEL), "{stdout}");
+    assert_eq!(env.llm.requests().len(), 0);
+}
+
+/// Waits (bounded) until the request for `message_id` is settled.
+async fn settled(db: &sqlx::PgPool, message_id: &str) {
+    let deadline = tokio::time::Instant::now() + RUN_LIMIT;
+    while sshmode::turns::request_settled(db, message_id)
+        .await
+        .unwrap()
+        != Some(true)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{message_id} never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A service's runner leaves console sections to their console (it could not answer them),
+/// and the console's runner takes what waits in its section.
+#[tokio::test]
+async fn console_sections_are_run_by_their_console_only() {
+    let llm = FakeProvider::start().await;
+    let lark = crate::fake_lark::FakeLark::start().await;
+    let app = crate::helpers::TestApp::builder()
+        .var("LARK_BASE_URL", &lark.base)
+        .var("LLM_BASE_URL", &llm.base)
+        .var("LLM_API_KEY", "sk-console-test")
+        .var("LLM_MODEL", MODEL)
+        .spawn()
+        .await;
+    let name = format!("s{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let section = format!("console:{name}");
+    let request = |section: &str, message_id: &str| sshmode::turns::TurnRequest {
+        section: section.into(),
+        chat_id: section.into(),
+        message_id: message_id.into(),
+        sender: "console:someone".into(),
+        text: "hello".into(),
+        in_thread: true,
+    };
+    let waiting = format!("{section}:early");
+    let lark = format!("om_{name}");
+    // Queued first, so a runner that could claim it would take it before the other.
+    app.state
+        .agent
+        .accept(&request(&section, &waiting))
+        .await
+        .unwrap();
+    app.state
+        .agent
+        .accept(&request(&format!("omt_{name}"), &lark))
+        .await
+        .unwrap();
+    settled(&app.state.db, &lark).await;
+    assert_eq!(
+        sshmode::turns::request_settled(&app.state.db, &waiting)
+            .await
+            .unwrap(),
+        Some(false),
+        "the service's runner must not take a console section"
+    );
+
+    llm.always(
+        MODEL,
+        crate::fake_llm::text(MODEL, "answered in the console"),
+    );
+    let env = Env {
+        db_url: app.db_url.clone(),
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: llm.clone(),
+    };
+    let (code, out, err) = env.chat(&["--section", &name], &["and now?"]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("answered in the console"), "{out}");
+    assert_eq!(
+        sshmode::turns::request_settled(&app.state.db, &waiting)
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    app.stop().await;
+}
