@@ -218,7 +218,7 @@ impl Agent {
                         if dropped.len() == 1 { "" } else { "s" }
                     )
                 }
-                StopOutcome::Idle => "Nothing is running here.".into(),
+                StopOutcome::Idle => crate::chat::NOTHING_RUNNING.into(),
             },
         )
     }
