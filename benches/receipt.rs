@@ -41,7 +41,11 @@ type Shared = Arc<Mutex<Lark>>;
 
 /// The chat of a bench message id `om_<scenario>_c<chat>_<n>`.
 fn chat_of(message_id: &str) -> String {
-    message_id.rsplit_once('_').map(|(c, _)| c).unwrap_or("").to_string()
+    message_id
+        .rsplit_once('_')
+        .map(|(c, _)| c)
+        .unwrap_or("")
+        .to_string()
 }
 
 async fn lark(State(s): State<Shared>, method: Method, uri: Uri, body: Bytes) -> Response {
@@ -96,10 +100,12 @@ async fn lark(State(s): State<Shared>, method: Method, uri: Uri, body: Bytes) ->
 }
 
 async fn model(Json(_): Json<Value>) -> Json<Value> {
-    Json(json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+    Json(
+        json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
                      "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
+    )
 }
 
 async fn serve(router: axum::Router) -> String {
@@ -158,7 +164,12 @@ async fn scenario(
     let per = (per_chat * seconds as f64) as usize;
     let mut tasks = Vec::new();
     for chat in 0..chats {
-        let (client, url, acks, name) = (client.clone(), url.to_string(), acks.clone(), name.to_string());
+        let (client, url, acks, name) = (
+            client.clone(),
+            url.to_string(),
+            acks.clone(),
+            name.to_string(),
+        );
         tasks.push(tokio::spawn(async move {
             let gap = Duration::from_secs_f64(1.0 / per_chat);
             // Spread the chats' starts over one gap.
@@ -226,16 +237,25 @@ async fn main() -> anyhow::Result<()> {
     let server = std::env::var("TEST_DATABASE_URL")
         .expect("TEST_DATABASE_URL: run through scripts/bench.sh");
     let shared: Shared = Arc::default();
-    let lark_url = serve(axum::Router::new().fallback(lark).with_state(shared.clone())).await;
+    let lark_url = serve(
+        axum::Router::new()
+            .fallback(lark)
+            .with_state(shared.clone()),
+    )
+    .await;
     let model_url = serve(axum::Router::new().fallback(axum::routing::post(model))).await;
     let seconds: u64 = std::env::var("RECEIPT_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(15);
+        .unwrap_or(20);
 
     println!("| threads (chats) | messages/s per thread | events | p50 | p99 | max | missing |");
     println!("|---|---|---|---|---|---|---|");
-    for (name, chats, per_chat) in [("one", 1usize, 4.0f64), ("twenty", 20, 1.0)] {
+    for (name, chats, per_chat) in [
+        ("one", 1usize, 4.0f64),
+        ("twenty", 20, 1.0),
+        ("twentyslow", 20, 0.25),
+    ] {
         let db = fresh_database(&server).await;
         let dir = tempfile::tempdir()?;
         let vars: HashMap<&str, String> = [
