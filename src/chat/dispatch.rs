@@ -167,6 +167,8 @@ async fn for_the_agent(deps: &Deps, msg: &Incoming) -> anyhow::Result<bool> {
         return Ok(true);
     }
     match &msg.thread_id {
+        // A mention-free message without text (an image, a sticker) asks nothing.
+        Some(_) if msg.text.trim().is_empty() => Ok(false),
         Some(thread) => threads::joined(&deps.db, thread).await,
         None => Ok(false),
     }

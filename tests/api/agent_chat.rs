@@ -268,6 +268,11 @@ async fn the_model_enters_a_target_only_under_a_grant_made_in_the_chat() {
         vec![(true, "in and out".to_string())]
     );
 
+    // A mention-free message without text in the bot's thread asks nothing.
+    send(app, &in_thread("blank", "", false, thread, "om_root")).await;
+    wait_state(app, "blank", "done").await;
+    assert_eq!(turn_states(app, thread).await.len(), 2);
+
     // A thread message that mentions nobody, in a thread the bot has never been in: no turn.
     send(
         app,
