@@ -176,38 +176,91 @@ fn message_bytes(m: &Message) -> usize {
     serde_json::to_string(m).map(|s| s.len()).unwrap_or(0)
 }
 
+/// The section's conversation as the context sees it: the latest summary and the rows after it.
+/// Loaded from the database once per run of a turn, then extended with the rows this runner
+/// stores itself — while it holds the fence nobody else writes the section's rows or summaries.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    state: Option<LoadedState>,
+}
+
+#[derive(Debug)]
+struct LoadedState {
+    summary: String,
+    rows: Vec<Stored>,
+    /// The highest row id taken in (loaded or added).
+    last: i64,
+}
+
+impl Loaded {
+    async fn refresh(&mut self, fence: &Fence, fresh: &[Stored]) -> Result<(), Fenced> {
+        if let Some(st) = &mut self.state {
+            for r in fresh
+                .iter()
+                .filter(|r| r.id > st.last && r.kind != Kind::ToolStarted)
+            {
+                st.rows.push(r.clone());
+            }
+            st.last = fresh.iter().map(|r| r.id).max().unwrap_or(0).max(st.last);
+            return Ok(());
+        }
+        let db = fence.db();
+        let section = fence.section();
+        let (through, summary): (i64, String) = sqlx::query_as(
+            "SELECT through_id, summary FROM agent_summaries WHERE section_id = $1
+              ORDER BY through_id DESC LIMIT 1",
+        )
+        .bind(section)
+        .fetch_optional(db)
+        .await?
+        .unwrap_or((0, String::new()));
+        let rows: Vec<Stored> = sqlx::query(
+            "SELECT * FROM (SELECT id, turn_id, kind, call_id, message FROM agent_messages
+                              WHERE section_id = $1 AND id > $2 AND kind <> 'tool_started'
+                              ORDER BY id DESC LIMIT $3) r ORDER BY id",
+        )
+        .bind(section)
+        .bind(through)
+        .bind(MAX_LOADED)
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .map(row_to_stored)
+        .collect::<sqlx::Result<_>>()?;
+        let last = rows
+            .iter()
+            .map(|r| r.id)
+            .chain(fresh.iter().map(|r| r.id))
+            .max()
+            .unwrap_or(through);
+        self.state = Some(LoadedState {
+            summary,
+            rows,
+            last,
+        });
+        Ok(())
+    }
+}
+
 /// The context: `system`, the stored summary, and the conversation after it, within
 /// `budget` tokens. `scale` corrects the bytes/4 estimate when the provider reports usage.
+/// `loaded` carries the conversation across the steps of one run; `fresh` are the rows of the
+/// current turn stored so far (those not yet in `loaded` are added).
 pub async fn context(
     fence: &Fence,
+    loaded: &mut Loaded,
+    fresh: &[Stored],
     system: &str,
     budget: usize,
     scale: f64,
     current_turn: i64,
 ) -> Result<Vec<Message>, Fenced> {
-    let db = fence.db();
     let section = fence.section();
-    let (mut through, mut summary): (i64, String) = sqlx::query_as(
-        "SELECT through_id, summary FROM agent_summaries WHERE section_id = $1
-          ORDER BY through_id DESC LIMIT 1",
-    )
-    .bind(section)
-    .fetch_optional(db)
-    .await?
-    .unwrap_or((0, String::new()));
-    let mut rows: Vec<Stored> = sqlx::query(
-        "SELECT * FROM (SELECT id, turn_id, kind, call_id, message FROM agent_messages
-                          WHERE section_id = $1 AND id > $2 AND kind <> 'tool_started'
-                          ORDER BY id DESC LIMIT $3) r ORDER BY id",
-    )
-    .bind(section)
-    .bind(through)
-    .bind(MAX_LOADED)
-    .fetch_all(db)
-    .await?
-    .into_iter()
-    .map(row_to_stored)
-    .collect::<sqlx::Result<_>>()?;
+    loaded.refresh(fence, fresh).await?;
+    let st = loaded.state.as_mut().expect("loaded above");
+    let mut summary = st.summary.clone();
+    // Masking below changes only what is sent this time, never what is kept.
+    let mut rows = st.rows.clone();
 
     let fixed = tokens(system.len(), scale);
     let total = |rows: &[Stored], summary: &str| {
@@ -260,7 +313,7 @@ pub async fn context(
         }
         if cut > 0 {
             summary = summarise(&summary, &rows[..cut]);
-            through = rows[cut - 1].id;
+            let through = rows[cut - 1].id;
             let mut tx = fence.begin().await?;
             sqlx::query(
                 "INSERT INTO agent_summaries (section_id, through_id, summary) VALUES ($1, $2, $3)",
@@ -272,6 +325,8 @@ pub async fn context(
             .await?;
             tx.commit().await?;
             rows.drain(..cut);
+            st.rows.drain(..cut);
+            st.summary = summary.clone();
         }
     }
 

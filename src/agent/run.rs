@@ -73,6 +73,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
     repeats.replay(&stored);
     let mut scale = 1.0f64;
     let cancel = turn.cancel.token();
+    let mut loaded = conversation::Loaded::default();
 
     // Resume: a stored final answer is delivered; open tool calls are settled first.
     if let Some(last) = stored
@@ -121,6 +122,8 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         let system = prompt::system_prompt(deps, &turn.section, &turn.chat_id).await;
         let messages = match conversation::context(
             &turn.fence,
+            &mut loaded,
+            &stored,
             &system,
             deps.config.context_tokens,
             scale,
