@@ -90,6 +90,58 @@ pub async fn append(
     id.ok_or(Fenced::Lost)
 }
 
+/// Appends a row and the event-log entry that describes it in one transaction: the fence's
+/// check, the row and the entry commit together (one WAL flush instead of two). Refused, with
+/// nothing written, when the claim is stale. Entries of one section are ordered by the same
+/// advisory lock as [`crate::eventlog::append`].
+pub async fn append_logged(
+    fence: &Fence,
+    turn_id: i64,
+    kind: Kind,
+    call_id: Option<&str>,
+    message: &Message,
+    event: (&str, Value),
+) -> Result<i64, Fenced> {
+    let value = serde_json::to_value(message).unwrap_or(Value::Null);
+    let bytes = value.to_string().len() as i32;
+    let mut tx = fence.db().begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(fence.section())
+        .execute(&mut *tx)
+        .await?;
+    // One statement after the lock (a fresh snapshot sees every earlier entry): the fenced
+    // insert, and the entry only if the insert happened.
+    let id: Option<i64> = sqlx::query_scalar(
+        "WITH m AS (
+           INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
+           SELECT $1, $2, $3, $4, $5, $6
+            WHERE EXISTS (SELECT 1 FROM turn_sections
+                           WHERE section_id = $1 AND generation = $7 FOR SHARE)
+           RETURNING id),
+         e AS (
+           INSERT INTO session_events (section_id, seq, kind, payload)
+           SELECT $1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE section_id = $1),
+                  $8, $9
+             FROM m
+           RETURNING seq)
+         SELECT m.id FROM m, e",
+    )
+    .bind(fence.section())
+    .bind(turn_id)
+    .bind(kind.as_str())
+    .bind(call_id)
+    .bind(&value)
+    .bind(bytes)
+    .bind(fence.generation())
+    .bind(event.0)
+    .bind(&event.1)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let id = id.ok_or(Fenced::Lost)?;
+    tx.commit().await?;
+    Ok(id)
+}
+
 fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {
     let value: Value = r.try_get("message")?;
     Ok(Stored {
@@ -124,38 +176,91 @@ fn message_bytes(m: &Message) -> usize {
     serde_json::to_string(m).map(|s| s.len()).unwrap_or(0)
 }
 
+/// The section's conversation as the context sees it: the latest summary and the rows after it.
+/// Loaded from the database once per run of a turn, then extended with the rows this runner
+/// stores itself — while it holds the fence nobody else writes the section's rows or summaries.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    state: Option<LoadedState>,
+}
+
+#[derive(Debug)]
+struct LoadedState {
+    summary: String,
+    rows: Vec<Stored>,
+    /// The highest row id taken in (loaded or added).
+    last: i64,
+}
+
+impl Loaded {
+    async fn refresh(&mut self, fence: &Fence, fresh: &[Stored]) -> Result<(), Fenced> {
+        if let Some(st) = &mut self.state {
+            for r in fresh
+                .iter()
+                .filter(|r| r.id > st.last && r.kind != Kind::ToolStarted)
+            {
+                st.rows.push(r.clone());
+            }
+            st.last = fresh.iter().map(|r| r.id).max().unwrap_or(0).max(st.last);
+            return Ok(());
+        }
+        let db = fence.db();
+        let section = fence.section();
+        let (through, summary): (i64, String) = sqlx::query_as(
+            "SELECT through_id, summary FROM agent_summaries WHERE section_id = $1
+              ORDER BY through_id DESC LIMIT 1",
+        )
+        .bind(section)
+        .fetch_optional(db)
+        .await?
+        .unwrap_or((0, String::new()));
+        let rows: Vec<Stored> = sqlx::query(
+            "SELECT * FROM (SELECT id, turn_id, kind, call_id, message FROM agent_messages
+                              WHERE section_id = $1 AND id > $2 AND kind <> 'tool_started'
+                              ORDER BY id DESC LIMIT $3) r ORDER BY id",
+        )
+        .bind(section)
+        .bind(through)
+        .bind(MAX_LOADED)
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .map(row_to_stored)
+        .collect::<sqlx::Result<_>>()?;
+        let last = rows
+            .iter()
+            .map(|r| r.id)
+            .chain(fresh.iter().map(|r| r.id))
+            .max()
+            .unwrap_or(through);
+        self.state = Some(LoadedState {
+            summary,
+            rows,
+            last,
+        });
+        Ok(())
+    }
+}
+
 /// The context: `system`, the stored summary, and the conversation after it, within
 /// `budget` tokens. `scale` corrects the bytes/4 estimate when the provider reports usage.
+/// `loaded` carries the conversation across the steps of one run; `fresh` are the rows of the
+/// current turn stored so far (those not yet in `loaded` are added).
 pub async fn context(
     fence: &Fence,
+    loaded: &mut Loaded,
+    fresh: &[Stored],
     system: &str,
     budget: usize,
     scale: f64,
     current_turn: i64,
 ) -> Result<Vec<Message>, Fenced> {
-    let db = fence.db();
     let section = fence.section();
-    let (mut through, mut summary): (i64, String) = sqlx::query_as(
-        "SELECT through_id, summary FROM agent_summaries WHERE section_id = $1
-          ORDER BY through_id DESC LIMIT 1",
-    )
-    .bind(section)
-    .fetch_optional(db)
-    .await?
-    .unwrap_or((0, String::new()));
-    let mut rows: Vec<Stored> = sqlx::query(
-        "SELECT * FROM (SELECT id, turn_id, kind, call_id, message FROM agent_messages
-                          WHERE section_id = $1 AND id > $2 AND kind <> 'tool_started'
-                          ORDER BY id DESC LIMIT $3) r ORDER BY id",
-    )
-    .bind(section)
-    .bind(through)
-    .bind(MAX_LOADED)
-    .fetch_all(db)
-    .await?
-    .into_iter()
-    .map(row_to_stored)
-    .collect::<sqlx::Result<_>>()?;
+    loaded.refresh(fence, fresh).await?;
+    let st = loaded.state.as_mut().expect("loaded above");
+    let mut summary = st.summary.clone();
+    // Masking below changes only what is sent this time, never what is kept.
+    let mut rows = st.rows.clone();
 
     let fixed = tokens(system.len(), scale);
     let total = |rows: &[Stored], summary: &str| {
@@ -208,7 +313,7 @@ pub async fn context(
         }
         if cut > 0 {
             summary = summarise(&summary, &rows[..cut]);
-            through = rows[cut - 1].id;
+            let through = rows[cut - 1].id;
             let mut tx = fence.begin().await?;
             sqlx::query(
                 "INSERT INTO agent_summaries (section_id, through_id, summary) VALUES ($1, $2, $3)",
@@ -220,6 +325,8 @@ pub async fn context(
             .await?;
             tx.commit().await?;
             rows.drain(..cut);
+            st.rows.drain(..cut);
+            st.summary = summary.clone();
         }
     }
 

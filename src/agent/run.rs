@@ -73,6 +73,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
     repeats.replay(&stored);
     let mut scale = 1.0f64;
     let cancel = turn.cancel.token();
+    let mut loaded = conversation::Loaded::default();
 
     // Resume: a stored final answer is delivered; open tool calls are settled first.
     if let Some(last) = stored
@@ -121,6 +122,8 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         let system = prompt::system_prompt(deps, &turn.section, &turn.chat_id).await;
         let messages = match conversation::context(
             &turn.fence,
+            &mut loaded,
+            &stored,
             &system,
             deps.config.context_tokens,
             scale,
@@ -173,12 +176,30 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         }
         let mut reply = routed.response.message().cloned().unwrap_or_default();
         reply.role = "assistant".into();
-        let id =
-            match conversation::append(&turn.fence, turn.id, Kind::Assistant, None, &reply).await {
-                Ok(id) => id,
-                Err(Fenced::Lost) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
+        let event = json!({
+            "turn": turn.id,
+            "route": format!("{}/{}", routed.served.provider, routed.served.model),
+            "chain": routed.served.chain,
+            "latency_ms": started.elapsed().as_millis() as u64,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "tool_calls": reply.tool_calls.iter().map(|c| c.function.name.clone()).collect::<Vec<_>>(),
+        });
+        // The reply and its event-log entry commit together.
+        let id = match conversation::append_logged(
+            &turn.fence,
+            turn.id,
+            Kind::Assistant,
+            None,
+            &reply,
+            ("agent.step", event),
+        )
+        .await
+        {
+            Ok(id) => id,
+            Err(Fenced::Lost) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
         let row = Stored {
             id,
             turn_id: turn.id,
@@ -187,21 +208,6 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             message: reply.clone(),
         };
         stored.push(row.clone());
-        log(
-            deps,
-            turn,
-            "agent.step",
-            json!({
-                "turn": turn.id,
-                "route": format!("{}/{}", routed.served.provider, routed.served.model),
-                "chain": routed.served.chain,
-                "latency_ms": started.elapsed().as_millis() as u64,
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "tool_calls": reply.tool_calls.iter().map(|c| c.function.name.clone()).collect::<Vec<_>>(),
-            }),
-        )
-        .await;
         deps.steps.step(
             &turn.section,
             turn.id,
@@ -262,8 +268,8 @@ async fn run_calls(
             continue;
         }
         if has(Kind::ToolStarted) {
-            store_result(turn, stored, &key, call, INTERRUPTED).await?;
-            log(deps, turn, "agent.tool", json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true})).await;
+            let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true});
+            store_result(turn, stored, &key, call, INTERRUPTED, event).await?;
             continue;
         }
         if let Some(h) = halted(turn, stored) {
@@ -313,33 +319,28 @@ async fn run_calls(
             }
             None => result.text.clone(),
         };
-        match store_result(turn, stored, &key, call, &text).await {
-            Ok(()) => {}
-            Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
-            Err(e) => return Err(e.into()),
-        }
         let target = result
             .backend
             .as_deref()
             .filter(|b| *b != "local" && *b != "control");
-        log(
-            deps,
-            turn,
-            "agent.tool",
-            json!({
-                "turn": turn.id,
-                "tool": call.function.name,
-                "backend": match result.backend.as_deref() {
-                    Some("local") => "local", Some("control") => "control", Some(_) => "ssh", None => "unresolved",
-                },
-                "target": target,
-                "duration_ms": result.millis,
-                "exit": result.exit,
-                "ok": result.ok,
-                "short": short,
-            }),
-        )
-        .await;
+        let event = json!({
+            "turn": turn.id,
+            "tool": call.function.name,
+            "backend": match result.backend.as_deref() {
+                Some("local") => "local", Some("control") => "control", Some(_) => "ssh", None => "unresolved",
+            },
+            "target": target,
+            "duration_ms": result.millis,
+            "exit": result.exit,
+            "ok": result.ok,
+            "short": short,
+        });
+        // The result and its event-log entry commit together.
+        match store_result(turn, stored, &key, call, &text, event).await {
+            Ok(()) => {}
+            Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+            Err(e) => return Err(e.into()),
+        }
         if !result.ok {
             log(
                 deps,
@@ -380,9 +381,18 @@ async fn store_result(
     key: &str,
     call: &ToolCall,
     text: &str,
+    event: serde_json::Value,
 ) -> Result<(), Fenced> {
     let msg = Message::tool(call.id.clone(), text);
-    let id = conversation::append(&turn.fence, turn.id, Kind::Tool, Some(key), &msg).await?;
+    let id = conversation::append_logged(
+        &turn.fence,
+        turn.id,
+        Kind::Tool,
+        Some(key),
+        &msg,
+        ("agent.tool", event),
+    )
+    .await?;
     stored.push(Stored {
         id,
         turn_id: turn.id,

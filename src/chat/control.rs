@@ -355,6 +355,15 @@ pub async fn complete_pending(
     let Some(p) = binding::take_pending(&mut tx, root_message_id).await? else {
         return Ok(None);
     };
+    // The bot opened this thread: its messages are for the agent from now on.
+    super::threads::record(
+        &mut *tx,
+        thread_id,
+        &p.chat_id,
+        super::threads::Reason::Opened,
+        now,
+    )
+    .await?;
     let current = binding::current(&mut tx, thread_id, now).await?;
     let out = match current {
         Some(b) => Some(b),

@@ -11,7 +11,7 @@ use super::authz::Actor;
 use super::command::{self, Command, YoloScope};
 use super::control::{self, Ctl, Decision};
 use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnRequest};
-use super::{binding, render};
+use super::{binding, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
 
@@ -50,7 +50,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
         control::complete_pending(&deps.db, deps.clock.now(), thread, root).await?;
     }
     let cmd = match command::parse(&msg.text) {
-        None if msg.addressed => {
+        None if for_the_agent(deps, msg).await? => {
             let req = TurnRequest {
                 section: msg.section().to_string(),
                 chat_id: msg.chat_id.clone(),
@@ -59,12 +59,14 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 text: msg.text.clone(),
                 in_thread: msg.thread_id.is_some(),
             };
+            // The bot answers here, so it is in this thread from now on.
+            joined_thread(deps, msg).await?;
             if let Some(text) = deps.agent.enqueue(&req).await? {
                 reply.answer(&text, "agent").await?;
             }
             return Ok(());
         }
-        // A group message not addressed to the bot.
+        // A group message neither addressed to the bot nor in a thread it is in.
         None => return Ok(()),
         Some(Err(usage)) => return reply.answer(&usage.0, "usage").await,
         Some(Ok(cmd)) => cmd,
@@ -168,6 +170,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             decide(deps, actor, &alias, Decision::Reject, Some(section)).await?
         }
     };
+    joined_thread(deps, msg).await?;
     reply.answer(&text, "reply").await
 }
 
@@ -176,6 +179,37 @@ fn capitalise(s: &str) -> String {
     match c.next() {
         Some(f) => f.to_uppercase().chain(c).collect(),
         None => String::new(),
+    }
+}
+
+/// What starts a turn (a command never does): an @mention of the bot in a group, any p2p
+/// message, or any message in a thread the bot opened or has answered in.
+async fn for_the_agent(deps: &Deps, msg: &Incoming) -> anyhow::Result<bool> {
+    if msg.addressed {
+        return Ok(true);
+    }
+    match &msg.thread_id {
+        // A mention-free message without text (an image, a sticker) asks nothing.
+        Some(_) if msg.text.trim().is_empty() => Ok(false),
+        Some(thread) => threads::joined(&deps.db, thread).await,
+        None => Ok(false),
+    }
+}
+
+/// Records that the bot answers in the message's thread, if it is in one.
+async fn joined_thread(deps: &Deps, msg: &Incoming) -> anyhow::Result<()> {
+    match &msg.thread_id {
+        Some(thread) => {
+            threads::record(
+                &deps.db,
+                thread,
+                &msg.chat_id,
+                threads::Reason::Answered,
+                deps.clock.now(),
+            )
+            .await
+        }
+        None => Ok(()),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod grant;
 pub mod model_api;
 pub mod port;
 pub mod render;
+pub mod threads;
 
 pub use dispatch::{Deps, dispatch};
 pub use port::{

@@ -112,7 +112,7 @@ Chat commands still work: send /help to see them.";
 /// The answer to an agent request until the agent exists.
 pub const AGENT_NOT_READY: &str = "The agent is not available yet. Send /help to see the commands.";
 /// The answer to `/stop` when no turn runs.
-pub const NOTHING_RUNNING: &str = "Nothing is running in this thread.";
+pub const NOTHING_RUNNING: &str = "Nothing is running here.";
 
 /// The stand-in agent: says that no model is configured, or that the agent is not there yet.
 pub struct NoAgent {

@@ -670,11 +670,7 @@ async fn a_dead_lettered_message_is_told_to_its_sender() {
         .var("SSHMODE_INBOX_MAX_ATTEMPTS", "1")
         .spawn()
         .await;
-    post(
-        &app,
-        sealed_now(&Msg::new("ev_gone", "/help").envelope(TOKEN)),
-    )
-    .await;
+    send(&app, &Msg::new("ev_gone", "/help")).await;
     wait_state(&app, "ev_gone", "dead").await;
     fake.wait_until("the dead-letter notice", |r| {
         r.iter()

@@ -2,6 +2,7 @@
 //! `scripts/test.sh` provides) and fakes of the services that cannot run here.
 
 mod agent;
+mod agent_chat;
 mod chat_control;
 mod console;
 mod control_plane;

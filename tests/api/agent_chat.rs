@@ -1,0 +1,330 @@
+//! The agent through chat control, end to end: signed webhook events into the running app, the
+//! real dispatcher and bindings, the scripted fake model, the fake Lark and the real sshd.
+//! What starts a turn (a mention, a thread the bot opened or answered in, never a command), a
+//! thread opened by `/ssh use` acting remotely while its parent acts locally, the model's own
+//! `ssh_mode` under the real authorisation, and `/stop` sent as a chat message.
+
+use serde_json::json;
+use sshmode::exec::Place;
+
+use crate::agent::{
+    MODEL, add_target, call, rand_u16, reactions, remote_pgrep, replies_to, say, tool_results,
+    turn_states, unique, wait_for, wait_turns_ended,
+};
+use crate::fake_lark::FakeLark;
+use crate::fake_llm::FakeProvider;
+use crate::helpers::TestApp;
+use crate::lark_support::*;
+use crate::sshd::{self, Sshd};
+
+struct Env {
+    app: TestApp,
+    llm: FakeProvider,
+    lark: FakeLark,
+    _dir: tempfile::TempDir,
+    _sshd: Sshd,
+}
+
+/// The app with the real chat control, and a target `web` on a fresh sshd.
+async fn env() -> Env {
+    assert!(
+        sshd::available(),
+        "these tests need root and /usr/sbin/sshd"
+    );
+    let llm = FakeProvider::start().await;
+    let lark = FakeLark::start().await;
+    let app = app_with(&lark)
+        .var("LLM_BASE_URL", &llm.base)
+        .var("LLM_MODEL", MODEL)
+        .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        .spawn()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    add_target(&app, &sshd, dir.path(), "web").await;
+    Env {
+        app,
+        llm,
+        lark,
+        _dir: dir,
+        _sshd: sshd,
+    }
+}
+
+async fn send(app: &TestApp, m: &Msg) {
+    let (status, body) = post(app, sealed(&m.envelope(TOKEN), ENCRYPT_KEY, now_secs())).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// A group message; `mention` puts the bot's @mention first.
+fn group(id: &str, text: &str, mention: bool) -> Msg {
+    let mut m = if mention {
+        Msg::new(id, &format!("@_user_1 {text}"))
+    } else {
+        Msg::new(id, text)
+    };
+    m.chat_type = "group";
+    m.mention_bot = mention;
+    m
+}
+
+/// The same in a thread whose root is `root`.
+fn in_thread(id: &str, text: &str, mention: bool, thread: &str, root: &str) -> Msg {
+    let mut m = group(id, text, mention);
+    m.thread_id = Some(thread.into());
+    m.root_id = Some(root.into());
+    m
+}
+
+async fn place(app: &TestApp, section: &str) -> Place {
+    sshmode::chat::binding::resolve_place(&app.state.db, section, app.state.clock.now())
+        .await
+        .unwrap()
+}
+
+fn remote_home() -> String {
+    format!("/home/{}", sshd::USER)
+}
+
+/// Texts of the plain-text (command) replies to `om`.
+fn command_replies(lark: &FakeLark, om: &str) -> Vec<String> {
+    lark.requests_to(&format!("/messages/{om}/reply"))
+        .iter()
+        .map(|r| {
+            let c: serde_json::Value =
+                serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
+            c["text"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_thread_opened_by_ssh_use_runs_remotely_and_its_parent_locally() {
+    let env = env().await;
+    let app = &env.app;
+    let name = unique("f");
+
+    // `/ssh use web` in the parent chat opens a thread bound to the target. A command is never
+    // a turn.
+    send(app, &group("use", "/ssh use web", true)).await;
+    wait_state(app, "use", "done").await;
+    assert_eq!(place(app, "omt_use").await, Place::Target("web".into()));
+    assert!(turn_states(app, "oc_chat").await.is_empty());
+    assert!(turn_states(app, "omt_use").await.is_empty());
+
+    // A message in that thread, without any @mention, is a turn; its tools act on the target.
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "id -un; cd ~ && pwd"})),
+        )
+        .push(
+            MODEL,
+            call(
+                "write_file",
+                json!({"path": format!("~/{name}.txt"), "content": "remote\n"}),
+            ),
+        )
+        .push(
+            MODEL,
+            call("read_file", json!({"path": format!("~/{name}.txt")})),
+        )
+        .push(MODEL, say("remote done"));
+    send(
+        app,
+        &in_thread("t1", "who are you here?", false, "omt_use", "om_use"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    let home = remote_home();
+    assert!(r[0].contains(&format!("{}\n{home}", sshd::USER)), "{r:?}");
+    assert!(r[1].contains(&format!("{home}/{name}.txt")), "{r:?}");
+    assert!(r[2].contains("remote"), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(format!("{home}/{name}.txt")).unwrap(),
+        "remote\n"
+    );
+    assert_eq!(
+        replies_to(&env.lark, "om_t1"),
+        vec![(true, "remote done".to_string())]
+    );
+    assert_eq!(reactions(&env.lark, "om_t1"), vec!["Typing", "DONE"]);
+
+    // The model cannot clear the user's (sticky) binding.
+    env.llm
+        .push(MODEL, call("ssh_mode", json!({"action": "request_local"})))
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("still there"));
+    send(
+        app,
+        &in_thread("t2", "go back to local", false, "omt_use", "om_use"),
+    )
+    .await;
+    wait_turns_ended(app, "omt_use", 2).await;
+    let r = tool_results(&env.llm);
+    let n = r.len();
+    assert!(r[n - 2].contains("bound to `web` by a user"), "{r:?}");
+    assert!(r[n - 1].contains(sshd::USER), "{r:?}");
+    assert_eq!(place(app, "omt_use").await, Place::Target("web".into()));
+
+    // In the parent, a message that does not mention the bot is not for it …
+    send(app, &group("quiet", "just chatting", false)).await;
+    wait_state(app, "quiet", "done").await;
+    assert!(turn_states(app, "oc_chat").await.is_empty());
+    assert!(env.lark.requests_to("/messages/om_quiet/").is_empty());
+
+    // … and one that does runs locally, answered in place.
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(
+            MODEL,
+            call(
+                "write_file",
+                json!({"path": format!("{name}.local"), "content": "here\n"}),
+            ),
+        )
+        .push(MODEL, say("local done"));
+    send(app, &group("p1", "who are you?", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert!(!r[0].contains(sshd::USER), "{r:?}");
+    assert!(
+        r[1].contains(&format!("{name}.local")) && !r[1].contains(&home),
+        "{r:?}"
+    );
+    assert!(!std::path::Path::new(&format!("{home}/{name}.local")).exists());
+    assert_eq!(
+        replies_to(&env.lark, "om_p1"),
+        vec![(false, "local done".to_string())]
+    );
+    assert_eq!(reactions(&env.lark, "om_p1"), vec!["Typing", "DONE"]);
+}
+
+#[tokio::test]
+async fn the_model_enters_a_target_only_under_a_grant_made_in_the_chat() {
+    let env = env().await;
+    let app = &env.app;
+    // A thread the bot did not open: the first message mentions it; after the bot answered
+    // there, messages without a mention are turns too.
+    let thread = "omt_free";
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "ssh_mode",
+                json!({"action": "request_use", "target": "web"}),
+            ),
+        )
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("stayed local"));
+    send(app, &in_thread("y1", "go to web", true, thread, "om_root")).await;
+    assert_eq!(wait_turns_ended(app, thread, 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert!(r[0].contains("I may not enter `web` by myself"), "{r:?}");
+    assert!(!r[1].contains(sshd::USER), "{r:?}");
+    assert_eq!(place(app, thread).await, Place::Local);
+
+    // A user grants it in the thread (a command, not a turn).
+    send(
+        app,
+        &in_thread("grant", "/ssh yolo on web", false, thread, "om_root"),
+    )
+    .await;
+    wait_state(app, "grant", "done").await;
+    let said = command_replies(&env.lark, "om_grant").join("");
+    assert!(said.contains("may now enter `web`"), "{said}");
+    assert_eq!(turn_states(app, thread).await.len(), 1);
+
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "ssh_mode",
+                json!({"action": "request_use", "target": "web"}),
+            ),
+        )
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, call("ssh_mode", json!({"action": "request_local"})))
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("in and out"));
+    send(
+        app,
+        &in_thread("y2", "now go to web", false, thread, "om_root"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, thread, 2).await, vec!["done", "done"]);
+    let r = tool_results(&env.llm);
+    let n = r.len();
+    assert!(r[n - 4].contains("now runs on `web`"), "{r:?}");
+    assert!(r[n - 3].contains(sshd::USER), "{r:?}");
+    assert!(r[n - 2].contains("runs locally again"), "{r:?}");
+    assert!(!r[n - 1].contains(sshd::USER), "{r:?}");
+    assert_eq!(place(app, thread).await, Place::Local);
+    assert_eq!(
+        replies_to(&env.lark, "om_y2"),
+        vec![(true, "in and out".to_string())]
+    );
+
+    // A mention-free message without text in the bot's thread asks nothing.
+    send(app, &in_thread("blank", "", false, thread, "om_root")).await;
+    wait_state(app, "blank", "done").await;
+    assert_eq!(turn_states(app, thread).await.len(), 2);
+
+    // A thread message that mentions nobody, in a thread the bot has never been in: no turn.
+    send(
+        app,
+        &in_thread("other", "not for you", false, "omt_other", "om_r2"),
+    )
+    .await;
+    wait_state(app, "other", "done").await;
+    assert!(turn_states(app, "omt_other").await.is_empty());
+}
+
+#[tokio::test]
+async fn stop_sent_in_the_chat_kills_the_remote_command_and_tells_the_user() {
+    let env = env().await;
+    let app = &env.app;
+    send(app, &group("use", "/ssh use web", true)).await;
+    wait_state(app, "use", "done").await;
+
+    let secs = 300 + (rand_u16() % 600);
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": format!("sleep {secs}")})),
+        )
+        .push(MODEL, say("never reached"));
+    send(
+        app,
+        &in_thread("long", "wait a while", false, "omt_use", "om_use"),
+    )
+    .await;
+    let pattern = format!("sleep {secs}");
+    wait_for("the remote sleep", 20, || remote_pgrep(app, &pattern)).await;
+
+    send(app, &in_thread("stop", "/stop", false, "omt_use", "om_use")).await;
+    wait_for("the stopped turn", 10, || async {
+        turn_states(app, "omt_use")
+            .await
+            .first()
+            .map(String::as_str)
+            == Some("stopped")
+    })
+    .await;
+    wait_for("the remote sleep to be gone", 10, || async {
+        !remote_pgrep(app, &pattern).await
+    })
+    .await;
+    let told = replies_to(&env.lark, "om_long");
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(told[0].0, "the answer stays in the thread");
+    assert!(told[0].1.starts_with("Stopped by /stop"), "{told:?}");
+    assert!(told[0].1.contains(&pattern), "{told:?}");
+    assert_eq!(reactions(&env.lark, "om_long"), vec!["Typing", "CrossMark"]);
+    wait_state(app, "stop", "done").await;
+    let said = command_replies(&env.lark, "om_stop").join("");
+    assert!(said.contains("Stopping"), "{said}");
+}
