@@ -249,6 +249,7 @@ async fn run() {
             Some(router.clone()),
             Arc::new(Nowhere),
             Some(Arc::new(Fixed(place.clone()))),
+            None,
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

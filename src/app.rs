@@ -39,6 +39,8 @@ pub struct AppState {
     pub agent: Arc<crate::agent::Agent>,
     /// This replica's turn runner (claims sections, drives turns).
     pub turns: Arc<crate::turns::Runner>,
+    /// Live progress cards; the card Stop button goes to [`crate::progress::on_stop_click`].
+    pub progress: crate::progress::Progress,
 }
 
 /// How long shutdown waits for HTTP requests in flight, then again for background tasks,
@@ -123,6 +125,12 @@ impl App {
             metrics.clone(),
         )?);
         let lark = Arc::new(lark);
+        let progress = crate::progress::Progress::new(
+            lark.clone(),
+            store.pool.clone(),
+            metrics.clone(),
+            config.progress.clone(),
+        );
         let (agent, turns) = crate::agent::build(
             &config,
             store.pool.clone(),
@@ -130,6 +138,7 @@ impl App {
             llm.clone(),
             lark.clone(),
             overrides.section_control,
+            Some(Arc::new(progress.clone())),
         );
         let state = AppState {
             config: Arc::new(config),
@@ -143,6 +152,7 @@ impl App {
             exec: exec.clone(),
             agent,
             turns: turns.clone(),
+            progress,
         };
         let tasks = TaskTracker::new();
         crate::inbox::spawn_workers(&state, &tasks);

@@ -73,6 +73,8 @@ pub struct Config {
     pub router: RouterTunables,
     /// Agent turn tunables.
     pub agent: AgentConfig,
+    /// Live progress card tunables.
+    pub progress: ProgressConfig,
 }
 
 /// Lark app credentials (`LARK_*`).
@@ -179,6 +181,22 @@ pub struct AgentConfig {
     pub tool_result_limit: usize,
     /// `SSHMODE_CONTEXT_TOKENS`: the context budget of a section's conversation.
     pub context_tokens: usize,
+}
+
+/// Live progress card tunables (`src/progress/`).
+#[derive(Debug, Clone)]
+pub struct ProgressConfig {
+    /// `SSHMODE_PROGRESS`: `true` shows a live card per turn; `false` sends the answer only.
+    pub enabled: bool,
+    /// `SSHMODE_PROGRESS_INTERVAL_MS`: least time between two updates of one card (default
+    /// 200 ms: at most 5 per second; Lark allows 10).
+    pub interval: Duration,
+    /// `SSHMODE_PROGRESS_PATCH_INTERVAL_MS`: least time between two PATCHes of the fallback
+    /// card message (default 1500 ms).
+    pub patch_interval: Duration,
+    /// `SSHMODE_PROGRESS_STREAMING_TTL_SECS`: how long Lark keeps a card streaming after it was
+    /// last enabled (600 s); streaming is re-enabled at four fifths of it.
+    pub streaming_ttl: Duration,
 }
 
 impl Config {
@@ -391,6 +409,15 @@ impl Config {
             context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
         };
 
+        let progress = ProgressConfig {
+            enabled: parse_or("SSHMODE_PROGRESS", var("SSHMODE_PROGRESS"), true)?,
+            interval: Duration::from_millis(count("SSHMODE_PROGRESS_INTERVAL_MS", 200)? as u64),
+            patch_interval: Duration::from_millis(
+                count("SSHMODE_PROGRESS_PATCH_INTERVAL_MS", 1500)? as u64,
+            ),
+            streaming_ttl: secs("SSHMODE_PROGRESS_STREAMING_TTL_SECS", 600)?,
+        };
+
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
             data_dir,
@@ -409,6 +436,7 @@ impl Config {
             exec,
             router,
             agent,
+            progress,
         })
     }
 

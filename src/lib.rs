@@ -20,6 +20,7 @@ pub mod inbox;
 pub mod lark;
 pub mod llm;
 pub mod metrics;
+pub mod progress;
 pub mod store;
 pub mod target;
 pub mod telemetry;

@@ -37,6 +37,13 @@ pub struct ExecLabels {
     pub outcome: String,
 }
 
+/// Progress card operation labels (`op`: create, send, update, settings, patch).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CardOpLabels {
+    pub op: String,
+    pub outcome: String,
+}
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -53,6 +60,9 @@ pub struct Metrics {
     pub llm_latency_seconds: Histogram,
     pub exec_commands: Family<ExecLabels, Counter>,
     pub ssh_connects: Family<ReasonLabel, Counter>,
+    pub progress_card_ops: Family<CardOpLabels, Counter>,
+    pub progress_fallbacks: Family<ReasonLabel, Counter>,
+    pub progress_updates: Counter,
 }
 
 impl Default for Metrics {
@@ -77,6 +87,9 @@ impl Metrics {
             llm_latency_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             exec_commands: Family::default(),
             ssh_connects: Family::default(),
+            progress_card_ops: Family::default(),
+            progress_fallbacks: Family::default(),
+            progress_updates: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -133,6 +146,21 @@ impl Metrics {
             "exec_commands",
             "Commands run by backend and outcome",
             m.exec_commands.clone(),
+        );
+        registry.register(
+            "progress_card_ops",
+            "Progress card operations by kind and outcome",
+            m.progress_card_ops.clone(),
+        );
+        registry.register(
+            "progress_fallbacks",
+            "Turns whose progress fell back from CardKit, by the fallback used",
+            m.progress_fallbacks.clone(),
+        );
+        registry.register(
+            "progress_updates",
+            "Progress card content updates sent (its rate is the update rate)",
+            m.progress_updates.clone(),
         );
         registry.register(
             "ssh_connects",

@@ -102,6 +102,12 @@ pub trait ChatOut: Send + Sync + 'static {
 pub enum StepEvent {
     Started {
         resumed: bool,
+        chat_id: String,
+        /// The message the answer (and a progress view) replies to.
+        reply_to: String,
+        in_thread: bool,
+        /// The section's backend as the turn starts (`None` when it could not be read).
+        place: Option<Place>,
     },
     /// The model answered; `tools` are the calls it asked for (empty for the final answer).
     Model {
@@ -115,6 +121,10 @@ pub enum StepEvent {
         tool: String,
         ok: bool,
         millis: u64,
+        /// `local`, a target alias or `control`; `None` when never resolved.
+        backend: Option<String>,
+        /// How a command ended, when one ran.
+        exit: Option<String>,
     },
     Ended {
         outcome: String,
@@ -231,7 +241,8 @@ impl TurnWork for Agent {
 }
 
 /// Builds the agent and this replica's turn runner from the app's handles (the runner is
-/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one.
+/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one;
+/// `steps` (the live progress view) to none.
 pub fn build(
     config: &crate::config::Config,
     db: PgPool,
@@ -239,6 +250,7 @@ pub fn build(
     llm: Option<Arc<Router>>,
     out: Arc<dyn ChatOut>,
     control: Option<Arc<dyn SectionControl>>,
+    steps: Option<Arc<dyn StepSink>>,
 ) -> (Arc<Agent>, Arc<turns::Runner>) {
     let agent = Agent::new(AgentDeps {
         db: db.clone(),
@@ -247,7 +259,7 @@ pub fn build(
         model: config.model.clone(),
         control: control.unwrap_or_else(|| Arc::new(LocalOnly)),
         out,
-        steps: Arc::new(NoProgress),
+        steps: steps.unwrap_or_else(|| Arc::new(NoProgress)),
         config: config.agent.clone(),
     });
     let runner = turns::Runner::new(
