@@ -129,6 +129,10 @@ pub enum StepEvent {
     Ended {
         outcome: String,
     },
+    /// This runner let go of the turn without ending it (a shutdown, a lost lease, an error);
+    /// whoever resumes it starts again with `Started { resumed: true, .. }`. Also sent after
+    /// `Ended`, where it means nothing.
+    Left,
 }
 
 /// Receives step events. Must not block: a slow consumer drops events (bounded).
@@ -236,7 +240,11 @@ impl Agent {
 #[async_trait]
 impl TurnWork for Agent {
     async fn run_turn(&self, turn: &ActiveTurn) -> anyhow::Result<()> {
-        run::run_turn(&self.deps, turn).await
+        let r = run::run_turn(&self.deps, turn).await;
+        self.deps
+            .steps
+            .step(&turn.section, turn.id, &StepEvent::Left);
+        r
     }
 }
 

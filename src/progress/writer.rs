@@ -75,6 +75,8 @@ struct Writer<'a> {
     last_write: Option<Instant>,
     not_before: Instant,
     backoff: Duration,
+    /// The runner let go of the turn: whoever resumes it writes the card from then on.
+    left: bool,
 }
 
 pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mpsc::Receiver<Msg>) {
@@ -119,6 +121,7 @@ pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mp
         last_write: None,
         not_before: now,
         backoff: Duration::ZERO,
+        left: false,
     };
     if let Err(e) = w.open().await {
         tracing::warn!(turn_id, error = %e, "progress card state could not be stored");
@@ -369,7 +372,7 @@ impl Writer<'_> {
                 _ = tokio::time::sleep_until(wake) => {}
             }
             let now = Instant::now();
-            if !ended && self.last_event_idle(now) {
+            if !ended && (self.left || self.last_event_idle(now)) {
                 return;
             }
             if self.running_since.is_some() && self.last_write.is_none_or(|t| now >= t + TICK) {
@@ -459,6 +462,10 @@ impl Writer<'_> {
             }
             Msg::Step(ev, at) => match ev {
                 StepEvent::Started { .. } | StepEvent::Model { .. } => false,
+                StepEvent::Left => {
+                    self.left = true;
+                    false
+                }
                 StepEvent::ToolStarted { tool, short } => {
                     self.running_since = Some(at);
                     self.view.running = Some((tool, short, Duration::ZERO));
@@ -561,6 +568,7 @@ impl Writer<'_> {
                     .edit(&message_id, &Content::Card(self.view.card(false, !ended)))
                     .await;
                 self.shared.count("patch", outcome(&r));
+                self.last_write = Some(Instant::now());
                 match r {
                     Ok(()) => {
                         self.shared.metrics.progress_updates.inc();
@@ -595,6 +603,7 @@ impl Writer<'_> {
                         .cardkit_content(&card_id, STEPS_ELEMENT, &text, seq, &uuid)
                         .await;
                     self.shared.count("update", outcome(&r));
+                    self.last_write = Some(Instant::now());
                     match r {
                         Ok(()) => {
                             self.shared.metrics.progress_updates.inc();

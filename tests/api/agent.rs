@@ -22,7 +22,7 @@ use crate::fake_llm::{FakeProvider, Reply, completion, text};
 use crate::helpers::{TestApp, TestAppBuilder};
 use crate::sshd::{self, Sshd};
 
-const MODEL: &str = "m";
+pub(crate) const MODEL: &str = "m";
 
 /// Chat control as a test sets it: a place per section, grants per (section, alias).
 #[derive(Default)]
@@ -32,7 +32,7 @@ pub struct Control {
 }
 
 impl Control {
-    fn bind(&self, section: &str, place: Place) {
+    pub(crate) fn bind(&self, section: &str, place: Place) {
         self.places
             .lock()
             .unwrap()
@@ -94,12 +94,12 @@ impl SectionControl for Control {
 }
 
 /// A model reply asking for one tool call.
-fn call(tool: &str, args: Value) -> Reply {
+pub(crate) fn call(tool: &str, args: Value) -> Reply {
     calls(&[(tool, args)])
 }
 
 /// A model reply asking for several tool calls at once.
-fn calls(list: &[(&str, Value)]) -> Reply {
+pub(crate) fn calls(list: &[(&str, Value)]) -> Reply {
     let tool_calls: Vec<Value> = list
         .iter()
         .enumerate()
@@ -115,7 +115,7 @@ fn calls(list: &[(&str, Value)]) -> Reply {
     )
 }
 
-fn say(s: &str) -> Reply {
+pub(crate) fn say(s: &str) -> Reply {
     text(MODEL, s)
 }
 
@@ -126,12 +126,18 @@ struct Env {
     control: Arc<Control>,
 }
 
-fn builder(llm: &FakeProvider, lark: &FakeLark, control: &Arc<Control>) -> TestAppBuilder {
+pub(crate) fn builder(
+    llm: &FakeProvider,
+    lark: &FakeLark,
+    control: &Arc<Control>,
+) -> TestAppBuilder {
     TestApp::builder()
         .var("LARK_BASE_URL", &lark.base)
         .var("LLM_BASE_URL", &llm.base)
         .var("LLM_MODEL", MODEL)
         .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        // These tests are about the agent; the progress card has its own (tests/api/progress.rs).
+        .var("SSHMODE_PROGRESS", "false")
         .section_control(control.clone())
 }
 
@@ -152,11 +158,11 @@ async fn env(vars: &[(&str, &str)]) -> Env {
     }
 }
 
-fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn request(section: &str, message_id: &str, text: &str) -> TurnRequest {
+pub(crate) fn request(section: &str, message_id: &str, text: &str) -> TurnRequest {
     TurnRequest {
         section: section.into(),
         chat_id: "oc_chat".into(),
@@ -168,7 +174,7 @@ fn request(section: &str, message_id: &str, text: &str) -> TurnRequest {
 }
 
 /// Polls `cond` every 20 ms until it holds; panics naming `what` after `secs`.
-async fn wait_for<F, Fut>(what: &str, secs: u64, mut cond: F)
+pub(crate) async fn wait_for<F, Fut>(what: &str, secs: u64, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -184,7 +190,7 @@ where
 }
 
 /// The states of `section`'s turns, oldest first.
-async fn turn_states(app: &TestApp, section: &str) -> Vec<String> {
+pub(crate) async fn turn_states(app: &TestApp, section: &str) -> Vec<String> {
     sqlx::query_scalar("SELECT state FROM turns WHERE section_id = $1 ORDER BY id")
         .bind(section)
         .fetch_all(&app.state.db)
@@ -192,7 +198,7 @@ async fn turn_states(app: &TestApp, section: &str) -> Vec<String> {
         .unwrap()
 }
 
-async fn wait_turns_ended(app: &TestApp, section: &str, n: usize) -> Vec<String> {
+pub(crate) async fn wait_turns_ended(app: &TestApp, section: &str, n: usize) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     loop {
         let s = turn_states(app, section).await;
@@ -273,7 +279,7 @@ fn reactions(lark: &FakeLark, message_id: &str) -> Vec<String> {
         .collect()
 }
 
-async fn event_kinds(app: &TestApp, section: &str) -> Vec<(String, Value)> {
+pub(crate) async fn event_kinds(app: &TestApp, section: &str) -> Vec<(String, Value)> {
     sqlx::query_as("SELECT kind, payload FROM session_events WHERE section_id = $1 ORDER BY seq")
         .bind(section)
         .fetch_all(&app.state.db)
@@ -442,7 +448,7 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
 }
 
 /// A target `web` on a fresh sshd, registered in `app`'s database.
-async fn add_target(app: &TestApp, sshd: &Sshd, dir: &std::path::Path, alias: &str) {
+pub(crate) async fn add_target(app: &TestApp, sshd: &Sshd, dir: &std::path::Path, alias: &str) {
     let key = dir.join(format!("{alias}_key"));
     sshd::new_key(&key, "ed25519", "");
     sshd.authorize(&PathBuf::from(format!("{}.pub", key.display())));
@@ -659,7 +665,7 @@ async fn a_target_that_is_down_fails_the_tool_and_nothing_runs_locally() {
 
 /// Whether a process running `pattern` as the sshd test user exists, asked over a separate
 /// SSH connection (the pool of `app`).
-async fn remote_pgrep(app: &TestApp, pattern: &str) -> bool {
+pub(crate) async fn remote_pgrep(app: &TestApp, pattern: &str) -> bool {
     let ops = app
         .state
         .exec
@@ -762,7 +768,7 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
     drop(sshd);
 }
 
-fn rand_u16() -> u16 {
+pub(crate) fn rand_u16() -> u16 {
     uuid::Uuid::new_v4().as_bytes()[0] as u16 * 3 + uuid::Uuid::new_v4().as_bytes()[1] as u16
 }
 

@@ -17,5 +17,6 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod llm;
+mod progress;
 #[allow(dead_code)]
 mod sshd;
