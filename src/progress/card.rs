@@ -28,6 +28,13 @@ pub struct Step {
     pub millis: u64,
 }
 
+impl Step {
+    /// The tool worked and, when a command ran, it exited 0.
+    pub fn succeeded(&self) -> bool {
+        self.ok && self.exit.as_deref().is_none_or(|e| e == "exit 0")
+    }
+}
+
 /// The state a card shows.
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -57,7 +64,7 @@ impl View {
     pub fn push(&mut self, step: Step) {
         if self.steps.len() >= SHOWN_STEPS {
             let old = self.steps.remove(0);
-            if old.ok {
+            if old.succeeded() {
                 self.earlier_ok += 1;
             } else {
                 self.earlier_failed += 1;
@@ -86,7 +93,7 @@ impl View {
             ));
         }
         for s in &self.steps {
-            let mark = if s.ok { "✅" } else { "❌" };
+            let mark = if s.succeeded() { "✅" } else { "❌" };
             let exit = s
                 .exit
                 .as_deref()
@@ -113,7 +120,14 @@ impl View {
             out.push_str("Thinking…\n");
         }
         if let Some(by) = &self.stopped_by {
-            out.push_str(&format!("🛑 Stopped by <at id={}></at>\n", escape(by)));
+            if by
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                out.push_str(&format!("🛑 Stopped by <at id={by}></at>\n"));
+            } else {
+                out.push_str("🛑 Stopped\n");
+            }
         }
         if let Some(summary) = &self.summary {
             out.push_str("\n---\n");
@@ -206,7 +220,7 @@ fn code(s: &str) -> String {
 fn escape(s: &str) -> String {
     clip(s, 60)
         .chars()
-        .filter(|c| !matches!(c, '*' | '_' | '`' | '<' | '>' | '[' | ']' | '\n' | '\r'))
+        .filter(|c| !matches!(c, '*' | '`' | '<' | '>' | '[' | ']' | '\n' | '\r'))
         .collect()
 }
 

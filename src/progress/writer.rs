@@ -415,11 +415,10 @@ impl Writer<'_> {
     }
 
     fn write_at(&self) -> Instant {
-        let by_rate = self
-            .last_write
-            .map(|t| t + self.interval())
-            .unwrap_or_else(Instant::now);
-        by_rate.max(self.not_before)
+        match self.last_write {
+            Some(t) => (t + self.interval()).max(self.not_before),
+            None => self.not_before,
+        }
     }
 
     fn next_wake(&self, ended: bool) -> Instant {
@@ -521,8 +520,8 @@ impl Writer<'_> {
             self.view.stopped_by = Some(by);
         }
         let total = self.view.total_steps();
-        let failed =
-            self.view.earlier_failed + self.view.steps.iter().filter(|s| !s.ok).count() as u64;
+        let failed = self.view.earlier_failed
+            + self.view.steps.iter().filter(|s| !s.succeeded()).count() as u64;
         let mut s = format!(
             "**{}** · {total} step{} ({failed} failed) · {}",
             match outcome {
