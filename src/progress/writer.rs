@@ -29,6 +29,9 @@ const MAX_ROTATIONS: u32 = 50;
 /// before it stops; the turn resumes elsewhere with its own writer.
 const IDLE_LIMIT: Duration = Duration::from_secs(3600);
 
+/// `progress_mode`, `progress_card_id`, `progress_message_id`, `progress_sequence`.
+type StoredCard = (Option<String>, Option<String>, Option<String>, i32);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     CardKit,
@@ -167,7 +170,7 @@ fn code_of(e: &LarkError) -> Option<i64> {
 impl Writer<'_> {
     /// Continues the card stored with the turn, or creates and sends a new one.
     async fn open(&mut self) -> sqlx::Result<()> {
-        let row: Option<(Option<String>, Option<String>, Option<String>, i32)> = sqlx::query_as(
+        let row: Option<StoredCard> = sqlx::query_as(
             "SELECT progress_mode, progress_card_id, progress_message_id, progress_sequence
              FROM turns WHERE id = $1",
         )
