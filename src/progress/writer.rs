@@ -17,6 +17,9 @@ use crate::agent::StepEvent;
 use crate::exec::Place;
 use crate::lark::client::{Content, LarkError, idempotency_key};
 
+/// Card writes per second all live cards of one replica share (Lark allows an app about 50
+/// requests/s; the rest is left to replies and reactions).
+const APP_UPDATES_PER_SEC: u32 = 45;
 /// Sequence numbers reserved per write of the `turns` row.
 const SEQ_BLOCK: i32 = 100;
 /// How often a running step's elapsed time is refreshed.
@@ -410,11 +413,22 @@ impl Writer<'_> {
         now >= self.started + IDLE_LIMIT && self.running_since.is_none()
     }
 
+    /// The least time between two writes of this card: the configured one, stretched so that
+    /// all live cards of this replica together stay within [`APP_UPDATES_PER_SEC`] (the app's
+    /// Open API limit is shared by every card and every reply).
     fn interval(&self) -> Duration {
-        match self.mode {
+        let base = match self.mode {
             Mode::Patch => self.shared.config.patch_interval,
             _ => self.shared.config.interval,
-        }
+        };
+        let live = self
+            .shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            .max(1) as u32;
+        base.max(Duration::from_secs(1) * live / APP_UPDATES_PER_SEC)
     }
 
     fn write_at(&self) -> Instant {
