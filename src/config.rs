@@ -582,6 +582,31 @@ mod tests {
     }
 
     #[test]
+    fn progress_settings_have_documented_defaults_and_name_the_variable() {
+        let p = load(&[]).unwrap().progress;
+        assert!(p.enabled);
+        assert_eq!(p.interval, Duration::from_millis(200));
+        assert_eq!(p.patch_interval, Duration::from_millis(1500));
+        assert_eq!(p.streaming_ttl, Duration::from_secs(600));
+        let p = load(&[
+            ("SSHMODE_PROGRESS", "false"),
+            ("SSHMODE_PROGRESS_STREAMING_TTL_SECS", "2"),
+        ])
+        .unwrap()
+        .progress;
+        assert!(!p.enabled);
+        assert_eq!(p.streaming_ttl, Duration::from_secs(2));
+        for (name, bad) in [
+            ("SSHMODE_PROGRESS", "maybe"),
+            ("SSHMODE_PROGRESS_INTERVAL_MS", "0"),
+            ("SSHMODE_PROGRESS_STREAMING_TTL_SECS", "soon"),
+        ] {
+            let e = load(&[(name, bad)]).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
+    }
+
+    #[test]
     fn agent_settings_have_documented_defaults_and_name_the_variable() {
         let a = load(&[]).unwrap().agent;
         assert_eq!(a.turn_budget, Duration::from_secs(900));
