@@ -254,6 +254,7 @@ async fn run() {
                 db.clone(),
                 vault.clone(),
             )),
+            None,
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

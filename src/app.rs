@@ -121,6 +121,12 @@ impl App {
                 yolo_ttl: config.chat.yolo_ttl,
             })
         });
+        let progress = crate::progress::Progress::new(
+            lark.clone(),
+            store.pool.clone(),
+            metrics.clone(),
+            config.progress.clone(),
+        );
         let (agent, turns) = crate::agent::build(
             &config,
             store.pool.clone(),
@@ -129,6 +135,7 @@ impl App {
             lark.clone(),
             Some(control),
             plane,
+            Some(Arc::new(progress.clone())),
         );
         let config = Arc::new(config);
         let state = AppState {
@@ -149,6 +156,7 @@ impl App {
             )),
             exec: exec.clone(),
             turns: turns.clone(),
+            progress,
         };
         let lark_client = state.lark.clone();
         let deps = Deps {
@@ -164,6 +172,8 @@ impl App {
         let handler = Arc::new(crate::lark::adapter::LarkHandler {
             lark: lark_client,
             deps: deps.clone(),
+            agent: state.agent.clone(),
+            progress: state.progress.clone(),
         });
         crate::inbox::spawn_workers(&state, handler, &tasks);
         if state.config.lark.is_some() {

@@ -89,6 +89,8 @@ pub struct Config {
     pub router: RouterTunables,
     /// Agent turn tunables.
     pub agent: AgentConfig,
+    /// Live progress card tunables.
+    pub progress: ProgressConfig,
     /// HTTP server bounds.
     pub http: HttpConfig,
 }
@@ -366,6 +368,22 @@ pub struct AgentConfig {
     pub context_tokens: usize,
 }
 
+/// Live progress card tunables (`src/progress/`).
+#[derive(Debug, Clone)]
+pub struct ProgressConfig {
+    /// `SSHMODE_PROGRESS`: `true` shows a live card per turn; `false` sends the answer only.
+    pub enabled: bool,
+    /// `SSHMODE_PROGRESS_INTERVAL_MS`: least time between two updates of one card (default
+    /// 200 ms: at most 5 per second; Lark allows 10).
+    pub interval: Duration,
+    /// `SSHMODE_PROGRESS_PATCH_INTERVAL_MS`: least time between two PATCHes of the fallback
+    /// card message (default 1500 ms).
+    pub patch_interval: Duration,
+    /// `SSHMODE_PROGRESS_STREAMING_TTL_SECS`: how long Lark keeps a card streaming after it was
+    /// last enabled (600 s); streaming is re-enabled at four fifths of it.
+    pub streaming_ttl: Duration,
+}
+
 impl Config {
     /// Reads `.env` from the working directory (if present; it never overrides the real
     /// environment) and then the process environment.
@@ -592,6 +610,15 @@ impl Config {
             context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
         };
 
+        let progress = ProgressConfig {
+            enabled: parse_or("SSHMODE_PROGRESS", var("SSHMODE_PROGRESS"), true)?,
+            interval: Duration::from_millis(count("SSHMODE_PROGRESS_INTERVAL_MS", 200)? as u64),
+            patch_interval: Duration::from_millis(
+                count("SSHMODE_PROGRESS_PATCH_INTERVAL_MS", 1500)? as u64,
+            ),
+            streaming_ttl: secs("SSHMODE_PROGRESS_STREAMING_TTL_SECS", 600)?,
+        };
+
         Ok(Config {
             database_url: var("DATABASE_URL").map(SecretString::from),
             data_dir,
@@ -613,6 +640,7 @@ impl Config {
             router,
             http,
             agent,
+            progress,
         })
     }
 
@@ -815,6 +843,31 @@ mod tests {
         bad.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "yes please"));
         let e = load(&bad).unwrap_err().to_string();
         assert!(e.contains("SSHMODE_ALLOW_UNSIGNED_EVENTS"), "{e}");
+    }
+
+    #[test]
+    fn progress_settings_have_documented_defaults_and_name_the_variable() {
+        let p = load(&[]).unwrap().progress;
+        assert!(p.enabled);
+        assert_eq!(p.interval, Duration::from_millis(200));
+        assert_eq!(p.patch_interval, Duration::from_millis(1500));
+        assert_eq!(p.streaming_ttl, Duration::from_secs(600));
+        let p = load(&[
+            ("SSHMODE_PROGRESS", "false"),
+            ("SSHMODE_PROGRESS_STREAMING_TTL_SECS", "2"),
+        ])
+        .unwrap()
+        .progress;
+        assert!(!p.enabled);
+        assert_eq!(p.streaming_ttl, Duration::from_secs(2));
+        for (name, bad) in [
+            ("SSHMODE_PROGRESS", "maybe"),
+            ("SSHMODE_PROGRESS_INTERVAL_MS", "0"),
+            ("SSHMODE_PROGRESS_STREAMING_TTL_SECS", "soon"),
+        ] {
+            let e = load(&[(name, bad)]).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod inbox;
 pub mod lark;
 pub mod llm;
 pub mod metrics;
+pub mod progress;
 pub mod state;
 pub mod store;
 pub mod target;

@@ -37,6 +37,13 @@ pub struct ExecLabels {
     pub outcome: String,
 }
 
+/// Progress card operation labels (`op`: create, send, update, settings, patch).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CardOpLabels {
+    pub op: String,
+    pub outcome: String,
+}
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -55,6 +62,9 @@ pub struct Metrics {
     pub ssh_connects: Family<ReasonLabel, Counter>,
     /// HTTP connections open now.
     pub http_connections: Gauge,
+    pub progress_card_ops: Family<CardOpLabels, Counter>,
+    pub progress_fallbacks: Family<ReasonLabel, Counter>,
+    pub progress_updates: Counter,
 }
 
 impl Default for Metrics {
@@ -80,6 +90,9 @@ impl Metrics {
             exec_commands: Family::default(),
             ssh_connects: Family::default(),
             http_connections: Gauge::default(),
+            progress_card_ops: Family::default(),
+            progress_fallbacks: Family::default(),
+            progress_updates: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -136,6 +149,21 @@ impl Metrics {
             "exec_commands",
             "Commands run by backend and outcome",
             m.exec_commands.clone(),
+        );
+        registry.register(
+            "progress_card_ops",
+            "Progress card operations by kind and outcome",
+            m.progress_card_ops.clone(),
+        );
+        registry.register(
+            "progress_fallbacks",
+            "Turns whose progress fell back from CardKit, by the fallback used",
+            m.progress_fallbacks.clone(),
+        );
+        registry.register(
+            "progress_updates",
+            "Progress card content updates sent (its rate is the update rate)",
+            m.progress_updates.clone(),
         );
         registry.register(
             "ssh_connects",

@@ -35,6 +35,8 @@ pub struct AppState {
     pub agent: Arc<crate::agent::Agent>,
     /// This replica's turn runner (claims sections, drives turns).
     pub turns: Arc<crate::turns::Runner>,
+    /// Live progress cards; the card Stop button goes to [`crate::progress::on_stop_click`].
+    pub progress: crate::progress::Progress,
     /// The domain's answers the request path needs without I/O.
     pub triage: Arc<dyn Triage>,
 }

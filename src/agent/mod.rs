@@ -103,6 +103,12 @@ pub trait ChatOut: Send + Sync + 'static {
 pub enum StepEvent {
     Started {
         resumed: bool,
+        chat_id: String,
+        /// The message the answer (and a progress view) replies to.
+        reply_to: String,
+        in_thread: bool,
+        /// The section's backend as the turn starts (`None` when it could not be read).
+        place: Option<Place>,
     },
     /// The model answered; `tools` are the calls it asked for (empty for the final answer).
     Model {
@@ -116,10 +122,18 @@ pub enum StepEvent {
         tool: String,
         ok: bool,
         millis: u64,
+        /// `local`, a target alias or `control`; `None` when never resolved.
+        backend: Option<String>,
+        /// How a command ended, when one ran.
+        exit: Option<String>,
     },
     Ended {
         outcome: String,
     },
+    /// This runner let go of the turn without ending it (a shutdown, a lost lease, an error);
+    /// whoever resumes it starts again with `Started { resumed: true, .. }`. Also sent after
+    /// `Ended`, where it means nothing.
+    Left,
 }
 
 /// Receives step events. Must not block: a slow consumer drops events (bounded).
@@ -229,12 +243,17 @@ impl Agent {
 #[async_trait]
 impl TurnWork for Agent {
     async fn run_turn(&self, turn: &ActiveTurn) -> anyhow::Result<()> {
-        run::run_turn(&self.deps, turn).await
+        let r = run::run_turn(&self.deps, turn).await;
+        self.deps
+            .steps
+            .step(&turn.section, turn.id, &StepEvent::Left);
+        r
     }
 }
 
 /// Builds the agent and this replica's turn runner from the app's handles (the runner is
-/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one.
+/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one;
+/// `steps` (the live progress view) to none.
 pub fn build(
     config: &crate::config::Config,
     db: PgPool,
@@ -243,6 +262,7 @@ pub fn build(
     out: Arc<dyn ChatOut>,
     control: Option<Arc<dyn SectionControl>>,
     plane: Arc<crate::control::ControlPlane>,
+    steps: Option<Arc<dyn StepSink>>,
 ) -> (Arc<Agent>, Arc<turns::Runner>) {
     let agent = Agent::new(AgentDeps {
         db: db.clone(),
@@ -252,7 +272,7 @@ pub fn build(
         control: control.unwrap_or_else(|| Arc::new(LocalOnly)),
         plane,
         out,
-        steps: Arc::new(NoProgress),
+        steps: steps.unwrap_or_else(|| Arc::new(NoProgress)),
         config: config.agent.clone(),
     });
     // Console sections are answered by the console that owns them.

@@ -32,11 +32,20 @@ enum Halt {
 }
 
 pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()> {
+    let place = deps.control.place(&turn.section).await.ok();
     deps.steps.step(
         &turn.section,
         turn.id,
         &StepEvent::Started {
             resumed: turn.attempt > 1,
+            chat_id: turn.chat_id.clone(),
+            reply_to: turn
+                .messages
+                .last()
+                .map(|m| m.message_id.clone())
+                .unwrap_or_default(),
+            in_thread: turn.messages.last().is_some_and(|m| m.in_thread),
+            place,
         },
     );
     if turn.answered {
@@ -358,6 +367,8 @@ async fn run_calls(
                 tool: call.function.name.clone(),
                 ok: result.ok,
                 millis: result.millis,
+                backend: result.backend.clone(),
+                exit: result.exit.clone(),
             },
         );
         if reason.is_some() {

@@ -102,12 +102,13 @@ impl ChatOut for Terminal {
 impl StepSink for Terminal {
     fn step(&self, _section: &str, _turn_id: i64, event: &StepEvent) {
         match event {
-            StepEvent::Started { resumed: true } => self.say("· resuming the interrupted task"),
+            StepEvent::Started { resumed: true, .. } => self.say("· resuming the interrupted task"),
             StepEvent::ToolStarted { tool, short } => self.say(&format!("· {tool}: {short}")),
             StepEvent::ToolFinished {
                 tool,
                 ok: false,
                 millis,
+                ..
             } => self.say(&format!("· {tool} failed after {millis} ms")),
             _ => {}
         }

@@ -27,6 +27,9 @@ const THREADS_NOT_ALLOWED: i64 = 230071;
 pub struct LarkHandler {
     pub lark: Arc<LarkClient>,
     pub deps: Deps,
+    /// The agent and its progress cards, for the cards' Stop button.
+    pub agent: Arc<crate::agent::Agent>,
+    pub progress: crate::progress::Progress,
 }
 
 #[async_trait]
@@ -67,6 +70,9 @@ impl Handler for LarkHandler {
                         return Ok(());
                     }
                 };
+                if crate::progress::is_stop_click(&a.action.value) {
+                    return self.stop_click(&a).await;
+                }
                 approval::apply_click(
                     &self.deps,
                     &Click {
@@ -113,6 +119,49 @@ impl Handler for LarkHandler {
 }
 
 impl LarkHandler {
+    /// A progress card's Stop button. The click was already answered with a toast (by
+    /// [`LarkTriage`], from the same rule); here it takes effect, or its refusal is audited.
+    async fn stop_click(&self, a: &CardAction) -> anyhow::Result<()> {
+        let value = &a.action.value;
+        let operator = a.operator.open_id.as_str();
+        let authorised = crate::progress::stop_click_authorised(value, &a.context.open_chat_id);
+        if !authorised {
+            let mut conn = self
+                .deps
+                .db
+                .acquire()
+                .await
+                .context("auditing a stop click")?;
+            crate::audit::record_chat(
+                &mut conn,
+                crate::audit::ChatEntry {
+                    actor: operator,
+                    action: "turn.stop",
+                    section: value.get("section").and_then(Value::as_str),
+                    target: None,
+                    outcome: "refused",
+                    detail: json!({
+                        "reason": "the Stop button was clicked outside the card's chat",
+                        "chat": a.context.open_chat_id,
+                    }),
+                },
+            )
+            .await
+            .context("auditing a stop click")?;
+            return Ok(());
+        }
+        match crate::progress::on_stop_click(&self.progress, &self.agent, value, operator, true)
+            .await
+        {
+            Some(Ok(said)) => {
+                tracing::info!(lark.operator = %operator, answer = %said, "stop requested from a progress card");
+                Ok(())
+            }
+            Some(Err(e)) => Err(e.context("stopping a turn from its progress card")),
+            None => Ok(()),
+        }
+    }
+
     /// The domain message of a message event; `None` for bots and unreadable bodies.
     async fn message(&self, ev: &InboxEvent) -> anyhow::Result<Option<Message>> {
         let received = match MessageReceive::from_envelope(&ev.payload) {
@@ -274,6 +323,19 @@ impl Triage for LarkTriage {
         let Ok(a) = CardAction::from_envelope(&env.payload) else {
             return json!({});
         };
+        if crate::progress::is_stop_click(&a.action.value) {
+            let (kind, text) =
+                if crate::progress::stop_click_authorised(&a.action.value, &a.context.open_chat_id)
+                {
+                    ("info", "Stopping the task…")
+                } else {
+                    (
+                        "error",
+                        "Only members of this conversation can stop its task.",
+                    )
+                };
+            return json!({ "toast": { "type": kind, "content": text } });
+        }
         match approval::click_toast(self.config.is_admin(&a.operator.open_id), &a.action.value) {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),

@@ -308,6 +308,68 @@ impl LarkClient {
         Ok(())
     }
 
+    /// CardKit: creates a card entity from a JSON 2.0 card; returns its `card_id`.
+    pub async fn cardkit_create(&self, card: &Value) -> Result<String, LarkError> {
+        let body = json!({ "type": "card_json", "data": card.to_string() });
+        let v = self
+            .call(
+                "cardkit_create",
+                Method::POST,
+                "/open-apis/cardkit/v1/cards",
+                Some(body),
+                None,
+            )
+            .await?;
+        v.pointer("/data/card_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or(LarkError::Decode {
+                api: "cardkit_create",
+            })
+    }
+
+    /// CardKit: replaces the full text of a card's `markdown` element.
+    pub async fn cardkit_content(
+        &self,
+        card_id: &str,
+        element_id: &str,
+        content: &str,
+        sequence: i32,
+        uuid: &str,
+    ) -> Result<(), LarkError> {
+        let path = format!(
+            "/open-apis/cardkit/v1/cards/{}/elements/{}/content",
+            path_segment(card_id),
+            path_segment(element_id)
+        );
+        let body = json!({ "content": content, "sequence": sequence, "uuid": uuid });
+        self.call("cardkit_content", Method::PUT, &path, Some(body), None)
+            .await?;
+        Ok(())
+    }
+
+    /// CardKit: changes a card's settings (`config`: streaming mode, summary).
+    pub async fn cardkit_settings(
+        &self,
+        card_id: &str,
+        config: &Value,
+        sequence: i32,
+        uuid: &str,
+    ) -> Result<(), LarkError> {
+        let path = format!(
+            "/open-apis/cardkit/v1/cards/{}/settings",
+            path_segment(card_id)
+        );
+        let body = json!({
+            "settings": json!({ "config": config }).to_string(),
+            "sequence": sequence,
+            "uuid": uuid,
+        });
+        self.call("cardkit_settings", Method::PATCH, &path, Some(body), None)
+            .await?;
+        Ok(())
+    }
+
     /// Adds an emoji reaction; returns its id (for removal).
     pub async fn add_reaction(&self, message_id: &str, emoji: &str) -> Result<String, LarkError> {
         let path = format!(

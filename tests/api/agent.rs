@@ -32,7 +32,7 @@ pub struct Control {
 }
 
 impl Control {
-    fn bind(&self, section: &str, place: Place) {
+    pub(crate) fn bind(&self, section: &str, place: Place) {
         self.places
             .lock()
             .unwrap()
@@ -99,7 +99,7 @@ pub(crate) fn call(tool: &str, args: Value) -> Reply {
 }
 
 /// A model reply asking for several tool calls at once.
-fn calls(list: &[(&str, Value)]) -> Reply {
+pub(crate) fn calls(list: &[(&str, Value)]) -> Reply {
     let tool_calls: Vec<Value> = list
         .iter()
         .enumerate()
@@ -126,12 +126,18 @@ struct Env {
     control: Arc<Control>,
 }
 
-fn builder(llm: &FakeProvider, lark: &FakeLark, control: &Arc<Control>) -> TestAppBuilder {
+pub(crate) fn builder(
+    llm: &FakeProvider,
+    lark: &FakeLark,
+    control: &Arc<Control>,
+) -> TestAppBuilder {
     TestApp::builder()
         .var("LARK_BASE_URL", &lark.base)
         .var("LLM_BASE_URL", &llm.base)
         .var("LLM_MODEL", MODEL)
         .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        // These tests are about the agent; the progress card has its own (tests/api/progress.rs).
+        .var("SSHMODE_PROGRESS", "false")
         .section_control(control.clone())
 }
 
@@ -156,7 +162,7 @@ pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn request(section: &str, message_id: &str, text: &str) -> TurnRequest {
+pub(crate) fn request(section: &str, message_id: &str, text: &str) -> TurnRequest {
     TurnRequest {
         section: section.into(),
         chat_id: "oc_chat".into(),

@@ -2,10 +2,15 @@
 //! shapes (PROTOCOL.md) for the endpoints the service calls. It records every request so tests
 //! can assert exactly what was sent, issues tenant tokens that can be invalidated, de-duplicates
 //! sends by `uuid` as Lark does, and can be told to fail the next calls to a path.
+//!
+//! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
+//! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
+//! more than 10 operations per second on one card with 230020, and a card over 30 KB or 200
+//! elements with 230025; a card message is PATCHed at most 5 times a second.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -64,6 +69,61 @@ struct Inner {
     /// Messages actually created.
     posted: Vec<Value>,
     next_id: u32,
+    cards: HashMap<String, FakeCard>,
+    cardkit_ttl: Duration,
+    /// Every CardKit call answers this code (no scope, CardKit down).
+    cardkit_down: Option<i64>,
+    /// Interactive messages are refused (and so are card PATCHes).
+    refuse_cards: bool,
+    /// message id → the cards PATCHed into it, with when.
+    patched: HashMap<String, Vec<(Instant, Value)>>,
+}
+
+/// A CardKit card as the fake holds it.
+#[derive(Debug, Clone)]
+pub struct FakeCard {
+    pub card_id: String,
+    /// The card JSON 2.0 with every update applied.
+    pub data: Value,
+    pub streaming: bool,
+    enabled_at: Instant,
+    /// Accepted operations: (when, sequence, what).
+    pub ops: Vec<(Instant, i64, &'static str)>,
+    /// Every refusal code answered for this card, in order.
+    pub refusals: Vec<i64>,
+    /// Whether the card entity was sent as a message.
+    pub sent: bool,
+}
+
+impl FakeCard {
+    /// The text of an element.
+    pub fn element(&self, id: &str) -> String {
+        self.data["body"]["elements"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["element_id"] == id)
+            .and_then(|e| e["content"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+const CARD_BYTES: usize = 30 * 1024;
+const CARD_ELEMENTS: usize = 200;
+
+fn count_elements(v: &Value) -> usize {
+    match v {
+        Value::Object(m) => {
+            usize::from(m.contains_key("tag")) + m.values().map(count_elements).sum::<usize>()
+        }
+        Value::Array(a) => a.iter().map(count_elements).sum(),
+        _ => 0,
+    }
+}
+
+fn card_too_big(card: &Value) -> bool {
+    card.to_string().len() > CARD_BYTES || count_elements(card) > CARD_ELEMENTS
 }
 
 #[derive(Clone)]
@@ -92,6 +152,11 @@ impl FakeLark {
                 by_uuid: HashMap::new(),
                 posted: Vec::new(),
                 next_id: 0,
+                cards: HashMap::new(),
+                cardkit_ttl: Duration::from_secs(600),
+                cardkit_down: None,
+                refuse_cards: false,
+                patched: HashMap::new(),
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -142,6 +207,41 @@ impl FakeLark {
             .unwrap()
             .script
             .push((part.to_string(), failures.into()));
+    }
+
+    /// CardKit cards created so far, in creation order.
+    pub fn cards(&self) -> Vec<FakeCard> {
+        let inner = self.shared.inner.lock().unwrap();
+        let mut cards: Vec<FakeCard> = inner.cards.values().cloned().collect();
+        cards.sort_by_key(|c| c.card_id[3..].parse::<u32>().unwrap_or(0));
+        cards
+    }
+
+    /// How long a card keeps streaming after it was last enabled.
+    pub fn set_cardkit_ttl(&self, ttl: Duration) {
+        self.shared.inner.lock().unwrap().cardkit_ttl = ttl;
+    }
+
+    /// Every CardKit call answers `code` from now on.
+    pub fn cardkit_down(&self, code: i64) {
+        self.shared.inner.lock().unwrap().cardkit_down = Some(code);
+    }
+
+    /// Interactive messages and card PATCHes are refused from now on.
+    pub fn refuse_cards(&self) {
+        self.shared.inner.lock().unwrap().refuse_cards = true;
+    }
+
+    /// The cards PATCHed into `message_id`, with when.
+    pub fn patched(&self, message_id: &str) -> Vec<(Instant, Value)> {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .patched
+            .get(message_id)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Requests to paths containing `part` are recorded but not answered until [`release`].
@@ -275,6 +375,16 @@ fn answer(
         }
     }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if parts.get(1) == Some(&"cardkit") {
+        return cardkit(inner, method, &parts, body);
+    }
+    if inner.refuse_cards && body["msg_type"] == "interactive" {
+        return code(
+            StatusCode::BAD_REQUEST,
+            230099,
+            "card messages are not allowed here",
+        );
+    }
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["open-apis", "bot", "v3", "info"]) => axum::Json(json!({
             "code": 0, "msg": "ok",
@@ -331,13 +441,41 @@ fn answer(
             }
             ok(json!({}))
         }
-        ("PATCH", ["open-apis", "im", "v1", "messages", _]) => {
-            if body["content"].as_str().is_none() {
+        ("PATCH", ["open-apis", "im", "v1", "messages", id]) => {
+            let Some(card) = body["content"]
+                .as_str()
+                .and_then(|c| serde_json::from_str::<Value>(c).ok())
+            else {
                 return code(StatusCode::BAD_REQUEST, 230001, "invalid body");
+            };
+            if inner.refuse_cards {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230099,
+                    "card messages are not allowed here",
+                );
             }
             if !is_card_2(&body["content"]) {
                 return code(StatusCode::BAD_REQUEST, 230099, "card content invalid");
             }
+            if card_too_big(&card) {
+                return code(StatusCode::BAD_REQUEST, 230025, "card too large");
+            }
+            let now = Instant::now();
+            let list = inner.patched.entry(id.to_string()).or_default();
+            if list
+                .iter()
+                .filter(|(t, _)| now.duration_since(*t) < Duration::from_secs(1))
+                .count()
+                >= 5
+            {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230020,
+                    "message update rate limited",
+                );
+            }
+            list.push((now, card));
             ok(json!({}))
         }
         ("POST", ["open-apis", "im", "v1", "messages", id, "reactions"]) => {
@@ -385,6 +523,122 @@ fn is_card_2(content: &Value) -> bool {
         })
 }
 
+fn cardkit(inner: &mut Inner, method: &Method, parts: &[&str], body: &Value) -> Response {
+    if let Some(c) = inner.cardkit_down {
+        return code(StatusCode::BAD_REQUEST, c, "cardkit unavailable (scripted)");
+    }
+    let now = Instant::now();
+    let ttl = inner.cardkit_ttl;
+    match (method.as_str(), parts) {
+        ("POST", ["open-apis", "cardkit", "v1", "cards"]) => {
+            let Some(card) = (body["type"] == "card_json")
+                .then(|| body["data"].as_str())
+                .flatten()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            else {
+                return code(StatusCode::BAD_REQUEST, 300301, "invalid card_json");
+            };
+            if card["schema"] != "2.0" {
+                return code(StatusCode::BAD_REQUEST, 300301, "schema 2.0 required");
+            }
+            if card_too_big(&card) {
+                return code(StatusCode::BAD_REQUEST, 230025, "card too large");
+            }
+            inner.next_id += 1;
+            let card_id = format!("ck_{}", inner.next_id);
+            inner.cards.insert(
+                card_id.clone(),
+                FakeCard {
+                    card_id: card_id.clone(),
+                    streaming: card["config"]["streaming_mode"] == true,
+                    data: card,
+                    enabled_at: now,
+                    ops: Vec::new(),
+                    refusals: Vec::new(),
+                    sent: false,
+                },
+            );
+            ok(json!({"card_id": card_id}))
+        }
+        (m, ["open-apis", "cardkit", "v1", "cards", id, rest @ ..]) => {
+            let Some(card) = inner.cards.get_mut(*id) else {
+                return code(StatusCode::BAD_REQUEST, 300300, "card not found");
+            };
+            let refuse = |card: &mut FakeCard, c: i64, msg: &str| {
+                card.refusals.push(c);
+                code(StatusCode::BAD_REQUEST, c, msg)
+            };
+            if card
+                .ops
+                .iter()
+                .filter(|(t, _, _)| now.duration_since(*t) < Duration::from_secs(1))
+                .count()
+                >= 10
+            {
+                return refuse(card, 230020, "card operations rate limited");
+            }
+            let Some(seq) = body["sequence"].as_i64() else {
+                return refuse(card, 300301, "sequence required");
+            };
+            if card.ops.last().is_some_and(|(_, last, _)| seq <= *last) {
+                return refuse(card, 300317, "sequence must increase");
+            }
+            if card.streaming && now.duration_since(card.enabled_at) > ttl {
+                card.streaming = false;
+            }
+            match (m, rest) {
+                ("PUT", ["elements", element, "content"]) => {
+                    if !card.streaming {
+                        return refuse(card, 300309, "streaming mode is closed");
+                    }
+                    let Some(text) = body["content"].as_str() else {
+                        return refuse(card, 300301, "content required");
+                    };
+                    let mut updated = card.data.clone();
+                    let Some(el) = updated["body"]["elements"]
+                        .as_array_mut()
+                        .and_then(|a| a.iter_mut().find(|e| e["element_id"] == *element))
+                    else {
+                        return refuse(card, 300302, "element not found");
+                    };
+                    el["content"] = json!(text);
+                    if card_too_big(&updated) {
+                        return refuse(card, 230025, "card too large");
+                    }
+                    card.data = updated;
+                    card.ops.push((now, seq, "content"));
+                    ok(json!({}))
+                }
+                ("PATCH", ["settings"]) => {
+                    let Some(config) = body["settings"]
+                        .as_str()
+                        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                        .map(|v| v["config"].clone())
+                    else {
+                        return refuse(card, 300301, "settings required");
+                    };
+                    match config["streaming_mode"].as_bool() {
+                        Some(true) => {
+                            card.streaming = true;
+                            card.enabled_at = now;
+                        }
+                        Some(false) => card.streaming = false,
+                        None => {}
+                    }
+                    if let Some(summary) = config.get("summary") {
+                        card.data["config"]["summary"] = summary.clone();
+                    }
+                    card.data["config"]["streaming_mode"] = json!(card.streaming);
+                    card.ops.push((now, seq, "settings"));
+                    ok(json!({}))
+                }
+                _ => code(StatusCode::NOT_FOUND, 404, "not found"),
+            }
+        }
+        _ => code(StatusCode::NOT_FOUND, 404, "not found"),
+    }
+}
+
 fn is_message_body(body: &Value) -> bool {
     let content_ok = body["content"]
         .as_str()
@@ -400,6 +654,26 @@ fn create(inner: &mut Inner, body: &Value, mut data: Value) -> Response {
         && let Some(existing) = inner.by_uuid.get(uuid)
     {
         return ok(existing.clone());
+    }
+    if body["msg_type"] == "interactive" {
+        let content: Value =
+            serde_json::from_str(body["content"].as_str().unwrap_or("{}")).unwrap_or_default();
+        if content["type"] == "card" {
+            // A CardKit entity: it must exist and can be sent once.
+            let id = content["data"]["card_id"].as_str().unwrap_or_default();
+            match inner.cards.get_mut(id) {
+                Some(c) if !c.sent => c.sent = true,
+                _ => {
+                    return code(
+                        StatusCode::BAD_REQUEST,
+                        230099,
+                        "card entity invalid or sent",
+                    );
+                }
+            }
+        } else if card_too_big(&content) {
+            return code(StatusCode::BAD_REQUEST, 230025, "card too large");
+        }
     }
     inner.next_id += 1;
     data["message_id"] = json!(format!("om_sent_{}", inner.next_id));

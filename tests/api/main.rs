@@ -23,6 +23,7 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod llm;
+mod progress;
 mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]

@@ -1,0 +1,285 @@
+//! What a progress card shows: the turn's steps as one markdown text, and the card JSON 2.0
+//! around it. Pure functions of a [`View`]; no I/O. A long turn collapses its older steps into
+//! one counting line, so the card stays far below Lark's 30 KB and ~200 element limits however
+//! many steps run.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// The markdown element every update rewrites.
+pub const STEPS_ELEMENT: &str = "steps";
+/// What a Stop button's callback value carries in `act`.
+pub const STOP_ACT: &str = "progress_stop";
+/// Steps shown one per line; earlier ones are counted in one line.
+pub const SHOWN_STEPS: usize = 30;
+/// Longest short form of a command or path on a line, in characters.
+const SHORT_CHARS: usize = 80;
+
+/// One finished step.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub tool: String,
+    /// Where it ran: `local`, a target alias, `control`, or `?`.
+    pub place: String,
+    pub short: String,
+    pub ok: bool,
+    pub exit: Option<String>,
+    pub millis: u64,
+}
+
+impl Step {
+    /// The tool worked and, when a command ran, it exited 0.
+    pub fn succeeded(&self) -> bool {
+        self.ok && self.exit.as_deref().is_none_or(|e| e == "exit 0")
+    }
+}
+
+/// The state a card shows.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub turn_id: i64,
+    pub section: String,
+    /// The chat the card is in: a Stop click from anywhere else (a forwarded card) is refused.
+    pub chat_id: String,
+    /// `local`, or `alias (user@host:port)`.
+    pub backend: String,
+    /// The last [`SHOWN_STEPS`] steps.
+    pub steps: Vec<Step>,
+    /// Steps no longer shown one by one.
+    pub earlier_ok: u64,
+    pub earlier_failed: u64,
+    /// The running step: tool, short form, elapsed.
+    pub running: Option<(String, String, Duration)>,
+    /// Whether a previous runner started this turn (its earlier steps are not repeated).
+    pub resumed: bool,
+    /// Who pressed Stop (an open_id).
+    pub stopped_by: Option<String>,
+    /// Set when the turn ended: how, and the answer's first lines.
+    pub summary: Option<String>,
+    /// The whole turn's elapsed time.
+    pub elapsed: Duration,
+}
+
+impl View {
+    /// Adds a finished step, collapsing the oldest shown one when the list is full.
+    pub fn push(&mut self, step: Step) {
+        if self.steps.len() >= SHOWN_STEPS {
+            let old = self.steps.remove(0);
+            if old.succeeded() {
+                self.earlier_ok += 1;
+            } else {
+                self.earlier_failed += 1;
+            }
+        }
+        self.steps.push(step);
+    }
+
+    pub fn total_steps(&self) -> u64 {
+        self.earlier_ok + self.earlier_failed + self.steps.len() as u64
+    }
+
+    /// The steps element's markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        if self.resumed {
+            out.push_str("_Resumed after an interruption; earlier steps are not repeated._\n");
+        }
+        let earlier = self.earlier_ok + self.earlier_failed;
+        if earlier > 0 {
+            out.push_str(&format!(
+                "… {earlier} earlier step{} ({} ok, {} failed)\n",
+                if earlier == 1 { "" } else { "s" },
+                self.earlier_ok,
+                self.earlier_failed
+            ));
+        }
+        for s in &self.steps {
+            let mark = if s.succeeded() { "✅" } else { "❌" };
+            let exit = s
+                .exit
+                .as_deref()
+                .map(|e| format!(" · {e}"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "{mark} **{}** · {} · {}{exit} · {}\n",
+                escape(&s.tool),
+                escape(&s.place),
+                code(&s.short),
+                human(Duration::from_millis(s.millis)),
+            ));
+        }
+        if let Some((tool, short, elapsed)) = &self.running {
+            out.push_str(&format!(
+                "⏳ **{}** · {} · {} · running {}\n",
+                escape(tool),
+                escape(&self.backend),
+                code(short),
+                human(*elapsed)
+            ));
+        }
+        if self.total_steps() == 0 && self.running.is_none() && self.summary.is_none() {
+            out.push_str("Thinking…\n");
+        }
+        if let Some(by) = &self.stopped_by {
+            if by
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                out.push_str(&format!("🛑 Stopped by <at id={by}></at>\n"));
+            } else {
+                out.push_str("🛑 Stopped\n");
+            }
+        }
+        if let Some(summary) = &self.summary {
+            out.push_str("\n---\n");
+            out.push_str(summary);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The one-line summary Lark shows in the chat list.
+    pub fn preview(&self) -> String {
+        match &self.summary {
+            Some(s) => clip(s.lines().next().unwrap_or_default(), 100),
+            None => format!("Working · {} steps", self.total_steps()),
+        }
+    }
+
+    /// The whole card. `streaming` sets CardKit streaming mode; `stop_button` adds the Stop
+    /// button (a running turn).
+    pub fn card(&self, streaming: bool, stop_button: bool) -> Value {
+        let mut config = json!({
+            "update_multi": true,
+            "summary": {"content": self.preview()},
+        });
+        if streaming {
+            config["streaming_mode"] = json!(true);
+            config["streaming_config"] =
+                json!({"print_frequency_ms": {"default": 30}, "print_step": {"default": 2}});
+        }
+        let mut elements = vec![json!({
+            "tag": "markdown",
+            "element_id": STEPS_ELEMENT,
+            "content": self.markdown(),
+        })];
+        if stop_button {
+            elements.push(json!({
+                "tag": "button",
+                "element_id": "stop",
+                "text": {"tag": "plain_text", "content": "Stop"},
+                "type": "danger",
+                "behaviors": [{"type": "callback", "value": {
+                    "act": STOP_ACT, "turn": self.turn_id, "section": self.section,
+                    "chat": self.chat_id,
+                }}],
+            }));
+        }
+        json!({
+            "schema": "2.0",
+            "config": config,
+            "header": {
+                "title": {"tag": "plain_text", "content": clip(&format!("Working · {}", self.backend), 120)},
+                "template": "blue",
+            },
+            "body": {"elements": elements},
+        })
+    }
+}
+
+/// `1.2s`, `42s`, `3m05s`.
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 10_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if ms < 60_000 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    }
+}
+
+pub fn clip(s: &str, chars: usize) -> String {
+    if s.chars().count() <= chars {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(chars.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Inline code that cannot be broken out of (backticks become quotes).
+fn code(s: &str) -> String {
+    let s = clip(&s.replace('`', "'").replace(['\n', '\r'], " "), SHORT_CHARS);
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!("`{s}`")
+    }
+}
+
+/// Markdown-inert text (no emphasis, links or tags from a tool name or alias).
+fn escape(s: &str) -> String {
+    clip(s, 60)
+        .chars()
+        .filter(|c| !matches!(c, '*' | '`' | '<' | '>' | '[' | ']' | '\n' | '\r'))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(i: usize) -> Step {
+        Step {
+            tool: "terminal".into(),
+            place: "web".into(),
+            short: format!("{} {}", "x".repeat(200), i),
+            ok: !i.is_multiple_of(7),
+            exit: Some("exit 0".into()),
+            millis: 1234,
+        }
+    }
+
+    #[test]
+    fn three_hundred_steps_stay_far_under_the_limits() {
+        let mut v = View {
+            turn_id: 1,
+            section: "omt_x".into(),
+            backend: "web (ops@10.0.0.7:22)".into(),
+            ..View::default()
+        };
+        for i in 0..300 {
+            v.push(step(i));
+        }
+        v.running = Some(("terminal".into(), "y".repeat(500), Duration::from_secs(75)));
+        v.summary = Some("Done. ".repeat(50));
+        assert_eq!(v.total_steps(), 300);
+        assert_eq!(v.earlier_ok + v.earlier_failed, 270);
+        let card = v.card(true, true).to_string();
+        assert!(card.len() < 15 * 1024, "{} bytes", card.len());
+        let md = v.markdown();
+        assert!(md.contains("… 270 earlier steps"), "{md}");
+        assert!(md.contains("running 1m15s"), "{md}");
+        assert!(md.matches('\n').count() < 40);
+    }
+
+    #[test]
+    fn names_cannot_inject_markup() {
+        let mut v = View::default();
+        v.push(Step {
+            tool: "t**<at id=all>".into(),
+            place: "[x](y)".into(),
+            short: "a`b\nc".into(),
+            ok: false,
+            exit: None,
+            millis: 61_000,
+        });
+        let md = v.markdown();
+        assert!(!md.contains("<at id=all>"), "{md}");
+        assert!(md.contains("`a'b c`"), "{md}");
+        assert!(md.contains("1m01s"), "{md}");
+        assert!(md.starts_with("❌"), "{md}");
+    }
+}

@@ -1,0 +1,229 @@
+//! Live progress in chat: one card per turn, fed by the agent's [`StepSink`] events and written
+//! only by the task of the replica that runs the turn. It owns the card's lifecycle (create,
+//! send as a reply to the turn's message, coalesced updates, streaming renewal, close with a
+//! summary), the card's `sequence` (reserved in blocks in the `turns` row, so a resumed turn
+//! continues the same card above every number used before) and the fallbacks: CardKit
+//! streaming → a card message updated by PATCH at most every 1.5 s → nothing (the final
+//! answer only). It also answers the card's Stop button ([`on_stop_click`]).
+//!
+//! Never: edits text messages (Lark caps those at 20 edits); retries a refused card operation
+//! blindly (each error code has its one remedy); blocks the agent (events go through a bounded
+//! queue and are dropped when it is full); stands in for the final answer, which stays a
+//! separate reply.
+
+pub mod card;
+mod writer;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::agent::{Agent, StepEvent, StepSink};
+use crate::config::ProgressConfig;
+use crate::lark::client::LarkClient;
+use crate::metrics::Metrics;
+
+/// Events queued per turn before new ones are dropped.
+const QUEUE: usize = 512;
+/// Turns with a live card on one replica; beyond it a turn runs without one.
+const MAX_LIVE: usize = 4096;
+/// Chats remembered for "fallback logged once"; the set is cleared past it.
+const MAX_LOGGED_CHATS: usize = 10_000;
+
+/// What a turn's writer receives.
+#[derive(Debug)]
+enum Msg {
+    Step(StepEvent, Instant),
+    /// The Stop button was pressed by this open_id.
+    StoppedBy(String),
+}
+
+struct Shared {
+    lark: Arc<LarkClient>,
+    db: PgPool,
+    metrics: Arc<Metrics>,
+    config: ProgressConfig,
+    live: Mutex<HashMap<i64, mpsc::Sender<Msg>>>,
+    logged: Mutex<HashSet<String>>,
+}
+
+/// The progress view: install it as the agent's step sink. Cheap to clone.
+#[derive(Clone)]
+pub struct Progress {
+    shared: Arc<Shared>,
+}
+
+impl Progress {
+    pub fn new(
+        lark: Arc<LarkClient>,
+        db: PgPool,
+        metrics: Arc<Metrics>,
+        config: ProgressConfig,
+    ) -> Progress {
+        Progress {
+            shared: Arc::new(Shared {
+                lark,
+                db,
+                metrics,
+                config,
+                live: Mutex::new(HashMap::new()),
+                logged: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    fn sender(&self, turn_id: i64) -> Option<mpsc::Sender<Msg>> {
+        self.shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&turn_id)
+            .cloned()
+    }
+}
+
+impl StepSink for Progress {
+    fn step(&self, section: &str, turn_id: i64, event: &StepEvent) {
+        if !self.shared.config.enabled {
+            return;
+        }
+        let now = Instant::now();
+        if let StepEvent::Started { .. } = event {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            {
+                let mut live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+                if live.len() >= MAX_LIVE && !live.contains_key(&turn_id) {
+                    tracing::warn!(turn_id, "too many live progress cards; this turn has none");
+                    return;
+                }
+                live.insert(turn_id, tx.clone());
+            }
+            let _ = tx.try_send(Msg::Step(event.clone(), now));
+            let shared = self.shared.clone();
+            let section = section.to_string();
+            tokio::spawn(async move {
+                writer::run(&shared, &section, turn_id, rx).await;
+                let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+                if live.get(&turn_id).is_some_and(|s| s.same_channel(&tx)) {
+                    live.remove(&turn_id);
+                }
+            });
+            return;
+        }
+        if let Some(tx) = self.sender(turn_id)
+            && tx.try_send(Msg::Step(event.clone(), now)).is_err()
+        {
+            tracing::debug!(turn_id, "progress queue full; a step event was dropped");
+        }
+    }
+}
+
+impl Shared {
+    /// Logs the fallback in use once per chat, with the reason, and counts it.
+    fn fallback(&self, chat_id: &str, to: &'static str, reason: &str) {
+        self.metrics
+            .progress_fallbacks
+            .get_or_create(&crate::metrics::ReasonLabel { reason: to.into() })
+            .inc();
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.len() >= MAX_LOGGED_CHATS {
+            logged.clear();
+        }
+        if logged.insert(format!("{chat_id}/{to}")) {
+            tracing::warn!(
+                chat_id,
+                fallback = to,
+                reason,
+                "progress cards fall back (grant the app the cardkit:card:write scope for streamed cards)"
+            );
+        }
+    }
+
+    fn count(&self, op: &'static str, outcome: String) {
+        self.metrics
+            .progress_card_ops
+            .get_or_create(&crate::metrics::CardOpLabels {
+                op: op.into(),
+                outcome,
+            })
+            .inc();
+    }
+}
+
+/// Whether `value` is a progress card's Stop button.
+pub fn is_stop_click(value: &Value) -> bool {
+    value.get("act").and_then(Value::as_str) == Some(card::STOP_ACT)
+}
+
+/// Whether a Stop click may stop the task: it must come from the chat the card was sent to.
+/// Lark delivers a click only from someone who sees the card, so a click from that chat is a
+/// member's; a card forwarded into another chat does not carry the right to stop. Pure, so the
+/// callback path can answer with it at once.
+pub fn stop_click_authorised(value: &Value, open_chat_id: &str) -> bool {
+    value
+        .get("chat")
+        .and_then(Value::as_str)
+        .is_some_and(|chat| !chat.is_empty() && chat == open_chat_id)
+}
+
+/// The Stop button of a progress card was clicked. `value` is the button's callback value
+/// (`{"act":"progress_stop","turn":…,"section":…}`), `operator` the clicker's open_id, and
+/// `authorised` whether chat control found them allowed (a member of the section, or the
+/// configured role). Requests the stop as `/stop` does, pauses the card's streaming (Lark cannot
+/// update a streaming card from a callback) and makes it show "stopped by …". Returns the toast
+/// text; `None` when `value` is not a progress Stop button.
+pub async fn on_stop_click(
+    progress: &Progress,
+    agent: &Agent,
+    value: &Value,
+    operator: &str,
+    authorised: bool,
+) -> Option<anyhow::Result<String>> {
+    if value.get("act").and_then(Value::as_str) != Some(card::STOP_ACT) {
+        return None;
+    }
+    let (Some(turn_id), Some(section)) = (
+        value.get("turn").and_then(Value::as_i64),
+        value.get("section").and_then(Value::as_str),
+    ) else {
+        return Some(Ok("This button is not valid any more.".into()));
+    };
+    if !authorised {
+        return Some(Ok(
+            "Only members of this conversation can stop its task.".into()
+        ));
+    }
+    Some(stop_turn(progress, agent, turn_id, section, operator).await)
+}
+
+async fn stop_turn(
+    progress: &Progress,
+    agent: &Agent,
+    turn_id: i64,
+    section: &str,
+    operator: &str,
+) -> anyhow::Result<String> {
+    let running: Option<bool> = sqlx::query_scalar(
+        "SELECT stop_requested_at IS NULL FROM turns
+         WHERE id = $1 AND section_id = $2 AND state = 'running'",
+    )
+    .bind(turn_id)
+    .bind(section)
+    .fetch_optional(&progress.shared.db)
+    .await?;
+    match running {
+        None => return Ok("This task has already ended.".into()),
+        // A second click must not drop waiting messages as a second `/stop` would.
+        Some(false) => return Ok("This task is already stopping.".into()),
+        Some(true) => {}
+    }
+    let said = agent.stop(section, operator).await?;
+    if let Some(tx) = progress.sender(turn_id) {
+        let _ = tx.try_send(Msg::StoppedBy(operator.to_string()));
+    }
+    Ok(said)
+}

@@ -1,0 +1,591 @@
+//! The live progress card end to end: agent turns (scripted fake model, local or the real sshd)
+//! feed the card on the fake Lark, which enforces CardKit's rules (sequence, streaming TTL,
+//! operations per second, size). Covers the remote steps' lines, coalescing, streaming renewal
+//! and re-enabling, a resumed turn, the Stop button, and both fallbacks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sshmode::exec::Place;
+
+use crate::agent::{
+    Control, MODEL, add_target, builder, call, rand_u16, remote_pgrep, request, say, turn_states,
+    unique, wait_for, wait_turns_ended,
+};
+use crate::fake_lark::{FakeCard, FakeLark};
+use crate::fake_llm::FakeProvider;
+use crate::helpers::TestApp;
+use crate::lark_support::{ENCRYPT_KEY, TOKEN, post, sealed_now};
+use crate::sshd::{self, Sshd};
+
+struct Env {
+    app: TestApp,
+    llm: FakeProvider,
+    lark: FakeLark,
+    control: Arc<Control>,
+}
+
+async fn env(vars: &[(&str, &str)]) -> Env {
+    let llm = FakeProvider::start().await;
+    let lark = FakeLark::start().await;
+    let control = Arc::new(Control::default());
+    let app = vars
+        .iter()
+        .fold(
+            builder(&llm, &lark, &control).var("SSHMODE_PROGRESS", "true"),
+            |b, (k, v)| b.var(k, v),
+        )
+        .spawn()
+        .await;
+    Env {
+        app,
+        llm,
+        lark,
+        control,
+    }
+}
+
+/// Waits until the only card of the test is closed (streaming off after the end) and returns it.
+async fn closed_card(lark: &FakeLark) -> FakeCard {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cards = lark.cards();
+        if let Some(c) = cards.last()
+            && c.element("steps").contains("---")
+            && !c.streaming
+            && c.ops.last().is_some_and(|o| o.2 == "settings")
+        {
+            return c.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no closed card: {cards:#?}\nrequests: {:#?}",
+            lark.requests()
+                .iter()
+                .map(|r| format!(
+                    "{} {} {}",
+                    r.method,
+                    r.path,
+                    r.body.get("sequence").unwrap_or(&Value::Null)
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Content updates in the busiest one-second window.
+fn busiest_second(card: &FakeCard) -> usize {
+    let times: Vec<Instant> = card
+        .ops
+        .iter()
+        .filter(|o| o.2 == "content")
+        .map(|o| o.0)
+        .collect();
+    times
+        .iter()
+        .map(|t| {
+            times
+                .iter()
+                .filter(|u| **u >= *t && u.duration_since(*t) < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn strictly_increasing(card: &FakeCard) -> bool {
+    card.ops.windows(2).all(|w| w[0].1 < w[1].1)
+}
+
+/// Replies to `message_id` by message type.
+fn replies(lark: &FakeLark, message_id: &str, msg_type: &str) -> Vec<Value> {
+    lark.requests_to(&format!("/messages/{message_id}/reply"))
+        .into_iter()
+        .filter(|r| r.body["msg_type"] == msg_type)
+        .map(|r| r.body)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_remote_turn_streams_one_card_with_every_step_where_it_ran() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    add_target(&env.app, &sshd, dir.path(), "web").await;
+    let thread = unique("omt_prog");
+    env.control.bind(&thread, Place::Target("web".into()));
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "sleep 1.5; curl -H 'Authorization: Bearer sk-live-0123456789abcdef0123' x; exit 3"}),
+            ),
+        )
+        .push(MODEL, call("read_file", json!({"path": "~/.profile"})))
+        .push(MODEL, say("all three done"));
+    let msg = unique("om_prog");
+    env.app
+        .state
+        .agent
+        .accept(&request(&thread, &msg, "look around"))
+        .await
+        .unwrap();
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert_eq!(env.lark.cards().len(), 1);
+
+    // The card is a reply to the message, in its thread, as the answer is.
+    let sent = replies(&env.lark, &msg, "interactive");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["reply_in_thread"], true);
+    assert!(sent[0]["content"].as_str().unwrap().contains(&card.card_id));
+    let header = card.data["header"]["title"]["content"].as_str().unwrap();
+    assert!(
+        header.contains(&format!("web ({}@127.0.0.1:{})", sshd::USER, sshd.port)),
+        "{header}"
+    );
+
+    let text = card.element("steps");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" · web · ")).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("✅ **terminal**")
+            && lines[0].contains("`id -un`")
+            && lines[0].contains("exit 0"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("❌ **terminal**") && lines[1].contains("exit 3"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("sk-live-0123456789abcdef0123"),
+        "secrets are redacted: {text}"
+    );
+    assert!(
+        lines[2].starts_with("✅ **read_file**") && lines[2].contains("~/.profile"),
+        "{text}"
+    );
+    assert!(text.contains("**Done** · 3 steps (1 failed)"), "{text}");
+    assert!(
+        text.contains("all three done"),
+        "the answer's first lines: {text}"
+    );
+
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+    assert!(card.refusals.is_empty(), "{:?}", card.refusals);
+    assert!(busiest_second(&card) <= 5, "{:?}", card.ops);
+    // The running step was shown while it ran (the 1.5 s sleep): some update had it last.
+    assert!(
+        card.ops.iter().filter(|o| o.2 == "content").count() >= 3,
+        "{:?}",
+        card.ops
+    );
+    // The final answer is its own reply.
+    assert_eq!(replies(&env.lark, &msg, "post").len(), 1);
+    drop(sshd);
+}
+
+#[tokio::test]
+async fn a_turn_longer_than_the_streaming_ttl_renews_streaming_and_loses_nothing() {
+    let env = env(&[("SSHMODE_PROGRESS_STREAMING_TTL_SECS", "2")]).await;
+    env.lark.set_cardkit_ttl(Duration::from_secs(2));
+    let section = unique("oc_ttl");
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 4.5; echo slept"})),
+        )
+        .push(MODEL, call("terminal", json!({"command": "echo after"})))
+        .push(MODEL, say("long one done"));
+    let msg = unique("om_ttl");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "slow"))
+        .await
+        .unwrap();
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert_eq!(env.lark.cards().len(), 1);
+    let renewals = card.ops.iter().filter(|o| o.2 == "settings").count();
+    assert!(
+        renewals >= 3,
+        "renewed at least twice, then closed: {:?}",
+        card.ops
+    );
+    assert!(card.refusals.is_empty(), "{:?}", card.refusals);
+    let text = card.element("steps");
+    assert!(
+        text.contains("`sleep 4.5; echo slept`") && text.contains("`echo after`"),
+        "{text}"
+    );
+    assert!(text.contains("**Done** · 2 steps (0 failed)"), "{text}");
+    assert!(strictly_increasing(&card));
+}
+
+#[tokio::test]
+async fn streaming_closed_by_lark_is_re_enabled_and_the_update_goes_through() {
+    // Lark closes streaming after 1 s; the service believes it has 10 minutes.
+    let env = env(&[]).await;
+    env.lark.set_cardkit_ttl(Duration::from_secs(1));
+    let section = unique("oc_closed");
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 2.5; echo x"})),
+        )
+        .push(MODEL, say("fine"));
+    let msg = unique("om_closed");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    wait_turns_ended(&env.app, &section, 1).await;
+    let card = closed_card(&env.lark).await;
+    let closed = card.refusals.iter().filter(|c| **c == 300309).count();
+    assert!(closed >= 1, "{:?}", card.refusals);
+    // Every refusal was answered by re-enabling streaming, never by the same call again.
+    let settings = card.ops.iter().filter(|o| o.2 == "settings").count();
+    assert!(settings > closed, "{:?} {:?}", card.refusals, card.ops);
+    assert_eq!(card.refusals.len(), closed, "{:?}", card.refusals);
+    let text = card.element("steps");
+    assert!(
+        text.contains("`sleep 2.5; echo x`") && text.contains("**Done**"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_resumed_turn_continues_the_same_card_with_higher_sequences() {
+    let env = env(&[("SSHMODE_TURN_LEASE_SECS", "2")]).await;
+    let section = unique("oc_resume");
+    let msg = unique("om_resume");
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 1.5; echo first"})),
+        )
+        .push(MODEL, say("the answer"));
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    // While the card shows the first step running, Lark starts holding the answer; the runner
+    // dies while it is being sent.
+    wait_for("the first step running on the card", 20, || async {
+        env.lark.cards().first().is_some_and(|c| {
+            let t = c.element("steps");
+            t.contains("⏳") && t.contains("`sleep 1.5; echo first`")
+        })
+    })
+    .await;
+    env.lark.hold(&format!("/messages/{msg}/reply"));
+    wait_for("the answer being sent", 20, || async {
+        replies(&env.lark, &msg, "post").len() == 1
+    })
+    .await;
+    env.app.state.turns.halt_abruptly();
+    let before = env.lark.cards()[0].ops.last().unwrap().1;
+    env.lark.release();
+    let other = builder(&env.llm, &env.lark, &env.control)
+        .var("SSHMODE_PROGRESS", "true")
+        .var("SSHMODE_TURN_LEASE_SECS", "2")
+        .database(&env.app.db_url)
+        .spawn()
+        .await;
+    assert_eq!(wait_turns_ended(&other, &section, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert_eq!(env.lark.cards().len(), 1, "the same card");
+    assert_eq!(replies(&env.lark, &msg, "interactive").len(), 1);
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+    assert!(card.refusals.is_empty(), "{:?}", card.refusals);
+    let after: Vec<i64> = card
+        .ops
+        .iter()
+        .map(|o| o.1)
+        .filter(|s| *s > before)
+        .collect();
+    assert!(
+        after.len() >= 2,
+        "the resumed runner wrote on: {:?}",
+        card.ops
+    );
+    assert!(card.element("steps").contains("**Done**"));
+}
+
+/// A click on a progress card's Stop button as Lark sends it.
+fn stop_click(event_id: &str, operator: &str, chat: &str, value: &Value) -> Value {
+    json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "event_type": "card.action.trigger",
+            "create_time": chrono::Utc::now().timestamp_millis().to_string(), "token": TOKEN,
+            "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
+        "event": {
+            "operator": {"open_id": operator, "tenant_key": "tk"},
+            "token": "c-update-token",
+            "action": {"value": value, "tag": "button"},
+            "host": "im_message",
+            "context": {"open_message_id": "om_card", "open_chat_id": chat}
+        }
+    })
+}
+
+#[tokio::test]
+async fn the_stop_button_stops_the_turn_and_the_remote_process() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env(&[("LARK_ENCRYPT_KEY", ENCRYPT_KEY)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sshd_dir = dir.path().join("sshd");
+    std::fs::create_dir_all(&sshd_dir).unwrap();
+    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    add_target(&env.app, &sshd, dir.path(), "web").await;
+    let thread = unique("omt_btn");
+    env.control.bind(&thread, Place::Target("web".into()));
+    let secs = 300 + (rand_u16() % 600);
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": format!("sleep {secs}")})),
+        )
+        .push(MODEL, say("never reached"));
+    let msg = unique("om_btn");
+    env.app
+        .state
+        .agent
+        .accept(&request(&thread, &msg, "wait"))
+        .await
+        .unwrap();
+    let pattern = format!("sleep {secs}");
+    wait_for("the remote sleep", 20, || remote_pgrep(&env.app, &pattern)).await;
+    let card = env.lark.cards()[0].clone();
+    let value = card.data["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["tag"] == "button")
+        .expect("a Stop button")["behaviors"][0]["value"]
+        .clone();
+
+    // Clicked from another chat (a forwarded card): refused with a toast at once, audited,
+    // and the turn runs on.
+    let (status, answer) = post(
+        &env.app,
+        sealed_now(&stop_click(
+            "ev_stop_1",
+            "ou_stranger",
+            "oc_elsewhere",
+            &value,
+        )),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["toast"]["type"], "error", "{answer}");
+    assert!(
+        answer["toast"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Only members"),
+        "{answer}"
+    );
+    wait_for("the refusal's audit row", 10, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_log
+             WHERE action = 'turn.stop' AND outcome = 'refused' AND actor = 'ou_stranger'",
+        )
+        .fetch_one(&env.app.state.db)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    assert_eq!(turn_states(&env.app, &thread).await, vec!["running"]);
+
+    // Clicked in the card's own chat: answered at once, then the turn stops.
+    let (status, answer) = post(
+        &env.app,
+        sealed_now(&stop_click("ev_stop_2", "ou_clicker", "oc_chat", &value)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    wait_for("the stopped turn", 10, || async {
+        turn_states(&env.app, &thread).await == vec!["stopped"]
+    })
+    .await;
+    wait_for("the remote sleep to be gone", 10, || async {
+        !remote_pgrep(&env.app, &pattern).await
+    })
+    .await;
+    let card = closed_card(&env.lark).await;
+    let text = card.element("steps");
+    assert!(
+        text.contains("Stopped by <at id=ou_clicker></at>"),
+        "{text}"
+    );
+    assert!(text.contains("**Stopped**"), "{text}");
+    // A click after the end changes nothing.
+    let toast = sshmode::progress::on_stop_click(
+        &env.app.state.progress,
+        &env.app.state.agent,
+        &value,
+        "ou_clicker",
+        true,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(toast.contains("already ended"), "{toast}");
+    drop(sshd);
+}
+
+#[tokio::test]
+async fn cardkit_errors_fall_back_to_a_patched_card_message() {
+    let env = env(&[]).await;
+    env.lark.cardkit_down(99991672);
+    let section = unique("oc_patch");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo a"})))
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 2; echo b"})),
+        )
+        .push(MODEL, say("patched along"));
+    let msg = unique("om_patch");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    wait_turns_ended(&env.app, &section, 1).await;
+    let sent = replies(&env.lark, &msg, "interactive");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let card_msg = env
+        .lark
+        .posted()
+        .into_iter()
+        .find(|p| p["msg_type"] == "interactive")
+        .unwrap()["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for("the final PATCH", 20, || async {
+        env.lark.patched(&card_msg).last().is_some_and(|(_, c)| {
+            c["body"]["elements"][0]["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("**Done**"))
+        })
+    })
+    .await;
+    let patches = env.lark.patched(&card_msg);
+    assert!(
+        patches
+            .windows(2)
+            .all(|w| w[1].0.duration_since(w[0].0) >= Duration::from_millis(1400)),
+        "at most one PATCH per 1.5 s"
+    );
+    let last = patches.last().unwrap().1.to_string();
+    assert!(
+        last.contains("echo a") && last.contains("sleep 2; echo b"),
+        "{last}"
+    );
+    assert!(!last.contains("progress_stop"), "no Stop button once ended");
+    // Never a text edit; the answer is its own reply.
+    assert!(
+        env.lark
+            .requests()
+            .iter()
+            .all(|r| r.method != "PUT" || !r.path.contains("/im/v1/messages/"))
+    );
+    assert_eq!(replies(&env.lark, &msg, "post").len(), 1);
+}
+
+#[tokio::test]
+async fn refused_cards_leave_the_final_answer_only() {
+    let env = env(&[]).await;
+    env.lark.refuse_cards();
+    let section = unique("oc_none");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo a"})))
+        .push(MODEL, say("just the answer"));
+    let msg = unique("om_none");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    wait_turns_ended(&env.app, &section, 1).await;
+    let posted = env.lark.posted();
+    assert_eq!(posted.len(), 1, "{posted:#?}");
+    assert_eq!(posted[0]["msg_type"], "post");
+    wait_for("the progress mode `none`", 10, || async {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT progress_mode FROM turns WHERE section_id = $1",
+        )
+        .bind(&section)
+        .fetch_one(&env.app.state.db)
+        .await
+        .unwrap()
+        .as_deref()
+            == Some("none")
+    })
+    .await;
+    assert!(
+        env.lark
+            .requests()
+            .iter()
+            .all(|r| r.method != "PATCH" && r.method != "PUT")
+    );
+}
+
+#[tokio::test]
+async fn a_turn_of_300_steps_stays_under_the_card_limits() {
+    let env = env(&[("SSHMODE_MAX_ITERATIONS", "100")]).await;
+    let section = unique("oc_many");
+    for batch in 0..30 {
+        let list: Vec<(&str, Value)> = (0..10)
+            .map(|i| {
+                (
+                    "terminal",
+                    json!({"command": format!("echo step-{batch}-{i}")}),
+                )
+            })
+            .collect();
+        env.llm.push(MODEL, crate::agent::calls(&list));
+    }
+    env.llm.push(MODEL, say("three hundred"));
+    let msg = unique("om_many");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert!(!card.refusals.contains(&230025), "{:?}", card.refusals);
+    assert!(card.refusals.is_empty(), "{:?}", card.refusals);
+    let text = card.element("steps");
+    assert!(text.contains("**Done** · 300 steps"), "{text}");
+    assert!(text.contains("… 270 earlier steps"), "{text}");
+    assert!(text.contains("step-29-9"), "{text}");
+    assert!(card.data.to_string().len() < 15 * 1024);
+    assert!(busiest_second(&card) <= 5);
+}
