@@ -245,16 +245,18 @@ async fn run() {
         let (agent, runner) = sshmode::agent::build(
             &config,
             db.clone(),
-            exec.clone(),
-            Some(router.clone()),
-            Arc::new(Nowhere),
-            Some(Arc::new(Fixed(place.clone()))),
-            Arc::new(sshmode::control::ControlPlane::new(
-                &config,
-                db.clone(),
-                vault.clone(),
-            )),
-            None,
+            sshmode::agent::Parts {
+                exec: exec.clone(),
+                llm: Some(router.clone()),
+                out: Arc::new(Nowhere),
+                control: Some(Arc::new(Fixed(place.clone()))),
+                plane: Arc::new(sshmode::control::ControlPlane::new(
+                    &config,
+                    db.clone(),
+                    vault.clone(),
+                )),
+                steps: None,
+            },
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

@@ -130,12 +130,14 @@ impl App {
         let (agent, turns) = crate::agent::build(
             &config,
             store.pool.clone(),
-            exec.clone(),
-            llm.clone(),
-            lark.clone(),
-            Some(control),
-            plane,
-            Some(Arc::new(progress.clone())),
+            crate::agent::Parts {
+                exec: exec.clone(),
+                llm: llm.clone(),
+                out: lark.clone(),
+                control: Some(control),
+                plane,
+                steps: Some(Arc::new(progress.clone())),
+            },
         );
         let config = Arc::new(config);
         let state = AppState {

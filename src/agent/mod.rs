@@ -251,19 +251,36 @@ impl TurnWork for Agent {
     }
 }
 
+/// The handles the agent is built from.
+pub struct Parts {
+    pub exec: Arc<Executors>,
+    /// The model router; `None` when no model is configured.
+    pub llm: Option<Arc<Router>>,
+    /// Where answers and reactions go.
+    pub out: Arc<dyn ChatOut>,
+    /// Bindings and `ssh_mode`; [`LocalOnly`] when `None`.
+    pub control: Option<Arc<dyn SectionControl>>,
+    /// Memory and skills (the local control plane).
+    pub plane: Arc<crate::control::ControlPlane>,
+    /// The live progress view; none when `None`.
+    pub steps: Option<Arc<dyn StepSink>>,
+}
+
 /// Builds the agent and this replica's turn runner from the app's handles (the runner is
-/// spawned by the caller). `control` defaults to [`LocalOnly`] until chat control provides one;
-/// `steps` (the live progress view) to none.
+/// spawned by the caller).
 pub fn build(
     config: &crate::config::Config,
     db: PgPool,
-    exec: Arc<Executors>,
-    llm: Option<Arc<Router>>,
-    out: Arc<dyn ChatOut>,
-    control: Option<Arc<dyn SectionControl>>,
-    plane: Arc<crate::control::ControlPlane>,
-    steps: Option<Arc<dyn StepSink>>,
+    parts: Parts,
 ) -> (Arc<Agent>, Arc<turns::Runner>) {
+    let Parts {
+        exec,
+        llm,
+        out,
+        control,
+        plane,
+        steps,
+    } = parts;
     let agent = Agent::new(AgentDeps {
         db: db.clone(),
         exec,
