@@ -37,6 +37,8 @@ async fn env() -> Env {
         .var("LLM_BASE_URL", &llm.base)
         .var("LLM_MODEL", MODEL)
         .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+        // These tests count the answers; the progress card has its own tests (progress.rs).
+        .var("SSHMODE_PROGRESS", "false")
         .spawn()
         .await;
     let dir = tempfile::tempdir().unwrap();
