@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use secrecy::ExposeSecret;
-use sqlx::{Connection, PgPool};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 use crate::config::Config;
 use embedded::EmbeddedCluster;
