@@ -11,14 +11,19 @@ use std::time::Duration;
 
 use anyhow::Context;
 use secrecy::ExposeSecret;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 use crate::config::Config;
 use embedded::EmbeddedCluster;
 
 /// Most connections the pool opens; bounded so that a burst cannot exhaust the server.
 const POOL_MAX: u32 = 20;
+/// A pooled connection idle for longer than this is pinged before it is handed out (a server
+/// restart or a dropped session shows there, not in the caller's query); one in steady use is
+/// not: sqlx's default pings on every acquire, a round trip to the server as long as a
+/// one-row INSERT's, paid by every inbox batch (BENCHMARKS.md).
+const PING_IDLE: Duration = Duration::from_secs(1);
 
 /// The embedded migrations (timestamp-named, append-only).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -53,6 +58,13 @@ impl Store {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_MAX)
             .acquire_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    // A failed ping discards the connection; the pool opens another.
+                    Ok(meta.idle_for < PING_IDLE || conn.ping().await.is_ok())
+                })
+            })
             .connect_with(options)
             .await
             .context("cannot connect to PostgreSQL")?;
