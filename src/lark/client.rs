@@ -213,22 +213,7 @@ impl LarkClient {
         content: &Content,
         uuid: &str,
     ) -> Result<Sent, LarkError> {
-        let body = json!({
-            "receive_id": chat_id,
-            "msg_type": content.msg_type(),
-            "content": content.encoded(),
-            "uuid": uuid,
-        });
-        let v = self
-            .call(
-                "send",
-                Method::POST,
-                "/open-apis/im/v1/messages?receive_id_type=chat_id",
-                Some(body),
-                Some(chat_id),
-            )
-            .await?;
-        sent("send", &v)
+        self.send_to("chat_id", chat_id, content, uuid).await
     }
 
     /// Sends a new message to one user, one-to-one, by open_id.
@@ -238,20 +223,26 @@ impl LarkClient {
         content: &Content,
         uuid: &str,
     ) -> Result<Sent, LarkError> {
+        self.send_to("open_id", open_id, content, uuid).await
+    }
+
+    /// `POST /open-apis/im/v1/messages` to `receive_id` of the given `receive_id_type`.
+    async fn send_to(
+        &self,
+        id_type: &'static str,
+        receive_id: &str,
+        content: &Content,
+        uuid: &str,
+    ) -> Result<Sent, LarkError> {
         let body = json!({
-            "receive_id": open_id,
+            "receive_id": receive_id,
             "msg_type": content.msg_type(),
             "content": content.encoded(),
             "uuid": uuid,
         });
+        let path = format!("/open-apis/im/v1/messages?receive_id_type={id_type}");
         let v = self
-            .call(
-                "send",
-                Method::POST,
-                "/open-apis/im/v1/messages?receive_id_type=open_id",
-                Some(body),
-                Some(open_id),
-            )
+            .call("send", Method::POST, &path, Some(body), Some(receive_id))
             .await?;
         sent("send", &v)
     }
