@@ -882,19 +882,51 @@ impl SimpleCommand {
     }
 }
 
+/// A shell construct that is not a simple command but changes what later commands mean. A
+/// caller judging a script strictly (the read-only workspace permission) refuses them; the
+/// guard itself has no use for this list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Construct {
+    /// A `for` or `select` header (including `for ((…))`), which assigns its variable.
+    Loop { keyword: String },
+    /// `coproc`, which assigns the coprocess's array variable.
+    Coprocess,
+    /// `NAME() …` or `function NAME …`: defines (or redefines) a command.
+    Function { name: String },
+    /// `((…))`, `$((…))` or `$[…]`: arithmetic, which can assign variables.
+    Arithmetic { source: String },
+    /// `${…}` with an operator (`${X:=v}`, `${X:offset}`, `${a[i]}`, …): it can assign a
+    /// variable or evaluate arithmetic. A plain `$X` / `${X}` is not one.
+    Expansion { source: String },
+}
+
+/// A script as [`parse_script`] reads it: every simple command it would run, and the
+/// [`Construct`]s around them, each in the order written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Script {
+    pub commands: Vec<SimpleCommand>,
+    pub constructs: Vec<Construct>,
+}
+
 /// Splits `script` into every simple command it would run — its own, and those inside
 /// substitutions, arithmetic and here-documents (with a `depth` above 0) — using the same
 /// parser as the guard. Control structures are looked through: `if a; then b; fi` gives `a`
 /// and `b`; a `for` or `case` header gives no command of its own. Nothing is expanded: a
 /// word that depends on a value at run time has no `literal`.
 pub fn simple_commands(script: &str) -> Result<Vec<SimpleCommand>, ParseError> {
+    parse_script(script).map(|s| s.commands)
+}
+
+/// [`simple_commands`], together with the loops, function definitions, arithmetic and
+/// parameter operations the script contains.
+pub fn parse_script(script: &str) -> Result<Script, ParseError> {
     if script.len() > MAX_INPUT {
         return Err(ParseError::TooLong { len: script.len() });
     }
     let toks = Lexer::new(script, 0)
         .lex()
         .map_err(|TooDeep| ParseError::TooDeep)?;
-    let mut out = Vec::new();
+    let mut out = Script::default();
     collect(&toks, 0, &mut out);
     Ok(out)
 }
@@ -906,16 +938,24 @@ fn shell_word(w: &Word) -> ShellWord {
     }
 }
 
-fn collect(toks: &[Tok], depth: usize, out: &mut Vec<SimpleCommand>) {
+fn collect(toks: &[Tok], depth: usize, out: &mut Script) {
     let mut words: Vec<&Word> = Vec::new();
     let mut redirs: Vec<&Redir> = Vec::new();
-    for tok in toks.iter().map(Some).chain([None]) {
+    for (k, tok) in toks.iter().map(Some).chain([None]).enumerate() {
         match tok {
             Some(Tok::Word(w)) => words.push(w),
             Some(Tok::Redir(r)) => redirs.push(r),
             _ => {
                 if let Some(Tok::Arith(w)) = tok {
                     collect_parts(&w.parts, depth + 1, out);
+                }
+                // `NAME ( )`: a function definition.
+                if let (Some(Tok::Op(Op::LParen)), Some(Tok::Op(Op::RParen)), [name]) =
+                    (tok, toks.get(k + 1), words.as_slice())
+                {
+                    out.constructs.push(Construct::Function {
+                        name: render_source(name),
+                    });
                 }
                 if !words.is_empty() || !redirs.is_empty() {
                     simple(&words, &redirs, depth, out);
@@ -927,7 +967,7 @@ fn collect(toks: &[Tok], depth: usize, out: &mut Vec<SimpleCommand>) {
     }
 }
 
-fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Vec<SimpleCommand>) {
+fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Script) {
     for w in words {
         collect_parts(&w.parts, depth + 1, out);
     }
@@ -942,11 +982,28 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Vec<Simple
         match w.bare() {
             Some(
                 "{" | "}" | "!" | "if" | "then" | "else" | "elif" | "fi" | "do" | "done" | "while"
-                | "until" | "esac" | "in" | "coproc" | "time",
+                | "until" | "esac" | "in" | "time",
             ) => i += 1,
+            Some("coproc") => {
+                out.constructs.push(Construct::Coprocess);
+                i += 1;
+            }
             // Headers, not commands: `for x in …`, `case x in`.
-            Some("for" | "select" | "case") => return,
-            Some("function") => i += 2,
+            Some(keyword @ ("for" | "select")) => {
+                out.constructs.push(Construct::Loop {
+                    keyword: keyword.to_owned(),
+                });
+                return;
+            }
+            Some("case") => return,
+            Some("function") => {
+                if let Some(name) = words.get(i + 1) {
+                    out.constructs.push(Construct::Function {
+                        name: render_source(name),
+                    });
+                }
+                i += 2;
+            }
             _ => break,
         }
     }
@@ -955,7 +1012,7 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Vec<Simple
         return;
     }
     let assignments = rest.iter().take_while(|w| w.assignment().is_some()).count();
-    out.push(SimpleCommand {
+    out.commands.push(SimpleCommand {
         assignments: rest[..assignments].iter().map(|w| shell_word(w)).collect(),
         argv: rest[assignments..].iter().map(|w| shell_word(w)).collect(),
         redirects: redirs
@@ -976,12 +1033,21 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Vec<Simple
     });
 }
 
-/// Commands inside a word's substitutions and arithmetic.
-fn collect_parts(parts: &[Part], depth: usize, out: &mut Vec<SimpleCommand>) {
+/// Commands inside a word's substitutions and arithmetic, and the arithmetic and parameter
+/// operations themselves.
+fn collect_parts(parts: &[Part], depth: usize, out: &mut Script) {
     for p in parts {
         match p {
             Part::Subst { toks, .. } => collect(toks, depth, out),
-            Part::Opaque { inner, .. } => collect_parts(inner, depth, out),
+            Part::Opaque { inner, source, .. } => {
+                let source = source.clone();
+                out.constructs.push(if source.starts_with("${") {
+                    Construct::Expansion { source }
+                } else {
+                    Construct::Arithmetic { source }
+                });
+                collect_parts(inner, depth, out)
+            }
             Part::Lit { .. } | Part::Param { .. } => {}
         }
     }
@@ -1076,5 +1142,55 @@ mod tests {
             simple_commands(&"$(".repeat(MAX_DEPTH + 2)),
             Err(ParseError::TooDeep)
         );
+    }
+
+    #[test]
+    fn constructs_that_change_later_commands_are_reported() {
+        let constructs = |script: &str| parse_script(script).unwrap().constructs;
+        assert_eq!(
+            constructs("for PATH in /tmp; do ls; done"),
+            [Construct::Loop {
+                keyword: "for".into()
+            }]
+        );
+        assert_eq!(
+            constructs("select x in a; do :; done"),
+            [Construct::Loop {
+                keyword: "select".into()
+            }]
+        );
+        assert_eq!(
+            constructs("git() { cat; }; git status"),
+            [Construct::Function { name: "git".into() }]
+        );
+        assert_eq!(
+            constructs("function git { cat; }"),
+            [Construct::Function { name: "git".into() }]
+        );
+        assert_eq!(constructs("coproc cat"), [Construct::Coprocess]);
+        assert!(matches!(
+            constructs("((PATH=1)); ls").as_slice(),
+            [Construct::Arithmetic { .. }]
+        ));
+        assert!(matches!(
+            constructs("cat <<EOF\n$((PATH=1))\nEOF\n").as_slice(),
+            [Construct::Arithmetic { .. }]
+        ));
+        assert!(matches!(
+            constructs("echo \"${X:=1}\" $[1]").as_slice(),
+            [Construct::Expansion { .. }, Construct::Arithmetic { .. }]
+        ));
+        assert!(matches!(
+            constructs("for ((i=0; i<2; i++)); do :; done").as_slice(),
+            [Construct::Arithmetic { .. }, Construct::Loop { .. }]
+        ));
+        // Plain parameters, subshells and `case` are not constructs.
+        assert_eq!(
+            constructs("echo $X ${Y} \"$@\"; (cd /tmp; ls); case $x in a) ls;; esac"),
+            []
+        );
+        // The function body is still read as commands.
+        let script = parse_script("f() { rm -rf d; }").unwrap();
+        assert!(script.commands.iter().any(|c| c.name() == Some("rm")));
     }
 }
