@@ -29,6 +29,7 @@ pub mod target;
 pub mod telemetry;
 pub mod turns;
 pub mod vault;
+pub mod workspace;
 
 /// Installs ring as rustls' process-wide crypto provider (we build rustls without aws-lc).
 /// Idempotent; called by every entry point that may make a TLS connection.

@@ -1,0 +1,1938 @@
+//! The workspace permission judge: decides, before anything runs, whether a task tool call
+//! is allowed at a workspace's permission — `read` (look, don't touch), `read-write` (edit
+//! but don't delete, and don't write outside the workspace) or `full` — and when it is not,
+//! says which permission blocked what, why, and how to ask for more.
+//!
+//! It owns the read-only allow-list (commands and their refused options, as tables), the
+//! read-write rules (deleting commands, writers and their destinations, wrappers and nested
+//! scripts) and the shell preamble that disarms a repository's own configuration for `git`
+//! at `read`. It reads scripts with the command guard's tokenizer
+//! ([`crate::exec::guard::parse`]) and fails closed: a script it cannot parse is refused, and
+//! so is any word a rule depends on whose value is only known when it runs.
+//!
+//! It never runs anything, never touches the filesystem (paths are normalised lexically; the
+//! caller resolves symlinks for the file tools) and never rewrites a command. It does not
+//! replace the command guard, which applies separately at every permission.
+//!
+//! **`read-write` on a remote host is a guard, not a sandbox.** An interpreter, a build tool,
+//! a script file or a symlink can write anywhere the account may, and no static judgement of
+//! the command line sees it. `read` is strict because it allows only commands that cannot
+//! write; on the local backend the sandbox makes the workspace limit hard.
+
+use std::fmt;
+
+use crate::exec::guard::parse::{self, Construct, RedirectKind, ShellWord, SimpleCommand};
+
+// ---------------------------------------------------------------------------------------------
+// Permissions and refusals
+// ---------------------------------------------------------------------------------------------
+
+/// A workspace's permission, ordered: Read < ReadWrite < Full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Permission {
+    /// Look, don't touch: only commands from the read-only allow-list, no file writes.
+    Read,
+    /// Edit, but delete nothing and write nothing outside the workspace.
+    ReadWrite,
+    /// Whatever the command guard allows.
+    Full,
+}
+
+impl Permission {
+    /// Every permission, lowest first.
+    pub const ALL: [Permission; 3] = [Permission::Read, Permission::ReadWrite, Permission::Full];
+
+    /// `read`, `read-write` or `full`, ignoring case; `rw`, `readwrite` and `read_write` are
+    /// accepted for `read-write`. Anything else is `None`.
+    pub fn parse(s: &str) -> Option<Permission> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "read" => Some(Permission::Read),
+            "read-write" | "rw" | "readwrite" | "read_write" => Some(Permission::ReadWrite),
+            "full" => Some(Permission::Full),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::Read => "read",
+            Permission::ReadWrite => "read-write",
+            Permission::Full => "full",
+        }
+    }
+
+    /// The next permission up (`full` stays `full`).
+    pub fn next(self) -> Permission {
+        match self {
+            Permission::Read => Permission::ReadWrite,
+            Permission::ReadWrite | Permission::Full => Permission::Full,
+        }
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a command runs, on the backend's host (absolute, already known paths).
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// The workspace directory.
+    pub workspace: &'a str,
+    /// The directory the command starts in.
+    pub cwd: &'a str,
+    /// The home directory of the account it runs as, for `~`; `None` when unknown.
+    pub home: Option<&'a str>,
+}
+
+/// A refusal: which permission blocked what, why, and the lowest permission that would allow
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// The workspace's permission that refused.
+    pub permission: Permission,
+    /// What was refused: a tool name, a command as written, or a path.
+    pub what: String,
+    /// Why, in a few words (`deletes files`, `writes outside the workspace to /etc/x`).
+    pub why: String,
+    /// The lowest permission that allows it.
+    pub needed: Permission,
+}
+
+impl Denied {
+    /// A refusal that the next permission up would allow.
+    pub fn new(permission: Permission, what: impl Into<String>, why: impl Into<String>) -> Denied {
+        Denied {
+            permission,
+            what: clip(&what.into()),
+            why: why.into(),
+            needed: permission.next(),
+        }
+    }
+
+    fn needing(mut self, needed: Permission) -> Denied {
+        self.needed = needed;
+        self
+    }
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the workspace permission `{}` does not allow `{}` ({}): ask someone in this chat \
+             to run `/workspace set <dir> {}`, or an operator to raise the target's maximum \
+             with `sshmode target set <alias> --permission {}`",
+            self.permission, self.what, self.why, self.needed, self.needed
+        )
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// Longest `what` quoted in a refusal.
+const MAX_WHAT: usize = 200;
+
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(MAX_WHAT) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry points
+// ---------------------------------------------------------------------------------------------
+
+/// Task tools that write or run programs, refused at `read`, with the reason.
+const WRITING_TOOLS: &[(&str, &str)] = &[
+    ("write_file", "writes files"),
+    ("patch", "edits files"),
+    ("execute_code", "runs a program, which can do anything"),
+];
+
+/// Whether a task tool may run at all: at Read, `write_file`, `patch`, `execute_code` are
+/// refused. Every other tool is allowed here; its commands and paths are judged by
+/// [`check_command`] and [`check_write_path`].
+pub fn check_tool(permission: Permission, tool: &str) -> Result<(), Denied> {
+    if permission > Permission::Read {
+        return Ok(());
+    }
+    match WRITING_TOOLS.iter().find(|(name, _)| *name == tool) {
+        Some((name, why)) => Err(Denied::new(permission, *name, *why)),
+        None => Ok(()),
+    }
+}
+
+/// A shell script (terminal, or execute_code in bash/sh) at this permission.
+pub fn check_command(permission: Permission, script: &str, scope: &Scope) -> Result<(), Denied> {
+    match permission {
+        Permission::Full => Ok(()),
+        Permission::ReadWrite => ReadWrite::new(scope, script)
+            .script(script, 0)
+            .map_err(|d| d.needing(Permission::Full)),
+        Permission::Read => check_read(script).map_err(|d| {
+            let needed = if check_command(Permission::ReadWrite, script, scope).is_ok() {
+                Permission::ReadWrite
+            } else {
+                Permission::Full
+            };
+            d.needing(needed)
+        }),
+    }
+}
+
+/// A file tool's write to `path` (absolute, on the host; the caller has already resolved
+/// symlinks on the host — `.` and `..` are normalised here, lexically): Read refuses all;
+/// ReadWrite refuses anything not equal to or beneath the workspace; Full allows. A relative
+/// path is taken against `scope.cwd`, `~` against `scope.home`.
+pub fn check_write_path(permission: Permission, path: &str, scope: &Scope) -> Result<(), Denied> {
+    match permission {
+        Permission::Full => Ok(()),
+        Permission::Read => Err(Denied::new(permission, path, "writes files")),
+        Permission::ReadWrite => {
+            let workspace = normalise("/", scope.workspace);
+            match resolve(path, &[scope.cwd.to_owned()], scope.home) {
+                Some(all) if all.iter().all(|p| inside(&workspace, p)) => Ok(()),
+                Some(all) => Err(Denied::new(
+                    permission,
+                    path,
+                    format!("{} is outside the workspace {workspace}", all.join(", ")),
+                )),
+                None => Err(Denied::new(
+                    permission,
+                    path,
+                    "its place cannot be known before it is written",
+                )),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paths (lexical only)
+// ---------------------------------------------------------------------------------------------
+
+/// `path` taken against the absolute directory `base`, with `.`, `..` and repeated slashes
+/// removed. Never touches the filesystem.
+fn normalise(base: &str, path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    let joined = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("{base}/{path}")
+    };
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Where `path` can be, for each possible working directory; `None` when it cannot be known
+/// (`~user`, `~` without a known home, a relative path with an unknown working directory).
+fn resolve(path: &str, cwds: &[String], home: Option<&str>) -> Option<Vec<String>> {
+    if path == "~" || path.starts_with("~/") {
+        return Some(vec![normalise("/", &format!("{}/{}", home?, &path[1..]))]);
+    }
+    if path.starts_with('~') {
+        return None;
+    }
+    if path.starts_with('/') {
+        return Some(vec![normalise("/", path)]);
+    }
+    if cwds.is_empty() {
+        return None;
+    }
+    Some(cwds.iter().map(|cwd| normalise(cwd, path)).collect())
+}
+
+/// Whether the normalised `path` is `workspace` or beneath it.
+fn inside(workspace: &str, path: &str) -> bool {
+    workspace == "/"
+        || path == workspace
+        || path
+            .strip_prefix(workspace)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Devices a write to is no write to a file.
+fn harmless_device(path: &str) -> bool {
+    matches!(path, "/dev/null" | "/dev/stdout" | "/dev/stderr")
+        || path
+            .strip_prefix("/dev/fd/")
+            .is_some_and(|fd| !fd.is_empty() && fd.chars().all(|c| c.is_ascii_digit()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering commands for messages
+// ---------------------------------------------------------------------------------------------
+
+fn render(c: &SimpleCommand) -> String {
+    let mut out: Vec<String> = c.assignments.iter().map(|w| w.source.clone()).collect();
+    out.extend(c.argv.iter().map(|w| w.source.clone()));
+    for r in &c.redirects {
+        let op = match r.kind {
+            RedirectKind::Input => "<",
+            RedirectKind::Output => ">",
+            RedirectKind::Append => ">>",
+            RedirectKind::Duplicate => ">&",
+            RedirectKind::HereString => "<<<",
+            RedirectKind::HereDocument => "<<",
+        };
+        out.push(format!("{op} {}", r.target.source));
+    }
+    out.join(" ")
+}
+
+fn render_words(words: &[ShellWord]) -> String {
+    words
+        .iter()
+        .map(|w| w.source.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read: a strict allow-list
+// ---------------------------------------------------------------------------------------------
+
+/// How a command on the read-only allow-list is judged.
+enum ReadRule {
+    /// No option of it writes or runs anything: any arguments, even ones known only at run
+    /// time.
+    Free,
+    /// Some options write or run programs: every argument must be literal, and those options
+    /// are refused.
+    Policed(&'static Options),
+    /// Only these exact argument lists (`hostname -f`).
+    Exactly(&'static [&'static str]),
+    /// `git status|log|diff|show`, under [`read_preamble`].
+    Git,
+    /// `printf`, whose `-v` assigns a variable.
+    Printf,
+}
+
+/// The options of a policed command.
+struct Options {
+    /// Whether short options combine (`-uo f` is `-u -o f`); `find`'s primaries do not.
+    clusters: bool,
+    /// Short options that take an argument: the rest of the word, or the next word.
+    with_arg: &'static str,
+    /// Short options refused.
+    refused_short: &'static str,
+    /// Long options refused: `--name`, `--name=…`, and any abbreviation when `abbreviations`.
+    refused_long: &'static [&'static str],
+    /// Whether the command accepts abbreviated long options (GNU getopt, git).
+    abbreviations: bool,
+    /// Whole words refused (`find -delete`).
+    refused_words: &'static [&'static str],
+    /// Most operands (`uniq IN OUT` writes OUT).
+    max_operands: Option<usize>,
+    /// Why the refused options are refused.
+    why: &'static str,
+}
+
+const NO_OPTIONS: Options = Options {
+    clusters: true,
+    with_arg: "",
+    refused_short: "",
+    refused_long: &[],
+    abbreviations: true,
+    refused_words: &[],
+    max_operands: None,
+    why: "",
+};
+
+const FIND: Options = Options {
+    clusters: false,
+    refused_words: &[
+        "-delete", "-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls",
+    ],
+    why: "deletes, writes files or runs commands",
+    ..NO_OPTIONS
+};
+
+/// ripgrep: `--pre` and `--hostname-bin` run programs; `--search-zip` runs decompressors.
+/// ripgrep takes no abbreviations.
+const RG: Options = Options {
+    with_arg: "ABCdEefgjmMrtT",
+    refused_short: "z",
+    refused_long: &["pre", "search-zip", "hostname-bin"],
+    abbreviations: false,
+    why: "runs other programs",
+    ..NO_OPTIONS
+};
+
+const SORT: Options = Options {
+    with_arg: "kotST",
+    refused_short: "o",
+    refused_long: &["output", "compress-program"],
+    why: "writes a file or runs a program",
+    ..NO_OPTIONS
+};
+
+const UNIQ: Options = Options {
+    with_arg: "fsw",
+    max_operands: Some(1),
+    why: "writes its second operand",
+    ..NO_OPTIONS
+};
+
+const TREE: Options = Options {
+    with_arg: "LPIoHT",
+    refused_short: "o",
+    abbreviations: false,
+    why: "writes a file",
+    ..NO_OPTIONS
+};
+
+const FILE: Options = Options {
+    with_arg: "efFmP",
+    refused_short: "C",
+    refused_long: &["compile"],
+    why: "writes a compiled magic file",
+    ..NO_OPTIONS
+};
+
+const DATE: Options = Options {
+    with_arg: "dfrs",
+    refused_short: "s",
+    refused_long: &["set"],
+    why: "sets the clock",
+    ..NO_OPTIONS
+};
+
+const HOSTNAME: &[&str] = &[
+    "-f",
+    "-s",
+    "-d",
+    "-i",
+    "-I",
+    "-A",
+    "-a",
+    "--fqdn",
+    "--long",
+    "--short",
+    "--domain",
+    "--ip-address",
+    "--all-ip-addresses",
+    "--all-fqdns",
+    "--alias",
+];
+
+/// The read-only allow-list. Not on it, among others: interpreters and shells, `xargs`,
+/// `env`, `make`, `awk`, `sed`, `tee`, `exec`, `eval`, `command`, `builtin`, `source`, `.`,
+/// `sudo`, `nice`, `timeout`, `nohup`, `read`, `[[` (its arithmetic evaluates operands).
+const READ_COMMANDS: &[(&str, ReadRule)] = &[
+    ("ls", ReadRule::Free),
+    ("cat", ReadRule::Free),
+    ("head", ReadRule::Free),
+    ("tail", ReadRule::Free),
+    ("wc", ReadRule::Free),
+    ("grep", ReadRule::Free),
+    ("egrep", ReadRule::Free),
+    ("fgrep", ReadRule::Free),
+    ("rg", ReadRule::Policed(&RG)),
+    ("find", ReadRule::Policed(&FIND)),
+    ("stat", ReadRule::Free),
+    ("du", ReadRule::Free),
+    ("df", ReadRule::Free),
+    ("ps", ReadRule::Free),
+    ("sort", ReadRule::Policed(&SORT)),
+    ("uniq", ReadRule::Policed(&UNIQ)),
+    ("git", ReadRule::Git),
+    ("cd", ReadRule::Free),
+    ("pwd", ReadRule::Free),
+    ("echo", ReadRule::Free),
+    ("printf", ReadRule::Printf),
+    ("true", ReadRule::Free),
+    ("false", ReadRule::Free),
+    (":", ReadRule::Free),
+    ("test", ReadRule::Free),
+    ("[", ReadRule::Free),
+    ("id", ReadRule::Free),
+    ("whoami", ReadRule::Free),
+    ("groups", ReadRule::Free),
+    ("hostname", ReadRule::Exactly(HOSTNAME)),
+    ("uname", ReadRule::Free),
+    ("date", ReadRule::Policed(&DATE)),
+    ("basename", ReadRule::Free),
+    ("dirname", ReadRule::Free),
+    ("realpath", ReadRule::Free),
+    ("readlink", ReadRule::Free),
+    ("file", ReadRule::Policed(&FILE)),
+    ("cut", ReadRule::Free),
+    ("tr", ReadRule::Free),
+    ("diff", ReadRule::Free),
+    ("cmp", ReadRule::Free),
+    ("comm", ReadRule::Free),
+    ("md5sum", ReadRule::Free),
+    ("sha1sum", ReadRule::Free),
+    ("sha256sum", ReadRule::Free),
+    ("sha512sum", ReadRule::Free),
+    ("cksum", ReadRule::Free),
+    ("nproc", ReadRule::Free),
+    ("uptime", ReadRule::Free),
+    ("free", ReadRule::Free),
+    ("tree", ReadRule::Policed(&TREE)),
+    ("tac", ReadRule::Free),
+    ("nl", ReadRule::Free),
+    ("od", ReadRule::Free),
+    ("strings", ReadRule::Free),
+    ("column", ReadRule::Free),
+    ("paste", ReadRule::Free),
+    ("join", ReadRule::Free),
+    ("fold", ReadRule::Free),
+    ("rev", ReadRule::Free),
+    ("seq", ReadRule::Free),
+    ("jq", ReadRule::Free),
+    ("type", ReadRule::Free),
+    ("which", ReadRule::Free),
+    ("lscpu", ReadRule::Free),
+    ("lsblk", ReadRule::Free),
+];
+
+/// The `git` subcommands allowed at `read`.
+const GIT_READ_SUBCOMMANDS: &[&str] = &["status", "log", "diff", "show"];
+
+/// `git` options refused at `read` (after the subcommand; none is allowed before it): they
+/// write a file or run a program the repository's configuration names.
+const GIT_READ: Options = Options {
+    refused_long: &["output", "ext-diff", "textconv", "open-files-in-pager"],
+    why: "writes a file or runs a program the repository configures",
+    ..NO_OPTIONS
+};
+
+/// `--text` is a whole `git diff` option, not an abbreviation of `--textconv`.
+const GIT_WHOLE_OPTIONS: &[&str] = &["text"];
+
+fn check_read(script: &str) -> Result<(), Denied> {
+    let deny = |what: &str, why: &str| Denied::new(Permission::Read, what, why);
+    let parsed = parse::parse_script(script)
+        .map_err(|e| deny("the script", &format!("it cannot be judged: {e}")))?;
+    if let Some(construct) = parsed.constructs.first() {
+        let (what, why) = match construct {
+            Construct::Loop { keyword } => (keyword.clone(), "a loop assigns a variable"),
+            Construct::Coprocess => ("coproc".to_owned(), "it assigns a variable"),
+            Construct::Function { name } => (format!("{name}()"), "it defines a command"),
+            Construct::Arithmetic { source } => (source.clone(), "arithmetic can assign variables"),
+            Construct::Expansion { source } => {
+                (source.clone(), "this expansion can assign variables")
+            }
+        };
+        return Err(deny(&what, why));
+    }
+    for c in &parsed.commands {
+        read_command(c).map_err(|why| deny(&render(c), &why))?;
+    }
+    Ok(())
+}
+
+/// Why one simple command is refused at `read`, if it is.
+fn read_command(c: &SimpleCommand) -> Result<(), String> {
+    if !c.assignments.is_empty() {
+        return Err("it sets variables".into());
+    }
+    for r in &c.redirects {
+        let to_null = r.target.literal.as_deref() == Some("/dev/null");
+        if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) && !to_null {
+            return Err(format!("it redirects output to `{}`", r.target.source));
+        }
+    }
+    let Some(first) = c.argv.first() else {
+        return Ok(());
+    };
+    let Some(name) = first.literal.as_deref() else {
+        return Err("its command name is known only when it runs".into());
+    };
+    if name.contains('/') {
+        return Err("only commands found by name are allowed".into());
+    }
+    let Some((_, rule)) = READ_COMMANDS.iter().find(|(n, _)| *n == name) else {
+        return Err(format!("`{name}` is not on the read-only list"));
+    };
+    let args = &c.argv[1..];
+    match rule {
+        ReadRule::Free => Ok(()),
+        ReadRule::Policed(options) => policed(args, options),
+        ReadRule::Exactly(allowed) => match literal_args(args)?.as_slice() {
+            [] => Ok(()),
+            [one] if allowed.contains(&one.as_str()) => Ok(()),
+            _ => Err(format!(
+                "`{name}` is allowed only with {}",
+                allowed.join(", ")
+            )),
+        },
+        ReadRule::Printf => match args.first().map(|w| w.literal.as_deref()) {
+            None => Ok(()),
+            Some(None) => Err("its format is known only when it runs".into()),
+            Some(Some(f)) if f.starts_with("-v") => Err("`printf -v` assigns a variable".into()),
+            Some(Some(_)) => Ok(()),
+        },
+        ReadRule::Git => read_git(args),
+    }
+}
+
+/// The literal text of every argument, or why not.
+fn literal_args(args: &[ShellWord]) -> Result<Vec<String>, String> {
+    args.iter()
+        .map(|w| {
+            w.literal.clone().ok_or_else(|| {
+                format!(
+                    "`{}` is known only when it runs, and could be a refused option",
+                    w.source
+                )
+            })
+        })
+        .collect()
+}
+
+fn read_git(args: &[ShellWord]) -> Result<(), String> {
+    let args = literal_args(args)?;
+    match args.first() {
+        Some(sub) if GIT_READ_SUBCOMMANDS.contains(&sub.as_str()) => {}
+        Some(other) if other.starts_with('-') => {
+            return Err("git options before the subcommand are not allowed".into());
+        }
+        _ => return Err("only `git status`, `log`, `diff` and `show` are allowed".into()),
+    }
+    for arg in &args[1..] {
+        if arg == "--" {
+            break;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or_default();
+            if name.starts_with("no-no-")
+                || (!GIT_WHOLE_OPTIONS.contains(&name) && refused_long(name, &GIT_READ))
+            {
+                return Err(format!("`--{name}` {}", GIT_READ.why));
+            }
+        } else if arg.starts_with("-O") {
+            return Err("`-O` opens files in a pager".into());
+        }
+    }
+    Ok(())
+}
+
+fn refused_long(name: &str, options: &Options) -> bool {
+    options
+        .refused_long
+        .iter()
+        .any(|r| *r == name || (options.abbreviations && !name.is_empty() && r.starts_with(name)))
+}
+
+/// Judges a policed command's arguments against its options.
+fn policed(args: &[ShellWord], options: &Options) -> Result<(), String> {
+    let args = literal_args(args)?;
+    let refused = |what: &str| Err(format!("`{what}` {}", options.why));
+    let mut operands = 0;
+    let mut i = 0;
+    let mut options_end = false;
+    while let Some(arg) = args.get(i) {
+        i += 1;
+        if options.refused_words.contains(&arg.as_str()) {
+            return refused(arg);
+        }
+        if options_end || arg == "-" || !arg.starts_with('-') {
+            operands += 1;
+            continue;
+        }
+        if arg == "--" {
+            options_end = true;
+            continue;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or_default();
+            if refused_long(name, options) {
+                return refused(arg);
+            }
+            continue;
+        }
+        if !options.clusters {
+            continue;
+        }
+        for (k, c) in arg.char_indices().skip(1) {
+            if options.refused_short.contains(c) {
+                return refused(&format!("-{c}"));
+            }
+            if options.with_arg.contains(c) {
+                if k + c.len_utf8() == arg.len() {
+                    i += 1;
+                }
+                break;
+            }
+        }
+    }
+    match options.max_operands {
+        Some(max) if operands > max => Err(format!("more than {max} operand {}", options.why)),
+        _ => Ok(()),
+    }
+}
+
+/// Shell text the caller prepends to every terminal script at Read: defines a `git` function
+/// so that `git status|log|diff|show` cannot run a program the repository's configuration
+/// names, nor write the index. It runs `command git` with:
+/// - `--no-pager` and `-c core.pager=cat`: no pager;
+/// - `--no-optional-locks`: `status` does not rewrite the index;
+/// - `-c core.fsmonitor=`: no file-system monitor hook;
+/// - `-c diff.external=` and, after `log`/`diff`/`show`, `--no-ext-diff --no-textconv`: no
+///   external diff or text conversion (`status` accepts neither flag);
+/// - `-c log.showSignature=false` and the stock `gpg.*program`s: no configured signature
+///   program;
+/// - `-c protocol.allow=never`: no fetch of missing objects (and so no `core.sshCommand`);
+/// - `--ignore-submodules=all`: no descent into submodules, whose own configuration would
+///   apply;
+/// - `-c filter.<driver>.clean=` (and `smudge`, `process`) emptied for every filter driver
+///   configured, so no clean filter runs on a work-tree file.
+///
+/// Any other subcommand is refused by the function too. POSIX sh: it runs under dash, bash
+/// and zsh in sh mode.
+pub fn read_preamble() -> &'static str {
+    READ_PREAMBLE
+}
+
+const READ_PREAMBLE: &str = r#"git() {
+  case "${1-}" in
+    status) shift; set -- status --ignore-submodules=all "$@" ;;
+    log|diff|show)
+      _sshmode_sub=$1; shift
+      set -- "$_sshmode_sub" --no-ext-diff --no-textconv --ignore-submodules=all "$@"
+      unset _sshmode_sub ;;
+    *) echo "git: only status, log, diff and show run at the read permission" >&2; return 2 ;;
+  esac
+  _sshmode_keys=$(command git config --name-only --get-regexp '^filter\.' 2>/dev/null)
+  while IFS= read -r _sshmode_key; do
+    case $_sshmode_key in
+      filter.*.clean|filter.*.smudge|filter.*.process) set -- -c "$_sshmode_key=" "$@" ;;
+    esac
+  done <<_SSHMODE_KEYS_
+$_sshmode_keys
+_SSHMODE_KEYS_
+  unset _sshmode_keys _sshmode_key
+  command git --no-pager --no-optional-locks -c core.fsmonitor= -c core.pager=cat \
+    -c diff.external= -c log.showSignature=false -c gpg.program=gpg \
+    -c gpg.openpgp.program=gpg -c gpg.x509.program=gpgsm -c gpg.ssh.program=ssh-keygen \
+    -c protocol.allow=never "$@"
+}
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// ReadWrite: no deletion, no writes outside the workspace, as far as can be judged
+// ---------------------------------------------------------------------------------------------
+
+/// Commands that delete or empty files, refused at `read-write` wherever they appear.
+const DELETERS: &[(&str, &str)] = &[
+    ("rm", "deletes files"),
+    ("rmdir", "deletes directories"),
+    ("unlink", "deletes files"),
+    ("shred", "destroys files"),
+    ("truncate", "empties files"),
+    ("srm", "deletes files"),
+    ("wipe", "destroys files"),
+];
+
+/// Shells whose `-c SCRIPT` is judged as a script; run on a file or stdin, they cannot be.
+const SHELLS: &[&str] = &[
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "posh", "yash", "fish",
+];
+
+/// Deepest nesting of `sh -c`, `eval`, wrappers and `find -exec` followed.
+const MAX_NESTING: usize = crate::exec::guard::MAX_DEPTH;
+
+/// Most working directories a script is tracked as possibly being in.
+const MAX_CWDS: usize = 16;
+
+/// A command that runs another command: its options, then `operands` words, then the
+/// command (`sudo -u bob rm x` runs `rm x`).
+struct Wrapper {
+    name: &'static str,
+    /// Short options that take an argument.
+    with_arg: &'static str,
+    /// Long options that take an argument as the next word when not given `=`.
+    long_with_arg: &'static [&'static str],
+    /// Words before the command that are not options (`timeout DURATION`).
+    operands: usize,
+    /// Whether `NAME=value` words may come before the command (`env`, `sudo`).
+    assignments: bool,
+    /// Options (short, long) that change the directory: relative paths become unknown.
+    chdir: (&'static str, &'static [&'static str]),
+    /// Whether the command always runs elsewhere (`chroot`): relative paths become unknown.
+    elsewhere: bool,
+    /// Options (short, long) whose argument is a shell script (`su -c`, `env -S`).
+    script: (&'static str, &'static [&'static str]),
+    /// Options (short, long) whose argument is a file written (`time -o`).
+    dest: (&'static str, &'static [&'static str]),
+    /// Short options that mean no command runs (`command -v`).
+    no_command: &'static str,
+}
+
+const WRAPPER: Wrapper = Wrapper {
+    name: "",
+    with_arg: "",
+    long_with_arg: &[],
+    operands: 0,
+    assignments: false,
+    chdir: ("", &[]),
+    elsewhere: false,
+    script: ("", &[]),
+    dest: ("", &[]),
+    no_command: "",
+};
+
+const WRAPPERS: &[Wrapper] = &[
+    Wrapper {
+        name: "sudo",
+        with_arg: "CDghpRrTtUu",
+        long_with_arg: &[
+            "chdir",
+            "close-from",
+            "group",
+            "host",
+            "prompt",
+            "chroot",
+            "role",
+            "command-timeout",
+            "type",
+            "other-user",
+            "user",
+        ],
+        assignments: true,
+        chdir: ("DR", &["chdir", "chroot"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "doas",
+        with_arg: "uC",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "pkexec",
+        long_with_arg: &["user"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "env",
+        with_arg: "uCS",
+        long_with_arg: &["unset", "chdir", "split-string"],
+        assignments: true,
+        chdir: ("C", &["chdir"]),
+        script: ("S", &["split-string"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "nice",
+        with_arg: "n",
+        long_with_arg: &["adjustment"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "nohup",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "setsid",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "timeout",
+        with_arg: "sk",
+        long_with_arg: &["signal", "kill-after"],
+        operands: 1,
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "stdbuf",
+        with_arg: "ioe",
+        long_with_arg: &["input", "output", "error"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "ionice",
+        with_arg: "cnpPu",
+        long_with_arg: &["class", "classdata", "pid", "pgid", "uid"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "chrt",
+        with_arg: "TPD",
+        operands: 1,
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "taskset",
+        operands: 1,
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "chroot",
+        long_with_arg: &["userspec", "groups"],
+        operands: 1,
+        elsewhere: true,
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "time",
+        with_arg: "fo",
+        long_with_arg: &["format", "output"],
+        dest: ("o", &["output"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "strace",
+        with_arg: "abeEIoOpPsSuUX",
+        long_with_arg: &["output"],
+        dest: ("o", &["output"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "command",
+        no_command: "vV",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "builtin",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "exec",
+        with_arg: "a",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "busybox",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "flock",
+        with_arg: "wEc",
+        long_with_arg: &["timeout", "conflict-exit-code", "command"],
+        operands: 1,
+        script: ("c", &["command"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "su",
+        with_arg: "cgGsw",
+        long_with_arg: &[
+            "command",
+            "group",
+            "supp-group",
+            "shell",
+            "whitelist-environment",
+        ],
+        operands: usize::MAX,
+        script: ("c", &["command"]),
+        ..WRAPPER
+    },
+];
+
+/// Which operands of a [`Writer`] it writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    /// The last operand (the only one when there is one), unless a destination option names
+    /// the target directory (`cp -t DIR`).
+    Last,
+    /// Every operand (`touch`, `mkdir`, `tee`; `mv` and `ln` too: moving away or linking to a
+    /// file outside is a change outside).
+    All,
+    /// The second operand (`uniq IN OUT`).
+    Second,
+    /// Only what a destination option names (`sort -o`).
+    Options,
+}
+
+/// A command that writes the files its operands or options name.
+struct Writer {
+    name: &'static str,
+    /// Short options that take an argument.
+    with_arg: &'static str,
+    /// Long options that take an argument as the next word when not given `=`.
+    long_with_arg: &'static [&'static str],
+    /// Options (short, long) whose argument is written to.
+    dest: (&'static str, &'static [&'static str]),
+    operands: Dest,
+}
+
+const WRITER: Writer = Writer {
+    name: "",
+    with_arg: "",
+    long_with_arg: &[],
+    dest: ("", &[]),
+    operands: Dest::All,
+};
+
+const WRITERS: &[Writer] = &[
+    Writer {
+        name: "cp",
+        with_arg: "St",
+        long_with_arg: &["suffix", "target-directory"],
+        dest: ("t", &["target-directory"]),
+        operands: Dest::Last,
+    },
+    Writer {
+        name: "install",
+        with_arg: "gmoSt",
+        long_with_arg: &[
+            "group",
+            "mode",
+            "owner",
+            "suffix",
+            "target-directory",
+            "strip-program",
+        ],
+        dest: ("t", &["target-directory"]),
+        operands: Dest::Last,
+    },
+    Writer {
+        name: "mv",
+        with_arg: "St",
+        long_with_arg: &["suffix", "target-directory"],
+        dest: ("t", &["target-directory"]),
+        ..WRITER
+    },
+    Writer {
+        name: "ln",
+        with_arg: "St",
+        long_with_arg: &["suffix", "target-directory"],
+        dest: ("t", &["target-directory"]),
+        ..WRITER
+    },
+    Writer {
+        name: "tee",
+        ..WRITER
+    },
+    Writer {
+        name: "touch",
+        with_arg: "drt",
+        long_with_arg: &["date", "reference", "time"],
+        ..WRITER
+    },
+    Writer {
+        name: "mkdir",
+        with_arg: "m",
+        long_with_arg: &["mode"],
+        ..WRITER
+    },
+    Writer {
+        name: "sort",
+        with_arg: "kotST",
+        long_with_arg: &[
+            "key",
+            "output",
+            "field-separator",
+            "buffer-size",
+            "temporary-directory",
+            "files0-from",
+            "compress-program",
+            "random-source",
+            "parallel",
+            "batch-size",
+        ],
+        dest: ("o", &["output"]),
+        operands: Dest::Options,
+    },
+    Writer {
+        name: "uniq",
+        with_arg: "fsw",
+        long_with_arg: &["skip-fields", "skip-chars", "check-chars"],
+        operands: Dest::Second,
+        ..WRITER
+    },
+];
+
+/// A command's arguments read the getopt way.
+#[derive(Default)]
+struct Scanned {
+    /// Options as written (`-t`, `--target`), with their argument.
+    options: Vec<(String, Option<ShellWord>)>,
+    operands: Vec<ShellWord>,
+    /// Where the wrapped command starts, for a wrapper.
+    command: Option<usize>,
+}
+
+impl Scanned {
+    /// Arguments of the options named (short letters, long names or their abbreviations).
+    fn values<'s>(
+        &'s self,
+        (short, long): (&'s str, &'s [&'s str]),
+    ) -> impl Iterator<Item = Option<&'s ShellWord>> + 's {
+        self.options
+            .iter()
+            .filter(move |(name, _)| option_is(name, short, long))
+            .map(|(_, value)| value.as_ref())
+    }
+
+    fn has(&self, short: &str, long: &[&str]) -> bool {
+        self.options
+            .iter()
+            .any(|(name, _)| option_is(name, short, long))
+    }
+}
+
+/// Whether `name` (`-x` or `--long`, possibly abbreviated) is one of these options.
+fn option_is(name: &str, short: &str, long: &[&str]) -> bool {
+    if let Some(l) = name.strip_prefix("--") {
+        !l.is_empty() && long.iter().any(|o| o.starts_with(l))
+    } else {
+        name.strip_prefix('-')
+            .is_some_and(|c| !c.is_empty() && short.contains(c))
+    }
+}
+
+/// Whether a word whose value is known only at run time may start with `-`.
+fn maybe_option(w: &ShellWord) -> bool {
+    w.literal.is_none() && w.source.starts_with(['$', '`', '-', '<', '>', '~'])
+}
+
+fn shell_word(text: &str) -> ShellWord {
+    ShellWord {
+        literal: Some(text.to_owned()),
+        source: text.to_owned(),
+    }
+}
+
+/// Reads `args` as options and operands. `operands` is how many operands come before a
+/// wrapped command (`usize::MAX`: there is none); `assignments` skips `NAME=value` words.
+fn scan(
+    args: &[ShellWord],
+    with_arg: &str,
+    long_with_arg: &[&str],
+    operands: usize,
+    assignments: bool,
+) -> Result<Scanned, String> {
+    let mut out = Scanned::default();
+    let mut i = 0;
+    let mut options_end = false;
+    while let Some(w) = args.get(i) {
+        if out.operands.len() == operands && operands != usize::MAX {
+            // The next operand is the wrapped command.
+            if options_end || !w.literal.as_deref().is_some_and(|l| l.starts_with('-')) {
+                if maybe_option(w) && !options_end {
+                    return Err(unknown_option(w));
+                }
+                let assignment = w.literal.as_deref().is_some_and(is_assignment);
+                if !(assignments && assignment) {
+                    out.command = Some(i);
+                    return Ok(out);
+                }
+                i += 1;
+                continue;
+            }
+        }
+        i += 1;
+        let Some(lit) = w.literal.as_deref() else {
+            if maybe_option(w) && !options_end {
+                return Err(unknown_option(w));
+            }
+            out.operands.push(w.clone());
+            continue;
+        };
+        if options_end || lit == "-" || !lit.starts_with('-') {
+            out.operands.push(w.clone());
+            continue;
+        }
+        if lit == "--" {
+            options_end = true;
+            continue;
+        }
+        if let Some(long) = lit.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(shell_word(v))),
+                None if option_is(lit, "", long_with_arg) => {
+                    let value = args.get(i).cloned();
+                    i += 1;
+                    (long, value)
+                }
+                None => (long, None),
+            };
+            out.options.push((format!("--{name}"), value));
+            continue;
+        }
+        for (k, c) in lit.char_indices().skip(1) {
+            if with_arg.contains(c) {
+                let rest = &lit[k + c.len_utf8()..];
+                let value = if rest.is_empty() {
+                    i += 1;
+                    args.get(i - 1).cloned()
+                } else {
+                    Some(shell_word(rest))
+                };
+                out.options.push((format!("-{c}"), value));
+                break;
+            }
+            out.options.push((format!("-{c}"), None));
+        }
+    }
+    Ok(out)
+}
+
+fn unknown_option(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be an option, so it cannot be judged",
+        w.source
+    )
+}
+
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        let mut chars = name.chars();
+        matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+            && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+    })
+}
+
+/// Whether a literal path would be expanded by the shell into other paths (a glob, or a
+/// brace list): it cannot be judged as written.
+fn is_pattern(path: &str) -> bool {
+    path.contains(['*', '?', '['])
+        || (path.contains('{') && (path.contains(',') || path.contains("..")))
+}
+
+/// Whether a script mentions a variable that changes what `~` or a relative `cd` means.
+fn mentions(words: &[&str], name: &str) -> bool {
+    words.iter().any(|w| w.contains(name))
+}
+
+/// The read-write judge's state while it walks a script in order.
+struct ReadWrite<'a> {
+    workspace: String,
+    /// Where the script may be by now; empty when that cannot be known.
+    cwds: Vec<String>,
+    /// The home directory for `~`, unless unknown or reassigned by the script.
+    home: Option<&'a str>,
+    /// Whether a relative `cd` goes somewhere unknown (the script sets `CDPATH` or `PWD`).
+    cd_unknown: bool,
+}
+
+type Judged = Result<(), Denied>;
+
+impl<'a> ReadWrite<'a> {
+    fn new(scope: &Scope<'a>, script: &str) -> ReadWrite<'a> {
+        let mut judge = ReadWrite {
+            workspace: normalise("/", scope.workspace),
+            cwds: vec![normalise("/", scope.cwd)],
+            home: scope.home,
+            cd_unknown: false,
+        };
+        judge.notice(&[script]);
+        judge
+    }
+
+    /// Forgets what the variables mentioned in `words` could change.
+    fn notice(&mut self, words: &[&str]) {
+        if mentions(words, "HOME") {
+            self.home = None;
+        }
+        if ["CDPATH", "PWD"].iter().any(|v| mentions(words, v)) {
+            self.cd_unknown = true;
+        }
+    }
+
+    fn deny(&self, what: &str, why: impl Into<String>) -> Denied {
+        Denied::new(Permission::ReadWrite, what, why)
+    }
+
+    fn script(&mut self, text: &str, depth: usize) -> Judged {
+        if depth > MAX_NESTING {
+            return Err(self.deny(text, "it nests scripts too deeply to be judged"));
+        }
+        let parsed = parse::parse_script(text)
+            .map_err(|e| self.deny("the script", format!("it cannot be judged: {e}")))?;
+        let words: Vec<&str> = parsed
+            .commands
+            .iter()
+            .flat_map(|c| c.assignments.iter().chain(&c.argv))
+            .filter_map(|w| w.literal.as_deref())
+            .collect();
+        self.notice(&words);
+        for c in &parsed.commands {
+            let what = render(c);
+            for r in &c.redirects {
+                if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) {
+                    self.write(&r.target, &what)?;
+                }
+            }
+            if !c.argv.is_empty() {
+                self.command(&c.argv, &what, depth)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Judges a write to the file `target` names.
+    fn write(&self, target: &ShellWord, what: &str) -> Judged {
+        let Some(path) = target.literal.as_deref() else {
+            return Err(self.deny(
+                what,
+                format!("it writes to `{}`, known only when it runs", target.source),
+            ));
+        };
+        if is_pattern(path) {
+            return Err(self.deny(
+                what,
+                format!("it writes to `{path}`, a pattern that cannot be judged"),
+            ));
+        }
+        if path.starts_with('/') && harmless_device(&normalise("/", path)) {
+            return Ok(());
+        }
+        let Some(all) = resolve(path, &self.cwds, self.home) else {
+            let why = if path.starts_with('~') {
+                format!("it writes to `{path}`, and where `~` is cannot be known")
+            } else {
+                format!("it writes to `{path}`, and the working directory is not known here")
+            };
+            return Err(self.deny(what, why));
+        };
+        match all.iter().find(|p| !inside(&self.workspace, p)) {
+            Some(outside) => Err(self.deny(
+                what,
+                format!(
+                    "it writes outside the workspace {}, to {outside}",
+                    self.workspace
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn command(&mut self, words: &[ShellWord], what: &str, depth: usize) -> Judged {
+        if depth > MAX_NESTING {
+            return Err(self.deny(what, "it nests commands too deeply to be judged"));
+        }
+        let Some(first) = words.first() else {
+            return Ok(());
+        };
+        let Some(name) = first.literal.as_deref() else {
+            return Err(self.deny(
+                what,
+                "its command name is known only when it runs, so it cannot be judged",
+            ));
+        };
+        let base = name.rsplit('/').next().unwrap_or(name);
+        let args = &words[1..];
+        if let Some((_, why)) = DELETERS.iter().find(|(n, _)| *n == base) {
+            return Err(self.deny(what, *why));
+        }
+        let judged = match base {
+            "cd" => {
+                self.cd(args);
+                Ok(())
+            }
+            "pushd" | "popd" => {
+                self.cwds.clear();
+                Ok(())
+            }
+            "find" => self.find(args, what, depth),
+            "git" => self.git(args, what),
+            "xargs" => self.xargs(args, what, depth),
+            "eval" => self.joined(args, what, depth),
+            "watch" => self.watch(args, what, depth),
+            "alias" => self.alias(args, what, depth),
+            "trap" => self.trap(args, what, depth),
+            "dd" => self.dd(args, what),
+            "chmod" | "chown" | "chgrp" => self.change_mode(base, args, what),
+            "sed" => self.sed(args, what),
+            "tar" => self.tar(args, what),
+            "rsync" => self.rsync(args, what),
+            _ if SHELLS.contains(&base) => self.shell(args, what, depth),
+            _ => {
+                if let Some(w) = WRAPPERS.iter().find(|w| w.name == base) {
+                    self.wrapper(w, args, what, depth)
+                } else if let Some(w) = WRITERS.iter().find(|w| w.name == base) {
+                    self.writer(w, args, what)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        judged
+    }
+
+    /// `scan`, with its refusal turned into a [`Denied`].
+    fn scan(
+        &self,
+        args: &[ShellWord],
+        what: &str,
+        (with_arg, long_with_arg): (&str, &[&str]),
+        operands: usize,
+        assignments: bool,
+    ) -> Result<Scanned, Denied> {
+        scan(args, with_arg, long_with_arg, operands, assignments)
+            .map_err(|why| self.deny(what, why))
+    }
+
+    fn write_value(&self, value: Option<&ShellWord>, what: &str) -> Judged {
+        match value {
+            Some(w) => self.write(w, what),
+            None => Ok(()),
+        }
+    }
+
+    /// A literal script (`sh -c`, `eval`, `su -c`, an alias or trap), judged as one.
+    fn nested(&mut self, script: Option<&ShellWord>, what: &str, depth: usize) -> Judged {
+        match script.map(|w| w.literal.as_deref()) {
+            None => Ok(()),
+            Some(Some(text)) => self.script(text, depth + 1),
+            Some(None) => Err(self.deny(
+                what,
+                "it runs a script known only when it runs, so it cannot be judged",
+            )),
+        }
+    }
+
+    /// `cd DIR`: where the script may be afterwards. A `cd` that fails leaves it where it was,
+    /// and one in a subshell is undone, so the old places stay possible.
+    fn cd(&mut self, args: &[ShellWord]) {
+        let operands: Vec<&ShellWord> = args
+            .iter()
+            .skip_while(|w| {
+                w.literal
+                    .as_deref()
+                    .is_some_and(|l| l.starts_with('-') && l.len() > 1 && l != "--")
+            })
+            .filter(|w| w.literal.as_deref() != Some("--"))
+            .collect();
+        let target = match operands.first() {
+            None => self.home.map(str::to_owned),
+            Some(w) => w.literal.clone(),
+        };
+        let new = match target.as_deref() {
+            None | Some("-") => None,
+            Some(t) if is_pattern(t) => None,
+            Some(t) if self.cd_unknown && !t.starts_with('/') => None,
+            Some(t) => resolve(t, &self.cwds, self.home),
+        };
+        match new {
+            Some(places) => {
+                for p in places {
+                    if !self.cwds.contains(&p) {
+                        self.cwds.push(p);
+                    }
+                }
+                if self.cwds.len() > MAX_CWDS {
+                    self.cwds.clear();
+                }
+            }
+            None => self.cwds.clear(),
+        }
+    }
+
+    /// `find`: no `-delete`; `-exec` and friends judged as commands; `-fprint` files judged
+    /// as writes. Every argument must be literal: `$X` could be `-delete`.
+    fn find(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let mut i = 0;
+        while let Some(w) = args.get(i) {
+            i += 1;
+            let Some(arg) = w.literal.as_deref() else {
+                return Err(self.deny(what, unknown_option(w)));
+            };
+            match arg {
+                "-delete" => return Err(self.deny(what, "`-delete` deletes files")),
+                "-exec" | "-execdir" | "-ok" | "-okdir" => {
+                    let end = args[i..]
+                        .iter()
+                        .position(|w| matches!(w.literal.as_deref(), Some(";" | "+")))
+                        .map_or(args.len(), |k| i + k);
+                    let inner: Vec<ShellWord> = args[i..end]
+                        .iter()
+                        .map(|w| match &w.literal {
+                            Some(l) if l.contains("{}") => ShellWord {
+                                literal: None,
+                                source: w.source.clone(),
+                            },
+                            _ => w.clone(),
+                        })
+                        .collect();
+                    self.command(&inner, what, depth + 1)?;
+                    i = end + 1;
+                }
+                "-fprint" | "-fprint0" | "-fprintf" | "-fls" => {
+                    self.write_value(args.get(i), what)?;
+                    i += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `git clean` and `git rm` delete; an alias given on the command line can run anything.
+    fn git(&self, args: &[ShellWord], what: &str) -> Judged {
+        const WITH_ARG: &[&str] = &[
+            "-C",
+            "-c",
+            "--git-dir",
+            "--work-tree",
+            "--namespace",
+            "--config-env",
+            "--super-prefix",
+            "--attr-source",
+            "--list-cmds",
+        ];
+        let mut i = 0;
+        while let Some(w) = args.get(i) {
+            let Some(arg) = w.literal.as_deref() else {
+                return Err(self.deny(what, unknown_option(w)));
+            };
+            if !arg.starts_with('-') {
+                break;
+            }
+            i += 1;
+            let config = match arg {
+                "-c" => args.get(i).and_then(|w| w.literal.as_deref()),
+                _ => arg.strip_prefix("-c"),
+            };
+            if config.is_some_and(|c| c.to_ascii_lowercase().starts_with("alias.")) {
+                return Err(self.deny(what, "a git alias can run any command"));
+            }
+            if WITH_ARG.contains(&arg) {
+                i += 1;
+            }
+        }
+        let Some(sub) = args.get(i) else {
+            return Ok(());
+        };
+        match sub.literal.as_deref() {
+            None => Err(self.deny(what, "its git subcommand is known only when it runs")),
+            Some("clean") => Err(self.deny(what, "`git clean` deletes untracked files")),
+            Some("rm") => Err(self.deny(what, "`git rm` deletes files")),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input, which are unknown.
+    fn xargs(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let mut i = 0;
+        let mut replace: Option<String> = None;
+        while let Some(w) = args.get(i) {
+            let Some(arg) = w.literal.as_deref() else {
+                if maybe_option(w) {
+                    return Err(self.deny(what, unknown_option(w)));
+                }
+                break;
+            };
+            if arg == "--" {
+                i += 1;
+                break;
+            }
+            if !arg.starts_with('-') || arg == "-" {
+                break;
+            }
+            i += 1;
+            if let Some(long) = arg.strip_prefix("--") {
+                let (name, value) = long.split_once('=').unwrap_or((long, ""));
+                if option_is(&format!("--{name}"), "", &["replace"]) {
+                    replace = Some(if value.is_empty() { "{}" } else { value }.to_owned());
+                } else if !long.contains('=')
+                    && option_is(
+                        arg,
+                        "",
+                        &[
+                            "arg-file",
+                            "delimiter",
+                            "max-args",
+                            "max-procs",
+                            "max-chars",
+                            "process-slot-var",
+                        ],
+                    )
+                {
+                    i += 1;
+                }
+                continue;
+            }
+            for (k, c) in arg.char_indices().skip(1) {
+                let rest = &arg[k + c.len_utf8()..];
+                if "adEILnPs".contains(c) {
+                    let value = if rest.is_empty() {
+                        i += 1;
+                        args.get(i - 1).and_then(|w| w.literal.clone())
+                    } else {
+                        Some(rest.to_owned())
+                    };
+                    if c == 'I' {
+                        replace = Some(value.unwrap_or_default());
+                    }
+                    break;
+                }
+                if "eil".contains(c) {
+                    if c == 'i' {
+                        replace = Some(if rest.is_empty() { "{}" } else { rest }.to_owned());
+                    }
+                    break;
+                }
+            }
+        }
+        let mut inner: Vec<ShellWord> = args[i.min(args.len())..].to_vec();
+        if inner.is_empty() {
+            return Ok(()); // `echo`
+        }
+        let input = |source: &str| ShellWord {
+            literal: None,
+            source: source.to_owned(),
+        };
+        match replace.filter(|r| !r.is_empty()) {
+            Some(r) => {
+                for w in inner.iter_mut().skip(1) {
+                    if w.literal.as_deref().is_some_and(|l| l.contains(r.as_str())) {
+                        *w = input(&w.source);
+                    }
+                }
+            }
+            None => inner.push(input("…")),
+        }
+        self.command(&inner, what, depth + 1)
+    }
+
+    /// `eval ARGS`: the arguments joined, judged as a script.
+    fn joined(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        if args.is_empty() {
+            return Ok(());
+        }
+        let text: Option<Vec<&str>> = args.iter().map(|w| w.literal.as_deref()).collect();
+        let script = match text {
+            Some(parts) => shell_word(&parts.join(" ")),
+            None => ShellWord {
+                literal: None,
+                source: render_words(args),
+            },
+        };
+        self.nested(Some(&script), what, depth)
+    }
+
+    /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`.
+    fn watch(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let scanned = self.scan(args, what, ("ndq", &["interval"]), usize::MAX, false)?;
+        if scanned.has("x", &["exec"]) {
+            return self.command(&scanned.operands, what, depth + 1);
+        }
+        self.joined(&scanned.operands, what, depth)
+    }
+
+    /// `alias NAME=VALUE`: the value runs wherever the name is used.
+    fn alias(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        for w in args {
+            match w.literal.as_deref() {
+                Some(l) => {
+                    if let Some((_, value)) = l.split_once('=') {
+                        self.script(value, depth + 1)?;
+                    }
+                }
+                None => self.nested(Some(w), what, depth)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// `trap ACTION SIGNALS`: the action runs later.
+    fn trap(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let scanned = self.scan(args, what, ("", &[]), usize::MAX, false)?;
+        self.nested(scanned.operands.first(), what, depth)
+    }
+
+    /// `dd of=FILE`.
+    fn dd(&self, args: &[ShellWord], what: &str) -> Judged {
+        for w in args {
+            let Some(arg) = w.literal.as_deref() else {
+                return Err(self.deny(what, unknown_option(w)));
+            };
+            if let Some(file) = arg.strip_prefix("of=") {
+                self.write(&shell_word(file), what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `chmod MODE FILES`, `chown OWNER FILES`, `chgrp GROUP FILES`: the files.
+    fn change_mode(&self, name: &str, args: &[ShellWord], what: &str) -> Judged {
+        let mut mode_given = false;
+        let mut files: Vec<&ShellWord> = Vec::new();
+        let mut options_end = false;
+        for w in args {
+            match w.literal.as_deref() {
+                None if maybe_option(w) && !options_end => {
+                    return Err(self.deny(what, unknown_option(w)));
+                }
+                Some("--") if !options_end => options_end = true,
+                Some(l) if !options_end && l.starts_with("--reference") => mode_given = true,
+                Some(l) if !options_end && l.starts_with('-') && l.len() > 1 => {
+                    // `chmod -w FILE`: a mode that looks like an option.
+                    if name == "chmod" && l[1..].chars().all(|c| "rwxXst".contains(c)) {
+                        mode_given = true;
+                    }
+                }
+                _ if !mode_given => mode_given = true,
+                _ => files.push(w),
+            }
+        }
+        files.into_iter().try_for_each(|f| self.write(f, what))
+    }
+
+    /// `sed -i`: the files edited in place.
+    fn sed(&self, args: &[ShellWord], what: &str) -> Judged {
+        let scanned = self.scan(
+            args,
+            what,
+            ("efl", &["expression", "file", "line-length"]),
+            usize::MAX,
+            false,
+        )?;
+        let in_place = scanned
+            .options
+            .iter()
+            .any(|(name, _)| name == "-i" || option_is(name, "", &["in-place"]))
+            || args.iter().any(|w| {
+                w.literal.as_deref().is_some_and(|l| {
+                    !l.starts_with("--") && l.starts_with('-') && short_cluster_has(l, 'i', "efl")
+                })
+            });
+        if !in_place {
+            return Ok(());
+        }
+        let script_given = scanned.has("ef", &["expression", "file"]);
+        let skip = usize::from(!script_given);
+        scanned.operands[skip.min(scanned.operands.len())..]
+            .iter()
+            .try_for_each(|f| self.write(f, what))
+    }
+
+    /// `tar`: creating writes the archive; extracting writes into `-C DIR` (or here);
+    /// `--remove-files` deletes.
+    fn tar(&self, args: &[ShellWord], what: &str) -> Judged {
+        const WITH_ARG: &str = "bfgCFHIKLNTVX";
+        const LONG_WITH_ARG: &[&str] = &[
+            "file",
+            "directory",
+            "listed-incremental",
+            "files-from",
+            "exclude-from",
+            "exclude",
+            "transform",
+            "xform",
+            "use-compress-program",
+            "info-script",
+            "new-volume-script",
+            "to-command",
+            "format",
+            "owner",
+            "group",
+            "mode",
+            "mtime",
+            "label",
+            "newer",
+            "after-date",
+            "starting-file",
+            "blocking-factor",
+            "record-size",
+            "tape-length",
+            "suffix",
+        ];
+        // Old style: `tar xzf a.tar` is `tar -x -z -f a.tar`.
+        let mut words: Vec<ShellWord> = args.to_vec();
+        if let Some(first) = args.first().and_then(|w| w.literal.as_deref())
+            && !first.starts_with('-')
+            && !first.is_empty()
+        {
+            let mut expanded: Vec<ShellWord> = Vec::new();
+            let mut rest = args[1..].iter();
+            for c in first.chars() {
+                expanded.push(shell_word(&format!("-{c}")));
+                if WITH_ARG.contains(c)
+                    && let Some(value) = rest.next()
+                {
+                    expanded.push(value.clone());
+                }
+            }
+            expanded.extend(rest.cloned());
+            words = expanded;
+        }
+        let s = self.scan(&words, what, (WITH_ARG, LONG_WITH_ARG), usize::MAX, false)?;
+        if s.has("", &["remove-files"]) {
+            return Err(self.deny(what, "`--remove-files` deletes files"));
+        }
+        let creates = s.has(
+            "cruA",
+            &[
+                "create",
+                "append",
+                "update",
+                "catenate",
+                "concatenate",
+                "delete",
+            ],
+        );
+        let extracts = s.has("x", &["extract", "get"]);
+        if creates {
+            for file in s.values(("fg", &["file", "listed-incremental"])) {
+                if file.and_then(|f| f.literal.as_deref()) != Some("-") {
+                    self.write_value(file, what)?;
+                }
+            }
+        }
+        if extracts {
+            if s.has("P", &["absolute-names"]) {
+                return Err(self.deny(what, "it extracts absolute paths, which cannot be judged"));
+            }
+            let mut dirs = self.cwds.clone();
+            for dir in s.values(("C", &["directory"])) {
+                let Some(d) = dir.and_then(|d| d.literal.as_deref()) else {
+                    return Err(
+                        self.deny(what, "it extracts into a directory known only when it runs")
+                    );
+                };
+                dirs = resolve(d, &dirs, self.home).unwrap_or_default();
+            }
+            let judge = ReadWrite {
+                workspace: self.workspace.clone(),
+                cwds: dirs,
+                home: self.home,
+                cd_unknown: self.cd_unknown,
+            };
+            judge.write(&shell_word("."), what)?;
+        }
+        Ok(())
+    }
+
+    /// `rsync`: `--delete…` and `--remove-source-files` delete; the destination is written.
+    fn rsync(&self, args: &[ShellWord], what: &str) -> Judged {
+        let s = self.scan(
+            args,
+            what,
+            (
+                "eBfTM",
+                &["rsh", "filter", "exclude", "include", "rsync-path"],
+            ),
+            usize::MAX,
+            false,
+        )?;
+        if s.options
+            .iter()
+            .any(|(name, _)| name.starts_with("--del") || name.starts_with("--remove-s"))
+        {
+            return Err(self.deny(what, "it deletes files"));
+        }
+        if s.operands.len() < 2 {
+            return Ok(());
+        }
+        let dest = &s.operands[s.operands.len() - 1];
+        if let Some(d) = dest.literal.as_deref()
+            && (d.starts_with("rsync://")
+                || d.split_once(':')
+                    .is_some_and(|(host, _)| !host.contains('/')))
+        {
+            return Err(self.deny(what, "it writes to another host"));
+        }
+        self.write(dest, what)
+    }
+
+    /// `sh -c SCRIPT`: the script is judged; a script file or stdin cannot be.
+    fn shell(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let mut i = 0;
+        let mut c_flag = false;
+        while let Some(w) = args.get(i) {
+            i += 1;
+            let Some(arg) = w.literal.as_deref() else {
+                if maybe_option(w) {
+                    return Err(self.deny(what, unknown_option(w)));
+                }
+                break;
+            };
+            if arg == "--" || arg == "-" {
+                break;
+            }
+            if arg.starts_with("--") {
+                if matches!(arg, "--rcfile" | "--init-file") {
+                    i += 1;
+                }
+                continue;
+            }
+            if !(arg.starts_with('-') || arg.starts_with('+')) {
+                i -= 1;
+                break;
+            }
+            c_flag |= arg.starts_with('-') && arg.contains('c');
+            if arg.contains(['o', 'O']) {
+                i += 1;
+            }
+        }
+        if c_flag {
+            return self.nested(args.get(i), what, depth);
+        }
+        Ok(())
+    }
+
+    /// A wrapper: its own writes and scripts, then the command it runs.
+    fn wrapper(&mut self, w: &Wrapper, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+        let s = self.scan(
+            args,
+            what,
+            (w.with_arg, w.long_with_arg),
+            w.operands,
+            w.assignments,
+        )?;
+        for file in s.values(w.dest) {
+            self.write_value(file, what)?;
+        }
+        for script in s.values(w.script) {
+            self.nested(script, what, depth)?;
+        }
+        if s.has(w.no_command, &[]) {
+            return Ok(());
+        }
+        let Some(start) = s.command else {
+            return Ok(());
+        };
+        let moves = w.elsewhere || s.has(w.chdir.0, w.chdir.1);
+        let saved = self.cwds.clone();
+        if moves {
+            self.cwds.clear();
+        }
+        let judged = self.command(&args[start..], what, depth + 1);
+        if moves {
+            self.cwds = saved;
+        }
+        judged
+    }
+
+    /// A writer: the operands and options it writes.
+    fn writer(&self, w: &Writer, args: &[ShellWord], what: &str) -> Judged {
+        let s = self.scan(args, what, (w.with_arg, w.long_with_arg), usize::MAX, false)?;
+        let mut from_options = false;
+        for file in s.values(w.dest) {
+            from_options = true;
+            self.write_value(file, what)?;
+        }
+        let ops = &s.operands;
+        let written: &[ShellWord] = match w.operands {
+            Dest::All => ops,
+            Dest::Last if from_options => &[],
+            Dest::Last => &ops[ops.len().saturating_sub(1)..],
+            Dest::Second => ops.get(1..2).unwrap_or_default(),
+            Dest::Options => &[],
+        };
+        written.iter().try_for_each(|f| self.write(f, what))
+    }
+}
+
+/// Whether the short-option cluster `-abc` holds `letter` before any letter that takes an
+/// argument (`with_arg`) ends it.
+fn short_cluster_has(cluster: &str, letter: char, with_arg: &str) -> bool {
+    for c in cluster.chars().skip(1) {
+        if c == letter {
+            return true;
+        }
+        if with_arg.contains(c) {
+            return false;
+        }
+    }
+    false
+}
