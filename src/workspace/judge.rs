@@ -1176,7 +1176,15 @@ fn scan(
 
 fn unknown_option(w: &ShellWord) -> String {
     format!(
-        "`{}` is known only when it runs and could be an option, so it cannot be judged",
+        "`{}` is known only when it runs and could be an option, so it cannot be judged \
+         (put `--` before the operands)",
+        w.source
+    )
+}
+
+fn unknown_argument(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be a refused option",
         w.source
     )
 }
@@ -1433,7 +1441,7 @@ impl<'a> ReadWrite<'a> {
         while let Some(w) = args.get(i) {
             i += 1;
             let Some(arg) = w.literal.as_deref() else {
-                return Err(self.deny(what, unknown_option(w)));
+                return Err(self.deny(what, unknown_argument(w)));
             };
             match arg {
                 "-delete" => return Err(self.deny(what, "`-delete` deletes files")),
@@ -1481,7 +1489,7 @@ impl<'a> ReadWrite<'a> {
         let mut i = 0;
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
-                return Err(self.deny(what, unknown_option(w)));
+                return Err(self.deny(what, unknown_argument(w)));
             };
             if !arg.starts_with('-') {
                 break;
@@ -1643,7 +1651,7 @@ impl<'a> ReadWrite<'a> {
     fn dd(&self, args: &[ShellWord], what: &str) -> Judged {
         for w in args {
             let Some(arg) = w.literal.as_deref() else {
-                return Err(self.deny(what, unknown_option(w)));
+                return Err(self.deny(what, unknown_argument(w)));
             };
             if let Some(file) = arg.strip_prefix("of=") {
                 self.write(&shell_word(file), what)?;
@@ -1935,4 +1943,520 @@ fn short_cluster_has(cluster: &str, letter: char, with_arg: &str) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCOPE: Scope<'static> = Scope {
+        workspace: "/srv/ws",
+        cwd: "/srv/ws",
+        home: Some("/home/u"),
+    };
+
+    fn at(permission: Permission, script: &str) -> Result<(), Denied> {
+        check_command(permission, script, &SCOPE)
+    }
+
+    #[track_caller]
+    fn allowed(permission: Permission, scripts: &[&str]) {
+        for script in scripts {
+            if let Err(d) = at(permission, script) {
+                panic!("{permission}: `{script}` was refused: {d}");
+            }
+        }
+    }
+
+    #[track_caller]
+    fn refused(permission: Permission, scripts: &[&str]) {
+        for script in scripts {
+            assert!(
+                at(permission, script).is_err(),
+                "{permission}: `{script}` was allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn permissions_parse_print_and_order() {
+        for p in Permission::ALL {
+            assert_eq!(Permission::parse(p.as_str()), Some(p));
+            assert_eq!(p.to_string(), p.as_str());
+        }
+        for alias in ["rw", "readwrite", "read_write", "Read-Write"] {
+            assert_eq!(Permission::parse(alias), Some(Permission::ReadWrite));
+        }
+        assert_eq!(Permission::parse("write"), None);
+        assert!(Permission::Read < Permission::ReadWrite);
+        assert!(Permission::ReadWrite < Permission::Full);
+    }
+
+    #[test]
+    fn tools_that_write_are_refused_at_read_only() {
+        for tool in ["write_file", "patch", "execute_code"] {
+            let d = check_tool(Permission::Read, tool).unwrap_err();
+            assert_eq!((d.permission, d.what.as_str()), (Permission::Read, tool));
+            check_tool(Permission::ReadWrite, tool).unwrap();
+            check_tool(Permission::Full, tool).unwrap();
+        }
+        check_tool(Permission::Read, "terminal").unwrap();
+        check_tool(Permission::Read, "read_file").unwrap();
+    }
+
+    #[test]
+    fn a_refusal_names_the_permission_what_why_and_how_to_ask() {
+        let d = at(Permission::Read, "rm -rf d").unwrap_err();
+        assert_eq!(
+            d.to_string(),
+            "the workspace permission `read` does not allow `rm -rf d` (`rm` is not on the \
+             read-only list): ask someone in this chat to run `/workspace set <dir> full`, or \
+             an operator to raise the target's maximum with `sshmode target set <alias> \
+             --permission full`"
+        );
+        // What read-write allows, read asks for read-write.
+        let d = at(Permission::Read, "cat x > y").unwrap_err();
+        assert_eq!(d.needed, Permission::ReadWrite);
+        assert!(d.to_string().contains("`cat x > y` (it redirects output to `y`)"), "{d}");
+        let d = at(Permission::ReadWrite, "rm f").unwrap_err();
+        assert_eq!((d.permission, d.needed), (Permission::ReadWrite, Permission::Full));
+        assert_eq!(d.why, "deletes files");
+        // Long commands are clipped.
+        let long = format!("rm {}", "x".repeat(1000));
+        assert!(at(Permission::ReadWrite, &long).unwrap_err().what.chars().count() <= MAX_WHAT + 1);
+    }
+
+    #[test]
+    fn read_allows_looking() {
+        allowed(
+            Permission::Read,
+            &[
+                "cat x",
+                "ls -la | grep foo | head",
+                "git status",
+                "git log --oneline -5",
+                "find . -name '*.rs'",
+                "ls > /dev/null",
+                "ls 2>&1",
+                "ls 2>/dev/null | wc -l",
+                "cat < in.txt",
+                "grep -r foo . <<< bar",
+                "cat <<EOF\nhello $HOME\nEOF",
+                "cd src && ls && pwd",
+                "rg -n 'fn main' src",
+                "rg -A3 -tRust foo",
+                "sort -u -k2 file | uniq -c",
+                "git diff HEAD~1 -- src",
+                "git show --stat HEAD",
+                "git log --no-ext-diff --text -p",
+                "git diff --output-indicator-new=+ x",
+                "du -sh . ; df -h ; ps aux | head",
+                "stat -c %s f && wc -l f",
+                "echo $HOME; printf '%s\\n' a b",
+                "test -f x && echo yes || echo no",
+                "[ -d src ] && tree -L 2 src",
+                "if true; then ls; fi",
+                "(cd src; ls)",
+                "echo \"$(ls)\" `pwd`",
+                "cat <(ls)",
+                "hostname; hostname -f; uname -a; date; date +%s; id -un; whoami",
+                "file README.md; sha256sum x; diff a b; cmp a b",
+                "uniq f",
+                "find . -type f -newer x -print0 | head",
+                "jq .name package.json",
+            ],
+        );
+    }
+
+    #[test]
+    fn read_refuses_the_issue_examples() {
+        refused(
+            Permission::Read,
+            &[
+                "cat x > y",
+                "ls; rm -rf d",
+                "sh -c 'rm d'",
+                "find . -delete",
+                "rg --pre sh x",
+                "sort -o f x",
+                "xargs rm",
+            ],
+        );
+    }
+
+    #[test]
+    fn read_refuses_bypass_attempts() {
+        refused(
+            Permission::Read,
+            &[
+                // Names.
+                "/bin/rm x",
+                "./ls",
+                "\\rm x",
+                "r''m x",
+                "$CMD x",
+                "\"$(echo rm)\" x",
+                // Substitutions and nested commands run too.
+                "echo $(rm x)",
+                "echo `rm x`",
+                "cat <(rm x)",
+                "echo \"$(touch y)\"",
+                "cat <<EOF\n$(rm x)\nEOF",
+                "ls && { rm x; }",
+                "ls | xargs rm",
+                "(rm x)",
+                "! rm x",
+                "if rm x; then :; fi",
+                // Variables: prefixes, bare assignments, loops, functions, arithmetic.
+                "X=1 cat x",
+                "PATH=/tmp ls",
+                "LD_PRELOAD=/tmp/x.so ls",
+                "GIT_DIR=/tmp git status",
+                "PATH=/tmp; ls",
+                "for PATH in /tmp; do ls; done",
+                "select x in a; do ls; done",
+                "git() { cat; }; git status",
+                "function ls { cat; }",
+                "((PATH=1)); ls",
+                "echo $((PATH=1))",
+                "cat <<EOF\n$((X=1))\nEOF",
+                "echo ${PATH:=/tmp}",
+                "echo ${X:0:1}",
+                "coproc cat",
+                "printf -v PATH /tmp",
+                "printf $F x",
+                "[[ 1 -eq x ]]",
+                "read PATH",
+                "export PATH=/tmp",
+                // Redirections.
+                "ls >> y",
+                "ls >| y",
+                "ls &> y",
+                "ls >& y",
+                "cat 1<>y",
+                "ls > $F",
+                "ls > /dev/null2",
+                "> y",
+                // Options.
+                "find . -exec rm {} ;",
+                "find . -execdir ls ;",
+                "find . -ok rm {} ;",
+                "find . -fprint f",
+                "find . -fprintf f %p",
+                "find . -fls f",
+                "find . $X",
+                "rg --pre=sh x",
+                "rg --hostname-bin=sh x",
+                "rg -z x",
+                "rg -nz x",
+                "rg --search-zip x",
+                "sort -uo f x",
+                "sort --output=f x",
+                "sort --out=f x",
+                "sort --compress-program=sh x",
+                "sort $X",
+                "uniq a b",
+                "tree -o f",
+                "tree -ao f",
+                "file -C -m x",
+                "date -s now",
+                "date --set=now",
+                "hostname evil",
+                "hostname -F f",
+                // git.
+                "git -c core.pager=sh log",
+                "git --output=f diff",
+                "git -C /tmp status",
+                "git --git-dir=/tmp/x status",
+                "git diff --output=f",
+                "git diff --out=f",
+                "git log --ext-diff -p",
+                "git log --ext -p",
+                "git show --textconv",
+                "git diff --no-no-ext-diff",
+                "git grep -O x",
+                "git diff -Opager",
+                "git commit -m x",
+                "git checkout .",
+                "git stash",
+                "git $SUB",
+                "git log $X",
+                "git",
+                // Not on the list.
+                "bash x.sh",
+                "python3 -c 'print(1)'",
+                "env ls",
+                "make",
+                "awk '{print}' f",
+                "sed -n 1p f",
+                "tee f",
+                "exec ls",
+                "eval ls",
+                "command ls",
+                "builtin echo",
+                "source x",
+                ". x",
+                "sudo ls",
+                "nice ls",
+                "timeout 5 ls",
+                "nohup ls",
+                "cp a b",
+                "touch x",
+                "less f",
+                "trap 'rm x' EXIT",
+                "alias ls=rm",
+                "unset -f git",
+                // Fails closed.
+                &"$(".repeat(40),
+            ],
+        );
+    }
+
+    #[test]
+    fn read_write_allows_edits_inside_the_workspace() {
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "echo hi > notes.txt",
+                "echo hi >> ./notes.txt",
+                "mkdir -p src/a && cp a src/a/",
+                "cp -r a b && mv b c",
+                "touch x; tee y < x; ln -s x z",
+                "cd src && echo x > top.txt",
+                "cd /srv/ws/src; touch a",
+                "echo x > /srv/ws/a/../b",
+                "ls > /dev/null 2>&1; echo x > /dev/stderr; echo y >/dev/fd/3",
+                "cargo build && cargo test 2>&1 | tail",
+                "git add -A && git commit -m x && git push",
+                "git -C sub status",
+                "sed -i s/a/b/ f.txt",
+                "sed -n 1p /etc/passwd",
+                "sort -o out.txt in.txt",
+                "uniq in out",
+                "tar -xzf /tmp/a.tgz",
+                "tar -xf a.tar -C sub",
+                "tar czf out.tgz src",
+                "tar -cf - src | gzip > a.tgz",
+                "rsync -a src/ backup/",
+                "dd if=/dev/zero of=img bs=1M count=1",
+                "chmod +x run.sh; chmod -w a; chown me f",
+                "find . -name '*.o' -exec ls -l {} +",
+                "find /etc -name x",
+                "xargs grep foo",
+                "sudo -u bob make",
+                "env X=1 touch x",
+                "timeout 5 cp a b",
+                "nice -n 5 mkdir d",
+                "sh -c 'echo hi > x'",
+                "bash -lc 'cd src && touch y'",
+                "bash script.sh",
+                "python3 -c 'print(1)'",
+                "eval 'touch x'",
+                "time make",
+                "echo ${X:=1} $((1+2))",
+                "for f in a b; do cp -- \"$f\" ./out/; done",
+                "cp src/$f ./out/",
+                "cat x | sh",
+                "install -m 755 bin dist/bin",
+                "curl -s https://example.com",
+            ],
+        );
+    }
+
+    #[test]
+    fn read_write_refuses_the_issue_examples() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "echo hi > ../x",
+                "echo x > /etc/passwd",
+                "cp a /tmp/b",
+                "cd ..; touch x",
+                "rm f",
+                "rmdir d",
+                "find . -delete",
+                "git clean -fd",
+                "shred f",
+                "truncate -s0 f",
+                "xargs rm",
+                "sh -c 'rm x'",
+            ],
+        );
+    }
+
+    #[test]
+    fn read_write_refuses_deletion_and_writes_outside_through_every_door() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                // Deleting, however named or wrapped.
+                "/bin/rm f",
+                "\\rm f",
+                "r''m f",
+                "unlink f",
+                "git rm f",
+                "git -C . clean -n",
+                "git -c alias.x='!rm -rf d' x",
+                "find . -exec rm {} \\;",
+                "find . -execdir rm -f {} +",
+                "find . -ok shred {} \\;",
+                "sudo rm f",
+                "sudo -u root -- rm f",
+                "nice -n 5 rm f",
+                "timeout -s KILL 5 rm f",
+                "env -i X=1 rm f",
+                "nohup rm f &",
+                "exec rm f",
+                "command rm f",
+                "busybox rm f",
+                "xargs -0 -n1 rm",
+                "xargs -I{} rm {}",
+                "ls | xargs -r rm -f",
+                "bash -c 'rm x'",
+                "bash -xc 'rm x'",
+                "sh -c \"sh -c 'rm x'\"",
+                "sh -c \"$S\"",
+                "eval rm f",
+                "eval $X",
+                "echo $(rm f)",
+                "cat <(rm f)",
+                "su -c 'rm f'",
+                "su root -c 'rm f'",
+                "flock /tmp/l -c 'rm f'",
+                "env -S 'rm f'",
+                "watch rm f",
+                "alias ls='rm -rf d'",
+                "trap 'rm f' EXIT",
+                "rsync -a --delete src/ dst/",
+                "rsync --remove-source-files a b/",
+                "tar --remove-files -cf a.tar d",
+                "$CMD f",
+                "\"$(echo rm)\" f",
+                // Writing outside.
+                "echo x >> /etc/hosts",
+                "echo x &> /tmp/y",
+                "echo x >& /tmp/y",
+                "cat 1<>/etc/x",
+                "echo x > $F",
+                "echo x > ~/x",
+                "cp a ~/x",
+                "echo x > ~bob/x",
+                "echo x > /srv/wsx",
+                "echo x > /srv/ws/../x",
+                "echo x > {a,/etc/x}",
+                "echo x > /srv/ws/*",
+                "cd /tmp && touch x",
+                "cd $D; touch x",
+                "cd -; touch x",
+                "cd; touch x",
+                "(cd sub); touch ../x",
+                // A `cd` may fail, so the old place stays possible: this is refused too.
+                "cd src && echo x > ../top.txt",
+                "cd sub || true; touch ../x",
+                "cd src; cd ../..; touch x",
+                "pushd /tmp; touch x",
+                "CDPATH=/tmp cd src; touch x",
+                "HOME=/etc; echo x > ~/passwd",
+                "export HOME=/tmp; cp a ~/",
+                "cp a b /tmp",
+                "cp -t /tmp a",
+                "cp --target-directory=/tmp a",
+                "cp --target=/tmp a",
+                "cp -vt/tmp a",
+                "cp $X a b",
+                "for f in a b; do cp $f ./out/; done",
+                "mv /etc/x here",
+                "mv a ../b",
+                "install a /usr/local/bin/a",
+                "ln -s /etc/passwd p",
+                "tee /tmp/x",
+                "tee -a a /tmp/x",
+                "touch /tmp/x",
+                "mkdir -p /tmp/x",
+                "dd if=a of=/dev/sda",
+                "dd $ARGS",
+                "chmod 777 /etc/x",
+                "chmod -R -w /tmp",
+                "chown me:me /etc/x",
+                "chgrp g ../x",
+                "sed -i s/a/b/ /etc/x",
+                "sed -i.bak -e s/a/b/ ../x",
+                "sed --in-place s/a/b/ /etc/x",
+                "sed -ni p /etc/x",
+                "sort -o /tmp/x f",
+                "sort -uo/tmp/x f",
+                "uniq a /tmp/b",
+                "tar -xf a.tar -C /tmp",
+                "tar xf a.tar -C /",
+                "tar -C sub -C ../.. -xf a.tar",
+                "tar -xPf a.tar",
+                "tar -czf /tmp/a.tgz src",
+                "tar cf /tmp/a.tar src",
+                "cd /tmp; tar -xf a.tar",
+                "rsync -a src/ /tmp/dst/",
+                "rsync -a src/ host:dst/",
+                "find . -fprint /tmp/x",
+                "find . -exec cp {} /tmp \\;",
+                "find . $X",
+                "xargs cp -t /tmp",
+                "xargs cp a",
+                "sudo tee /etc/x",
+                "sudo -D /tmp touch x",
+                "env -C /tmp touch x",
+                "env --chdir=/tmp touch x",
+                "/usr/bin/time -o /tmp/t ls",
+                "command time -o /tmp/t ls",
+                "strace -o /tmp/t ls",
+                "chroot /x touch f",
+                "sh -c 'echo x > /etc/y'",
+                "sh -c 'cd /tmp; touch x'",
+                "eval 'echo x > /etc/y'",
+                "echo x > $(pwd)/y",
+                // Fails closed.
+                &"$(".repeat(40),
+            ],
+        );
+    }
+
+    #[test]
+    fn full_allows_whatever_the_guard_allows() {
+        allowed(
+            Permission::Full,
+            &["rm -rf d", "echo x > /etc/x", "git clean -fdx", &"$(".repeat(40)],
+        );
+    }
+
+    #[test]
+    fn write_paths() {
+        let ok = |p: Permission, path: &str| check_write_path(p, path, &SCOPE);
+        for path in ["/srv/ws", "/srv/ws/a", "/srv/ws/a/../b", "a/b", "./a", "/srv/ws/./x/"] {
+            ok(Permission::ReadWrite, path).unwrap();
+            ok(Permission::Full, path).unwrap();
+            assert!(ok(Permission::Read, path).is_err());
+        }
+        for path in ["/srv/wsx", "/srv/ws/../x", "../x", "/etc/passwd", "~/x", "~bob/x", "/"] {
+            let d = ok(Permission::ReadWrite, path).unwrap_err();
+            assert_eq!(d.needed, Permission::Full, "{path}");
+            ok(Permission::Full, path).unwrap();
+        }
+        let root = Scope {
+            workspace: "/",
+            ..SCOPE
+        };
+        check_write_path(Permission::ReadWrite, "/etc/x", &root).unwrap();
+        let home = Scope {
+            workspace: "/home/u",
+            cwd: "/home/u",
+            home: Some("/home/u/"),
+        };
+        check_write_path(Permission::ReadWrite, "~/x", &home).unwrap();
+    }
+
+    #[test]
+    fn paths_are_normalised_lexically() {
+        assert_eq!(normalise("/a/b", "../c/./d//e/.."), "/a/c/d");
+        assert_eq!(normalise("/a", "/../../x"), "/x");
+        assert_eq!(normalise("/", "."), "/");
+        assert!(inside("/a", "/a") && inside("/a", "/a/b") && !inside("/a", "/ab"));
+    }
 }
