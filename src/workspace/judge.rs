@@ -1330,7 +1330,7 @@ impl<'a> ReadWrite<'a> {
         if let Some((_, why)) = DELETERS.iter().find(|(n, _)| *n == base) {
             return Err(self.deny(what, *why));
         }
-        let judged = match base {
+        match base {
             "cd" => {
                 self.cd(args);
                 Ok(())
@@ -1361,8 +1361,7 @@ impl<'a> ReadWrite<'a> {
                     Ok(())
                 }
             }
-        };
-        judged
+        }
     }
 
     /// `scan`, with its refusal turned into a [`Denied`].
@@ -2017,13 +2016,27 @@ mod tests {
         // What read-write allows, read asks for read-write.
         let d = at(Permission::Read, "cat x > y").unwrap_err();
         assert_eq!(d.needed, Permission::ReadWrite);
-        assert!(d.to_string().contains("`cat x > y` (it redirects output to `y`)"), "{d}");
+        assert!(
+            d.to_string()
+                .contains("`cat x > y` (it redirects output to `y`)"),
+            "{d}"
+        );
         let d = at(Permission::ReadWrite, "rm f").unwrap_err();
-        assert_eq!((d.permission, d.needed), (Permission::ReadWrite, Permission::Full));
+        assert_eq!(
+            (d.permission, d.needed),
+            (Permission::ReadWrite, Permission::Full)
+        );
         assert_eq!(d.why, "deletes files");
         // Long commands are clipped.
         let long = format!("rm {}", "x".repeat(1000));
-        assert!(at(Permission::ReadWrite, &long).unwrap_err().what.chars().count() <= MAX_WHAT + 1);
+        assert!(
+            at(Permission::ReadWrite, &long)
+                .unwrap_err()
+                .what
+                .chars()
+                .count()
+                <= MAX_WHAT + 1
+        );
     }
 
     #[test]
@@ -2422,19 +2435,39 @@ mod tests {
     fn full_allows_whatever_the_guard_allows() {
         allowed(
             Permission::Full,
-            &["rm -rf d", "echo x > /etc/x", "git clean -fdx", &"$(".repeat(40)],
+            &[
+                "rm -rf d",
+                "echo x > /etc/x",
+                "git clean -fdx",
+                &"$(".repeat(40),
+            ],
         );
     }
 
     #[test]
     fn write_paths() {
         let ok = |p: Permission, path: &str| check_write_path(p, path, &SCOPE);
-        for path in ["/srv/ws", "/srv/ws/a", "/srv/ws/a/../b", "a/b", "./a", "/srv/ws/./x/"] {
+        for path in [
+            "/srv/ws",
+            "/srv/ws/a",
+            "/srv/ws/a/../b",
+            "a/b",
+            "./a",
+            "/srv/ws/./x/",
+        ] {
             ok(Permission::ReadWrite, path).unwrap();
             ok(Permission::Full, path).unwrap();
             assert!(ok(Permission::Read, path).is_err());
         }
-        for path in ["/srv/wsx", "/srv/ws/../x", "../x", "/etc/passwd", "~/x", "~bob/x", "/"] {
+        for path in [
+            "/srv/wsx",
+            "/srv/ws/../x",
+            "../x",
+            "/etc/passwd",
+            "~/x",
+            "~bob/x",
+            "/",
+        ] {
             let d = ok(Permission::ReadWrite, path).unwrap_err();
             assert_eq!(d.needed, Permission::Full, "{path}");
             ok(Permission::Full, path).unwrap();
@@ -2458,5 +2491,127 @@ mod tests {
         assert_eq!(normalise("/a", "/../../x"), "/x");
         assert_eq!(normalise("/", "."), "/");
         assert!(inside("/a", "/a") && inside("/a", "/a/b") && !inside("/a", "/ab"));
+    }
+
+    /// A repository whose own configuration runs a command (a file-system monitor, a clean
+    /// filter, an external diff) that leaves a marker file.
+    fn hostile_repository(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let markers: Vec<_> = ["fsmonitor", "filter", "external"]
+            .iter()
+            .map(|m| dir.join(format!("{m}.marker")))
+            .collect();
+        let repo = dir.join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        let git = |args: &[&str]| {
+            let out = git_command(&repo).args(args).output().unwrap_or_else(|e| {
+                panic!("git must be installed for this test (`which git`): {e}")
+            });
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::write(repo.join(".gitattributes"), "*.txt filter=evil\n").unwrap();
+        std::fs::write(repo.join("a.txt"), "one\n").unwrap();
+        git(&["add", "."]);
+        git(&[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "one",
+        ]);
+        let touch = |m: &std::path::Path| format!("touch '{}'", m.display());
+        git(&[
+            "config",
+            "core.fsmonitor",
+            &format!("{}; false", touch(&markers[0])),
+        ]);
+        git(&[
+            "config",
+            "filter.evil.clean",
+            &format!("{}; cat", touch(&markers[1])),
+        ]);
+        git(&[
+            "config",
+            "diff.external",
+            &format!("{}; true", touch(&markers[2])),
+        ]);
+        std::fs::write(repo.join("a.txt"), "two\n").unwrap();
+        markers
+    }
+
+    /// `git` in `dir`, away from the machine's and the user's configuration.
+    fn git_command(dir: &std::path::Path) -> std::process::Command {
+        let mut cmd = std::process::Command::new("git");
+        cmd.current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE");
+        cmd
+    }
+
+    fn run_shell(shell: &str, dir: &std::path::Path, script: &str) -> std::process::Output {
+        std::process::Command::new(shell)
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir.join("repo"))
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap_or_else(|e| panic!("{shell} must be installed for this test: {e}"))
+    }
+
+    const LOOKING: &str = "git status\ngit diff\ngit log -p -1\ngit show --stat\n";
+
+    #[test]
+    fn without_the_preamble_the_repository_runs_its_commands() {
+        let dir = tempfile::tempdir().unwrap();
+        let markers = hostile_repository(dir.path());
+        let out = run_shell("sh", dir.path(), LOOKING);
+        assert!(out.status.success(), "{out:?}");
+        for m in &markers {
+            assert!(
+                m.exists(),
+                "{} was not created: the test could not fail",
+                m.display()
+            );
+        }
+    }
+
+    #[test]
+    fn the_read_preamble_keeps_git_from_running_the_repositorys_commands() {
+        for shell in ["sh", "bash"] {
+            let dir = tempfile::tempdir().unwrap();
+            let markers = hostile_repository(dir.path());
+            check_command(Permission::Read, LOOKING, &SCOPE).unwrap();
+            let out = run_shell(shell, dir.path(), &format!("{}{LOOKING}", read_preamble()));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{shell}: {out:?}");
+            assert!(
+                stdout.contains("a.txt"),
+                "{shell}: status and diff ran: {stdout}"
+            );
+            assert!(
+                stdout.contains("+two"),
+                "{shell}: the diff is shown: {stdout}"
+            );
+            for m in &markers {
+                assert!(!m.exists(), "{shell}: {} was created", m.display());
+            }
+            // The index was not rewritten either.
+            let index = dir.path().join("repo/.git/index");
+            let before = std::fs::metadata(&index).unwrap().modified().unwrap();
+            run_shell(shell, dir.path(), &format!("{}git status", read_preamble()));
+            assert_eq!(
+                std::fs::metadata(&index).unwrap().modified().unwrap(),
+                before
+            );
+            // Other subcommands are refused by the function too.
+            let out = run_shell(shell, dir.path(), &format!("{}git stash", read_preamble()));
+            assert_eq!(out.status.code(), Some(2), "{shell}: {out:?}");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("read permission"));
+        }
     }
 }
