@@ -388,9 +388,9 @@ const UNIQ: Options = Options {
 
 const TREE: Options = Options {
     with_arg: "LPIoHT",
-    refused_short: "o",
+    refused_short: "oR",
     abbreviations: false,
-    why: "writes a file",
+    why: "writes files (`-R` writes one in every directory)",
     ..NO_OPTIONS
 };
 
@@ -1349,8 +1349,8 @@ impl<'a> ReadWrite<'a> {
             "dd" => self.dd(args, what),
             "chmod" | "chown" | "chgrp" => self.change_mode(base, args, what),
             "sed" => self.sed(args, what),
-            "tar" => self.tar(args, what),
-            "rsync" => self.rsync(args, what),
+            "tar" => self.tar(args, what, depth),
+            "rsync" => self.rsync(args, what, depth),
             _ if SHELLS.contains(&base) => self.shell(args, what, depth),
             _ => {
                 if let Some(w) = WRAPPERS.iter().find(|w| w.name == base) {
@@ -1618,7 +1618,7 @@ impl<'a> ReadWrite<'a> {
 
     /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`.
     fn watch(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let scanned = self.scan(args, what, ("ndq", &["interval"]), usize::MAX, false)?;
+        let scanned = self.scan(args, what, ("n", &["interval"]), usize::MAX, false)?;
         if scanned.has("x", &["exec"]) {
             return self.command(&scanned.operands, what, depth + 1);
         }
@@ -1693,15 +1693,9 @@ impl<'a> ReadWrite<'a> {
             usize::MAX,
             false,
         )?;
-        let in_place = scanned
-            .options
-            .iter()
-            .any(|(name, _)| name == "-i" || option_is(name, "", &["in-place"]))
-            || args.iter().any(|w| {
-                w.literal.as_deref().is_some_and(|l| {
-                    !l.starts_with("--") && l.starts_with('-') && short_cluster_has(l, 'i', "efl")
-                })
-            });
+        // `-i` takes its suffix attached (`-i.bak`), so a cluster like `-ie` holds no `-e`;
+        // reading it as `-i -e` still leaves the same operands as files.
+        let in_place = scanned.has("i", &["in-place"]);
         if !in_place {
             return Ok(());
         }
@@ -1714,7 +1708,7 @@ impl<'a> ReadWrite<'a> {
 
     /// `tar`: creating writes the archive; extracting writes into `-C DIR` (or here);
     /// `--remove-files` deletes.
-    fn tar(&self, args: &[ShellWord], what: &str) -> Judged {
+    fn tar(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
         const WITH_ARG: &str = "bfgCFHIKLNTVX";
         const LONG_WITH_ARG: &[&str] = &[
             "file",
@@ -1729,6 +1723,7 @@ impl<'a> ReadWrite<'a> {
             "info-script",
             "new-volume-script",
             "to-command",
+            "checkpoint-action",
             "format",
             "owner",
             "group",
@@ -1765,6 +1760,24 @@ impl<'a> ReadWrite<'a> {
         let s = self.scan(&words, what, (WITH_ARG, LONG_WITH_ARG), usize::MAX, false)?;
         if s.has("", &["remove-files"]) {
             return Err(self.deny(what, "`--remove-files` deletes files"));
+        }
+        let programs = (
+            "FI",
+            &[
+                "to-command",
+                "use-compress-program",
+                "info-script",
+                "new-volume-script",
+            ][..],
+        );
+        for program in s.values(programs) {
+            self.nested(program, what, depth)?;
+        }
+        for action in s.values(("", &["checkpoint-action"])) {
+            let command = action.and_then(|a| a.literal.as_deref()?.strip_prefix("exec="));
+            if let Some(command) = command {
+                self.script(command, depth + 1)?;
+            }
         }
         let creates = s.has(
             "cruA",
@@ -1810,7 +1823,7 @@ impl<'a> ReadWrite<'a> {
     }
 
     /// `rsync`: `--delete…` and `--remove-source-files` delete; the destination is written.
-    fn rsync(&self, args: &[ShellWord], what: &str) -> Judged {
+    fn rsync(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
         let s = self.scan(
             args,
             what,
@@ -1826,6 +1839,9 @@ impl<'a> ReadWrite<'a> {
             .any(|(name, _)| name.starts_with("--del") || name.starts_with("--remove-s"))
         {
             return Err(self.deny(what, "it deletes files"));
+        }
+        for shell in s.values(("e", &["rsh"])) {
+            self.nested(shell, what, depth)?;
         }
         if s.operands.len() < 2 {
             return Ok(());
@@ -1919,7 +1935,9 @@ impl<'a> ReadWrite<'a> {
             self.write_value(file, what)?;
         }
         let ops = &s.operands;
+        let directories = w.name == "install" && s.has("d", &["directory"]);
         let written: &[ShellWord] = match w.operands {
+            _ if directories => ops,
             Dest::All => ops,
             Dest::Last if from_options => &[],
             Dest::Last => &ops[ops.len().saturating_sub(1)..],
@@ -1928,20 +1946,6 @@ impl<'a> ReadWrite<'a> {
         };
         written.iter().try_for_each(|f| self.write(f, what))
     }
-}
-
-/// Whether the short-option cluster `-abc` holds `letter` before any letter that takes an
-/// argument (`with_arg`) ends it.
-fn short_cluster_has(cluster: &str, letter: char, with_arg: &str) -> bool {
-    for c in cluster.chars().skip(1) {
-        if c == letter {
-            return true;
-        }
-        if with_arg.contains(c) {
-            return false;
-        }
-    }
-    false
 }
 
 #[cfg(test)]
@@ -2170,6 +2174,7 @@ mod tests {
                 "sort $X",
                 "uniq a b",
                 "tree -o f",
+                "tree -R -H . x",
                 "tree -ao f",
                 "file -C -m x",
                 "date -s now",
@@ -2243,6 +2248,10 @@ mod tests {
                 "git add -A && git commit -m x && git push",
                 "git -C sub status",
                 "sed -i s/a/b/ f.txt",
+                "sed -i.bak -e s/a/b/ -e s/c/d/ f.txt g.txt",
+                "sed -e s/a/b/ /etc/x > out.txt",
+                "watch -n 5 ls",
+                "rsync -e 'ssh -p 2222' host:a b/",
                 "sed -n 1p /etc/passwd",
                 "sort -o out.txt in.txt",
                 "uniq in out",
@@ -2338,6 +2347,12 @@ mod tests {
                 "flock /tmp/l -c 'rm f'",
                 "env -S 'rm f'",
                 "watch rm f",
+                "watch -d rm f",
+                "watch -n 1 'rm f'",
+                "tar -xf a.tar --to-command='rm x'",
+                "tar -cf a.tar -I 'rm x' d",
+                "tar -cf a.tar --checkpoint-action=exec='rm x' d",
+                "rsync -e 'rm x' host:a b/",
                 "alias ls='rm -rf d'",
                 "trap 'rm f' EXIT",
                 "rsync -a --delete src/ dst/",
@@ -2381,6 +2396,7 @@ mod tests {
                 "mv /etc/x here",
                 "mv a ../b",
                 "install a /usr/local/bin/a",
+                "install -d /tmp/a b",
                 "ln -s /etc/passwd p",
                 "tee /tmp/x",
                 "tee -a a /tmp/x",
