@@ -382,7 +382,7 @@ const SORT: Options = Options {
 const UNIQ: Options = Options {
     with_arg: "fsw",
     max_operands: Some(1),
-    why: "writes its second operand",
+    why: "its second operand is a file it writes",
     ..NO_OPTIONS
 };
 
@@ -672,7 +672,7 @@ fn policed(args: &[ShellWord], options: &Options) -> Result<(), String> {
         }
     }
     match options.max_operands {
-        Some(max) if operands > max => Err(format!("more than {max} operand {}", options.why)),
+        Some(max) if operands > max => Err(options.why.to_owned()),
         _ => Ok(()),
     }
 }
@@ -1595,7 +1595,7 @@ impl<'a> ReadWrite<'a> {
                     }
                 }
             }
-            None => inner.push(input("…")),
+            None => inner.push(input("(words read from the input)")),
         }
         self.command(&inner, what, depth + 1)
     }
@@ -1864,9 +1864,10 @@ impl<'a> ReadWrite<'a> {
         while let Some(w) = args.get(i) {
             i += 1;
             let Some(arg) = w.literal.as_deref() else {
-                if maybe_option(w) {
+                if maybe_option(w) && !c_flag {
                     return Err(self.deny(what, unknown_option(w)));
                 }
+                i -= 1;
                 break;
             };
             if arg == "--" || arg == "-" {
@@ -2338,6 +2339,7 @@ mod tests {
                 "bash -xc 'rm x'",
                 "sh -c \"sh -c 'rm x'\"",
                 "sh -c \"$S\"",
+                "bash -c $S",
                 "eval rm f",
                 "eval $X",
                 "echo $(rm f)",
