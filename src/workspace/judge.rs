@@ -947,6 +947,8 @@ enum Dest {
     Second,
     /// Only what a destination option names (`sort -o`).
     Options,
+    /// The working directory, unless a destination option names another (`wget`, `unzip`).
+    Here,
 }
 
 /// A command that writes the files its operands or options name.
@@ -959,6 +961,8 @@ struct Writer {
     /// Options (short, long) whose argument is written to.
     dest: (&'static str, &'static [&'static str]),
     operands: Dest,
+    /// Options (short, long) that make it write into the working directory (`curl -O`).
+    here: (&'static str, &'static [&'static str]),
 }
 
 const WRITER: Writer = Writer {
@@ -967,6 +971,7 @@ const WRITER: Writer = Writer {
     long_with_arg: &[],
     dest: ("", &[]),
     operands: Dest::All,
+    here: ("", &[]),
 };
 
 const WRITERS: &[Writer] = &[
@@ -976,6 +981,7 @@ const WRITERS: &[Writer] = &[
         long_with_arg: &["suffix", "target-directory"],
         dest: ("t", &["target-directory"]),
         operands: Dest::Last,
+        ..WRITER
     },
     Writer {
         name: "install",
@@ -990,6 +996,7 @@ const WRITERS: &[Writer] = &[
         ],
         dest: ("t", &["target-directory"]),
         operands: Dest::Last,
+        ..WRITER
     },
     Writer {
         name: "mv",
@@ -1038,6 +1045,87 @@ const WRITERS: &[Writer] = &[
         ],
         dest: ("o", &["output"]),
         operands: Dest::Options,
+        ..WRITER
+    },
+    Writer {
+        name: "curl",
+        with_arg: "AbcdDeEFHKmoQrTuwxXyYz",
+        long_with_arg: &[
+            "output",
+            "output-dir",
+            "dump-header",
+            "cookie-jar",
+            "trace",
+            "trace-ascii",
+            "stderr",
+            "libcurl",
+            "etag-save",
+            "hsts",
+            "alt-svc",
+            "header",
+            "data",
+            "request",
+            "user",
+            "user-agent",
+            "referer",
+            "cookie",
+            "form",
+            "upload-file",
+            "write-out",
+            "max-time",
+            "proxy",
+            "range",
+            "config",
+        ],
+        dest: (
+            "oDc",
+            &[
+                "output",
+                "output-dir",
+                "dump-header",
+                "cookie-jar",
+                "trace",
+                "trace-ascii",
+                "stderr",
+                "libcurl",
+                "etag-save",
+                "hsts",
+                "alt-svc",
+            ],
+        ),
+        operands: Dest::Options,
+        here: (
+            "OJ",
+            &["remote-name", "remote-name-all", "remote-header-name"],
+        ),
+    },
+    Writer {
+        name: "wget",
+        with_arg: "OoaPeiBTtwUQlAIRDX",
+        long_with_arg: &[
+            "output-document",
+            "output-file",
+            "append-output",
+            "directory-prefix",
+        ],
+        dest: (
+            "OoaP",
+            &[
+                "output-document",
+                "output-file",
+                "append-output",
+                "directory-prefix",
+            ],
+        ),
+        operands: Dest::Here,
+        ..WRITER
+    },
+    Writer {
+        name: "unzip",
+        with_arg: "dP",
+        dest: ("d", &[]),
+        operands: Dest::Here,
+        ..WRITER
     },
     Writer {
         name: "uniq",
@@ -1047,6 +1135,50 @@ const WRITERS: &[Writer] = &[
         ..WRITER
     },
 ];
+
+/// `git` subcommands that only read the repository.
+const GIT_READS: &[&str] = &[
+    "status",
+    "log",
+    "diff",
+    "show",
+    "grep",
+    "blame",
+    "ls-files",
+    "ls-tree",
+    "rev-parse",
+    "rev-list",
+    "describe",
+    "shortlog",
+    "cat-file",
+    "version",
+    "help",
+];
+
+/// `git clone` / `init` / `worktree` options that take an argument as the next word.
+const GIT_CLONE_OPTIONS: (&str, &[&str]) = (
+    "obucj",
+    &[
+        "origin",
+        "branch",
+        "upload-pack",
+        "template",
+        "reference",
+        "reference-if-able",
+        "separate-git-dir",
+        "depth",
+        "shallow-since",
+        "shallow-exclude",
+        "jobs",
+        "filter",
+        "config",
+        "server-option",
+        "bundle-uri",
+        "object-format",
+        "ref-format",
+        "reason",
+    ],
+);
 
 /// A command's arguments read the getopt way.
 #[derive(Default)]
@@ -1472,7 +1604,10 @@ impl<'a> ReadWrite<'a> {
         Ok(())
     }
 
-    /// `git clean` and `git rm` delete; an alias given on the command line can run anything.
+    /// `git clean` and `git rm` delete; an alias given on the command line can run anything;
+    /// `clone`, `init` and `worktree add` write where their operands say; any subcommand but
+    /// those that only read writes into the repository `-C`, `--git-dir` or `--work-tree`
+    /// names.
     fn git(&self, args: &[ShellWord], what: &str) -> Judged {
         const WITH_ARG: &[&str] = &[
             "-C",
@@ -1486,6 +1621,8 @@ impl<'a> ReadWrite<'a> {
             "--list-cmds",
         ];
         let mut i = 0;
+        let mut here = self.cwds.clone();
+        let mut repositories: Vec<ShellWord> = Vec::new();
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
                 return Err(self.deny(what, unknown_argument(w)));
@@ -1494,12 +1631,27 @@ impl<'a> ReadWrite<'a> {
                 break;
             }
             i += 1;
+            let value = || match arg.split_once('=') {
+                Some((_, v)) => Some(shell_word(v)),
+                None => args.get(i).cloned(),
+            };
             let config = match arg {
-                "-c" => args.get(i).and_then(|w| w.literal.as_deref()),
-                _ => arg.strip_prefix("-c"),
+                "-c" => args.get(i).and_then(|w| w.literal.clone()),
+                _ => arg.strip_prefix("-c").map(str::to_owned),
             };
             if config.is_some_and(|c| c.to_ascii_lowercase().starts_with("alias.")) {
                 return Err(self.deny(what, "a git alias can run any command"));
+            }
+            if arg == "-C" {
+                let Some(dir) = args.get(i).and_then(|w| w.literal.as_deref()) else {
+                    return Err(self.deny(what, "its `-C` directory is known only when it runs"));
+                };
+                here = resolve(dir, &here, self.home).unwrap_or_default();
+            } else if ["--git-dir", "--work-tree"]
+                .iter()
+                .any(|n| arg.split('=').next() == Some(n))
+            {
+                repositories.push(value().unwrap_or_else(|| shell_word("")));
             }
             if WITH_ARG.contains(&arg) {
                 i += 1;
@@ -1508,11 +1660,45 @@ impl<'a> ReadWrite<'a> {
         let Some(sub) = args.get(i) else {
             return Ok(());
         };
-        match sub.literal.as_deref() {
-            None => Err(self.deny(what, "its git subcommand is known only when it runs")),
-            Some("clean") => Err(self.deny(what, "`git clean` deletes untracked files")),
-            Some("rm") => Err(self.deny(what, "`git rm` deletes files")),
-            Some(_) => Ok(()),
+        let rest = &args[i + 1..];
+        let there = self.elsewhere(&here);
+        let Some(sub) = sub.literal.as_deref() else {
+            return Err(self.deny(what, "its git subcommand is known only when it runs"));
+        };
+        match sub {
+            "clean" => return Err(self.deny(what, "`git clean` deletes untracked files")),
+            "rm" => return Err(self.deny(what, "`git rm` deletes files")),
+            _ if GIT_READS.contains(&sub) => return Ok(()),
+            _ => {}
+        }
+        for repository in &repositories {
+            there.write(repository, what)?;
+        }
+        if here != self.cwds {
+            there.write(&shell_word("."), what)?;
+        }
+        let s = there.scan(rest, what, GIT_CLONE_OPTIONS, usize::MAX, false)?;
+        for dir in s.values(("", &["separate-git-dir"])) {
+            there.write_value(dir, what)?;
+        }
+        let ops = &s.operands;
+        match (sub, ops.as_slice()) {
+            ("clone", [_]) | ("init", []) => there.write(&shell_word("."), what),
+            ("clone", [.., dest]) | ("init", [dest, ..]) => there.write(dest, what),
+            ("worktree", [add, path, ..]) if add.literal.as_deref() == Some("add") => {
+                there.write(path, what)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The same judge, working in `cwds` (`git -C`, `tar -C`).
+    fn elsewhere(&self, cwds: &[String]) -> ReadWrite<'a> {
+        ReadWrite {
+            workspace: self.workspace.clone(),
+            cwds: cwds.to_vec(),
+            home: self.home,
+            cd_unknown: self.cd_unknown,
         }
     }
 
@@ -1811,13 +1997,7 @@ impl<'a> ReadWrite<'a> {
                 };
                 dirs = resolve(d, &dirs, self.home).unwrap_or_default();
             }
-            let judge = ReadWrite {
-                workspace: self.workspace.clone(),
-                cwds: dirs,
-                home: self.home,
-                cd_unknown: self.cd_unknown,
-            };
-            judge.write(&shell_word("."), what)?;
+            self.elsewhere(&dirs).write(&shell_word("."), what)?;
         }
         Ok(())
     }
@@ -1943,8 +2123,12 @@ impl<'a> ReadWrite<'a> {
             Dest::Last if from_options => &[],
             Dest::Last => &ops[ops.len().saturating_sub(1)..],
             Dest::Second => ops.get(1..2).unwrap_or_default(),
-            Dest::Options => &[],
+            Dest::Options | Dest::Here => &[],
         };
+        let here = (w.operands == Dest::Here && !from_options) || s.has(w.here.0, w.here.1);
+        if here {
+            self.write(&shell_word("."), what)?;
+        }
         written.iter().try_for_each(|f| self.write(f, what))
     }
 }
@@ -2282,6 +2466,17 @@ mod tests {
                 "cat x | sh",
                 "install -m 755 bin dist/bin",
                 "curl -s https://example.com",
+                "curl -sSL -o out.tgz https://example.com/a.tgz",
+                "curl -H 'X-A: b' -O https://example.com/a",
+                "wget https://example.com/a",
+                "wget -O - https://example.com | tar xz",
+                "unzip a.zip -d sub",
+                "git clone https://example.com/r.git",
+                "git clone https://example.com/r.git src/r",
+                "git init",
+                "git -C sub commit -m x",
+                "git -C /etc log",
+                "git --git-dir=/elsewhere/.git status",
             ],
         );
     }
@@ -2426,6 +2621,23 @@ mod tests {
                 "cd /tmp; tar -xf a.tar",
                 "rsync -a src/ /tmp/dst/",
                 "rsync -a src/ host:dst/",
+                "curl -o /tmp/x https://example.com",
+                "curl --output /tmp/x https://example.com",
+                "curl -so/tmp/x https://example.com",
+                "curl -c /tmp/jar https://example.com",
+                "cd /tmp; curl -O https://example.com/a",
+                "wget -O /tmp/x https://example.com",
+                "wget -P /tmp https://example.com",
+                "cd /tmp && wget https://example.com",
+                "unzip a.zip -d /tmp",
+                "git clone https://example.com/r.git /tmp/r",
+                "git -C /tmp clone https://example.com/r.git",
+                "git init /tmp/r",
+                "git worktree add /tmp/w",
+                "git -C /etc commit -m x",
+                "git -C sub -C ../.. commit -m x",
+                "git --git-dir=/tmp/x/.git commit -m x",
+                "git --work-tree /tmp add .",
                 "find . -fprint /tmp/x",
                 "find . -exec cp {} /tmp \\;",
                 "find . $X",
