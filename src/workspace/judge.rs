@@ -762,10 +762,12 @@ struct Wrapper {
     operands: usize,
     /// Whether `NAME=value` words may come before the command (`env`, `sudo`).
     assignments: bool,
-    /// Options (short, long) that change the directory: relative paths become unknown.
+    /// Options (short, long) that change the directory the command runs in.
     chdir: (&'static str, &'static [&'static str]),
     /// Whether the command always runs elsewhere (`chroot`): relative paths become unknown.
     elsewhere: bool,
+    /// Options (short, long) that make it run elsewhere (`sudo --chroot`).
+    chroot: (&'static str, &'static [&'static str]),
     /// Options (short, long) whose argument is a shell script (`su -c`, `env -S`).
     script: (&'static str, &'static [&'static str]),
     /// Options (short, long) whose argument is a file written (`time -o`).
@@ -782,6 +784,7 @@ const WRAPPER: Wrapper = Wrapper {
     assignments: false,
     chdir: ("", &[]),
     elsewhere: false,
+    chroot: ("", &[]),
     script: ("", &[]),
     dest: ("", &[]),
     no_command: "",
@@ -805,7 +808,8 @@ const WRAPPERS: &[Wrapper] = &[
             "user",
         ],
         assignments: true,
-        chdir: ("DR", &["chdir", "chroot"]),
+        chdir: ("D", &["chdir"]),
+        chroot: ("R", &["chroot"]),
         ..WRAPPER
     },
     Wrapper {
@@ -2095,15 +2099,20 @@ impl<'a> ReadWrite<'a> {
         let Some(start) = s.command else {
             return Ok(());
         };
-        let moves = w.elsewhere || s.has(w.chdir.0, w.chdir.1);
+        // `env -C DIR`, `sudo -D DIR`: the command runs there; `chroot`: somewhere unknown.
         let saved = self.cwds.clone();
-        if moves {
+        let chroot = w.elsewhere || s.has(w.chroot.0, w.chroot.1);
+        if chroot {
             self.cwds.clear();
         }
-        let judged = self.command(&args[start..], what, depth + 1);
-        if moves {
-            self.cwds = saved;
+        for dir in s.values(w.chdir).filter(|_| !chroot) {
+            let dir = dir.and_then(|d| d.literal.as_deref());
+            self.cwds = dir
+                .and_then(|d| resolve(d, &self.cwds, self.home))
+                .unwrap_or_default();
         }
+        let judged = self.command(&args[start..], what, depth + 1);
+        self.cwds = saved;
         judged
     }
 
@@ -2452,6 +2461,7 @@ mod tests {
                 "xargs grep foo",
                 "sudo -u bob make",
                 "env X=1 touch x",
+                "env -C sub touch x",
                 "timeout 5 cp a b",
                 "nice -n 5 mkdir d",
                 "sh -c 'echo hi > x'",
@@ -2645,6 +2655,9 @@ mod tests {
                 "xargs cp a",
                 "sudo tee /etc/x",
                 "sudo -D /tmp touch x",
+                "sudo -D $D touch x",
+                "sudo -R /srv/ws touch x",
+                "sudo -R /x -D /srv/ws touch f",
                 "env -C /tmp touch x",
                 "env --chdir=/tmp touch x",
                 "/usr/bin/time -o /tmp/t ls",
