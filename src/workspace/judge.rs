@@ -694,7 +694,8 @@ fn policed(args: &[ShellWord], options: &Options) -> Result<(), String> {
 ///   configured, so no clean filter runs on a work-tree file.
 ///
 /// Any other subcommand is refused by the function too. POSIX sh: it runs under dash, bash
-/// and zsh in sh mode.
+/// and zsh in sh mode. The script is judged ([`check_command`]) without it: the preamble
+/// uses what `read` refuses (`command`, `set`, `read`, a loop).
 pub fn read_preamble() -> &'static str {
     READ_PREAMBLE
 }
@@ -2855,6 +2856,73 @@ mod tests {
             let out = run_shell(shell, dir.path(), &format!("{}git stash", read_preamble()));
             assert_eq!(out.status.code(), Some(2), "{shell}: {out:?}");
             assert!(String::from_utf8_lossy(&out.stderr).contains("read permission"));
+        }
+    }
+
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let pieces = [
+            "rm ",
+            "cp ",
+            "tar ",
+            "git ",
+            "sudo ",
+            "xargs ",
+            "find ",
+            "sed -i",
+            "sh -c ",
+            "cd ",
+            "-",
+            "--",
+            "-t",
+            "-C",
+            "=",
+            "/",
+            "..",
+            "~",
+            "$X",
+            "$(",
+            ")",
+            "`",
+            "'",
+            "\"",
+            "{}",
+            "{a,b}",
+            "*",
+            ";",
+            "&&",
+            "|",
+            ">",
+            ">>",
+            "<",
+            "<<E\n",
+            "\nE\n",
+            "é",
+            "😀",
+            " ",
+            "\n",
+            "-exec ",
+            "\\;",
+            "of=",
+            "--target=",
+            "-uo",
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 16) as usize;
+            let script: String = (0..len)
+                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
+                .collect();
+            for p in Permission::ALL {
+                let _ = check_command(p, &script, &SCOPE);
+                let _ = check_write_path(p, &script, &SCOPE);
+            }
         }
     }
 }
