@@ -396,9 +396,9 @@ const TREE: Options = Options {
 
 const FILE: Options = Options {
     with_arg: "efFmP",
-    refused_short: "C",
-    refused_long: &["compile"],
-    why: "writes a compiled magic file",
+    refused_short: "CzZ",
+    refused_long: &["compile", "uncompress", "uncompress-noreport"],
+    why: "writes a compiled magic file or runs decompressors",
     ..NO_OPTIONS
 };
 
@@ -1426,9 +1426,6 @@ impl<'a> ReadWrite<'a> {
                 format!("it writes to `{path}`, a pattern that cannot be judged"),
             ));
         }
-        if path.starts_with('/') && harmless_device(&normalise("/", path)) {
-            return Ok(());
-        }
         let Some(all) = resolve(path, &self.cwds, self.home) else {
             let why = if path.starts_with('~') {
                 format!("it writes to `{path}`, and where `~` is cannot be known")
@@ -1437,7 +1434,10 @@ impl<'a> ReadWrite<'a> {
             };
             return Err(self.deny(what, why));
         };
-        match all.iter().find(|p| !inside(&self.workspace, p)) {
+        match all
+            .iter()
+            .find(|p| !inside(&self.workspace, p) && !harmless_device(p))
+        {
             Some(outside) => Err(self.deny(
                 what,
                 format!(
@@ -2372,6 +2372,7 @@ mod tests {
                 "tree -R -H . x",
                 "tree -ao f",
                 "file -C -m x",
+                "file -z x.gz",
                 "date -s now",
                 "date --set=now",
                 "hostname evil",
@@ -2439,6 +2440,7 @@ mod tests {
                 "cd /srv/ws/src; touch a",
                 "echo x > /srv/ws/a/../b",
                 "ls > /dev/null 2>&1; echo x > /dev/stderr; echo y >/dev/fd/3",
+                "echo x > ../../dev/null",
                 "cargo build && cargo test 2>&1 | tail",
                 "git add -A && git commit -m x && git push",
                 "git -C sub status",
@@ -2578,6 +2580,9 @@ mod tests {
                 "cp a ~/x",
                 "echo x > ~bob/x",
                 "echo x > /srv/wsx",
+                "echo x > /dev/tty",
+                "echo x > /dev/fd/",
+                "echo x > /proc/self/fd/1",
                 "echo x > /srv/ws/../x",
                 "echo x > {a,/etc/x}",
                 "echo x > /srv/ws/*",
