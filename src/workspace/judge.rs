@@ -709,7 +709,7 @@ const READ_PREAMBLE: &str = r#"git() {
       unset _sshmode_sub ;;
     *) echo "git: only status, log, diff and show run at the read permission" >&2; return 2 ;;
   esac
-  _sshmode_keys=$(command git config --name-only --get-regexp '^filter\.' 2>/dev/null)
+  _sshmode_keys=$(command git config --name-only --get-regexp '^filter\.' 2>/dev/null || :)
   while IFS= read -r _sshmode_key; do
     case $_sshmode_key in
       filter.*.clean|filter.*.smudge|filter.*.process) set -- -c "$_sshmode_key=" "$@" ;;
@@ -2857,6 +2857,14 @@ mod tests {
                 std::fs::metadata(&index).unwrap().modified().unwrap(),
                 before
             );
+            // It works under `set -eu` too, in a repository with no filter configured.
+            git_command(dir.path())
+                .args(["init", "-q", "plain"])
+                .status()
+                .unwrap();
+            let script = format!("set -eu\n{}cd ../plain\ngit status", read_preamble());
+            let out = run_shell(shell, dir.path(), &script);
+            assert!(out.status.success(), "{shell}: {out:?}");
             // Other subcommands are refused by the function too.
             let out = run_shell(shell, dir.path(), &format!("{}git stash", read_preamble()));
             assert_eq!(out.status.code(), Some(2), "{shell}: {out:?}");
