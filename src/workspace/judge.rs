@@ -504,9 +504,17 @@ const READ_COMMANDS: &[(&str, ReadRule)] = &[
 const GIT_READ_SUBCOMMANDS: &[&str] = &["status", "log", "diff", "show"];
 
 /// `git` options refused at `read` (after the subcommand; none is allowed before it): they
-/// write a file or run a program the repository's configuration names.
+/// write a file, run a program the repository's configuration names, or undo the preamble's
+/// `--ignore-submodules=all` (a submodule's own configuration would apply).
 const GIT_READ: Options = Options {
-    refused_long: &["output", "ext-diff", "textconv", "open-files-in-pager"],
+    refused_long: &[
+        "output",
+        "ext-diff",
+        "textconv",
+        "open-files-in-pager",
+        "ignore-submodules",
+        "submodule",
+    ],
     why: "writes a file or runs a program the repository configures",
     ..NO_OPTIONS
 };
@@ -2259,6 +2267,7 @@ mod tests {
                 "rg -A3 -tRust foo",
                 "sort -u -k2 file | uniq -c",
                 "git diff HEAD~1 -- src",
+                "git diff --stat --summary --ignore-all-space",
                 "git show --stat HEAD",
                 "git log --no-ext-diff --text -p",
                 "git diff --output-indicator-new=+ x",
@@ -2387,6 +2396,8 @@ mod tests {
                 "git log --ext-diff -p",
                 "git log --ext -p",
                 "git show --textconv",
+                "git status --ignore-submodules=none",
+                "git diff --submodule=diff",
                 "git diff --no-no-ext-diff",
                 "git grep -O x",
                 "git diff -Opager",
