@@ -1,5 +1,6 @@
 //! The system prompt, built at each step from the section's state: its backend (local, or the
-//! target alias with `user@host`), its working directory there, what `ssh_mode` can do here,
+//! target alias with `user@host`), its working directory there, its workspace (directory,
+//! permission, mode), what `ssh_mode` can do here,
 //! the line between task tools (the backend) and the local control plane, and the chat's
 //! notes (fenced as notes, not instructions).
 
@@ -46,6 +47,21 @@ pub async fn system_prompt(deps: &AgentDeps, section: &str, chat_id: &str) -> St
             .await
             .ok()
             .flatten();
+    let rules = crate::workspace::LocalRules::from_config(deps.exec.config());
+    let workspace = match &place {
+        Ok(p) => match crate::workspace::current(&deps.db, &rules, section, p).await {
+            Ok(ws) => format!(
+                "Your workspace is `{}` on this backend; work there unless the user asks otherwise. Its permission, enforced by the tools before anything runs, is {}\n{}\nOnly a user changes these (`/workspace set <dir> [read|read-write|full] [office|dev|design]`, up to the maximum an operator allows); if a refusal blocks the task, say which permission it needs.",
+                ws.dir,
+                ws.permission_guidance(),
+                ws.mode.guidance()
+            ),
+            Err(e) => {
+                format!("unknown right now ({e}); task tools will fail until it is resolved.")
+            }
+        },
+        Err(_) => "unknown until the backend is known.".to_string(),
+    };
     let ssh = match deps
         .control
         .ssh_mode(section, chat_id, SshModeAction::Status, None)
@@ -62,6 +78,8 @@ This thread's backend is {backend}. The task tools (terminal, read_file, write_f
 search_files, execute_code) run there, resolved again at every call. Paths are on that host: \
 `~` is that user's home; relative paths are relative to the working directory{cwd}. \
 If the backend fails, the tool fails with the reason; nothing runs anywhere else instead.\n\n\
+## Workspace\n\
+{workspace}\n\n\
 ## Switching backends\n\
 `ssh_mode` asks chat control: `status`, `list_targets`, `request_use` with a `target` \
 (allowed only where the users granted it with `/ssh yolo on`), `request_local`. A refusal is \

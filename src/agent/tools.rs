@@ -17,6 +17,7 @@ use crate::exec::ops::{ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::{Tool, ToolCall};
+use crate::workspace::{self, LocalRules, Permission, Scope, judge};
 
 /// The tool definitions sent with every model call.
 pub fn definitions() -> Vec<Tool> {
@@ -284,17 +285,59 @@ async fn dispatch(
         .place(section)
         .await
         .map_err(|e| format!("this thread's backend cannot be determined: {e:#}"))?;
-    *backend_out = Some(match &place {
-        Place::Local => "local".into(),
+    let backend_label = match &place {
+        Place::Local => "local".to_string(),
         Place::Target(a) => a.clone(),
-    });
-    let ops = deps
-        .exec
-        .ops_for(section, &place)
+    };
+    *backend_out = Some(backend_label.clone());
+    // The workspace and its permission, judged before anything runs.
+    let rules = LocalRules::from_config(deps.exec.config());
+    let ws = workspace::current(&deps.db, &rules, section, &place)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+    if let Err(d) = judge::check_tool(ws.permission, tool) {
+        return Err(refused(
+            deps,
+            section,
+            &backend_label,
+            tool,
+            "permission",
+            &d.to_string(),
+        )
+        .await);
+    }
+    let ops = match &place {
+        Place::Local => deps.exec.local_ops_in(
+            section,
+            std::path::Path::new(&ws.dir),
+            ws.permission > Permission::Read,
+        ),
+        Place::Target(_) => deps.exec.ops_for(section, &place).await,
+    }
+    .map_err(|e| e.to_string())?;
     let backend_name = ops.backend().name().to_string();
     let seeded = seed_cwd(deps, section, &backend_name).await;
+    if seeded.is_none() {
+        // No stored directory (a new section, or a new workspace): start in the workspace.
+        let start = ops.resolve(&ws.dir).await.map_err(exec_err)?;
+        deps.exec.cwds().set(&backend_name, section, start);
+    }
+    // What the judge needs: the workspace and the working directory on the backend's host.
+    let judged = ws.permission < Permission::Full;
+    let scope_parts = if judged {
+        let workspace = ops.resolve(&ws.dir).await.map_err(exec_err)?;
+        let cwd = ops.cwd().await.map_err(exec_err)?;
+        let home = ops.backend().home().await.ok();
+        Some((workspace, cwd, home))
+    } else {
+        None
+    };
+    let scope = scope_parts.as_ref().map(|(w, c, h)| Scope {
+        workspace: w,
+        cwd: c,
+        home: h.as_deref(),
+    });
+    let mut refusal: Option<(&'static str, String)> = None;
 
     let limit = deps.config.tool_timeout;
     let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
@@ -303,14 +346,24 @@ async fn dispatch(
         match tool {
             "terminal" => {
                 let command = args.str("command")?;
+                if let Some(scope) = &scope
+                    && let Err(d) = judge::check_command(ws.permission, &command, scope)
+                {
+                    return Err(deny(&mut refusal, "permission", d.to_string()));
+                }
                 let opts = RunOptions {
                     timeout: Some(timeout(args.opt_u64("timeout")?)),
                     env: Vec::new(),
+                    prelude: if ws.permission == Permission::Read {
+                        judge::read_preamble()
+                    } else {
+                        ""
+                    },
                 };
                 let r = ops
                     .terminal(&command, opts, cancel)
                     .await
-                    .map_err(exec_err)?;
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 *exit_out = Some(exit_text(&r.output.exit));
                 Ok(format_output(&r.output, Some(&r.cwd)))
             }
@@ -318,10 +371,22 @@ async fn dispatch(
                 let code = args.str("code")?;
                 let lang = args.opt_str("language")?;
                 let t = timeout(args.opt_u64("timeout")?);
+                // Shell code can be judged like a terminal command; other languages cannot
+                // (locally the sandbox holds the workspace limit).
+                let shell = matches!(
+                    lang.as_deref().map(str::to_ascii_lowercase).as_deref(),
+                    Some("bash" | "sh" | "shell")
+                );
+                if shell
+                    && let Some(scope) = &scope
+                    && let Err(d) = judge::check_command(ws.permission, &code, scope)
+                {
+                    return Err(deny(&mut refusal, "permission", d.to_string()));
+                }
                 let out = ops
                     .execute_code(&code, lang.as_deref(), Some(t), cancel)
                     .await
-                    .map_err(exec_err)?;
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 *exit_out = Some(exit_text(&out.exit));
                 Ok(format_output(&out, None))
             }
@@ -352,6 +417,11 @@ async fn dispatch(
             "write_file" => {
                 let path = args.str("path")?;
                 let content = args.str("content")?;
+                if let Some(scope) = &scope {
+                    check_write(&ops, ws.permission, &path, scope, cancel)
+                        .await
+                        .map_err(|d| deny(&mut refusal, "permission", d))?;
+                }
                 let p = ops
                     .write_file(&path, content.as_bytes())
                     .await
@@ -359,6 +429,11 @@ async fn dispatch(
                 Ok(format!("wrote {} bytes to {p}", content.len()))
             }
             "patch" => {
+                if let Some(scope) = &scope {
+                    check_write(&ops, ws.permission, &args.str("path")?, scope, cancel)
+                        .await
+                        .map_err(|d| deny(&mut refusal, "permission", d))?;
+                }
                 let r = ops
                     .patch(
                         &args.str("path")?,
@@ -420,7 +495,81 @@ async fn dispatch(
     {
         store_cwd(deps, section, &backend_name, &now).await;
     }
-    result
+    match (result, refusal) {
+        (Err(_), Some((by, reason))) => {
+            Err(refused(deps, section, &backend_label, tool, by, &reason).await)
+        }
+        (result, _) => result,
+    }
+}
+
+/// Notes a refusal for the audit and returns its text.
+fn deny(slot: &mut Option<(&'static str, String)>, by: &'static str, reason: String) -> String {
+    *slot = Some((by, reason.clone()));
+    reason
+}
+
+/// An execution error, noting a guard refusal for the audit.
+fn guard_err(slot: &mut Option<(&'static str, String)>, e: ExecError) -> String {
+    match e {
+        ExecError::Refused(r) => deny(slot, "guard", r.to_string()),
+        e => e.to_string(),
+    }
+}
+
+/// Judges a file tool's write: where the path really leads on the backend's host (symlinks
+/// resolved there), against the workspace resolved the same way.
+async fn check_write(
+    ops: &crate::exec::ops::Ops,
+    permission: Permission,
+    path: &str,
+    scope: &Scope<'_>,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let resolved = ops.resolve(path).await.map_err(exec_err)?;
+    if permission == Permission::Read {
+        return judge::check_write_path(permission, &resolved, scope).map_err(|d| d.to_string());
+    }
+    let real = ops
+        .real_paths(&[scope.workspace, &resolved], cancel)
+        .await
+        .map_err(|e| {
+            format!("the workspace permission `{permission}` allows writes only inside the workspace, and {e}")
+        })?;
+    let real_scope = Scope {
+        workspace: &real[0],
+        cwd: scope.cwd,
+        home: scope.home,
+    };
+    judge::check_write_path(permission, &real[1], &real_scope).map_err(|d| d.to_string())
+}
+
+/// Audits a refused tool call (by the workspace permission or the command guard) and returns
+/// the text the model receives.
+async fn refused(
+    deps: &AgentDeps,
+    section: &str,
+    backend: &str,
+    tool: &str,
+    by: &'static str,
+    reason: &str,
+) -> String {
+    let entry = crate::audit::ChatEntry {
+        actor: "model",
+        action: "tool.refused",
+        section: Some(section),
+        target: (backend != "local").then_some(backend),
+        outcome: "refused",
+        detail: json!({ "tool": tool, "by": by, "reason": clip(reason, 500) }),
+    };
+    let audited = async {
+        let mut conn = deps.db.acquire().await?;
+        crate::audit::record_chat(&mut conn, entry).await
+    };
+    if let Err(e) = audited.await {
+        tracing::warn!(turn.section = %section, error = %e, "auditing a refused tool call failed");
+    }
+    reason.to_string()
 }
 
 fn exec_err(e: ExecError) -> String {

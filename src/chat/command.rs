@@ -9,6 +9,8 @@
 
 use unicode_normalization::UnicodeNormalization;
 
+use crate::workspace::{Mode, Permission};
+
 /// Declares [`Command`], the help table and each variant's usage line.
 macro_rules! commands {
     ($(
@@ -72,6 +74,12 @@ commands! {
     /// Delete one of this chat's notes.
     usage "/memory forget <id>"
     MemoryForget { id: i64 },
+    /// Choose this thread's workspace on its current backend: a directory, a permission (up to the target's maximum) and a mode. Omitted parts stay as they are.
+    usage "/workspace set <dir> [read|read-write|full] [office|dev|design]"
+    WorkspaceSet { dir: String, permission: Option<Permission>, mode: Option<Mode> },
+    /// Show this thread's workspace: directory, permission and mode.
+    usage "/workspace show"
+    WorkspaceShow,
 }
 
 /// Words that can never be an alias.
@@ -139,6 +147,7 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
         }
         "/ssh" => {}
         "/memory" => return Some(parse_memory(&rest)),
+        "/workspace" => return Some(parse_workspace(&rest)),
         _ => return None,
     }
     let usage = |variant: &str| {
@@ -223,6 +232,39 @@ fn parse_memory(rest: &[&str]) -> Result<Command, UsageError> {
     }
 }
 
+/// `/workspace set <dir> [permission] [mode]` (the last two in either order) and
+/// `/workspace show`. The directory keeps its case; keywords do not.
+fn parse_workspace(rest: &[&str]) -> Result<Command, UsageError> {
+    let usage = |variant: &str| {
+        Err(UsageError(format!(
+            "Usage: {} (send /ssh help for all commands)",
+            usage_of(variant)
+        )))
+    };
+    let first = rest.first().map(|w| w.to_lowercase());
+    match first.as_deref() {
+        None | Some("show") if rest.len() <= 1 => Ok(Command::WorkspaceShow),
+        Some("set") if rest.len() >= 2 && rest.len() <= 4 => {
+            let (mut permission, mut mode) = (None, None);
+            for w in &rest[2..] {
+                let w = w.to_lowercase();
+                match (Permission::parse(&w), Mode::parse(&w)) {
+                    (Some(p), _) if permission.is_none() => permission = Some(p),
+                    (_, Some(m)) if mode.is_none() => mode = Some(m),
+                    _ => return usage("WorkspaceSet"),
+                }
+            }
+            Ok(Command::WorkspaceSet {
+                dir: rest[1].to_string(),
+                permission,
+                mode,
+            })
+        }
+        Some("show") => usage("WorkspaceShow"),
+        _ => usage("WorkspaceSet"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +309,32 @@ mod tests {
             ("/memory", Command::MemoryList),
             ("/MEMORY forget 12", Command::MemoryForget { id: 12 }),
             ("/memory forget #3", Command::MemoryForget { id: 3 }),
+            ("/workspace show", Command::WorkspaceShow),
+            ("/workspace", Command::WorkspaceShow),
+            (
+                "/workspace set /srv/App",
+                Command::WorkspaceSet {
+                    dir: "/srv/App".into(),
+                    permission: None,
+                    mode: None,
+                },
+            ),
+            (
+                "/workspace set ~/app READ office",
+                Command::WorkspaceSet {
+                    dir: "~/app".into(),
+                    permission: Some(Permission::Read),
+                    mode: Some(Mode::Office),
+                },
+            ),
+            (
+                "/workspace set projects/app design read-write",
+                Command::WorkspaceSet {
+                    dir: "projects/app".into(),
+                    permission: Some(Permission::ReadWrite),
+                    mode: Some(Mode::Design),
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(parse(text), Some(Ok(want)), "{text}");
@@ -330,6 +398,13 @@ mod tests {
             "/memory forget 1 2",
             "/memory list all",
             "/memory wipe",
+            "/workspace set",
+            "/workspace set d read full",
+            "/workspace set d dev office",
+            "/workspace set d writable",
+            "/workspace set d read dev x",
+            "/workspace show all",
+            "/workspace wipe",
         ] {
             let r = parse(bad);
             assert!(matches!(r, Some(Err(_))), "{bad}: {r:?}");
@@ -366,6 +441,8 @@ mod tests {
             "Reject",
             "MemoryList",
             "MemoryForget",
+            "WorkspaceSet",
+            "WorkspaceShow",
         ] {
             assert_ne!(usage_of(v), "/ssh help", "{v}");
         }

@@ -14,6 +14,7 @@ use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnReq
 use super::{binding, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::workspace;
 
 /// What the dispatcher works with.
 #[derive(Clone)]
@@ -32,6 +33,10 @@ impl Deps {
             now: self.clock.now(),
             yolo_ttl: self.config.chat.yolo_ttl,
         }
+    }
+
+    fn workspace_rules(&self) -> workspace::LocalRules {
+        workspace::LocalRules::from_config(&self.config.exec)
     }
 
     fn actor<'a>(&self, open_id: &'a str) -> Actor<'a> {
@@ -110,6 +115,14 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             let now = deps.clock.now();
             let r = control::report(&deps.db, section, now).await?;
             let mut s = render::status(&r, now);
+            let place = binding::resolve_place(&deps.db, section, now).await?;
+            match workspace::current(&deps.db, &deps.workspace_rules(), section, &place).await {
+                Ok(ws) => {
+                    s.push('\n');
+                    s.push_str(&ws.describe());
+                }
+                Err(e) => s.push_str(&format!("\nWorkspace: unknown ({e})")),
+            }
             if let Some(line) = deps.agent.status_line(section).await {
                 s.push('\n');
                 s.push_str(&line);
@@ -161,6 +174,29 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                     "{}. Send /memory list to see this chat's notes.",
                     capitalise(&e.to_string())
                 ),
+            }
+        }
+        Command::WorkspaceShow => {
+            let place = binding::resolve_place(&deps.db, section, deps.clock.now()).await?;
+            workspace::current(&deps.db, &deps.workspace_rules(), section, &place)
+                .await?
+                .describe()
+        }
+        Command::WorkspaceSet {
+            dir,
+            permission,
+            mode,
+        } => {
+            let place = binding::resolve_place(&deps.db, section, deps.clock.now()).await?;
+            let choice = workspace::Choice {
+                dir,
+                permission,
+                mode,
+            };
+            let rules = deps.workspace_rules();
+            match workspace::set(&deps.db, &rules, actor.name(), section, &place, &choice).await? {
+                Ok(ws) => format!("Workspace set.\n{}", ws.describe()),
+                Err(why) => format!("Workspace not changed: {why}"),
             }
         }
         Command::Approve { alias } => {

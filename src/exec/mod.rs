@@ -266,15 +266,22 @@ impl Executors {
         )
     }
 
-    /// The local operations of `section` working in `workspace` (a shared workspace below the
-    /// workspace root, as `/workspace set` chooses); the sandbox grants that directory.
+    /// The local operations of `section` working in `workspace` (its own directory or a
+    /// shared one below the workspace root, as `/workspace set` chooses); the sandbox grants
+    /// that directory, for reading only unless `writable`.
     pub fn local_ops_in(
         &self,
         section: &str,
         workspace: &std::path::Path,
+        writable: bool,
     ) -> Result<ops::Ops, ExecError> {
-        let backend = self.local.for_section_in(section, workspace)?;
+        let backend = self.local.for_section_in(section, workspace, writable)?;
         Ok(self.ops(section, Arc::new(backend)))
+    }
+
+    /// The tunables this layer was built with (the workspace root, the local data directory).
+    pub fn config(&self) -> &ExecConfig {
+        &self.config
     }
 
     /// Both together: `ops(section, backend(place)?)`.

@@ -58,6 +58,9 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     /// Extra environment variables for this command.
     pub env: Vec<(String, String)>,
+    /// Shell text of ours run before the command in the same shell (e.g. the function
+    /// definitions a `read` workspace puts around git); not judged by the guard.
+    pub prelude: &'static str,
 }
 
 /// A terminal command's result.
@@ -275,6 +278,10 @@ impl Ops {
         if env_input.is_some() {
             script.push_str(ENV_READER);
         }
+        if !opts.prelude.is_empty() {
+            script.push_str(opts.prelude);
+            script.push('\n');
+        }
         script.push_str(command);
         script.push('\n');
         let (out_limit, err_limit) = self.halves();
@@ -351,6 +358,47 @@ impl Ops {
             cancel,
         )
         .await
+    }
+
+    /// `paths` (absolute) with every symlink resolved on the backend's host, as `realpath -m`
+    /// gives them (missing trailing parts are kept): where a write would really land.
+    pub async fn real_paths(
+        &self,
+        paths: &[&str],
+        cancel: &CancellationToken,
+    ) -> Result<Vec<String>, ExecError> {
+        if let Some(p) = paths
+            .iter()
+            .find(|p| !p.starts_with('/') || p.contains('\n'))
+        {
+            return Err(ExecError::Invalid(format!(
+                "{p}: not an absolute path on one line"
+            )));
+        }
+        let quoted: Vec<String> = paths.iter().map(|p| shell_quote(p)).collect();
+        let script = format!("realpath -m -- {}", quoted.join(" "));
+        let out = self
+            .run(
+                Command {
+                    script: &script,
+                    stdin: None,
+                    timeout: self.limits.command_timeout.min(Duration::from_secs(30)),
+                    stdout_limit: 64 * 1024,
+                    stderr_limit: 1024,
+                },
+                cancel,
+            )
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if !out.exit.success() || lines.len() != paths.len() {
+            return Err(ExecError::File(format!(
+                "cannot tell where {} leads on this host (`realpath -m` failed: {})",
+                paths.last().copied().unwrap_or_default(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(lines)
     }
 
     /// Reads part of a file as text (or reports that it is binary).

@@ -45,6 +45,9 @@ pub enum TargetCmd {
         #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "SHA256:FP")]
         trust: Option<String>,
     },
+    /// The target's default workspace and the highest permission a chat may choose on it
+    /// (audited).
+    Set(SetArgs),
     /// Replace the recorded or pinned host key after a legitimate change (audited).
     Rekey {
         alias: String,
@@ -65,6 +68,25 @@ pub struct AllowArgs {
     /// Every chat may use the target (removes the list).
     #[arg(long)]
     pub all_chats: bool,
+}
+
+/// `sshmode target set <alias> [--workspace DIR] [--permission read|read-write|full]`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission"])))]
+pub struct SetArgs {
+    pub alias: String,
+    /// Where the target's sections start: an absolute directory or `~/…` on the target;
+    /// `~` returns it to the remote user's home.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<String>,
+    /// The highest permission a chat may choose on this target: read, read-write or full.
+    #[arg(long, value_name = "PERMISSION", value_parser = parse_permission)]
+    pub permission: Option<crate::workspace::Permission>,
+}
+
+fn parse_permission(s: &str) -> Result<crate::workspace::Permission, String> {
+    crate::workspace::Permission::parse(s)
+        .ok_or_else(|| format!("`{s}` is not a permission: use read, read-write or full"))
 }
 
 /// Host-key policy of a target.
@@ -232,6 +254,25 @@ pub async fn run_with(
             }
             Ok(0)
         }
+        TargetCmd::Set(a) => {
+            let settings = super::Settings {
+                workspace: a
+                    .workspace
+                    .map(|w| (w.trim() != "~").then(|| w.trim().to_string())),
+                max_permission: a.permission,
+            };
+            let t = super::set_settings(db, &a.alias, &settings, ACTOR)
+                .await
+                .map_err(user_error)?;
+            writeln!(
+                out,
+                "target `{}`: workspace {}, highest permission {}",
+                t.alias,
+                t.workspace.as_deref().unwrap_or("~ (the remote home)"),
+                t.max_permission
+            )?;
+            Ok(0)
+        }
         TargetCmd::Approve { alias } => {
             let a = super::approve(db, &alias, ACTOR)
                 .await
@@ -370,6 +411,12 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(d) = &t.description {
         writeln!(out, "description:     {d}")?;
     }
+    writeln!(
+        out,
+        "workspace:       {}",
+        t.workspace.as_deref().unwrap_or("~ (the remote home)")
+    )?;
+    writeln!(out, "max permission:  {}", t.max_permission)?;
     writeln!(out, "added by:        {} at {}", t.added_by, t.created_at)?;
     Ok(())
 }

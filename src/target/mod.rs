@@ -140,6 +140,11 @@ pub struct Target {
     pub status: Status,
     pub added_by: String,
     pub created_at: DateTime<Utc>,
+    /// The highest workspace permission a chat may choose on this target.
+    #[serde(serialize_with = "crate::workspace::serialize_permission")]
+    pub max_permission: crate::workspace::Permission,
+    /// The directory sections start in (`None`: the remote user's home).
+    pub workspace: Option<String>,
 }
 
 /// Secrets of a new target, in plaintext only for the moment of import.
@@ -216,7 +221,8 @@ pub fn valid_alias(alias: &str) -> bool {
 
 const COLUMNS: &str = "alias, generation, host, port, username, description, auth_kind, \
     sealed_cert IS NOT NULL AS has_cert, host_key_policy, host_key_fingerprint, \
-    host_key_algorithm, host_key_source, host_key_at, status, added_by, created_at";
+    host_key_algorithm, host_key_source, host_key_at, status, added_by, created_at, \
+    max_permission, workspace";
 
 fn from_row(r: &sqlx::postgres::PgRow) -> Target {
     let fp: Option<String> = r.get("host_key_fingerprint");
@@ -249,6 +255,9 @@ fn from_row(r: &sqlx::postgres::PgRow) -> Target {
         status: Status::parse(r.get("status")),
         added_by: r.get("added_by"),
         created_at: r.get("created_at"),
+        max_permission: crate::workspace::Permission::parse(r.get("max_permission"))
+            .unwrap_or(crate::workspace::Permission::Read),
+        workspace: r.get("workspace"),
     }
 }
 
@@ -549,6 +558,73 @@ pub async fn rekey(
     .await?;
     tx.commit().await?;
     Ok(prev)
+}
+
+/// What `sshmode target set` changes; `None` leaves a setting as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// The default workspace of the target's sections: `Some(None)` returns it to the remote
+    /// user's home.
+    pub workspace: Option<Option<String>>,
+    pub max_permission: Option<crate::workspace::Permission>,
+}
+
+/// Changes a target's workspace default and maximum permission; audited as `target.set` with
+/// both values before and after. A lowered maximum holds from the next tool call of every
+/// section on the target.
+pub async fn set_settings(
+    db: &PgPool,
+    alias: &str,
+    settings: &Settings,
+    actor: &str,
+) -> Result<Target, TargetError> {
+    if let Some(Some(dir)) = &settings.workspace {
+        let ok = (dir == "~" || dir.starts_with("~/") || dir.starts_with('/'))
+            && dir.len() <= 4096
+            && !dir.chars().any(char::is_control);
+        if !ok {
+            return Err(TargetError::Invalid(format!(
+                "`{dir}`: a target's workspace is absolute (`/srv/app`) or in the remote home (`~/app`)"
+            )));
+        }
+    }
+    let mut tx = db.begin().await?;
+    let prev =
+        sqlx::query("SELECT workspace, max_permission FROM targets WHERE alias = $1 FOR UPDATE")
+            .bind(alias)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
+    let (old_ws, old_max): (Option<String>, String) =
+        (prev.get("workspace"), prev.get("max_permission"));
+    let workspace = settings.workspace.clone().unwrap_or(old_ws.clone());
+    let max = settings
+        .max_permission
+        .map(|p| p.as_str().to_string())
+        .unwrap_or(old_max.clone());
+    sqlx::query(
+        "UPDATE targets SET workspace = $2, max_permission = $3, updated_at = now() WHERE alias = $1",
+    )
+    .bind(alias)
+    .bind(&workspace)
+    .bind(&max)
+    .execute(&mut *tx)
+    .await?;
+    audit::record(
+        &mut tx,
+        audit::Entry {
+            actor,
+            action: "target.set",
+            subject: alias,
+            detail: json!({
+                "workspace": { "from": old_ws, "to": workspace },
+                "max_permission": { "from": old_max, "to": max },
+            }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    get(db, alias).await
 }
 
 /// Removes a target and its sealed secrets; audited as `target.remove`.

@@ -749,3 +749,84 @@ async fn target_allow_limits_chats_and_is_shown() {
     assert_eq!(audited, 2);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn workspace_commands_choose_show_and_stay_under_the_maximum() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "web", true).await;
+    send(&app, &group("ev_wuse", "/ssh use web")).await;
+    wait_state(&app, "ev_wuse", "done").await;
+    let thread = "omt_ev_wuse";
+    let say = |id: &'static str, text: &'static str| in_thread(id, text, thread, "om_ev_wuse");
+
+    send(
+        &app,
+        &say("ev_ws1", "/workspace set /srv/app/../app READ office"),
+    )
+    .await;
+    wait_state(&app, "ev_ws1", "done").await;
+    let r = replies(&fake, "om_ev_ws1").join("");
+    assert!(r.contains("Workspace set."), "{r}");
+    assert!(r.contains("Workspace on `web`: `/srv/app`"), "{r}");
+    assert!(r.contains("Permission: read"), "{r}");
+    assert!(r.contains("Mode: office"), "{r}");
+
+    // Above the target's maximum (read-write by default), and a relative remote directory.
+    send(&app, &say("ev_ws2", "/workspace set /srv/app full")).await;
+    send(&app, &say("ev_ws3", "/workspace set srv/app")).await;
+    wait_state(&app, "ev_ws3", "done").await;
+    let r = replies(&fake, "om_ev_ws2").join("");
+    assert!(
+        r.contains("Workspace not changed") && r.contains("maximum"),
+        "{r}"
+    );
+    assert!(
+        r.contains("sshmode target set web --permission full"),
+        "{r}"
+    );
+    let r = replies(&fake, "om_ev_ws3").join("");
+    assert!(
+        r.contains("Workspace not changed") && r.contains("absolute"),
+        "{r}"
+    );
+
+    // The status shows the workspace, its permission and its mode; nothing changed them.
+    send(&app, &say("ev_ws4", "/ssh status")).await;
+    wait_state(&app, "ev_ws4", "done").await;
+    let r = replies(&fake, "om_ev_ws4").join("");
+    assert!(
+        r.contains("`/srv/app`") && r.contains("Permission: read"),
+        "{r}"
+    );
+    assert!(r.contains("Mode: office"), "{r}");
+    let audit = audit_actions(&app, thread).await;
+    let ws: Vec<_> = audit
+        .iter()
+        .filter(|(_, a, _)| a == "workspace.set")
+        .map(|(actor, _, outcome)| (actor.as_str(), outcome.as_str()))
+        .collect();
+    assert_eq!(
+        ws,
+        [
+            ("ou_user", "ok"),
+            ("ou_user", "refused"),
+            ("ou_user", "refused")
+        ]
+    );
+
+    // The parent chat is local: full by default, and never outside the workspace root.
+    send(&app, &group("ev_ws5", "/workspace show")).await;
+    send(&app, &group("ev_ws6", "/workspace set /etc")).await;
+    wait_state(&app, "ev_ws6", "done").await;
+    let r = replies(&fake, "om_ev_ws5").join("");
+    assert!(
+        r.contains("Workspace on local:") && r.contains("Permission: full"),
+        "{r}"
+    );
+    let r = replies(&fake, "om_ev_ws6").join("");
+    assert!(
+        r.contains("Workspace not changed") && r.contains("cannot be a local workspace"),
+        "{r}"
+    );
+}

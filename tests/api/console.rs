@@ -169,7 +169,11 @@ async fn console_binds_runs_remotely_resumes_and_returns_to_local() {
     let (code, out, err) = env
         .chat(
             &["--section", &section],
-            &["/ssh use web --here", "who runs commands there?"],
+            &[
+                "/ssh use web --here",
+                &format!("/workspace set ~/{sub} read-write office"),
+                "who runs commands there?",
+            ],
         )
         .await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
@@ -190,10 +194,28 @@ async fn console_binds_runs_remotely_resumes_and_returns_to_local() {
     let (code, out, err) = env
         .chat(
             &["--section", &section],
-            &["where are you?", "/ssh local", "and now?", "/ssh status"],
+            &[
+                "where are you?",
+                "/workspace show",
+                "/ssh local",
+                "and now?",
+                "/ssh status",
+            ],
         )
         .await;
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    // The workspace chosen in the first run holds in the resumed section.
+    assert!(
+        out.contains(&format!("Workspace on `web`: `~/{sub}`"))
+            && out.contains("Permission: read-write")
+            && out.contains("Mode: office"),
+        "{out}"
+    );
+    // Back on local, the local workspace and its permission show in the status.
+    assert!(
+        out.contains("Workspace on local:") && out.contains("Permission: full"),
+        "{out}"
+    );
     let resumed = line(&out, "resumed: ");
     assert!(
         resumed.contains(&format!("/home/{}/{sub}", sshd::USER)) && resumed.contains(sshd::USER),

@@ -688,8 +688,8 @@ async fn a_shared_workspace_is_granted_instead_of_the_own_one() {
     let exec = &app.state.exec;
     let root = app.state.config.exec.workspace_root.clone();
     let shared = root.join("team");
-    let a = exec.local_ops_in("omt_sh_a", &shared).unwrap();
-    let b = exec.local_ops_in("omt_sh_b", &shared).unwrap();
+    let a = exec.local_ops_in("omt_sh_a", &shared, true).unwrap();
+    let b = exec.local_ops_in("omt_sh_b", &shared, true).unwrap();
     let r = run(&a, "echo from-a > shared.txt; pwd").await;
     assert_eq!(
         text(&r.output.stdout),
@@ -716,7 +716,7 @@ async fn a_shared_workspace_is_granted_instead_of_the_own_one() {
         std::path::PathBuf::from("/etc"),
     ] {
         assert!(
-            exec.local_ops_in("omt_sh_b", &bad).is_err(),
+            exec.local_ops_in("omt_sh_b", &bad, true).is_err(),
             "{}",
             bad.display()
         );

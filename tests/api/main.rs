@@ -28,3 +28,4 @@ mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]
 mod sshd;
+mod workspaces;

@@ -59,6 +59,8 @@ impl LocalHost {
             &sections,
             std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )?;
+        // Compared with canonical paths (a workspace a section chooses is resolved).
+        let workspace_root = std::fs::canonicalize(&workspace_root).unwrap_or(workspace_root);
         Ok(LocalHost {
             workspace_root,
             tmp_root,
@@ -84,15 +86,18 @@ impl LocalHost {
             host: self.clone(),
             workspace: self.workspace_root.join("sections").join(&name),
             tmp: self.tmp_root.join(&name),
+            workspace_writable: true,
         }
     }
 
     /// The backend of a section that works in `workspace`, a directory beneath the workspace
-    /// root (a shared workspace); the sandbox then grants that directory, not the section's own.
+    /// root (its own, or a shared one); the sandbox then grants that directory, not the
+    /// section's own, and only for reading unless `writable`.
     pub fn for_section_in(
         self: &Arc<Self>,
         section: &str,
         workspace: &Path,
+        writable: bool,
     ) -> Result<LocalBackend, ExecError> {
         let beneath = workspace.is_absolute()
             && workspace.starts_with(&self.workspace_root)
@@ -116,6 +121,7 @@ impl LocalHost {
             )));
         }
         backend.workspace = workspace.to_path_buf();
+        backend.workspace_writable = writable;
         Ok(backend)
     }
 
@@ -136,6 +142,8 @@ pub struct LocalBackend {
     workspace: PathBuf,
     /// The section's private temporary directory (`TMPDIR`), writable.
     tmp: PathBuf,
+    /// False for a `read` workspace: commands and file tools may only read it.
+    workspace_writable: bool,
 }
 
 impl LocalBackend {
@@ -155,9 +163,15 @@ impl LocalBackend {
 
     /// The roots a file tool may write beneath, then those it may only read beneath.
     fn file_roots(&self) -> files::Roots {
+        let (writable, mut readable) = if self.workspace_writable {
+            (vec![self.workspace.clone(), self.tmp.clone()], Vec::new())
+        } else {
+            (vec![self.tmp.clone()], vec![self.workspace.clone()])
+        };
+        readable.extend(files::system_read_roots());
         files::Roots {
-            writable: vec![self.workspace.clone(), self.tmp.clone()],
-            readable: files::system_read_roots(),
+            writable,
+            readable,
             excluded: self.host.sandbox.excluded().to_vec(),
             identity: self.host.sandbox.identity().cloned(),
         }
@@ -221,7 +235,7 @@ impl Backend for LocalBackend {
             }),
         };
         let prepared = sandbox
-            .prepare(&self.workspace, &self.tmp)
+            .prepare(&self.workspace, &self.tmp, self.workspace_writable)
             .map_err(|e| ExecError::Local(e.to_string()))?;
         let shell = LocalHost::shell();
         let mut command = tokio::process::Command::new(shell);

@@ -284,7 +284,7 @@ impl Sandbox {
     /// the kernel gave: the Landlock ABI actually enforced, or `None`.
     fn probe_landlock(&self, writable: &Path) -> Option<i32> {
         let writable = writable.to_path_buf();
-        let ruleset = match self.ruleset(&writable, &writable) {
+        let ruleset = match self.ruleset(&writable, &writable, true) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "Landlock ruleset could not be built");
@@ -308,8 +308,14 @@ impl Sandbox {
     }
 
     /// The ruleset of one command: read and execute on the system trees, everything on the
-    /// section's workspace and tmp, chosen TCP ports, no signals or abstract sockets outside.
-    fn ruleset(&self, workspace: &Path, tmp: &Path) -> Result<RulesetCreated, String> {
+    /// section's tmp and on its workspace (read and execute only when `workspace_writable` is
+    /// false: a `read` workspace), chosen TCP ports, no signals or abstract sockets outside.
+    fn ruleset(
+        &self,
+        workspace: &Path,
+        tmp: &Path,
+        workspace_writable: bool,
+    ) -> Result<RulesetCreated, String> {
         let abi = ABI_REQUESTED;
         let e = |e: landlock::RulesetError| e.to_string();
         let mut rs = Ruleset::default()
@@ -342,11 +348,17 @@ impl Sandbox {
                 created = created.add_rule(PathBeneath::new(fd, device)).map_err(e)?;
             }
         }
-        for dir in [workspace, tmp] {
+        let workspace_access = if workspace_writable {
+            AccessFs::from_all(abi)
+        } else {
+            read_exec
+        };
+        for (dir, access) in [
+            (workspace, workspace_access),
+            (tmp, AccessFs::from_all(abi)),
+        ] {
             let fd = PathFd::new(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
-            created = created
-                .add_rule(PathBeneath::new(fd, AccessFs::from_all(abi)))
-                .map_err(e)?;
+            created = created.add_rule(PathBeneath::new(fd, access)).map_err(e)?;
         }
         if let Some(ports) = &self.config.tcp_ports {
             for port in ports {
@@ -402,10 +414,17 @@ impl Sandbox {
 
     /// Everything one command needs, prepared in the parent: the ruleset's descriptor and the
     /// values the child sets.
-    pub fn prepare(&self, workspace: &Path, tmp: &Path) -> Result<Prepared, SandboxError> {
+    pub fn prepare(
+        &self,
+        workspace: &Path,
+        tmp: &Path,
+        workspace_writable: bool,
+    ) -> Result<Prepared, SandboxError> {
         self.check_allowed()?;
         let ruleset = if self.landlock {
-            let created = self.ruleset(workspace, tmp).map_err(SandboxError::Setup)?;
+            let created = self
+                .ruleset(workspace, tmp, workspace_writable)
+                .map_err(SandboxError::Setup)?;
             let fd: Option<OwnedFd> = created.into();
             Some(fd.ok_or_else(|| SandboxError::Setup("Landlock gave no ruleset".into()))?)
         } else {

@@ -1,0 +1,526 @@
+//! Workspace permissions end to end, on both backends: the scripted fake model asks for tools,
+//! the agent runs them on a local section (sandboxed) or one bound to the real sshd, and the
+//! workspace's permission decides what runs — `read`, `read-write`, `full`, and the target's
+//! maximum that caps them. Every refusal is checked for its effect (nothing happened) and its
+//! audit row.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sshmode::exec::Place;
+use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+use sshmode::workspace::{self, Choice, LocalRules, Mode, Permission};
+
+use crate::agent::{
+    Control, MODEL, add_target, builder, calls, request, say, tool_results, unique,
+    wait_turns_ended,
+};
+use crate::fake_lark::FakeLark;
+use crate::fake_llm::FakeProvider;
+use crate::helpers::TestApp;
+use crate::sshd::{self, Sshd};
+
+/// The account local tools run as (the tests run as root; without root, this user).
+fn tools_user() -> String {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return "sshmode-tools".into();
+    }
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn sh(script: &str) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One backend under test: where the section runs, its workspace on the host, who owns it,
+/// and a writable place for markers that is outside the workspace.
+struct Backend {
+    place: Place,
+    /// The workspace directory as `/workspace set` is given it.
+    asked: String,
+    /// The same directory on this machine's disk (the sshd runs here too).
+    dir: PathBuf,
+    owner: String,
+    /// A directory outside the workspace that the backend user may write.
+    outside: PathBuf,
+}
+
+struct Env {
+    app: TestApp,
+    llm: FakeProvider,
+    _lark: FakeLark,
+    control: Arc<Control>,
+    _sshd: Option<Sshd>,
+    _tmp: tempfile::TempDir,
+}
+
+async fn env(remote: bool) -> Env {
+    let llm = FakeProvider::start().await;
+    let lark = FakeLark::start().await;
+    let control = Arc::new(Control::default());
+    let app = builder(&llm, &lark, &control).spawn().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let sshd = if remote {
+        let sshd_dir = tmp.path().join("sshd");
+        std::fs::create_dir_all(&sshd_dir).unwrap();
+        let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+        add_target(&app, &sshd, tmp.path(), "web").await;
+        Some(sshd)
+    } else {
+        None
+    };
+    Env {
+        app,
+        llm,
+        _lark: lark,
+        control,
+        _sshd: sshd,
+        _tmp: tmp,
+    }
+}
+
+/// Prepares a workspace with a file `x`, a file `f`, a directory `d` and a git repository
+/// `repo` whose `core.fsmonitor` hook leaves `marker` when git runs it.
+fn prepare(env: &Env, section: &str, remote: bool) -> (Backend, PathBuf) {
+    let tag = unique("ws");
+    let b = if remote {
+        let home = PathBuf::from(format!("/home/{}", sshd::USER));
+        Backend {
+            place: Place::Target("web".into()),
+            asked: format!("~/{tag}"),
+            dir: home.join(&tag),
+            owner: sshd::USER.into(),
+            outside: home.join(format!("{tag}_out")),
+        }
+    } else {
+        let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+        Backend {
+            place: Place::Local,
+            asked: format!("projects/{tag}"),
+            dir: root.join("projects").join(&tag),
+            owner: tools_user(),
+            // The section's own tmp: writable by its commands whatever the workspace.
+            outside: env
+                .app
+                .state
+                .config
+                .exec
+                .local
+                .data_dir
+                .join("tmp")
+                .join(sshmode::exec::local::workspace_dir_name(section)),
+        }
+    };
+    env.control.bind(section, b.place.clone());
+    let marker = b.outside.join("fsmonitor-ran");
+    std::fs::create_dir_all(b.dir.join("d")).unwrap();
+    std::fs::create_dir_all(&b.outside).unwrap();
+    std::fs::write(b.dir.join("x"), "the x file\n").unwrap();
+    std::fs::write(b.dir.join("f"), "keep me\n").unwrap();
+    std::fs::write(b.dir.join("d/inner"), "inner\n").unwrap();
+    let hook = b.dir.join("fsmonitor.sh");
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", marker.display()),
+    )
+    .unwrap();
+    let repo = b.dir.join("repo");
+    sh(&format!(
+        "chmod 755 '{hook}' && git init -q '{repo}' && cd '{repo}' && echo tracked > t.txt && \
+         git add t.txt && git -c user.name=t -c user.email=t@example.com commit -qm one && \
+         git config core.fsmonitor '{hook}' && chown -R '{owner}' '{dir}' '{outside}'",
+        hook = hook.display(),
+        repo = repo.display(),
+        owner = b.owner,
+        dir = b.dir.display(),
+        outside = b.outside.display(),
+    ));
+    (b, marker)
+}
+
+async fn choose(env: &Env, section: &str, b: &Backend, permission: Permission) {
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    let choice = Choice {
+        dir: b.asked.clone(),
+        permission: Some(permission),
+        mode: Some(Mode::Dev),
+    };
+    let r = workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        section,
+        &b.place,
+        &choice,
+    )
+    .await
+    .unwrap();
+    let ws = r.unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    assert_eq!(ws.permission, permission);
+}
+
+/// Runs one turn in which the model makes `list` calls, and returns their results.
+async fn turn(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
+    env.llm.push(MODEL, calls(list)).push(MODEL, say("done"));
+    env.app
+        .state
+        .agent
+        .accept(&request(section, &unique("om_ws"), "go"))
+        .await
+        .unwrap();
+    let states = wait_turns_ended(&env.app, section, n).await;
+    assert_eq!(states.last().map(String::as_str), Some("done"));
+    let all = tool_results(&env.llm);
+    all[all.len() - list.len()..].to_vec()
+}
+
+/// The reasons of the refused tool calls audited for `section`, by what refused them.
+async fn refusals(app: &TestApp, section: &str, by: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT detail->>'tool' FROM audit_log WHERE action = 'tool.refused' AND section = $1 \
+         AND outcome = 'refused' AND detail->>'by' = $2 ORDER BY id",
+    )
+    .bind(section)
+    .bind(by)
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap()
+}
+
+fn refused_by_read(r: &str) -> bool {
+    r.starts_with("error:") && r.contains("`read`")
+}
+
+async fn read_is_strict(remote: bool) {
+    let env = env(remote).await;
+    let section = unique("omt_read");
+    let (b, marker) = prepare(&env, &section, remote);
+    if remote {
+        set_max(&env.app, "web", "full").await;
+    }
+
+    // Control: at `full` git runs the repository's fsmonitor hook, so the test can fail.
+    choose(&env, &section, &b, Permission::Full).await;
+    let r = turn(
+        &env,
+        &section,
+        1,
+        &[("terminal", json!({"command": "cd repo && git status"}))],
+    )
+    .await;
+    assert!(r[0].contains("exit code: 0"), "{r:?}");
+    assert!(marker.exists(), "the hook ran at full: {r:?}");
+    std::fs::remove_file(&marker).unwrap();
+
+    choose(&env, &section, &b, Permission::Read).await;
+    let refused_commands = [
+        "cat x > y",
+        "ls; rm -rf d",
+        "sh -c 'rm f'",
+        "find . -delete",
+        "rg --pre sh x",
+        "sort -o f x",
+        "echo f | xargs rm",
+    ];
+    let mut list: Vec<(&str, Value)> = vec![
+        ("write_file", json!({"path": "new.txt", "content": "no"})),
+        (
+            "patch",
+            json!({"path": "f", "old_string": "keep", "new_string": "lose"}),
+        ),
+        ("execute_code", json!({"code": "print('ran')"})),
+        ("terminal", json!({"command": "cat x"})),
+        ("terminal", json!({"command": "cd repo && git status"})),
+    ];
+    for c in refused_commands {
+        list.push(("terminal", json!({ "command": c })));
+    }
+    let r = turn(&env, &section, 2, &list).await;
+    for (i, tool) in ["write_file", "patch", "execute_code"].iter().enumerate() {
+        assert!(refused_by_read(&r[i]), "{tool}: {}", r[i]);
+    }
+    assert!(r[3].contains("the x file"), "cat is allowed: {}", r[3]);
+    assert!(
+        r[4].contains("exit code: 0") && r[4].contains("nothing to commit"),
+        "git status runs: {}",
+        r[4]
+    );
+    assert!(
+        !marker.exists(),
+        "git status ran the fsmonitor hook at read"
+    );
+    for (c, out) in refused_commands.iter().zip(&r[5..]) {
+        assert!(refused_by_read(out), "{c}: {out}");
+    }
+    // Nothing happened.
+    assert!(!b.dir.join("new.txt").exists());
+    assert!(!b.dir.join("y").exists());
+    assert_eq!(
+        std::fs::read_to_string(b.dir.join("f")).unwrap(),
+        "keep me\n"
+    );
+    assert!(b.dir.join("d/inner").exists());
+    // Every refusal is audited, and names the tool.
+    let audited = refusals(&env.app, &section, "permission").await;
+    assert_eq!(
+        audited.len(),
+        3 + refused_commands.len(),
+        "audited: {audited:?}"
+    );
+    assert_eq!(&audited[..3], ["write_file", "patch", "execute_code"]);
+}
+
+#[tokio::test]
+async fn read_refuses_changes_and_allows_looking_locally() {
+    read_is_strict(false).await;
+}
+
+#[tokio::test]
+async fn read_refuses_changes_and_allows_looking_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    read_is_strict(true).await;
+}
+
+async fn read_write_stays_inside(remote: bool) {
+    let env = env(remote).await;
+    let section = unique("omt_rw");
+    let (b, _) = prepare(&env, &section, remote);
+    std::os::unix::fs::symlink(&b.outside, b.dir.join("link")).unwrap();
+    // A file outside the workspace (and, locally, outside the section's tmp too) that the
+    // backend user could delete if nothing stopped it.
+    let tag = b.dir.file_name().unwrap().to_string_lossy().into_owned();
+    let other = b.dir.with_file_name(format!("{tag}_other"));
+    std::fs::create_dir_all(&other).unwrap();
+    let victim = other.join("victim");
+    std::fs::write(&victim, "outside\n").unwrap();
+    sh(&format!("chown -R '{}' '{}'", b.owner, other.display()));
+    choose(&env, &section, &b, Permission::ReadWrite).await;
+
+    let escape = b.dir.with_file_name(format!("{tag}_escape.txt"));
+    let mut list: Vec<(&str, Value)> = vec![
+        (
+            "write_file",
+            json!({"path": "inside.txt", "content": "one\n"}),
+        ),
+        (
+            "patch",
+            json!({"path": "inside.txt", "old_string": "one", "new_string": "two"}),
+        ),
+        (
+            "write_file",
+            json!({"path": format!("../{tag}_escape.txt"), "content": "no"}),
+        ),
+        ("write_file", json!({"path": "link/x.txt", "content": "no"})),
+        ("terminal", json!({"command": "rm inside.txt"})),
+        ("terminal", json!({"command": "echo more >> inside.txt"})),
+    ];
+    if !remote {
+        // Locally the sandbox holds the workspace limit even for code nobody can judge.
+        list.push((
+            "execute_code",
+            json!({"code": format!("import os; os.remove({:?}); print('removed')", victim.display().to_string())}),
+        ));
+    }
+    let r = turn(&env, &section, 1, &list).await;
+    assert!(r[0].starts_with("wrote"), "{}", r[0]);
+    assert!(r[1].starts_with("patched"), "{}", r[1]);
+    for (i, what) in [(2, "a ../ escape"), (3, "a symlink out"), (4, "rm")] {
+        assert!(
+            r[i].starts_with("error:") && r[i].contains("`read-write`"),
+            "{what}: {}",
+            r[i]
+        );
+    }
+    assert!(r[5].contains("exit code: 0"), "{}", r[5]);
+    assert_eq!(
+        std::fs::read_to_string(b.dir.join("inside.txt")).unwrap(),
+        "two\nmore\n"
+    );
+    assert!(!escape.exists());
+    assert!(!b.outside.join("x.txt").exists());
+    if !remote {
+        assert!(
+            !r[6].contains("exit code: 0") && !r[6].contains("removed"),
+            "{}",
+            r[6]
+        );
+    }
+    assert!(victim.exists(), "the file outside the workspace survived");
+    let audited = refusals(&env.app, &section, "permission").await;
+    assert_eq!(audited, ["write_file", "write_file", "terminal"]);
+}
+
+#[tokio::test]
+async fn read_write_keeps_changes_inside_the_workspace_locally() {
+    read_write_stays_inside(false).await;
+}
+
+#[tokio::test]
+async fn read_write_keeps_changes_inside_the_workspace_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    read_write_stays_inside(true).await;
+}
+
+async fn set_max(app: &TestApp, alias: &str, p: &str) {
+    let mut out = Vec::new();
+    let r = run_with(
+        TargetCmd::Set(SetArgs {
+            alias: alias.into(),
+            workspace: None,
+            permission: Permission::parse(p),
+        }),
+        &app.state.config,
+        &app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
+async fn full_is_the_guard_alone(remote: bool) {
+    let env = env(remote).await;
+    let section = unique("omt_full");
+    let (b, _) = prepare(&env, &section, remote);
+    if remote {
+        set_max(&env.app, "web", "full").await;
+    }
+    choose(&env, &section, &b, Permission::Full).await;
+    let r = turn(
+        &env,
+        &section,
+        1,
+        &[
+            (
+                "terminal",
+                json!({"command": "rm f && rm -r d && echo gone"}),
+            ),
+            ("terminal", json!({"command": "rm -rf /"})),
+        ],
+    )
+    .await;
+    assert!(r[0].contains("gone"), "{}", r[0]);
+    assert!(!b.dir.join("f").exists() && !b.dir.join("d").exists());
+    assert!(r[1].starts_with("error:"), "{}", r[1]);
+    assert_eq!(refusals(&env.app, &section, "guard").await, ["terminal"]);
+    assert!(refusals(&env.app, &section, "permission").await.is_empty());
+}
+
+#[tokio::test]
+async fn full_allows_what_the_guard_allows_locally() {
+    full_is_the_guard_alone(false).await;
+}
+
+#[tokio::test]
+async fn full_allows_what_the_guard_allows_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    full_is_the_guard_alone(true).await;
+}
+
+#[tokio::test]
+async fn the_target_maximum_caps_the_chat_and_an_operator_lowers_it() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env(true).await;
+    let section = unique("omt_max");
+    let (b, _) = prepare(&env, &section, true);
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    let db = &env.app.state.db;
+
+    // The default on a target: the remote home, read-write.
+    let ws = workspace::current(db, &rules, &section, &b.place)
+        .await
+        .unwrap();
+    assert_eq!(
+        (ws.dir.as_str(), ws.permission),
+        ("~", Permission::ReadWrite)
+    );
+
+    // A chat cannot go above the maximum; the refusal is audited.
+    let choice = Choice {
+        dir: b.asked.clone(),
+        permission: Some(Permission::Full),
+        mode: None,
+    };
+    let why = workspace::set(db, &rules, "ou_user", &section, &b.place, &choice)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        why.contains("maximum") && why.contains("sshmode target set web"),
+        "{why}"
+    );
+    let refused: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'workspace.set' AND section = $1 AND outcome = 'refused'",
+    )
+    .bind(&section)
+    .fetch_one(db)
+    .await
+    .unwrap();
+    assert_eq!(refused, 1);
+
+    choose(&env, &section, &b, Permission::ReadWrite).await;
+    let r = turn(
+        &env,
+        &section,
+        1,
+        &[("write_file", json!({"path": "a.txt", "content": "a"}))],
+    )
+    .await;
+    assert!(r[0].starts_with("wrote"), "{}", r[0]);
+
+    // The operator lowers the maximum: it holds from the next call, without the chat.
+    set_max(&env.app, "web", "read").await;
+    let ws = workspace::current(db, &rules, &section, &b.place)
+        .await
+        .unwrap();
+    assert_eq!(
+        (ws.permission, ws.chosen),
+        (Permission::Read, Permission::ReadWrite)
+    );
+    let r = turn(
+        &env,
+        &section,
+        2,
+        &[("write_file", json!({"path": "b.txt", "content": "b"}))],
+    )
+    .await;
+    assert!(refused_by_read(&r[0]), "{}", r[0]);
+    assert!(!b.dir.join("b.txt").exists());
+    // The working directory follows the workspace chosen.
+    let r = turn(
+        &env,
+        &section,
+        3,
+        &[("terminal", json!({"command": "pwd"}))],
+    )
+    .await;
+    assert!(
+        r[0].contains(&b.dir.display().to_string()),
+        "starts in the workspace: {}",
+        r[0]
+    );
+}
