@@ -17,7 +17,7 @@
 mod answer;
 mod conversation;
 pub mod port;
-mod prompt;
+pub mod prompt;
 mod run;
 mod tools;
 
@@ -188,6 +188,8 @@ pub struct AgentDeps {
     pub out: Arc<dyn ChatOut>,
     pub steps: Arc<dyn StepSink>,
     pub config: AgentConfig,
+    /// The last system prompt per section, reused while nothing it shows changed.
+    pub prompts: prompt::Cache,
 }
 
 /// The agent. One per app; cheap to share.
@@ -291,6 +293,7 @@ pub fn build(
         out,
         steps: steps.unwrap_or_else(|| Arc::new(NoProgress)),
         config: config.agent.clone(),
+        prompts: Default::default(),
     });
     // Console sections are answered by the console that owns them.
     let runner = turns::Runner::scoped(

@@ -4,12 +4,79 @@
 //! the line between task tools (the backend) and the local control plane, and the chat's
 //! notes (fenced as notes, not instructions).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use super::{AgentDeps, SshModeAction};
 use crate::exec::Place;
 
-/// Builds the prompt. A part that cannot be read says so instead of failing the step.
+/// Most sections whose last prompt is kept; past it the cache starts again empty.
+const MAX_CACHED: usize = 1024;
+
+/// The last prompt built per section, with the place and the fingerprint of the state it was
+/// built from, so a step whose section did not change costs two reads instead of a dozen.
+#[derive(Default)]
+pub struct Cache {
+    inner: Mutex<HashMap<String, (Place, String, String)>>,
+}
+
+/// One read that changes whenever anything the prompt shows changes: the binding, the grants
+/// (and the minute, for their remaining time), the working directories, the workspaces, any
+/// target, the chat's notes.
+const FINGERPRINT: &str = "SELECT md5(concat_ws('|', \
+    (SELECT alias || kind || bound_at::text FROM bindings WHERE section = $1), \
+    (SELECT string_agg(id::text || expires_at::text, ',' ORDER BY id) FROM grants \
+        WHERE section = $1 AND closed_at IS NULL AND expires_at > now()), \
+    (SELECT string_agg(backend || '=' || dir, ',' ORDER BY backend) FROM section_cwds \
+        WHERE section_id = $1), \
+    (SELECT string_agg(backend || set_at::text, ',' ORDER BY backend) FROM workspaces \
+        WHERE section_id = $1), \
+    (SELECT max(updated_at)::text || count(*)::text FROM targets), \
+    (SELECT count(*)::text || '.' || coalesce(max(id), 0)::text FROM memory_notes \
+        WHERE chat_id = $2), \
+    date_trunc('minute', now())::text))";
+
+/// The prompt for this step: the cached one when neither the place nor the fingerprint
+/// changed, else built afresh. A failed fingerprint read just builds afresh.
 pub async fn system_prompt(deps: &AgentDeps, section: &str, chat_id: &str) -> String {
     let place = deps.control.place(section).await;
+    let fingerprint: Option<String> = sqlx::query_scalar(FINGERPRINT)
+        .bind(section)
+        .bind(chat_id)
+        .fetch_one(&deps.db)
+        .await
+        .ok();
+    if let (Ok(p), Some(f)) = (&place, &fingerprint)
+        && let Some((cp, cf, prompt)) = deps
+            .prompts
+            .inner
+            .lock()
+            .expect("prompt cache")
+            .get(section)
+        && cp == p
+        && cf == f
+    {
+        return prompt.clone();
+    }
+    let built_for = place.as_ref().ok().cloned();
+    let prompt = build(deps, section, chat_id, place).await;
+    if let (Some(f), Some(p)) = (fingerprint, built_for) {
+        let mut cache = deps.prompts.inner.lock().expect("prompt cache");
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(section.to_string(), (p, f, prompt.clone()));
+    }
+    prompt
+}
+
+/// Builds the prompt. A part that cannot be read says so instead of failing the step.
+async fn build(
+    deps: &AgentDeps,
+    section: &str,
+    chat_id: &str,
+    place: anyhow::Result<Place>,
+) -> String {
     let (backend, backend_name) = match &place {
         Ok(Place::Local) => (
             "the local backend: a sandboxed workspace on the service's own machine".to_string(),

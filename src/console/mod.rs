@@ -184,6 +184,7 @@ impl Session {
             out: term.clone(),
             steps: term.clone(),
             config: config.agent.clone(),
+            prompts: Default::default(),
         });
         // Only this section: another section's answers belong to its own front-end.
         let runner = crate::turns::Runner::scoped(

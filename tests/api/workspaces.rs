@@ -491,6 +491,14 @@ async fn the_target_maximum_caps_the_chat_and_an_operator_lowers_it() {
     )
     .await;
     assert!(r[0].starts_with("wrote"), "{}", r[0]);
+    let system = env.llm.requests().last().unwrap().body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.contains("before anything runs, is read-write: ") && system.contains("Mode: dev"),
+        "{system}"
+    );
 
     // The operator lowers the maximum: it holds from the next call, without the chat.
     set_max(&env.app, "web", "read").await;
@@ -510,6 +518,15 @@ async fn the_target_maximum_caps_the_chat_and_an_operator_lowers_it() {
     .await;
     assert!(refused_by_read(&r[0]), "{}", r[0]);
     assert!(!b.dir.join("b.txt").exists());
+    // The prompt of that turn already showed the lowered permission.
+    let system = env.llm.requests().last().unwrap().body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.contains("before anything runs, is read: "),
+        "{system}"
+    );
     // The working directory follows the workspace chosen.
     let r = turn(
         &env,
