@@ -316,8 +316,11 @@ async fn dispatch(
     }
     .map_err(|e| e.to_string())?;
     let backend_name = ops.backend().name().to_string();
-    let seeded = seed_cwd(deps, section, &backend_name).await;
-    if seeded.is_none() {
+    // The stored working directory (read with the workspace) seeds this replica's.
+    let seeded = ws.cwd.clone();
+    if let Some(d) = &seeded {
+        deps.exec.cwds().set(&backend_name, section, d.clone());
+    } else {
         // No stored directory (a new section, or a new workspace): start in the workspace.
         let start = ops.resolve(&ws.dir).await.map_err(exec_err)?;
         deps.exec.cwds().set(&backend_name, section, start);
@@ -626,21 +629,6 @@ pub fn cut(text: &str, limit: usize) -> String {
     let mut s = String::from_utf8_lossy(&ht.into_bytes()).into_owned();
     s.push_str(&note);
     s
-}
-
-async fn seed_cwd(deps: &AgentDeps, section: &str, backend: &str) -> Option<String> {
-    let dir: Option<String> =
-        sqlx::query_scalar("SELECT dir FROM section_cwds WHERE section_id = $1 AND backend = $2")
-            .bind(section)
-            .bind(backend)
-            .fetch_optional(&deps.db)
-            .await
-            .ok()
-            .flatten();
-    if let Some(d) = &dir {
-        deps.exec.cwds().set(backend, section, d.clone());
-    }
-    dir
 }
 
 async fn store_cwd(deps: &AgentDeps, section: &str, backend: &str, dir: &str) {

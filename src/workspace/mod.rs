@@ -106,6 +106,9 @@ pub struct Workspace {
     pub mode: Mode,
     /// Who chose it and when; `None` for the default.
     pub set: Option<(String, DateTime<Utc>)>,
+    /// The section's stored working directory on this backend (`section_cwds`), read in the
+    /// same query; `None` until a command ran, or since the workspace changed.
+    pub cwd: Option<String>,
 }
 
 impl Workspace {
@@ -318,16 +321,18 @@ async fn current_in(
         match place {
             Place::Local => sqlx::query(
                 "SELECT 'full' AS max_permission, NULL::text AS default_dir, w.dir, w.permission, \
-             w.mode, w.set_by, w.set_at FROM (SELECT 1) one \
-             LEFT JOIN workspaces w ON w.section_id = $1 AND w.backend = 'local'",
+             w.mode, w.set_by, w.set_at, c.dir AS cwd FROM (SELECT 1) one \
+             LEFT JOIN workspaces w ON w.section_id = $1 AND w.backend = 'local' \
+             LEFT JOIN section_cwds c ON c.section_id = $1 AND c.backend = 'local'",
             )
             .bind(section)
             .fetch_one(&mut *conn)
             .await?,
             Place::Target(alias) => sqlx::query(
                 "SELECT t.max_permission, t.workspace AS default_dir, w.dir, w.permission, w.mode, \
-             w.set_by, w.set_at FROM targets t LEFT JOIN workspaces w \
+             w.set_by, w.set_at, c.dir AS cwd FROM targets t LEFT JOIN workspaces w \
              ON w.section_id = $1 AND w.backend = t.alias AND w.generation = t.generation \
+             LEFT JOIN section_cwds c ON c.section_id = $1 AND c.backend = t.alias \
              WHERE t.alias = $2",
             )
             .bind(section)
@@ -370,6 +375,7 @@ async fn current_in(
         max,
         mode,
         set,
+        cwd: row.get("cwd"),
     })
 }
 
