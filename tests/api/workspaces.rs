@@ -206,13 +206,20 @@ fn refused_by_read(r: &str) -> bool {
     r.starts_with("error:") && r.contains("`read`")
 }
 
-async fn read_is_strict(remote: bool) {
+/// An app (with the sshd as target `web` when `remote`, its maximum raised to `full`), a new
+/// section bound to the backend, and its prepared workspace.
+async fn setup(remote: bool, prefix: &str) -> (Env, String, Backend, PathBuf) {
     let env = env(remote).await;
-    let section = unique("omt_read");
+    let section = unique(prefix);
     let (b, marker) = prepare(&env, &section, remote);
     if remote {
         set_max(&env.app, "web", "full").await;
     }
+    (env, section, b, marker)
+}
+
+async fn read_is_strict(remote: bool) {
+    let (env, section, b, marker) = setup(remote, "omt_read").await;
 
     // Control: at `full` git runs the repository's fsmonitor hook, so the test can fail.
     choose(&env, &section, &b, Permission::Full).await;
@@ -399,12 +406,7 @@ async fn set_max(app: &TestApp, alias: &str, p: &str) {
 }
 
 async fn full_is_the_guard_alone(remote: bool) {
-    let env = env(remote).await;
-    let section = unique("omt_full");
-    let (b, _) = prepare(&env, &section, remote);
-    if remote {
-        set_max(&env.app, "web", "full").await;
-    }
+    let (env, section, b, _) = setup(remote, "omt_full").await;
     choose(&env, &section, &b, Permission::Full).await;
     let r = turn(
         &env,
