@@ -114,8 +114,13 @@ async fn run() {
         )
         .unwrap(),
     );
-    let progress =
-        sshmode::progress::Progress::new(lark, db.clone(), metrics, config.progress.clone());
+    let progress = sshmode::progress::Progress::new(
+        lark,
+        db.clone(),
+        metrics,
+        config.progress.clone(),
+        tokio_util::task::TaskTracker::new(),
+    );
 
     let started = Instant::now();
     let mut tasks = Vec::new();

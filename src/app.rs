@@ -126,6 +126,7 @@ impl App {
             store.pool.clone(),
             metrics.clone(),
             config.progress.clone(),
+            tasks.clone(),
         );
         let (agent, turns) = crate::agent::build(
             &config,

@@ -21,6 +21,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::agent::{Agent, StepEvent, StepSink};
 use crate::config::ProgressConfig;
@@ -55,6 +56,8 @@ struct Shared {
 #[derive(Clone)]
 pub struct Progress {
     shared: Arc<Shared>,
+    /// The app's tracker: card writers are waited for at shutdown (within its grace).
+    tasks: TaskTracker,
 }
 
 impl Progress {
@@ -63,8 +66,10 @@ impl Progress {
         db: PgPool,
         metrics: Arc<Metrics>,
         config: ProgressConfig,
+        tasks: TaskTracker,
     ) -> Progress {
         Progress {
+            tasks,
             shared: Arc::new(Shared {
                 lark,
                 db,
@@ -105,7 +110,7 @@ impl StepSink for Progress {
             let _ = tx.try_send(Msg::Step(event.clone(), now));
             let shared = self.shared.clone();
             let section = section.to_string();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 writer::run(&shared, &section, turn_id, rx).await;
                 let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
                 if live.get(&turn_id).is_some_and(|s| s.same_channel(&tx)) {
