@@ -221,9 +221,9 @@ async fn run() {
         ms(model_p99)
     );
     println!(
-        "| backend | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) |"
+        "| backend | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) | per step: transactions / WAL flushes |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|");
     for (label, place) in [("local", Place::Local), ("ssh", Place::Target("t".into()))] {
         let never = CancellationToken::new();
         let ops = exec.ops_for("bench_baseline", &place).await.unwrap();
@@ -262,7 +262,11 @@ async fn run() {
         let tasks = TaskTracker::new();
         tasks.spawn(runner.clone().run(shutdown.clone(), tasks.clone()));
         let mut steps = Vec::new();
+        let mut before = None;
         for turn in 0..TURNS + 1 {
+            if turn == 1 {
+                before = Some(pg_counters(&db).await);
+            }
             arrivals.lock().unwrap().clear();
             let section = format!("omt_bench_{label}_{turn}");
             agent
@@ -300,13 +304,17 @@ async fn run() {
                 steps.push(w[1].0 - w[0].0);
             }
         }
+        let after = pg_counters(&db).await;
+        let before = before.expect("measured turns");
+        let per_step = |a: i64, b: i64| (a - b) as f64 / steps.len() as f64;
+        let (xacts, flushes) = (per_step(after.0, before.0), per_step(after.1, before.1));
         shutdown.cancel();
         tasks.close();
         tasks.wait().await;
         let (step_med, step_p99) = percentiles(steps);
         let over = |d: Duration| d.saturating_sub(model_med + cmd_med);
         println!(
-            "| {label} | {} / {} | {} / {} | {} / {} |",
+            "| {label} | {} / {} | {} / {} | {} / {} | {xacts:.1} / {flushes:.1} |",
             ms(cmd_med),
             ms(cmd_p99),
             ms(step_med),
@@ -316,6 +324,20 @@ async fn run() {
         );
     }
     drop(sshd);
+}
+
+/// The database's committed transactions and the cluster's WAL flushes so far (statistics are
+/// published by each backend at most once a second, so this waits that long first). Both
+/// include the runner's heartbeats and polls, a small share per step.
+async fn pg_counters(db: &sqlx::PgPool) -> (i64, i64) {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    sqlx::query_as(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                (SELECT wal_sync FROM pg_stat_wal)",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
 }
 
 fn small_request() -> sshmode::llm::ChatRequest {

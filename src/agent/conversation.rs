@@ -90,10 +90,50 @@ pub async fn append(
     id.ok_or(Fenced::Lost)
 }
 
-/// Appends a row and the event-log entry that describes it in one transaction: the fence's
-/// check, the row and the entry commit together (one WAL flush instead of two). Refused, with
-/// nothing written, when the claim is stale. Entries of one section are ordered by the same
-/// advisory lock as [`crate::eventlog::append`].
+/// A tool call's start mark written in the same commit as another row: the call is about to
+/// run, so a resumed turn never runs it again (it is "interrupted, outcome unknown").
+#[derive(Debug, Clone, Copy)]
+pub enum Mark<'a> {
+    /// A call of the row being written (a model reply), by its id in the reply: the mark's key
+    /// is `<the reply's row id>:<call id>`, known only once the reply is inserted.
+    InThisRow(&'a str),
+    /// A call of an earlier reply, by its full key.
+    Key(&'a str),
+}
+
+/// Whether a commit waits for its WAL flush before returning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// The default: durable when the commit returns.
+    Wait,
+    /// `synchronous_commit = off` for this transaction only: the commit returns before its WAL
+    /// is flushed, so a crash of PostgreSQL itself (not of this service) within about half a
+    /// second may lose it. Only for rows whose loss is safe; see `run::store_result`.
+    Later,
+}
+
+/// The row ids written by [`append_logged`].
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub id: i64,
+    /// The start mark's row, when one was asked for.
+    pub mark: Option<i64>,
+}
+
+/// The stored form of a start mark.
+pub fn start_mark() -> Message {
+    Message {
+        role: "tool_started".into(),
+        ..Default::default()
+    }
+}
+
+/// Appends a row, the event-log entry that describes it and optionally a tool call's start
+/// mark, in one transaction: the fence's check, the row, the entry and the mark commit
+/// together (one WAL flush instead of two or three). Refused, with nothing written, when the
+/// claim is stale. Entries of one section are ordered by the same advisory lock as
+/// [`crate::eventlog::append`].
+#[allow(clippy::too_many_arguments)]
 pub async fn append_logged(
     fence: &Fence,
     turn_id: i64,
@@ -101,17 +141,32 @@ pub async fn append_logged(
     call_id: Option<&str>,
     message: &Message,
     event: (&str, Value),
-) -> Result<i64, Fenced> {
+    mark: Option<Mark<'_>>,
+    flush: Flush,
+) -> Result<Appended, Fenced> {
     let value = serde_json::to_value(message).unwrap_or(Value::Null);
     let bytes = value.to_string().len() as i32;
+    let mark_value = serde_json::to_value(start_mark()).unwrap_or(Value::Null);
+    let mark_bytes = mark_value.to_string().len() as i32;
+    let (mark_key, mark_call) = match mark {
+        Some(Mark::Key(k)) => (Some(k), None),
+        Some(Mark::InThisRow(c)) => (None, Some(c)),
+        None => (None, None),
+    };
     let mut tx = fence.db().begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(fence.section())
-        .execute(&mut *tx)
-        .await?;
+    // The lock and, for a `Flush::Later` commit, this transaction's `synchronous_commit`, in
+    // one round trip (`set_config(…, true)` is `SET LOCAL`).
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0)),
+                CASE WHEN $2 THEN set_config('synchronous_commit', 'off', true) END",
+    )
+    .bind(fence.section())
+    .bind(flush == Flush::Later)
+    .execute(&mut *tx)
+    .await?;
     // One statement after the lock (a fresh snapshot sees every earlier entry): the fenced
-    // insert, and the entry only if the insert happened.
-    let id: Option<i64> = sqlx::query_scalar(
+    // insert, then the entry and the mark only if the insert happened.
+    let ids: Option<(i64, Option<i64>)> = sqlx::query_as(
         "WITH m AS (
            INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
            SELECT $1, $2, $3, $4, $5, $6
@@ -123,8 +178,14 @@ pub async fn append_logged(
            SELECT $1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE section_id = $1),
                   $8, $9
              FROM m
-           RETURNING seq)
-         SELECT m.id FROM m, e",
+           RETURNING seq),
+         k AS (
+           INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
+           SELECT $1, $2, 'tool_started', COALESCE($10, m.id::text || ':' || $11), $12, $13
+             FROM m
+            WHERE $10::text IS NOT NULL OR $11::text IS NOT NULL
+           RETURNING id)
+         SELECT m.id, (SELECT id FROM k) FROM m, e",
     )
     .bind(fence.section())
     .bind(turn_id)
@@ -135,11 +196,15 @@ pub async fn append_logged(
     .bind(fence.generation())
     .bind(event.0)
     .bind(&event.1)
+    .bind(mark_key)
+    .bind(mark_call)
+    .bind(&mark_value)
+    .bind(mark_bytes)
     .fetch_optional(&mut *tx)
     .await?;
-    let id = id.ok_or(Fenced::Lost)?;
+    let (id, mark) = ids.ok_or(Fenced::Lost)?;
     tx.commit().await?;
-    Ok(id)
+    Ok(Appended { id, mark })
 }
 
 fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {

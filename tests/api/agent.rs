@@ -1270,3 +1270,91 @@ async fn a_second_stop_drops_the_waiting_messages() {
     );
     assert_eq!(turn_states(&env.app, &s).await, vec!["stopped"]);
 }
+
+/// Two calls in one reply; the runner's instance dies while call `blocking` (0 or 1) runs.
+/// Another instance resumes: the call that was running is reported interrupted and not run
+/// again, the other one ran exactly once — so a start mark written in the same commit as the
+/// reply (first call) or as the previous result (second call) marks exactly the call that
+/// started, no more and no less.
+async fn hard_stop_during_call(blocking: usize) {
+    let shared = tempfile::tempdir().unwrap();
+    let root = shared.path().join("workspaces");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let root = root.display().to_string();
+    let vars = [
+        ("SSHMODE_TURN_LEASE_SECS", "2"),
+        ("SSHMODE_WORKSPACE_ROOT", root.as_str()),
+    ];
+    let env = env(&vars).await;
+    let s = unique("omt_two_calls");
+    let ws = workspace(&env.app, &s).await;
+    let command = |name: &str, i: usize| {
+        let block = if i == blocking { "; sleep 60" } else { "" };
+        json!({"command": format!("echo run >> {name}.count{block}")})
+    };
+    env.llm
+        .push(
+            MODEL,
+            calls(&[
+                ("terminal", command("first", 0)),
+                ("terminal", command("second", 1)),
+            ]),
+        )
+        .push(MODEL, say("checked"));
+    let msg = unique("om_two_calls");
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, &msg, "two calls"))
+        .await
+        .unwrap();
+    let name = ["first", "second"][blocking];
+    let counter = ws.join(format!("{name}.count"));
+    wait_for("the blocking call to run", 20, || async {
+        std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1)
+    })
+    .await;
+    env.app.state.turns.halt_abruptly();
+    let other = builder(&env.llm, &env.lark, &env.control)
+        .var("SSHMODE_TURN_LEASE_SECS", "2")
+        .var("SSHMODE_WORKSPACE_ROOT", &root)
+        .database(&env.app.db_url)
+        .spawn()
+        .await;
+    assert_eq!(wait_turns_ended(&other, &s, 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert_eq!(r.len(), 2, "{r:?}");
+    for (i, result) in r.iter().enumerate() {
+        assert_eq!(
+            result.starts_with("interrupted, outcome unknown"),
+            i == blocking,
+            "{r:?}"
+        );
+    }
+    for name in ["first", "second"] {
+        assert_eq!(
+            std::fs::read_to_string(ws.join(format!("{name}.count"))).unwrap(),
+            "run\n",
+            "{name} ran exactly once"
+        );
+    }
+    assert_eq!(
+        replies_to(&env.lark, &msg),
+        vec![(true, "checked".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_hard_stop_in_the_first_of_two_calls_runs_the_second_once_on_resume() {
+    hard_stop_during_call(0).await;
+}
+
+#[tokio::test]
+async fn a_hard_stop_in_the_second_of_two_calls_keeps_the_first_result_on_resume() {
+    hard_stop_during_call(1).await;
+}
