@@ -213,6 +213,24 @@ async fn run() {
     }
     let (model_med, model_p99) = percentiles(model_rt);
     arrivals.lock().unwrap().clear();
+    // Baseline: one indexed single-row read, like each of the step's reads of the section's
+    // state (the working directory for the prompt and again for the tool; the target).
+    let mut read_rt = Vec::with_capacity(RUNS);
+    for i in 0..RUNS + 20 {
+        let t = Instant::now();
+        let _: Option<String> = sqlx::query_scalar(
+            "SELECT dir FROM section_cwds WHERE section_id = $1 AND backend = $2",
+        )
+        .bind("omt_bench_read")
+        .bind("local")
+        .fetch_optional(&db)
+        .await
+        .unwrap();
+        if i >= 20 {
+            read_rt.push(t.elapsed());
+        }
+    }
+    let (read_med, read_p99) = percentiles(read_rt);
 
     println!("\n## Agent overhead per tool step ({STEPS} steps × {TURNS} turns per backend)\n");
     println!(
@@ -221,9 +239,14 @@ async fn run() {
         ms(model_p99)
     );
     println!(
-        "| backend | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) |"
+        "one indexed single-row read (each of the step's reads of section state): median {}, p99 {}\n",
+        ms(read_med),
+        ms(read_p99)
     );
-    println!("|---|---|---|---|");
+    println!(
+        "| backend | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) | per step: transactions / WAL flushes |"
+    );
+    println!("|---|---|---|---|---|");
     for (label, place) in [("local", Place::Local), ("ssh", Place::Target("t".into()))] {
         let never = CancellationToken::new();
         let ops = exec.ops_for("bench_baseline", &place).await.unwrap();
@@ -262,7 +285,13 @@ async fn run() {
         let tasks = TaskTracker::new();
         tasks.spawn(runner.clone().run(shutdown.clone(), tasks.clone()));
         let mut steps = Vec::new();
+        let mut before = None;
+        // This benchmark's own queries between the counters (its polls of the turn's state).
+        let mut polls = 0i64;
         for turn in 0..TURNS + 1 {
+            if turn == 1 {
+                before = Some(pg_counters(&db).await);
+            }
             arrivals.lock().unwrap().clear();
             let section = format!("omt_bench_{label}_{turn}");
             agent
@@ -278,6 +307,9 @@ async fn run() {
                 .unwrap();
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
+                if turn > 0 {
+                    polls += 1;
+                }
                 let state: Option<String> =
                     sqlx::query_scalar("SELECT state FROM turns WHERE section_id = $1")
                         .bind(&section)
@@ -300,13 +332,20 @@ async fn run() {
                 steps.push(w[1].0 - w[0].0);
             }
         }
+        let after = pg_counters(&db).await;
+        let before = before.expect("measured turns");
+        let per_step = |a: i64, b: i64| (a - b) as f64 / steps.len() as f64;
+        let (xacts, flushes) = (
+            per_step(after.0 - polls, before.0),
+            per_step(after.1, before.1),
+        );
         shutdown.cancel();
         tasks.close();
         tasks.wait().await;
         let (step_med, step_p99) = percentiles(steps);
         let over = |d: Duration| d.saturating_sub(model_med + cmd_med);
         println!(
-            "| {label} | {} / {} | {} / {} | {} / {} |",
+            "| {label} | {} / {} | {} / {} | {} / {} | {xacts:.1} / {flushes:.1} |",
             ms(cmd_med),
             ms(cmd_p99),
             ms(step_med),
@@ -316,6 +355,21 @@ async fn run() {
         );
     }
     drop(sshd);
+}
+
+/// The database's committed transactions and the cluster's WAL flushes so far (statistics are
+/// published by each backend at most once a second, so this waits that long first). Both
+/// include the runner's heartbeats and polls, a small share per step; the flushes also count
+/// those the WAL writer makes in the background for commits that did not wait.
+async fn pg_counters(db: &sqlx::PgPool) -> (i64, i64) {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    sqlx::query_as(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                (SELECT wal_sync FROM pg_stat_wal)",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
 }
 
 fn small_request() -> sshmode::llm::ChatRequest {

@@ -87,7 +87,7 @@ pub(super) async fn receipt(deps: &AgentDeps, message_id: &str) {
     if !matches!(state, Some((None, None))) {
         return;
     }
-    let reaction = match deps.out.add_reaction(message_id, RECEIPT).await {
+    let reaction = match deps.out.add_receipt(message_id, RECEIPT).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(lark.message_id = %message_id, error = %format!("{e:#}"), "receipt reaction failed");
@@ -181,6 +181,10 @@ pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> any
 impl ChatOut for LarkClient {
     async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
         Ok(LarkClient::add_reaction(self, message_id, emoji).await?)
+    }
+
+    async fn add_receipt(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
+        Ok(LarkClient::add_receipt(self, message_id, emoji).await?)
     }
 
     async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()> {

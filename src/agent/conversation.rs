@@ -90,10 +90,57 @@ pub async fn append(
     id.ok_or(Fenced::Lost)
 }
 
-/// Appends a row and the event-log entry that describes it in one transaction: the fence's
-/// check, the row and the entry commit together (one WAL flush instead of two). Refused, with
-/// nothing written, when the claim is stale. Entries of one section are ordered by the same
-/// advisory lock as [`crate::eventlog::append`].
+/// A tool call's start mark written in the same commit as another row: the call is about to
+/// run, so a resumed turn never runs it again (it is "interrupted, outcome unknown").
+#[derive(Debug, Clone, Copy)]
+pub enum Mark<'a> {
+    /// A call of the row being written (a model reply), by its id in the reply: the mark's key
+    /// is `<the reply's row id>:<call id>`, known only once the reply is inserted.
+    InThisRow(&'a str),
+    /// A call of an earlier reply, by its full key.
+    Key(&'a str),
+}
+
+/// Whether a commit waits for its WAL flush before returning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// The default: durable when the commit returns.
+    Wait,
+    /// `synchronous_commit = off` for this transaction only: the commit returns before its WAL
+    /// is flushed, so a crash of PostgreSQL itself (not of this service) within about half a
+    /// second may lose it. Only for rows whose loss is safe; see `run::store_result`.
+    Later,
+}
+
+/// The row ids written by [`append_logged`].
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub id: i64,
+    /// The start mark's row, when one was asked for.
+    pub mark: Option<i64>,
+}
+
+/// The stored form of a start mark.
+pub fn start_mark() -> Message {
+    Message {
+        role: "tool_started".into(),
+        ..Default::default()
+    }
+}
+
+/// Appends a row, the event-log entry that describes it and optionally a tool call's start
+/// mark, in one statement and so one round trip and one commit: the fence's check, the row, the
+/// entry and the mark commit together or not at all. Refused, with nothing written, when the
+/// claim is stale.
+///
+/// Entries of one section are ordered by the same advisory lock as
+/// [`crate::eventlog::append`], taken inside the statement. The statement's snapshot predates
+/// that lock, so when another writer committed an entry while this one waited, the entry's
+/// `seq` collides with it (the unique key refuses it and the whole statement rolls back). Then
+/// it is written once more the slow way, which cannot collide: a transaction that takes the lock
+/// first and runs the statement after it, with a snapshot that sees every earlier entry. A
+/// writer that takes the lock first (`eventlog::append`) is never refused by this one.
+#[allow(clippy::too_many_arguments)]
 pub async fn append_logged(
     fence: &Fence,
     turn_id: i64,
@@ -101,45 +148,86 @@ pub async fn append_logged(
     call_id: Option<&str>,
     message: &Message,
     event: (&str, Value),
-) -> Result<i64, Fenced> {
+    mark: Option<Mark<'_>>,
+    flush: Flush,
+) -> Result<Appended, Fenced> {
     let value = serde_json::to_value(message).unwrap_or(Value::Null);
     let bytes = value.to_string().len() as i32;
-    let mut tx = fence.db().begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(fence.section())
-        .execute(&mut *tx)
-        .await?;
-    // One statement after the lock (a fresh snapshot sees every earlier entry): the fenced
-    // insert, and the entry only if the insert happened.
-    let id: Option<i64> = sqlx::query_scalar(
-        "WITH m AS (
-           INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
-           SELECT $1, $2, $3, $4, $5, $6
-            WHERE EXISTS (SELECT 1 FROM turn_sections
-                           WHERE section_id = $1 AND generation = $7 FOR SHARE)
-           RETURNING id),
-         e AS (
-           INSERT INTO session_events (section_id, seq, kind, payload)
-           SELECT $1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE section_id = $1),
-                  $8, $9
-             FROM m
-           RETURNING seq)
-         SELECT m.id FROM m, e",
-    )
-    .bind(fence.section())
-    .bind(turn_id)
-    .bind(kind.as_str())
-    .bind(call_id)
-    .bind(&value)
-    .bind(bytes)
-    .bind(fence.generation())
-    .bind(event.0)
-    .bind(&event.1)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let id = id.ok_or(Fenced::Lost)?;
-    tx.commit().await?;
-    Ok(id)
+    let mark_value = serde_json::to_value(start_mark()).unwrap_or(Value::Null);
+    let mark_bytes = mark_value.to_string().len() as i32;
+    let (mark_key, mark_call) = match mark {
+        Some(Mark::Key(k)) => (Some(k), None),
+        Some(Mark::InThisRow(c)) => (None, Some(c)),
+        None => (None, None),
+    };
+    let bind = |q: &'static str| {
+        sqlx::query_as::<_, (i64, Option<i64>)>(q)
+            .bind(fence.section())
+            .bind(turn_id)
+            .bind(kind.as_str())
+            .bind(call_id)
+            .bind(value.clone())
+            .bind(bytes)
+            .bind(fence.generation())
+            .bind(event.0.to_string())
+            .bind(event.1.clone())
+            .bind(mark_key)
+            .bind(mark_call)
+            .bind(mark_value.clone())
+            .bind(mark_bytes)
+            .bind(flush == Flush::Later)
+    };
+    let ids = match bind(APPEND_LOGGED).fetch_optional(fence.db()).await {
+        Err(e) if seq_taken(&e) => {
+            let mut tx = fence.db().begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(fence.section())
+                .execute(&mut *tx)
+                .await?;
+            let ids = bind(APPEND_LOGGED).fetch_optional(&mut *tx).await?;
+            tx.commit().await?;
+            ids
+        }
+        r => r?,
+    };
+    let (id, mark) = ids.ok_or(Fenced::Lost)?;
+    Ok(Appended { id, mark })
+}
+
+/// The statement of [`append_logged`]. `l` takes the section's log lock (re-entrant) and, for a
+/// `Flush::Later` commit, sets `synchronous_commit` for this transaction only
+/// (`set_config(…, true)` is `SET LOCAL`; it is read when the transaction commits). The row is
+/// inserted only after `l` and only if the fence holds; the entry and the mark only if the row
+/// was.
+const APPEND_LOGGED: &str = "WITH l AS (
+       SELECT pg_advisory_xact_lock(hashtextextended($1, 0)),
+              CASE WHEN $14 THEN set_config('synchronous_commit', 'off', true) END),
+     m AS (
+       INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
+       SELECT $1, $2, $3, $4, $5, $6 FROM l
+        WHERE EXISTS (SELECT 1 FROM turn_sections
+                       WHERE section_id = $1 AND generation = $7 FOR SHARE)
+       RETURNING id),
+     e AS (
+       INSERT INTO session_events (section_id, seq, kind, payload)
+       SELECT $1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM session_events WHERE section_id = $1),
+              $8, $9
+         FROM m
+       RETURNING seq),
+     k AS (
+       INSERT INTO agent_messages (section_id, turn_id, kind, call_id, message, bytes)
+       SELECT $1, $2, 'tool_started', COALESCE($10, m.id::text || ':' || $11), $12, $13
+         FROM m
+        WHERE $10::text IS NOT NULL OR $11::text IS NOT NULL
+       RETURNING id)
+     SELECT m.id, (SELECT id FROM k) FROM m, e";
+
+/// The event log's `(section_id, seq)` key refused an entry.
+fn seq_taken(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(|d| {
+        d.code().as_deref() == Some("23505")
+            && d.constraint() == Some("session_events_section_id_seq_key")
+    })
 }
 
 fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {

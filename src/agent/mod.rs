@@ -85,6 +85,11 @@ pub trait SectionControl: Send + Sync + 'static {
 pub trait ChatOut: Send + Sync + 'static {
     /// Adds a reaction; returns its id.
     async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String>;
+    /// Adds the receipt reaction of a queued message: the one a user waits to see, so an
+    /// implementation with a shared call budget sends it ahead of other traffic.
+    async fn add_receipt(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
+        self.add_reaction(message_id, emoji).await
+    }
     async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()>;
     /// Replies to `message_id` with one markdown chunk (a `post` with an `md` element, under
     /// 30 KB). `in_thread` keeps the answer in the message's thread; false answers in place.

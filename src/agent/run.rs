@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::conversation::{self, Kind, Stored};
+use super::conversation::{self, Flush, Kind, Mark, Stored};
 use super::{AgentDeps, StepEvent, answer, prompt, tools};
 use crate::llm::{ChatRequest, Message, ToolCall};
 use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
@@ -19,6 +19,10 @@ const MAX_REPEATS: u32 = 3;
 /// What the model receives for a call that was started but whose result was never stored.
 pub const INTERRUPTED: &str = "interrupted, outcome unknown: check before repeating. \
 The service stopped while this call ran; it may or may not have taken effect, and it was not run again.";
+/// The result of a call that was marked but never started, because the runner let go of the
+/// turn first (a shutdown): known not to have run, so it is not "interrupted".
+const NOT_STARTED: &str = "not run: the service stopped before this call started. \
+Run it again if it is still needed.";
 /// The answer when no model is configured.
 const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
 Chat commands still work: send /help to see them.";
@@ -102,7 +106,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             return deliver(deps, turn, TurnEnd::Done, &text).await;
         }
         if !last.message.tool_calls.is_empty() {
-            match run_calls(deps, turn, &mut stored, &last, &mut repeats).await? {
+            match run_calls(deps, turn, &mut stored, &last, &mut repeats, None).await? {
                 None => {}
                 Some(Halt::Leave) => return Ok(()),
                 Some(Halt::End(end, text)) => {
@@ -194,29 +198,49 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             "completion_tokens": usage.completion_tokens,
             "tool_calls": reply.tool_calls.iter().map(|c| c.function.name.clone()).collect::<Vec<_>>(),
         });
-        // The reply and its event-log entry commit together.
-        let id = match conversation::append_logged(
+        // The reply, its event-log entry and the start mark of its first call commit together:
+        // the mark must be durable before the call runs, and the reply is what names the call.
+        // (A crash right after this commit leaves the first call marked though it never ran; the
+        // resumed turn then calls it interrupted — wrong in the safe direction.)
+        let first_call = reply.tool_calls.first().map(|c| c.id.as_str());
+        let appended = match conversation::append_logged(
             &turn.fence,
             turn.id,
             Kind::Assistant,
             None,
             &reply,
             ("agent.step", event),
+            first_call.map(Mark::InThisRow),
+            Flush::Wait,
         )
         .await
         {
-            Ok(id) => id,
+            Ok(a) => a,
             Err(Fenced::Lost) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
         let row = Stored {
-            id,
+            id: appended.id,
             turn_id: turn.id,
             kind: Kind::Assistant,
             call_id: None,
             message: reply.clone(),
         };
         stored.push(row.clone());
+        let marked = match (appended.mark, first_call) {
+            (Some(mark), Some(call)) => {
+                let key = format!("{}:{call}", appended.id);
+                stored.push(Stored {
+                    id: mark,
+                    turn_id: turn.id,
+                    kind: Kind::ToolStarted,
+                    call_id: Some(key.clone()),
+                    message: conversation::start_mark(),
+                });
+                Some(key)
+            }
+            _ => None,
+        };
         deps.steps.step(
             &turn.section,
             turn.id,
@@ -231,7 +255,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         if reply.tool_calls.is_empty() {
             return deliver(deps, turn, TurnEnd::Done, &reply.text_content()).await;
         }
-        match run_calls(deps, turn, &mut stored, &row, &mut repeats).await? {
+        match run_calls(deps, turn, &mut stored, &row, &mut repeats, marked).await? {
             None => {}
             Some(Halt::Leave) => return Ok(()),
             Some(Halt::End(end, text)) => return conclude(deps, turn, &stored, end, &text).await,
@@ -257,48 +281,65 @@ fn halted(turn: &ActiveTurn, stored: &[Stored]) -> Option<Halt> {
     })
 }
 
+/// Whether `stored` has a row of `kind` for the call `key`.
+fn has(stored: &[Stored], kind: Kind, key: &str) -> bool {
+    stored
+        .iter()
+        .any(|s| s.kind == kind && s.call_id.as_deref() == Some(key))
+}
+
 /// Runs the calls of `assistant` that have no stored result, in order. A call with a start
-/// mark but no result is not run again: the model gets [`INTERRUPTED`].
+/// mark but no result is not run again: the model gets [`INTERRUPTED`] — unless this runner
+/// wrote that mark itself (`marked`, in the commit of the reply or of the previous result) and
+/// has not started the call yet.
 async fn run_calls(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     stored: &mut Vec<Stored>,
     assistant: &Stored,
     repeats: &mut Repeats,
+    mut marked: Option<String>,
 ) -> anyhow::Result<Option<Halt>> {
-    for call in &assistant.message.tool_calls {
+    let calls = &assistant.message.tool_calls;
+    for (i, call) in calls.iter().enumerate() {
         let key = format!("{}:{}", assistant.id, call.id);
-        let has = |k: Kind| {
-            stored
-                .iter()
-                .any(|s| s.kind == k && s.call_id.as_deref() == Some(key.as_str()))
-        };
-        if has(Kind::Tool) {
+        if has(stored, Kind::Tool, &key) {
             continue;
         }
-        if has(Kind::ToolStarted) {
+        let ours = marked.take().is_some_and(|m| m == key);
+        if has(stored, Kind::ToolStarted, &key) && !ours {
             let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true});
-            store_result(turn, stored, &key, call, INTERRUPTED, event).await?;
+            store_result(turn, stored, &key, call, INTERRUPTED, event, None).await?;
             continue;
         }
         if let Some(h) = halted(turn, stored) {
+            if ours && matches!(h, Halt::Leave) {
+                // Marked, but known not to have started: say so rather than leave it looking
+                // interrupted. (After a lost lease this write is refused, and it does look so.)
+                let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "not_started": true});
+                match store_result(turn, stored, &key, call, NOT_STARTED, event, None).await {
+                    Ok(()) | Err(Fenced::Lost) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // An ending writes "not run" for every call without a result (`conclude`).
             return Ok(Some(h));
         }
-        let mark = Message {
-            role: "tool_started".into(),
-            ..Default::default()
-        };
-        match conversation::append(&turn.fence, turn.id, Kind::ToolStarted, Some(&key), &mark).await
-        {
-            Ok(id) => stored.push(Stored {
-                id,
-                turn_id: turn.id,
-                kind: Kind::ToolStarted,
-                call_id: Some(key.clone()),
-                message: mark,
-            }),
-            Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
-            Err(e) => return Err(e.into()),
+        if !ours {
+            let mark = conversation::start_mark();
+            match conversation::append(&turn.fence, turn.id, Kind::ToolStarted, Some(&key), &mark)
+                .await
+            {
+                Ok(id) => stored.push(Stored {
+                    id,
+                    turn_id: turn.id,
+                    kind: Kind::ToolStarted,
+                    call_id: Some(key.clone()),
+                    message: mark,
+                }),
+                Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+                Err(e) => return Err(e.into()),
+            }
         }
         let short = tools::short_form(call);
         deps.steps.step(
@@ -344,12 +385,19 @@ async fn run_calls(
             "ok": result.ok,
             "short": short,
         });
-        // The result and its event-log entry commit together.
-        match store_result(turn, stored, &key, call, &text, event).await {
+        // The result and its event-log entry commit together, with the start mark of the next
+        // call of this reply when there is one (so a step costs one commit, not two).
+        let next = calls[i + 1..]
+            .iter()
+            .map(|c| format!("{}:{}", assistant.id, c.id))
+            .find(|k| !has(stored, Kind::Tool, k) && !has(stored, Kind::ToolStarted, k))
+            .filter(|_| reason.is_none());
+        match store_result(turn, stored, &key, call, &text, event, next.as_deref()).await {
             Ok(()) => {}
             Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
             Err(e) => return Err(e.into()),
         }
+        marked = next;
         if !result.ok {
             log(
                 deps,
@@ -386,6 +434,16 @@ async fn run_calls(
     Ok(None)
 }
 
+/// Stores a call's result and its event-log entry, with `next_mark` (the start mark of the
+/// next call to run) in the same commit.
+///
+/// A result that carries no mark is committed without waiting for its WAL flush
+/// ([`Flush::Later`]). That is safe: if a crash of PostgreSQL itself loses it, the call is left
+/// marked without a result, which a resumed turn reports as interrupted and never re-runs.
+/// And it cannot be lost once anything depends on it: the next thing written is the model's
+/// next reply (or the turn's end), a flushed commit, and WAL is flushed in order, so the result
+/// is durable before any further call runs or any answer is sent. A result that carries a mark
+/// waits for its flush: the marked call runs next, and its mark must survive any crash.
 async fn store_result(
     turn: &ActiveTurn,
     stored: &mut Vec<Stored>,
@@ -393,24 +451,40 @@ async fn store_result(
     call: &ToolCall,
     text: &str,
     event: serde_json::Value,
+    next_mark: Option<&str>,
 ) -> Result<(), Fenced> {
     let msg = Message::tool(call.id.clone(), text);
-    let id = conversation::append_logged(
+    let appended = conversation::append_logged(
         &turn.fence,
         turn.id,
         Kind::Tool,
         Some(key),
         &msg,
         ("agent.tool", event),
+        next_mark.map(Mark::Key),
+        if next_mark.is_some() {
+            Flush::Wait
+        } else {
+            Flush::Later
+        },
     )
     .await?;
     stored.push(Stored {
-        id,
+        id: appended.id,
         turn_id: turn.id,
         kind: Kind::Tool,
         call_id: Some(key.to_string()),
         message: msg,
     });
+    if let (Some(id), Some(next)) = (appended.mark, next_mark) {
+        stored.push(Stored {
+            id,
+            turn_id: turn.id,
+            kind: Kind::ToolStarted,
+            call_id: Some(next.to_string()),
+            message: conversation::start_mark(),
+        });
+    }
     Ok(())
 }
 

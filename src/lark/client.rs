@@ -1,6 +1,7 @@
 //! The Lark Open API client: one `reqwest::Client` (rustls on ring) against a configurable base
-//! URL, the tenant access token cache, outbound rate limits (per app and per chat), retries
-//! with backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`.
+//! URL, the tenant access token cache, outbound rate limits (per chat, then the app-wide budget
+//! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]), retries with
+//! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`.
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
 //! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
@@ -10,7 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
@@ -18,6 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 
+use super::lane::{LaneConfig, Lanes, Overloaded, Priority};
 use crate::metrics::{LarkCallLabels, Metrics};
 
 /// Token-invalid codes: drop the cached token, fetch a new one, retry once.
@@ -37,6 +39,19 @@ const MAX_CHAT_KEYS: usize = 10_000;
 /// Lark's documented ceiling is about 50 requests/s per app and 5/s per chat.
 const APP_RATE: u32 = 50;
 const CHAT_RATE: u32 = 5;
+/// The app-wide budget: 50 calls/s with a burst of 50 (as before the lanes), receipts first.
+/// Queue bounds: receipts are one per incoming message and each waits at most a few slots, so
+/// 256 waiting means something is badly wrong and a further one fails at once; bulk callers
+/// are the bounded set of workers, turns and progress cards, and one finding 1024 waiting
+/// waits for a place. Either gives up after its deadline with [`LarkError::Overloaded`].
+const LANES: LaneConfig = LaneConfig {
+    interval: Duration::from_millis(1000 / APP_RATE as u64),
+    burst: APP_RATE,
+    urgent_capacity: 256,
+    bulk_capacity: 1024,
+    urgent_wait: Duration::from_secs(10),
+    bulk_wait: Duration::from_secs(60),
+};
 /// `uuid` may be at most 50 characters.
 const UUID_LEN: usize = 40;
 /// Largest answer read from the Open API (its answers are a few kilobytes); a longer one is
@@ -62,6 +77,8 @@ pub enum LarkError {
     Decode { api: &'static str },
     #[error("no tenant access token: {0}")]
     Token(String),
+    #[error("Lark API {api} was not called: the app's call budget is overloaded ({why})")]
+    Overloaded { api: &'static str, why: Overloaded },
 }
 
 /// Message content in one of the shapes Lark takes.
@@ -149,14 +166,15 @@ pub struct LarkClient {
     token: Mutex<Option<CachedToken>>,
     /// The bot's own open_id (`/bot/v3/info`), fetched once on first need.
     bot_open_id: OnceCell<String>,
-    /// Keeps the app under Lark's per-app ceiling.
-    app_limit: DefaultDirectRateLimiter,
+    /// Keeps the app under Lark's per-app ceiling, receipts first.
+    app_limit: Lanes,
     /// Keeps each chat under Lark's per-chat ceiling.
     chat_limit: DefaultKeyedRateLimiter<String>,
     metrics: Arc<Metrics>,
 }
 
 impl LarkClient {
+    /// Must be called inside a Tokio runtime (the app budget's dispatcher is spawned on it).
     pub fn new(
         base: &str,
         app_id: &str,
@@ -178,7 +196,7 @@ impl LarkClient {
             app_secret,
             token: Mutex::new(None),
             bot_open_id: OnceCell::new(),
-            app_limit: RateLimiter::direct(per_sec(APP_RATE)),
+            app_limit: Lanes::new(LANES),
             chat_limit: RateLimiter::keyed(per_sec(CHAT_RATE)),
             metrics,
         })
@@ -361,15 +379,31 @@ impl LarkClient {
         Ok(())
     }
 
-    /// Adds an emoji reaction; returns its id (for removal).
+    /// Adds an emoji reaction; returns its id (for removal). Waits in the bulk lane.
     pub async fn add_reaction(&self, message_id: &str, emoji: &str) -> Result<String, LarkError> {
+        self.react(message_id, emoji, Priority::Bulk).await
+    }
+
+    /// Adds the receipt reaction a user waits to see: it takes the app's next free call slot,
+    /// ahead of every waiting reply, final reaction or card update.
+    pub async fn add_receipt(&self, message_id: &str, emoji: &str) -> Result<String, LarkError> {
+        self.react(message_id, emoji, Priority::Urgent).await
+    }
+
+    async fn react(
+        &self,
+        message_id: &str,
+        emoji: &str,
+        priority: Priority,
+    ) -> Result<String, LarkError> {
         let path = format!(
             "/open-apis/im/v1/messages/{}/reactions",
             path_segment(message_id)
         );
         let body = json!({ "reaction_type": { "emoji_type": emoji } });
         let v = self
-            .call(
+            .call_in(
+                priority,
                 "add_reaction",
                 Method::POST,
                 &path,
@@ -464,10 +498,26 @@ impl LarkClient {
         *self.token.lock().await = None;
     }
 
-    /// One API call with limits, token, retries and error mapping. Returns the whole answer
-    /// (`{"code":0, "data": …}`).
+    /// One API call in the bulk lane.
     async fn call(
         &self,
+        api: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        chat_key: Option<&str>,
+    ) -> Result<Value, LarkError> {
+        self.call_in(Priority::Bulk, api, method, path, body, chat_key)
+            .await
+    }
+
+    /// One API call with limits, token, retries and error mapping. Returns the whole answer
+    /// (`{"code":0, "data": …}`). Every attempt waits for its chat's limit first, then for a
+    /// slot of the app's budget in `priority`'s lane (so a slot is never held while the chat's
+    /// limit is waited for).
+    async fn call_in(
+        &self,
+        priority: Priority,
         api: &'static str,
         method: Method,
         path: &str,
@@ -479,12 +529,15 @@ impl LarkClient {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            self.app_limit.until_ready().await;
             if let Some(key) = chat_key {
                 if self.chat_limit.len() > MAX_CHAT_KEYS {
                     self.chat_limit.retain_recent();
                 }
                 self.chat_limit.until_key_ready(&key.to_string()).await;
+            }
+            if let Err(why) = self.app_limit.acquire(priority).await {
+                self.count(api, "overloaded");
+                return Err(LarkError::Overloaded { api, why });
             }
             let token = self.token().await?;
             let mut req = self

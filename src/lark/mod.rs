@@ -8,6 +8,7 @@ pub mod adapter;
 pub mod card;
 pub mod client;
 pub mod event;
+pub mod lane;
 pub mod webhook;
 
 use axum::Router;

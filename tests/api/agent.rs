@@ -430,11 +430,14 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .iter()
             .any(|(k, p)| k == "agent.error" && p["tool"] == "terminal")
     );
-    assert!(
-        events
+    // The turn's own entry follows its end state (the end is committed first).
+    wait_for("the turn's log entry", 10, || async {
+        event_kinds(&env.app, &section)
+            .await
             .iter()
             .any(|(k, p)| k == "agent.turn" && p["end"] == "done")
-    );
+    })
+    .await;
 
     // Accepting the same message again changes nothing.
     let again = env
@@ -1269,4 +1272,170 @@ async fn a_second_stop_drops_the_waiting_messages() {
         sshmode::chat::NOTHING_RUNNING
     );
     assert_eq!(turn_states(&env.app, &s).await, vec!["stopped"]);
+}
+
+/// Two calls in one reply; the runner's instance dies while call `blocking` (0 or 1) runs.
+/// Another instance resumes: the call that was running is reported interrupted and not run
+/// again, the other one ran exactly once — so a start mark written in the same commit as the
+/// reply (first call) or as the previous result (second call) marks exactly the call that
+/// started, no more and no less.
+async fn hard_stop_during_call(blocking: usize) {
+    let shared = tempfile::tempdir().unwrap();
+    let root = shared.path().join("workspaces");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let root = root.display().to_string();
+    let vars = [
+        ("SSHMODE_TURN_LEASE_SECS", "2"),
+        ("SSHMODE_WORKSPACE_ROOT", root.as_str()),
+    ];
+    let env = env(&vars).await;
+    let s = unique("omt_two_calls");
+    let ws = workspace(&env.app, &s).await;
+    let command = |name: &str, i: usize| {
+        let block = if i == blocking { "; sleep 60" } else { "" };
+        json!({"command": format!("echo run >> {name}.count{block}")})
+    };
+    env.llm
+        .push(
+            MODEL,
+            calls(&[
+                ("terminal", command("first", 0)),
+                ("terminal", command("second", 1)),
+            ]),
+        )
+        .push(MODEL, say("checked"));
+    let msg = unique("om_two_calls");
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, &msg, "two calls"))
+        .await
+        .unwrap();
+    let name = ["first", "second"][blocking];
+    let counter = ws.join(format!("{name}.count"));
+    wait_for("the blocking call to run", 20, || async {
+        std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1)
+    })
+    .await;
+    env.app.state.turns.halt_abruptly();
+    let other = builder(&env.llm, &env.lark, &env.control)
+        .var("SSHMODE_TURN_LEASE_SECS", "2")
+        .var("SSHMODE_WORKSPACE_ROOT", &root)
+        .database(&env.app.db_url)
+        .spawn()
+        .await;
+    assert_eq!(wait_turns_ended(&other, &s, 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert_eq!(r.len(), 2, "{r:?}");
+    for (i, result) in r.iter().enumerate() {
+        assert_eq!(
+            result.starts_with("interrupted, outcome unknown"),
+            i == blocking,
+            "{r:?}"
+        );
+    }
+    for name in ["first", "second"] {
+        assert_eq!(
+            std::fs::read_to_string(ws.join(format!("{name}.count"))).unwrap(),
+            "run\n",
+            "{name} ran exactly once"
+        );
+    }
+    assert_eq!(
+        replies_to(&env.lark, &msg),
+        vec![(true, "checked".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_hard_stop_in_the_first_of_two_calls_runs_the_second_once_on_resume() {
+    hard_stop_during_call(0).await;
+}
+
+#[tokio::test]
+async fn a_hard_stop_in_the_second_of_two_calls_keeps_the_first_result_on_resume() {
+    hard_stop_during_call(1).await;
+}
+
+/// The turn's rows and their event-log entries are written in one statement that takes the
+/// section's log lock inside it; other writers of the same log (commands, replies) append
+/// at the same time. Nothing is refused or lost, and the log stays one gap-free sequence.
+#[tokio::test]
+async fn event_log_entries_of_a_turn_and_of_other_writers_interleave_without_loss() {
+    let env = env(&[]).await;
+    let s = unique("omt_log_race");
+    const CALLS: usize = 12;
+    for i in 0..CALLS {
+        env.llm.push(
+            MODEL,
+            call("terminal", json!({"command": format!("echo step {i}")})),
+        );
+    }
+    env.llm.push(MODEL, say("all steps done"));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let noise = {
+        let (db, s, stop) = (env.app.state.db.clone(), s.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.is_cancelled() && n < 2000 {
+                sshmode::eventlog::append(&db, &s, "test.noise", json!({ "n": n }))
+                    .await
+                    .expect("a concurrent append is never refused");
+                n += 1;
+            }
+            n
+        })
+    };
+    env.app
+        .state
+        .agent
+        .accept(&request(&s, &unique("om_log_race"), "go"))
+        .await
+        .unwrap();
+    assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["done"]);
+    stop.cancel();
+    let noise = noise.await.unwrap();
+    assert!(noise > 0);
+    let seqs: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM session_events WHERE section_id = $1 ORDER BY seq")
+            .bind(&s)
+            .fetch_all(&env.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    let kinds = event_kinds(&env.app, &s).await;
+    let count = |k: &str| kinds.iter().filter(|(kind, _)| kind == k).count();
+    let rows = |kind: &'static str| {
+        let db = env.app.state.db.clone();
+        let s = s.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = $2",
+            )
+            .bind(&s)
+            .bind(kind)
+            .fetch_one(&db)
+            .await
+            .unwrap() as usize
+        }
+    };
+    // Every step was stored at the first try (no write failed, so the turn never had to be
+    // resumed), each with its entry.
+    let turn: Vec<_> = kinds.iter().filter(|(k, _)| k != "test.noise").collect();
+    assert_eq!(rows("tool").await, CALLS, "{turn:?}");
+    assert_eq!(count("agent.tool"), CALLS, "{turn:?}");
+    assert_eq!(rows("assistant").await, CALLS + 1, "{turn:?}");
+    assert_eq!(count("agent.step"), CALLS + 1, "{turn:?}");
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM turns WHERE section_id = $1")
+        .bind(&s)
+        .fetch_one(&env.app.state.db)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
+    assert_eq!(count("test.noise"), noise as usize);
 }

@@ -1,0 +1,331 @@
+//! The Lark client's app-wide call budget, shared by two lanes. Every Open API call takes one
+//! slot of the app's budget (Lark allows about 50 requests/s per app). A call in the *urgent*
+//! lane — the receipt reaction a user is waiting to see — gets the next free slot ahead of every
+//! call waiting in the *bulk* lane (replies, final reactions, card updates), so a backlog of
+//! bulk calls never delays it; both lanes together never exceed the budget.
+//!
+//! Both lanes are bounded queues and every wait is bounded. An urgent call that finds its lane
+//! full fails at once (a receipt that comes late is worth little, and the caller logs it); a
+//! bulk call that finds its lane full waits for a place. Either fails with [`Overloaded`] when
+//! no slot was granted within its lane's deadline, so a caller is always told; a waiter that
+//! gives up (timed out or dropped) takes no slot from the others.
+//!
+//! One small task hands out the slots, urgent first. It lives as long as the [`Lanes`]: it ends
+//! when they are dropped. Never sends anything itself.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+/// Which lane a call waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Goes ahead of every waiting bulk call (receipt reactions).
+    Urgent,
+    /// Everything else.
+    Bulk,
+}
+
+/// The budget and the bounds of the two lanes.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneConfig {
+    /// Time between two slots at the sustained rate (20 ms for 50 calls/s).
+    pub interval: Duration,
+    /// Slots that may be taken back to back after an idle spell (at least 1).
+    pub burst: u32,
+    /// Most calls waiting in the urgent lane; one more fails at once.
+    pub urgent_capacity: usize,
+    /// Most calls waiting in the bulk lane; one more waits for a place.
+    pub bulk_capacity: usize,
+    /// Longest wait of an urgent call for its slot.
+    pub urgent_wait: Duration,
+    /// Longest wait of a bulk call for a place in its lane and then its slot.
+    pub bulk_wait: Duration,
+}
+
+/// A call did not get a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Overloaded {
+    #[error("its queue is full")]
+    Full,
+    #[error("no slot within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// A waiting call: told through this when its slot is granted.
+type Waiter = oneshot::Sender<()>;
+
+#[derive(Default)]
+struct Queues {
+    urgent: VecDeque<Waiter>,
+    bulk: VecDeque<Waiter>,
+    /// Set when the [`Lanes`] are dropped: the dispatcher ends.
+    closed: bool,
+}
+
+struct Shared {
+    queues: Mutex<Queues>,
+    /// Wakes the dispatcher: a call was queued (or the lanes closed).
+    queued: Notify,
+    /// Wakes a bulk call waiting for a place: one was freed.
+    freed: Notify,
+}
+
+/// The two lanes in front of the app's budget.
+pub struct Lanes {
+    shared: Arc<Shared>,
+    config: LaneConfig,
+}
+
+impl Lanes {
+    /// Starts the slot dispatcher on the current Tokio runtime (panics outside one).
+    pub fn new(config: LaneConfig) -> Lanes {
+        let shared = Arc::new(Shared {
+            queues: Mutex::default(),
+            queued: Notify::new(),
+            freed: Notify::new(),
+        });
+        tokio::spawn(dispatch(config, shared.clone()));
+        Lanes { shared, config }
+    }
+
+    /// Waits for a slot in `priority`'s lane; `Err` when the urgent lane is full, or when the
+    /// lane's deadline passed before a slot was granted.
+    pub async fn acquire(&self, priority: Priority) -> Result<(), Overloaded> {
+        let (capacity, wait) = match priority {
+            Priority::Urgent => (self.config.urgent_capacity, self.config.urgent_wait),
+            Priority::Bulk => (self.config.bulk_capacity, self.config.bulk_wait),
+        };
+        let deadline = Instant::now() + wait;
+        let timed_out = |_| Overloaded::TimedOut(wait);
+        let (tx, rx) = oneshot::channel();
+        let mut tx = Some(tx);
+        while let Some(waiter) = tx.take() {
+            let freed = self.shared.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut q = self.shared.queues.lock().unwrap_or_else(|e| e.into_inner());
+                let lane = match priority {
+                    Priority::Urgent => &mut q.urgent,
+                    Priority::Bulk => &mut q.bulk,
+                };
+                if lane.len() >= capacity.max(1) {
+                    // Callers that gave up hold no place.
+                    lane.retain(|w| !w.is_closed());
+                }
+                if lane.len() < capacity.max(1) {
+                    lane.push_back(waiter);
+                    self.shared.queued.notify_one();
+                    break;
+                }
+                if priority == Priority::Urgent {
+                    return Err(Overloaded::Full);
+                }
+                tx = Some(waiter);
+            }
+            tokio::time::timeout_at(deadline, freed)
+                .await
+                .map_err(timed_out)?;
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(())) => Ok(()),
+            // The dispatcher ended: only when the lanes are gone, which `&self` rules out.
+            Ok(Err(_)) => Err(Overloaded::Full),
+            Err(e) => Err(timed_out(e)),
+        }
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        self.shared
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed = true;
+        self.shared.queued.notify_one();
+    }
+}
+
+/// Hands out slots at the configured rate (a GCRA: `tat` is the theoretical arrival time of
+/// the next call at the sustained rate), each to the oldest urgent waiter if there is one,
+/// else to the oldest bulk waiter. A waiter that has gone away does not use up the slot.
+async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
+    let interval = config.interval;
+    let tolerance = interval * config.burst.max(1).saturating_sub(1);
+    let mut tat = Instant::now();
+    loop {
+        // A slot is free once `tat - tolerance` has passed; it stays free while nobody waits,
+        // so the lane is chosen only when a slot can be given.
+        let free_at = tat.checked_sub(tolerance).unwrap_or(tat);
+        tokio::time::sleep_until(free_at).await;
+        let waiter = loop {
+            let queued = shared.queued.notified();
+            tokio::pin!(queued);
+            queued.as_mut().enable();
+            {
+                let mut q = shared.queues.lock().unwrap_or_else(|e| e.into_inner());
+                if q.closed {
+                    return;
+                }
+                if let Some(w) = q.urgent.pop_front() {
+                    break w;
+                }
+                if let Some(w) = q.bulk.pop_front() {
+                    shared.freed.notify_one();
+                    break w;
+                }
+            }
+            queued.await;
+        };
+        if waiter.send(()).is_ok() {
+            tat = tat.max(Instant::now()) + interval;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    fn config(interval_ms: u64) -> LaneConfig {
+        LaneConfig {
+            interval: Duration::from_millis(interval_ms),
+            burst: 1,
+            urgent_capacity: 4,
+            bulk_capacity: 64,
+            urgent_wait: Duration::from_secs(60),
+            bulk_wait: Duration::from_secs(600),
+        }
+    }
+
+    /// Lets every spawned task run up to its next wait, without moving the paused clock.
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    type Log = Arc<Mutex<Vec<(&'static str, Duration)>>>;
+
+    fn spawn(lanes: &Arc<Lanes>, log: &Log, label: &'static str, p: Priority, t0: Instant) {
+        let (lanes, log) = (lanes.clone(), log.clone());
+        tokio::spawn(async move {
+            lanes.acquire(p).await.unwrap();
+            log.lock().unwrap().push((label, t0.elapsed()));
+        });
+    }
+
+    async fn wait_for(log: &Log, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        while log.lock().unwrap().len() < n {
+            assert!(Instant::now() < deadline, "only {:?}", log.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_call_goes_ahead_of_every_waiting_bulk_call() {
+        let lanes = Arc::new(Lanes::new(config(100)));
+        let log: Log = Arc::default();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            spawn(&lanes, &log, "bulk", Priority::Bulk, t0);
+        }
+        settle().await;
+        // The first bulk call took the free slot; four wait.
+        assert_eq!(log.lock().unwrap().len(), 1);
+        spawn(&lanes, &log, "urgent", Priority::Urgent, t0);
+        wait_for(&log, 6).await;
+        let log = log.lock().unwrap();
+        let order: Vec<_> = log.iter().map(|(l, _)| *l).collect();
+        assert_eq!(order, ["bulk", "urgent", "bulk", "bulk", "bulk", "bulk"]);
+        // It had the next slot, not the sixth.
+        assert_eq!(log[1].1, Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn both_lanes_together_keep_the_budget() {
+        let mut c = config(20);
+        c.burst = 5;
+        c.urgent_capacity = 64;
+        let lanes = Arc::new(Lanes::new(c));
+        let log: Log = Arc::default();
+        let t0 = Instant::now();
+        for i in 0..60 {
+            let p = if i % 3 == 0 {
+                Priority::Urgent
+            } else {
+                Priority::Bulk
+            };
+            spawn(&lanes, &log, if i % 3 == 0 { "u" } else { "b" }, p, t0);
+        }
+        wait_for(&log, 60).await;
+        let times: Vec<Duration> = log.lock().unwrap().iter().map(|(_, t)| *t).collect();
+        // A burst of 5, then one slot per 20 ms: in any window of length w at most
+        // 5 + w / 20 ms calls.
+        for (i, a) in times.iter().enumerate() {
+            for (j, b) in times.iter().enumerate().skip(i) {
+                let w = (*b - *a).as_millis() as usize;
+                assert!(j - i < 5 + w / 20 + 1, "{} calls in {w} ms", j - i + 1);
+            }
+        }
+        // Every urgent call was served before the bulk calls waiting with it: at most the
+        // first burst may have gone to bulk calls queued before the urgent ones.
+        let order: Vec<_> = log.lock().unwrap().iter().map(|(l, _)| *l).collect();
+        let last_urgent = order.iter().rposition(|l| *l == "u").unwrap();
+        assert!(last_urgent < 20 + 5, "{order:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_urgent_lane_fails_at_once() {
+        let lanes = Lanes::new(config(1000));
+        lanes.acquire(Priority::Bulk).await.unwrap();
+        let t0 = Instant::now();
+        let (a, b, c, d, e) = tokio::join!(
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
+            async {
+                settle().await;
+                let r = lanes.acquire(Priority::Urgent).await;
+                (r, t0.elapsed())
+            },
+        );
+        assert_eq!(e, (Err(Overloaded::Full), Duration::ZERO));
+        for r in [a, b, c, d] {
+            assert_eq!(r, Ok(()));
+        }
+        assert_eq!(t0.elapsed(), Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bulk_lane_makes_the_caller_wait_then_fail_and_takes_no_slot() {
+        let mut c = config(3_000);
+        c.bulk_capacity = 1;
+        c.bulk_wait = Duration::from_secs(2);
+        let lanes = Lanes::new(c);
+        lanes.acquire(Priority::Bulk).await.unwrap();
+        let t0 = Instant::now();
+        // One waits in the lane, one waits for a place in it; neither gets a slot in 2 s.
+        let (queued, outside) = tokio::join!(lanes.acquire(Priority::Bulk), async {
+            settle().await;
+            lanes.acquire(Priority::Bulk).await
+        });
+        let timed_out = Err(Overloaded::TimedOut(Duration::from_secs(2)));
+        assert_eq!(queued, timed_out);
+        assert_eq!(outside, timed_out);
+        assert_eq!(t0.elapsed(), Duration::from_secs(2));
+        // Those that gave up hold no place and take no slot: the next caller gets the very
+        // next one, at 3 s (within its own 2 s).
+        lanes.acquire(Priority::Bulk).await.unwrap();
+        assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    }
+}
