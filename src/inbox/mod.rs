@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::task::TaskTracker;
 
@@ -179,10 +178,6 @@ async fn flush(inbox: Arc<Inbox>, db: PgPool) {
         inbox: &inbox,
         released: false,
     };
-    let mut writer = Writer {
-        db: &db,
-        conn: None,
-    };
     loop {
         let batch: Vec<Pending> = {
             let mut q = slot.inbox.lock();
@@ -194,33 +189,7 @@ async fn flush(inbox: Arc<Inbox>, db: PgPool) {
             let n = q.pending.len().min(MAX_BATCH);
             q.pending.drain(..n).collect()
         };
-        write_batch(&mut writer, batch).await;
-    }
-}
-
-/// The connection a flush task writes through: taken from the pool for its first batch and
-/// kept for the next ones. sqlx pings every connection it takes back (a round trip to the
-/// server and a wake-up of its backend), so giving it back after each batch would cost that
-/// per batch; this way it is paid once per flush task. A connection that fails other than by
-/// a refused statement goes back at once (the pool checks it, and closes it if broken), and
-/// the next batch takes another.
-struct Writer<'a> {
-    db: &'a PgPool,
-    conn: Option<PoolConnection<Postgres>>,
-}
-
-impl Writer<'_> {
-    async fn insert(&mut self, batch: &[Pending]) -> Result<Vec<String>, sqlx::Error> {
-        let conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.db.acquire().await?,
-        };
-        let conn = self.conn.insert(conn);
-        let r = try_insert(conn, batch).await;
-        if matches!(&r, Err(e) if !matches!(e, sqlx::Error::Database(_))) {
-            self.conn = None;
-        }
-        r
+        write_batch(&db, batch).await;
     }
 }
 
@@ -323,16 +292,16 @@ fn storable_json(text: &mut String) {
 /// Writes a batch with one INSERT; if the database refuses it, row by row, so that one row it
 /// refuses fails only its own request. (A batch that fails for want of a connection fails
 /// whole: one row at a time would not fare better, only slower.)
-async fn write_batch(w: &mut Writer<'_>, batch: Vec<Pending>) {
+async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
     if batch.len() == 1 {
-        return insert(w, batch).await;
+        return insert(db, batch).await;
     }
-    match w.insert(&batch).await {
+    match try_insert(db, &batch).await {
         Ok(ids) => answer(batch, ids),
         Err(e @ sqlx::Error::Database(_)) => {
             tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
             for p in batch {
-                insert(w, vec![p]).await;
+                insert(db, vec![p]).await;
             }
         }
         Err(e) => refuse(batch, &e),
@@ -340,8 +309,8 @@ async fn write_batch(w: &mut Writer<'_>, batch: Vec<Pending>) {
 }
 
 /// One INSERT for `batch`, each request answered with its outcome.
-async fn insert(w: &mut Writer<'_>, batch: Vec<Pending>) {
-    match w.insert(&batch).await {
+async fn insert(db: &PgPool, batch: Vec<Pending>) {
+    match try_insert(db, &batch).await {
         Ok(ids) => answer(batch, ids),
         Err(e) => refuse(batch, &e),
     }
@@ -363,10 +332,7 @@ fn answer(batch: Vec<Pending>, inserted: Vec<String>) {
     }
 }
 
-async fn try_insert(
-    conn: &mut sqlx::PgConnection,
-    batch: &[Pending],
-) -> Result<Vec<String>, sqlx::Error> {
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
@@ -394,7 +360,7 @@ async fn try_insert(
     .bind(&sections)
     .bind(&messages)
     .bind(&express)
-    .fetch_all(conn)
+    .fetch_all(db)
     .await
 }
 

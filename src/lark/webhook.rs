@@ -7,6 +7,10 @@
 //! [`MAX_UNSIGNED_BODY`] bytes, which is all an unsigned request can ever be answered as.
 //! Without a key every request is refused unless unsigned events are explicitly allowed.
 //!
+//! JSON is read without building a `serde_json::Value`: one validating pass over the body and
+//! one over the plaintext keep each object's members as raw text ([`super::json::Members`]),
+//! so the envelope that is stored is the plaintext itself, written back less its token.
+//!
 //! Lark's AES-256-CBC is not offered by ring, so the RustCrypto `aes` + `cbc` crates do it;
 //! the digest is `sha2`, and every secret comparison goes through `subtle`.
 
