@@ -230,23 +230,6 @@ fn storable(env: &mut Envelope) {
             *s = s.replace('\0', "\u{FFFD}");
         }
     }
-    fn walk(v: &mut Value) {
-        match v {
-            Value::String(s) => clean(s),
-            Value::Array(items) => items.iter_mut().for_each(walk),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    let old = std::mem::take(map);
-                    for (mut k, v) in old {
-                        clean(&mut k);
-                        map.insert(k, v);
-                    }
-                }
-                map.values_mut().for_each(walk);
-            }
-            _ => {}
-        }
-    }
     clean(&mut env.event_id);
     clean(&mut env.event_type);
     if let Some(s) = env.section.as_mut() {
@@ -255,7 +238,55 @@ fn storable(env: &mut Envelope) {
     if let Some(m) = env.message_id.as_mut() {
         clean(m);
     }
-    walk(&mut env.payload);
+    storable_json(&mut env.payload);
+}
+
+/// Rewrites the escapes in JSON text that `jsonb` refuses as `\uFFFD`: `\u0000`, and a
+/// `\uD800`–`\uDFFF` that is not half of a surrogate pair (a JSON parser that only skips
+/// strings lets both through). Raw control characters cannot occur in valid JSON, so nothing
+/// else in the text can hold U+0000.
+fn storable_json(text: &mut String) {
+    if !text.contains("\\u") {
+        return;
+    }
+    fn hex4(b: &[u8]) -> Option<u16> {
+        let digits = b.get(..4)?;
+        digits.iter().try_fold(0u16, |n, d| {
+            Some(n << 4 | (*d as char).to_digit(16)? as u16)
+        })
+    }
+    let mut b = std::mem::take(text).into_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        // An escape: `\\`, `\"` … are two bytes, `\uXXXX` six.
+        if b.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        let Some(code) = hex4(&b[i + 2..]) else {
+            i += 2;
+            continue;
+        };
+        let low_follows = || {
+            b.get(i + 6) == Some(&b'\\')
+                && b.get(i + 7) == Some(&b'u')
+                && hex4(&b[i + 8..]).is_some_and(|c| (0xDC00..=0xDFFF).contains(&c))
+        };
+        match code {
+            0xD800..=0xDBFF if low_follows() => i += 12,
+            0 | 0xD800..=0xDFFF => {
+                b[i + 2..i + 6].copy_from_slice(b"FFFD");
+                i += 6;
+            }
+            _ => i += 6,
+        }
+    }
+    // Only ASCII hex digits were replaced by ASCII hex digits.
+    *text = String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into());
 }
 
 /// Writes a batch with one INSERT; if the database refuses it, row by row, so that one row it
@@ -304,18 +335,19 @@ fn answer(batch: Vec<Pending>, inserted: Vec<String>) {
 async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
-    let payloads: Vec<&Value> = batch.iter().map(|p| &p.env.payload).collect();
+    let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
     let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
     let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
     let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
     let express: Vec<bool> = batch.iter().map(|p| p.express).collect();
-    // `seq` follows the order of the rows (WITH ORDINALITY), so recording order is the order
-    // the requests were queued. Any unique conflict (event id, or a message id seen before)
+    // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
+    // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
+    // is the order the requests were queued. Any unique conflict (event id, or a message id seen before)
     // is a redelivery.
     sqlx::query_scalar(
         "INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
-         SELECT i, t, p, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::jsonb[],
+         SELECT i, t, p::jsonb, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::text[],
              $4::timestamptz[], $5::text[], $6::text[], $7::bool[])
              WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
          ORDER BY n
@@ -650,6 +682,33 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(4));
         assert_eq!(backoff(3), Duration::from_secs(8));
         assert_eq!(backoff(1000), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn escapes_jsonb_refuses_are_replaced_and_nothing_else() {
+        let cases = [
+            (r#"{"a":"x\u0000y"}"#, r#"{"a":"x\uFFFDy"}"#),
+            (
+                r#"{"k\u0000":["\ud800","\uDFFF",1]}"#,
+                r#"{"k\uFFFD":["\uFFFD","\uFFFD",1]}"#,
+            ),
+            // A pair, an escaped backslash before `u0000`, other escapes: unchanged.
+            (
+                r#"["\ud83d\ude00","\\u0000","\"\u00e9\n"]"#,
+                r#"["\ud83d\ude00","\\u0000","\"\u00e9\n"]"#,
+            ),
+            // A high surrogate followed by another high one: the first is lone.
+            (r#"["\ud800\ud83d\ude00"]"#, r#"["\uFFFD\ud83d\ude00"]"#),
+            (
+                r#"{"plain":"no escapes at all"}"#,
+                r#"{"plain":"no escapes at all"}"#,
+            ),
+        ];
+        for (given, expected) in cases {
+            let mut text = given.to_string();
+            storable_json(&mut text);
+            assert_eq!(text, expected, "{given}");
+        }
     }
 
     #[test]

@@ -313,14 +313,14 @@ impl Triage for LarkTriage {
     fn express(&self, env: &Envelope) -> bool {
         match env.event_type.as_str() {
             event::CARD_ACTION => true,
-            event::MESSAGE_RECEIVE => MessageReceive::from_envelope(&env.payload)
+            event::MESSAGE_RECEIVE => MessageReceive::from_envelope_text(&env.payload)
                 .is_ok_and(|m| chat::command::is_stop(&m.text_after_mentions())),
             _ => false,
         }
     }
 
     fn card_answer(&self, env: &Envelope) -> Value {
-        let Ok(a) = CardAction::from_envelope(&env.payload) else {
+        let Ok(a) = CardAction::from_envelope_text(&env.payload) else {
             return json!({});
         };
         if crate::progress::is_stop_click(&a.action.value) {

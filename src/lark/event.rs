@@ -3,6 +3,9 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::json::Members;
 
 /// The event type of a received chat message.
 pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
@@ -20,26 +23,48 @@ pub struct Routing {
     pub message_id: Option<String>,
 }
 
-/// The routing of a verified envelope (v2 or v1); empty for events that name no section.
-pub fn route(event_type: &str, payload: &Value) -> Routing {
-    let s = |ptr: &str| {
-        payload
-            .pointer(ptr)
-            .and_then(Value::as_str)
+/// The routing of a verified envelope (v2 or v1), read from its raw `event` member; empty for
+/// events that name no section.
+pub fn route(event_type: &str, event: Option<&RawValue>) -> Routing {
+    let Some(event) = event else {
+        return Routing::default();
+    };
+    let s = |m: &Members<'_>, name: &str| {
+        m.str(name)
             .filter(|s| !s.is_empty())
-            .map(str::to_owned)
+            .map(std::borrow::Cow::into_owned)
+    };
+    let member = |name: &str| {
+        Members::of(event)
+            .get(name)
+            .map(Members::of)
+            .unwrap_or_default()
     };
     match event_type {
-        MESSAGE_RECEIVE => Routing {
-            section: s("/event/message/thread_id").or_else(|| s("/event/message/chat_id")),
-            message_id: s("/event/message/message_id"),
-        },
+        MESSAGE_RECEIVE => {
+            let message = member("message");
+            Routing {
+                section: s(&message, "thread_id").or_else(|| s(&message, "chat_id")),
+                message_id: s(&message, "message_id"),
+            }
+        }
         CARD_ACTION => Routing {
-            section: s("/event/context/open_chat_id"),
+            section: s(&member("context"), "open_chat_id"),
             message_id: None,
         },
         _ => Routing::default(),
     }
+}
+
+/// Reads `event` out of an envelope given as JSON text (as the callback path holds it).
+fn event_of<'a, T: Deserialize<'a>>(payload: &'a str, kind: &'static str) -> Result<T, EventError> {
+    #[derive(Deserialize)]
+    struct Envelope<T> {
+        event: T,
+    }
+    serde_json::from_str::<Envelope<T>>(payload)
+        .map(|e| e.event)
+        .map_err(|e| EventError::Shape(kind, e.to_string()))
 }
 
 /// `event` of `card.action.trigger`, as sent.
@@ -75,6 +100,11 @@ pub struct CardContext {
 }
 
 impl CardAction {
+    /// Reads `event` out of a v2 envelope given as JSON text.
+    pub fn from_envelope_text(payload: &str) -> Result<Self, EventError> {
+        event_of(payload, CARD_ACTION)
+    }
+
     /// Reads `event` out of a stored v2 envelope.
     pub fn from_envelope(payload: &Value) -> Result<Self, EventError> {
         let event = payload
@@ -181,6 +211,11 @@ impl Message {
 }
 
 impl MessageReceive {
+    /// Reads `event` out of a v2 envelope given as JSON text.
+    pub fn from_envelope_text(payload: &str) -> Result<Self, EventError> {
+        event_of(payload, MESSAGE_RECEIVE)
+    }
+
     /// Reads `event` out of a stored v2 envelope.
     pub fn from_envelope(payload: &Value) -> Result<Self, EventError> {
         let event = payload
@@ -375,11 +410,19 @@ mod tests {
         assert_eq!(m.addressed_text, "/ssh status\nsecond");
     }
 
+    /// The routing of an envelope given as a `Value`, through its raw `event` member.
+    fn route_of(event_type: &str, envelope: &Value) -> Routing {
+        let raw = envelope
+            .get("event")
+            .map(|e| RawValue::from_string(e.to_string()).unwrap());
+        route(event_type, raw.as_deref())
+    }
+
     #[test]
     fn routing_names_the_section_and_message() {
         let plain = envelope("hi", None, "user");
         assert_eq!(
-            route(MESSAGE_RECEIVE, &plain),
+            route_of(MESSAGE_RECEIVE, &plain),
             Routing {
                 section: Some("oc_1".into()),
                 message_id: Some("om_1".into())
@@ -387,14 +430,14 @@ mod tests {
         );
         let threaded = envelope("hi", Some("omt_9"), "user");
         assert_eq!(
-            route(MESSAGE_RECEIVE, &threaded).section.as_deref(),
+            route_of(MESSAGE_RECEIVE, &threaded).section.as_deref(),
             Some("omt_9")
         );
         let click = json!({"event": {"operator": {"open_id": "ou_a"},
             "action": {"value": {"act": "approve"}, "tag": "button"},
             "context": {"open_message_id": "om_card", "open_chat_id": "oc_p2p"}}});
         assert_eq!(
-            route(CARD_ACTION, &click),
+            route_of(CARD_ACTION, &click),
             Routing {
                 section: Some("oc_p2p".into()),
                 message_id: None
@@ -402,11 +445,26 @@ mod tests {
         );
         let a = CardAction::from_envelope(&click).unwrap();
         assert_eq!(a.operator.open_id, "ou_a");
+        let b = CardAction::from_envelope_text(&click.to_string()).unwrap();
+        assert_eq!(b.context.open_chat_id, "oc_p2p");
+        // Members of another type, or no `event` at all, name nothing.
+        let odd =
+            json!({"event": {"message": {"thread_id": 7, "chat_id": "oc_2", "message_id": ""}}});
+        assert_eq!(
+            route_of(MESSAGE_RECEIVE, &odd),
+            Routing {
+                section: Some("oc_2".into()),
+                message_id: None
+            }
+        );
+        assert_eq!(route(MESSAGE_RECEIVE, None), Routing::default());
         assert_eq!(a.context.open_message_id, "om_card");
-        assert_eq!(route("other.event", &plain), Routing::default());
+        assert_eq!(route_of("other.event", &plain), Routing::default());
         // Leading mentions are skipped without knowing the bot's id.
         let stop = envelope("@_user_1 @_user_2 /stop", None, "user");
         let m = MessageReceive::from_envelope(&stop).unwrap();
+        assert_eq!(m.text_after_mentions(), "/stop");
+        let m = MessageReceive::from_envelope_text(&stop.to_string()).unwrap();
         assert_eq!(m.text_after_mentions(), "/stop");
     }
 

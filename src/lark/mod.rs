@@ -8,13 +8,14 @@ pub mod adapter;
 pub mod card;
 pub mod client;
 pub mod event;
+pub mod json;
 pub mod lane;
 pub mod webhook;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
@@ -32,7 +33,9 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/lark/events", post(receive))
 }
 
-async fn receive(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn receive(State(state): State<AppState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     // The body is read first, bounded in size and (by the server) in time, holding nothing
     // scarce: a client that sends slowly keeps only its own connection busy, never a permit
     // a real delivery needs.
@@ -70,6 +73,16 @@ fn refused(state: &AppState, r: Rejection) -> Response {
     tracing::info!(lark.reject = r.reason(), "callback refused");
     let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::BAD_REQUEST);
     (status, axum::Json(json!({ "error": r.to_string() }))).into_response()
+}
+
+/// `{"msg":"success"}`, the acknowledgement of an event, from a constant body.
+fn success() -> Response {
+    let mut r = Response::new(axum::body::Body::from(&br#"{"msg":"success"}"#[..]));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 fn unavailable() -> Response {
@@ -128,7 +141,7 @@ async fn receive_inner(
             if let Some(answer) = card {
                 Ok(axum::Json(answer).into_response())
             } else {
-                Ok(axum::Json(json!({ "msg": "success" })).into_response())
+                Ok(success())
             }
         }
     }

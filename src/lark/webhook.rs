@@ -7,6 +7,10 @@
 //! [`MAX_UNSIGNED_BODY`] bytes, which is all an unsigned request can ever be answered as.
 //! Without a key every request is refused unless unsigned events are explicitly allowed.
 //!
+//! JSON is read without building a `serde_json::Value`: one validating pass over the body and
+//! one over the plaintext keep each object's members as raw text ([`super::json::Members`]),
+//! so the envelope that is stored is the plaintext itself, written back less its token.
+//!
 //! Lark's AES-256-CBC is not offered by ring, so the RustCrypto `aes` + `cbc` crates do it;
 //! the digest is `sha2`, and every secret comparison goes through `subtle`.
 
@@ -18,11 +22,12 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, Utc};
 use secrecy::ExposeSecret;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
+use super::json::{self, Members};
 use crate::config::LarkConfig;
 
 /// Largest callback body accepted; Lark's own events are a few kilobytes.
@@ -125,8 +130,9 @@ pub struct Envelope {
     pub event_id: String,
     /// v2 `header.event_type`, v1 `event.type`.
     pub event_type: String,
-    /// The decrypted envelope with its verification token removed (it is stored).
-    pub payload: Value,
+    /// The decrypted envelope as JSON text — the plaintext's own members, with its
+    /// verification token removed — stored as it is.
+    pub payload: String,
     /// The section the event belongs to (thread, else chat), when it names one.
     pub section: Option<String>,
     /// The chat message it carries, if any: redeliveries under a new event id act once.
@@ -178,19 +184,32 @@ pub fn verify(
     // whatever else is wrong with it.
     let fail = |r: Rejection| if unsigned { Rejection::BadSignature } else { r };
 
-    let outer: Value = serde_json::from_slice(body).map_err(|_| fail(Rejection::NotJson))?;
-    let encrypted = outer.get("encrypt");
-    let inner: Value = match (encrypt_key, encrypted) {
-        (Some(key), Some(Value::String(b64))) => {
-            let plain = decrypt(key, b64).map_err(|_| fail(Rejection::BadCiphertext))?;
-            serde_json::from_slice(&plain).map_err(|_| fail(Rejection::BadCiphertext))?
+    // One validating pass over the body, one over the plaintext: each object's members are
+    // kept as raw JSON text, so the stored envelope is the plaintext itself, less its token.
+    let plain: Zeroizing<Vec<u8>>;
+    let text: &[u8] = match encrypt_key {
+        Some(key) => {
+            let outer = Members::parse(body).map_err(|_| fail(Rejection::NotJson))?;
+            let sealed = outer
+                .get("encrypt")
+                .ok_or(fail(Rejection::MissingEncryption))?;
+            let b64 = json::as_str(sealed).ok_or(fail(Rejection::MissingFields))?;
+            plain = Zeroizing::new(decrypt(key, &b64).map_err(|_| fail(Rejection::BadCiphertext))?);
+            &plain
         }
-        (Some(_), Some(_)) => return Err(fail(Rejection::MissingFields)),
-        (Some(_), None) => return Err(fail(Rejection::MissingEncryption)),
-        (None, Some(_)) => return Err(Rejection::UnexpectedEncryption),
-        (None, None) => outer,
+        None => body,
     };
-    let parsed = parse_envelope(inner).map_err(fail)?;
+    let members = Members::parse(text).map_err(|_| {
+        fail(if encrypt_key.is_some() {
+            Rejection::BadCiphertext
+        } else {
+            Rejection::NotJson
+        })
+    })?;
+    if encrypt_key.is_none() && members.get("encrypt").is_some() {
+        return Err(Rejection::UnexpectedEncryption);
+    }
+    let parsed = parse_envelope(&members, text.len()).map_err(fail)?;
     if unsigned && !matches!(parsed.kind, Kind::Challenge(_)) {
         return Err(Rejection::BadSignature);
     }
@@ -248,12 +267,14 @@ fn same_secret(given: &str, expected: &str) -> bool {
         .into()
 }
 
-/// Tells url_verification, v2 and v1 apart and pulls out what the checks need.
-fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
-    let str_at = |v: &Value, ptr: &str| v.pointer(ptr).and_then(Value::as_str).map(str::to_owned);
-    if v.get("type").and_then(Value::as_str) == Some("url_verification") {
-        let challenge = str_at(&v, "/challenge").ok_or(Rejection::MissingFields)?;
-        let token = str_at(&v, "/token").ok_or(Rejection::MissingFields)?;
+/// Tells url_verification, v2 and v1 apart and pulls out what the checks need; for an event,
+/// also the envelope to store: the plaintext's own members, less the verification token
+/// (`len` is the plaintext's length, to size it).
+fn parse_envelope(v: &Members<'_>, len: usize) -> Result<Parsed, Rejection> {
+    let owned = |s: Option<std::borrow::Cow<'_, str>>| s.map(std::borrow::Cow::into_owned);
+    if v.str("type").as_deref() == Some("url_verification") {
+        let challenge = owned(v.str("challenge")).ok_or(Rejection::MissingFields)?;
+        let token = owned(v.str("token")).ok_or(Rejection::MissingFields)?;
         return Ok(Parsed {
             kind: Kind::Challenge(challenge),
             token: Zeroizing::new(token),
@@ -262,50 +283,69 @@ fn parse_envelope(mut v: Value) -> Result<Parsed, Rejection> {
         });
     }
     if v.get("schema").is_some() {
-        let event_id = str_at(&v, "/header/event_id").ok_or(Rejection::MissingFields)?;
-        let event_type = str_at(&v, "/header/event_type").ok_or(Rejection::MissingFields)?;
-        let created_at = match v.pointer("/header/create_time") {
-            None | Some(Value::Null) => None,
+        let header = v.get("header").map(Members::of).unwrap_or_default();
+        let event_id = owned(header.str("event_id")).ok_or(Rejection::MissingFields)?;
+        let event_type = owned(header.str("event_type")).ok_or(Rejection::MissingFields)?;
+        let created_at = match header.get("create_time") {
+            None => None,
+            Some(t) if t.get() == "null" => None,
             Some(t) => Some(parse_event_time(t).ok_or(Rejection::MissingFields)?),
         };
-        let app_id = str_at(&v, "/header/app_id");
-        let token = v
-            .pointer_mut("/header")
-            .and_then(Value::as_object_mut)
-            .and_then(|h| h.remove("token"));
-        return event(event_id, event_type, token, app_id, created_at, v);
+        let app_id = owned(header.str("app_id"));
+        let token = header.get("token").map(json::as_str);
+        // The header is written back without its token; everything else as it came.
+        let mut payload = String::with_capacity(len);
+        v.write(&mut payload, &[], &mut |k| {
+            (k == "header").then(|| {
+                let mut h = String::with_capacity(256);
+                header.write(&mut h, &["token"], &mut |_| None);
+                h
+            })
+        });
+        let raw_event = v.get("event");
+        return event(
+            event_id, event_type, token, app_id, created_at, payload, raw_event,
+        );
     }
     if v.get("uuid").is_some() {
-        let event_id = str_at(&v, "/uuid").ok_or(Rejection::MissingFields)?;
-        let event_type = str_at(&v, "/event/type").ok_or(Rejection::MissingFields)?;
+        let event_id = owned(v.str("uuid")).ok_or(Rejection::MissingFields)?;
+        let inner = v.get("event").map(Members::of).unwrap_or_default();
+        let event_type = owned(inner.str("type")).ok_or(Rejection::MissingFields)?;
         let created_at = match v.get("ts") {
-            None | Some(Value::Null) => None,
+            None => None,
+            Some(t) if t.get() == "null" => None,
             Some(t) => Some(parse_event_time_v1(t).ok_or(Rejection::MissingFields)?),
         };
-        let app_id = str_at(&v, "/event/app_id");
-        let token = v.as_object_mut().and_then(|o| o.remove("token"));
-        return event(event_id, event_type, token, app_id, created_at, v);
+        let app_id = owned(inner.str("app_id"));
+        let token = v.get("token").map(json::as_str);
+        let mut payload = String::with_capacity(len);
+        v.write(&mut payload, &["token"], &mut |_| None);
+        let raw_event = v.get("event");
+        return event(
+            event_id, event_type, token, app_id, created_at, payload, raw_event,
+        );
     }
     Err(Rejection::MissingFields)
 }
 
-/// An event envelope (v2 or v1) once its fields are pulled out; the token already removed from
-/// the payload that will be stored.
+/// An event envelope (v2 or v1) once its fields are pulled out; `payload` is the envelope to
+/// store (token already removed), `event` its raw `event` member, which names the section.
 fn event(
     event_id: String,
     event_type: String,
-    token: Option<Value>,
+    token: Option<Option<std::borrow::Cow<'_, str>>>,
     app_id: Option<String>,
     created_at: Option<DateTime<Utc>>,
-    payload: Value,
+    payload: String,
+    raw_event: Option<&RawValue>,
 ) -> Result<Parsed, Rejection> {
-    let Some(Value::String(token)) = token else {
+    let Some(Some(token)) = token else {
         return Err(Rejection::MissingFields);
     };
     if event_id.is_empty() || event_type.is_empty() {
         return Err(Rejection::MissingFields);
     }
-    let route = super::event::route(&event_type, &payload);
+    let route = super::event::route(&event_type, raw_event);
     Ok(Parsed {
         kind: Kind::Event(Envelope {
             event_id,
@@ -314,7 +354,7 @@ fn event(
             section: route.section,
             message_id: route.message_id,
         }),
-        token: Zeroizing::new(token),
+        token: Zeroizing::new(token.into_owned()),
         app_id,
         created_at,
     })
@@ -325,13 +365,12 @@ fn parse_seconds(s: &str) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(s.trim().parse::<i64>().ok()?, 0)
 }
 
-/// v2 `header.create_time`: milliseconds as a string. Card callbacks have been seen with
-/// microseconds, so a value too large to be milliseconds is read as microseconds.
-fn parse_event_time(v: &Value) -> Option<DateTime<Utc>> {
-    let n: i64 = match v {
-        Value::String(s) => s.trim().parse().ok()?,
-        Value::Number(n) => n.as_i64()?,
-        _ => return None,
+/// v2 `header.create_time`: milliseconds as a string (or a number). Card callbacks have been
+/// seen with microseconds, so a value too large to be milliseconds is read as microseconds.
+fn parse_event_time(v: &RawValue) -> Option<DateTime<Utc>> {
+    let n: i64 = match json::as_str(v) {
+        Some(s) => s.trim().parse().ok()?,
+        None => v.get().parse().ok()?,
     };
     if n > 100_000_000_000_000 {
         DateTime::from_timestamp_micros(n)
@@ -341,11 +380,10 @@ fn parse_event_time(v: &Value) -> Option<DateTime<Utc>> {
 }
 
 /// v1 `ts`: seconds, possibly fractional, as a string.
-fn parse_event_time_v1(v: &Value) -> Option<DateTime<Utc>> {
-    let secs: f64 = match v {
-        Value::String(s) => s.trim().parse().ok()?,
-        Value::Number(n) => n.as_f64()?,
-        _ => return None,
+fn parse_event_time_v1(v: &RawValue) -> Option<DateTime<Utc>> {
+    let secs: f64 = match json::as_str(v) {
+        Some(s) => s.trim().parse().ok()?,
+        None => v.get().parse().ok()?,
     };
     if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
         return None;
@@ -379,17 +417,19 @@ pub fn decrypt(encrypt_key: &str, b64: &str) -> Result<Vec<u8>, DecryptError> {
     if data.len() < 32 || data.len() % 16 != 0 {
         return Err(DecryptError);
     }
-    let (iv, ct) = data.split_at(16);
+    // Decrypted in place, behind the IV, which is then dropped: no second buffer.
+    let mut data = data;
     let key = aes_key(encrypt_key);
-    let mut buf = ct.to_vec();
+    let (iv, ct) = data.split_at_mut(16);
     let dec = cbc::Decryptor::<aes::Aes256>::new_from_slices(key.as_slice(), iv)
         .map_err(|_| DecryptError)?;
-    let plain = dec
-        .decrypt_padded_mut::<Pkcs7>(&mut buf)
-        .map_err(|_| DecryptError)?;
-    let n = plain.len();
-    buf.truncate(n);
-    Ok(buf)
+    let n = dec
+        .decrypt_padded_mut::<Pkcs7>(ct)
+        .map_err(|_| DecryptError)?
+        .len();
+    data.truncate(16 + n);
+    data.drain(..16);
+    Ok(data)
 }
 
 /// The inverse of [`decrypt`], as the platform does it. The service never encrypts; tests and
@@ -413,7 +453,7 @@ pub fn encrypt(encrypt_key: &str, iv: [u8; 16], plaintext: &[u8]) -> String {
 mod tests {
     use super::*;
     use secrecy::SecretString;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     /// With a key: signed only. Without: unsigned events explicitly allowed.
     fn config(key: Option<&str>) -> LarkConfig {
@@ -478,7 +518,13 @@ mod tests {
         };
         assert_eq!(e.event_id, "ev1");
         assert_eq!(e.event_type, "im.message.receive_v1");
-        assert!(e.payload.pointer("/header/token").is_none());
+        let stored: Value = serde_json::from_str(&e.payload).unwrap();
+        assert!(stored.pointer("/header/token").is_none());
+        assert!(!e.payload.contains("tok\""));
+        // Everything else is stored as it came.
+        let mut expected = event("tok");
+        expected["header"].as_object_mut().unwrap().remove("token");
+        assert_eq!(stored, expected);
         let body = event("tik").to_string();
         let r = verify_plain(&body, now());
         assert_eq!(r, Err(Rejection::BadToken));
@@ -552,7 +598,9 @@ mod tests {
             (e.event_id.as_str(), e.event_type.as_str()),
             ("u1", "message")
         );
-        assert!(e.payload.get("token").is_none());
+        let stored: Value = serde_json::from_str(&e.payload).unwrap();
+        assert!(stored.get("token").is_none());
+        assert_eq!(stored["event"]["type"], "message");
     }
 
     #[test]
