@@ -427,19 +427,17 @@ pub async fn set(
         Ok(_) => None,
     };
     let target = (backend != "local").then_some(backend.as_str());
+    let entry = |outcome, detail| audit::ChatEntry {
+        actor,
+        action: "workspace.set",
+        section: Some(section),
+        target,
+        outcome,
+        detail,
+    };
     if let Some(why) = refusal {
-        audit::record_chat(
-            &mut tx,
-            audit::ChatEntry {
-                actor,
-                action: "workspace.set",
-                section: Some(section),
-                target,
-                outcome: "refused",
-                detail: json!({ "dir": choice.dir, "permission": permission.as_str(), "reason": why }),
-            },
-        )
-        .await?;
+        let detail = json!({ "dir": choice.dir, "permission": permission.as_str(), "reason": why });
+        audit::record_chat(&mut tx, entry("refused", detail)).await?;
         tx.commit().await?;
         return Ok(Err(why));
     }
@@ -466,21 +464,11 @@ pub async fn set(
         .bind(&backend)
         .execute(&mut *tx)
         .await?;
-    audit::record_chat(
-        &mut tx,
-        audit::ChatEntry {
-            actor,
-            action: "workspace.set",
-            section: Some(section),
-            target,
-            outcome: "ok",
-            detail: json!({
-                "dir": dir, "permission": permission.as_str(), "mode": mode.as_str(),
-                "from": { "dir": before.dir, "permission": before.chosen.as_str(), "mode": before.mode.as_str() },
-            }),
-        },
-    )
-    .await?;
+    let detail = json!({
+        "dir": dir, "permission": permission.as_str(), "mode": mode.as_str(),
+        "from": { "dir": before.dir, "permission": before.chosen.as_str(), "mode": before.mode.as_str() },
+    });
+    audit::record_chat(&mut tx, entry("ok", detail)).await?;
     let after = current_in(&mut tx, rules, section, place).await?;
     tx.commit().await?;
     Ok(Ok(after))
