@@ -13,7 +13,7 @@ use crate::agent::{
     Control, MODEL, add_target, builder, call, rand_u16, remote_pgrep, request, say, turn_states,
     unique, wait_for, wait_turns_ended,
 };
-use crate::fake_lark::{FakeCard, FakeLark};
+use crate::fake_lark::{Failure, FakeCard, FakeLark};
 use crate::fake_llm::FakeProvider;
 use crate::helpers::TestApp;
 use crate::lark_support::{ENCRYPT_KEY, TOKEN, post, sealed_now};
@@ -588,4 +588,46 @@ async fn a_turn_of_300_steps_stays_under_the_card_limits() {
     assert!(text.contains("step-29-9"), "{text}");
     assert!(card.data.to_string().len() < 15 * 1024);
     assert!(busiest_second(&card) <= 5);
+}
+
+#[tokio::test]
+async fn a_rate_limited_and_an_out_of_sequence_update_are_retried_and_nothing_is_lost() {
+    let env = env(&[]).await;
+    // The first content update is refused with 230020 (too many operations on the card), the
+    // retry with 300317 (the card has seen a higher sequence, as after a lost reservation).
+    env.lark.fail_next(
+        "/elements/steps/content",
+        vec![Failure::Code(230020), Failure::Code(300317)],
+    );
+    let section = unique("oc_retry");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo first"})))
+        .push(MODEL, call("terminal", json!({"command": "echo second"})))
+        .push(MODEL, say("fine"));
+    let msg = unique("om_retry");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    wait_turns_ended(&env.app, &section, 1).await;
+    let card = closed_card(&env.lark).await;
+    let text = card.element("steps");
+    assert!(
+        text.contains("`echo first`")
+            && text.contains("`echo second`")
+            && text.contains("**Done**"),
+        "{text}"
+    );
+    // Both refusals were served, and the writer neither gave up on the card nor fell back.
+    let attempts = env.lark.requests_to("/elements/steps/content").len();
+    let accepted = card.ops.iter().filter(|o| o.2 == "content").count();
+    assert_eq!(attempts, accepted + 2, "{:?}", card.ops);
+    assert_eq!(env.lark.cards().len(), 1);
+    assert!(env.lark.patched(&msg).is_empty());
+    // 300317 moved the sequence past the card's by a whole block, and it kept increasing.
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+    let first = card.ops.iter().find(|o| o.2 == "content").map(|o| o.1);
+    assert!(first >= Some(100), "no resync jump: {:?}", card.ops);
 }
