@@ -631,3 +631,43 @@ async fn a_rate_limited_and_an_out_of_sequence_update_are_retried_and_nothing_is
     let first = card.ops.iter().find(|o| o.2 == "content").map(|o| o.1);
     assert!(first >= Some(100), "no resync jump: {:?}", card.ops);
 }
+
+#[tokio::test]
+async fn a_card_whose_streaming_cannot_be_re_enabled_is_replaced_by_a_new_one() {
+    // Lark closes streaming after 1 s, and refuses to turn it on again once.
+    let env = env(&[]).await;
+    env.lark.set_cardkit_ttl(Duration::from_secs(1));
+    env.lark.fail_next("/settings", vec![Failure::Code(300309)]);
+    let section = unique("oc_rotate");
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 2.5; echo rotated"})),
+        )
+        .push(MODEL, say("fine"));
+    let msg = unique("om_rotate");
+    env.app
+        .state
+        .agent
+        .accept(&request(&section, &msg, "q"))
+        .await
+        .unwrap();
+    wait_turns_ended(&env.app, &section, 1).await;
+    let card = closed_card(&env.lark).await;
+    let cards = env.lark.cards();
+    assert_eq!(cards.len(), 2, "{cards:#?}");
+    assert!(
+        cards[0].refusals.contains(&300309),
+        "{:?}",
+        cards[0].refusals
+    );
+    // The new card was sent and carries the whole turn, from its own sequence.
+    assert!(card.sent && card.card_id == cards[1].card_id);
+    let text = card.element("steps");
+    assert!(
+        text.contains("`sleep 2.5; echo rotated`") && text.contains("**Done**"),
+        "{text}"
+    );
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+    assert!(env.lark.patched(&msg).is_empty());
+}
