@@ -6,6 +6,9 @@
 //!
 //! Run as root with `bash scripts/bench.sh agent` (it provides TEST_DATABASE_URL).
 
+#[path = "../tests/api/database.rs"]
+mod database;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -18,7 +21,6 @@ use async_trait::async_trait;
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
-use sqlx::Connection;
 use sshmode::agent::{ChatOut, SectionControl, SshModeAction};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
@@ -124,18 +126,7 @@ impl ChatOut for Nowhere {
 }
 
 async fn run() {
-    let server = std::env::var("TEST_DATABASE_URL")
-        .expect("TEST_DATABASE_URL is not set: run through scripts/bench.sh");
-    let db_name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&server).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {db_name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db_url = match server.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db_name}"),
-        None => panic!("unexpected TEST_DATABASE_URL"),
-    };
+    let db_url = database::fresh_database().await;
 
     let arrivals: Arrivals = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -147,9 +138,7 @@ async fn run() {
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let sshd_dir = dir.join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = sshd::Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = sshd::Sshd::start_below(dir);
     let key = dir.join("bench_key");
     sshd::new_key(&key, "ed25519", "");
     sshd.authorize(&dir.join("bench_key.pub"));

@@ -5,6 +5,9 @@
 //!
 //! Run as root with `bash scripts/bench.sh exec` (it provides TEST_DATABASE_URL).
 
+#[path = "../tests/api/database.rs"]
+mod database;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -15,7 +18,6 @@ use std::process::{Command as Proc, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::Connection;
 use sshmode::config::Config;
 use sshmode::exec::{Command, Executors, Place};
 use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
@@ -83,29 +85,16 @@ fn ssh_opts(dir: &Path, key: &Path, port: u16) -> Vec<String> {
 }
 
 async fn run() {
-    let server = std::env::var("TEST_DATABASE_URL")
-        .expect("TEST_DATABASE_URL is not set: run through scripts/bench.sh");
-    let db_name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&server).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {db_name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db_url = match server.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db_name}"),
-        None => panic!("unexpected TEST_DATABASE_URL"),
-    };
+    let db_url = database::fresh_database().await;
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let sshd_dir = dir.join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = sshd::Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = sshd::Sshd::start_below(dir);
     let port = sshd.port;
     let key = dir.join("bench_key");
     sshd::new_key(&key, "ed25519", "");
     sshd.authorize(&dir.join("bench_key.pub"));
-    let host_pub = std::fs::read_to_string(sshd_dir.join("host_key.pub")).unwrap();
+    let host_pub = std::fs::read_to_string(dir.join("sshd/host_key.pub")).unwrap();
     std::fs::write(
         dir.join("known_hosts"),
         format!("[127.0.0.1]:{port} {host_pub}"),

@@ -15,6 +15,9 @@
 //! The service runs on this process's multi-threaded runtime; the load generator runs on a
 //! thread of its own with a single-threaded runtime, as pgbench runs in a process of its own.
 
+#[path = "../tests/api/database.rs"]
+mod database;
+
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,7 +26,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sqlx::Connection;
 use sshmode::app::App;
 use sshmode::config::Config;
 use sshmode::lark::webhook;
@@ -290,26 +292,12 @@ async fn open_loop(
     (lat, late, failed, elapsed)
 }
 
-async fn fresh_database(server: &str) -> String {
-    let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(server).await.expect("connect");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .expect("create database");
-    conn.close().await.ok();
-    let (base, _) = server.rsplit_once('/').expect("URL with a database");
-    format!("{base}/{name}")
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let clients = arg("--clients", 16) as usize;
     let seconds = arg("--seconds", 10);
-    let server = std::env::var("TEST_DATABASE_URL")
-        .expect("TEST_DATABASE_URL: run through scripts/bench.sh");
     let pg_bin = std::env::var("PG_BIN").expect("PG_BIN: run through scripts/bench.sh");
-    let db = fresh_database(&server).await;
+    let db = database::fresh_database().await;
 
     let dir = tempfile::tempdir()?;
     let vars: HashMap<&str, String> = [

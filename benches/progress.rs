@@ -5,6 +5,9 @@
 //!
 //! Run with `bash scripts/bench.sh progress` (it provides TEST_DATABASE_URL).
 
+#[path = "../tests/api/database.rs"]
+mod database;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +16,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::Uri;
 use serde_json::{Value, json};
-use sqlx::Connection;
 use sshmode::agent::{StepEvent, StepSink};
 use sshmode::config::Config;
 use sshmode::exec::Place;
@@ -75,18 +77,7 @@ async fn fake(State(seen): State<Shared>, uri: Uri, body: Option<Json<Value>>) -
 }
 
 async fn run() {
-    let server = std::env::var("TEST_DATABASE_URL")
-        .expect("TEST_DATABASE_URL is not set: run through scripts/bench.sh");
-    let db_name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&server).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {db_name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let db_url = match server.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db_name}"),
-        None => panic!("unexpected TEST_DATABASE_URL"),
-    };
+    let db_url = database::fresh_database().await;
     let seen: Shared = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -5,6 +5,9 @@
 //!
 //! Run with `bash scripts/bench.sh receipt` (it provides TEST_DATABASE_URL).
 
+#[path = "../tests/api/database.rs"]
+mod database;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +18,6 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use sqlx::Connection;
 use sshmode::app::App;
 use sshmode::config::Config;
 use sshmode::lark::webhook;
@@ -236,23 +238,9 @@ async fn scenario(
     (lat, missing, answered_first)
 }
 
-async fn fresh_database(server: &str) -> String {
-    let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(server).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn.close().await.ok();
-    let (base, _) = server.rsplit_once('/').expect("URL with a database");
-    format!("{base}/{name}")
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     sshmode::install_crypto_provider();
-    let server = std::env::var("TEST_DATABASE_URL")
-        .expect("TEST_DATABASE_URL: run through scripts/bench.sh");
     let shared: Shared = Arc::default();
     let lark_url = serve(
         axum::Router::new()
@@ -275,7 +263,7 @@ async fn main() -> anyhow::Result<()> {
         ("twenty", 20, 1.0),
         ("twentyslow", 20, 0.25),
     ] {
-        let db = fresh_database(&server).await;
+        let db = database::fresh_database().await;
         let dir = tempfile::tempdir()?;
         let vars: HashMap<&str, String> = [
             ("DATABASE_URL", db),

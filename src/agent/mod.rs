@@ -195,6 +195,8 @@ pub struct AgentDeps {
     pub config: AgentConfig,
     /// The last system prompt per section, reused while nothing it shows changed.
     pub prompts: prompt::Cache,
+    /// Where local workspaces may be (the root resolved once, at start-up).
+    pub workspaces: crate::workspace::LocalRules,
 }
 
 /// The agent. One per app; cheap to share.
@@ -299,6 +301,7 @@ pub fn build(
         steps: steps.unwrap_or_else(|| Arc::new(NoProgress)),
         config: config.agent.clone(),
         prompts: Default::default(),
+        workspaces: crate::workspace::LocalRules::from_config(&config.exec),
     });
     // Console sections are answered by the console that owns them.
     let runner = turns::Runner::scoped(

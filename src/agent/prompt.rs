@@ -77,57 +77,47 @@ async fn build(
     chat_id: &str,
     place: anyhow::Result<Place>,
 ) -> String {
-    let (backend, backend_name) = match &place {
-        Ok(Place::Local) => (
-            "the local backend: a sandboxed workspace on the service's own machine".to_string(),
-            "local".to_string(),
-        ),
+    let backend = match &place {
+        Ok(Place::Local) => {
+            "the local backend: a sandboxed workspace on the service's own machine".to_string()
+        }
         Ok(Place::Target(alias)) => match crate::target::get(&deps.db, alias).await {
-            Ok(t) => (
-                format!(
-                    "the SSH target `{alias}` ({}@{}{})",
-                    t.user,
-                    t.host,
-                    if t.port == 22 {
-                        String::new()
-                    } else {
-                        format!(":{}", t.port)
-                    }
-                ),
-                alias.clone(),
+            Ok(t) => format!(
+                "the SSH target `{alias}` ({}@{}{})",
+                t.user,
+                t.host,
+                if t.port == 22 {
+                    String::new()
+                } else {
+                    format!(":{}", t.port)
+                }
             ),
-            Err(_) => (
-                format!("the SSH target `{alias}` (not registered now: task tools will fail)"),
-                alias.clone(),
-            ),
-        },
-        Err(e) => (
-            format!("unknown right now ({e}); task tools will fail until it is resolved"),
-            String::new(),
-        ),
-    };
-    let cwd: Option<String> =
-        sqlx::query_scalar("SELECT dir FROM section_cwds WHERE section_id = $1 AND backend = $2")
-            .bind(section)
-            .bind(&backend_name)
-            .fetch_optional(&deps.db)
-            .await
-            .ok()
-            .flatten();
-    let rules = crate::workspace::LocalRules::from_config(deps.exec.config());
-    let workspace = match &place {
-        Ok(p) => match crate::workspace::current(&deps.db, &rules, section, p).await {
-            Ok(ws) => format!(
-                "Your workspace is `{}` on this backend; work there unless the user asks otherwise. Its permission, enforced by the tools before anything runs, is {}\n{}\nOnly a user changes these (`/workspace set <dir> [read|read-write|full] [office|dev|design]`, up to the maximum an operator allows); if a refusal blocks the task, say which permission it needs.",
-                ws.dir,
-                ws.permission_guidance(),
-                ws.mode.guidance()
-            ),
-            Err(e) => {
-                format!("unknown right now ({e}); task tools will fail until it is resolved.")
+            Err(_) => {
+                format!("the SSH target `{alias}` (not registered now: task tools will fail)")
             }
         },
-        Err(_) => "unknown until the backend is known.".to_string(),
+        Err(e) => format!("unknown right now ({e}); task tools will fail until it is resolved"),
+    };
+    // The workspace, read with the stored working directory on this backend.
+    let ws = match &place {
+        Ok(p) => Some(crate::workspace::current(&deps.db, &deps.workspaces, section, p).await),
+        Err(_) => None,
+    };
+    let cwd = ws
+        .as_ref()
+        .and_then(|r| r.as_ref().ok())
+        .and_then(|w| w.cwd.clone());
+    let workspace = match ws {
+        Some(Ok(ws)) => format!(
+            "Your workspace is `{}` on this backend; work there unless the user asks otherwise. Its permission, enforced by the tools before anything runs, is {}\n{}\nOnly a user changes these (`/workspace set <dir> [read|read-write|full] [office|dev|design]`, up to the maximum an operator allows); if a refusal blocks the task, say which permission it needs.",
+            ws.dir,
+            ws.permission_guidance(),
+            ws.mode.guidance()
+        ),
+        Some(Err(e)) => {
+            format!("unknown right now ({e}); task tools will fail until it is resolved.")
+        }
+        None => "unknown until the backend is known.".to_string(),
     };
     let ssh = match deps
         .control

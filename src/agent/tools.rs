@@ -17,7 +17,7 @@ use crate::exec::ops::{ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::{Tool, ToolCall};
-use crate::workspace::{self, LocalRules, Permission, Scope, judge};
+use crate::workspace::{self, Permission, Scope, judge};
 
 /// The tool definitions sent with every model call.
 pub fn definitions() -> Vec<Tool> {
@@ -291,8 +291,7 @@ async fn dispatch(
     };
     *backend_out = Some(backend_label.clone());
     // The workspace and its permission, judged before anything runs.
-    let rules = LocalRules::from_config(deps.exec.config());
-    let ws = workspace::current(&deps.db, &rules, section, &place)
+    let ws = workspace::current(&deps.db, &deps.workspaces, section, &place)
         .await
         .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
     if let Err(d) = judge::check_tool(ws.permission, tool) {
@@ -316,27 +315,23 @@ async fn dispatch(
     }
     .map_err(|e| e.to_string())?;
     let backend_name = ops.backend().name().to_string();
-    // The stored working directory (read with the workspace) seeds this replica's.
+    // The workspace on the backend's host (`~` is that user's home there).
+    let workspace_dir = ops.resolve(&ws.dir).await.map_err(exec_err)?;
+    // The stored working directory (read with the workspace) seeds this replica's; without one
+    // (a new section, or a new workspace) the shell starts in the workspace.
     let seeded = ws.cwd.clone();
-    if let Some(d) = &seeded {
-        deps.exec.cwds().set(&backend_name, section, d.clone());
-    } else {
-        // No stored directory (a new section, or a new workspace): start in the workspace.
-        let start = ops.resolve(&ws.dir).await.map_err(exec_err)?;
-        deps.exec.cwds().set(&backend_name, section, start);
-    }
+    let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
+    deps.exec.cwds().set(&backend_name, section, start);
     // What the judge needs: the workspace and the working directory on the backend's host.
-    let judged = ws.permission < Permission::Full;
-    let scope_parts = if judged {
-        let workspace = ops.resolve(&ws.dir).await.map_err(exec_err)?;
+    let scope_parts = if ws.permission < Permission::Full {
         let cwd = ops.cwd().await.map_err(exec_err)?;
         let home = ops.backend().home().await.ok();
-        Some((workspace, cwd, home))
+        Some((cwd, home))
     } else {
         None
     };
-    let scope = scope_parts.as_ref().map(|(w, c, h)| Scope {
-        workspace: w,
+    let scope = scope_parts.as_ref().map(|(c, h)| Scope {
+        workspace: &workspace_dir,
         cwd: c,
         home: h.as_deref(),
     });
@@ -529,10 +524,8 @@ async fn check_write(
     scope: &Scope<'_>,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
+    // (At `read` the writing tools were refused before this.)
     let resolved = ops.resolve(path).await.map_err(exec_err)?;
-    if permission == Permission::Read {
-        return judge::check_write_path(permission, &resolved, scope).map_err(|d| d.to_string());
-    }
     let real = ops
         .real_paths(&[scope.workspace, &resolved], cancel)
         .await

@@ -185,6 +185,7 @@ impl Session {
             steps: term.clone(),
             config: config.agent.clone(),
             prompts: Default::default(),
+            workspaces: crate::workspace::LocalRules::from_config(&config.exec),
         });
         // Only this section: another section's answers belong to its own front-end.
         let runner = crate::turns::Runner::scoped(

@@ -83,11 +83,6 @@ pub fn serialize_permission<S: serde::Serializer>(p: &Permission, s: S) -> Resul
     s.serialize_str(p.as_str())
 }
 
-/// The highest permission a section may have on `backend`.
-fn local_max() -> Permission {
-    Permission::Full
-}
-
 /// A section's workspace on one backend, as the tools enforce it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workspace {
@@ -112,12 +107,6 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// Whether this is the section's own local directory or a target's default: the place
-    /// the backend starts in anyway.
-    pub fn is_default(&self) -> bool {
-        self.set.is_none()
-    }
-
     /// The lines of `/workspace show` (and of `/ssh status`).
     pub fn describe(&self) -> String {
         let mut s = format!(
@@ -169,28 +158,26 @@ with no output redirection."
 /// Where local workspaces may be: below the workspace root, never the service's own files.
 #[derive(Debug, Clone)]
 pub struct LocalRules {
+    /// The workspace root with symlinks resolved (as configured when it did not exist yet).
     root: PathBuf,
     data_dir: PathBuf,
     protected: Vec<PathBuf>,
 }
 
 impl LocalRules {
+    /// Built once the execution layer has created the workspace root.
     pub fn from_config(c: &ExecConfig) -> LocalRules {
         LocalRules {
-            root: c.workspace_root.clone(),
+            root: std::fs::canonicalize(&c.workspace_root)
+                .unwrap_or_else(|_| c.workspace_root.clone()),
             data_dir: c.local.data_dir.clone(),
             protected: c.local.protected.clone(),
         }
     }
 
-    /// The workspace root with symlinks resolved (as given when it does not exist yet).
-    fn root(&self) -> PathBuf {
-        std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone())
-    }
-
     /// A section's own directory: `<root>/sections/<section>`.
     pub fn own_dir(&self, section: &str) -> PathBuf {
-        self.root()
+        self.root
             .join("sections")
             .join(crate::exec::local::workspace_dir_name(section))
     }
@@ -202,7 +189,7 @@ impl LocalRules {
         if asked.is_empty() || asked.len() > 4096 || asked.chars().any(char::is_control) {
             return Err("the directory is empty, too long, or holds control characters".into());
         }
-        let root = self.root();
+        let root = &self.root;
         let own = self.own_dir(section);
         let given = Path::new(asked);
         let joined = if given.is_absolute() {
@@ -227,7 +214,7 @@ impl LocalRules {
             return Err(format!("`{asked}` is not a directory"));
         }
         let sections = root.join("sections");
-        let below_root = dir.starts_with(&root) && dir != root && dir != sections;
+        let below_root = dir.starts_with(root) && dir != *root && dir != sections;
         let foreign = dir.starts_with(&sections) && !dir.starts_with(&own);
         let service = self
             .protected
@@ -352,7 +339,8 @@ async fn current_in(
         None => match place {
             Place::Local => (
                 rules.own_dir(section).display().to_string(),
-                local_max(),
+                // The local backend's maximum.
+                Permission::Full,
                 None,
             ),
             Place::Target(_) => (
@@ -442,13 +430,14 @@ pub async fn set(
         return Ok(Err(why));
     }
     let dir = dir.expect("checked");
-    sqlx::query(
+    let set_at: DateTime<Utc> = sqlx::query_scalar(
         "INSERT INTO workspaces (section_id, backend, generation, dir, permission, mode, set_by) \
          VALUES ($1, $2, (SELECT generation FROM targets WHERE alias = $2 AND $2 <> 'local'), \
                  $3, $4, $5, $6) \
          ON CONFLICT (section_id, backend) DO UPDATE SET generation = EXCLUDED.generation, \
              dir = EXCLUDED.dir, permission = EXCLUDED.permission, mode = EXCLUDED.mode, \
-             set_by = EXCLUDED.set_by, set_at = now()",
+             set_by = EXCLUDED.set_by, set_at = now() \
+         RETURNING set_at",
     )
     .bind(section)
     .bind(&backend)
@@ -456,7 +445,7 @@ pub async fn set(
     .bind(permission.as_str())
     .bind(mode.as_str())
     .bind(actor)
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     // The shell starts again in the new workspace.
     sqlx::query("DELETE FROM section_cwds WHERE section_id = $1 AND backend = $2")
@@ -469,9 +458,17 @@ pub async fn set(
         "from": { "dir": before.dir, "permission": before.chosen.as_str(), "mode": before.mode.as_str() },
     });
     audit::record_chat(&mut tx, entry("ok", detail)).await?;
-    let after = current_in(&mut tx, rules, section, place).await?;
     tx.commit().await?;
-    Ok(Ok(after))
+    Ok(Ok(Workspace {
+        backend,
+        dir,
+        permission,
+        chosen: permission,
+        max: before.max,
+        mode,
+        set: Some((actor.to_string(), set_at)),
+        cwd: None,
+    }))
 }
 
 #[cfg(test)]

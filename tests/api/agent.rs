@@ -496,9 +496,7 @@ async fn tools_act_on_the_bound_target_and_the_parent_stays_local() {
     }
     let env = env(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
 
     let thread = unique("omt_remote");
@@ -628,9 +626,7 @@ async fn a_target_that_is_down_fails_the_tool_and_nothing_runs_locally() {
     }
     let env = env(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let mut sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let mut sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
     sshd.stop();
 
@@ -700,9 +696,7 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
     }
     let env = env(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
     // A second instance on the same database (and vault key) handles the /stop.
     let other = builder(&env.llm, &env.lark, &env.control)
@@ -875,9 +869,7 @@ async fn a_turn_resumes_on_another_instance_after_a_hard_stop_without_rerunning_
     let lease = [("SSHMODE_TURN_LEASE_SECS", "2")];
     let env = env(&lease).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
 
     let thread = unique("omt_resume");

@@ -42,9 +42,7 @@ async fn env() -> Env {
         .spawn()
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&app, &sshd, dir.path(), "web").await;
     Env {
         app,

@@ -147,9 +147,7 @@ async fn console_binds_runs_remotely_resumes_and_returns_to_local() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     let env = Env {
         db_url: fresh_database().await,
         data_dir: tempfile::tempdir().unwrap(),

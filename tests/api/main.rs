@@ -6,6 +6,7 @@ mod agent_chat;
 mod chat_control;
 mod console;
 mod control_plane;
+mod database;
 mod exec;
 mod exec_ssh;
 #[allow(dead_code)]

@@ -115,9 +115,7 @@ async fn a_remote_turn_streams_one_card_with_every_step_where_it_ran() {
     }
     let env = env(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
     let thread = unique("omt_prog");
     env.control.bind(&thread, Place::Target("web".into()));
@@ -351,9 +349,7 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
     }
     let env = env(&[("LARK_ENCRYPT_KEY", ENCRYPT_KEY)]).await;
     let dir = tempfile::tempdir().unwrap();
-    let sshd_dir = dir.path().join("sshd");
-    std::fs::create_dir_all(&sshd_dir).unwrap();
-    let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+    let sshd = Sshd::start_below(dir.path());
     add_target(&env.app, &sshd, dir.path(), "web").await;
     let thread = unique("omt_btn");
     env.control.bind(&thread, Place::Target("web".into()));

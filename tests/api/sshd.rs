@@ -154,6 +154,13 @@ pub struct Sshd {
 impl Sshd {
     /// Starts sshd on `port` with the host key at `dir/host_key` (created if missing) and a
     /// user CA at `dir/ca` (created if missing).
+    /// Starts one in a new directory `sshd` below `parent`, on a free port.
+    pub fn start_below(parent: &Path) -> Sshd {
+        let dir = parent.join("sshd");
+        std::fs::create_dir_all(&dir).unwrap();
+        Sshd::start(&dir, free_port())
+    }
+
     pub fn start(dir: &Path, port: u16) -> Sshd {
         Self::start_with(dir, port, "")
     }

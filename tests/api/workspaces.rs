@@ -76,9 +76,7 @@ async fn env(remote: bool) -> Env {
     let app = builder(&llm, &lark, &control).spawn().await;
     let tmp = tempfile::tempdir().unwrap();
     let sshd = if remote {
-        let sshd_dir = tmp.path().join("sshd");
-        std::fs::create_dir_all(&sshd_dir).unwrap();
-        let sshd = Sshd::start(&sshd_dir, sshd::free_port());
+        let sshd = Sshd::start_below(tmp.path());
         add_target(&app, &sshd, tmp.path(), "web").await;
         Some(sshd)
     } else {
