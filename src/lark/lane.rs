@@ -10,6 +10,10 @@
 //! no slot was granted within its lane's deadline, so a caller is always told; a waiter that
 //! gives up (timed out or dropped) takes no slot from the others.
 //!
+//! Written here because governor (which keeps the per-chat limit) hands a free cell to
+//! whichever caller polls first and has no notion of priority; the budget itself is a
+//! few lines of GCRA, the algorithm governor uses.
+//!
 //! One small task hands out the slots, urgent first. It lives as long as the [`Lanes`]: it ends
 //! when they are dropped. Never sends anything itself.
 
