@@ -14,6 +14,7 @@ use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnReq
 use super::{binding, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::exec::Place;
 use crate::workspace;
 
 /// What the dispatcher works with.
@@ -115,7 +116,10 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             let now = deps.clock.now();
             let r = control::report(&deps.db, section, now).await?;
             let mut s = render::status(&r, now);
-            let place = binding::resolve_place(&deps.db, section, now).await?;
+            let place = match &r.binding {
+                Some(b) => Place::Target(b.alias.clone()),
+                None => Place::Local,
+            };
             match workspace::current(&deps.db, &deps.workspace_rules(), section, &place).await {
                 Ok(ws) => {
                     s.push('\n');

@@ -578,16 +578,13 @@ pub async fn set_settings(
     settings: &Settings,
     actor: &str,
 ) -> Result<Target, TargetError> {
-    if let Some(Some(dir)) = &settings.workspace {
-        let ok = (dir == "~" || dir.starts_with("~/") || dir.starts_with('/'))
-            && dir.len() <= 4096
-            && !dir.chars().any(char::is_control);
-        if !ok {
-            return Err(TargetError::Invalid(format!(
-                "`{dir}`: a target's workspace is absolute (`/srv/app`) or in the remote home (`~/app`)"
-            )));
-        }
-    }
+    // The same rule and normal form as a chat's `/workspace set` on a target.
+    let chosen = match &settings.workspace {
+        Some(Some(dir)) => Some(Some(
+            crate::workspace::remote_dir(dir).map_err(TargetError::Invalid)?,
+        )),
+        other => other.clone(),
+    };
     let mut tx = db.begin().await?;
     let prev =
         sqlx::query("SELECT workspace, max_permission FROM targets WHERE alias = $1 FOR UPDATE")
@@ -597,7 +594,7 @@ pub async fn set_settings(
             .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
     let (old_ws, old_max): (Option<String>, String) =
         (prev.get("workspace"), prev.get("max_permission"));
-    let workspace = settings.workspace.clone().unwrap_or(old_ws.clone());
+    let workspace = chosen.unwrap_or(old_ws.clone());
     let max = settings
         .max_permission
         .map(|p| p.as_str().to_string())

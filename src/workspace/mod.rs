@@ -254,7 +254,7 @@ fn lexical(path: &Path) -> Option<PathBuf> {
 
 /// Checks a remote directory as written: absolute or `~`-based, normalised lexically. Its
 /// existence and symlinks are the host's business, checked by the tools when they run.
-fn check_remote(asked: &str) -> Result<String, String> {
+pub fn remote_dir(asked: &str) -> Result<String, String> {
     let asked = asked.trim();
     if asked.is_empty() || asked.len() > 4096 || asked.chars().any(char::is_control) {
         return Err("the directory is empty, too long, or holds control characters".into());
@@ -394,7 +394,7 @@ pub async fn set(
                 .await?
                 .map(|d| d.display().to_string())
         }
-        Place::Target(_) => check_remote(&choice.dir),
+        Place::Target(_) => remote_dir(&choice.dir),
     };
     let mut tx = db.begin().await?;
     let before = current_in(&mut tx, rules, section, place).await?;
@@ -477,15 +477,15 @@ mod tests {
 
     #[test]
     fn remote_directories_are_absolute_or_in_the_home_and_normalised() {
-        assert_eq!(check_remote("~").unwrap(), "~");
-        assert_eq!(check_remote("~/").unwrap(), "~");
-        assert_eq!(check_remote("~/app/./src/..").unwrap(), "~/app");
-        assert_eq!(check_remote("/srv//app/").unwrap(), "/srv/app");
-        assert_eq!(check_remote("/").unwrap(), "/");
-        assert!(check_remote("app").is_err());
-        assert!(check_remote("~bob/app").is_err());
-        assert!(check_remote("/srv/../..").is_err());
-        assert!(check_remote("/srv/a\nb").is_err());
+        assert_eq!(remote_dir("~").unwrap(), "~");
+        assert_eq!(remote_dir("~/").unwrap(), "~");
+        assert_eq!(remote_dir("~/app/./src/..").unwrap(), "~/app");
+        assert_eq!(remote_dir("/srv//app/").unwrap(), "/srv/app");
+        assert_eq!(remote_dir("/").unwrap(), "/");
+        assert!(remote_dir("app").is_err());
+        assert!(remote_dir("~bob/app").is_err());
+        assert!(remote_dir("/srv/../..").is_err());
+        assert!(remote_dir("/srv/a\nb").is_err());
     }
 
     fn rules(root: &Path, data: &Path) -> LocalRules {
