@@ -173,6 +173,15 @@ pub(crate) fn request(section: &str, message_id: &str, text: &str) -> TurnReques
     }
 }
 
+/// Queues `text` as message `message_id` of `section` for a turn, as chat control would.
+pub(crate) async fn accept(app: &TestApp, section: &str, message_id: &str, text: &str) {
+    app.state
+        .agent
+        .accept(&request(section, message_id, text))
+        .await
+        .unwrap();
+}
+
 /// Polls `cond` every 20 ms until it holds; panics naming `what` after `secs`.
 pub(crate) async fn wait_for<F, Fut>(what: &str, secs: u64, mut cond: F)
 where
@@ -329,12 +338,7 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
         .push(MODEL, call("terminal", json!({"cmd": "oops"})))
         .push(MODEL, call("no_such_tool", json!({})))
         .push(MODEL, say("All **done**."));
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "do things"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "do things").await;
     assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
 
     let reqs = env.llm.requests();
@@ -512,12 +516,7 @@ async fn tools_act_on_the_bound_target_and_the_parent_stays_local() {
         .push(MODEL, call("execute_code", json!({"code": "echo bash $HOME", "language": "bash"})))
         .push(MODEL, say("remote done"));
     let msg = unique("om_remote");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &msg, "work remotely"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &msg, "work remotely").await;
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
     let results = tool_results(&env.llm);
     let home = remote_home();
@@ -557,12 +556,7 @@ async fn tools_act_on_the_bound_target_and_the_parent_stays_local() {
         .push(MODEL, call("terminal", json!({"command": "id -un"})))
         .push(MODEL, say("local done"));
     let pmsg = unique("om_parent");
-    env.app
-        .state
-        .agent
-        .accept(&request(&parent, &pmsg, "work here"))
-        .await
-        .unwrap();
+    accept(&env.app, &parent, &pmsg, "work here").await;
     wait_turns_ended(&env.app, &parent, 1).await;
     let local = tool_results(&env.llm);
     assert!(!local[0].contains(sshd::USER), "{local:?}");
@@ -583,12 +577,7 @@ async fn tools_act_on_the_bound_target_and_the_parent_stays_local() {
         )
         .push(MODEL, call("terminal", json!({"command": "id -un"})))
         .push(MODEL, say("refused, stayed local"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&t2, &unique("om_y1"), "go remote"))
-        .await
-        .unwrap();
+    accept(&env.app, &t2, &unique("om_y1"), "go remote").await;
     wait_turns_ended(&env.app, &t2, 1).await;
     let r = tool_results(&env.llm);
     assert!(r[0].starts_with("refused"), "{r:?}");
@@ -606,12 +595,7 @@ async fn tools_act_on_the_bound_target_and_the_parent_stays_local() {
         .push(MODEL, call("ssh_mode", json!({"action": "request_local"})))
         .push(MODEL, call("terminal", json!({"command": "id -un"})))
         .push(MODEL, say("in and out"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&t2, &unique("om_y2"), "go remote now"))
-        .await
-        .unwrap();
+    accept(&env.app, &t2, &unique("om_y2"), "go remote now").await;
     wait_turns_ended(&env.app, &t2, 2).await;
     let r = tool_results(&env.llm);
     let n = r.len();
@@ -651,12 +635,7 @@ async fn a_target_that_is_down_fails_the_tool_and_nothing_runs_locally() {
             ),
         )
         .push(MODEL, say("could not"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &unique("om_down"), "touch it"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &unique("om_down"), "touch it").await;
     wait_turns_ended(&env.app, &thread, 1).await;
     let r = tool_results(&env.llm);
     assert!(r[0].starts_with("error: ") && r[0].contains("web"), "{r:?}");
@@ -718,22 +697,12 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
         )
         .push(MODEL, say("never reached"));
     let msg = unique("om_stop");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &msg, "wait a while"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &msg, "wait a while").await;
     let pattern = format!("sleep {secs}");
     wait_for("the remote sleep", 20, || remote_pgrep(&other, &pattern)).await;
     // A message arriving now waits behind the running turn.
     let queued = unique("om_queued");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &queued, "later"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &queued, "later").await;
     let said = other.state.agent.stop(&thread, "ou_user").await.unwrap();
     assert!(
         said.contains("Stopping") && said.contains("1 waiting"),
@@ -795,37 +764,17 @@ async fn messages_during_a_turn_join_the_next_turn_in_order_and_sections_overlap
             json!({"command": "while [ ! -f go ]; do sleep 0.05; done; echo released"}),
         ),
     );
-    env.app
-        .state
-        .agent
-        .accept(&request(&a, "om_a1", "first"))
-        .await
-        .unwrap();
+    accept(&env.app, &a, "om_a1", "first").await;
     wait_for("A's tool to start", 20, || tool_started(&env.app, &a)).await;
 
     // Section B runs to its end while A is blocked: their turns overlap.
     env.llm.push(MODEL, say("B done"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&b, "om_b1", "other"))
-        .await
-        .unwrap();
+    accept(&env.app, &b, "om_b1", "other").await;
     assert_eq!(wait_turns_ended(&env.app, &b, 1).await, vec!["done"]);
     assert_eq!(turn_states(&env.app, &a).await, vec!["running"]);
 
-    env.app
-        .state
-        .agent
-        .accept(&request(&a, "om_a2", "second"))
-        .await
-        .unwrap();
-    env.app
-        .state
-        .agent
-        .accept(&request(&a, "om_a3", "third"))
-        .await
-        .unwrap();
+    accept(&env.app, &a, "om_a2", "second").await;
+    accept(&env.app, &a, "om_a3", "third").await;
     env.llm
         .push(MODEL, say("first done"))
         .push(MODEL, say("second and third done"));
@@ -885,12 +834,7 @@ async fn a_turn_resumes_on_another_instance_after_a_hard_stop_without_rerunning_
         )
         .push(MODEL, say("checked: it ran once"));
     let msg = unique("om_resume");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &msg, "count"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &msg, "count").await;
     wait_for("the command to run", 20, || async {
         std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1)
     })
@@ -936,12 +880,7 @@ async fn a_resumed_turn_whose_answer_was_stored_posts_it_once() {
     // The reply is held by Lark: the answer is stored and being sent when the runner dies.
     env.lark.hold("/reply");
     env.llm.push(MODEL, say("the answer"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     env.lark
         .wait_until("the reply being sent", |r| {
             r.iter().any(|r| r.path.contains("/reply"))
@@ -988,12 +927,7 @@ async fn bounds_end_the_turn_and_say_which() {
             call("terminal", json!({"command": format!("echo {i}")})),
         );
     }
-    env.app
-        .state
-        .agent
-        .accept(&request(&s1, "om_iter", "loop"))
-        .await
-        .unwrap();
+    accept(&env.app, &s1, "om_iter", "loop").await;
     assert_eq!(wait_turns_ended(&env.app, &s1, 1).await, vec!["bounded"]);
     let r = replies_to(&env.lark, "om_iter");
     assert!(r[0].1.contains("limit of 3 model steps"), "{r:?}");
@@ -1010,12 +944,7 @@ async fn bounds_end_the_turn_and_say_which() {
     }
     env.llm.push(MODEL, say("unused"));
     let env2 = env;
-    env2.app
-        .state
-        .agent
-        .accept(&request(&s2, "om_repeat", "repeat"))
-        .await
-        .unwrap();
+    accept(&env2.app, &s2, "om_repeat", "repeat").await;
     assert_eq!(wait_turns_ended(&env2.app, &s2, 1).await, vec!["bounded"]);
     let r = replies_to(&env2.lark, "om_repeat");
     assert!(r[0].1.contains("limit of 3 model steps"), "{r:?}");
@@ -1035,12 +964,7 @@ async fn the_same_call_with_the_same_result_three_times_ends_the_turn() {
     let s = unique("oc_same");
     env.llm
         .always(MODEL, call("terminal", json!({"command": "echo same"})));
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, "om_same", "go"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, "om_same", "go").await;
     assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["bounded"]);
     env.llm.heal(MODEL);
     let r = replies_to(&env.lark, "om_same");
@@ -1054,12 +978,7 @@ async fn the_turn_budget_stops_a_long_command() {
     let s = unique("oc_budget");
     env.llm
         .push(MODEL, call("terminal", json!({"command": "sleep 30"})));
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, "om_budget", "go"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, "om_budget", "go").await;
     assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["bounded"]);
     let r = replies_to(&env.lark, "om_budget");
     assert!(r[0].1.contains("time budget"), "{r:?}");
@@ -1076,12 +995,7 @@ async fn history_survives_a_restart_and_old_tool_output_is_masked_first() {
             call("execute_code", json!({"code": "print('x' * 6000)"})),
         )
         .push(MODEL, say("printed"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, "om_h1", "remember 42"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, "om_h1", "remember 42").await;
     wait_turns_ended(&env.app, &s, 1).await;
     let db = env.app.db_url.clone();
     let Env {
@@ -1137,12 +1051,7 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
     );
     env.llm.push(MODEL, say("should not be sent"));
     let msg = unique("om_fenced");
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, &msg, "block"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, &msg, "block").await;
     let pid_file = ws.join("pid");
     wait_for("the command to start", 20, || async {
         std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
@@ -1239,19 +1148,9 @@ async fn a_second_stop_drops_the_waiting_messages() {
             json!({"command": "while [ ! -f go ]; do sleep 0.05; done"}),
         ),
     );
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, "om_d1", "block"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, "om_d1", "block").await;
     wait_for("the tool to start", 20, || tool_started(&env.app, &s)).await;
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, "om_d2", "waits"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, "om_d2", "waits").await;
     let first = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
     assert!(first.contains("1 waiting message will run next"), "{first}");
     let second = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
@@ -1302,12 +1201,7 @@ async fn hard_stop_during_call(blocking: usize) {
         )
         .push(MODEL, say("checked"));
     let msg = unique("om_two_calls");
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, &msg, "two calls"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, &msg, "two calls").await;
     let name = ["first", "second"][blocking];
     let counter = ws.join(format!("{name}.count"));
     wait_for("the blocking call to run", 20, || async {
@@ -1383,12 +1277,7 @@ async fn event_log_entries_of_a_turn_and_of_other_writers_interleave_without_los
             n
         })
     };
-    env.app
-        .state
-        .agent
-        .accept(&request(&s, &unique("om_log_race"), "go"))
-        .await
-        .unwrap();
+    accept(&env.app, &s, &unique("om_log_race"), "go").await;
     assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["done"]);
     stop.cancel();
     let noise = noise.await.unwrap();

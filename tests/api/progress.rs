@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use sshmode::exec::Place;
 
 use crate::agent::{
-    Control, MODEL, add_target, builder, call, rand_u16, remote_pgrep, request, say, turn_states,
+    Control, MODEL, accept, add_target, builder, call, rand_u16, remote_pgrep, say, turn_states,
     unique, wait_for, wait_turns_ended,
 };
 use crate::fake_lark::{Failure, FakeCard, FakeLark};
@@ -131,12 +131,7 @@ async fn a_remote_turn_streams_one_card_with_every_step_where_it_ran() {
         .push(MODEL, call("read_file", json!({"path": "~/.profile"})))
         .push(MODEL, say("all three done"));
     let msg = unique("om_prog");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &msg, "look around"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &msg, "look around").await;
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
     let card = closed_card(&env.lark).await;
     assert_eq!(env.lark.cards().len(), 1);
@@ -206,12 +201,7 @@ async fn a_turn_longer_than_the_streaming_ttl_renews_streaming_and_loses_nothing
         .push(MODEL, call("terminal", json!({"command": "echo after"})))
         .push(MODEL, say("long one done"));
     let msg = unique("om_ttl");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "slow"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "slow").await;
     assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
     let card = closed_card(&env.lark).await;
     assert_eq!(env.lark.cards().len(), 1);
@@ -244,12 +234,7 @@ async fn streaming_closed_by_lark_is_re_enabled_and_the_update_goes_through() {
         )
         .push(MODEL, say("fine"));
     let msg = unique("om_closed");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     wait_turns_ended(&env.app, &section, 1).await;
     let card = closed_card(&env.lark).await;
     let closed = card.refusals.iter().filter(|c| **c == 300309).count();
@@ -276,12 +261,7 @@ async fn a_resumed_turn_continues_the_same_card_with_higher_sequences() {
             call("terminal", json!({"command": "sleep 1.5; echo first"})),
         )
         .push(MODEL, say("the answer"));
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     // While the card shows the first step running, Lark starts holding the answer; the runner
     // dies while it is being sent.
     wait_for("the first step running on the card", 20, || async {
@@ -361,12 +341,7 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
         )
         .push(MODEL, say("never reached"));
     let msg = unique("om_btn");
-    env.app
-        .state
-        .agent
-        .accept(&request(&thread, &msg, "wait"))
-        .await
-        .unwrap();
+    accept(&env.app, &thread, &msg, "wait").await;
     let pattern = format!("sleep {secs}");
     wait_for("the remote sleep", 20, || remote_pgrep(&env.app, &pattern)).await;
     let card = env.lark.cards()[0].clone();
@@ -463,12 +438,7 @@ async fn cardkit_errors_fall_back_to_a_patched_card_message() {
         )
         .push(MODEL, say("patched along"));
     let msg = unique("om_patch");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     wait_turns_ended(&env.app, &section, 1).await;
     let sent = replies(&env.lark, &msg, "interactive");
     assert_eq!(sent.len(), 1, "{sent:?}");
@@ -521,12 +491,7 @@ async fn refused_cards_leave_the_final_answer_only() {
         .push(MODEL, call("terminal", json!({"command": "echo a"})))
         .push(MODEL, say("just the answer"));
     let msg = unique("om_none");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     wait_turns_ended(&env.app, &section, 1).await;
     let posted = env.lark.posted();
     assert_eq!(posted.len(), 1, "{posted:#?}");
@@ -568,12 +533,7 @@ async fn a_turn_of_300_steps_stays_under_the_card_limits() {
     }
     env.llm.push(MODEL, say("three hundred"));
     let msg = unique("om_many");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
     let card = closed_card(&env.lark).await;
     assert!(!card.refusals.contains(&230025), "{:?}", card.refusals);
@@ -601,12 +561,7 @@ async fn a_rate_limited_and_an_out_of_sequence_update_are_retried_and_nothing_is
         .push(MODEL, call("terminal", json!({"command": "echo second"})))
         .push(MODEL, say("fine"));
     let msg = unique("om_retry");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     wait_turns_ended(&env.app, &section, 1).await;
     let card = closed_card(&env.lark).await;
     let text = card.element("steps");
@@ -642,12 +597,7 @@ async fn a_card_whose_streaming_cannot_be_re_enabled_is_replaced_by_a_new_one() 
         )
         .push(MODEL, say("fine"));
     let msg = unique("om_rotate");
-    env.app
-        .state
-        .agent
-        .accept(&request(&section, &msg, "q"))
-        .await
-        .unwrap();
+    accept(&env.app, &section, &msg, "q").await;
     wait_turns_ended(&env.app, &section, 1).await;
     let card = closed_card(&env.lark).await;
     let cards = env.lark.cards();

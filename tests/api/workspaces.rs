@@ -13,8 +13,7 @@ use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
 use sshmode::workspace::{self, Choice, LocalRules, Mode, Permission};
 
 use crate::agent::{
-    Control, MODEL, add_target, builder, calls, request, say, tool_results, unique,
-    wait_turns_ended,
+    Control, MODEL, accept, add_target, builder, calls, say, tool_results, unique, wait_turns_ended,
 };
 use crate::fake_lark::FakeLark;
 use crate::fake_llm::FakeProvider;
@@ -175,12 +174,7 @@ async fn choose(env: &Env, section: &str, b: &Backend, permission: Permission) {
 /// Runs one turn in which the model makes `list` calls, and returns their results.
 async fn turn(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
     env.llm.push(MODEL, calls(list)).push(MODEL, say("done"));
-    env.app
-        .state
-        .agent
-        .accept(&request(section, &unique("om_ws"), "go"))
-        .await
-        .unwrap();
+    accept(&env.app, section, &unique("om_ws"), "go").await;
     let states = wait_turns_ended(&env.app, section, n).await;
     assert_eq!(states.last().map(String::as_str), Some("done"));
     let all = tool_results(&env.llm);
