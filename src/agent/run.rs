@@ -27,6 +27,22 @@ Run it again if it is still needed.";
 const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
 Chat commands still work: send /help to see them.";
 
+/// The call this runner marked started in its last commit and has not started yet, with what
+/// was resolved for it while that commit was in flight.
+struct Next {
+    key: String,
+    resolved: Option<tools::Resolved>,
+}
+
+/// What was read while a result committed.
+enum Ahead {
+    /// The next call's backend and workspace.
+    Call(Option<tools::Resolved>),
+    /// The next step's system prompt.
+    Prompt(String),
+    Nothing,
+}
+
 /// Why the loop stopped early.
 enum Halt {
     /// Leave the turn running for another runner (shutdown, lost lease).
@@ -87,6 +103,8 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
     let mut scale = 1.0f64;
     let cancel = turn.cancel.token();
     let mut loaded = conversation::Loaded::default();
+    // The next step's system prompt, when it was read while the last result committed.
+    let mut prompt_ahead = None;
 
     // Resume: a stored final answer is delivered; open tool calls are settled first.
     if let Some(last) = stored
@@ -106,7 +124,17 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             return deliver(deps, turn, TurnEnd::Done, &text).await;
         }
         if !last.message.tool_calls.is_empty() {
-            match run_calls(deps, turn, &mut stored, &last, &mut repeats, None).await? {
+            match run_calls(
+                deps,
+                turn,
+                &mut stored,
+                &last,
+                &mut repeats,
+                None,
+                &mut prompt_ahead,
+            )
+            .await?
+            {
                 None => {}
                 Some(Halt::Leave) => return Ok(()),
                 Some(Halt::End(end, text)) => {
@@ -132,7 +160,10 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             );
             return conclude(deps, turn, &stored, TurnEnd::Bounded, &text).await;
         }
-        let system = prompt::system_prompt(deps, &turn.section, &turn.chat_id).await;
+        let system = match prompt_ahead.take() {
+            Some(p) => p,
+            None => prompt::system_prompt(deps, &turn.section, &turn.chat_id).await,
+        };
         let messages = match conversation::context(
             &turn.fence,
             &mut loaded,
@@ -202,19 +233,29 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         // the mark must be durable before the call runs, and the reply is what names the call.
         // (A crash right after this commit leaves the first call marked though it never ran; the
         // resumed turn then calls it interrupted — wrong in the safe direction.)
-        let first_call = reply.tool_calls.first().map(|c| c.id.as_str());
-        let appended = match conversation::append_logged(
-            &turn.fence,
-            turn.id,
-            Kind::Assistant,
-            None,
-            &reply,
-            ("agent.step", event),
-            first_call.map(Mark::InThisRow),
-            Flush::Wait,
-        )
-        .await
-        {
+        // While it commits, the first call's backend and workspace are read: after the model
+        // asked for the call, and before the call starts, which waits for the commit.
+        let first = reply.tool_calls.first();
+        let first_call = first.map(|c| c.id.as_str());
+        let (appended, resolved) = tokio::join!(
+            conversation::append_logged(
+                &turn.fence,
+                turn.id,
+                Kind::Assistant,
+                None,
+                &reply,
+                ("agent.step", event),
+                first_call.map(Mark::InThisRow),
+                Flush::Wait,
+            ),
+            async {
+                match first {
+                    Some(call) => tools::resolve(deps, &turn.section, call).await,
+                    None => None,
+                }
+            }
+        );
+        let appended = match appended {
             Ok(a) => a,
             Err(Fenced::Lost) => return Ok(()),
             Err(e) => return Err(e.into()),
@@ -237,7 +278,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
                     call_id: Some(key.clone()),
                     message: conversation::start_mark(),
                 });
-                Some(key)
+                Some(Next { key, resolved })
             }
             _ => None,
         };
@@ -255,7 +296,17 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         if reply.tool_calls.is_empty() {
             return deliver(deps, turn, TurnEnd::Done, &reply.text_content()).await;
         }
-        match run_calls(deps, turn, &mut stored, &row, &mut repeats, marked).await? {
+        match run_calls(
+            deps,
+            turn,
+            &mut stored,
+            &row,
+            &mut repeats,
+            marked,
+            &mut prompt_ahead,
+        )
+        .await?
+        {
             None => {}
             Some(Halt::Leave) => return Ok(()),
             Some(Halt::End(end, text)) => return conclude(deps, turn, &stored, end, &text).await,
@@ -292,13 +343,17 @@ fn has(stored: &[Stored], kind: Kind, key: &str) -> bool {
 /// mark but no result is not run again: the model gets [`INTERRUPTED`] — unless this runner
 /// wrote that mark itself (`marked`, in the commit of the reply or of the previous result) and
 /// has not started the call yet.
+///
+/// Each result's commit overlaps the read that follows it: the next call's backend and
+/// workspace, or after the last call the next step's system prompt (`prompt_ahead`).
 async fn run_calls(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     stored: &mut Vec<Stored>,
     assistant: &Stored,
     repeats: &mut Repeats,
-    mut marked: Option<String>,
+    mut marked: Option<Next>,
+    prompt_ahead: &mut Option<String>,
 ) -> anyhow::Result<Option<Halt>> {
     let calls = &assistant.message.tool_calls;
     for (i, call) in calls.iter().enumerate() {
@@ -306,7 +361,10 @@ async fn run_calls(
         if has(stored, Kind::Tool, &key) {
             continue;
         }
-        let ours = marked.take().is_some_and(|m| m == key);
+        let (ours, resolved) = match marked.take() {
+            Some(m) if m.key == key => (true, m.resolved),
+            _ => (false, None),
+        };
         if has(stored, Kind::ToolStarted, &key) && !ours {
             let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true});
             store_result(turn, stored, &key, call, INTERRUPTED, event, None).await?;
@@ -356,6 +414,7 @@ async fn run_calls(
             &turn.chat_id,
             call,
             turn.cancel.token(),
+            resolved,
         )
         .await;
         let reason = turn.cancel.reason();
@@ -389,15 +448,35 @@ async fn run_calls(
         // call of this reply when there is one (so a step costs one commit, not two).
         let next = calls[i + 1..]
             .iter()
-            .map(|c| format!("{}:{}", assistant.id, c.id))
-            .find(|k| !has(stored, Kind::Tool, k) && !has(stored, Kind::ToolStarted, k))
+            .map(|c| (format!("{}:{}", assistant.id, c.id), c))
+            .find(|(k, _)| !has(stored, Kind::Tool, k) && !has(stored, Kind::ToolStarted, k))
             .filter(|_| reason.is_none());
-        match store_result(turn, stored, &key, call, &text, event, next.as_deref()).await {
+        let next_key = next.as_ref().map(|(k, _)| k.as_str());
+        let (written, ahead) = tokio::join!(
+            store_result(turn, stored, &key, call, &text, event, next_key),
+            async {
+                match (&next, reason) {
+                    (Some((_, c)), _) => Ahead::Call(tools::resolve(deps, &turn.section, c).await),
+                    (None, None) => Ahead::Prompt(
+                        prompt::system_prompt(deps, &turn.section, &turn.chat_id).await,
+                    ),
+                    (None, Some(_)) => Ahead::Nothing,
+                }
+            }
+        );
+        match written {
             Ok(()) => {}
             Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
             Err(e) => return Err(e.into()),
         }
-        marked = next;
+        marked = match ahead {
+            Ahead::Call(resolved) => next.map(|(key, _)| Next { key, resolved }),
+            Ahead::Prompt(p) => {
+                *prompt_ahead = Some(p);
+                None
+            }
+            Ahead::Nothing => None,
+        };
         if !result.ok {
             log(
                 deps,

@@ -5,6 +5,10 @@
 //! call with the reason. The section's working directory per backend is kept in Postgres
 //! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode`,
 //! `memory` and `skills` are control-plane tools: they never receive a backend.
+//!
+//! A call's backend and workspace are read by [`resolve`], which only reads; the runner starts
+//! it for a call once the model has asked for that call, alongside the commit that must precede
+//! the call, and hands the result to [`run`]. Either way they are read for that call alone.
 
 use std::time::{Duration, Instant};
 
@@ -13,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::clip;
 use super::{AgentDeps, SshModeAction};
-use crate::exec::ops::{ReadRange, RunOptions, SearchRequest, SearchTarget};
+use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::{Tool, ToolCall};
-use crate::workspace::{self, Permission, Scope, judge};
+use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
 /// The tool definitions sent with every model call.
 pub fn definitions() -> Vec<Tool> {
@@ -180,12 +184,67 @@ pub fn short_form(call: &ToolCall) -> String {
 }
 
 /// Runs one call. Never panics on the model's input; every failure is a result for the model.
+/// The task tools: the ones that act on the section's backend.
+const TASK_TOOLS: [&str; 6] = [
+    "terminal",
+    "read_file",
+    "write_file",
+    "patch",
+    "search_files",
+    "execute_code",
+];
+
+/// What a task-tool call acts on, read for that call: the section's backend (its binding at
+/// the time of the read), the workspace on it with the stored working directory, and for a
+/// target its registry entry. Failures are kept and reported by [`run`] in its usual order.
+pub struct Resolved(anyhow::Result<Box<Where>>);
+
+struct Where {
+    place: Place,
+    workspace: anyhow::Result<Workspace>,
+    /// A target's operations (the registry read: removed or disabled targets fail here).
+    remote: Option<Result<Ops, ExecError>>,
+}
+
+/// Reads what the call needs from the section's state, without running anything; `None` for
+/// calls that take no backend (control-plane tools, unknown tools). The workspace and a
+/// target's registry entry are read at the same time.
+pub async fn resolve(deps: &AgentDeps, section: &str, call: &ToolCall) -> Option<Resolved> {
+    if !TASK_TOOLS.contains(&call.function.name.as_str()) {
+        return None;
+    }
+    Some(resolve_task(deps, section).await)
+}
+
+async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
+    let place = match deps.control.place(section).await {
+        Ok(p) => p,
+        Err(e) => return Resolved(Err(e)),
+    };
+    let read = workspace::current(&deps.db, &deps.workspaces, section, &place);
+    let (workspace, remote) = match &place {
+        Place::Local => (read.await, None),
+        Place::Target(_) => {
+            let (w, o) = tokio::join!(read, deps.exec.ops_for(section, &place));
+            (w, Some(o))
+        }
+    };
+    Resolved(Ok(Box::new(Where {
+        place,
+        workspace,
+        remote,
+    })))
+}
+
+/// Runs one call. `resolved` is what [`resolve`] read for this very call, if the caller read
+/// it ahead; without it the call resolves its backend itself.
 pub async fn run(
     deps: &AgentDeps,
     section: &str,
     chat_id: &str,
     call: &ToolCall,
     cancel: &CancellationToken,
+    resolved: Option<Resolved>,
 ) -> ToolResult {
     let started = Instant::now();
     let mut backend = None;
@@ -196,6 +255,7 @@ pub async fn run(
         chat_id,
         call,
         cancel,
+        resolved,
         &mut backend,
         &mut exit,
     )
@@ -213,12 +273,14 @@ pub async fn run(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     deps: &AgentDeps,
     section: &str,
     chat_id: &str,
     call: &ToolCall,
     cancel: &CancellationToken,
+    resolved: Option<Resolved>,
     backend_out: &mut Option<String>,
     exit_out: &mut Option<String>,
 ) -> Result<String, String> {
@@ -249,10 +311,7 @@ async fn dispatch(
         let caller = crate::control::Caller { section, chat_id };
         return deps.plane.call(tool, caller, &args.map).await;
     }
-    if !matches!(
-        tool,
-        "terminal" | "read_file" | "write_file" | "patch" | "search_files" | "execute_code"
-    ) {
+    if !TASK_TOOLS.contains(&tool) {
         return Err(format!(
             "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, ssh_mode, memory or skills"
         ));
@@ -279,11 +338,17 @@ async fn dispatch(
         args.str(r)?;
     }
 
-    // The backend, resolved now: a switch made since the last call holds from this one.
-    let place = deps
-        .control
-        .place(section)
-        .await
+    // The backend, resolved for this call: a switch made since the last call holds from this one.
+    let resolved = match resolved {
+        Some(r) => r,
+        None => resolve_task(deps, section).await,
+    };
+    let Where {
+        place,
+        workspace: ws,
+        remote,
+    } = *resolved
+        .0
         .map_err(|e| format!("this thread's backend cannot be determined: {e:#}"))?;
     let backend_label = match &place {
         Place::Local => "local".to_string(),
@@ -291,9 +356,7 @@ async fn dispatch(
     };
     *backend_out = Some(backend_label.clone());
     // The workspace and its permission, judged before anything runs.
-    let ws = workspace::current(&deps.db, &deps.workspaces, section, &place)
-        .await
-        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+    let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
     if let Err(d) = judge::check_tool(ws.permission, tool) {
         return Err(refused(
             deps,
@@ -305,13 +368,14 @@ async fn dispatch(
         )
         .await);
     }
-    let ops = match &place {
-        Place::Local => deps.exec.local_ops_in(
+    let ops = match (&place, remote) {
+        (Place::Local, _) => deps.exec.local_ops_in(
             section,
             std::path::Path::new(&ws.dir),
             ws.permission > Permission::Read,
         ),
-        Place::Target(_) => deps.exec.ops_for(section, &place).await,
+        (Place::Target(_), Some(ops)) => ops,
+        (Place::Target(_), None) => deps.exec.ops_for(section, &place).await,
     }
     .map_err(|e| e.to_string())?;
     let backend_name = ops.backend().name().to_string();

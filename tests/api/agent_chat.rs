@@ -8,8 +8,8 @@ use serde_json::json;
 use sshmode::exec::Place;
 
 use crate::agent::{
-    MODEL, add_target, call, rand_u16, reactions, remote_pgrep, replies_to, say, tool_results,
-    turn_states, unique, wait_for, wait_turns_ended,
+    MODEL, add_target, call, calls, rand_u16, reactions, remote_pgrep, replies_to, say,
+    tool_results, turn_states, unique, wait_for, wait_turns_ended,
 };
 use crate::fake_lark::FakeLark;
 use crate::fake_llm::FakeProvider;
@@ -281,6 +281,49 @@ async fn the_model_enters_a_target_only_under_a_grant_made_in_the_chat() {
     .await;
     wait_state(app, "other", "done").await;
     assert!(turn_states(app, "omt_other").await.is_empty());
+}
+
+/// Calls of one reply each resolve the backend and the working directory after the call before
+/// them has ended (the runner reads them while the previous result commits, never earlier).
+#[tokio::test]
+async fn each_call_of_one_reply_sees_what_the_call_before_it_changed() {
+    let env = env().await;
+    let app = &env.app;
+    let thread = "omt_batch";
+    send(
+        app,
+        &in_thread("g", "/ssh yolo on web", true, thread, "om_broot"),
+    )
+    .await;
+    wait_state(app, "g", "done").await;
+    env.llm
+        .push(
+            MODEL,
+            calls(&[
+                ("terminal", json!({"command": "id -un"})),
+                (
+                    "ssh_mode",
+                    json!({"action": "request_use", "target": "web"}),
+                ),
+                ("terminal", json!({"command": "id -un"})),
+                ("terminal", json!({"command": "cd /tmp"})),
+                ("terminal", json!({"command": "pwd"})),
+                ("ssh_mode", json!({"action": "request_local"})),
+                ("terminal", json!({"command": "id -un"})),
+            ]),
+        )
+        .push(MODEL, say("batch done"));
+    send(app, &in_thread("b1", "do all", true, thread, "om_broot")).await;
+    assert_eq!(wait_turns_ended(app, thread, 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert_eq!(r.len(), 7, "{r:?}");
+    assert!(!r[0].contains(sshd::USER), "{r:?}");
+    assert!(r[1].contains("now runs on `web`"), "{r:?}");
+    assert!(r[2].contains(sshd::USER), "{r:?}");
+    assert!(r[4].contains("stdout:\n/tmp\n"), "{r:?}");
+    assert!(r[5].contains("runs locally again"), "{r:?}");
+    assert!(!r[6].contains(sshd::USER), "{r:?}");
+    assert_eq!(place(app, thread).await, Place::Local);
 }
 
 #[tokio::test]
