@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 
-use super::lane::{LaneConfig, Lanes, Overloaded, Priority};
+use super::lane::{Kind, LaneConfig, Lanes, Overloaded, Priority};
 use crate::metrics::{LarkCallLabels, Metrics};
 
 /// Token-invalid codes: drop the cached token, fetch a new one, retry once.
@@ -44,6 +44,9 @@ const CHAT_RATE: u32 = 5;
 /// 256 waiting means something is badly wrong and a further one fails at once; bulk callers
 /// are the bounded set of workers, turns and progress cards, and one finding 1024 waiting
 /// waits for a place. Either gives up after its deadline with [`LarkError::Overloaded`].
+///
+/// Message APIs also keep Lark's 1000 calls a minute per app, counted over 61 s (a call reaches
+/// Lark a little after it leaves), with the last 100 of those for receipts.
 const LANES: LaneConfig = LaneConfig {
     interval: Duration::from_millis(1000 / APP_RATE as u64),
     burst: APP_RATE,
@@ -51,6 +54,9 @@ const LANES: LaneConfig = LaneConfig {
     bulk_capacity: 1024,
     urgent_wait: Duration::from_secs(10),
     bulk_wait: Duration::from_secs(60),
+    window: Duration::from_secs(61),
+    window_max: 1000,
+    urgent_reserve: 100,
 };
 /// `uuid` may be at most 50 characters.
 const UUID_LEN: usize = 40;
@@ -535,7 +541,7 @@ impl LarkClient {
                 }
                 self.chat_limit.until_key_ready(&key.to_string()).await;
             }
-            if let Err(why) = self.app_limit.acquire(priority).await {
+            if let Err(why) = self.app_limit.acquire(priority, kind_of(path)).await {
                 self.count(api, "overloaded");
                 return Err(LarkError::Overloaded { api, why });
             }
@@ -658,6 +664,16 @@ fn sent(api: &'static str, v: &Value) -> Result<Sent, LarkError> {
     })
 }
 
+/// Which of the budget's ceilings a call of `path` counts against: Lark's per-minute ceiling is
+/// for its message APIs (`im`: messages, reactions, chats).
+fn kind_of(path: &str) -> Kind {
+    if path.starts_with("/open-apis/im/") {
+        Kind::Message
+    } else {
+        Kind::Other
+    }
+}
+
 /// Exponential backoff: 0.5 s, 1 s, 2 s … capped.
 fn backoff(attempt: u32) -> Duration {
     (Duration::from_millis(500) * 2u32.saturating_pow(attempt.saturating_sub(1).min(10)))
@@ -694,6 +710,24 @@ mod tests {
         assert_ne!(a, idempotency_key("ev_1", "reply2"));
         assert_ne!(a, idempotency_key("ev_1r", "eply"));
         assert!(a.len() <= 50);
+    }
+
+    #[test]
+    fn message_apis_count_against_the_minute_ceiling_and_cardkit_does_not() {
+        for p in [
+            "/open-apis/im/v1/messages/om_1/reply",
+            "/open-apis/im/v1/messages/om_1/reactions",
+            "/open-apis/im/v1/messages/om_1",
+        ] {
+            assert_eq!(kind_of(p), Kind::Message, "{p}");
+        }
+        for p in [
+            "/open-apis/cardkit/v1/cards",
+            "/open-apis/cardkit/v1/cards/c_1/elements/steps/content",
+            "/open-apis/auth/v3/tenant_access_token/internal",
+        ] {
+            assert_eq!(kind_of(p), Kind::Other, "{p}");
+        }
     }
 
     #[test]

@@ -4,6 +4,12 @@
 //! call waiting in the *bulk* lane (replies, final reactions, card updates), so a backlog of
 //! bulk calls never delays it; both lanes together never exceed the budget.
 //!
+//! Message APIs (`/open-apis/im/…`) have a second ceiling, about 1000 calls a minute per app: a
+//! message call also needs room in a sliding window of its kind's recent grants. The last
+//! `urgent_reserve` places of that window are for the urgent lane only, so receipts still go
+//! out when bulk calls have used up the rest; a call of another kind (CardKit) is never held up
+//! by it, even behind message calls waiting for the window.
+//!
 //! Both lanes are bounded queues and every wait is bounded. An urgent call that finds its lane
 //! full fails at once (a receipt that comes late is worth little, and the caller logs it); a
 //! bulk call that finds its lane full waits for a place. Either fails with [`Overloaded`] when
@@ -33,6 +39,13 @@ pub enum Priority {
     Bulk,
 }
 
+/// Whether a call counts against the per-window ceiling of message APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Message,
+    Other,
+}
+
 /// The budget and the bounds of the two lanes.
 #[derive(Debug, Clone, Copy)]
 pub struct LaneConfig {
@@ -48,6 +61,11 @@ pub struct LaneConfig {
     pub urgent_wait: Duration,
     /// Longest wait of a bulk call for a place in its lane and then its slot.
     pub bulk_wait: Duration,
+    /// Message calls granted within any `window` are at most `window_max` (at least 1) ...
+    pub window: Duration,
+    pub window_max: usize,
+    /// ... of which the last `urgent_reserve` places only urgent calls may take.
+    pub urgent_reserve: usize,
 }
 
 /// A call did not get a slot.
@@ -59,8 +77,11 @@ pub enum Overloaded {
     TimedOut(Duration),
 }
 
-/// A waiting call: told through this when its slot is granted.
-type Waiter = oneshot::Sender<()>;
+/// A waiting call: told through `tx` when its slot is granted.
+struct Waiter {
+    tx: oneshot::Sender<()>,
+    kind: Kind,
+}
 
 #[derive(Default)]
 struct Queues {
@@ -98,7 +119,7 @@ impl Lanes {
 
     /// Waits for a slot in `priority`'s lane; `Err` when the urgent lane is full, or when the
     /// lane's deadline passed before a slot was granted.
-    pub async fn acquire(&self, priority: Priority) -> Result<(), Overloaded> {
+    pub async fn acquire(&self, priority: Priority, kind: Kind) -> Result<(), Overloaded> {
         let (capacity, wait) = match priority {
             Priority::Urgent => (self.config.urgent_capacity, self.config.urgent_wait),
             Priority::Bulk => (self.config.bulk_capacity, self.config.bulk_wait),
@@ -106,7 +127,7 @@ impl Lanes {
         let deadline = Instant::now() + wait;
         let timed_out = |_| Overloaded::TimedOut(wait);
         let (tx, rx) = oneshot::channel();
-        let mut tx = Some(tx);
+        let mut tx = Some(Waiter { tx, kind });
         while let Some(waiter) = tx.take() {
             let freed = self.shared.freed.notified();
             tokio::pin!(freed);
@@ -119,7 +140,7 @@ impl Lanes {
                 };
                 if lane.len() >= capacity.max(1) {
                     // Callers that gave up hold no place.
-                    lane.retain(|w| !w.is_closed());
+                    lane.retain(|w| !w.tx.is_closed());
                 }
                 if lane.len() < capacity.max(1) {
                     lane.push_back(waiter);
@@ -156,12 +177,17 @@ impl Drop for Lanes {
 }
 
 /// Hands out slots at the configured rate (a GCRA: `tat` is the theoretical arrival time of
-/// the next call at the sustained rate), each to the oldest urgent waiter if there is one,
-/// else to the oldest bulk waiter. A waiter that has gone away does not use up the slot.
+/// the next call at the sustained rate), each to the oldest urgent waiter the message window
+/// lets through, else to the oldest such bulk waiter. A waiter that has gone away does not use
+/// up the slot.
 async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
     let interval = config.interval;
     let tolerance = interval * config.burst.max(1).saturating_sub(1);
+    let window_max = config.window_max.max(1);
     let mut tat = Instant::now();
+    // When the message calls of the last window were granted, oldest first (at most
+    // `window_max`).
+    let mut recent: VecDeque<Instant> = VecDeque::new();
     loop {
         // A slot is free once `tat - tolerance` has passed; it stays free while nobody waits,
         // so the lane is chosen only when a slot can be given.
@@ -171,23 +197,53 @@ async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
             let queued = shared.queued.notified();
             tokio::pin!(queued);
             queued.as_mut().enable();
-            {
+            let window_frees_at = {
                 let mut q = shared.queues.lock().unwrap_or_else(|e| e.into_inner());
                 if q.closed {
                     return;
                 }
-                if let Some(w) = q.urgent.pop_front() {
+                let now = Instant::now();
+                while recent.front().is_some_and(|t| *t + config.window <= now) {
+                    recent.pop_front();
+                }
+                let urgent_room = recent.len() < window_max;
+                let bulk_room = recent.len() + config.urgent_reserve < window_max;
+                let fits = |w: &Waiter, room: bool| w.kind == Kind::Other || room;
+                if let Some(i) = q.urgent.iter().position(|w| fits(w, urgent_room))
+                    && let Some(w) = q.urgent.remove(i)
+                {
                     break w;
                 }
-                if let Some(w) = q.bulk.pop_front() {
+                if let Some(i) = q.bulk.iter().position(|w| fits(w, bulk_room))
+                    && let Some(w) = q.bulk.remove(i)
+                {
                     shared.freed.notify_one();
                     break w;
                 }
+                // Whoever waits needs the window: it has room again when its oldest grant
+                // leaves it.
+                let waiting = !(q.urgent.is_empty() && q.bulk.is_empty());
+                recent
+                    .front()
+                    .filter(|_| waiting)
+                    .map(|t| *t + config.window)
+            };
+            match window_frees_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = queued => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => queued.await,
             }
-            queued.await;
         };
-        if waiter.send(()).is_ok() {
-            tat = tat.max(Instant::now()) + interval;
+        if waiter.tx.send(()).is_ok() {
+            let now = Instant::now();
+            tat = tat.max(now) + interval;
+            if waiter.kind == Kind::Message {
+                recent.push_back(now);
+            }
         }
     }
 }
@@ -206,6 +262,9 @@ mod tests {
             bulk_capacity: 64,
             urgent_wait: Duration::from_secs(60),
             bulk_wait: Duration::from_secs(600),
+            window: Duration::from_secs(60),
+            window_max: 10_000,
+            urgent_reserve: 0,
         }
     }
 
@@ -219,9 +278,20 @@ mod tests {
     type Log = Arc<Mutex<Vec<(&'static str, Duration)>>>;
 
     fn spawn(lanes: &Arc<Lanes>, log: &Log, label: &'static str, p: Priority, t0: Instant) {
+        spawn_kind(lanes, log, label, p, Kind::Message, t0);
+    }
+
+    fn spawn_kind(
+        lanes: &Arc<Lanes>,
+        log: &Log,
+        label: &'static str,
+        p: Priority,
+        kind: Kind,
+        t0: Instant,
+    ) {
         let (lanes, log) = (lanes.clone(), log.clone());
         tokio::spawn(async move {
-            lanes.acquire(p).await.unwrap();
+            lanes.acquire(p, kind).await.unwrap();
             log.lock().unwrap().push((label, t0.elapsed()));
         });
     }
@@ -290,16 +360,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_urgent_lane_fails_at_once() {
         let lanes = Lanes::new(config(1000));
-        lanes.acquire(Priority::Bulk).await.unwrap();
+        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
         let t0 = Instant::now();
         let (a, b, c, d, e) = tokio::join!(
-            lanes.acquire(Priority::Urgent),
-            lanes.acquire(Priority::Urgent),
-            lanes.acquire(Priority::Urgent),
-            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent, Kind::Message),
+            lanes.acquire(Priority::Urgent, Kind::Message),
+            lanes.acquire(Priority::Urgent, Kind::Message),
+            lanes.acquire(Priority::Urgent, Kind::Message),
             async {
                 settle().await;
-                let r = lanes.acquire(Priority::Urgent).await;
+                let r = lanes.acquire(Priority::Urgent, Kind::Message).await;
                 (r, t0.elapsed())
             },
         );
@@ -316,12 +386,12 @@ mod tests {
         c.bulk_capacity = 1;
         c.bulk_wait = Duration::from_secs(2);
         let lanes = Lanes::new(c);
-        lanes.acquire(Priority::Bulk).await.unwrap();
+        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
         let t0 = Instant::now();
         // One waits in the lane, one waits for a place in it; neither gets a slot in 2 s.
-        let (queued, outside) = tokio::join!(lanes.acquire(Priority::Bulk), async {
+        let (queued, outside) = tokio::join!(lanes.acquire(Priority::Bulk, Kind::Message), async {
             settle().await;
-            lanes.acquire(Priority::Bulk).await
+            lanes.acquire(Priority::Bulk, Kind::Message).await
         });
         let timed_out = Err(Overloaded::TimedOut(Duration::from_secs(2)));
         assert_eq!(queued, timed_out);
@@ -329,7 +399,65 @@ mod tests {
         assert_eq!(t0.elapsed(), Duration::from_secs(2));
         // Those that gave up hold no place and take no slot: the next caller gets the very
         // next one, at 3 s (within its own 2 s).
-        lanes.acquire(Priority::Bulk).await.unwrap();
+        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
         assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn message_calls_keep_the_window_ceiling_and_leave_room_for_receipts() {
+        let mut c = config(1);
+        c.burst = 100;
+        c.urgent_capacity = 64;
+        c.window = Duration::from_secs(1);
+        c.window_max = 10;
+        c.urgent_reserve = 2;
+        let lanes = Arc::new(Lanes::new(c));
+        let log: Log = Arc::default();
+        let t0 = Instant::now();
+        for _ in 0..12 {
+            spawn(&lanes, &log, "bulk", Priority::Bulk, t0);
+        }
+        settle().await;
+        // Bulk calls stop at the reserve, with the budget's slots still free.
+        wait_for(&log, 8).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(log.lock().unwrap().len(), 8);
+        // A call of another kind passes the waiting message calls; receipts take the reserve
+        // and no more.
+        spawn_kind(&lanes, &log, "card", Priority::Bulk, Kind::Other, t0);
+        for _ in 0..3 {
+            spawn(&lanes, &log, "urgent", Priority::Urgent, t0);
+        }
+        wait_for(&log, 11).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        {
+            let log = log.lock().unwrap();
+            let mut late: Vec<_> = log[8..].iter().map(|(l, _)| *l).collect();
+            late.sort();
+            assert_eq!(late, ["card", "urgent", "urgent"], "{log:?}");
+            assert!(log.iter().all(|(_, t)| *t < Duration::from_millis(500)));
+        }
+        // The rest go once the first grants leave the window: the receipt first.
+        wait_for(&log, 16).await;
+        let log = log.lock().unwrap();
+        assert_eq!(log[11].0, "urgent", "{log:?}");
+        assert!(log[11].1 >= Duration::from_secs(1), "{log:?}");
+        // In any one-second window, at most 10 message calls.
+        let mut times: Vec<Duration> = log
+            .iter()
+            .filter(|(l, _)| *l != "card")
+            .map(|(_, t)| *t)
+            .collect();
+        times.sort();
+        for (i, a) in times.iter().enumerate() {
+            let within = times[i..]
+                .iter()
+                .filter(|b| **b - *a < Duration::from_secs(1))
+                .count();
+            assert!(
+                within <= 10,
+                "{within} calls within a second of {a:?}: {log:?}"
+            );
+        }
     }
 }
