@@ -115,6 +115,11 @@ pub enum StepEvent {
         /// The section's backend as the turn starts (`None` when it could not be read).
         place: Option<Place>,
     },
+    /// The calls earlier runners of this turn finished, oldest first: sent once, right after
+    /// `Started`, by a runner that resumes a turn in which calls ran.
+    Earlier {
+        steps: Vec<EarlierStep>,
+    },
     /// The model answered; `tools` are the calls it asked for (empty for the final answer).
     Model {
         tools: Vec<String>,
@@ -139,6 +144,49 @@ pub enum StepEvent {
     /// whoever resumes it starts again with `Started { resumed: true, .. }`. Also sent after
     /// `Ended`, where it means nothing.
     Left,
+}
+
+/// A call an earlier runner of the turn finished, as its `agent.tool` event-log entry has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlierStep {
+    pub tool: String,
+    pub short: String,
+    pub ok: bool,
+    pub millis: u64,
+    /// `local`, a target alias or `control`; `None` when never resolved.
+    pub backend: Option<String>,
+    /// How a command ended; `interrupted` or `not run` for a call a runner left unsettled.
+    pub exit: Option<String>,
+}
+
+impl EarlierStep {
+    /// Reads an `agent.tool` entry's payload.
+    pub fn from_entry(payload: &serde_json::Value) -> EarlierStep {
+        let text = |k: &str| payload.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        let exit = if payload.get("interrupted").is_some_and(|v| v == true) {
+            Some("interrupted".to_string())
+        } else if payload.get("not_started").is_some_and(|v| v == true) {
+            Some("not run".to_string())
+        } else {
+            text("exit")
+        };
+        let backend = match text("backend").as_deref() {
+            Some("ssh") => text("target"),
+            Some("unresolved") | None => None,
+            Some(b) => Some(b.to_string()),
+        };
+        EarlierStep {
+            tool: text("tool").unwrap_or_else(|| "?".into()),
+            short: text("short").unwrap_or_default(),
+            ok: payload.get("ok").is_some_and(|v| v == true),
+            millis: payload
+                .get("duration_ms")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0),
+            backend,
+            exit,
+        }
+    }
 }
 
 /// Receives step events. Must not block: a slow consumer drops events (bounded).
@@ -316,4 +364,51 @@ pub fn build(
         turns::Scope::Except(crate::console::SECTION_PREFIX.into()),
     );
     (agent, runner)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::EarlierStep;
+
+    #[test]
+    fn earlier_steps_read_the_event_log_entries_a_runner_writes() {
+        let remote = EarlierStep::from_entry(&json!({"turn": 1, "tool": "terminal",
+            "backend": "ssh", "target": "web", "duration_ms": 12, "exit": "exit 0",
+            "ok": true, "short": "id -un"}));
+        assert_eq!(
+            remote,
+            EarlierStep {
+                tool: "terminal".into(),
+                short: "id -un".into(),
+                ok: true,
+                millis: 12,
+                backend: Some("web".into()),
+                exit: Some("exit 0".into()),
+            }
+        );
+        let local = EarlierStep::from_entry(&json!({"turn": 1, "tool": "read_file",
+            "backend": "local", "target": null, "duration_ms": 3, "exit": null, "ok": false,
+            "short": "a.txt"}));
+        assert_eq!(local.backend.as_deref(), Some("local"));
+        assert!(!local.ok);
+        assert_eq!(local.exit, None);
+        let unresolved = EarlierStep::from_entry(&json!({"turn": 1, "tool": "terminal",
+            "backend": "unresolved", "ok": false, "short": "ls"}));
+        assert_eq!(unresolved.backend, None);
+        let interrupted = EarlierStep::from_entry(&json!({"turn": 1, "tool": "terminal",
+            "short": "sleep 60", "interrupted": true}));
+        assert_eq!(
+            (
+                interrupted.ok,
+                interrupted.exit.as_deref(),
+                interrupted.short.as_str()
+            ),
+            (false, Some("interrupted"), "sleep 60")
+        );
+        let not_started = EarlierStep::from_entry(&json!({"turn": 1, "tool": "patch",
+            "short": "f", "not_started": true}));
+        assert_eq!(not_started.exit.as_deref(), Some("not run"));
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::conversation::{self, Flush, Kind, Mark, Stored};
-use super::{AgentDeps, StepEvent, answer, prompt, tools};
+use super::{AgentDeps, EarlierStep, StepEvent, answer, prompt, tools};
 use crate::llm::{ChatRequest, Message, ToolCall};
 use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
 
@@ -68,6 +68,13 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             place,
         },
     );
+    if turn.attempt > 1 {
+        let steps = earlier_steps(deps, turn).await;
+        if !steps.is_empty() {
+            deps.steps
+                .step(&turn.section, turn.id, &StepEvent::Earlier { steps });
+        }
+    }
     if turn.answered {
         // The answer went out before the last runner died; only the ending is left.
         return finish(deps, turn, TurnEnd::Done, "answered").await;
@@ -310,6 +317,31 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             None => {}
             Some(Halt::Leave) => return Ok(()),
             Some(Halt::End(end, text)) => return conclude(deps, turn, &stored, end, &text).await,
+        }
+    }
+}
+
+/// Most earlier calls read back for a resumed turn's progress view.
+const MAX_EARLIER: i64 = 1000;
+
+/// The calls earlier runners of this turn finished (the latest [`MAX_EARLIER`]), from the
+/// event log, read before this runner writes anything. A read that fails only costs the view.
+async fn earlier_steps(deps: &AgentDeps, turn: &ActiveTurn) -> Vec<EarlierStep> {
+    let rows: Result<Vec<serde_json::Value>, _> = sqlx::query_scalar(
+        "SELECT payload FROM (SELECT seq, payload FROM session_events \
+          WHERE section_id = $1 AND kind = 'agent.tool' AND payload->>'turn' = $2 \
+          ORDER BY seq DESC LIMIT $3) latest ORDER BY seq",
+    )
+    .bind(&turn.section)
+    .bind(turn.id.to_string())
+    .bind(MAX_EARLIER)
+    .fetch_all(&deps.db)
+    .await;
+    match rows {
+        Ok(rows) => rows.iter().map(EarlierStep::from_entry).collect(),
+        Err(e) => {
+            tracing::warn!(turn.section = %turn.section, error = %e, "reading the turn's earlier steps failed");
+            Vec::new()
         }
     }
 }

@@ -103,6 +103,11 @@ impl StepSink for Terminal {
     fn step(&self, _section: &str, _turn_id: i64, event: &StepEvent) {
         match event {
             StepEvent::Started { resumed: true, .. } => self.say("· resuming the interrupted task"),
+            StepEvent::Earlier { steps } => self.say(&format!(
+                "· {} step{} done before the interruption",
+                steps.len(),
+                if steps.len() == 1 { "" } else { "s" }
+            )),
             StepEvent::ToolStarted { tool, short } => self.say(&format!("· {tool}: {short}")),
             StepEvent::ToolFinished {
                 tool,

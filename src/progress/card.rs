@@ -51,7 +51,7 @@ pub struct View {
     pub earlier_failed: u64,
     /// The running step: tool, short form, elapsed.
     pub running: Option<(String, String, Duration)>,
-    /// Whether a previous runner started this turn (its earlier steps are not repeated).
+    /// Whether a previous runner started this turn (its finished steps are listed again).
     pub resumed: bool,
     /// Who pressed Stop (an open_id).
     pub stopped_by: Option<String>,
@@ -83,7 +83,7 @@ impl View {
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         if self.resumed {
-            out.push_str("_Resumed after an interruption; earlier steps are not repeated._\n");
+            out.push_str("_Resumed after an interruption._\n");
         }
         let earlier = self.earlier_ok + self.earlier_failed;
         if earlier > 0 {

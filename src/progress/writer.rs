@@ -480,6 +480,19 @@ impl Writer<'_> {
             }
             Msg::Step(ev, at) => match ev {
                 StepEvent::Started { .. } | StepEvent::Model { .. } => false,
+                StepEvent::Earlier { steps } => {
+                    for s in steps {
+                        self.view.push(Step {
+                            tool: s.tool,
+                            place: s.backend.unwrap_or_else(|| "?".into()),
+                            short: s.short,
+                            ok: s.ok,
+                            exit: s.exit,
+                            millis: s.millis,
+                        });
+                    }
+                    false
+                }
                 StepEvent::Left => {
                     self.left = true;
                     false

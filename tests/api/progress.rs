@@ -302,7 +302,14 @@ async fn a_resumed_turn_continues_the_same_card_with_higher_sequences() {
         "the resumed runner wrote on: {:?}",
         card.ops
     );
-    assert!(card.element("steps").contains("**Done**"));
+    let steps = card.element("steps");
+    assert!(steps.contains("**Done**"), "{steps}");
+    // The step the first runner finished is listed again by the one that resumed.
+    assert!(steps.contains("Resumed after an interruption"), "{steps}");
+    assert!(
+        steps.contains("✅ **terminal** · local · `sleep 1.5; echo first` · exit 0"),
+        "{steps}"
+    );
 }
 
 /// A click on a progress card's Stop button as Lark sends it.
