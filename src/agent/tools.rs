@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::conversation::clip;
@@ -20,6 +20,7 @@ use super::{AgentDeps, SshModeAction};
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
+use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
 use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
@@ -106,66 +107,6 @@ pub struct ToolResult {
     /// How a command ended, when one ran.
     pub exit: Option<String>,
     pub millis: u64,
-}
-
-/// A checked argument object.
-struct Args<'a> {
-    tool: &'a str,
-    map: Map<String, Value>,
-}
-
-impl Args<'_> {
-    fn bad(&self, msg: String) -> String {
-        format!("invalid arguments for `{}`: {msg}", self.tool)
-    }
-
-    fn str(&self, name: &str) -> Result<String, String> {
-        match self.map.get(name) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
-            None => Err(self.bad(format!("`{name}` is required"))),
-        }
-    }
-
-    fn opt_str(&self, name: &str) -> Result<Option<String>, String> {
-        match self.map.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
-        }
-    }
-
-    fn opt_u64(&self, name: &str) -> Result<Option<u64>, String> {
-        match self.map.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v
-                .as_u64()
-                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
-            {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(self.bad(format!("`{name}` must be a positive integer"))),
-            },
-        }
-    }
-
-    fn opt_bool(&self, name: &str) -> Result<bool, String> {
-        match self.map.get(name) {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(self.bad(format!("`{name}` must be true or false"))),
-        }
-    }
-
-    /// Refuses properties the schema does not list.
-    fn only(&self, allowed: &[&str]) -> Result<(), String> {
-        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(self.bad(format!(
-                "unknown argument `{k}` (allowed: {})",
-                allowed.join(", ")
-            ))),
-            None => Ok(()),
-        }
-    }
 }
 
 /// A short, log-safe description of a call (the command or path, clipped).
@@ -286,7 +227,7 @@ async fn dispatch(
 ) -> Result<String, String> {
     let tool = call.function.name.as_str();
     let map = call.parsed_arguments().map_err(|e| e.to_string())?;
-    let args = Args { tool, map };
+    let args = Args::new(tool, &map);
     if tool == "ssh_mode" {
         *backend_out = Some("control".into());
         args.only(&["action", "target"])?;
@@ -309,7 +250,7 @@ async fn dispatch(
     if crate::control::ControlPlane::owns(tool) {
         *backend_out = Some("control".into());
         let caller = crate::control::Caller { section, chat_id };
-        return deps.plane.call(tool, caller, &args.map).await;
+        return deps.plane.call(tool, caller, &map).await;
     }
     if !TASK_TOOLS.contains(&tool) {
         return Err(format!(

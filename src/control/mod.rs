@@ -18,6 +18,7 @@ use sqlx::PgPool;
 
 use crate::config::Config;
 use crate::llm::Tool;
+use crate::llm::args::Args;
 use crate::vault::Vault;
 
 pub use secrets::{Refusal, SecretFilter};
@@ -89,7 +90,7 @@ impl ControlPlane {
         caller: Caller<'_>,
         args: &Map<String, Value>,
     ) -> Result<String, String> {
-        let a = Args { tool, map: args };
+        let a = Args::new(tool, args);
         match tool {
             "memory" => self.memory(caller, &a).await,
             "skills" => self.skills(caller, &a).await,
@@ -230,55 +231,6 @@ impl ControlPlane {
                 Ok(format!("skill `{name}`: {op_text} done"))
             }
             _ => Err(a.bad("`action` must be one of list, view, manage".into())),
-        }
-    }
-}
-
-/// A checked argument object.
-struct Args<'a> {
-    tool: &'a str,
-    map: &'a Map<String, Value>,
-}
-
-impl Args<'_> {
-    fn bad(&self, msg: String) -> String {
-        format!("invalid arguments for `{}`: {msg}", self.tool)
-    }
-
-    fn str(&self, name: &str) -> Result<String, String> {
-        match self.map.get(name) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
-            None => Err(self.bad(format!("`{name}` is required"))),
-        }
-    }
-
-    fn opt_str(&self, name: &str) -> Result<Option<String>, String> {
-        match self.map.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(self.bad(format!("`{name}` must be a string"))),
-        }
-    }
-
-    fn id(&self, name: &str) -> Result<i64, String> {
-        let v = self
-            .map
-            .get(name)
-            .ok_or_else(|| self.bad(format!("`{name}` is required")))?;
-        v.as_i64()
-            .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
-            .filter(|n| *n > 0)
-            .ok_or_else(|| self.bad(format!("`{name}` must be a positive integer")))
-    }
-
-    fn only(&self, allowed: &[&str]) -> Result<(), String> {
-        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(self.bad(format!(
-                "unknown argument `{k}` for this action (allowed: {})",
-                allowed.join(", ")
-            ))),
-            None => Ok(()),
         }
     }
 }

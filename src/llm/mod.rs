@@ -6,6 +6,7 @@
 //! Knows nothing of tools' effects: it carries tool definitions and calls, never runs them. It
 //! never logs or returns an API key, and never retries underneath the router's own chain.
 
+pub mod args;
 pub mod classify;
 pub mod client;
 pub mod config;
