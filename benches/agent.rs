@@ -22,7 +22,9 @@ use async_trait::async_trait;
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
-use sshmode::agent::{ChatOut, SectionControl, SshModeAction};
+use sshmode::agent::ChatOut;
+use sshmode::agent::port::ChatControl;
+use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
 use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
@@ -93,24 +95,6 @@ async fn model(State(arrivals): State<Arrivals>, body: axum::body::Bytes) -> Jso
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
     )
-}
-
-struct Fixed(Place);
-
-#[async_trait]
-impl SectionControl for Fixed {
-    async fn place(&self, _: &str) -> anyhow::Result<Place> {
-        Ok(self.0.clone())
-    }
-    async fn ssh_mode(
-        &self,
-        _: &str,
-        _: &str,
-        _: SshModeAction,
-        _: Option<&str>,
-    ) -> anyhow::Result<String> {
-        Ok("fixed".into())
-    }
 }
 
 /// Answers are not part of a step; they go nowhere.
@@ -253,7 +237,12 @@ async fn run() {
                 exec: exec.clone(),
                 llm: Some(router.clone()),
                 out: Arc::new(Nowhere),
-                control: Some(Arc::new(Fixed(place.clone()))),
+                // The service's own chat control: the binding read at every call and prompt.
+                control: Some(Arc::new(ChatControl {
+                    db: db.clone(),
+                    clock: Arc::new(sshmode::clock::SystemClock),
+                    yolo_ttl: config.chat.yolo_ttl,
+                })),
                 plane: Arc::new(sshmode::control::ControlPlane::new(
                     &config,
                     db.clone(),
@@ -290,6 +279,26 @@ async fn run() {
             }
             arrivals.lock().unwrap().clear();
             let section = format!("omt_bench_{label}_{turn}");
+            if let Place::Target(alias) = &place {
+                // Bound by hand, as `/ssh use` does.
+                let mut conn = db.acquire().await.unwrap();
+                sshmode::chat::binding::set(
+                    &mut conn,
+                    &Binding {
+                        section: section.clone(),
+                        alias: alias.clone(),
+                        kind: Kind::Sticky,
+                        owner: "ou_bench".into(),
+                        bound_at: chrono::Utc::now(),
+                        grant_id: None,
+                    },
+                )
+                .await
+                .unwrap();
+                if turn > 0 {
+                    polls += 1; // the binding is the benchmark's write, not the turn's
+                }
+            }
             agent
                 .accept(&TurnRequest {
                     section: section.clone(),
