@@ -37,15 +37,17 @@ const FINGERPRINT: &str = "SELECT md5(concat_ws('|', \
     date_trunc('minute', now())::text))";
 
 /// The prompt for this step: the cached one when neither the place nor the fingerprint
-/// changed, else built afresh. A failed fingerprint read just builds afresh.
+/// changed, else built afresh. The two are read at the same time; a failed fingerprint read
+/// just builds afresh.
 pub async fn system_prompt(deps: &AgentDeps, section: &str, chat_id: &str) -> String {
-    let place = deps.control.place(section).await;
-    let fingerprint: Option<String> = sqlx::query_scalar(FINGERPRINT)
-        .bind(section)
-        .bind(chat_id)
-        .fetch_one(&deps.db)
-        .await
-        .ok();
+    let (place, fingerprint) = tokio::join!(deps.control.place(section), async {
+        sqlx::query_scalar::<_, String>(FINGERPRINT)
+            .bind(section)
+            .bind(chat_id)
+            .fetch_one(&deps.db)
+            .await
+            .ok()
+    });
     if let (Ok(p), Some(f)) = (&place, &fingerprint)
         && let Some((cp, cf, prompt)) = deps
             .prompts
