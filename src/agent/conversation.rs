@@ -330,10 +330,18 @@ impl Loaded {
     }
 }
 
+/// What is sent to the model for one step.
+pub struct Context {
+    pub messages: Vec<Message>,
+    /// Their size as JSON, the basis of the bytes/4 token estimate.
+    pub bytes: usize,
+}
+
 /// The context: `system`, the stored summary, and the conversation after it, within
 /// `budget` tokens. `scale` corrects the bytes/4 estimate when the provider reports usage.
 /// `loaded` carries the conversation across the steps of one run; `fresh` are the rows of the
-/// current turn stored so far (those not yet in `loaded` are added).
+/// current turn stored so far (those not yet in `loaded` are added). Each row is measured once
+/// per call, so fitting a long conversation costs time in proportion to its length.
 pub async fn context(
     fence: &Fence,
     loaded: &mut Loaded,
@@ -342,26 +350,21 @@ pub async fn context(
     budget: usize,
     scale: f64,
     current_turn: i64,
-) -> Result<Vec<Message>, Fenced> {
+) -> Result<Context, Fenced> {
     let section = fence.section();
     loaded.refresh(fence, fresh).await?;
     let st = loaded.state.as_mut().expect("loaded above");
     let mut summary = st.summary.clone();
     // Masking below changes only what is sent this time, never what is kept.
     let mut rows = st.rows.clone();
-
-    let fixed = tokens(system.len(), scale);
-    let total = |rows: &[Stored], summary: &str| {
-        fixed
-            + tokens(summary.len(), scale)
-            + rows
-                .iter()
-                .map(|r| tokens(message_bytes(&r.message), scale))
-                .sum::<usize>()
-    };
+    // Each row's size in bytes, and the sum of their token estimates, kept up to date as rows
+    // are masked or cut.
+    let mut sizes: Vec<usize> = rows.iter().map(|r| message_bytes(&r.message)).collect();
+    let mut sum: usize = sizes.iter().map(|b| tokens(*b, scale)).sum();
+    let fixed = tokens(system.len(), scale) + tokens(summary.len(), scale);
 
     // 1. Mask old tool outputs, oldest first, keeping the latest few.
-    if total(&rows, &summary) > budget {
+    if fixed + sum > budget {
         let tool_idx: Vec<usize> = rows
             .iter()
             .enumerate()
@@ -370,7 +373,7 @@ pub async fn context(
             .collect();
         let maskable = tool_idx.len().saturating_sub(KEEP_RECENT_TOOL_OUTPUTS);
         for &i in &tool_idx[..maskable] {
-            if total(&rows, &summary) <= budget {
+            if fixed + sum <= budget {
                 break;
             }
             let text = rows[i].message.text_content();
@@ -383,19 +386,21 @@ pub async fn context(
                         text.len()
                     ),
                 );
+                let masked = message_bytes(&rows[i].message);
+                sum = sum - tokens(sizes[i], scale) + tokens(masked, scale);
+                sizes[i] = masked;
             }
         }
     }
 
     // 2. Summarise the oldest whole turns (never the current one) until the rest fits.
-    if total(&rows, &summary) > budget {
+    if fixed + sum > budget {
         let mut cut = 0;
-        while cut < rows.len()
-            && rows[cut].turn_id != current_turn
-            && total(&rows[cut..], &summary) > budget
-        {
+        let mut rest = sum;
+        while cut < rows.len() && rows[cut].turn_id != current_turn && fixed + rest > budget {
             let turn = rows[cut].turn_id;
             while cut < rows.len() && rows[cut].turn_id == turn {
+                rest -= tokens(sizes[cut], scale);
                 cut += 1;
             }
         }
@@ -413,20 +418,22 @@ pub async fn context(
             .await?;
             tx.commit().await?;
             rows.drain(..cut);
+            sizes.drain(..cut);
             st.rows.drain(..cut);
             st.summary = summary.clone();
         }
     }
 
-    let mut out = Vec::with_capacity(rows.len() + 2);
-    out.push(Message::system(system));
+    let mut messages = Vec::with_capacity(rows.len() + 2);
+    messages.push(Message::system(system));
     if !summary.is_empty() {
-        out.push(Message::system(format!(
+        messages.push(Message::system(format!(
             "Summary of the earlier conversation in this thread:\n{summary}"
         )));
     }
-    out.extend(rows.into_iter().map(|r| r.message));
-    Ok(out)
+    let bytes = messages.iter().map(message_bytes).sum::<usize>() + sizes.iter().sum::<usize>();
+    messages.extend(rows.into_iter().map(|r| r.message));
+    Ok(Context { messages, bytes })
 }
 
 /// An extractive summary of `rows` (whole turns) appended to `previous`: what was asked, which

@@ -171,7 +171,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             Some(p) => p,
             None => prompt::system_prompt(deps, &turn.section, &turn.chat_id).await,
         };
-        let messages = match conversation::context(
+        let context = match conversation::context(
             &turn.fence,
             &mut loaded,
             &stored,
@@ -186,13 +186,9 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             Err(Fenced::Lost) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        let estimate = messages
-            .iter()
-            .map(|m| serde_json::to_string(m).map(|s| s.len()).unwrap_or(0))
-            .sum::<usize>()
-            / 4;
+        let estimate = context.bytes / 4;
         let request = ChatRequest {
-            messages,
+            messages: context.messages,
             tools: Some(tools::definitions()),
             tool_choice: Some(json!("auto")),
             ..Default::default()

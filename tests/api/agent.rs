@@ -1037,6 +1037,57 @@ async fn history_survives_a_restart_and_old_tool_output_is_masked_first() {
     assert_eq!(stored, 1);
 }
 
+/// Past the token budget, the oldest whole turns give way to a stored summary; the stored log
+/// keeps every message.
+#[tokio::test]
+async fn the_oldest_turns_are_summarised_once_the_context_is_full() {
+    let env = env(&[("SSHMODE_CONTEXT_TOKENS", "1500")]).await;
+    let s = unique("omt_summary");
+    let question = |n: usize| format!("question {n}: {}", "q".repeat(800));
+    for n in 0..6 {
+        env.llm.push(MODEL, say(&format!("answer {n}")));
+        accept(&env.app, &s, &unique("om_summary"), &question(n)).await;
+        assert_eq!(wait_turns_ended(&env.app, &s, n + 1).await.len(), n + 1);
+    }
+    let last = env.llm.requests().last().cloned().unwrap();
+    let messages = last.body["messages"].as_array().unwrap().clone();
+    let content = |m: &Value| m["content"].as_str().unwrap_or_default().to_string();
+    let summary = content(&messages[1]);
+    assert!(
+        summary.starts_with("Summary of the earlier conversation in this thread:"),
+        "{messages:?}"
+    );
+    assert!(summary.contains("- user: question 0: qqq"), "{summary}");
+    assert!(summary.contains("- you answered: answer 0"), "{summary}");
+    // The summarised turns are no longer sent as messages; the newest is sent whole.
+    assert!(
+        !messages[2..]
+            .iter()
+            .any(|m| content(m).starts_with("question 0:")),
+        "{messages:?}"
+    );
+    assert_eq!(content(messages.last().unwrap()), question(5));
+    // The budget holds: about bytes / 4 tokens in all.
+    assert!(last.body["messages"].to_string().len() / 4 <= 1500 + 100);
+    // The summary was stored, and nothing left the stored log.
+    let (summaries, through): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), max(through_id) FROM agent_summaries WHERE section_id = $1",
+    )
+    .bind(&s)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert!(summaries >= 1 && through.is_some());
+    let users: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'user'",
+    )
+    .bind(&s)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(users, 6);
+}
+
 #[tokio::test]
 async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more() {
     let env = env(&[]).await;
