@@ -124,7 +124,6 @@ pub fn short_form(call: &ToolCall) -> String {
     crate::llm::classify::scrub(&clip(s, 120), None)
 }
 
-/// Runs one call. Never panics on the model's input; every failure is a result for the model.
 /// The task tools: the ones that act on the section's backend.
 const TASK_TOOLS: [&str; 6] = [
     "terminal",
@@ -177,8 +176,9 @@ async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
     })))
 }
 
-/// Runs one call. `resolved` is what [`resolve`] read for this very call, if the caller read
-/// it ahead; without it the call resolves its backend itself.
+/// Runs one call. Never panics on the model's input; every failure is a result for the model.
+/// `resolved` is what [`resolve`] read for this very call, if the caller read it ahead; without
+/// it the call resolves its backend itself.
 pub async fn run(
     deps: &AgentDeps,
     section: &str,
