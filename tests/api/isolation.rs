@@ -23,6 +23,15 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The local operations of `section`, as the agent's tools get them.
+async fn local_ops(app: &TestApp, section: &str) -> Ops {
+    app.state
+        .exec
+        .ops_for(section, &Place::Local)
+        .await
+        .unwrap()
+}
+
 async fn run(ops: &Ops, cmd: &str) -> sshmode::exec::ops::TerminalResult {
     run_for(ops, cmd, Duration::from_secs(30)).await
 }
@@ -69,12 +78,7 @@ async fn seeded_app() -> TestApp {
 #[tokio::test]
 async fn the_environment_is_an_allow_list() {
     let app = seeded_app().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_env", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_env").await;
     let r = run(&ops, "env").await;
     assert!(r.output.exit.success(), "{r:?}");
     let env = text(&r.output.stdout);
@@ -109,12 +113,7 @@ async fn the_environment_is_an_allow_list() {
 #[tokio::test]
 async fn service_secrets_are_out_of_reach() {
     let app = seeded_app().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_secrets", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_secrets").await;
     let key = app.state.config.master_key_file.display().to_string();
     assert!(std::fs::metadata(&key).is_ok(), "the master key exists");
     let r = run(&ops, &format!("cat {key}")).await;
@@ -145,18 +144,8 @@ async fn service_secrets_are_out_of_reach() {
 #[tokio::test]
 async fn sections_cannot_reach_each_other() {
     let app = TestApp::spawn().await;
-    let a = app
-        .state
-        .exec
-        .ops_for("omt_a", &Place::Local)
-        .await
-        .unwrap();
-    let b = app
-        .state
-        .exec
-        .ops_for("omt_b", &Place::Local)
-        .await
-        .unwrap();
+    let a = local_ops(&app, "omt_a").await;
+    let b = local_ops(&app, "omt_b").await;
     let a_home = a.backend().home().await.unwrap();
     a.write_file("private.txt", b"only a").await.unwrap();
     let r = run(&a, "cat private.txt").await;
@@ -195,12 +184,7 @@ async fn sections_cannot_reach_each_other() {
 #[tokio::test]
 async fn workspace_and_private_tmp_are_writable() {
     let app = TestApp::spawn().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_w", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_w").await;
     let r = run(
         &ops,
         "echo one > ~/f && echo two > \"$TMPDIR/g\" && mkdir -p d/e && cat ~/f \"$TMPDIR/g\" && printf '%s' \"$TMPDIR\" > tmpdir",
@@ -229,12 +213,7 @@ async fn workspace_and_private_tmp_are_writable() {
 #[tokio::test]
 async fn a_symlink_to_the_master_key_is_not_followed() {
     let app = TestApp::spawn().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_link", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_link").await;
     let key_path = app.state.config.master_key_file.display().to_string();
     let key = std::fs::read(&key_path).unwrap();
     let r = run(
@@ -252,12 +231,7 @@ async fn a_symlink_to_the_master_key_is_not_followed() {
     }
     // A link swapped in and out by a background loop while read_file runs.
     let swapper = {
-        let ops = app
-            .state
-            .exec
-            .ops_for("omt_link", &Place::Local)
-            .await
-            .unwrap();
+        let ops = local_ops(&app, "omt_link").await;
         let script = format!(
             "while :; do ln -sfn {key_path} s.new && mv -fT s.new s; printf harmless > f.new && mv -fT f.new s; done"
         );
@@ -292,12 +266,7 @@ async fn a_symlink_to_the_master_key_is_not_followed() {
 #[tokio::test]
 async fn a_fifo_does_not_pin_a_file_read() {
     let app = TestApp::spawn().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_fifo", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_fifo").await;
     let r = run(&ops, "mkfifo pipe").await;
     assert!(r.output.exit.success(), "{r:?}");
     let read = tokio::time::timeout(
@@ -319,12 +288,7 @@ async fn a_fifo_does_not_pin_a_file_read() {
 #[tokio::test]
 async fn a_background_process_does_not_outlive_its_command() {
     let app = TestApp::spawn().await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_bg", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_bg").await;
     let r = run(&ops, "sleep 300 >/dev/null 2>&1 & echo $!").await;
     assert!(r.output.exit.success(), "{r:?}");
     let pid: u32 = text(&r.output.stdout).trim().parse().unwrap();
@@ -372,12 +336,7 @@ async fn the_reported_level_is_what_the_kernel_offers() {
         "{body}"
     );
     if is_root() {
-        let ops = app
-            .state
-            .exec
-            .ops_for("omt_id", &Place::Local)
-            .await
-            .unwrap();
+        let ops = local_ops(&app, "omt_id").await;
         let r = run(&ops, "id -un; id -u").await;
         let out = text(&r.output.stdout);
         assert!(
@@ -457,12 +416,7 @@ async fn a_fork_loop_is_stopped_and_the_service_stays_healthy() {
         .var("SSHMODE_LOCAL_MAX_PROCS", "40")
         .spawn()
         .await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_fork", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_fork").await;
     let r = run_for(
         &ops,
         "i=0; while [ $i -lt 400 ]; do sleep 60 & i=$((i+1)); done; echo spawned-all",
@@ -664,12 +618,7 @@ async fn tcp_connects_are_limited_to_the_listed_ports() {
         .var("SSHMODE_LOCAL_TCP_PORTS", &format!("{p}"))
         .spawn()
         .await;
-    let ops = app
-        .state
-        .exec
-        .ops_for("omt_net", &Place::Local)
-        .await
-        .unwrap();
+    let ops = local_ops(&app, "omt_net").await;
     let r = run(
         &ops,
         &format!(
