@@ -170,6 +170,7 @@ impl App {
             admins: Arc::new(crate::lark::adapter::LarkAdmins {
                 lark: lark_client.clone(),
             }),
+            workspaces: crate::workspace::LocalRules::from_config(&state.config.exec),
         };
         // The inbox is handed its handler: it never calls the chat domain by name.
         let handler = Arc::new(crate::lark::adapter::LarkHandler {

@@ -153,27 +153,28 @@ pub async fn append_logged(
 ) -> Result<Appended, Fenced> {
     let value = serde_json::to_value(message).unwrap_or(Value::Null);
     let bytes = value.to_string().len() as i32;
-    let mark_value = serde_json::to_value(start_mark()).unwrap_or(Value::Null);
-    let mark_bytes = mark_value.to_string().len() as i32;
     let (mark_key, mark_call) = match mark {
         Some(Mark::Key(k)) => (Some(k), None),
         Some(Mark::InThisRow(c)) => (None, Some(c)),
         None => (None, None),
     };
+    // The mark's stored form, only when there is a mark.
+    let mark_value = mark.map(|_| serde_json::to_value(start_mark()).unwrap_or(Value::Null));
+    let mark_bytes = mark_value.as_ref().map(|v| v.to_string().len() as i32);
     let bind = |q: &'static str| {
         sqlx::query_as::<_, (i64, Option<i64>)>(q)
             .bind(fence.section())
             .bind(turn_id)
             .bind(kind.as_str())
             .bind(call_id)
-            .bind(value.clone())
+            .bind(&value)
             .bind(bytes)
             .bind(fence.generation())
-            .bind(event.0.to_string())
-            .bind(event.1.clone())
+            .bind(event.0)
+            .bind(&event.1)
             .bind(mark_key)
             .bind(mark_call)
-            .bind(mark_value.clone())
+            .bind(&mark_value)
             .bind(mark_bytes)
             .bind(flush == Flush::Later)
     };

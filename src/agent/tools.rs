@@ -291,10 +291,7 @@ async fn dispatch(
     } = *resolved
         .0
         .map_err(|e| format!("this thread's backend cannot be determined: {e:#}"))?;
-    let backend_label = match &place {
-        Place::Local => "local".to_string(),
-        Place::Target(a) => a.clone(),
-    };
+    let backend_label = place.name().to_string();
     *backend_out = Some(backend_label.clone());
     // The workspace and its permission, judged before anything runs.
     let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
@@ -326,12 +323,11 @@ async fn dispatch(
     // (a new section, or a new workspace) the shell starts in the workspace.
     let seeded = ws.cwd.clone();
     let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
-    deps.exec.cwds().set(&backend_name, section, start);
+    deps.exec.cwds().set(&backend_name, section, start.clone());
     // What the judge needs: the workspace and the working directory on the backend's host.
     let scope_parts = if ws.permission < Permission::Full {
-        let cwd = ops.cwd().await.map_err(exec_err)?;
         let home = ops.backend().home().await.ok();
-        Some((cwd, home))
+        Some((start, home))
     } else {
         None
     };

@@ -139,23 +139,12 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
     match first.as_str() {
         "/help" => return Some(Ok(Command::Help)),
         "/stop" if rest.is_empty() => return Some(Ok(Command::Stop)),
-        "/stop" => {
-            return Some(Err(UsageError(format!(
-                "Usage: {} (send /ssh help for all commands)",
-                usage_of("Stop")
-            ))));
-        }
+        "/stop" => return Some(usage("Stop")),
         "/ssh" => {}
         "/memory" => return Some(parse_memory(&rest)),
         "/workspace" => return Some(parse_workspace(&rest)),
         _ => return None,
     }
-    let usage = |variant: &str| {
-        Err(UsageError(format!(
-            "Usage: {} (send /ssh help for all commands)",
-            usage_of(variant)
-        )))
-    };
     // Keywords lower-cased; aliases kept exactly as written.
     let kw: Vec<String> = rest.iter().map(|w| w.to_lowercase()).collect();
     let kw: Vec<&str> = kw.iter().map(String::as_str).collect();
@@ -211,14 +200,16 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
     })
 }
 
+/// The usage error of a command, by its variant's name.
+fn usage<T>(variant: &str) -> Result<T, UsageError> {
+    Err(UsageError(format!(
+        "Usage: {} (send /ssh help for all commands)",
+        usage_of(variant)
+    )))
+}
+
 /// `/memory list` and `/memory forget <id>`.
 fn parse_memory(rest: &[&str]) -> Result<Command, UsageError> {
-    let usage = |variant: &str| {
-        Err(UsageError(format!(
-            "Usage: {} (send /ssh help for all commands)",
-            usage_of(variant)
-        )))
-    };
     let kw: Vec<String> = rest.iter().map(|w| w.to_lowercase()).collect();
     match kw.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [] | ["list"] => Ok(Command::MemoryList),
@@ -235,12 +226,6 @@ fn parse_memory(rest: &[&str]) -> Result<Command, UsageError> {
 /// `/workspace set <dir> [permission] [mode]` (the last two in either order) and
 /// `/workspace show`. The directory keeps its case; keywords do not.
 fn parse_workspace(rest: &[&str]) -> Result<Command, UsageError> {
-    let usage = |variant: &str| {
-        Err(UsageError(format!(
-            "Usage: {} (send /ssh help for all commands)",
-            usage_of(variant)
-        )))
-    };
     let first = rest.first().map(|w| w.to_lowercase());
     match first.as_deref() {
         None | Some("show") if rest.len() <= 1 => Ok(Command::WorkspaceShow),

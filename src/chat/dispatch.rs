@@ -25,6 +25,8 @@ pub struct Deps {
     pub config: Arc<Config>,
     pub agent: Arc<dyn AgentPort>,
     pub admins: Arc<dyn AdminChannel>,
+    /// Where local workspaces may be (the root resolved once, at start-up).
+    pub workspaces: workspace::LocalRules,
 }
 
 impl Deps {
@@ -34,10 +36,6 @@ impl Deps {
             now: self.clock.now(),
             yolo_ttl: self.config.chat.yolo_ttl,
         }
-    }
-
-    fn workspace_rules(&self) -> workspace::LocalRules {
-        workspace::LocalRules::from_config(&self.config.exec)
     }
 
     fn actor<'a>(&self, open_id: &'a str) -> Actor<'a> {
@@ -120,7 +118,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 Some(b) => Place::Target(b.alias.clone()),
                 None => Place::Local,
             };
-            match workspace::current(&deps.db, &deps.workspace_rules(), section, &place).await {
+            match workspace::current(&deps.db, &deps.workspaces, section, &place).await {
                 Ok(ws) => {
                     s.push('\n');
                     s.push_str(&ws.describe());
@@ -182,7 +180,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
         }
         Command::WorkspaceShow => {
             let place = binding::resolve_place(&deps.db, section, deps.clock.now()).await?;
-            workspace::current(&deps.db, &deps.workspace_rules(), section, &place)
+            workspace::current(&deps.db, &deps.workspaces, section, &place)
                 .await?
                 .describe()
         }
@@ -197,8 +195,16 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 permission,
                 mode,
             };
-            let rules = deps.workspace_rules();
-            match workspace::set(&deps.db, &rules, actor.name(), section, &place, &choice).await? {
+            match workspace::set(
+                &deps.db,
+                &deps.workspaces,
+                actor.name(),
+                section,
+                &place,
+                &choice,
+            )
+            .await?
+            {
                 Ok(ws) => format!("Workspace set.\n{}", ws.describe()),
                 Err(why) => format!("Workspace not changed: {why}"),
             }

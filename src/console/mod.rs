@@ -174,6 +174,7 @@ impl Session {
             clock: clock.clone(),
             yolo_ttl: config.chat.yolo_ttl,
         });
+        let workspaces = crate::workspace::LocalRules::from_config(&config.exec);
         let agent = crate::agent::Agent::new(crate::agent::AgentDeps {
             db: db.clone(),
             exec: exec.clone(),
@@ -185,7 +186,7 @@ impl Session {
             steps: term.clone(),
             config: config.agent.clone(),
             prompts: Default::default(),
-            workspaces: crate::workspace::LocalRules::from_config(&config.exec),
+            workspaces: workspaces.clone(),
         });
         // Only this section: another section's answers belong to its own front-end.
         let runner = crate::turns::Runner::scoped(
@@ -212,6 +213,7 @@ impl Session {
                 config: Arc::new(config),
                 agent,
                 admins: Arc::new(NoAdminChannel),
+                workspaces,
             },
             term,
             turn_wait,

@@ -163,6 +163,24 @@ pub enum Place {
     Target(String),
 }
 
+impl Place {
+    /// `local`, or the target's alias: how a backend is named in stored rows and the audit.
+    pub fn name(&self) -> &str {
+        match self {
+            Place::Local => "local",
+            Place::Target(alias) => alias,
+        }
+    }
+
+    /// The target's alias; `None` for the local backend.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Place::Local => None,
+            Place::Target(alias) => Some(alias),
+        }
+    }
+}
+
 /// Most per-(backend, section) working directories remembered; beyond it the oldest entry
 /// is forgotten (that section's shell starts again at its initial directory).
 const MAX_CWDS: usize = 10_000;
@@ -277,11 +295,6 @@ impl Executors {
     ) -> Result<ops::Ops, ExecError> {
         let backend = self.local.for_section_in(section, workspace, writable)?;
         Ok(self.ops(section, Arc::new(backend)))
-    }
-
-    /// The tunables this layer was built with (the workspace root, the local data directory).
-    pub fn config(&self) -> &ExecConfig {
-        &self.config
     }
 
     /// Both together: `ops(section, backend(place)?)`.

@@ -531,6 +531,7 @@ impl LarkClient {
         chat_key: Option<&str>,
     ) -> Result<Value, LarkError> {
         let url = format!("{}{}", self.base, path);
+        let kind = kind_of(path);
         let mut token_refreshed = false;
         let mut attempt = 0;
         loop {
@@ -541,7 +542,7 @@ impl LarkClient {
                 }
                 self.chat_limit.until_key_ready(&key.to_string()).await;
             }
-            if let Err(why) = self.app_limit.acquire(priority, kind_of(path)).await {
+            if let Err(why) = self.app_limit.acquire(priority, kind).await {
                 self.count(api, "overloaded");
                 return Err(LarkError::Overloaded { api, why });
             }

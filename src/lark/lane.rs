@@ -124,11 +124,12 @@ impl Lanes {
             Priority::Urgent => (self.config.urgent_capacity, self.config.urgent_wait),
             Priority::Bulk => (self.config.bulk_capacity, self.config.bulk_wait),
         };
+        let capacity = capacity.max(1);
         let deadline = Instant::now() + wait;
         let timed_out = |_| Overloaded::TimedOut(wait);
         let (tx, rx) = oneshot::channel();
-        let mut tx = Some(Waiter { tx, kind });
-        while let Some(waiter) = tx.take() {
+        let waiter = Waiter { tx, kind };
+        loop {
             let freed = self.shared.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
@@ -138,11 +139,11 @@ impl Lanes {
                     Priority::Urgent => &mut q.urgent,
                     Priority::Bulk => &mut q.bulk,
                 };
-                if lane.len() >= capacity.max(1) {
+                if lane.len() >= capacity {
                     // Callers that gave up hold no place.
                     lane.retain(|w| !w.tx.is_closed());
                 }
-                if lane.len() < capacity.max(1) {
+                if lane.len() < capacity {
                     lane.push_back(waiter);
                     self.shared.queued.notify_one();
                     break;
@@ -150,7 +151,6 @@ impl Lanes {
                 if priority == Priority::Urgent {
                     return Err(Overloaded::Full);
                 }
-                tx = Some(waiter);
             }
             tokio::time::timeout_at(deadline, freed)
                 .await

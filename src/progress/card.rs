@@ -28,6 +28,19 @@ pub struct Step {
     pub millis: u64,
 }
 
+impl From<crate::agent::EarlierStep> for Step {
+    fn from(s: crate::agent::EarlierStep) -> Step {
+        Step {
+            tool: s.tool,
+            place: s.backend.unwrap_or_else(|| "?".into()),
+            short: s.short,
+            ok: s.ok,
+            exit: s.exit,
+            millis: s.millis,
+        }
+    }
+}
+
 impl Step {
     /// The tool worked and, when a command ran, it exited 0.
     pub fn succeeded(&self) -> bool {

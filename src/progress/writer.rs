@@ -482,14 +482,7 @@ impl Writer<'_> {
                 StepEvent::Started { .. } | StepEvent::Model { .. } => false,
                 StepEvent::Earlier { steps } => {
                     for s in steps {
-                        self.view.push(Step {
-                            tool: s.tool,
-                            place: s.backend.unwrap_or_else(|| "?".into()),
-                            short: s.short,
-                            ok: s.ok,
-                            exit: s.exit,
-                            millis: s.millis,
-                        });
+                        self.view.push(s.into());
                     }
                     false
                 }

@@ -599,13 +599,14 @@ pub async fn set_settings(
         .max_permission
         .map(|p| p.as_str().to_string())
         .unwrap_or(old_max.clone());
-    sqlx::query(
-        "UPDATE targets SET workspace = $2, max_permission = $3, updated_at = now() WHERE alias = $1",
-    )
+    let row = sqlx::query(&format!(
+        "UPDATE targets SET workspace = $2, max_permission = $3, updated_at = now() \
+         WHERE alias = $1 RETURNING {COLUMNS}"
+    ))
     .bind(alias)
     .bind(&workspace)
     .bind(&max)
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     audit::record(
         &mut tx,
@@ -621,7 +622,7 @@ pub async fn set_settings(
     )
     .await?;
     tx.commit().await?;
-    get(db, alias).await
+    Ok(from_row(&row))
 }
 
 /// Removes a target and its sealed secrets; audited as `target.remove`.

@@ -281,13 +281,6 @@ pub fn remote_dir(asked: &str) -> Result<String, String> {
     })
 }
 
-fn backend_name(place: &Place) -> &str {
-    match place {
-        Place::Local => "local",
-        Place::Target(a) => a,
-    }
-}
-
 /// The section's workspace on `place` now: its choice capped by the maximum, or the default.
 pub async fn current(
     db: &PgPool,
@@ -356,7 +349,7 @@ async fn current_in(
         .and_then(|m| Mode::parse(&m))
         .unwrap_or(Mode::Dev);
     Ok(Workspace {
-        backend: backend_name(place).to_string(),
+        backend: place.name().to_string(),
         dir,
         permission: chosen.min(max),
         chosen,
@@ -400,21 +393,20 @@ pub async fn set(
     let before = current_in(&mut tx, rules, section, place).await?;
     let permission = choice.permission.unwrap_or(before.chosen);
     let mode = choice.mode.unwrap_or(before.mode);
-    let backend = backend_name(place).to_string();
+    let backend = place.name();
     let refusal = match &dir {
         Err(why) => Some(why.clone()),
         Ok(_) if permission > before.max => Some(format!(
             "`{permission}` is above the maximum of {} here ({}); an operator can raise it with `sshmode target set {backend} --permission {permission}`",
-            if backend == "local" {
-                "the local backend".to_string()
-            } else {
-                format!("target `{backend}`")
+            match place {
+                Place::Local => "the local backend".to_string(),
+                Place::Target(_) => format!("target `{backend}`"),
             },
             before.max,
         )),
         Ok(_) => None,
     };
-    let target = (backend != "local").then_some(backend.as_str());
+    let target = place.target();
     let entry = |outcome, detail| audit::ChatEntry {
         actor,
         action: "workspace.set",
@@ -440,7 +432,7 @@ pub async fn set(
          RETURNING set_at",
     )
     .bind(section)
-    .bind(&backend)
+    .bind(backend)
     .bind(&dir)
     .bind(permission.as_str())
     .bind(mode.as_str())
@@ -450,7 +442,7 @@ pub async fn set(
     // The shell starts again in the new workspace.
     sqlx::query("DELETE FROM section_cwds WHERE section_id = $1 AND backend = $2")
         .bind(section)
-        .bind(&backend)
+        .bind(backend)
         .execute(&mut *tx)
         .await?;
     let detail = json!({
@@ -460,7 +452,7 @@ pub async fn set(
     audit::record_chat(&mut tx, entry("ok", detail)).await?;
     tx.commit().await?;
     Ok(Ok(Workspace {
-        backend,
+        backend: backend.to_string(),
         dir,
         permission,
         chosen: permission,

@@ -904,7 +904,7 @@ fn change_directory(rest: &[Field], env: &mut Env) {
     };
 }
 
-pub(super) fn basename(name: &str) -> &str {
+pub(crate) fn basename(name: &str) -> &str {
     name.rsplit('/').next().unwrap_or(name)
 }
 

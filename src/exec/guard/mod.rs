@@ -39,6 +39,7 @@ pub mod parse;
 mod rules;
 
 use check::Checker;
+pub(crate) use check::basename;
 use expand::Env;
 
 /// Longest command the guard examines; longer ones are refused.
@@ -227,7 +228,8 @@ fn too_deep() -> Refusal {
     )
 }
 
-fn abbreviate(s: &str, max: usize) -> String {
+/// The first `max` characters of `s`, with `…` when it was longer.
+pub(crate) fn abbreviate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         return s.to_owned();
     }

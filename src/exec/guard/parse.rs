@@ -116,7 +116,8 @@ impl Word {
     }
 }
 
-pub(super) fn is_identifier(s: &str) -> bool {
+/// Whether `s` is a shell variable name.
+pub(crate) fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())

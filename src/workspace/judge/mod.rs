@@ -119,7 +119,7 @@ impl Denied {
     pub fn new(permission: Permission, what: impl Into<String>, why: impl Into<String>) -> Denied {
         Denied {
             permission,
-            what: clip(&what.into()),
+            what: crate::exec::guard::abbreviate(&what.into(), MAX_WHAT),
             why: why.into(),
             needed: permission.next(),
         }
@@ -147,13 +147,6 @@ impl std::error::Error for Denied {}
 
 /// Longest `what` quoted in a refusal.
 const MAX_WHAT: usize = 200;
-
-fn clip(s: &str) -> String {
-    match s.char_indices().nth(MAX_WHAT) {
-        Some((end, _)) => format!("{}…", &s[..end]),
-        None => s.to_owned(),
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The entry points

@@ -252,6 +252,8 @@ struct Writer {
     operands: Dest,
     /// Options (short, long) that make it write into the working directory (`curl -O`).
     here: (&'static str, &'static [&'static str]),
+    /// Options (short, long) that make every operand written to (`install -d`).
+    all: (&'static str, &'static [&'static str]),
 }
 
 const WRITER: Writer = Writer {
@@ -261,6 +263,7 @@ const WRITER: Writer = Writer {
     dest: ("", &[]),
     operands: Dest::All,
     here: ("", &[]),
+    all: ("", &[]),
 };
 
 const WRITERS: &[Writer] = &[
@@ -285,6 +288,7 @@ const WRITERS: &[Writer] = &[
         ],
         dest: ("t", &["target-directory"]),
         operands: Dest::Last,
+        all: ("d", &["directory"]),
         ..WRITER
     },
     Writer {
@@ -387,6 +391,7 @@ const WRITERS: &[Writer] = &[
             "OJ",
             &["remote-name", "remote-name-all", "remote-header-name"],
         ),
+        ..WRITER
     },
     Writer {
         name: "wget",
@@ -611,11 +616,8 @@ fn unknown_argument(w: &ShellWord) -> String {
 }
 
 fn is_assignment(word: &str) -> bool {
-    word.split_once('=').is_some_and(|(name, _)| {
-        let mut chars = name.chars();
-        matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-            && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-    })
+    word.split_once('=')
+        .is_some_and(|(name, _)| parse::is_identifier(name))
 }
 
 /// Whether a literal path would be expanded by the shell into other paths (a glob, or a
@@ -673,16 +675,15 @@ impl<'a> ReadWrite<'a> {
         if depth > MAX_NESTING {
             return Err(self.deny(text, "it nests scripts too deeply to be judged"));
         }
-        let parsed = parse::parse_script(text)
+        let commands = parse::simple_commands(text)
             .map_err(|e| self.deny("the script", format!("it cannot be judged: {e}")))?;
-        let words: Vec<&str> = parsed
-            .commands
+        let words: Vec<&str> = commands
             .iter()
             .flat_map(|c| c.assignments.iter().chain(&c.argv))
             .filter_map(|w| w.literal.as_deref())
             .collect();
         self.notice(&words);
-        for c in &parsed.commands {
+        for c in &commands {
             let what = render(c);
             for r in &c.redirects {
                 if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) {
@@ -746,7 +747,7 @@ impl<'a> ReadWrite<'a> {
                 "its command name is known only when it runs, so it cannot be judged",
             ));
         };
-        let base = name.rsplit('/').next().unwrap_or(name);
+        let base = crate::exec::guard::basename(name);
         let args = &words[1..];
         if let Some((_, why)) = DELETERS.iter().find(|(n, _)| *n == base) {
             return Err(self.deny(what, *why));
@@ -1410,9 +1411,8 @@ impl<'a> ReadWrite<'a> {
             self.write_value(file, what)?;
         }
         let ops = &s.operands;
-        let directories = w.name == "install" && s.has("d", &["directory"]);
         let written: &[ShellWord] = match w.operands {
-            _ if directories => ops,
+            _ if s.has(w.all.0, w.all.1) => ops,
             Dest::All => ops,
             Dest::Last if from_options => &[],
             Dest::Last => &ops[ops.len().saturating_sub(1)..],
