@@ -1184,7 +1184,7 @@ const KNOWN_NAMES: &[&str] = &[
 ];
 
 /// Names that run their `-c` argument (or their standard input) as a shell script.
-const SHELLS: &[&str] = &[
+pub(crate) const SHELLS: &[&str] = &[
     "sh", "bash", "rbash", "zsh", "dash", "ksh", "mksh", "pdksh", "ash", "yash", "posh", "fish",
     "csh", "tcsh",
 ];

@@ -39,7 +39,7 @@ pub mod parse;
 mod rules;
 
 use check::Checker;
-pub(crate) use check::basename;
+pub(crate) use check::{SHELLS, basename};
 use expand::Env;
 
 /// Longest command the guard examines; longer ones are refused.

@@ -7,6 +7,9 @@
 //! refused, and so is a script nested too deeply. It is a guard, not a sandbox (see `judge`),
 //! never runs anything and never touches the filesystem.
 
+// Shells (the guard's list) have their `-c SCRIPT` judged as a script; run on a file or stdin,
+// they cannot be.
+use crate::exec::guard::SHELLS;
 use crate::exec::guard::parse::{self, RedirectKind, ShellWord};
 
 use super::{
@@ -22,11 +25,6 @@ const DELETERS: &[(&str, &str)] = &[
     ("truncate", "empties files"),
     ("srm", "deletes files"),
     ("wipe", "destroys files"),
-];
-
-/// Shells whose `-c SCRIPT` is judged as a script; run on a file or stdin, they cannot be.
-const SHELLS: &[&str] = &[
-    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "posh", "yash", "fish",
 ];
 
 /// Deepest nesting of `sh -c`, `eval`, wrappers and `find -exec` followed.
@@ -1551,6 +1549,8 @@ mod tests {
                 "ls | xargs -r rm -f",
                 "bash -c 'rm x'",
                 "bash -xc 'rm x'",
+                "rbash -c 'rm x'",
+                "tcsh -c 'rm x'",
                 "sh -c \"sh -c 'rm x'\"",
                 "sh -c \"$S\"",
                 "bash -c $S",
