@@ -398,7 +398,10 @@ async fn dispatch(
                         count: count.unwrap_or(2000),
                     },
                 };
-                let r = ops.read_file(&path, range).await.map_err(exec_err)?;
+                let r = ops
+                    .read_file(&path, range)
+                    .await
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 Ok(match r.text {
                     None => format!("{} is a binary file of {} bytes", r.path, r.size),
                     Some(t) => format!(
@@ -424,7 +427,7 @@ async fn dispatch(
                 let p = ops
                     .write_file(&path, content.as_bytes())
                     .await
-                    .map_err(exec_err)?;
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 Ok(format!("wrote {} bytes to {p}", content.len()))
             }
             "patch" => {
@@ -441,7 +444,7 @@ async fn dispatch(
                         args.opt_bool("replace_all")?,
                     )
                     .await
-                    .map_err(exec_err)?;
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 Ok(format!(
                     "patched {}: {} replacement(s)",
                     r.path, r.replacements
@@ -460,7 +463,10 @@ async fn dispatch(
                     file_glob: args.opt_str("file_glob")?,
                     max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
                 };
-                let r = ops.search(&req, cancel).await.map_err(exec_err)?;
+                let r = ops
+                    .search(&req, cancel)
+                    .await
+                    .map_err(|e| guard_err(&mut refusal, e))?;
                 Ok(if r.matches.is_empty() {
                     "no matches".to_string()
                 } else {
@@ -508,10 +514,12 @@ fn deny(slot: &mut Option<(&'static str, String)>, by: &'static str, reason: Str
     reason
 }
 
-/// An execution error, noting a guard refusal for the audit.
+/// An execution error, noting a refusal (by the guard, or of an unsafe local workspace) for
+/// the audit.
 fn guard_err(slot: &mut Option<(&'static str, String)>, e: ExecError) -> String {
     match e {
         ExecError::Refused(r) => deny(slot, "guard", r.to_string()),
+        ExecError::Workspace(why) => deny(slot, "workspace", why),
         e => e.to_string(),
     }
 }

@@ -110,6 +110,10 @@ pub enum ExecError {
     /// Every channel of every allowed connection stayed busy for the queue timeout.
     #[error("target `{alias}` is busy: no free SSH channel within {waited:?}; try again shortly")]
     Busy { alias: String, waited: Duration },
+    /// The section's local workspace is no longer a plain directory below the workspace root
+    /// (swapped for a symlink, removed): refused, never followed.
+    #[error("{0}")]
+    Workspace(String),
     /// No such file or directory.
     #[error("{0}: no such file or directory")]
     NotFound(String),

@@ -304,6 +304,44 @@ async fn a_background_process_does_not_outlive_its_command() {
     .await;
 }
 
+/// Every command leads a session of its own, without a controlling terminal: it cannot open
+/// the terminal of `sshmode chat` as `/dev/tty` or type into it with `TIOCSTI`, and it is still
+/// the leader of the process group the backend kills.
+#[tokio::test]
+async fn a_command_has_a_session_of_its_own_without_a_terminal() {
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_sid").await;
+    let r = run(
+        &ops,
+        "echo $$; cat /proc/$$/stat; (exec 3<>/dev/tty) 2>&1; echo opened=$?",
+    )
+    .await;
+    let out = text(&r.output.stdout);
+    let mut lines = out.lines();
+    let pid: i32 = lines.next().unwrap().trim().parse().unwrap();
+    let stat = lines.next().unwrap();
+    // pid (comm) state ppid pgrp session tty_nr …
+    let fields: Vec<i64> = stat[stat.rfind(')').unwrap() + 2..]
+        .split(' ')
+        .skip(1)
+        .take(4)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let (pgrp, session, tty) = (fields[1], fields[2], fields[3]);
+    // SAFETY: getsid(0) has no preconditions.
+    let ours = i64::from(unsafe { libc::getsid(0) });
+    assert_ne!(
+        session, ours,
+        "the command shares the service's session: {out}"
+    );
+    assert_eq!((pgrp, session), (pid.into(), pid.into()), "{out}");
+    assert_eq!(tty, 0, "the command has a controlling terminal: {out}");
+    assert!(
+        out.contains("No such device or address") && !out.contains("opened=0"),
+        "/dev/tty opened: {out}"
+    );
+}
+
 #[tokio::test]
 async fn the_reported_level_is_what_the_kernel_offers() {
     let app = TestApp::spawn().await;

@@ -535,3 +535,116 @@ async fn the_target_maximum_caps_the_chat_and_an_operator_lowers_it() {
         r[0]
     );
 }
+
+/// Mode and owner of a path, not following a link.
+fn owner_and_mode(p: &std::path::Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.uid(), m.mode() & 0o7777)
+}
+
+/// Two sections share a directory: A (`full`) works in it, B in `sub/` below it. A swaps
+/// `sub` for a link to a directory of the service's; B's next calls are refused (audited as
+/// `workspace`), the decoy keeps its owner and mode, and its file is never read.
+#[tokio::test]
+async fn a_workspace_swapped_for_a_symlink_is_refused_never_followed() {
+    let env = env(false).await;
+    let (a, b) = (unique("omt_swap_a"), unique("omt_swap_b"));
+    let tag = unique("swap");
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let shared = root.join("projects").join(&tag);
+    std::fs::create_dir_all(&shared).unwrap();
+    sh(&format!("chown '{}' '{}'", tools_user(), shared.display()));
+    // The decoy: a directory only the service may enter, holding a secret.
+    let decoy = tempfile::Builder::new()
+        .prefix("sshmode-decoy")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(decoy.path().join("secret"), "decoy-secret\n").unwrap();
+    sh(&format!("chmod 700 '{}'", decoy.path().display()));
+    let before = owner_and_mode(decoy.path());
+
+    let place = |env: &Env, s: &str| env.control.bind(s, Place::Local);
+    place(&env, &a);
+    place(&env, &b);
+    let at = |dir: &str| Backend {
+        place: Place::Local,
+        asked: dir.to_string(),
+        dir: root.join(dir),
+        owner: tools_user(),
+        outside: decoy.path().to_path_buf(),
+    };
+    choose(&env, &a, &at(&format!("projects/{tag}")), Permission::Full).await;
+    let r = turn(
+        &env,
+        &a,
+        1,
+        &[("terminal", json!({"command": "mkdir sub"}))],
+    )
+    .await;
+    assert!(r[0].contains("exit code: 0"), "{}", r[0]);
+    choose(
+        &env,
+        &b,
+        &at(&format!("projects/{tag}/sub")),
+        Permission::Full,
+    )
+    .await;
+    let r = turn(
+        &env,
+        &b,
+        1,
+        &[("terminal", json!({"command": "echo mine > f && pwd"}))],
+    )
+    .await;
+    assert!(
+        r[0].contains("exit code: 0") && r[0].contains(&format!("{tag}/sub")),
+        "{}",
+        r[0]
+    );
+
+    let link = format!(
+        "mv sub sub.old && ln -s '{}' sub && echo swapped",
+        decoy.path().display()
+    );
+    let r = turn(&env, &a, 2, &[("terminal", json!({ "command": link }))]).await;
+    assert!(r[0].contains("swapped"), "{}", r[0]);
+
+    let secret = shared.join("sub/secret").display().to_string();
+    let r = turn(
+        &env,
+        &b,
+        2,
+        &[
+            ("terminal", json!({"command": "cat secret; ls -la"})),
+            ("read_file", json!({ "path": secret })),
+            ("write_file", json!({"path": "planted", "content": "x"})),
+            (
+                "execute_code",
+                json!({"code": "print(open('secret').read())"}),
+            ),
+        ],
+    )
+    .await;
+    for out in &r {
+        assert!(
+            out.starts_with("error:") && out.contains("symlink") && !out.contains("decoy-secret"),
+            "{out}"
+        );
+    }
+    assert_eq!(
+        refusals(&env.app, &b, "workspace").await,
+        ["terminal", "read_file", "write_file", "execute_code"]
+    );
+    assert_eq!(
+        owner_and_mode(decoy.path()),
+        before,
+        "the decoy was changed"
+    );
+    assert!(!decoy.path().join("planted").exists());
+    assert_eq!(
+        std::fs::read_dir(decoy.path()).unwrap().count(),
+        1,
+        "nothing was added to the decoy"
+    );
+}

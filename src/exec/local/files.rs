@@ -9,14 +9,21 @@
 //! A write replaces the named entry atomically (temporary file beside it, then rename): a
 //! symlink at that name is replaced by the file, never written through.
 //!
-//! Never: opens a path by name after checking it; follows a symlink out of its root; reads
-//! beneath the data directory other than through a section's own roots.
+//! The section's own roots (its workspace and tmp) are not opened by path at all: the backend
+//! opens them once per call, beneath the workspace root without following any symlink
+//! ([`open_dir_beneath`], [`ensure_dir`]), and hands the descriptors in as [`Roots::pinned`];
+//! the sandbox's rule and the command's working directory use the same descriptors.
+//!
+//! Never: opens a path by name after checking it; follows a symlink out of its root; changes
+//! the owner or mode of a directory it did not just create; reads beneath the data directory
+//! other than through a section's own roots.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use super::sandbox::Identity;
 use crate::exec::{ExecError, FileBytes};
@@ -32,6 +39,19 @@ pub struct Roots {
     pub excluded: Vec<PathBuf>,
     /// The tools account: files it could not read are refused, written files are its own.
     pub identity: Option<Identity>,
+    /// Roots already opened safely (the section's workspace and tmp): these descriptors are
+    /// used instead of opening the path again.
+    pub pinned: Vec<(PathBuf, Arc<OwnedFd>)>,
+}
+
+impl Roots {
+    /// A descriptor of `root`: its pinned one, else the path opened (a system tree).
+    fn open(&self, root: &Path) -> std::io::Result<OwnedFd> {
+        match self.pinned.iter().find(|(p, _)| p == root) {
+            Some((_, fd)) => fd.try_clone(),
+            None => open_root(root),
+        }
+    }
 }
 
 /// System trees the file tools may read. Beneath [`PROCESS_TREES`] only files everyone may
@@ -55,12 +75,13 @@ pub fn read(roots: &Roots, path: &str, offset: u64, len: u64) -> Result<FileByte
     if rel.as_os_str().is_empty() {
         return Err(ExecError::File(format!("{path}: is a directory")));
     }
-    let root_fd = open_root(&root).map_err(|e| io_err(path, e))?;
+    let root_fd = roots.open(&root).map_err(|e| io_err(path, e))?;
     let fd = openat2(
         &root_fd,
         &rel,
         libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
         0,
+        IN_ROOT,
     )
     .map_err(|e| io_err(path, e))?;
     let st = fstat(&fd).map_err(|e| io_err(path, e))?;
@@ -107,7 +128,7 @@ pub fn write(roots: &Roots, path: &str, data: &[u8]) -> Result<(), ExecError> {
         Some(Component::Normal(n)) => n.to_os_string(),
         _ => return Err(ExecError::Invalid(format!("{path}: not a file path"))),
     };
-    let root_fd = open_root(&root).map_err(|e| io_err(path, e))?;
+    let root_fd = roots.open(&root).map_err(|e| io_err(path, e))?;
     let parent_rel = rel.parent().unwrap_or(Path::new(""));
     let parent = open_dir_creating(&root_fd, parent_rel, roots.identity.as_ref())
         .map_err(|e| io_err(path, e))?;
@@ -227,7 +248,9 @@ fn locate(roots: &Roots, path: &str, for_write: bool) -> Result<(PathBuf, PathBu
     )))
 }
 
-fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
+/// Opens a directory by path, not following a final symlink: only for paths no tool can
+/// change (the system trees, the configured roots).
+pub fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
     let c = CString::new(root.as_os_str().as_bytes())?;
     // SAFETY: NUL-terminated path.
     let raw = unsafe {
@@ -243,8 +266,70 @@ fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// `openat2(dir, rel, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`.
-fn openat2(dir: &OwnedFd, rel: &Path, flags: i32, mode: u64) -> std::io::Result<OwnedFd> {
+/// Resolution inside a root: symlinks that stay beneath it are followed, nothing leaves it.
+const IN_ROOT: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+/// Resolution of a directory the service itself works on: no symlink at all.
+const NO_LINKS: u64 =
+    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+
+/// The directory `rel` beneath `root`, opened `O_RDONLY | O_DIRECTORY` without following any
+/// symlink on the way (`ELOOP`) or leaving `root` (`EXDEV`): what the service works on as
+/// root is the directory that is there now, never where a link points.
+pub fn open_dir_beneath(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+    openat2(root, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0, NO_LINKS)
+}
+
+/// The directory `name` in `parent`, created when missing. Only a directory this call
+/// created is given `mode` and (when `owner`) that owner, through its own descriptor, and only
+/// while it is still the empty directory the service made (a directory swapped in by someone
+/// else in the meantime is left as it is). An existing one is opened as it is, never changed.
+pub fn ensure_dir(
+    parent: &OwnedFd,
+    name: &OsStr,
+    mode: u32,
+    owner: Option<&Identity>,
+) -> std::io::Result<OwnedFd> {
+    let c = CString::new(name.as_bytes())?;
+    if c.as_bytes().is_empty() || c.as_bytes().contains(&b'/') || name == ".." || name == "." {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: valid descriptor and NUL-terminated name.
+    let created = unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o700) } == 0;
+    if !created {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    let fd = open_dir_beneath(parent, Path::new(name))?;
+    if created {
+        let st = fstat(&fd)?;
+        // SAFETY: geteuid has no preconditions.
+        let ours = st.st_uid == unsafe { libc::geteuid() } && st.st_nlink == 2;
+        if ours {
+            if let Some(id) = owner {
+                // SAFETY: valid descriptor.
+                if unsafe { libc::fchown(fd.as_raw_fd(), id.uid, id.gid) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // SAFETY: valid descriptor.
+            if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(fd)
+}
+
+/// `openat2(dir, rel, flags, resolve)`: `RESOLVE_BENEATH` always, [`IN_ROOT`] or [`NO_LINKS`].
+fn openat2(
+    dir: &OwnedFd,
+    rel: &Path,
+    flags: i32,
+    mode: u64,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -254,7 +339,7 @@ fn openat2(dir: &OwnedFd, rel: &Path, flags: i32, mode: u64) -> std::io::Result<
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.mode = mode;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = resolve | libc::RESOLVE_BENEATH;
     // SAFETY: valid descriptor, NUL-terminated path, `how` valid for its size.
     let raw = unsafe {
         libc::syscall(
@@ -280,41 +365,23 @@ fn open_dir_creating(
     owner: Option<&Identity>,
 ) -> std::io::Result<OwnedFd> {
     let dir_flags = libc::O_PATH | libc::O_DIRECTORY;
-    match openat2(root, rel, dir_flags, 0) {
+    match openat2(root, rel, dir_flags, 0, IN_ROOT) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
         other => return other,
     }
-    let mut current = openat2(root, Path::new(""), dir_flags, 0)?;
+    let mut current = openat2(root, Path::new(""), dir_flags, 0, IN_ROOT)?;
     let mut so_far = PathBuf::new();
     for comp in rel.components() {
         let Component::Normal(name) = comp else {
             return Err(std::io::Error::from_raw_os_error(libc::EXDEV));
         };
         so_far.push(name);
-        match openat2(root, &so_far, dir_flags, 0) {
+        match openat2(root, &so_far, dir_flags, 0, IN_ROOT) {
             Ok(fd) => current = fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let c = CString::new(name.as_bytes())?;
-                // SAFETY: valid descriptor and NUL-terminated name.
-                if unsafe { libc::mkdirat(current.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(e);
-                    }
-                }
-                if let Some(id) = owner {
-                    // SAFETY: valid descriptor and NUL-terminated name; not following links.
-                    unsafe {
-                        libc::fchownat(
-                            current.as_raw_fd(),
-                            c.as_ptr(),
-                            id.uid,
-                            id.gid,
-                            libc::AT_SYMLINK_NOFOLLOW,
-                        )
-                    };
-                }
-                current = openat2(root, &so_far, dir_flags, 0)?;
+                // Owner and mode only if this call made it (a racing creator's is kept).
+                ensure_dir(&current, name, 0o755, owner)?;
+                current = openat2(root, &so_far, dir_flags, 0, IN_ROOT)?;
             }
             Err(e) => return Err(e),
         }
@@ -363,6 +430,7 @@ mod tests {
             readable: system_read_roots(),
             excluded: vec![dir.join("secret")],
             identity: None,
+            pinned: Vec::new(),
         }
     }
 
@@ -391,6 +459,50 @@ mod tests {
         assert!(read(&r, &dir.path().join("secret").display().to_string(), 0, 9).is_err());
         assert!(read(&r, "/etc/hostname", 0, 9).is_ok() || !Path::new("/etc/hostname").exists());
         assert!(write(&r, "/etc/sshmode-test", b"x").is_err());
+    }
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn directories_are_created_or_opened_never_followed_or_changed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = open_root(dir.path()).unwrap();
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        // An existing directory is opened as it is.
+        std::fs::create_dir(dir.path().join("old")).unwrap();
+        set(&dir.path().join("old"), 0o755);
+        ensure_dir(&root, "old".as_ref(), 0o700, None).unwrap();
+        assert_eq!(mode(&dir.path().join("old")), 0o755);
+        // A new one is given its mode.
+        ensure_dir(&root, "new".as_ref(), 0o711, None).unwrap();
+        assert_eq!(mode(&dir.path().join("new")), 0o711);
+        // A link in its place is refused and what it points to is left alone.
+        std::fs::create_dir(dir.path().join("decoy")).unwrap();
+        set(&dir.path().join("decoy"), 0o750);
+        std::os::unix::fs::symlink(dir.path().join("decoy"), dir.path().join("link")).unwrap();
+        let e = ensure_dir(&root, "link".as_ref(), 0o700, None).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        assert_eq!(mode(&dir.path().join("decoy")), 0o750);
+        for bad in ["..", ".", "a/b", ""] {
+            assert!(
+                ensure_dir(&root, bad.as_ref(), 0o700, None).is_err(),
+                "{bad}"
+            );
+        }
+        // No link anywhere on the way, even one that stays beneath the root.
+        std::fs::create_dir_all(dir.path().join("real/sub")).unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("alias")).unwrap();
+        assert!(open_dir_beneath(&root, Path::new("real/sub")).is_ok());
+        let e = open_dir_beneath(&root, Path::new("alias/sub")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+        let e = open_dir_beneath(&root, Path::new("../")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
     }
 
     #[test]

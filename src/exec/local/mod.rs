@@ -1,10 +1,17 @@
-//! The local backend: scripts run on the service's own machine, each in its own process
-//! group, starting in the section's workspace (`$SSHMODE_WORKSPACE_ROOT/sections/<section>`),
+//! The local backend: scripts run on the service's own machine, each in its own session and
+//! process group, starting in the section's workspace (`$SSHMODE_WORKSPACE_ROOT/sections/<section>`),
 //! with a clean environment, as the tools account when the service runs as root, inside a
 //! Landlock sandbox and under resource limits ([`sandbox`]). File operations open paths
 //! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
 //! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
 //! command's end the whole group is killed, so nothing it started outlives it.
+//!
+//! At every call the workspace and the tmp directory are opened afresh beneath their roots
+//! without following any symlink ([`LocalBackend::open_dirs`]); that one pair of descriptors
+//! is the sandbox's rule, the file tools' roots and the command's working directory, so a
+//! directory a tool swapped for a link is refused (audited as a `workspace` refusal), never
+//! followed. Only directories the service creates get an owner and mode, on their new
+//! descriptor.
 //!
 //! Never: runs a local command or file operation when nothing isolates it and the operator did
 //! not opt in; passes the service's environment; reads another section's workspace; waits
@@ -13,6 +20,7 @@
 pub mod files;
 pub mod sandbox;
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -51,16 +59,21 @@ pub struct LocalHost {
 impl LocalHost {
     /// Probes the isolation this machine offers and prepares the data directory. Blocking.
     pub fn new(workspace_root: PathBuf, config: &LocalConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
         let tmp_root = config.data_dir.join("tmp");
         let sandbox = Sandbox::probe(config, &workspace_root, &tmp_root)?;
-        let sections = workspace_root.join("sections");
-        std::fs::create_dir_all(&sections)?;
-        std::fs::set_permissions(
-            &sections,
-            std::os::unix::fs::PermissionsExt::from_mode(0o711),
-        )?;
         // Compared with canonical paths (a workspace a section chooses is resolved).
         let workspace_root = std::fs::canonicalize(&workspace_root).unwrap_or(workspace_root);
+        // `sections/` is the service's; an existing one is used as it is (never re-moded), and
+        // one that is a link is refused.
+        let root = files::open_root(&workspace_root)
+            .with_context(|| format!("cannot open {}", workspace_root.display()))?;
+        files::ensure_dir(&root, "sections".as_ref(), 0o711, None).with_context(|| {
+            format!(
+                "{}/sections must be a directory (not a link)",
+                workspace_root.display()
+            )
+        })?;
         Ok(LocalHost {
             workspace_root,
             tmp_root,
@@ -85,7 +98,9 @@ impl LocalHost {
         LocalBackend {
             host: self.clone(),
             workspace: self.workspace_root.join("sections").join(&name),
+            chosen: None,
             tmp: self.tmp_root.join(&name),
+            name,
             workspace_writable: true,
         }
     }
@@ -120,7 +135,12 @@ impl LocalHost {
                 self.workspace_root.display()
             )));
         }
+        let rel = workspace
+            .strip_prefix(&self.workspace_root)
+            .expect("checked beneath")
+            .to_path_buf();
         backend.workspace = workspace.to_path_buf();
+        backend.chosen = Some(rel);
         backend.workspace_writable = writable;
         Ok(backend)
     }
@@ -138,31 +158,87 @@ impl LocalHost {
 /// One section's local backend: commands and files confined to its workspace and tmp.
 pub struct LocalBackend {
     host: Arc<LocalHost>,
-    /// The section's workspace: `HOME`, the initial directory, writable.
+    /// The section's workspace: `HOME`, the initial directory, writable. Shown, never
+    /// opened by this path: see [`LocalBackend::open_dirs`].
     workspace: PathBuf,
+    /// A chosen workspace, relative to the workspace root (`None`: the section's own,
+    /// `sections/<name>`). Either is created on first use when missing.
+    chosen: Option<PathBuf>,
     /// The section's private temporary directory (`TMPDIR`), writable.
     tmp: PathBuf,
+    /// The section as a directory name (of its own workspace and of its tmp).
+    name: String,
     /// False for a `read` workspace: commands and file tools may only read it.
     workspace_writable: bool,
 }
 
 impl LocalBackend {
-    /// Refuses when nothing isolates local tools; creates the section's directories.
-    fn ready(&self) -> Result<(), ExecError> {
-        let sandbox = &self.host.sandbox;
+    /// Refuses when nothing isolates local tools; opens (creating what is missing) the
+    /// workspace and the tmp directory beneath their roots, following no symlink. A workspace
+    /// reached through a link or a non-directory is refused with [`ExecError::Workspace`].
+    fn open_dirs(&self) -> Result<Dirs, ExecError> {
+        let host = &self.host;
+        let sandbox = &host.sandbox;
         sandbox
             .check_allowed()
             .map_err(|e| ExecError::Local(e.to_string()))?;
-        for dir in [&self.workspace, &self.tmp] {
-            sandbox
-                .own_dir(dir)
-                .map_err(|e| ExecError::Local(format!("cannot prepare {}: {e}", dir.display())))?;
+        let identity = sandbox.identity();
+        let local = |what: &Path, e: std::io::Error| {
+            ExecError::Local(format!("cannot prepare {}: {e}", what.display()))
+        };
+        let root =
+            files::open_root(&host.workspace_root).map_err(|e| local(&host.workspace_root, e))?;
+        // Each step beneath the root: opened without following links, or created (the last
+        // for the tools account, 0700; those above it the service's, 0755).
+        let rel = self.relative();
+        let mut workspace = root;
+        let steps: Vec<_> = rel.components().collect();
+        for (i, step) in steps.iter().enumerate() {
+            let std::path::Component::Normal(name) = step else {
+                return Err(self.unsafe_workspace(std::io::Error::from_raw_os_error(libc::EXDEV)));
+            };
+            let last = i + 1 == steps.len();
+            let (mode, owner) = if last {
+                (0o700, identity)
+            } else {
+                (0o755, None)
+            };
+            workspace = files::ensure_dir(&workspace, name, mode, owner)
+                .map_err(|e| self.unsafe_workspace(e))?;
         }
-        Ok(())
+        let tmp_root = files::open_root(&host.tmp_root).map_err(|e| local(&host.tmp_root, e))?;
+        let tmp = files::ensure_dir(&tmp_root, self.name.as_ref(), 0o700, identity)
+            .map_err(|e| local(&self.tmp, e))?;
+        Ok(Dirs {
+            workspace: Arc::new(workspace),
+            tmp: Arc::new(tmp),
+        })
+    }
+
+    /// The workspace relative to the workspace root.
+    fn relative(&self) -> PathBuf {
+        match &self.chosen {
+            Some(rel) => rel.clone(),
+            None => Path::new("sections").join(&self.name),
+        }
+    }
+
+    fn unsafe_workspace(&self, e: std::io::Error) -> ExecError {
+        let why = match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::EXDEV) => {
+                "it is reached through a symlink, which the service never follows".to_string()
+            }
+            Some(libc::ENOTDIR) => "it is no longer a directory".to_string(),
+            _ => e.to_string(),
+        };
+        ExecError::Workspace(format!(
+            "the workspace {} cannot be used: {why}; choose another with /workspace set",
+            self.workspace.display()
+        ))
     }
 
     /// The roots a file tool may write beneath, then those it may only read beneath.
-    fn file_roots(&self) -> files::Roots {
+    fn file_roots(&self, dirs: &Dirs) -> files::Roots {
         let (writable, mut readable) = if self.workspace_writable {
             (vec![self.workspace.clone(), self.tmp.clone()], Vec::new())
         } else {
@@ -174,8 +250,18 @@ impl LocalBackend {
             readable,
             excluded: self.host.sandbox.excluded().to_vec(),
             identity: self.host.sandbox.identity().cloned(),
+            pinned: vec![
+                (self.workspace.clone(), dirs.workspace.clone()),
+                (self.tmp.clone(), dirs.tmp.clone()),
+            ],
         }
     }
+}
+
+/// The two directories of one call, opened safely: everything of the call uses these.
+struct Dirs {
+    workspace: Arc<OwnedFd>,
+    tmp: Arc<OwnedFd>,
 }
 
 /// A section id as a single safe directory name.
@@ -213,7 +299,7 @@ impl Backend for LocalBackend {
     }
 
     async fn initial_dir(&self, _section: &str) -> Result<String, ExecError> {
-        self.ready()?;
+        self.open_dirs()?;
         Ok(self.workspace.display().to_string())
     }
 
@@ -222,7 +308,7 @@ impl Backend for LocalBackend {
         cmd: Command<'_>,
         cancel: &CancellationToken,
     ) -> Result<Output, ExecError> {
-        self.ready()?;
+        let dirs = self.open_dirs()?;
         let sandbox = &self.host.sandbox;
         // A bounded wait for a slot: the command's own timeout.
         let _slot = tokio::select! {
@@ -235,7 +321,7 @@ impl Backend for LocalBackend {
             }),
         };
         let prepared = sandbox
-            .prepare(&self.workspace, &self.tmp, self.workspace_writable)
+            .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
             .map_err(|e| ExecError::Local(e.to_string()))?;
         let shell = LocalHost::shell();
         let mut command = tokio::process::Command::new(shell);
@@ -244,7 +330,6 @@ impl Backend for LocalBackend {
             .arg(cmd.script)
             .env_clear()
             .envs(sandbox.environment(&self.workspace, &self.tmp, shell))
-            .current_dir(&self.workspace)
             .stdin(if cmd.stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -252,7 +337,6 @@ impl Backend for LocalBackend {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
         prepared.apply(&mut command);
         let spawned = command.spawn();
@@ -342,8 +426,8 @@ impl Backend for LocalBackend {
     }
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
-        self.ready()?;
-        let roots = self.file_roots();
+        let dirs = self.open_dirs()?;
+        let roots = self.file_roots(&dirs);
         let path = path.to_string();
         blocking_file_op(&path.clone(), move || {
             files::read(&roots, &path, offset, len)
@@ -352,8 +436,8 @@ impl Backend for LocalBackend {
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
-        self.ready()?;
-        let roots = self.file_roots();
+        let dirs = self.open_dirs()?;
+        let roots = self.file_roots(&dirs);
         let path = path.to_string();
         let data = data.to_vec();
         blocking_file_op(&path.clone(), move || files::write(&roots, &path, &data)).await

@@ -3,9 +3,14 @@
 //! file permissions of the data directory. [`Sandbox::probe`] finds out, once at start-up, what
 //! this machine can enforce and reports it as a [`Level`].
 //!
-//! The ruleset is built in the parent; the `pre_exec` hook that runs in the forked child only
-//! makes raw system calls on values prepared before the fork (`setrlimit`, `setgroups`,
-//! `setgid`, `setuid`, `PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`): no allocation, no lock.
+//! The ruleset is built in the parent, its rules on the descriptors the backend opened for
+//! this call (never on a path resolved again); the `pre_exec` hook that runs in the forked
+//! child only makes raw system calls on values prepared before the fork (`setsid`, `fchdir` to
+//! the workspace's descriptor, `setrlimit`, `setgroups`, `setgid`, `setuid`,
+//! `PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self`): no allocation, no lock. `setsid` gives
+//! every command a session of its own, without a controlling terminal, so it can neither type
+//! into the terminal of `sshmode chat` (`TIOCSTI`) nor open it as `/dev/tty`; it is still the
+//! leader of its own process group, which is what the backend kills.
 //!
 //! Never: passes a variable of the service's environment that is not on the allow-list; grants
 //! a tool anything in the data directory but its own workspace and temporary directory; runs a
@@ -13,7 +18,7 @@
 
 use std::ffi::CString;
 use std::fmt;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -228,7 +233,10 @@ impl Sandbox {
     }
 
     /// The data directory's layout and modes: the directory itself 0711, everything in it
-    /// but the tools' parts closed to others; the workspace root belongs to the tools account.
+    /// but the tools' parts closed to others. The workspace root and the tmp root belong to
+    /// the service (0711): a tool can create nothing directly in them, so `sections/` and the
+    /// tmp directories cannot be swapped for links. These paths are the operator's (their
+    /// parents are not the tools'), so they are used by name here, at start-up only.
     fn prepare_dirs(&self, workspace_root: &Path, tmp_root: &Path) -> anyhow::Result<()> {
         use anyhow::Context;
         let data = &self.config.data_dir;
@@ -260,22 +268,11 @@ impl Sandbox {
         }
         set_mode(tmp_root, 0o711)?;
         set_mode(workspace_root, 0o711)?;
-        if let Some(id) = &self.identity {
-            std::os::unix::fs::chown(workspace_root, Some(id.uid), Some(id.gid)).with_context(
-                || format!("cannot hand {} to {}", workspace_root.display(), id.name),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Creates `dir` (a section's workspace or tmp) for the tools account, mode 0700.
-    pub fn own_dir(&self, dir: &Path) -> std::io::Result<()> {
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        }
-        if let Some(id) = &self.identity {
-            std::os::unix::fs::chown(dir, Some(id.uid), Some(id.gid))?;
+        if self.identity.is_some() {
+            // Earlier versions handed the workspace root to the tools account.
+            std::os::unix::fs::lchown(workspace_root, Some(0), Some(0)).with_context(|| {
+                format!("cannot give {} back to root", workspace_root.display())
+            })?;
         }
         Ok(())
     }
@@ -283,8 +280,15 @@ impl Sandbox {
     /// Restricts a throwaway thread with a ruleset like the commands' and reads the status
     /// the kernel gave: the Landlock ABI actually enforced, or `None`.
     fn probe_landlock(&self, writable: &Path) -> Option<i32> {
-        let writable = writable.to_path_buf();
-        let ruleset = match self.ruleset(&writable, &writable, true) {
+        let dir = match super::files::open_root(writable) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "the workspace root could not be opened for the Landlock probe");
+                return None;
+            }
+        };
+        use std::os::fd::AsFd;
+        let ruleset = match self.ruleset(dir.as_fd(), dir.as_fd(), true) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "Landlock ruleset could not be built");
@@ -312,8 +316,8 @@ impl Sandbox {
     /// false: a `read` workspace), chosen TCP ports, no signals or abstract sockets outside.
     fn ruleset(
         &self,
-        workspace: &Path,
-        tmp: &Path,
+        workspace: BorrowedFd<'_>,
+        tmp: BorrowedFd<'_>,
         workspace_writable: bool,
     ) -> Result<RulesetCreated, String> {
         let abi = ABI_REQUESTED;
@@ -353,11 +357,10 @@ impl Sandbox {
         } else {
             read_exec
         };
-        for (dir, access) in [
+        for (fd, access) in [
             (workspace, workspace_access),
             (tmp, AccessFs::from_all(abi)),
         ] {
-            let fd = PathFd::new(dir).map_err(|err| format!("{}: {err}", dir.display()))?;
             created = created.add_rule(PathBeneath::new(fd, access)).map_err(e)?;
         }
         if let Some(ports) = &self.config.tcp_ports {
@@ -412,18 +415,23 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Everything one command needs, prepared in the parent: the ruleset's descriptor and the
-    /// values the child sets.
+    /// Everything one command needs, prepared in the parent: the ruleset's descriptor, the
+    /// workspace's descriptor (the command's working directory) and the values the child
+    /// sets. `workspace` and `tmp` are the descriptors the backend opened for this call.
     pub fn prepare(
         &self,
-        workspace: &Path,
-        tmp: &Path,
+        workspace: &OwnedFd,
+        tmp: &OwnedFd,
         workspace_writable: bool,
     ) -> Result<Prepared, SandboxError> {
+        use std::os::fd::AsFd;
         self.check_allowed()?;
+        let cwd = workspace
+            .try_clone()
+            .map_err(|e| SandboxError::Setup(format!("the workspace descriptor: {e}")))?;
         let ruleset = if self.landlock {
             let created = self
-                .ruleset(workspace, tmp, workspace_writable)
+                .ruleset(workspace.as_fd(), tmp.as_fd(), workspace_writable)
                 .map_err(SandboxError::Setup)?;
             let fd: Option<OwnedFd> = created.into();
             Some(fd.ok_or_else(|| SandboxError::Setup("Landlock gave no ruleset".into()))?)
@@ -445,6 +453,7 @@ impl Sandbox {
         }
         Ok(Prepared {
             ruleset,
+            cwd,
             identity: self.identity.clone(),
             limits,
             // SAFETY: geteuid has no preconditions.
@@ -478,6 +487,9 @@ impl Sandbox {
 pub struct Prepared {
     /// The Landlock ruleset (closed on exec: the kernel opens it `O_CLOEXEC`).
     ruleset: Option<OwnedFd>,
+    /// The workspace, opened by the backend for this call: the child's working directory
+    /// (`fchdir`; closed on exec).
+    cwd: OwnedFd,
     identity: Option<Identity>,
     limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Empty the capability bounding set (the service runs as root): a command never regains
@@ -486,9 +498,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Installs the child's side on `cmd`. `self` must outlive the spawn.
+    /// Installs the child's side on `cmd`: its own session, the workspace as its working
+    /// directory, then limits, identity and the sandbox. `self` must outlive the spawn.
     pub fn apply(&self, cmd: &mut tokio::process::Command) {
         let fd = self.ruleset.as_ref().map(|f| f.as_raw_fd());
+        let cwd = self.cwd.as_raw_fd();
         let identity = self
             .identity
             .as_ref()
@@ -499,6 +513,14 @@ impl Prepared {
         // fork; it neither allocates nor takes a lock.
         unsafe {
             cmd.pre_exec(move || {
+                // A session of its own: no controlling terminal (so not the console's), and
+                // the leader of a new process group whose id is its pid.
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::fchdir(cwd) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 for (res, value) in &limits {
                     let lim = libc::rlimit {
                         rlim_cur: *value,
