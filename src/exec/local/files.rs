@@ -305,7 +305,8 @@ pub fn ensure_dir(
     if created {
         let st = fstat(&fd)?;
         // SAFETY: geteuid has no preconditions.
-        let ours = st.st_uid == unsafe { libc::geteuid() } && st.st_nlink == 2;
+        // (No tool can make a directory of the service's; btrfs counts a directory's links as 1.)
+        let ours = st.st_uid == unsafe { libc::geteuid() } && st.st_nlink <= 2;
         if ours {
             if let Some(id) = owner {
                 // SAFETY: valid descriptor.
