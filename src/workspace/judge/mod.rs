@@ -269,6 +269,18 @@ fn inside(workspace: &str, path: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Whether a redirection to `path` would open a network connection: bash (and ksh) read
+/// `/dev/tcp/HOST/PORT` and `/dev/udp/HOST/PORT` as sockets, in either direction. Matched
+/// loosely — any mention, in any case, before or after lexical normalisation — so that no
+/// spelling slips through; the price is refusing a real file of such a name.
+fn network_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let normal = normalise("/", &lower);
+    [lower, normal]
+        .iter()
+        .any(|p| p.contains("dev/tcp") || p.contains("dev/udp"))
+}
+
 /// Devices a write to is no write to a file.
 fn harmless_device(path: &str) -> bool {
     matches!(path, "/dev/null" | "/dev/stdout" | "/dev/stderr")
@@ -293,7 +305,8 @@ fn render(c: &SimpleCommand) -> String {
             RedirectKind::HereString => "<<<",
             RedirectKind::HereDocument => "<<",
         };
-        out.push(format!("{op} {}", r.target.source));
+        let fd = r.fd.as_deref().unwrap_or_default();
+        out.push(format!("{fd}{op} {}", r.target.source));
     }
     out.join(" ")
 }

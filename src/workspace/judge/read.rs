@@ -6,9 +6,11 @@
 //! construct that assigns a variable, or an argument a rule depends on that is known only when
 //! it runs, is refused. It never runs anything and never touches the filesystem.
 
-use crate::exec::guard::parse::{self, Construct, RedirectKind, ShellWord, SimpleCommand};
+use crate::exec::guard::parse::{
+    self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand,
+};
 
-use super::{Denied, Permission, render};
+use super::{Denied, Permission, network_path, render};
 
 /// How a command on the read-only allow-list is judged.
 enum ReadRule {
@@ -256,10 +258,7 @@ fn read_command(c: &SimpleCommand) -> Result<(), String> {
         return Err("it sets variables".into());
     }
     for r in &c.redirects {
-        let to_null = r.target.literal.as_deref() == Some("/dev/null");
-        if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) && !to_null {
-            return Err(format!("it redirects output to `{}`", r.target.source));
-        }
+        read_redirect(r)?;
     }
     let Some(first) = c.argv.first() else {
         return Ok(());
@@ -293,6 +292,55 @@ fn read_command(c: &SimpleCommand) -> Result<(), String> {
         },
         ReadRule::Git => read_git(args),
     }
+}
+
+/// Why a redirection is refused at `read`, if it is. Only these pass: output to `/dev/null`;
+/// input from a literal file that is no pattern and no socket; duplicating or closing one of
+/// the descriptors 0–2 onto another of them; here-documents and here-strings (their text is
+/// data, and the commands inside them are judged on their own).
+fn read_redirect(r: &Redirection) -> Result<(), String> {
+    if let Some(fd) = r.fd.as_deref().filter(|fd| fd.starts_with('{')) {
+        return Err(format!("`{fd}` opens a descriptor and assigns a variable"));
+    }
+    let target = r.target.literal.as_deref();
+    match r.kind {
+        RedirectKind::HereString | RedirectKind::HereDocument => return Ok(()),
+        _ if target.is_some_and(network_path) || network_path(&r.target.source) => {
+            return Err(format!("`{}` opens a network connection", r.target.source));
+        }
+        RedirectKind::Output | RedirectKind::Append => {
+            if target != Some("/dev/null") {
+                return Err(format!("it redirects output to `{}`", r.target.source));
+            }
+        }
+        RedirectKind::Input => match target {
+            None => {
+                return Err(format!(
+                    "it reads from `{}`, known only when it runs",
+                    r.target.source
+                ));
+            }
+            Some(path) if path.contains(['*', '?', '[', '{']) => {
+                return Err(format!(
+                    "it reads from `{path}`, a pattern that cannot be judged"
+                ));
+            }
+            Some(_) => {}
+        },
+        RedirectKind::Duplicate => {
+            let standard = |fd: &str| matches!(fd, "0" | "1" | "2");
+            let from_ok = r.fd.as_deref().is_none_or(standard);
+            let to_ok = target.is_some_and(|t| standard(t) || t == "-");
+            if !(from_ok && to_ok) {
+                return Err(format!(
+                    "it duplicates a descriptor other than 0, 1 or 2 (`{}>&{}`)",
+                    r.fd.as_deref().unwrap_or_default(),
+                    r.target.source
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The literal text of every argument, or why not.
@@ -634,6 +682,91 @@ mod tests {
                 &"$(".repeat(40),
             ],
         );
+    }
+
+    #[test]
+    fn read_refuses_sockets_and_redirections_it_cannot_see() {
+        allowed(
+            Permission::Read,
+            &[
+                "ls 2>&1",
+                "ls >&2",
+                "ls 1>&2 2>/dev/null",
+                "cat <&0",
+                "cat 0<&- ; ls 2>&-",
+                "cat 3< in.txt",
+                "grep x <<< \"$HOME\"",
+                "cat /dev/tcp/h/p",
+            ],
+        );
+        refused(
+            Permission::Read,
+            &[
+                // Sockets, either way, however spelt.
+                "printf X 0</dev/tcp/127.0.0.1/9 1<&0",
+                "cat </dev/tcp/127.0.0.1/9",
+                "cat 0</dev/tcp/h/p",
+                "echo x >/dev/tcp/h/p",
+                "echo x >>/dev/udp/h/p",
+                "cat <>/dev/udp/h/p",
+                "cat 3<>/dev/tcp/h/p",
+                "0</dev/tcp/h/p",
+                "cat < /DEV/TCP/h/p",
+                "cat < /dev//tcp/h/p",
+                "cat < /dev/./udp/h/p",
+                "cat < /x/../dev/tcp/h/p",
+                "cat < '/dev/t''cp/h/p'",
+                "cat < \\/dev/tcp/h/p",
+                "cat < $'\\x2fdev/tcp/h/p'",
+                "cat < {/dev/tcp/h/p,}",
+                // Inside substitutions and here-documents, which run too.
+                "echo $(cat </dev/tcp/h/p)",
+                "cat <(cat </dev/tcp/h/p)",
+                "cat <<EOF\n$(cat </dev/udp/h/p)\nEOF",
+                "echo `cat </dev/tcp/h/p`",
+                // Descriptors beyond 0-2.
+                "ls 2>&5",
+                "ls >&5",
+                "cat <&3",
+                "cat 3<&0",
+                "ls 5>&1",
+                "cat 3<&-",
+                "ls 2>&1-",
+                "cat 0<&1-",
+                "cat {fd}<in.txt",
+                "ls {x}>/dev/null",
+                "exec 3<>file",
+                "exec 3<file",
+                "exec >&-",
+                // Targets known only when it runs.
+                "cat < \"$X\"",
+                "cat < $X",
+                "cat <$(echo /dev/tcp/x/1)",
+                "cat < `echo x`",
+                "cat <&$fd",
+                "ls >&$fd",
+                "cat < *.txt",
+                "$CMD file",
+                "${CMD} file",
+                // Shells and eval are not on the list, whatever they run.
+                "sh -c 'cat </dev/tcp/h/p'",
+                "bash -c 'printf X >/dev/tcp/h/p'",
+                "eval 'cat </dev/tcp/h/p'",
+            ],
+        );
+        let d = check_command(
+            Permission::Read,
+            "printf X 0</dev/tcp/127.0.0.1/9 1<&0",
+            &SCOPE,
+        )
+        .unwrap_err();
+        assert!(
+            d.why
+                .contains("`/dev/tcp/127.0.0.1/9` opens a network connection"),
+            "{d}"
+        );
+        let d = check_command(Permission::Read, "ls 2>&5", &SCOPE).unwrap_err();
+        assert!(d.why.contains("other than 0, 1 or 2"), "{d}");
     }
 
     /// A repository whose own configuration runs a command (a file-system monitor, a clean
