@@ -19,15 +19,21 @@
 //! the command line sees it. `read` is strict because it allows only commands that cannot
 //! write; on the local backend the sandbox makes the workspace limit hard.
 //!
+//! Neither `read` nor `read-write` lets a redirection open a socket (`/dev/tcp/…`,
+//! `/dev/udp/…`, which bash opens itself); at `read-write` that is all it does about the
+//! network, since programs that reach it (`curl`, interpreters) are allowed there.
+//!
 //! The levels, one file each: `read` (the allow-list, the `git` rules and the preamble) and
 //! `read_write` (deleters, wrappers, writers and the walk through a script); this file holds
 //! the permissions, the refusals, the entry points, and the lexical paths and the rendering of
-//! commands both share.
+//! commands both share. `hostile` tests the preamble against hostile repositories.
 
 use std::fmt;
 
 use crate::exec::guard::parse::{RedirectKind, ShellWord, SimpleCommand};
 
+#[cfg(test)]
+mod hostile;
 mod read;
 mod read_write;
 
