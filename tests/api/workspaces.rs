@@ -2,7 +2,9 @@
 //! the agent runs them on a local section (sandboxed) or one bound to the real sshd, and the
 //! workspace's permission decides what runs — `read`, `read-write`, `full`, and the target's
 //! maximum that caps them. Every refusal is checked for its effect (nothing happened) and its
-//! audit row.
+//! audit row. At `read` on a target, a listener on 127.0.0.1 receives nothing through
+//! `/dev/tcp`, and a hostile repository's text converter and hook do not run, each against a
+//! control at `full` where they do.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -647,4 +649,217 @@ async fn a_workspace_swapped_for_a_symlink_is_refused_never_followed() {
         1,
         "nothing was added to the decoy"
     );
+}
+
+/// A loopback listener that records every connection and every byte sent to it, for a
+/// bounded time.
+struct Listener {
+    port: u16,
+    got: Arc<std::sync::Mutex<(usize, Vec<u8>)>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Listener {
+    fn start() -> Listener {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let got = Arc::new(std::sync::Mutex::new((0usize, Vec::new())));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (g, s) = (got.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+            while !s.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        g.lock().unwrap().0 += 1;
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+                        let mut buf = [0u8; 1024];
+                        while let Ok(n) = c.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            g.lock().unwrap().1.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        });
+        Listener {
+            port,
+            got,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections accepted and bytes received so far.
+    fn got(&self) -> (usize, Vec<u8>) {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[tokio::test]
+async fn read_opens_no_socket_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    let (env, section, b, _) = setup(true, "omt_sock").await;
+    let listener = Listener::start();
+    let port = listener.port;
+    let send = format!("printf X 0</dev/tcp/127.0.0.1/{port} 1<&0");
+
+    // Control: at `full` the target's bash opens the socket and the listener gets `X`, so
+    // this test can fail.
+    choose(&env, &section, &b, Permission::Full).await;
+    let r = turn(
+        &env,
+        &section,
+        1,
+        &[("terminal", json!({ "command": send }))],
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listener.got().1.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(listener.got(), (1, b"X".to_vec()), "at full: {r:?}");
+
+    choose(&env, &section, &b, Permission::Read).await;
+    let refused_commands = [
+        send.clone(),
+        format!("printf Y >/dev/tcp/127.0.0.1/{port}"),
+        format!("cat </dev/tcp/127.0.0.1/{port}"),
+        format!("cat 3<>/dev/tcp/127.0.0.1/{port}"),
+        format!("exec 3<>/dev/tcp/127.0.0.1/{port}; printf Z >&3"),
+        format!("cat < /dev//tcp/127.0.0.1/{port}"),
+        format!("cat <$(echo /dev/tcp/127.0.0.1/{port})"),
+        format!("X=/dev/tcp/127.0.0.1/{port}; cat < \"$X\""),
+        "ls 2>&5".to_string(),
+    ];
+    let mut list: Vec<(&str, Value)> = refused_commands
+        .iter()
+        .map(|c| ("terminal", json!({ "command": c })))
+        .collect();
+    list.push(("terminal", json!({"command": "cat x"})));
+    let r = turn(&env, &section, 2, &list).await;
+    for (c, out) in refused_commands.iter().zip(&r) {
+        assert!(refused_by_read(out), "{c}: {out}");
+        assert!(!out.contains("exit code"), "nothing ran: {c}: {out}");
+    }
+    assert!(
+        r[0].contains("opens a network connection"),
+        "the reason is given: {}",
+        r[0]
+    );
+    assert!(
+        r.last().unwrap().contains("the x file"),
+        "read still runs commands: {r:?}"
+    );
+    // Nothing more reached the listener.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(listener.got(), (1, b"X".to_vec()), "at read: {r:?}");
+    // Every refusal is audited as `tool.refused`, by the permission.
+    let audited = refusals(&env.app, &section, "permission").await;
+    assert_eq!(audited, vec!["terminal"; refused_commands.len()]);
+}
+
+/// A repository whose configuration names a text converter and whose hook runs whenever the
+/// index is written: at `full` git runs both (the control); at `read`, behind the preamble,
+/// neither, and `git status -v` (which would convert) is refused.
+async fn read_runs_no_repository_program(remote: bool) {
+    let (env, section, b, _) = setup(remote, "omt_hostile").await;
+    let repo = b.dir.join("repo");
+    let textconv = b.outside.join("textconv-ran");
+    let hook = b.outside.join("hook-ran");
+    std::fs::write(repo.join(".gitattributes"), "*.txt diff=evil\n").unwrap();
+    std::fs::write(
+        repo.join(".git/hooks/post-index-change"),
+        format!("#!/bin/sh\ntouch '{}'\n", hook.display()),
+    )
+    .unwrap();
+    sh(&format!(
+        "cd '{repo}' && chmod 755 .git/hooks/post-index-change && \
+         git -c safe.directory='*' config diff.evil.textconv \"touch '{textconv}'; cat\" && \
+         echo two > t.txt && git -c safe.directory='*' -c core.fsmonitor= add t.txt && \
+         chown -R '{owner}' .",
+        repo = repo.display(),
+        textconv = textconv.display(),
+        owner = b.owner,
+    ));
+    let stale = "touch -d '2001-01-01 00:00' t.txt && ";
+    let looking = format!("cd repo && git diff --cached && {stale}git diff && git status");
+
+    choose(&env, &section, &b, Permission::Full).await;
+    let r = turn(
+        &env,
+        &section,
+        1,
+        &[("terminal", json!({ "command": looking }))],
+    )
+    .await;
+    assert!(
+        textconv.exists() && hook.exists(),
+        "at full git runs the repository's programs, so this test can fail: {r:?}"
+    );
+    std::fs::remove_file(&textconv).unwrap();
+    std::fs::remove_file(&hook).unwrap();
+    // The index is stale again, so a `git diff` that may write it would.
+    std::fs::File::options()
+        .write(true)
+        .open(repo.join("t.txt"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30))
+        .unwrap();
+
+    choose(&env, &section, &b, Permission::Read).await;
+    let looking = "cd repo && git diff --cached && git diff && git status && git log -p -1";
+    let r = turn(
+        &env,
+        &section,
+        2,
+        &[
+            ("terminal", json!({ "command": looking })),
+            ("terminal", json!({"command": "cd repo && git status -v"})),
+        ],
+    )
+    .await;
+    assert!(
+        r[0].contains("exit code: 0") && r[0].contains("+two"),
+        "git runs and shows the change: {}",
+        r[0]
+    );
+    assert!(refused_by_read(&r[1]), "{}", r[1]);
+    assert!(
+        !textconv.exists(),
+        "the text converter ran at read: {}",
+        r[0]
+    );
+    assert!(!hook.exists(), "the hook ran at read: {}", r[0]);
+    assert_eq!(
+        refusals(&env.app, &section, "permission").await,
+        ["terminal"]
+    );
+}
+
+#[tokio::test]
+async fn read_runs_no_repository_program_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    read_runs_no_repository_program(true).await;
 }

@@ -153,6 +153,9 @@ pub(super) enum RedirKind {
 #[derive(Debug, Clone)]
 pub(super) struct Redir {
     pub(super) kind: RedirKind,
+    /// The descriptor written before the operator: digits (`2` in `2>&1`) or bash's
+    /// `{name}` (`{fd}>f`, which also stays a word of the command); `None` for the default.
+    pub(super) fd: Option<String>,
     pub(super) target: Word,
     /// Here-document body (unquoted delimiter: expansions inside are live).
     pub(super) body: Option<Word>,
@@ -312,9 +315,15 @@ impl Lexer {
         toks: &mut Vec<Tok>,
         heredocs: &mut Vec<PendingHeredoc>,
     ) -> Result<(), TooDeep> {
+        let start = self.i;
         while self.peek(0).is_some_and(|c| c.is_ascii_digit()) {
             self.i += 1;
         }
+        let fd = if self.i > start {
+            Some(self.s[start..self.i].iter().collect())
+        } else {
+            self.named_fd(toks)
+        };
         // Longest operators first.
         const OPS: &[(&str, RedirKind, bool)] = &[
             ("&>>", RedirKind::Append, false),
@@ -361,10 +370,24 @@ impl Lexer {
         }
         toks.push(Tok::Redir(Redir {
             kind,
+            fd,
             target,
             body: None,
         }));
         Ok(())
+    }
+
+    /// bash's `{name}>f`: the word just read is `{name}` and ends right here, at the operator.
+    fn named_fd(&self, toks: &[Tok]) -> Option<String> {
+        if self.i == 0 || self.s[self.i - 1] != '}' {
+            return None;
+        }
+        let Some(Tok::Word(w)) = toks.last() else {
+            return None;
+        };
+        let text = w.bare()?;
+        let name = text.strip_prefix('{')?.strip_suffix('}')?;
+        is_identifier(name).then(|| text.to_owned())
     }
 
     /// Reads the bodies of here-documents announced on the line just ended.
@@ -857,6 +880,10 @@ pub enum RedirectKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redirection {
     pub kind: RedirectKind,
+    /// The descriptor written before the operator: digits (`2` in `2>&1`) or bash's `{name}`
+    /// (`{fd}>f`, which assigns the variable; the word stays in `argv` too, as a shell
+    /// without that syntax reads it). `None` for the operator's default.
+    pub fd: Option<String>,
     /// The file (or descriptor, here-string, here-document delimiter).
     pub target: ShellWord,
 }
@@ -1027,6 +1054,7 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Script) {
                     RedirKind::HereString => RedirectKind::HereString,
                     RedirKind::HereDoc => RedirectKind::HereDocument,
                 },
+                fd: r.fd.clone(),
                 target: shell_word(&r.target),
             })
             .collect(),
@@ -1143,6 +1171,18 @@ mod tests {
             simple_commands(&"$(".repeat(MAX_DEPTH + 2)),
             Err(ParseError::TooDeep)
         );
+    }
+
+    #[test]
+    fn redirections_keep_their_descriptor() {
+        let cmds = simple_commands("cat 2>&1 <in 10>out {fd}<>sock >&- {a,b}>x '{q}'>y").unwrap();
+        let fds: Vec<Option<&str>> = cmds[0].redirects.iter().map(|r| r.fd.as_deref()).collect();
+        assert_eq!(
+            fds,
+            [Some("2"), None, Some("10"), Some("{fd}"), None, None, None]
+        );
+        // `{fd}` stays a word too, as a shell without that syntax reads it.
+        assert_eq!(argv(&cmds[0]), ["cat", "{fd}", "{a,b}", "{q}"]);
     }
 
     #[test]

@@ -19,15 +19,21 @@
 //! the command line sees it. `read` is strict because it allows only commands that cannot
 //! write; on the local backend the sandbox makes the workspace limit hard.
 //!
+//! Neither `read` nor `read-write` lets a redirection open a socket (`/dev/tcp/…`,
+//! `/dev/udp/…`, which bash opens itself); at `read-write` that is all it does about the
+//! network, since programs that reach it (`curl`, interpreters) are allowed there.
+//!
 //! The levels, one file each: `read` (the allow-list, the `git` rules and the preamble) and
 //! `read_write` (deleters, wrappers, writers and the walk through a script); this file holds
 //! the permissions, the refusals, the entry points, and the lexical paths and the rendering of
-//! commands both share.
+//! commands both share. `hostile` tests the preamble against hostile repositories.
 
 use std::fmt;
 
 use crate::exec::guard::parse::{RedirectKind, ShellWord, SimpleCommand};
 
+#[cfg(test)]
+mod hostile;
 mod read;
 mod read_write;
 
@@ -269,6 +275,18 @@ fn inside(workspace: &str, path: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Whether a redirection to `path` would open a network connection: bash (and ksh) read
+/// `/dev/tcp/HOST/PORT` and `/dev/udp/HOST/PORT` as sockets, in either direction. Matched
+/// loosely — any mention, in any case, before or after lexical normalisation — so that no
+/// spelling slips through; the price is refusing a real file of such a name.
+fn network_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let normal = normalise("/", &lower);
+    [lower, normal]
+        .iter()
+        .any(|p| p.contains("dev/tcp") || p.contains("dev/udp"))
+}
+
 /// Devices a write to is no write to a file.
 fn harmless_device(path: &str) -> bool {
     matches!(path, "/dev/null" | "/dev/stdout" | "/dev/stderr")
@@ -293,7 +311,8 @@ fn render(c: &SimpleCommand) -> String {
             RedirectKind::HereString => "<<<",
             RedirectKind::HereDocument => "<<",
         };
-        out.push(format!("{op} {}", r.target.source));
+        let fd = r.fd.as_deref().unwrap_or_default();
+        out.push(format!("{fd}{op} {}", r.target.source));
     }
     out.join(" ")
 }

@@ -2,13 +2,20 @@
 //! that are refused (as tables), the `git` subcommands and options allowed, and the shell
 //! preamble that disarms a repository's own configuration for `git`.
 //!
-//! It allows only commands that cannot write, and fails closed: a script it cannot parse, a
+//! It allows only commands that cannot write, nor reach the network through the shell: a
+//! redirection to `/dev/tcp/…` or `/dev/udp/…`, a descriptor beyond 0–2, or a redirection
+//! target known only when it runs is refused. It fails closed: a script it cannot parse, a
 //! construct that assigns a variable, or an argument a rule depends on that is known only when
-//! it runs, is refused. It never runs anything and never touches the filesystem.
+//! it runs, is refused. It never runs anything and never touches the filesystem. `git` runs
+//! under [`read_preamble`], which disarms every program a repository's configuration can name
+//! for `status`, `log`, `diff` and `show`; the options that would still run one are refused
+//! here.
 
-use crate::exec::guard::parse::{self, Construct, RedirectKind, ShellWord, SimpleCommand};
+use crate::exec::guard::parse::{
+    self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand,
+};
 
-use super::{Denied, Permission, render};
+use super::{Denied, Permission, network_path, render};
 
 /// How a command on the read-only allow-list is judged.
 enum ReadRule {
@@ -210,8 +217,10 @@ const READ_COMMANDS: &[(&str, ReadRule)] = &[
 const GIT_READ_SUBCOMMANDS: &[&str] = &["status", "log", "diff", "show"];
 
 /// `git` options refused at `read` (after the subcommand; none is allowed before it): they
-/// write a file, run a program the repository's configuration names, or undo the preamble's
-/// `--ignore-submodules=all` (a submodule's own configuration would apply).
+/// write a file, run a program the repository's configuration names (`--alternate-refs` runs
+/// `core.alternateRefsCommand`; `--remerge-diff` and `--diff-merges=remerge` redo merges,
+/// which runs a `merge.<driver>.driver`), or undo the preamble's `--ignore-submodules=all` (a
+/// submodule's own configuration would apply).
 const GIT_READ: Options = Options {
     refused_long: &[
         "output",
@@ -220,6 +229,9 @@ const GIT_READ: Options = Options {
         "open-files-in-pager",
         "ignore-submodules",
         "submodule",
+        "alternate-refs",
+        "remerge-diff",
+        "diff-merges",
     ],
     why: "writes a file or runs a program the repository configures",
     ..NO_OPTIONS
@@ -256,10 +268,7 @@ fn read_command(c: &SimpleCommand) -> Result<(), String> {
         return Err("it sets variables".into());
     }
     for r in &c.redirects {
-        let to_null = r.target.literal.as_deref() == Some("/dev/null");
-        if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) && !to_null {
-            return Err(format!("it redirects output to `{}`", r.target.source));
-        }
+        read_redirect(r)?;
     }
     let Some(first) = c.argv.first() else {
         return Ok(());
@@ -295,6 +304,55 @@ fn read_command(c: &SimpleCommand) -> Result<(), String> {
     }
 }
 
+/// Why a redirection is refused at `read`, if it is. Only these pass: output to `/dev/null`;
+/// input from a literal file that is no pattern and no socket; duplicating or closing one of
+/// the descriptors 0–2 onto another of them; here-documents and here-strings (their text is
+/// data, and the commands inside them are judged on their own).
+fn read_redirect(r: &Redirection) -> Result<(), String> {
+    if let Some(fd) = r.fd.as_deref().filter(|fd| fd.starts_with('{')) {
+        return Err(format!("`{fd}` opens a descriptor and assigns a variable"));
+    }
+    let target = r.target.literal.as_deref();
+    match r.kind {
+        RedirectKind::HereString | RedirectKind::HereDocument => return Ok(()),
+        _ if target.is_some_and(network_path) || network_path(&r.target.source) => {
+            return Err(format!("`{}` opens a network connection", r.target.source));
+        }
+        RedirectKind::Output | RedirectKind::Append => {
+            if target != Some("/dev/null") {
+                return Err(format!("it redirects output to `{}`", r.target.source));
+            }
+        }
+        RedirectKind::Input => match target {
+            None => {
+                return Err(format!(
+                    "it reads from `{}`, known only when it runs",
+                    r.target.source
+                ));
+            }
+            Some(path) if path.contains(['*', '?', '[', '{']) => {
+                return Err(format!(
+                    "it reads from `{path}`, a pattern that cannot be judged"
+                ));
+            }
+            Some(_) => {}
+        },
+        RedirectKind::Duplicate => {
+            let standard = |fd: &str| matches!(fd, "0" | "1" | "2");
+            let from_ok = r.fd.as_deref().is_none_or(standard);
+            let to_ok = target.is_some_and(|t| standard(t) || t == "-");
+            if !(from_ok && to_ok) {
+                return Err(format!(
+                    "it duplicates a descriptor other than 0, 1 or 2 (`{}>&{}`)",
+                    r.fd.as_deref().unwrap_or_default(),
+                    r.target.source
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The literal text of every argument, or why not.
 fn literal_args(args: &[ShellWord]) -> Result<Vec<String>, String> {
     args.iter()
@@ -311,16 +369,23 @@ fn literal_args(args: &[ShellWord]) -> Result<Vec<String>, String> {
 
 fn read_git(args: &[ShellWord]) -> Result<(), String> {
     let args = literal_args(args)?;
-    match args.first() {
-        Some(sub) if GIT_READ_SUBCOMMANDS.contains(&sub.as_str()) => {}
+    let sub = match args.first() {
+        Some(sub) if GIT_READ_SUBCOMMANDS.contains(&sub.as_str()) => sub.as_str(),
         Some(other) if other.starts_with('-') => {
             return Err("git options before the subcommand are not allowed".into());
         }
         _ => return Err("only `git status`, `log`, `diff` and `show` are allowed".into()),
-    }
+    };
     for arg in &args[1..] {
         if arg == "--" {
             break;
+        }
+        if sub == "status" && status_verbose(arg) {
+            return Err(
+                "`git status -v` shows a diff that runs the repository's text \
+                        converters, and it takes no `--no-textconv`: use `git diff --cached`"
+                    .into(),
+            );
         }
         if let Some(long) = arg.strip_prefix("--") {
             let name = long.split('=').next().unwrap_or_default();
@@ -334,6 +399,18 @@ fn read_git(args: &[ShellWord]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether a `git status` argument asks for `-v`/`--verbose` (alone, in a cluster such as
+/// `-sv`, or abbreviated).
+fn status_verbose(arg: &str) -> bool {
+    match arg.strip_prefix("--") {
+        Some(long) => {
+            let name = long.split('=').next().unwrap_or_default();
+            !name.is_empty() && "verbose".starts_with(name)
+        }
+        None => arg.starts_with('-') && arg[1..].contains('v'),
+    }
 }
 
 fn refused_long(name: &str, options: &Options) -> bool {
@@ -394,22 +471,37 @@ fn policed(args: &[ShellWord], options: &Options) -> Result<(), String> {
 /// Shell text the caller prepends to every terminal script at Read: defines a `git` function
 /// so that `git status|log|diff|show` cannot run a program the repository's configuration
 /// names, nor write the index. It runs `command git` with:
-/// - `--no-pager` and `-c core.pager=cat`: no pager;
-/// - `--no-optional-locks`: `status` does not rewrite the index;
+/// - `--no-pager` and `-c core.pager=cat`: no pager (`pager.<cmd>` included);
+/// - `--no-optional-locks` and `-c diff.autoRefreshIndex=false`: neither `status` nor `diff`
+///   rewrites the index;
+/// - `-c core.hooksPath=/dev/null`: no hook (`post-index-change` runs whenever the index is
+///   written). Not empty: an empty hooks path is the working directory;
 /// - `-c core.fsmonitor=`: no file-system monitor hook;
 /// - `-c diff.external=` and, after `log`/`diff`/`show`, `--no-ext-diff --no-textconv`: no
-///   external diff or text conversion (`status` accepts neither flag);
+///   external diff or text conversion (`status` accepts neither flag, so the judge refuses
+///   `status -v`, the only `status` that diffs);
+/// - `-c <key>=` for every `filter.<driver>.clean|smudge|process`,
+///   `diff.<driver>.textconv|command` and `merge.<driver>.driver` the repository configures:
+///   an empty command runs nothing (`git` fails to start it, or skips it). A driver whose name
+///   holds `=` cannot be named in `-c` (git splits at the first `=`), so `git` refuses to run
+///   at all in such a repository;
+/// - `-c log.diffMerges=separate` and `-c core.alternateRefsCommand=`: `-m` does not redo
+///   merges (which runs merge drivers), and no alternate-refs command runs (the judge also
+///   refuses `--remerge-diff`, `--diff-merges` and `--alternate-refs`);
 /// - `-c log.showSignature=false` and the stock `gpg.*program`s: no configured signature
 ///   program;
-/// - `-c protocol.allow=never`: no fetch of missing objects (and so no `core.sshCommand`);
+/// - `-c protocol.allow=never`: no transport at all, so no lazy fetch of a partial clone's
+///   missing objects — and so no `core.sshCommand`, `remote.*.uploadpack`, credential helper
+///   or askpass; `-c credential.helper=` (an empty value clears the helper list),
+///   `-c core.sshCommand=` and `-c core.askPass=` disarm them again;
 /// - `--ignore-submodules=all`: no descent into submodules, whose own configuration would
-///   apply;
-/// - `-c filter.<driver>.clean=` (and `smudge`, `process`) emptied for every filter driver
-///   configured, so no clean filter runs on a work-tree file.
+///   apply.
 ///
-/// Any other subcommand is refused by the function too. POSIX sh: it runs under dash, bash
-/// and zsh in sh mode. The script is judged ([`check_command`](super::check_command))
-/// without it: the preamble uses what `read` refuses (`command`, `set`, `read`, a loop).
+/// Each empty value above was checked to run nothing on git 2.20 (the oldest the targets are
+/// taken to have: Debian 10), 2.39 and 2.47; keys an older git does not know are ignored by
+/// it. Any other subcommand is refused by the function too. POSIX sh: it runs under dash, bash
+/// and zsh in sh mode. The script is judged ([`check_command`](super::check_command)) without
+/// it: the preamble uses what `read` refuses (`command`, `set`, `read`, a loop).
 pub fn read_preamble() -> &'static str {
     READ_PREAMBLE
 }
@@ -423,19 +515,26 @@ const READ_PREAMBLE: &str = r#"git() {
       unset _sshmode_sub ;;
     *) echo "git: only status, log, diff and show run at the read permission" >&2; return 2 ;;
   esac
-  _sshmode_keys=$(command git config --name-only --get-regexp '^filter\.' 2>/dev/null || :)
+  _sshmode_keys=$(command git --no-pager config --name-only \
+    --get-regexp '^(filter|diff|merge)\.' 2>/dev/null || :)
   while IFS= read -r _sshmode_key; do
     case $_sshmode_key in
-      filter.*.clean|filter.*.smudge|filter.*.process) set -- -c "$_sshmode_key=" "$@" ;;
+      *=*)
+        echo "git: the repository configures \`$_sshmode_key\`, a driver that cannot be disarmed, so git does not run at the read permission" >&2
+        unset _sshmode_keys _sshmode_key; return 2 ;;
+      filter.*.clean|filter.*.smudge|filter.*.process|diff.*.textconv|diff.*.command|merge.*.driver)
+        set -- -c "$_sshmode_key=" "$@" ;;
     esac
   done <<_SSHMODE_KEYS_
 $_sshmode_keys
 _SSHMODE_KEYS_
   unset _sshmode_keys _sshmode_key
-  command git --no-pager --no-optional-locks -c core.fsmonitor= -c core.pager=cat \
-    -c diff.external= -c log.showSignature=false -c gpg.program=gpg \
-    -c gpg.openpgp.program=gpg -c gpg.x509.program=gpgsm -c gpg.ssh.program=ssh-keygen \
-    -c protocol.allow=never "$@"
+  command git --no-pager --no-optional-locks -c core.pager=cat -c core.hooksPath=/dev/null \
+    -c core.fsmonitor= -c diff.autoRefreshIndex=false -c diff.external= \
+    -c log.diffMerges=separate -c core.alternateRefsCommand= \
+    -c log.showSignature=false -c gpg.program=gpg -c gpg.openpgp.program=gpg \
+    -c gpg.x509.program=gpgsm -c gpg.ssh.program=ssh-keygen -c protocol.allow=never \
+    -c credential.helper= -c core.sshCommand= -c core.askPass= "$@"
 }
 "#;
 
@@ -443,7 +542,6 @@ _SSHMODE_KEYS_
 mod tests {
     use super::super::testing::{SCOPE, allowed, refused};
     use super::super::{Permission, check_command};
-    use super::*;
 
     #[test]
     fn read_allows_looking() {
@@ -636,133 +734,121 @@ mod tests {
         );
     }
 
-    /// A repository whose own configuration runs a command (a file-system monitor, a clean
-    /// filter, an external diff) that leaves a marker file.
-    fn hostile_repository(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-        let markers: Vec<_> = ["fsmonitor", "filter", "external"]
-            .iter()
-            .map(|m| dir.join(format!("{m}.marker")))
-            .collect();
-        let repo = dir.join("repo");
-        std::fs::create_dir(&repo).unwrap();
-        let git = |args: &[&str]| {
-            let out = git_command(&repo).args(args).output().unwrap_or_else(|e| {
-                panic!("git must be installed for this test (`which git`): {e}")
-            });
-            assert!(out.status.success(), "git {args:?}: {out:?}");
-        };
-        git(&["init", "-q"]);
-        std::fs::write(repo.join(".gitattributes"), "*.txt filter=evil\n").unwrap();
-        std::fs::write(repo.join("a.txt"), "one\n").unwrap();
-        git(&["add", "."]);
-        git(&[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "one",
-        ]);
-        let touch = |m: &std::path::Path| format!("touch '{}'", m.display());
-        git(&[
-            "config",
-            "core.fsmonitor",
-            &format!("{}; false", touch(&markers[0])),
-        ]);
-        git(&[
-            "config",
-            "filter.evil.clean",
-            &format!("{}; cat", touch(&markers[1])),
-        ]);
-        git(&[
-            "config",
-            "diff.external",
-            &format!("{}; true", touch(&markers[2])),
-        ]);
-        std::fs::write(repo.join("a.txt"), "two\n").unwrap();
-        markers
-    }
-
-    /// `git` in `dir`, away from the machine's and the user's configuration.
-    fn git_command(dir: &std::path::Path) -> std::process::Command {
-        let mut cmd = std::process::Command::new("git");
-        cmd.current_dir(dir)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_WORK_TREE");
-        cmd
-    }
-
-    fn run_shell(shell: &str, dir: &std::path::Path, script: &str) -> std::process::Output {
-        std::process::Command::new(shell)
-            .arg("-c")
-            .arg(script)
-            .current_dir(dir.join("repo"))
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .output()
-            .unwrap_or_else(|e| panic!("{shell} must be installed for this test: {e}"))
-    }
-
-    const LOOKING: &str = "git status\ngit diff\ngit log -p -1\ngit show --stat\n";
-
     #[test]
-    fn without_the_preamble_the_repository_runs_its_commands() {
-        let dir = tempfile::tempdir().unwrap();
-        let markers = hostile_repository(dir.path());
-        let out = run_shell("sh", dir.path(), LOOKING);
-        assert!(out.status.success(), "{out:?}");
-        for m in &markers {
-            assert!(
-                m.exists(),
-                "{} was not created: the test could not fail",
-                m.display()
-            );
-        }
+    fn read_refuses_sockets_and_redirections_it_cannot_see() {
+        allowed(
+            Permission::Read,
+            &[
+                "ls 2>&1",
+                "ls >&2",
+                "ls 1>&2 2>/dev/null",
+                "cat <&0",
+                "cat 0<&- ; ls 2>&-",
+                "cat 3< in.txt",
+                "grep x <<< \"$HOME\"",
+                "cat /dev/tcp/h/p",
+            ],
+        );
+        refused(
+            Permission::Read,
+            &[
+                // Sockets, either way, however spelt.
+                "printf X 0</dev/tcp/127.0.0.1/9 1<&0",
+                "cat </dev/tcp/127.0.0.1/9",
+                "cat 0</dev/tcp/h/p",
+                "echo x >/dev/tcp/h/p",
+                "echo x >>/dev/udp/h/p",
+                "cat <>/dev/udp/h/p",
+                "cat 3<>/dev/tcp/h/p",
+                "0</dev/tcp/h/p",
+                "cat < /DEV/TCP/h/p",
+                "cat < /dev//tcp/h/p",
+                "cat < /dev/./udp/h/p",
+                "cat < /x/../dev/tcp/h/p",
+                "cat < '/dev/t''cp/h/p'",
+                "cat < \\/dev/tcp/h/p",
+                "cat < $'\\x2fdev/tcp/h/p'",
+                "cat < {/dev/tcp/h/p,}",
+                // Inside substitutions and here-documents, which run too.
+                "echo $(cat </dev/tcp/h/p)",
+                "cat <(cat </dev/tcp/h/p)",
+                "cat <<EOF\n$(cat </dev/udp/h/p)\nEOF",
+                "echo `cat </dev/tcp/h/p`",
+                // Descriptors beyond 0-2.
+                "ls 2>&5",
+                "ls >&5",
+                "cat <&3",
+                "cat 3<&0",
+                "ls 5>&1",
+                "cat 3<&-",
+                "ls 2>&1-",
+                "cat 0<&1-",
+                "cat {fd}<in.txt",
+                "ls {x}>/dev/null",
+                "exec 3<>file",
+                "exec 3<file",
+                "exec >&-",
+                // Targets known only when it runs.
+                "cat < \"$X\"",
+                "cat < $X",
+                "cat <$(echo /dev/tcp/x/1)",
+                "cat < `echo x`",
+                "cat <&$fd",
+                "ls >&$fd",
+                "cat < *.txt",
+                "$CMD file",
+                "${CMD} file",
+                // Shells and eval are not on the list, whatever they run.
+                "sh -c 'cat </dev/tcp/h/p'",
+                "bash -c 'printf X >/dev/tcp/h/p'",
+                "eval 'cat </dev/tcp/h/p'",
+            ],
+        );
+        let d = check_command(
+            Permission::Read,
+            "printf X 0</dev/tcp/127.0.0.1/9 1<&0",
+            &SCOPE,
+        )
+        .unwrap_err();
+        assert!(
+            d.why
+                .contains("`/dev/tcp/127.0.0.1/9` opens a network connection"),
+            "{d}"
+        );
+        let d = check_command(Permission::Read, "ls 2>&5", &SCOPE).unwrap_err();
+        assert!(d.why.contains("other than 0, 1 or 2"), "{d}");
     }
 
     #[test]
-    fn the_read_preamble_keeps_git_from_running_the_repositorys_commands() {
-        for shell in ["sh", "bash"] {
-            let dir = tempfile::tempdir().unwrap();
-            let markers = hostile_repository(dir.path());
-            check_command(Permission::Read, LOOKING, &SCOPE).unwrap();
-            let out = run_shell(shell, dir.path(), &format!("{}{LOOKING}", read_preamble()));
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{shell}: {out:?}");
-            assert!(
-                stdout.contains("a.txt"),
-                "{shell}: status and diff ran: {stdout}"
-            );
-            assert!(
-                stdout.contains("+two"),
-                "{shell}: the diff is shown: {stdout}"
-            );
-            for m in &markers {
-                assert!(!m.exists(), "{shell}: {} was created", m.display());
-            }
-            // The index was not rewritten either.
-            let index = dir.path().join("repo/.git/index");
-            let before = std::fs::metadata(&index).unwrap().modified().unwrap();
-            run_shell(shell, dir.path(), &format!("{}git status", read_preamble()));
-            assert_eq!(
-                std::fs::metadata(&index).unwrap().modified().unwrap(),
-                before
-            );
-            // It works under `set -eu` too, in a repository with no filter configured.
-            git_command(dir.path())
-                .args(["init", "-q", "plain"])
-                .status()
-                .unwrap();
-            let script = format!("set -eu\n{}cd ../plain\ngit status", read_preamble());
-            let out = run_shell(shell, dir.path(), &script);
-            assert!(out.status.success(), "{shell}: {out:?}");
-            // Other subcommands are refused by the function too.
-            let out = run_shell(shell, dir.path(), &format!("{}git stash", read_preamble()));
-            assert_eq!(out.status.code(), Some(2), "{shell}: {out:?}");
-            assert!(String::from_utf8_lossy(&out.stderr).contains("read permission"));
-        }
+    fn read_refuses_git_options_that_run_the_repositorys_programs() {
+        allowed(
+            Permission::Read,
+            &[
+                "git status -s",
+                "git status --short --branch --porcelain=v2",
+                "git status -uno",
+                "git status --no-verbose",
+                "git status -- -v",
+                "git log -p -m -1",
+                "git log --all --abbrev-commit",
+                "git diff --raw --relative",
+            ],
+        );
+        refused(
+            Permission::Read,
+            &[
+                "git status -v",
+                "git status -vv",
+                "git status -sv",
+                "git status --verbose",
+                "git status --verb",
+                "git log --alternate-refs",
+                "git log --alt",
+                "git show --remerge-diff HEAD",
+                "git log -p --diff-merges=remerge",
+                "git log -p --diff-merges r",
+                "git show --diff-merges=r",
+            ],
+        );
     }
 }

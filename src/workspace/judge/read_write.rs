@@ -13,7 +13,8 @@ use crate::exec::guard::SHELLS;
 use crate::exec::guard::parse::{self, RedirectKind, ShellWord};
 
 use super::{
-    Denied, Permission, Scope, harmless_device, inside, normalise, render, render_words, resolve,
+    Denied, Permission, Scope, harmless_device, inside, network_path, normalise, render,
+    render_words, resolve,
 };
 
 /// Commands that delete or empty files, refused at `read-write` wherever they appear.
@@ -684,6 +685,16 @@ impl<'a> ReadWrite<'a> {
         for c in &commands {
             let what = render(c);
             for r in &c.redirects {
+                if r.kind != RedirectKind::HereString
+                    && r.kind != RedirectKind::HereDocument
+                    && (r.target.literal.as_deref().is_some_and(network_path)
+                        || network_path(&r.target.source))
+                {
+                    return Err(self.deny(
+                        &what,
+                        format!("`{}` opens a network connection", r.target.source),
+                    ));
+                }
                 if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) {
                     self.write(&r.target, &what)?;
                 }
@@ -1494,6 +1505,38 @@ mod tests {
                 "git -C sub commit -m x",
                 "git -C /etc log",
                 "git --git-dir=/elsewhere/.git status",
+            ],
+        );
+    }
+
+    #[test]
+    fn read_write_refuses_sockets_even_nested() {
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "cat < in.txt",
+                "cat < \"$X\"",
+                "ls 2>&5",
+                "exec 3<>notes.txt",
+            ],
+        );
+        refused(
+            Permission::ReadWrite,
+            &[
+                "cat </dev/tcp/127.0.0.1/9",
+                "printf X 0</dev/tcp/127.0.0.1/9 1<&0",
+                "cat <>/dev/udp/h/p",
+                "exec 3<>/dev/tcp/h/p",
+                "exec 3</dev/udp/h/p",
+                "cat < /dev//tcp/h/p",
+                "cat <$(echo /dev/tcp/x/1)",
+                "sh -c 'cat </dev/tcp/h/p'",
+                "bash -c 'exec 3</dev/udp/h/p'",
+                "sh -c \"sh -c 'cat </dev/tcp/h/p'\"",
+                "eval 'cat </dev/tcp/h/p'",
+                "su -c 'cat </dev/tcp/h/p'",
+                "find . -exec sh -c 'cat </dev/tcp/h/p' \\;",
+                "echo $(cat </dev/tcp/h/p)",
             ],
         );
     }
