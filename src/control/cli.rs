@@ -22,9 +22,16 @@ pub enum SkillCmd {
     /// List every stored skill with its scope: the chat that wrote it, all chats, or hidden.
     List,
     /// Show one skill in full, whatever its scope.
-    Show { name: String },
-    /// Make a chat's skill visible to every chat, read-only to the model (audited).
-    Promote { name: String },
+    Show {
+        /// The skill's name, as `sshmode skill list` prints it.
+        name: String,
+    },
+    /// Make a chat's skill visible to every chat, read-only to the model (audited). Read it
+    /// with `show` first: its text becomes guidance for the agent in every chat.
+    Promote {
+        /// The skill's name, as `sshmode skill list` prints it.
+        name: String,
+    },
 }
 
 /// Runs a skill command; returns the process exit code.
