@@ -31,6 +31,8 @@ pub const DESCRIPTION_MAX: usize = 200;
 pub const BODY_MAX: usize = 16_000;
 /// Most stored skills (besides the built-in one).
 pub const SKILLS_MAX: i64 = 200;
+/// Most skills one chat keeps, so that no chat can use up the deployment's room.
+pub const SKILLS_PER_CHAT: i64 = 50;
 
 /// Who can see a skill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +169,8 @@ pub enum SkillError {
     Taken(String),
     #[error("the deployment already keeps {SKILLS_MAX} skills; delete one first")]
     Full,
+    #[error("this chat already keeps {SKILLS_PER_CHAT} skills; delete one first")]
+    ChatFull,
 }
 
 /// Whether `name` is a valid skill name.
@@ -301,9 +305,14 @@ pub async fn manage(
         .await?;
     let changed = match op {
         Op::Create => {
-            let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skills")
-                .fetch_one(&mut *tx)
-                .await?;
+            let (count, mine): (i64, i64) =
+                sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE chat_id = $1) FROM skills")
+                    .bind(chat_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if mine >= SKILLS_PER_CHAT {
+                return Ok(Err(SkillError::ChatFull));
+            }
             if count >= SKILLS_MAX {
                 return Ok(Err(SkillError::Full));
             }

@@ -876,3 +876,29 @@ async fn memory_list_shows_a_note_that_tries_to_mention_everyone_without_mention
     assert!(!crate::progress::could_mention(text), "{text}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn one_chat_cannot_use_up_the_deployments_room_for_skills() {
+    let app = TestApp::spawn().await;
+    let p = plane(&app);
+    let create = |caller: Caller<'static>, name: String| {
+        let p = &p;
+        async move {
+            p.call(
+                "skills",
+                caller,
+                &args(json!({"action": "manage", "op": "create", "name": name,
+                             "description": "d", "body": "b"})),
+            )
+            .await
+        }
+    };
+    for i in 0..sshmode::control::skills::SKILLS_PER_CHAT {
+        create(IN_A, format!("a-{i}")).await.unwrap();
+    }
+    let err = create(IN_A, "a-one-more".into()).await.unwrap_err();
+    assert!(err.contains("this chat already keeps 50 skills"), "{err}");
+    // Another chat still has room.
+    create(IN_B, "b-0".into()).await.unwrap();
+    app.stop().await;
+}
