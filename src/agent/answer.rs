@@ -1,20 +1,26 @@
 //! Answers in the chat: the receipt reaction, the final reaction, and the final answer as
-//! markdown `post` replies under Lark's 30 KB limit, each with a deterministic `uuid`.
+//! markdown `post` replies under Lark's 30 KB limit, each with a deterministic `uuid`. The
+//! answer is the model's text: a post carries it only through [`post_content`], which makes
+//! it inert ([`crate::lark::markup`]), so an answer never mentions anyone.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::{AgentDeps, ChatOut, FAILURE, RECEIPT, SUCCESS};
 use crate::lark::client::{Content, LarkClient, idempotency_key};
+use crate::lark::markup;
 use crate::turns::{ActiveTurn, Fenced};
 
-/// Most bytes of markdown in one post. JSON escaping at most doubles it, which stays under
-/// Lark's 30 KB post limit with room for the envelope.
+/// Most bytes of markdown in one post. Making it inert, then JSON escaping, at most doubles
+/// it (a replaced `<` or `&` is followed by a character kept as is), which stays under Lark's
+/// 30 KB post limit with room for the envelope.
 const CHUNK_BYTES: usize = 14_000;
 
-/// A `post` body with one `md` element.
+/// A `post` body with one `md` element holding the model's `markdown` made inert (no
+/// mentions, no Lark tags).
 pub fn post_content(markdown: &str) -> Value {
-    json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": markdown }]] } })
+    let text = markup::inert(markdown);
+    json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": text }]] } })
 }
 
 /// Splits markdown into chunks of at most [`CHUNK_BYTES`] (plus a fence line), at line breaks
@@ -230,5 +236,11 @@ mod tests {
             assert!(post_content(&c).to_string().len() < 30_000);
         }
         assert_eq!(markdown_chunks("  "), vec!["(no answer)".to_string()]);
+        // The worst case for the inert form: every `<` opens a tag.
+        for c in markdown_chunks(&"<a".repeat(20_000)) {
+            let encoded = post_content(&c).to_string();
+            assert!(encoded.len() < 30_000, "{}", encoded.len());
+            assert!(!encoded.contains('<'));
+        }
     }
 }

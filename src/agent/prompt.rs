@@ -147,8 +147,8 @@ Current state: {ssh}\n\n\
 ## The control plane\n\
 Memory and skills belong to the service's local control plane, never to the backend, and \
 are the same whatever the backend. Do not look for them on the target. `memory` keeps short \
-notes for this chat (add, list, remove); `skills` lists, views and manages runbooks shared by \
-the deployment. Before remote work, view the built-in `ssh-mode` skill; after it, update \
+notes for this chat (add, list, remove); `skills` lists, views and manages this chat's \
+runbooks (shared ones, which an admin made visible to every chat, are read-only). Before remote work, view the built-in `ssh-mode` skill; after it, update \
 notes and skills with what you learned. Never store secrets in either.\n\n\
 ## Rules\n\
 Check before you change. Never repeat a command whose outcome is unknown without checking \

@@ -172,7 +172,8 @@ pub fn render_for_model(notes: &[Note]) -> String {
     s
 }
 
-/// The notes as users see them (`/memory list`).
+/// The notes as users see them (`/memory list`): the model wrote them, so they are made
+/// inert (no mentions, no Lark tags).
 pub fn render_for_user(notes: &[Note]) -> String {
     if notes.is_empty() {
         return "No notes are kept for this chat.".into();
@@ -185,7 +186,7 @@ pub fn render_for_user(notes: &[Note]) -> String {
         s.push_str(&format!(
             "[{}] {} ({}, {})\n",
             n.id,
-            one_line(&n.content),
+            crate::lark::markup::inert(&one_line(&n.content)),
             n.created_by,
             n.created_at.format("%Y-%m-%d")
         ));

@@ -1,12 +1,15 @@
 //! The local control plane: what the agent keeps in the service's own store rather than on a
-//! backend — memory (notes per chat, [`memory`]) and skills (runbooks shared by the
-//! deployment, [`skills`], with the built-in SSH Mode skill) — behind the `memory` and
-//! `skills` tools, and the secret filter both go through ([`secrets`]).
+//! backend — memory (notes per chat, [`memory`]) and skills (runbooks per chat, which an admin
+//! may share with every chat, [`skills`], with the built-in SSH Mode skill) — behind the
+//! `memory` and `skills` tools, the admin's `sshmode skill …` commands ([`cli`]), and the
+//! secret filter both tools go through ([`secrets`]).
 //!
 //! Everything here is the same whatever a section's backend: no function takes or resolves a
 //! [`crate::exec::Backend`] (invariant 3). Never: stores a text the secret filter refuses,
-//! echoes a refused secret, or lets one chat read another chat's notes.
+//! echoes a refused secret, lets one chat read another chat's notes, or lets one chat's model
+//! see or change another chat's skills (only an admin's promotion shares one).
 
+pub mod cli;
 pub mod memory;
 pub mod secrets;
 pub mod skills;
@@ -33,7 +36,7 @@ pub struct ControlPlane {
 #[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
     pub section: &'a str,
-    /// The chat: the scope of notes.
+    /// The chat: the scope of notes and skills.
     pub chat_id: &'a str,
 }
 
@@ -71,7 +74,7 @@ impl ControlPlane {
             ),
             Tool::function(
                 "skills",
-                "Runbooks in Markdown shared by this deployment, kept in the service's own store. list them, view one (`name`), or manage one (`op` create, update or delete; `name`, `description`, `body`). The built-in `ssh-mode` skill is read-only.",
+                "Runbooks in Markdown kept for this chat in the service's own store, plus those an admin shared with every chat. list them, view one (`name`), or manage one of this chat's (`op` create, update or delete; `name`, `description`, `body`). A skill you create is seen only in this chat. The built-in `ssh-mode` skill and shared skills are read-only.",
                 json!({"type": "object", "properties": {
                     "action": {"type": "string", "enum": ["list", "view", "manage"]},
                     "name": {"type": "string", "maxLength": skills::NAME_MAX},
@@ -158,20 +161,17 @@ impl ControlPlane {
     async fn skills(&self, caller: Caller<'_>, a: &Args<'_>) -> Result<String, String> {
         let db = &self.db;
         let failed = |e: anyhow::Error| format!("skills failed: {e:#}");
+        let viewer = skills::Viewer::Chat(caller.chat_id);
         match a.str("action")?.as_str() {
             "list" => {
                 a.only(&["action"])?;
-                let all = skills::list(db).await.map_err(failed)?;
+                let all = skills::list(db, viewer).await.map_err(failed)?;
                 let mut s = String::from("Skills (view one with action=view, name=…):\n");
                 for k in all {
                     s.push_str(&format!(
                         "- {}{}: {}\n",
                         k.name,
-                        if k.builtin {
-                            " (built-in, read-only)"
-                        } else {
-                            ""
-                        },
+                        label(&k.scope, k.builtin),
                         k.description
                     ));
                 }
@@ -180,15 +180,11 @@ impl ControlPlane {
             "view" => {
                 a.only(&["action", "name"])?;
                 let name = a.str("name")?;
-                match skills::view(db, &name).await.map_err(failed)? {
+                match skills::view(db, viewer, &name).await.map_err(failed)? {
                     Some(k) => Ok(format!(
                         "# skill `{}`{}\n{}\n\n{}",
                         k.name,
-                        if k.builtin {
-                            " (built-in, read-only)"
-                        } else {
-                            ""
-                        },
+                        label(&k.scope, k.builtin),
                         k.description,
                         k.body
                     )),
@@ -219,6 +215,7 @@ impl ControlPlane {
                 skills::manage(
                     db,
                     &caller.actor(),
+                    caller.chat_id,
                     caller.section,
                     op,
                     &name,
@@ -232,5 +229,14 @@ impl ControlPlane {
             }
             _ => Err(a.bad("`action` must be one of list, view, manage".into())),
         }
+    }
+}
+
+/// How the `skills` tool marks a skill the model cannot change.
+fn label(scope: &skills::Scope, builtin: bool) -> &'static str {
+    match (builtin, scope) {
+        (true, _) => " (built-in, read-only)",
+        (false, skills::Scope::Shared) => " (shared with every chat by an admin, read-only)",
+        _ => "",
     }
 }

@@ -1,10 +1,16 @@
-//! Skills: named Markdown runbooks shared by the whole deployment, stored in Postgres
-//! (`skills`), listed, viewed and managed (create, update, delete) by the agent's `skills`
-//! tool. Every change is audited. The built-in **SSH Mode** skill ([`BUILTIN_NAME`]) ships
-//! with the binary, is listed first, and can never be created, overwritten or deleted.
+//! Skills: named Markdown runbooks stored in Postgres (`skills`), listed, viewed and managed
+//! (create, update, delete) by the agent's `skills` tool. A skill belongs to the chat whose
+//! model wrote it and is visible only there, because its text goes back to a model as
+//! guidance: one chat's injected text must not steer another chat's agent. An admin makes a
+//! skill visible in every chat with `sshmode skill promote <name>` ([`promote`]); a promoted
+//! skill is read-only to the model. Every change and every refusal of a shared skill is
+//! audited. The built-in **SSH Mode** skill ([`BUILTIN_NAME`]) ships with the binary, is
+//! listed first in every chat, and can never be created, overwritten or deleted.
 //!
-//! Never: stores a skill the secret filter refuses; lets a stored row shadow the built-in
-//! skill (the table CHECKs the name too); touches a backend.
+//! Never: lists, shows or changes a skill for a chat other than its own unless an admin
+//! promoted it (every query names the chat); lets the model change a promoted skill; stores a
+//! skill the secret filter refuses; lets a stored row shadow the built-in skill (the table
+//! CHECKs the name too); touches a backend.
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -25,6 +31,59 @@ pub const DESCRIPTION_MAX: usize = 200;
 pub const BODY_MAX: usize = 16_000;
 /// Most stored skills (besides the built-in one).
 pub const SKILLS_MAX: i64 = 200;
+/// Most skills one chat keeps, so that no chat can use up the deployment's room.
+pub const SKILLS_PER_CHAT: i64 = 50;
+
+/// Who can see a skill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Only the chat whose model wrote it.
+    Chat(String),
+    /// Every chat: the built-in skill, or one an admin promoted.
+    Shared,
+    /// No chat: written before skills were scoped, by a chat no record names; an admin may
+    /// promote it.
+    Hidden,
+}
+
+impl Scope {
+    fn of(chat_id: Option<String>, promoted: bool) -> Scope {
+        match (promoted, chat_id) {
+            (true, _) => Scope::Shared,
+            (false, Some(c)) => Scope::Chat(c),
+            (false, None) => Scope::Hidden,
+        }
+    }
+
+    /// `chat oc_…`, `all chats` or `hidden`.
+    pub fn describe(&self) -> String {
+        match self {
+            Scope::Chat(c) => format!("chat {c}"),
+            Scope::Shared => "all chats".into(),
+            Scope::Hidden => "hidden".into(),
+        }
+    }
+}
+
+/// Whose view of the skills: one chat's (the model's) or the operator's (the CLI: all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Viewer<'a> {
+    Chat(&'a str),
+    Operator,
+}
+
+impl Viewer<'_> {
+    /// The chat a query is limited to; `None` for the operator.
+    fn chat(self) -> Option<String> {
+        match self {
+            Viewer::Chat(c) => Some(c.to_string()),
+            Viewer::Operator => None,
+        }
+    }
+}
+
+/// Rows a viewer sees: `$1` is the chat, NULL for the operator.
+const VISIBLE: &str = "($1::text IS NULL OR chat_id = $1 OR promoted_at IS NOT NULL)";
 
 /// A skill's summary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +91,7 @@ pub struct Summary {
     pub name: String,
     pub description: String,
     pub builtin: bool,
+    pub scope: Scope,
 }
 
 /// A whole skill.
@@ -41,8 +101,18 @@ pub struct Skill {
     pub description: String,
     pub body: String,
     pub builtin: bool,
+    pub scope: Scope,
     pub updated_by: String,
     pub updated_at: Option<DateTime<Utc>>,
+    /// Who promoted it, when an admin did.
+    pub promoted_by: Option<String>,
+}
+
+/// What [`promote`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promoted {
+    /// The scope the skill had before.
+    pub before: Scope,
 }
 
 /// What `manage` may do.
@@ -91,8 +161,16 @@ pub enum SkillError {
     NotFound(String),
     #[error("a skill `{0}` exists already; use update")]
     Exists(String),
+    #[error(
+        "the skill `{0}` is shared with every chat by an admin: it is read-only; create a skill under another name instead"
+    )]
+    Shared(String),
+    #[error("the name `{0}` is taken by another chat's skill; choose another name")]
+    Taken(String),
     #[error("the deployment already keeps {SKILLS_MAX} skills; delete one first")]
     Full,
+    #[error("this chat already keeps {SKILLS_PER_CHAT} skills; delete one first")]
+    ChatFull,
 }
 
 /// Whether `name` is a valid skill name.
@@ -105,40 +183,50 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
-/// All skills: the built-in one first, then the stored ones by name.
-pub async fn list(db: &PgPool) -> anyhow::Result<Vec<Summary>> {
-    let rows = sqlx::query("SELECT name, description FROM skills ORDER BY name LIMIT $1")
-        .bind(SKILLS_MAX)
-        .fetch_all(db)
-        .await?;
+/// The skills `viewer` sees: the built-in one first, then the stored ones by name.
+pub async fn list(db: &PgPool, viewer: Viewer<'_>) -> anyhow::Result<Vec<Summary>> {
+    let rows = sqlx::query(&format!(
+        "SELECT name, description, chat_id, promoted_at IS NOT NULL AS promoted FROM skills \
+         WHERE {VISIBLE} ORDER BY name LIMIT $2"
+    ))
+    .bind(viewer.chat())
+    .bind(SKILLS_MAX)
+    .fetch_all(db)
+    .await?;
     let mut out = vec![Summary {
         name: BUILTIN_NAME.into(),
         description: BUILTIN_DESCRIPTION.into(),
         builtin: true,
+        scope: Scope::Shared,
     }];
     out.extend(rows.iter().map(|r| Summary {
         name: r.get("name"),
         description: r.get("description"),
         builtin: false,
+        scope: Scope::of(r.get("chat_id"), r.get("promoted")),
     }));
     Ok(out)
 }
 
-/// One skill by name.
-pub async fn view(db: &PgPool, name: &str) -> anyhow::Result<Option<Skill>> {
+/// One skill by name, if `viewer` may see it.
+pub async fn view(db: &PgPool, viewer: Viewer<'_>, name: &str) -> anyhow::Result<Option<Skill>> {
     if name == BUILTIN_NAME {
         return Ok(Some(Skill {
             name: BUILTIN_NAME.into(),
             description: BUILTIN_DESCRIPTION.into(),
             body: BUILTIN_BODY.into(),
             builtin: true,
+            scope: Scope::Shared,
             updated_by: "sshmode".into(),
             updated_at: None,
+            promoted_by: None,
         }));
     }
-    let row = sqlx::query(
-        "SELECT name, description, body, updated_by, updated_at FROM skills WHERE name = $1",
-    )
+    let row = sqlx::query(&format!(
+        "SELECT name, description, body, updated_by, updated_at, chat_id, promoted_by, \
+         promoted_at IS NOT NULL AS promoted FROM skills WHERE name = $2 AND {VISIBLE}"
+    ))
+    .bind(viewer.chat())
     .bind(name)
     .fetch_optional(db)
     .await?;
@@ -147,8 +235,10 @@ pub async fn view(db: &PgPool, name: &str) -> anyhow::Result<Option<Skill>> {
         description: r.get("description"),
         body: r.get("body"),
         builtin: false,
+        scope: Scope::of(r.get("chat_id"), r.get("promoted")),
         updated_by: r.get("updated_by"),
         updated_at: Some(r.get("updated_at")),
+        promoted_by: r.get("promoted_by"),
     }))
 }
 
@@ -185,11 +275,15 @@ pub fn check(
     Ok(())
 }
 
-/// Applies a checked change (audited as `skill.create|update|delete` in the same
-/// transaction).
+/// Applies a checked change for the model of `chat_id` (audited as
+/// `skill.create|update|delete` in the same transaction). A created skill belongs to
+/// `chat_id`; only that chat's unpromoted skills can be updated or deleted, and an attempt on a
+/// promoted one is refused and audited.
+#[allow(clippy::too_many_arguments)]
 pub async fn manage(
     db: &PgPool,
     actor: &str,
+    chat_id: &str,
     section: &str,
     op: Op,
     name: &str,
@@ -200,71 +294,173 @@ pub async fn manage(
         return Ok(Err(e));
     }
     let description = description.map(|d| d.split_whitespace().collect::<Vec<_>>().join(" "));
+    let action = match op {
+        Op::Create => "skill.create",
+        Op::Update => "skill.update",
+        Op::Delete => "skill.delete",
+    };
     let mut tx = db.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('skills'))")
         .execute(&mut *tx)
         .await?;
     let changed = match op {
         Op::Create => {
-            let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skills")
-                .fetch_one(&mut *tx)
-                .await?;
+            let (count, mine): (i64, i64) =
+                sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE chat_id = $1) FROM skills")
+                    .bind(chat_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if mine >= SKILLS_PER_CHAT {
+                return Ok(Err(SkillError::ChatFull));
+            }
             if count >= SKILLS_MAX {
                 return Ok(Err(SkillError::Full));
             }
             sqlx::query(
-                "INSERT INTO skills (name, description, body, updated_by) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO skills (name, description, body, updated_by, chat_id) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
             )
             .bind(name)
             .bind(&description)
             .bind(body)
             .bind(actor)
+            .bind(chat_id)
             .execute(&mut *tx)
             .await?
             .rows_affected()
         }
         Op::Update => sqlx::query(
             "UPDATE skills SET description = COALESCE($2, description), body = COALESCE($3, body), \
-             updated_by = $4, updated_at = now() WHERE name = $1",
+             updated_by = $4, updated_at = now() \
+             WHERE name = $1 AND chat_id = $5 AND promoted_at IS NULL",
         )
         .bind(name)
         .bind(&description)
         .bind(body)
         .bind(actor)
+        .bind(chat_id)
         .execute(&mut *tx)
         .await?
         .rows_affected(),
-        Op::Delete => sqlx::query("DELETE FROM skills WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected(),
+        Op::Delete => sqlx::query(
+            "DELETE FROM skills WHERE name = $1 AND chat_id = $2 AND promoted_at IS NULL",
+        )
+        .bind(name)
+        .bind(chat_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected(),
     };
     if changed == 0 {
-        return Ok(Err(match op {
-            Op::Create => SkillError::Exists(name.into()),
+        // Why not: the existing row's scope as this chat may learn it.
+        let existing: Option<(Option<String>, bool)> =
+            sqlx::query_as("SELECT chat_id, promoted_at IS NOT NULL FROM skills WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let err = match (op, existing) {
+            (_, Some((_, true))) => SkillError::Shared(name.into()),
+            (Op::Create, Some((Some(c), false))) if c == chat_id => SkillError::Exists(name.into()),
+            (Op::Create, Some(_)) => SkillError::Taken(name.into()),
             _ => SkillError::NotFound(name.into()),
-        }));
+        };
+        if matches!(err, SkillError::Shared(_)) {
+            audit::record_chat(
+                &mut tx,
+                audit::ChatEntry {
+                    actor,
+                    action,
+                    section: Some(section),
+                    target: None,
+                    outcome: "refused",
+                    detail: json!({"skill": name, "op": op.word(), "chat": chat_id,
+                                   "reason": "promoted skills are read-only to the model"}),
+                },
+            )
+            .await?;
+            tx.commit().await?;
+        }
+        return Ok(Err(err));
     }
     audit::record_chat(
         &mut tx,
         audit::ChatEntry {
             actor,
-            action: match op {
-                Op::Create => "skill.create",
-                Op::Update => "skill.update",
-                Op::Delete => "skill.delete",
-            },
+            action,
             section: Some(section),
             target: None,
             outcome: "ok",
-            detail: json!({"skill": name, "op": op.word(), "body_chars": body.map(|b| b.chars().count())}),
+            detail: json!({"skill": name, "op": op.word(), "chat": chat_id,
+                           "body_chars": body.map(|b| b.chars().count())}),
         },
     )
     .await?;
     tx.commit().await?;
     Ok(Ok(()))
+}
+
+/// Makes the skill `name` visible in every chat (an admin's action, audited as
+/// `skill.promote`; a name that is no skill is refused and audited too). Promoting a promoted
+/// skill changes nothing.
+pub async fn promote(
+    db: &PgPool,
+    name: &str,
+    actor: &str,
+) -> anyhow::Result<Result<Promoted, SkillError>> {
+    if name == BUILTIN_NAME {
+        return Ok(Err(SkillError::Builtin));
+    }
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('skills'))")
+        .execute(&mut *tx)
+        .await?;
+    let row: Option<(Option<String>, bool)> = sqlx::query_as(
+        "SELECT chat_id, promoted_at IS NOT NULL FROM skills WHERE name = $1 FOR UPDATE",
+    )
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let shown: String = name.chars().take(NAME_MAX).collect();
+    let Some((chat_id, promoted)) = row else {
+        audit::record_chat(
+            &mut tx,
+            audit::ChatEntry {
+                actor,
+                action: "skill.promote",
+                section: None,
+                target: None,
+                outcome: "refused",
+                detail: json!({"skill": shown, "reason": "no such skill"}),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(Err(SkillError::NotFound(shown)));
+    };
+    if !promoted {
+        sqlx::query("UPDATE skills SET promoted_by = $2, promoted_at = now() WHERE name = $1")
+            .bind(name)
+            .bind(actor)
+            .execute(&mut *tx)
+            .await?;
+    }
+    audit::record_chat(
+        &mut tx,
+        audit::ChatEntry {
+            actor,
+            action: "skill.promote",
+            // The chat's own section, so the chat's audit trail shows it.
+            section: chat_id.as_deref(),
+            target: None,
+            outcome: if promoted { "unchanged" } else { "ok" },
+            detail: json!({"skill": name, "chat": chat_id}),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(Promoted {
+        before: Scope::of(chat_id, promoted),
+    }))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod client;
 pub mod event;
 pub mod json;
 pub mod lane;
+pub mod markup;
 pub mod webhook;
 
 use axum::Router;

@@ -1,11 +1,15 @@
 //! What a progress card shows: the turn's steps as one markdown text, and the card JSON 2.0
 //! around it. Pure functions of a [`View`]; no I/O. A long turn collapses its older steps into
 //! one counting line, so the card stays far below Lark's 30 KB and ~200 element limits however
-//! many steps run.
+//! many steps run. Every text from the model (a tool name, a command's short form, the answer's
+//! lines in the summary) is made inert by [`crate::lark::markup`] before it is shown: a card
+//! never mentions anyone but the person who pressed Stop.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use crate::lark::markup;
 
 /// The markdown element every update rewrites.
 pub const STEPS_ELEMENT: &str = "steps";
@@ -68,7 +72,7 @@ pub struct View {
     pub resumed: bool,
     /// Who pressed Stop (an open_id).
     pub stopped_by: Option<String>,
-    /// Set when the turn ended: how, and the answer's first lines.
+    /// Set when the turn ended: how, and the answer's first lines (already made inert).
     pub summary: Option<String>,
     /// The whole turn's elapsed time.
     pub elapsed: Duration,
@@ -222,22 +226,19 @@ pub fn clip(s: &str, chars: usize) -> String {
     out
 }
 
-/// Inline code that cannot be broken out of (backticks become quotes).
+/// Inline code that cannot be broken out of (backticks become quotes) and mentions no one.
 fn code(s: &str) -> String {
     let s = clip(&s.replace('`', "'").replace(['\n', '\r'], " "), SHORT_CHARS);
     if s.is_empty() {
         String::new()
     } else {
-        format!("`{s}`")
+        markup::inert(&format!("`{s}`"))
     }
 }
 
 /// Markdown-inert text (no emphasis, links or tags from a tool name or alias).
 fn escape(s: &str) -> String {
-    clip(s, 60)
-        .chars()
-        .filter(|c| !matches!(c, '*' | '`' | '<' | '>' | '[' | ']' | '\n' | '\r'))
-        .collect()
+    markup::plain(s, 60)
 }
 
 #[cfg(test)]

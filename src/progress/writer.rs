@@ -562,7 +562,7 @@ impl Writer<'_> {
             let first: String = a.lines().take(3).collect::<Vec<_>>().join(" ");
             s.push_str(&format!(
                 "\nAnswer (full text in the reply below): {}",
-                super::card::clip(&first, 200)
+                crate::lark::markup::inert(&super::card::clip(&first, 200))
             ));
         }
         s

@@ -624,3 +624,93 @@ async fn a_card_whose_streaming_cannot_be_re_enabled_is_replaced_by_a_new_one() 
     assert!(strictly_increasing(&card), "{:?}", card.ops);
     assert!(env.lark.patched(&msg).is_empty());
 }
+
+/// What a prompt-injected model writes to ping people: Lark's mention tags in each spelling,
+/// inside links, as HTML entities, and inside code.
+const MENTIONS: [&str; 10] = [
+    "<at id=all></at>",
+    "<at user_id=\"all\">everyone</at>",
+    "<at id=\"ou_x\"></at>",
+    "<AT ID = ALL></AT>",
+    "[<at id=all></at>](https://example.com)",
+    "[all](<at user_id=\"ou_x\"></at>)",
+    "&lt;at id=all&gt;&lt;/at&gt;",
+    "&#60;at id=all&#62;&#60;/at&#62;",
+    "`<at id=all></at>`",
+    "<person id=\"ou_x\"></person>",
+];
+
+/// Whether a renderer that decodes entities and ignores case and spacing could read a mention
+/// (or a person tag) in `s`.
+pub(crate) fn could_mention(s: &str) -> bool {
+    let decoded = s
+        .replace("&lt;", "<")
+        .replace("&#60;", "<")
+        .replace("&#x3c;", "<")
+        .to_ascii_lowercase();
+    decoded.match_indices('<').any(|(i, _)| {
+        let t = decoded[i + 1..].trim_start();
+        let t = t.strip_prefix('/').map(str::trim_start).unwrap_or(t);
+        t.starts_with("at") || t.starts_with("person")
+    })
+}
+
+#[tokio::test]
+async fn an_answer_that_tries_to_mention_everyone_reaches_lark_mentioning_no_one() {
+    let env = env(&[("LARK_ENCRYPT_KEY", ENCRYPT_KEY)]).await;
+    let answer = format!(
+        "{}\n\nDone: **bold**, a [link](https://example.com), `Vec<u8>`.\n```\n{}\n```",
+        MENTIONS.join(" "),
+        MENTIONS.join("\n")
+    );
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "echo '<at id=all></at> &lt;at id=all&gt;'"}),
+            ),
+        )
+        .push(MODEL, say(&answer));
+    // A signed message from a person in a one-to-one chat starts the turn.
+    let chat = unique("oc_at");
+    let mut m = crate::lark_support::Msg::new(&unique("ev_at"), "what is up?");
+    m.chat_id = chat.clone();
+    let (status, body) = post(&env.app, sealed_now(&m.envelope(TOKEN))).await;
+    assert_eq!(status, 200, "{body}");
+    wait_for("the turn", 20, || async {
+        !turn_states(&env.app, &chat).await.is_empty()
+    })
+    .await;
+    assert_eq!(wait_turns_ended(&env.app, &chat, 1).await, vec!["done"]);
+
+    // The answer post: every mention broken, the Markdown kept.
+    let posts = replies(&env.lark, &m.message_id, "post");
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let content: Value = serde_json::from_str(posts[0]["content"].as_str().unwrap()).unwrap();
+    let md = content["zh_cn"]["content"][0][0]["text"].as_str().unwrap();
+    assert!(!could_mention(md), "{md}");
+    assert!(!could_mention(&posts[0].to_string()));
+    for kept in [
+        "**bold**",
+        "[link](https://example.com)",
+        "`Vec<u8>`",
+        "at id=all",
+    ] {
+        assert!(md.contains(kept), "{kept}: {md}");
+    }
+    // The progress card: the command's short form and the answer's lines in the summary.
+    let card = closed_card(&env.lark).await;
+    let steps = card.element("steps");
+    assert!(steps.contains("Answer (full text"), "{steps}");
+    assert!(steps.contains("at id=all"), "{steps}");
+    assert!(!could_mention(&card.data.to_string()), "{:#}", card.data);
+    for op in env.lark.requests() {
+        assert!(
+            !could_mention(&op.body.to_string()),
+            "{} {}",
+            op.path,
+            op.body
+        );
+    }
+}
