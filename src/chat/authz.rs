@@ -137,6 +137,10 @@ pub enum Refusal {
     UsersOnly,
     #[error("Only an admin can approve or reject targets.")]
     NotAdmin,
+    #[error(
+        "This approval card has expired: `{0}` was decided, removed, added again or given another host key since it was sent. Nothing was decided."
+    )]
+    Expired(String),
 }
 
 impl Refusal {
@@ -152,6 +156,7 @@ impl Refusal {
             Refusal::NotOwner { .. } => "not_owner",
             Refusal::UsersOnly => "users_only",
             Refusal::NotAdmin => "not_admin",
+            Refusal::Expired(_) => "expired",
         }
     }
 }

@@ -418,15 +418,17 @@ impl Decision {
     }
 }
 
-/// Approves or rejects `alias` for `actor` (a command in `section`, or a card click). The
-/// status change is audited by the registry in its transaction; the decision's context
-/// (section, outcome) and every refusal are audited here.
+/// Approves or rejects `alias` for `actor` (a command in `section`, or a card click with what
+/// the card `shown`: then only a target still pending in that generation, and an approval
+/// only of the host key shown). The status change is audited by the registry in its
+/// transaction; the decision's context (section, outcome) and every refusal are audited here.
 pub async fn decide(
     db: &PgPool,
     actor: Actor<'_>,
     alias: &str,
     decision: Decision,
     section: Option<&str>,
+    shown: Option<&target::Shown<'_>>,
 ) -> anyhow::Result<Result<Status, Refusal>> {
     if let Err(r) = authz::authorize(actor, Act::Decide) {
         let mut tx = db.begin().await?;
@@ -434,8 +436,23 @@ pub async fn decide(
         tx.commit().await?;
         return Ok(Err(r));
     }
-    let prev = match target::set_status(db, alias, decision.status(), actor.name()).await {
-        Ok(prev) => prev,
+    let changed = match shown {
+        None => target::set_status(db, alias, decision.status(), actor.name())
+            .await
+            .map(Some),
+        Some(shown) => {
+            target::decide_shown(db, alias, decision.status(), actor.name(), shown).await
+        }
+    };
+    let prev = match changed {
+        Ok(Some(prev)) => prev,
+        Ok(None) => {
+            let r = Refusal::Expired(alias.to_string());
+            let mut tx = db.begin().await?;
+            refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
+            tx.commit().await?;
+            return Ok(Err(r));
+        }
         Err(target::TargetError::NotFound(_)) => {
             let r = Refusal::UnknownTarget(alias.to_string());
             let mut tx = db.begin().await?;

@@ -267,7 +267,7 @@ async fn decide(
     section: Option<&str>,
 ) -> anyhow::Result<String> {
     Ok(
-        match control::decide(&deps.db, actor, alias, decision, section).await? {
+        match control::decide(&deps.db, actor, alias, decision, section, None).await? {
             Ok(_) => {
                 approval::update_cards(deps, alias).await?;
                 format!("Target `{alias}` is {}.", decision.word())

@@ -57,12 +57,27 @@ pub struct ApprovalView {
     pub alias: String,
     /// The target's generation (a removed and re-added alias is a new one).
     pub generation: i64,
-    /// `user@host:port`.
-    pub destination: String,
-    pub added_by: String,
+    /// `user@host:port` (`None` on an expired card: it may be another target's now).
+    pub destination: Option<String>,
+    pub added_by: Option<String>,
     pub fingerprint: Option<String>,
-    /// Who decided, what, and when (RFC 3339), once decided.
-    pub decided: Option<(String, String, String)>,
+    pub state: CardState,
+}
+
+/// Where an approval card stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CardState {
+    /// Awaiting a decision: the card has its buttons.
+    Pending,
+    /// Decided: who, what (`approved`, `rejected`) and when.
+    Decided {
+        by: String,
+        what: String,
+        when: String,
+    },
+    /// A click came after what the card showed had changed (decided, removed, re-added, or
+    /// another host key): it decided nothing, and the card can decide nothing.
+    Expired,
 }
 
 /// Reaches admins one-to-one.

@@ -45,6 +45,10 @@ fn in_thread(id: &str, text: &str, thread: &str, root: &str) -> Msg {
 }
 
 async fn add_target(app: &TestApp, alias: &str, approve: bool) {
+    add_target_on(app, alias, &format!("{alias}.example"), approve).await;
+}
+
+async fn add_target_on(app: &TestApp, alias: &str, host: &str, approve: bool) {
     let vault =
         sshmode::vault::Vault::open_or_create(&app.data_dir.path().join("master.key")).unwrap();
     target::add(
@@ -52,7 +56,7 @@ async fn add_target(app: &TestApp, alias: &str, approve: bool) {
         &vault,
         NewTarget {
             alias: alias.into(),
-            host: format!("{alias}.example"),
+            host: host.into(),
             port: 22,
             user: "ops".into(),
             description: Some(format!("the {alias} box")),
@@ -548,6 +552,111 @@ async fn approval_by_card_and_by_command() {
     wait_state(&app, "r2", "done").await;
     assert_eq!(status_of(&app, "prod").await, Status::Disabled);
     assert!(replies(&fake, "om_r2")[0].contains("`prod` is rejected"));
+    app.stop().await;
+}
+
+/// The `n`-th approval card sent (from 1): its message id and its Approve button's value.
+async fn nth_card(fake: &FakeLark, n: usize) -> (String, Value) {
+    fake.wait_until("the approval cards", |r| {
+        r.iter()
+            .filter(|r| r.path.ends_with("receive_id_type=open_id"))
+            .count()
+            >= n
+    })
+    .await;
+    let cards = fake.requests_to("receive_id_type=open_id");
+    let card: Value = serde_json::from_str(cards[n - 1].body["content"].as_str().unwrap()).unwrap();
+    let approve = card["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["element_id"] == "btn_approve")
+        .unwrap()["behaviors"][0]["value"]
+        .clone();
+    let message_id = fake.posted()[n - 1]["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (message_id, approve)
+}
+
+/// The PATCHed contents of card message `om`.
+fn card_patches(fake: &FakeLark, om: &str) -> Vec<String> {
+    fake.requests_to(&format!("/messages/{om}"))
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.body["content"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A click on a card that no longer shows the target as it is decides nothing: the click is
+/// audited and the card is rewritten to say it expired (the toast, answered without I/O, still
+/// says "received").
+#[tokio::test]
+async fn a_stale_approval_card_decides_nothing_and_says_it_expired() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    let db = &app.state.db;
+    add_target(&app, "prod", false).await;
+    let (first, first_approve) = nth_card(&fake, 1).await;
+    // Removed and added again on another host: a new generation, pending, with a card of its own.
+    target::remove(db, "prod", "cli").await.unwrap();
+    add_target_on(&app, "prod", "elsewhere.example", false).await;
+    let (second, second_approve) = nth_card(&fake, 2).await;
+    assert_ne!(first, second);
+
+    let clicked = |id: &str, card: &str, value: &Value| {
+        sealed(
+            &click(id, "ou_admin", card, value.clone()),
+            ENCRYPT_KEY,
+            now_secs(),
+        )
+    };
+    let (s, answer) = post(&app, clicked("k1", &first, &first_approve)).await;
+    assert_eq!(s, 200);
+    assert_eq!(answer["toast"]["type"], "info");
+    assert!(
+        answer["toast"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Received"),
+        "{answer}"
+    );
+    wait_state(&app, "k1", "done").await;
+    assert_eq!(status_of(&app, "prod").await, Status::Pending);
+    let patched = card_patches(&fake, &first);
+    assert_eq!(patched.len(), 1, "{patched:?}");
+    assert!(patched[0].contains("expired"), "{patched:?}");
+    assert!(!patched[0].contains("btn_approve"), "{patched:?}");
+    assert!(card_patches(&fake, &second).is_empty());
+
+    // Same generation, but the host key is not the one the card showed (none): approving it
+    // would pin a key no admin saw.
+    let key = target::HostKey {
+        fingerprint: "SHA256:c2VlbiBieSBub2JvZHkgb24gYW55IGNhcmQgYXQgYWxsIQ".into(),
+        algorithm: Some("ssh-ed25519".into()),
+        source: "pinned".into(),
+        at: None,
+    };
+    target::rekey(db, "prod", &key, "cli").await.unwrap();
+    post(&app, clicked("k2", &second, &second_approve)).await;
+    wait_state(&app, "k2", "done").await;
+    assert_eq!(status_of(&app, "prod").await, Status::Pending);
+    assert!(card_patches(&fake, &second)[0].contains("expired"));
+
+    let decided: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, outcome, detail->>'reason' FROM audit_log
+         WHERE action = 'target.decide' ORDER BY id",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    let expired = (
+        "ou_admin".to_string(),
+        "refused".to_string(),
+        "expired".to_string(),
+    );
+    assert_eq!(decided, [expired.clone(), expired]);
     app.stop().await;
 }
 
