@@ -1,6 +1,6 @@
-//! Bindings: which backend a section's task tools run on. Owns the `bindings` and
-//! `pending_bindings` tables. A sticky binding is a user's; a model-made one lives no longer
-//! than the grant that allowed it, so reading a binding first releases a model-made one whose
+//! Bindings: which backend a section's task tools run on, and who owns a thread. Owns the
+//! `bindings`, `pending_bindings` and `section_owners` tables. A sticky binding is a user's; a
+//! model-made one lives no longer than the grant that allowed it, so reading a binding first releases a model-made one whose
 //! grant has closed or expired (with its audit row, in the same transaction).
 //!
 //! Read from Postgres on every use: another replica or a restart sees a change at once. Never:
@@ -188,4 +188,47 @@ pub async fn drop_pending(db: &PgPool, root_message_id: &str) -> sqlx::Result<()
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// The owner of thread `section`: who opened it with `/ssh use`, else who bound it first.
+pub async fn owner(conn: &mut PgConnection, section: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT owner FROM section_owners WHERE section = $1")
+        .bind(section)
+        .fetch_optional(conn)
+        .await
+}
+
+/// How a thread got its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    /// Opened with `/ssh use` in its parent chat.
+    Opened,
+    /// Bound first, by a user.
+    Bound,
+}
+
+/// Records `owner` as the owner of thread `section`, unless it has one. Returns whether it
+/// was recorded.
+pub async fn claim_owner(
+    conn: &mut PgConnection,
+    section: &str,
+    owner: &str,
+    how: Owned,
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    Ok(sqlx::query(
+        "INSERT INTO section_owners (section, owner, how, since) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (section) DO NOTHING",
+    )
+    .bind(section)
+    .bind(owner)
+    .bind(match how {
+        Owned::Opened => "opened",
+        Owned::Bound => "bound",
+    })
+    .bind(now)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
 }

@@ -21,12 +21,24 @@ pub struct Incoming {
     pub text: String,
     /// Addressed to the bot: it mentions the bot, or the chat is a one-to-one chat.
     pub addressed: bool,
+    /// The chat is a one-to-one chat (its parent section is its one user's to bind).
+    pub direct: bool,
 }
 
 impl Incoming {
     /// The section: the thread, else the chat.
     pub fn section(&self) -> &str {
         self.thread_id.as_deref().unwrap_or(&self.chat_id)
+    }
+
+    /// What kind of conversation the section is, for who may bind it.
+    pub fn conversation(&self) -> super::control::Conversation {
+        use super::control::Conversation;
+        match (&self.thread_id, self.direct) {
+            (Some(_), _) => Conversation::Thread,
+            (None, true) => Conversation::Direct,
+            (None, false) => Conversation::Group,
+        }
     }
 }
 

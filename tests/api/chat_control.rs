@@ -211,7 +211,22 @@ async fn topic_groups_bind_in_place_and_threadless_chats_suggest_here() {
     assert!(texts[1].contains("/ssh use web --here"), "{texts:?}");
     assert_eq!(place(&app, "oc_chat").await, Place::Local);
 
-    send(&app, &group("here", "/ssh use web --here")).await;
+    // A group chat itself has no owner: only an admin binds it in place (refusal audited).
+    send(&app, &group("here0", "/ssh use web --here")).await;
+    wait_state(&app, "here0", "done").await;
+    assert!(
+        replies(&fake, "om_here0")[0].starts_with("Only an admin can bind this group chat"),
+        "{:?}",
+        replies(&fake, "om_here0")
+    );
+    assert_eq!(place(&app, "oc_chat").await, Place::Local);
+    assert_eq!(
+        audit_actions(&app, "oc_chat").await,
+        [("ou_user".into(), "binding.set".into(), "refused".into())]
+    );
+    let mut here = group("here", "/ssh use web --here");
+    here.sender = "ou_admin".into();
+    send(&app, &here).await;
     wait_state(&app, "here", "done").await;
     assert_eq!(place(&app, "oc_chat").await, Place::Target("web".into()));
     let r = fake.requests_to("/messages/om_here/reply");
@@ -223,6 +238,90 @@ async fn topic_groups_bind_in_place_and_threadless_chats_suggest_here() {
     send(&app, &off).await;
     wait_state(&app, "off", "done").await;
     assert_eq!(place(&app, "oc_chat").await, Place::Local);
+
+    // A one-to-one chat is its user's to bind in place.
+    let mut p2p = Msg::new("p2p", "/ssh use web --here");
+    p2p.chat_id = "oc_p2p".into();
+    send(&app, &p2p).await;
+    wait_state(&app, "p2p", "done").await;
+    assert_eq!(place(&app, "oc_p2p").await, Place::Target("web".into()));
+    app.stop().await;
+}
+
+/// Anyone may return a thread to local, but that does not make the thread theirs: only its
+/// owner (who opened it) or an admin binds it again.
+#[tokio::test]
+async fn a_stranger_who_releases_a_thread_may_not_bind_it_elsewhere() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "web", true).await;
+    add_target(&app, "db", true).await;
+    send(&app, &group("open", "/ssh use web")).await;
+    wait_state(&app, "open", "done").await;
+    let thread = "omt_open";
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+    let say = |id: &str, text: &str, who: &str| {
+        let mut m = in_thread(id, text, thread, "om_open");
+        m.sender = who.into();
+        m
+    };
+
+    send(&app, &say("s1", "/ssh local", "ou_other")).await;
+    wait_state(&app, "s1", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Local);
+    send(&app, &say("s2", "/ssh use db", "ou_other")).await;
+    wait_state(&app, "s2", "done").await;
+    let said = replies(&fake, "om_s2").join("");
+    assert!(
+        said.contains("belongs to ou_user") && said.contains("only they or an admin"),
+        "{said}"
+    );
+    assert_eq!(place(&app, thread).await, Place::Local);
+    // Nor may the stranger let the model in.
+    send(&app, &say("s3", "/ssh yolo on db", "ou_other")).await;
+    wait_state(&app, "s3", "done").await;
+    assert!(replies(&fake, "om_s3")[0].contains("belongs to ou_user"));
+    let refused: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, detail->>'reason' FROM audit_log
+         WHERE section = $1 AND outcome = 'refused' ORDER BY id",
+    )
+    .bind(thread)
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        refused,
+        [
+            ("ou_other".into(), "binding.set".into(), "not_owner".into()),
+            ("ou_other".into(), "grant.add".into(), "not_owner".into()),
+        ]
+    );
+
+    // The owner may; so may an admin, after which the thread is still the owner's.
+    send(&app, &say("s4", "/ssh use db", "ou_user")).await;
+    wait_state(&app, "s4", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("db".into()));
+    send(&app, &say("s5", "/ssh use web", "ou_admin")).await;
+    wait_state(&app, "s5", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+    send(&app, &say("s6", "/ssh use db", "ou_other")).await;
+    wait_state(&app, "s6", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+
+    // A thread nobody opened belongs to who binds it first.
+    let free = |id: &str, text: &str, who: &str| {
+        let mut m = in_thread(id, text, "omt_free", "om_free");
+        m.sender = who.into();
+        m
+    };
+    send(&app, &free("f1", "/ssh use web", "ou_other")).await;
+    wait_state(&app, "f1", "done").await;
+    send(&app, &free("f2", "/ssh local", "ou_user")).await;
+    wait_state(&app, "f2", "done").await;
+    send(&app, &free("f3", "/ssh use db", "ou_user")).await;
+    wait_state(&app, "f3", "done").await;
+    assert!(replies(&fake, "om_f3")[0].contains("belongs to ou_other"));
+    assert_eq!(place(&app, "omt_free").await, Place::Local);
     app.stop().await;
 }
 
