@@ -56,6 +56,18 @@ pub struct Binding {
     pub bound_at: DateTime<Utc>,
     /// The grant a model-made binding lives under.
     pub grant_id: Option<i64>,
+    /// The chat it was made in (`None` only for a binding from before chats were recorded).
+    pub chat_id: Option<String>,
+    /// The target generation it was made for (`None` when that is not known: a binding from
+    /// before generations were recorded).
+    pub generation: Option<i64>,
+}
+
+impl Binding {
+    /// Whether it was made for this very target (the same generation of the alias).
+    pub fn is_for(&self, target: &Facts) -> bool {
+        self.alias == target.alias && self.generation == Some(target.generation)
+    }
 }
 
 /// The section asked about, as far as who may bind it goes.
@@ -222,9 +234,11 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
             },
         ) => {
             usable(alias, target)?;
+            let t = target.expect("usable targets exist");
             match actor {
                 Actor::User { open_id, admin } => match current {
-                    Some(b) if b.kind == Kind::Sticky && b.alias == alias => Ok(Permit::Unchanged),
+                    // A binding made for an earlier generation of the alias is not this target.
+                    Some(b) if b.kind == Kind::Sticky && b.is_for(t) => Ok(Permit::Unchanged),
                     _ => {
                         may_bind(open_id, admin, section)?;
                         Ok(Permit::Bind {
@@ -236,7 +250,7 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                 Actor::Model => {
                     if let Some(b) = current {
                         if b.kind == Kind::Sticky {
-                            return if b.alias == alias {
+                            return if b.is_for(t) {
                                 Ok(Permit::Unchanged)
                             } else {
                                 Err(Refusal::StickyHeld {
@@ -244,7 +258,7 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                                 })
                             };
                         }
-                        if b.alias == alias {
+                        if b.is_for(t) {
                             return Ok(Permit::Unchanged);
                         }
                     }
@@ -300,6 +314,7 @@ mod tests {
             status,
             allowed_here: allowed,
             destination: "u@h".into(),
+            generation: 1,
         }
     }
     fn binding(alias: &str, kind: Kind, owner: &str) -> Binding {
@@ -310,6 +325,8 @@ mod tests {
             owner: owner.into(),
             bound_at: Utc::now(),
             grant_id: (kind == Kind::Model).then_some(7),
+            chat_id: Some("oc_1".into()),
+            generation: Some(1),
         }
     }
     fn grant(id: i64, alias: Option<&str>) -> Grant {
@@ -488,6 +505,30 @@ mod tests {
             Err(Refusal::GroupAdminsOnly)
         );
         assert_eq!(authorize(ANN, grant_on(ANNS)), Ok(Permit::Allowed));
+    }
+
+    #[test]
+    fn a_binding_for_another_generation_is_not_unchanged() {
+        let mut web = facts("web", Status::Approved, true);
+        let anns = binding("web", Kind::Sticky, "ou_ann");
+        assert_eq!(
+            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            Ok(Permit::Unchanged)
+        );
+        web.generation = 2;
+        assert_eq!(
+            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            Ok(Permit::Bind {
+                kind: Kind::Sticky,
+                grant_id: None
+            })
+        );
+        // The model neither takes it for its own nor replaces it.
+        let all = [grant(4, None)];
+        assert!(matches!(
+            authorize(Actor::Model, bind("web", Some(&web), Some(&anns), &all)),
+            Err(Refusal::StickyHeld { .. })
+        ));
     }
 
     #[test]

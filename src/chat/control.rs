@@ -181,6 +181,8 @@ pub async fn bind(
                     },
                     bound_at: ctl.now,
                     grant_id,
+                    chat_id: Some(chat_id.to_string()),
+                    generation: Some(facts.generation),
                 };
                 binding::set(&mut tx, &b).await?;
                 if let (Actor::User { open_id, .. }, (Conversation::Thread, None)) = (actor, &sect)
@@ -426,6 +428,8 @@ pub async fn complete_pending(
                 owner: p.owner.clone(),
                 bound_at: now,
                 grant_id: None,
+                chat_id: Some(p.chat_id.clone()),
+                generation: p.generation,
             };
             binding::set(&mut tx, &b).await?;
             audit::record_chat(

@@ -115,6 +115,10 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             let now = deps.clock.now();
             let r = control::report(&deps.db, section, now).await?;
             let mut s = render::status(&r, now);
+            if let Err(fails) = binding::resolve_use(&deps.db, section, now).await? {
+                s.push('\n');
+                s.push_str(&fails.message());
+            }
             let place = match &r.binding {
                 Some(b) => Place::Target(b.alias.clone()),
                 None => Place::Local,
@@ -306,6 +310,7 @@ async fn open_bound_thread(
         chat_id: msg.chat_id.clone(),
         alias: alias.to_string(),
         owner: msg.sender.clone(),
+        generation: Some(facts.generation),
     };
     binding::put_pending(&deps.db, &pending, deps.clock.now()).await?;
     let text = format!(

@@ -654,6 +654,40 @@ async fn approval_by_card_and_by_command() {
     app.stop().await;
 }
 
+/// A binding the migration could not complete (no chat, no generation) cannot be checked: it
+/// stays bound and fails, `/ssh status` says so, and binding the same target again is a real
+/// bind (for today's generation), not "already on".
+#[tokio::test]
+async fn a_binding_from_before_the_checks_fails_until_bound_again() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "web", true).await;
+    sqlx::query(
+        "INSERT INTO bindings (section, alias, kind, owner, bound_at)
+         VALUES ('omt_old', 'web', 'sticky', 'ou_user', now())",
+    )
+    .execute(&app.state.db)
+    .await
+    .unwrap();
+    let say = |id: &str, text: &str| in_thread(id, text, "omt_old", "om_old");
+    send(&app, &say("st", "/ssh status")).await;
+    wait_state(&app, "st", "done").await;
+    let status = replies(&fake, "om_st").join("");
+    assert!(status.contains("cannot be checked"), "{status}");
+    assert!(status.contains("/ssh local"), "{status}");
+    assert_eq!(place(&app, "omt_old").await, Place::Target("web".into()));
+
+    send(&app, &say("re", "/ssh use web")).await;
+    wait_state(&app, "re", "done").await;
+    let said = replies(&fake, "om_re").join("");
+    assert!(said.starts_with("This thread now runs on `web`"), "{said}");
+    send(&app, &say("st2", "/ssh status")).await;
+    wait_state(&app, "st2", "done").await;
+    let status = replies(&fake, "om_st2").join("");
+    assert!(!status.contains("cannot be checked"), "{status}");
+    app.stop().await;
+}
+
 /// The `n`-th approval card sent (from 1): its message id and its Approve button's value.
 async fn nth_card(fake: &FakeLark, n: usize) -> (String, Value) {
     fake.wait_until("the approval cards", |r| {
