@@ -258,6 +258,13 @@ async fn run() {
         let mut before = None;
         // This benchmark's own queries between the counters (its polls of the turn's state).
         let mut polls = 0i64;
+        // The generation a binding records, read before anything is counted.
+        let generation = match &place {
+            Place::Target(alias) => {
+                Some(sshmode::target::get(&db, alias).await.unwrap().generation)
+            }
+            Place::Local => None,
+        };
         for turn in 0..TURNS + 1 {
             if turn == 1 {
                 before = Some(pg_counters(&db).await);
@@ -280,7 +287,7 @@ async fn run() {
             arrivals.lock().unwrap().clear();
             let section = format!("omt_bench_{label}_{turn}");
             if let Place::Target(alias) = &place {
-                // Bound by hand, as `/ssh use` does.
+                // Bound by hand, as `/ssh use` does (for the target's generation, in the chat).
                 let mut conn = db.acquire().await.unwrap();
                 sshmode::chat::binding::set(
                     &mut conn,
@@ -291,6 +298,8 @@ async fn run() {
                         owner: "ou_bench".into(),
                         bound_at: chrono::Utc::now(),
                         grant_id: None,
+                        chat_id: Some("oc_bench".into()),
+                        generation,
                     },
                 )
                 .await

@@ -10,9 +10,10 @@
 //! view). Durability, leases and cancellation come from [`crate::turns`], which calls
 //! [`Agent`] as its [`TurnWork`].
 //!
-//! Never: picks a backend itself or falls back to local when the bound target fails (a tool
-//! fails with the reason); hands a backend to a control-plane tool; re-runs a tool call whose
-//! outcome is unknown.
+//! Never: picks a backend itself or falls back to local when the bound target fails or the
+//! binding no longer passes its checks (a tool fails with the reason, and the thread is told
+//! once); hands a backend to a control-plane tool; re-runs a tool call whose outcome is
+//! unknown.
 
 mod answer;
 mod conversation;
@@ -41,6 +42,10 @@ pub const SUCCESS: &str = "DONE";
 /// The reaction that replaces it when the turn failed, stopped or hit a bound.
 pub const FAILURE: &str = "CrossMark";
 
+/// A binding that no longer passes its checks (chat control's): the section stays bound to
+/// its target and every task-tool call fails with this, never running locally instead.
+pub use crate::chat::binding::Failing as BindingFails;
+
 /// What the model may ask of `ssh_mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SshModeAction {
@@ -65,8 +70,25 @@ impl SshModeAction {
 /// Chat control as the agent needs it (implemented by chat control; tests use their own).
 #[async_trait]
 pub trait SectionControl: Send + Sync + 'static {
-    /// The section's backend now (its binding). Called at every task-tool call.
+    /// The section's backend now (its binding). Called at every task-tool call. A binding that
+    /// no longer passes its checks is an error carrying a [`BindingFails`]: the call fails.
     async fn place(&self, section: &str) -> anyhow::Result<Place>;
+
+    /// A task-tool call `tool` failed because the section's binding no longer passes: records
+    /// the refusal, and answers whether the section is still to be told.
+    async fn refused_call(
+        &self,
+        _section: &str,
+        _fails: &BindingFails,
+        _tool: &str,
+    ) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+
+    /// The section has been told why its binding fails.
+    async fn told(&self, _section: &str, _fails: &BindingFails) -> anyhow::Result<()> {
+        Ok(())
+    }
 
     /// The model's `ssh_mode` tool: a short, actionable answer (a refusal is an answer too;
     /// an `Err` is a failure to decide at all).

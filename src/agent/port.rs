@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::{Agent, SectionControl, SshModeAction};
+use super::{Agent, BindingFails, SectionControl, SshModeAction};
 use crate::chat::{self, model_api::Here};
 use crate::clock::Clock;
 use crate::exec::Place;
@@ -24,7 +24,23 @@ pub struct ChatControl {
 #[async_trait]
 impl SectionControl for ChatControl {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
-        chat::binding::resolve_place(&self.db, section, self.clock.now()).await
+        match chat::binding::resolve_use(&self.db, section, self.clock.now()).await? {
+            Ok(place) => Ok(place),
+            Err(fails) => Err(anyhow::Error::new(fails)),
+        }
+    }
+
+    async fn refused_call(
+        &self,
+        section: &str,
+        fails: &BindingFails,
+        tool: &str,
+    ) -> anyhow::Result<bool> {
+        chat::binding::refused_call(&self.db, section, fails, tool).await
+    }
+
+    async fn told(&self, section: &str, fails: &BindingFails) -> anyhow::Result<()> {
+        Ok(chat::binding::told(&self.db, section, fails, self.clock.now()).await?)
     }
 
     async fn ssh_mode(

@@ -8,7 +8,8 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::conversation::{self, Flush, Kind, Mark, Stored};
-use super::{AgentDeps, EarlierStep, StepEvent, answer, prompt, tools};
+use super::{AgentDeps, BindingFails, EarlierStep, StepEvent, answer, prompt, tools};
+use crate::lark::client::idempotency_key;
 use crate::llm::{ChatRequest, Message, ToolCall};
 use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
 
@@ -317,6 +318,45 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
     }
 }
 
+/// A call failed because the section's binding no longer passes its checks: the refusal is
+/// recorded, and the thread is told why the first time (a reply to the turn's message; its
+/// uuid names the binding, so a resend is dropped). A failure here costs only the notice: the
+/// model has the reason in the call's result either way.
+async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails, tool: &str) {
+    let tell = match deps.control.refused_call(&turn.section, fails, tool).await {
+        Ok(tell) => tell,
+        Err(e) => {
+            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
+            return;
+        }
+    };
+    let Some(last) = turn.messages.last().filter(|_| tell) else {
+        return;
+    };
+    let key = format!(
+        "binding:{}:{}",
+        turn.section,
+        fails.bound_at.timestamp_micros()
+    );
+    let sent = deps
+        .out
+        .reply_markdown(
+            &turn.chat_id,
+            &last.message_id,
+            &fails.to_string(),
+            last.in_thread,
+            &idempotency_key(&key, "binding-fails"),
+        )
+        .await;
+    let marked = match sent {
+        Ok(()) => deps.control.told(&turn.section, fails).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = marked {
+        tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "telling the thread its binding fails went wrong");
+    }
+}
+
 /// Most earlier calls read back for a resumed turn's progress view.
 const MAX_EARLIER: i64 = 1000;
 
@@ -445,6 +485,9 @@ async fn run_calls(
             resolved,
         )
         .await;
+        if let Some(fails) = &result.binding_fails {
+            binding_fails(deps, turn, fails, &call.function.name).await;
+        }
         let reason = turn.cancel.reason();
         let text = match reason {
             Some(CancelReason::LeaseLost) => return Ok(Some(Halt::Leave)),

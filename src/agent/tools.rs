@@ -1,8 +1,8 @@
 //! The tools the model sees: JSON schemas, argument checking, and dispatch.
 //!
 //! Task tools resolve the section's backend through [`SectionControl::place`] at *each* call and
-//! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached fails the
-//! call with the reason. The section's working directory per backend is kept in Postgres
+//! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached, or a
+//! binding that no longer passes its checks ([`BindingFails`]), fails the call with the reason. The section's working directory per backend is kept in Postgres
 //! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode`,
 //! `memory` and `skills` are control-plane tools: they never receive a backend.
 //!
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::conversation::clip;
-use super::{AgentDeps, SshModeAction};
+use super::{AgentDeps, BindingFails, SshModeAction};
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
@@ -107,6 +107,8 @@ pub struct ToolResult {
     /// How a command ended, when one ran.
     pub exit: Option<String>,
     pub millis: u64,
+    /// Set when the call failed because the section's binding no longer passes its checks.
+    pub binding_fails: Option<BindingFails>,
 }
 
 /// A short, log-safe description of a call (the command or path, clipped).
@@ -190,6 +192,7 @@ pub async fn run(
     let started = Instant::now();
     let mut backend = None;
     let mut exit = None;
+    let mut binding_fails = None;
     let outcome = dispatch(
         deps,
         section,
@@ -197,8 +200,11 @@ pub async fn run(
         call,
         cancel,
         resolved,
-        &mut backend,
-        &mut exit,
+        Outs {
+            backend: &mut backend,
+            exit: &mut exit,
+            binding_fails: &mut binding_fails,
+        },
     )
     .await;
     let (text, ok) = match outcome {
@@ -211,10 +217,17 @@ pub async fn run(
         backend,
         exit,
         millis: started.elapsed().as_millis() as u64,
+        binding_fails,
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What [`dispatch`] reports besides its text.
+struct Outs<'a> {
+    backend: &'a mut Option<String>,
+    exit: &'a mut Option<String>,
+    binding_fails: &'a mut Option<BindingFails>,
+}
+
 async fn dispatch(
     deps: &AgentDeps,
     section: &str,
@@ -222,9 +235,13 @@ async fn dispatch(
     call: &ToolCall,
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
-    backend_out: &mut Option<String>,
-    exit_out: &mut Option<String>,
+    outs: Outs<'_>,
 ) -> Result<String, String> {
+    let Outs {
+        backend: backend_out,
+        exit: exit_out,
+        binding_fails: fails_out,
+    } = outs;
     let tool = call.function.name.as_str();
     let map = call.parsed_arguments().map_err(|e| e.to_string())?;
     let args = Args::new(tool, &map);
@@ -288,9 +305,18 @@ async fn dispatch(
         place,
         workspace: ws,
         remote,
-    } = *resolved
-        .0
-        .map_err(|e| format!("this thread's backend cannot be determined: {e:#}"))?;
+    } = *match resolved.0 {
+        Ok(w) => w,
+        // Bound to a target it may no longer use: the call fails (never runs locally).
+        Err(e) => match e.downcast::<BindingFails>() {
+            Ok(fails) => {
+                let text = fails.to_string();
+                *fails_out = Some(fails);
+                return Err(text);
+            }
+            Err(e) => return Err(format!("this thread's backend cannot be determined: {e:#}")),
+        },
+    };
     let backend_label = place.name().to_string();
     *backend_out = Some(backend_label.clone());
     // The workspace and its permission, judged before anything runs.

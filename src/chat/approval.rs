@@ -12,10 +12,10 @@ use serde_json::Value;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::authz::Actor;
+use super::authz::{Actor, Refusal};
 use super::control::{self, Decision};
 use super::dispatch::Deps;
-use super::port::ApprovalView;
+use super::port::{ApprovalView, CardState};
 use crate::target::{self, Status};
 
 /// How often pending targets are looked for.
@@ -26,23 +26,59 @@ const NOTIFY_BATCH: i64 = 50;
 /// key, so Lark does not post it twice).
 const RESEND_AFTER_SECS: i64 = 120;
 
-/// A button's value on an approval card.
-pub fn button_value(alias: &str, generation: i64, decision: Decision) -> Value {
+/// A button's value on an approval card: the decision, and what the card shows it on (the
+/// target's alias, generation and host key), which is all a click may decide.
+pub fn button_value(
+    alias: &str,
+    generation: i64,
+    fingerprint: Option<&str>,
+    decision: Decision,
+) -> Value {
     serde_json::json!({
         "act": match decision { Decision::Approve => "approve", Decision::Reject => "reject" },
         "alias": alias,
         "gen": generation,
+        "fp": fingerprint,
     })
 }
 
-fn read_value(v: &Value) -> Option<(String, Decision)> {
+/// A button's value, read back.
+struct Pressed {
+    alias: String,
+    decision: Decision,
+    generation: Option<i64>,
+    /// `Some(None)`: the card showed no host key; `None`: its value does not say.
+    fingerprint: Option<Option<String>>,
+}
+
+impl Pressed {
+    /// What the card showed; `None` when it does not name a generation (nothing to decide).
+    fn shown(&self) -> Option<target::Shown<'_>> {
+        Some(target::Shown {
+            generation: self.generation?,
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_deref()),
+        })
+    }
+}
+
+fn read_value(v: &Value) -> Option<Pressed> {
     let decision = match v.get("act")?.as_str()? {
         "approve" => Decision::Approve,
         "reject" => Decision::Reject,
         _ => return None,
     };
     let alias = v.get("alias")?.as_str()?;
-    target::valid_alias(alias).then(|| (alias.to_string(), decision))
+    let fingerprint = match v.get("fp") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(fp) => Some(Some(fp.as_str()?.to_string())),
+    };
+    target::valid_alias(alias).then(|| Pressed {
+        alias: alias.to_string(),
+        decision,
+        generation: v.get("gen").and_then(Value::as_i64),
+        fingerprint,
+    })
 }
 
 /// The immediate toast for a click: computed without I/O.
@@ -56,7 +92,9 @@ pub struct Toast {
 /// What a click is told at once (`None` for a button that is not an approval's: no answer);
 /// the decision itself is applied by a worker.
 pub fn click_toast(is_admin: bool, value: &Value) -> Option<Toast> {
-    let (alias, d) = read_value(value)?;
+    let Pressed {
+        alias, decision: d, ..
+    } = read_value(value)?;
     Some(if is_admin {
         Toast {
             kind: "info",
@@ -82,9 +120,11 @@ pub struct Click {
 }
 
 /// Applies a card click once per (message, operator, value): authorised by the operator's
-/// open_id (refusals audited), then the cards are rewritten.
+/// open_id (refusals audited), and only on what the card showed — a target still pending in
+/// the card's generation, approved only with the host key the card showed. Then the cards
+/// are rewritten; a card that no longer applies is rewritten to say it expired.
 pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
-    let Some((alias, decision)) = read_value(&click.value) else {
+    let Some(pressed) = read_value(&click.value) else {
         return Ok(());
     };
     let value = click.value.to_string();
@@ -107,16 +147,27 @@ pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
         open_id: &click.operator,
         admin: deps.config.is_admin(&click.operator),
     };
-    let applied = async {
-        if control::decide(&deps.db, actor, &alias, decision, None)
-            .await?
-            .is_ok()
-        {
-            update_cards(deps, &alias).await?;
+    let alias = &pressed.alias;
+    // A value without a generation decides nothing: it is treated as expired (generations
+    // are positive).
+    let shown = pressed.shown().unwrap_or(target::Shown {
+        generation: 0,
+        fingerprint: None,
+    });
+    let decided =
+        control::decide(&deps.db, actor, alias, pressed.decision, None, Some(&shown)).await;
+    let applied = match decided {
+        // Decided: a failure to rewrite the cards is reported, but the click has acted and
+        // is not applied again.
+        Ok(Ok(_)) => return update_cards(deps, alias).await,
+        Ok(Err(Refusal::Expired(_))) => {
+            deps.admins
+                .update_approval(&click.message_id, &expired_view(&pressed))
+                .await
         }
-        anyhow::Ok(())
-    }
-    .await;
+        Ok(Err(_)) => Ok(()),
+        Err(e) => Err(e),
+    };
     if applied.is_err() {
         // Let the retry act: the click has not taken effect.
         let _ = sqlx::query(
@@ -131,14 +182,26 @@ pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
     applied
 }
 
-fn view(t: &target::Target, decided: Option<(String, String, String)>) -> ApprovalView {
+/// A card whose click no longer applies, as it is rewritten: what it showed, marked expired.
+fn expired_view(p: &Pressed) -> ApprovalView {
+    ApprovalView {
+        alias: p.alias.clone(),
+        generation: p.generation.unwrap_or_default(),
+        destination: None,
+        added_by: None,
+        fingerprint: p.fingerprint.clone().flatten(),
+        state: CardState::Expired,
+    }
+}
+
+fn view(t: &target::Target, state: CardState) -> ApprovalView {
     ApprovalView {
         alias: t.alias.clone(),
         generation: t.generation,
-        destination: format!("{}@{}:{}", t.user, t.host, t.port),
-        added_by: t.added_by.clone(),
+        destination: Some(format!("{}@{}:{}", t.user, t.host, t.port)),
+        added_by: Some(t.added_by.clone()),
         fingerprint: t.host_key.as_ref().map(|k| k.fingerprint.clone()),
-        decided,
+        state,
     }
 }
 
@@ -175,7 +238,11 @@ pub async fn update_cards(deps: &Deps, alias: &str) -> anyhow::Result<()> {
     .await?;
     let v = view(
         &t,
-        Some((by, what, at.format("%Y-%m-%d %H:%M UTC").to_string())),
+        CardState::Decided {
+            by,
+            what,
+            when: at.format("%Y-%m-%d %H:%M UTC").to_string(),
+        },
     );
     for (_, message_id) in cards {
         deps.admins.update_approval(&message_id, &v).await?;
@@ -232,7 +299,7 @@ pub async fn notify_pending(deps: &Deps) -> anyhow::Result<usize> {
         let key = format!("approval:{generation}:{admin}");
         let message_id = deps
             .admins
-            .send_approval(&admin, &view(&t, None), &key)
+            .send_approval(&admin, &view(&t, CardState::Pending), &key)
             .await?;
         sqlx::query(
             "UPDATE approval_cards SET message_id = $3, sent_at = $4 WHERE generation = $1 AND admin = $2",

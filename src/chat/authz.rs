@@ -56,6 +56,30 @@ pub struct Binding {
     pub bound_at: DateTime<Utc>,
     /// The grant a model-made binding lives under.
     pub grant_id: Option<i64>,
+    /// The chat it was made in (`None` only for a binding from before chats were recorded).
+    pub chat_id: Option<String>,
+    /// The target generation it was made for (`None` when that is not known: a binding from
+    /// before generations were recorded).
+    pub generation: Option<i64>,
+}
+
+impl Binding {
+    /// Whether it was made for this very target (the same generation of the alias).
+    pub fn is_for(&self, target: &Facts) -> bool {
+        self.alias == target.alias && self.generation == Some(target.generation)
+    }
+}
+
+/// The section asked about, as far as who may bind it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section<'a> {
+    /// A thread. `owner` opened it with `/ssh use`, else bound it first; `None` until someone
+    /// has.
+    Thread { owner: Option<&'a str> },
+    /// A group chat itself (its parent section): no owner, only admins bind it.
+    Group,
+    /// A one-to-one chat itself: its one user binds it.
+    Direct,
 }
 
 /// A live grant.
@@ -83,15 +107,18 @@ pub enum Act<'a> {
     Bind {
         alias: &'a str,
         target: Option<&'a Facts>,
+        section: Section<'a>,
         current: Option<&'a Binding>,
         grants: &'a [Grant],
     },
     /// Return the section to local.
     Release { current: Option<&'a Binding> },
-    /// Grant the model the right to enter `alias` (or any target, with `None`).
+    /// Grant the model the right to enter `alias` (or any target, with `None`): a right to
+    /// bind, so only who may bind the section may grant it.
     GrantOn {
         alias: Option<&'a str>,
         target: Option<&'a Facts>,
+        section: Section<'a>,
     },
     /// Revoke this section's grants.
     GrantOff,
@@ -130,13 +157,21 @@ pub enum Refusal {
     )]
     StickyHeld { alias: String },
     #[error(
-        "This thread is bound to `{alias}` by {owner}; only they or an admin can switch it. Anyone can return it to local with `/ssh local`."
+        "This thread belongs to {owner}, who opened it or bound it first; only they or an admin can bind or switch it. Anyone can return it to local with `/ssh local`; `/ssh use <alias>` in the chat opens a thread of your own."
     )]
-    NotOwner { alias: String, owner: String },
+    NotOwner { owner: String },
+    #[error(
+        "Only an admin can bind this group chat itself. Send `/ssh use <alias>` without `--here` to open a thread of your own."
+    )]
+    GroupAdminsOnly,
     #[error("Only a user can do that, with `/ssh yolo on <alias>` or `/ssh yolo off`.")]
     UsersOnly,
     #[error("Only an admin can approve or reject targets.")]
     NotAdmin,
+    #[error(
+        "This approval card has expired: `{0}` was decided, removed, added again or given another host key since it was sent. Nothing was decided."
+    )]
+    Expired(String),
 }
 
 impl Refusal {
@@ -150,8 +185,10 @@ impl Refusal {
             Refusal::NoGrant(_) => "no_grant",
             Refusal::StickyHeld { .. } => "sticky",
             Refusal::NotOwner { .. } => "not_owner",
+            Refusal::GroupAdminsOnly => "group_admins_only",
             Refusal::UsersOnly => "users_only",
             Refusal::NotAdmin => "not_admin",
+            Refusal::Expired(_) => "expired",
         }
     }
 }
@@ -170,6 +207,19 @@ fn usable(alias: &str, target: Option<&Facts>) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Whether the user may bind (or switch, or open to the model) `section`: a thread's owner or
+/// an admin, anyone in a thread nobody owns yet or in a one-to-one chat, only an admin in a
+/// group chat itself. Bound or not makes no difference.
+fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Refusal> {
+    match section {
+        Section::Thread { owner: Some(o) } if o != open_id && !admin => Err(Refusal::NotOwner {
+            owner: o.to_string(),
+        }),
+        Section::Group if !admin => Err(Refusal::GroupAdminsOnly),
+        _ => Ok(()),
+    }
+}
+
 /// Decides whether `actor` may do `act`. The only place such a decision is made.
 pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
     match (actor, act) {
@@ -178,29 +228,29 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
             Act::Bind {
                 alias,
                 target,
+                section,
                 current,
                 grants,
             },
         ) => {
             usable(alias, target)?;
+            let t = target.expect("usable targets exist");
             match actor {
                 Actor::User { open_id, admin } => match current {
-                    Some(b) if b.kind == Kind::Sticky && b.alias == alias => Ok(Permit::Unchanged),
-                    Some(b) if b.kind == Kind::Sticky && b.owner != open_id && !admin => {
-                        Err(Refusal::NotOwner {
-                            alias: b.alias.clone(),
-                            owner: b.owner.clone(),
+                    // A binding made for an earlier generation of the alias is not this target.
+                    Some(b) if b.kind == Kind::Sticky && b.is_for(t) => Ok(Permit::Unchanged),
+                    _ => {
+                        may_bind(open_id, admin, section)?;
+                        Ok(Permit::Bind {
+                            kind: Kind::Sticky,
+                            grant_id: None,
                         })
                     }
-                    _ => Ok(Permit::Bind {
-                        kind: Kind::Sticky,
-                        grant_id: None,
-                    }),
                 },
                 Actor::Model => {
                     if let Some(b) = current {
                         if b.kind == Kind::Sticky {
-                            return if b.alias == alias {
+                            return if b.is_for(t) {
                                 Ok(Permit::Unchanged)
                             } else {
                                 Err(Refusal::StickyHeld {
@@ -208,7 +258,7 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                                 })
                             };
                         }
-                        if b.alias == alias {
+                        if b.is_for(t) {
                             return Ok(Permit::Unchanged);
                         }
                     }
@@ -234,10 +284,18 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
             }),
         },
         (Actor::Model, Act::GrantOn { .. } | Act::GrantOff) => Err(Refusal::UsersOnly),
-        (Actor::User { .. }, Act::GrantOn { alias, target }) => {
+        (
+            Actor::User { open_id, admin },
+            Act::GrantOn {
+                alias,
+                target,
+                section,
+            },
+        ) => {
             if let Some(alias) = alias {
                 usable(alias, target)?;
             }
+            may_bind(open_id, admin, section)?;
             Ok(Permit::Allowed)
         }
         (Actor::User { .. }, Act::GrantOff) => Ok(Permit::Allowed),
@@ -256,6 +314,7 @@ mod tests {
             status,
             allowed_here: allowed,
             destination: "u@h".into(),
+            generation: 1,
         }
     }
     fn binding(alias: &str, kind: Kind, owner: &str) -> Binding {
@@ -266,6 +325,8 @@ mod tests {
             owner: owner.into(),
             bound_at: Utc::now(),
             grant_id: (kind == Kind::Model).then_some(7),
+            chat_id: Some("oc_1".into()),
+            generation: Some(1),
         }
     }
     fn grant(id: i64, alias: Option<&str>) -> Grant {
@@ -291,15 +352,31 @@ mod tests {
         admin: true,
     };
 
+    /// A thread owned by ann (her binding, if any, is `current`).
+    const ANNS: Section = Section::Thread {
+        owner: Some("ou_ann"),
+    };
+
     fn bind<'a>(
         alias: &'a str,
         t: Option<&'a Facts>,
         current: Option<&'a Binding>,
         grants: &'a [Grant],
     ) -> Act<'a> {
+        in_section(alias, t, ANNS, current, grants)
+    }
+
+    fn in_section<'a>(
+        alias: &'a str,
+        t: Option<&'a Facts>,
+        section: Section<'a>,
+        current: Option<&'a Binding>,
+        grants: &'a [Grant],
+    ) -> Act<'a> {
         Act::Bind {
             alias,
             target: t,
+            section,
             current,
             grants,
         }
@@ -356,10 +433,11 @@ mod tests {
             authorize(ADMIN, bind("db", Some(&db), Some(&anns), &[])),
             Ok(sticky)
         );
-        // A model-made binding is anyone's to replace.
+        // In a thread nobody owns yet, a model-made binding is anyone's to replace.
         let model = binding("web", Kind::Model, "model");
+        let unowned = Section::Thread { owner: None };
         assert_eq!(
-            authorize(BOB, bind("db", Some(&db), Some(&model), &[])),
+            authorize(BOB, in_section("db", Some(&db), unowned, Some(&model), &[])),
             Ok(sticky)
         );
         // Anyone may return to local.
@@ -372,6 +450,85 @@ mod tests {
             ),
             Ok(Permit::Allowed)
         );
+    }
+
+    #[test]
+    fn only_the_owner_or_an_admin_binds_a_thread_bound_or_not() {
+        let db = facts("db", Status::Approved, true);
+        let sticky = Ok(Permit::Bind {
+            kind: Kind::Sticky,
+            grant_id: None,
+        });
+        let model = binding("web", Kind::Model, "model");
+        // Released (no binding) or model-made: ann's thread is still ann's.
+        for current in [None, Some(&model)] {
+            assert_eq!(
+                authorize(BOB, bind("db", Some(&db), current, &[])),
+                Err(Refusal::NotOwner {
+                    owner: "ou_ann".into()
+                })
+            );
+            assert_eq!(authorize(ANN, bind("db", Some(&db), current, &[])), sticky);
+            assert_eq!(
+                authorize(ADMIN, bind("db", Some(&db), current, &[])),
+                sticky
+            );
+        }
+        // A group chat itself: admins only. A one-to-one chat: its user.
+        for (who, want) in [
+            (BOB, Err(Refusal::GroupAdminsOnly)),
+            (ADMIN, sticky.clone()),
+        ] {
+            assert_eq!(
+                authorize(who, in_section("db", Some(&db), Section::Group, None, &[])),
+                want
+            );
+        }
+        assert_eq!(
+            authorize(BOB, in_section("db", Some(&db), Section::Direct, None, &[])),
+            sticky
+        );
+        // Opening the model to a target is binding by proxy: the same rule.
+        let grant_on = |section| Act::GrantOn {
+            alias: Some("db"),
+            target: Some(&db),
+            section,
+        };
+        assert_eq!(
+            authorize(BOB, grant_on(ANNS)),
+            Err(Refusal::NotOwner {
+                owner: "ou_ann".into()
+            })
+        );
+        assert_eq!(
+            authorize(BOB, grant_on(Section::Group)),
+            Err(Refusal::GroupAdminsOnly)
+        );
+        assert_eq!(authorize(ANN, grant_on(ANNS)), Ok(Permit::Allowed));
+    }
+
+    #[test]
+    fn a_binding_for_another_generation_is_not_unchanged() {
+        let mut web = facts("web", Status::Approved, true);
+        let anns = binding("web", Kind::Sticky, "ou_ann");
+        assert_eq!(
+            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            Ok(Permit::Unchanged)
+        );
+        web.generation = 2;
+        assert_eq!(
+            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            Ok(Permit::Bind {
+                kind: Kind::Sticky,
+                grant_id: None
+            })
+        );
+        // The model neither takes it for its own nor replaces it.
+        let all = [grant(4, None)];
+        assert!(matches!(
+            authorize(Actor::Model, bind("web", Some(&web), Some(&anns), &all)),
+            Err(Refusal::StickyHeld { .. })
+        ));
     }
 
     #[test]
@@ -432,7 +589,8 @@ mod tests {
                 m,
                 Act::GrantOn {
                     alias: None,
-                    target: None
+                    target: None,
+                    section: ANNS,
                 }
             ),
             Err(Refusal::UsersOnly)

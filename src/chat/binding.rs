@@ -1,47 +1,226 @@
-//! Bindings: which backend a section's task tools run on. Owns the `bindings` and
-//! `pending_bindings` tables. A sticky binding is a user's; a model-made one lives no longer
-//! than the grant that allowed it, so reading a binding first releases a model-made one whose
-//! grant has closed or expired (with its audit row, in the same transaction).
+//! Bindings: which backend a section's task tools run on, and who owns a thread. Owns the
+//! `bindings`, `pending_bindings` and `section_owners` tables. A sticky binding is a user's; a
+//! model-made one lives no longer than the grant that allowed it, so reading a binding first
+//! releases a model-made one whose grant has closed or expired (with its audit row, in the same
+//! transaction).
+//!
+//! A binding records the chat it was made in and the target generation it was made for. The
+//! read a tool call makes ([`resolve_use`]) checks, in the same query that finds the binding,
+//! that the target still exists in that generation and still allows that chat; a binding that
+//! no longer passes stays bound and fails every call with the reason ([`Failing`]) until a user
+//! releases or rebinds it.
 //!
 //! Read from Postgres on every use: another replica or a restart sees a change at once. Never:
 //! decides who may bind (that is [`super::authz`]), or falls back to local when a bound
-//! target fails (invariant 2).
+//! target fails or no longer passes its checks (invariant 2).
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 
 use super::authz::{Binding, Kind};
 use super::grant;
 use crate::audit;
 use crate::exec::Place;
 
-/// The section's backend at `now`: its target, or local. An expired model-made binding is
-/// released first and counts as local.
+/// Why a bound section may no longer use its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The alias no longer exists.
+    Removed,
+    /// The alias was removed and added again: another target, perhaps another host.
+    Replaced,
+    /// The target's allow-list no longer has the chat.
+    NotAllowed,
+    /// A binding from before chats and generations were recorded, which cannot be checked.
+    Unchecked,
+}
+
+impl Why {
+    /// A short word for the audit log.
+    pub fn code(self) -> &'static str {
+        match self {
+            Why::Removed => "removed",
+            Why::Replaced => "replaced",
+            Why::NotAllowed => "not_allowed_here",
+            Why::Unchecked => "unchecked",
+        }
+    }
+}
+
+/// A binding that no longer passes its checks: it stays, and every task-tool call fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failing {
+    pub alias: String,
+    pub why: Why,
+    /// When the binding was made: names this binding (a new one is checked afresh).
+    pub bound_at: DateTime<Utc>,
+}
+
+impl Failing {
+    /// What the model and the thread are told: why, and what a user can do.
+    pub fn message(&self) -> String {
+        let a = &self.alias;
+        let what = match self.why {
+            Why::Removed => format!("This thread is bound to `{a}`, which has been removed"),
+            Why::Replaced => format!(
+                "This thread is bound to `{a}`, which has been removed and added again since (it may be another host now)"
+            ),
+            Why::NotAllowed => {
+                format!("This thread is bound to `{a}`, which is no longer allowed in this chat")
+            }
+            Why::Unchecked => format!(
+                "This thread was bound to `{a}` before bindings recorded their chat and target, so the binding cannot be checked"
+            ),
+        };
+        format!(
+            "{what}. Nothing runs, there or locally, until a user sends `/ssh local` (or `/ssh use <alias>` to bind a target that is available here)."
+        )
+    }
+}
+
+impl std::fmt::Display for Failing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+impl std::error::Error for Failing {}
+
+/// The binding's place and, when it no longer passes, why: one query, on the pool or in the
+/// caller's transaction.
+async fn checked(
+    db: impl PgExecutor<'_>,
+    section: &str,
+) -> sqlx::Result<Option<(String, String, Option<Failing>)>> {
+    let row = sqlx::query(
+        "SELECT b.alias, b.kind, b.bound_at, b.chat_id, b.generation AS bound_generation,
+                t.generation,
+                (NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = b.alias)
+                 OR EXISTS (SELECT 1 FROM target_chats c
+                            WHERE c.alias = b.alias AND c.chat_id = b.chat_id)) AS allowed
+         FROM bindings b LEFT JOIN targets t ON t.alias = b.alias
+         WHERE b.section = $1",
+    )
+    .bind(section)
+    .fetch_optional(db)
+    .await?;
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    let alias: String = r.get("alias");
+    let bound: Option<i64> = r.get("bound_generation");
+    let current: Option<i64> = r.get("generation");
+    let why = match (bound, current) {
+        (_, None) => Some(Why::Removed),
+        (None, _) => Some(Why::Unchecked),
+        (Some(b), Some(c)) if b != c => Some(Why::Replaced),
+        _ if r.get::<Option<String>, _>("chat_id").is_none() => Some(Why::Unchecked),
+        _ if !r.get::<bool, _>("allowed") => Some(Why::NotAllowed),
+        _ => None,
+    };
+    let failing = why.map(|why| Failing {
+        alias: alias.clone(),
+        why,
+        bound_at: r.get("bound_at"),
+    });
+    Ok(Some((alias, r.get("kind"), failing)))
+}
+
+/// What a task-tool call runs on: the section's backend at `now`, or why its binding fails.
+/// An expired model-made binding is released first and counts as local; the target's
+/// existence, generation and allow-list are checked in the read that finds the binding.
+pub async fn resolve_use(
+    db: &PgPool,
+    section: &str,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Result<Place, Failing>> {
+    // The common case, a section never bound, costs one read and no transaction.
+    let Some((alias, kind, failing)) = checked(db, section).await? else {
+        return Ok(Ok(Place::Local));
+    };
+    if kind == Kind::Sticky.as_str() {
+        return Ok(match failing {
+            Some(f) => Err(f),
+            None => Ok(Place::Target(alias)),
+        });
+    }
+    let mut tx = db.begin().await?;
+    let b = current(&mut tx, section, now).await?;
+    let out = match b {
+        None => Ok(Place::Local),
+        Some(_) => match checked(&mut *tx, section).await? {
+            None => Ok(Place::Local),
+            Some((_, _, Some(f))) => Err(f),
+            Some((alias, _, None)) => Ok(Place::Target(alias)),
+        },
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// The section's backend at `now` as its binding names it (a failing binding still names its
+/// target): for showing. Tool calls use [`resolve_use`].
 pub async fn resolve_place(
     db: &PgPool,
     section: &str,
     now: DateTime<Utc>,
 ) -> anyhow::Result<Place> {
-    // The common case, a section never bound, costs one read and no transaction.
-    let quick: Option<(String, String)> =
-        sqlx::query_as("SELECT alias, kind FROM bindings WHERE section = $1")
-            .bind(section)
-            .fetch_optional(db)
-            .await?;
-    let Some((alias, kind)) = quick else {
-        return Ok(Place::Local);
-    };
-    if kind == Kind::Sticky.as_str() {
-        return Ok(Place::Target(alias));
-    }
-    let mut tx = db.begin().await?;
-    let b = current(&mut tx, section, now).await?;
-    tx.commit().await?;
-    Ok(match b {
-        Some(b) => Place::Target(b.alias),
-        None => Place::Local,
+    Ok(match resolve_use(db, section, now).await? {
+        Ok(p) => p,
+        Err(f) => Place::Target(f.alias),
     })
+}
+
+/// A task-tool call refused because the binding fails: audited (actor `model`). Returns
+/// whether the section is still to be told about this binding.
+pub async fn refused_call(
+    db: &PgPool,
+    section: &str,
+    failing: &Failing,
+    tool: &str,
+) -> anyhow::Result<bool> {
+    let mut tx = db.begin().await?;
+    audit::record_chat(
+        &mut tx,
+        audit::ChatEntry {
+            actor: "model",
+            action: "binding.use",
+            section: Some(section),
+            target: Some(&failing.alias),
+            outcome: "refused",
+            detail: json!({ "reason": failing.why.code(), "tool": tool }),
+        },
+    )
+    .await?;
+    let untold: Option<bool> = sqlx::query_scalar(
+        "SELECT told_at IS NULL FROM bindings WHERE section = $1 AND bound_at = $2",
+    )
+    .bind(section)
+    .bind(failing.bound_at)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(untold == Some(true))
+}
+
+/// Records that the section was told why its binding fails (it is told once per binding).
+pub async fn told(
+    db: &PgPool,
+    section: &str,
+    failing: &Failing,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE bindings SET told_at = $3
+         WHERE section = $1 AND bound_at = $2 AND told_at IS NULL",
+    )
+    .bind(section)
+    .bind(failing.bound_at)
+    .bind(now)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Serialises changes to one section across every replica, for the rest of the transaction.
@@ -65,6 +244,8 @@ fn from_row(r: &sqlx::postgres::PgRow) -> Binding {
         owner: r.get("owner"),
         bound_at: r.get("bound_at"),
         grant_id: r.get("grant_id"),
+        chat_id: r.get("chat_id"),
+        generation: r.get("generation"),
     }
 }
 
@@ -78,7 +259,8 @@ pub async fn current(
     lock_section(conn, section).await?;
     grant::close_expired(conn, section, now).await?;
     let row = sqlx::query(
-        "SELECT section, alias, kind, owner, bound_at, grant_id FROM bindings WHERE section = $1",
+        "SELECT section, alias, kind, owner, bound_at, grant_id, chat_id, generation
+         FROM bindings WHERE section = $1",
     )
     .bind(section)
     .fetch_optional(&mut *conn)
@@ -107,13 +289,14 @@ pub async fn current(
     Ok(Some(b))
 }
 
-/// Sets the section's binding (replacing any).
+/// Sets the section's binding (replacing any; a new binding has not been told anything).
 pub async fn set(conn: &mut PgConnection, b: &Binding) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO bindings (section, alias, kind, owner, bound_at, grant_id)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO bindings (section, alias, kind, owner, bound_at, grant_id, chat_id, generation)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (section) DO UPDATE SET alias = EXCLUDED.alias, kind = EXCLUDED.kind,
-             owner = EXCLUDED.owner, bound_at = EXCLUDED.bound_at, grant_id = EXCLUDED.grant_id",
+             owner = EXCLUDED.owner, bound_at = EXCLUDED.bound_at, grant_id = EXCLUDED.grant_id,
+             chat_id = EXCLUDED.chat_id, generation = EXCLUDED.generation, told_at = NULL",
     )
     .bind(&b.section)
     .bind(&b.alias)
@@ -121,6 +304,8 @@ pub async fn set(conn: &mut PgConnection, b: &Binding) -> sqlx::Result<()> {
     .bind(&b.owner)
     .bind(b.bound_at)
     .bind(b.grant_id)
+    .bind(&b.chat_id)
+    .bind(b.generation)
     .execute(conn)
     .await?;
     Ok(())
@@ -142,20 +327,24 @@ pub struct Pending {
     pub chat_id: String,
     pub alias: String,
     pub owner: String,
+    /// The target generation the `/ssh use` was checked against.
+    pub generation: Option<i64>,
 }
 
 /// Records a pending binding keyed by the user's message id (the new thread's root).
 pub async fn put_pending(db: &PgPool, p: &Pending, now: DateTime<Utc>) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO pending_bindings (root_message_id, chat_id, alias, owner, created_at)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (root_message_id) DO UPDATE SET alias = EXCLUDED.alias, owner = EXCLUDED.owner",
+        "INSERT INTO pending_bindings (root_message_id, chat_id, alias, owner, created_at, generation)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (root_message_id) DO UPDATE SET alias = EXCLUDED.alias, owner = EXCLUDED.owner,
+             generation = EXCLUDED.generation",
     )
     .bind(&p.root_message_id)
     .bind(&p.chat_id)
     .bind(&p.alias)
     .bind(&p.owner)
     .bind(now)
+    .bind(p.generation)
     .execute(db)
     .await?;
     Ok(())
@@ -168,7 +357,9 @@ pub async fn take_pending(
 ) -> sqlx::Result<Option<Pending>> {
     let row = sqlx::query(
         "DELETE FROM pending_bindings WHERE root_message_id = $1
-         RETURNING root_message_id, chat_id, alias, owner",
+         RETURNING root_message_id, chat_id, alias, owner,
+             COALESCE(generation, (SELECT t.generation FROM targets t
+                                   WHERE t.alias = pending_bindings.alias)) AS generation",
     )
     .bind(root_message_id)
     .fetch_optional(conn)
@@ -178,6 +369,7 @@ pub async fn take_pending(
         chat_id: r.get("chat_id"),
         alias: r.get("alias"),
         owner: r.get("owner"),
+        generation: r.get("generation"),
     }))
 }
 
@@ -188,4 +380,47 @@ pub async fn drop_pending(db: &PgPool, root_message_id: &str) -> sqlx::Result<()
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// The owner of thread `section`: who opened it with `/ssh use`, else who bound it first.
+pub async fn owner(conn: &mut PgConnection, section: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT owner FROM section_owners WHERE section = $1")
+        .bind(section)
+        .fetch_optional(conn)
+        .await
+}
+
+/// How a thread got its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    /// Opened with `/ssh use` in its parent chat.
+    Opened,
+    /// Bound first, by a user.
+    Bound,
+}
+
+/// Records `owner` as the owner of thread `section`, unless it has one. Returns whether it
+/// was recorded.
+pub async fn claim_owner(
+    conn: &mut PgConnection,
+    section: &str,
+    owner: &str,
+    how: Owned,
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    Ok(sqlx::query(
+        "INSERT INTO section_owners (section, owner, how, since) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (section) DO NOTHING",
+    )
+    .bind(section)
+    .bind(owner)
+    .bind(match how {
+        Owned::Opened => "opened",
+        Owned::Bound => "bound",
+    })
+    .bind(now)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
 }

@@ -38,7 +38,7 @@ macro_rules! commands {
 }
 
 commands! {
-    /// In the main chat: open a thread bound to the target. In a thread: bind or switch this thread. `--here` binds the current place without a new thread.
+    /// In the main chat: open a thread of your own bound to the target. In a thread: bind or switch it (its owner or an admin). `--here` binds the current place without a new thread (a group chat itself: admins only).
     usage "/ssh use <alias> [--here]"
     Use { alias: String, here: bool },
     /// Return this thread to the local backend (`/ssh off` does the same).

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::authz::{self, Act, Actor, Binding, Grant, Kind, Permit, Refusal};
+use super::authz::{self, Act, Actor, Binding, Grant, Kind, Permit, Refusal, Section};
 use super::{binding, grant};
 use crate::audit;
 use crate::target::{self, Status, Target, allow};
@@ -19,6 +19,40 @@ pub struct Ctl<'a> {
     pub db: &'a PgPool,
     pub now: DateTime<Utc>,
     pub yolo_ttl: std::time::Duration,
+}
+
+/// What kind of conversation a section is, for who may bind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversation {
+    /// A thread (its owner may bind it; anyone while it has none).
+    Thread,
+    /// A group chat itself: admins only.
+    Group,
+    /// A one-to-one chat itself: its user.
+    Direct,
+}
+
+/// The section as [`authz`] sees it; a thread's owner is read in the caller's transaction
+/// (after the section's lock).
+async fn section_facts(
+    conn: &mut sqlx::PgConnection,
+    section: &str,
+    conv: Conversation,
+) -> sqlx::Result<(Conversation, Option<String>)> {
+    Ok(match conv {
+        Conversation::Thread => (conv, binding::owner(conn, section).await?),
+        _ => (conv, None),
+    })
+}
+
+fn as_section(facts: &(Conversation, Option<String>)) -> Section<'_> {
+    match facts {
+        (Conversation::Thread, owner) => Section::Thread {
+            owner: owner.as_deref(),
+        },
+        (Conversation::Group, _) => Section::Group,
+        (Conversation::Direct, _) => Section::Direct,
+    }
 }
 
 /// A binding that was made (or already held).
@@ -65,9 +99,11 @@ pub async fn check_use(
 ) -> anyhow::Result<Result<allow::Facts, Refusal>> {
     let mut tx = ctl.db.begin().await?;
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
+    // The thread this opens is new: nobody owns it yet.
     let act = Act::Bind {
         alias,
         target: facts.as_ref(),
+        section: Section::Thread { owner: None },
         current: None,
         grants: &[],
     };
@@ -90,11 +126,14 @@ pub async fn check_use(
     Ok(out)
 }
 
-/// Binds `section` (of chat `chat_id`) to `alias` for `actor`.
+/// Binds `section` (a `conv` of chat `chat_id`) to `alias` for `actor`. A user who binds a
+/// thread nobody owns becomes its owner. (The model's binds rest on grants; `conv` is a
+/// user's question.)
 pub async fn bind(
     ctl: Ctl<'_>,
     actor: Actor<'_>,
     section: &str,
+    conv: Conversation,
     chat_id: &str,
     alias: &str,
 ) -> anyhow::Result<Result<Bound, Refusal>> {
@@ -102,9 +141,11 @@ pub async fn bind(
     let current = binding::current(&mut tx, section, ctl.now).await?;
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
     let grants = grant::live(&mut tx, section, ctl.now).await?;
+    let sect = section_facts(&mut tx, section, conv).await?;
     let act = Act::Bind {
         alias,
         target: facts.as_ref(),
+        section: as_section(&sect),
         current: current.as_ref(),
         grants: &grants,
     };
@@ -140,8 +181,15 @@ pub async fn bind(
                     },
                     bound_at: ctl.now,
                     grant_id,
+                    chat_id: Some(chat_id.to_string()),
+                    generation: Some(facts.generation),
                 };
                 binding::set(&mut tx, &b).await?;
+                if let (Actor::User { open_id, .. }, (Conversation::Thread, None)) = (actor, &sect)
+                {
+                    binding::claim_owner(&mut tx, section, open_id, binding::Owned::Bound, ctl.now)
+                        .await?;
+                }
                 audit::record_chat(
                     &mut tx,
                     audit::ChatEntry {
@@ -213,11 +261,12 @@ pub async fn release(
     Ok(out)
 }
 
-/// `/ssh yolo on <alias>|all` in `section`.
+/// `/ssh yolo on <alias>|all` in `section` (a `conv`).
 pub async fn grant_on(
     ctl: Ctl<'_>,
     actor: Actor<'_>,
     section: &str,
+    conv: Conversation,
     chat_id: &str,
     alias: Option<&str>,
 ) -> anyhow::Result<Result<Grant, Refusal>> {
@@ -227,11 +276,13 @@ pub async fn grant_on(
         Some(a) => allow::facts(&mut tx, a, chat_id).await?,
         None => None,
     };
+    let sect = section_facts(&mut tx, section, conv).await?;
     let out = match authz::authorize(
         actor,
         Act::GrantOn {
             alias,
             target: facts.as_ref(),
+            section: as_section(&sect),
         },
     ) {
         Err(r) => {
@@ -365,6 +416,8 @@ pub async fn complete_pending(
     )
     .await?;
     let current = binding::current(&mut tx, thread_id, now).await?;
+    // Who opened the thread owns it (a thread someone bound before keeps its owner).
+    binding::claim_owner(&mut tx, thread_id, &p.owner, binding::Owned::Opened, now).await?;
     let out = match current {
         Some(b) => Some(b),
         None => {
@@ -375,6 +428,8 @@ pub async fn complete_pending(
                 owner: p.owner.clone(),
                 bound_at: now,
                 grant_id: None,
+                chat_id: Some(p.chat_id.clone()),
+                generation: p.generation,
             };
             binding::set(&mut tx, &b).await?;
             audit::record_chat(
@@ -418,15 +473,17 @@ impl Decision {
     }
 }
 
-/// Approves or rejects `alias` for `actor` (a command in `section`, or a card click). The
-/// status change is audited by the registry in its transaction; the decision's context
-/// (section, outcome) and every refusal are audited here.
+/// Approves or rejects `alias` for `actor` (a command in `section`, or a card click with what
+/// the card `shown`: then only a target still pending in that generation, and an approval
+/// only of the host key shown). The status change is audited by the registry in its
+/// transaction; the decision's context (section, outcome) and every refusal are audited here.
 pub async fn decide(
     db: &PgPool,
     actor: Actor<'_>,
     alias: &str,
     decision: Decision,
     section: Option<&str>,
+    shown: Option<&target::Shown<'_>>,
 ) -> anyhow::Result<Result<Status, Refusal>> {
     if let Err(r) = authz::authorize(actor, Act::Decide) {
         let mut tx = db.begin().await?;
@@ -434,8 +491,23 @@ pub async fn decide(
         tx.commit().await?;
         return Ok(Err(r));
     }
-    let prev = match target::set_status(db, alias, decision.status(), actor.name()).await {
-        Ok(prev) => prev,
+    let changed = match shown {
+        None => target::set_status(db, alias, decision.status(), actor.name())
+            .await
+            .map(Some),
+        Some(shown) => {
+            target::decide_shown(db, alias, decision.status(), actor.name(), shown).await
+        }
+    };
+    let prev = match changed {
+        Ok(Some(prev)) => prev,
+        Ok(None) => {
+            let r = Refusal::Expired(alias.to_string());
+            let mut tx = db.begin().await?;
+            refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
+            tx.commit().await?;
+            return Ok(Err(r));
+        }
         Err(target::TargetError::NotFound(_)) => {
             let r = Refusal::UnknownTarget(alias.to_string());
             let mut tx = db.begin().await?;

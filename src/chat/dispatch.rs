@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use super::approval;
 use super::authz::Actor;
 use super::command::{self, Command, YoloScope};
-use super::control::{self, Ctl, Decision};
+use super::control::{self, Conversation, Ctl, Decision};
 use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnRequest};
 use super::{binding, render, threads};
 use crate::clock::Clock;
@@ -84,7 +84,8 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             return open_bound_thread(deps, msg, reply, &alias).await;
         }
         Command::Use { alias, .. } => {
-            match control::bind(deps.ctl(), actor, section, &msg.chat_id, &alias).await? {
+            let conv = msg.conversation();
+            match control::bind(deps.ctl(), actor, section, conv, &msg.chat_id, &alias).await? {
                 Ok(b) if b.unchanged => format!(
                     "Already on `{}` ({}). Send /ssh local to return to local.",
                     b.alias, b.destination
@@ -114,6 +115,10 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             let now = deps.clock.now();
             let r = control::report(&deps.db, section, now).await?;
             let mut s = render::status(&r, now);
+            if let Err(fails) = binding::resolve_use(&deps.db, section, now).await? {
+                s.push('\n');
+                s.push_str(&fails.message());
+            }
             let place = match &r.binding {
                 Some(b) => Place::Target(b.alias.clone()),
                 None => Place::Local,
@@ -137,7 +142,8 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 YoloScope::Target(a) => Some(a.as_str()),
                 YoloScope::All => None,
             };
-            match control::grant_on(deps.ctl(), actor, section, &msg.chat_id, alias).await? {
+            let conv = msg.conversation();
+            match control::grant_on(deps.ctl(), actor, section, conv, &msg.chat_id, alias).await? {
                 Ok(g) => format!(
                     "The model may now enter {} by itself in this thread, until {}. /ssh yolo off takes it back.",
                     alias
@@ -267,7 +273,7 @@ async fn decide(
     section: Option<&str>,
 ) -> anyhow::Result<String> {
     Ok(
-        match control::decide(&deps.db, actor, alias, decision, section).await? {
+        match control::decide(&deps.db, actor, alias, decision, section, None).await? {
             Ok(_) => {
                 approval::update_cards(deps, alias).await?;
                 format!("Target `{alias}` is {}.", decision.word())
@@ -304,6 +310,7 @@ async fn open_bound_thread(
         chat_id: msg.chat_id.clone(),
         alias: alias.to_string(),
         owner: msg.sender.clone(),
+        generation: Some(facts.generation),
     };
     binding::put_pending(&deps.db, &pending, deps.clock.now()).await?;
     let text = format!(
@@ -319,10 +326,18 @@ async fn open_bound_thread(
         Ok(None) => Ok(()),
         Err(ThreadError::NotAllowed) => {
             binding::drop_pending(&deps.db, &msg.message_id).await?;
+            // A group chat itself is an admin's to bind.
+            let who = if msg.conversation() == Conversation::Group
+                && !deps.config.is_admin(&msg.sender)
+            {
+                "An admin can send"
+            } else {
+                "Send"
+            };
             reply
                 .answer(
                     &format!(
-                        "This chat does not allow threads. Send `/ssh use {alias} --here` to bind this chat itself."
+                        "This chat does not allow threads. {who} `/ssh use {alias} --here` to bind this chat itself."
                     ),
                     "no-thread",
                 )

@@ -22,6 +22,6 @@ pub mod threads;
 
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AGENT_NOT_READY, AdminChannel, AgentPort, ApprovalView, Incoming, NO_MODEL, NOTHING_RUNNING,
-    NoAgent, Reply, ThreadError, TurnRequest,
+    AGENT_NOT_READY, AdminChannel, AgentPort, ApprovalView, CardState, Incoming, NO_MODEL,
+    NOTHING_RUNNING, NoAgent, Reply, ThreadError, TurnRequest,
 };

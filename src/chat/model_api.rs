@@ -45,8 +45,11 @@ pub async fn request_use(
         ));
     }
     let ctl = Ctl { db, now, yolo_ttl };
+    // Who may bind by the kind of section is a user's question; the model's binds rest on
+    // grants, which only who may bind the section can give.
+    let conv = control::Conversation::Thread;
     Ok(
-        match control::bind(ctl, Actor::Model, here.section, here.chat_id, alias).await? {
+        match control::bind(ctl, Actor::Model, here.section, conv, here.chat_id, alias).await? {
             Ok(b) if b.unchanged => format!(
                 "This thread already runs on `{}` ({}).",
                 b.alias, b.destination

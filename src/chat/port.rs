@@ -21,12 +21,24 @@ pub struct Incoming {
     pub text: String,
     /// Addressed to the bot: it mentions the bot, or the chat is a one-to-one chat.
     pub addressed: bool,
+    /// The chat is a one-to-one chat (its parent section is its one user's to bind).
+    pub direct: bool,
 }
 
 impl Incoming {
     /// The section: the thread, else the chat.
     pub fn section(&self) -> &str {
         self.thread_id.as_deref().unwrap_or(&self.chat_id)
+    }
+
+    /// What kind of conversation the section is, for who may bind it.
+    pub fn conversation(&self) -> super::control::Conversation {
+        use super::control::Conversation;
+        match (&self.thread_id, self.direct) {
+            (Some(_), _) => Conversation::Thread,
+            (None, true) => Conversation::Direct,
+            (None, false) => Conversation::Group,
+        }
     }
 }
 
@@ -57,12 +69,27 @@ pub struct ApprovalView {
     pub alias: String,
     /// The target's generation (a removed and re-added alias is a new one).
     pub generation: i64,
-    /// `user@host:port`.
-    pub destination: String,
-    pub added_by: String,
+    /// `user@host:port` (`None` on an expired card: it may be another target's now).
+    pub destination: Option<String>,
+    pub added_by: Option<String>,
     pub fingerprint: Option<String>,
-    /// Who decided, what, and when (RFC 3339), once decided.
-    pub decided: Option<(String, String, String)>,
+    pub state: CardState,
+}
+
+/// Where an approval card stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CardState {
+    /// Awaiting a decision: the card has its buttons.
+    Pending,
+    /// Decided: who, what (`approved`, `rejected`) and when.
+    Decided {
+        by: String,
+        what: String,
+        when: String,
+    },
+    /// A click came after what the card showed had changed (decided, removed, re-added, or
+    /// another host key): it decided nothing, and the card can decide nothing.
+    Expired,
 }
 
 /// Reaches admins one-to-one.

@@ -266,6 +266,7 @@ impl Session {
             sender: actor.to_string(),
             text: text.to_string(),
             addressed: true,
+            direct: false,
         };
         let reply = LineReply {
             term: &self.term,

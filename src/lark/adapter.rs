@@ -193,6 +193,7 @@ fn incoming(m: &Message) -> Incoming {
         sender: m.sender_open_id.clone(),
         text: m.addressed_text.clone(),
         addressed: m.mentions_bot || m.is_p2p(),
+        direct: m.is_p2p(),
     }
 }
 

@@ -3,37 +3,42 @@
 
 use serde_json::{Value, json};
 
-use crate::chat::ApprovalView;
 use crate::chat::approval::button_value;
 use crate::chat::control::Decision;
+use crate::chat::{ApprovalView, CardState};
 
-/// The approval card for a target: pending (with Approve and Reject buttons) or decided.
+/// The approval card for a target: pending (with Approve and Reject buttons, whose values
+/// carry the generation and host key shown), decided, or expired.
 pub fn approval(v: &ApprovalView) -> Value {
-    let mut lines = format!(
-        "**{}** → `{}`\nAdded by: {}",
-        v.alias, v.destination, v.added_by
-    );
+    let mut lines = format!("**{}**", v.alias);
+    if let Some(d) = &v.destination {
+        lines.push_str(&format!(" → `{d}`"));
+    }
+    if let Some(by) = &v.added_by {
+        lines.push_str(&format!("\nAdded by: {by}"));
+    }
     if let Some(fp) = &v.fingerprint {
         lines.push_str(&format!("\nHost key: `{fp}`"));
     }
     let mut elements =
         vec![json!({"tag": "markdown", "element_id": "md_target", "content": lines})];
-    let (title, template) = match &v.decided {
-        None => {
+    let (title, template) = match &v.state {
+        CardState::Pending => {
             for (label, kind, d, id) in [
                 ("Approve", "primary", Decision::Approve, "btn_approve"),
                 ("Reject", "danger", Decision::Reject, "btn_reject"),
             ] {
+                let value = button_value(&v.alias, v.generation, v.fingerprint.as_deref(), d);
                 elements.push(json!({
                     "tag": "button", "element_id": id,
                     "text": {"tag": "plain_text", "content": label},
                     "type": kind,
-                    "behaviors": [{"type": "callback", "value": button_value(&v.alias, v.generation, d)}],
+                    "behaviors": [{"type": "callback", "value": value}],
                 }));
             }
             ("Approve SSH target?".to_string(), "orange")
         }
-        Some((by, what, when)) => {
+        CardState::Decided { by, what, when } => {
             elements.push(json!({
                 "tag": "markdown", "element_id": "md_decided",
                 "content": format!("**{}** by {by} at {when}", capitalised(what)),
@@ -42,6 +47,13 @@ pub fn approval(v: &ApprovalView) -> Value {
                 format!("SSH target {what}"),
                 if what == "approved" { "green" } else { "red" },
             )
+        }
+        CardState::Expired => {
+            elements.push(json!({
+                "tag": "markdown", "element_id": "md_expired",
+                "content": "**Expired**: this target was decided, removed, added again or given another host key since this card was sent. Nothing was decided; a pending target gets a new card.",
+            }));
+            ("Approval card expired".to_string(), "grey")
         }
     };
     json!({

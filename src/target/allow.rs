@@ -9,7 +9,8 @@ use super::{COLUMNS, Status, Target, TargetError, from_row};
 use crate::audit;
 
 /// Replaces the allow-list of `alias`: `Some(chats)` limits it to those chats, `None` opens it
-/// to every chat. Audited as `target.allow`.
+/// to every chat. Audited as `target.allow`. A section already bound to `alias` in a chat
+/// left off the list stays bound, and fails from its next tool call (`chat::binding`).
 pub async fn set_allowed(
     db: &PgPool,
     alias: &str,
@@ -81,6 +82,8 @@ pub struct Facts {
     pub allowed_here: bool,
     /// `user@host`, for answers.
     pub destination: String,
+    /// The alias's current generation: a binding records it, and fails once it changes.
+    pub generation: i64,
 }
 
 /// Facts of `alias` for `chat_id`, or `None` when no such target exists.
@@ -90,7 +93,7 @@ pub async fn facts(
     chat_id: &str,
 ) -> Result<Option<Facts>, TargetError> {
     let row = sqlx::query(
-        "SELECT t.status, t.username, t.host,
+        "SELECT t.status, t.username, t.host, t.generation,
                 (NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias)
                  OR EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias AND c.chat_id = $2))
                  AS allowed
@@ -109,6 +112,7 @@ pub async fn facts(
             r.get::<String, _>("username"),
             r.get::<String, _>("host")
         ),
+        generation: r.get("generation"),
     }))
 }
 

@@ -5,7 +5,9 @@
 //! path they came from.
 //!
 //! **Approval pins the host key**: [`approve`] (and [`set_status`] to approved) turns the key
-//! the admin was shown into the pinned one, in the same transaction as the status change.
+//! the admin was shown into the pinned one, in the same transaction as the status change. A
+//! decision made on what an approval card showed ([`decide_shown`]) applies only while the
+//! target is still pending in that generation with that key.
 //!
 //! Every status change, add, remove, host-key record, pin, rekey or mismatch writes its audit
 //! row in the same transaction. Never: returns a secret from a listing, or decrypts one (only
@@ -423,7 +425,9 @@ pub struct Approval {
 /// recorded since), in one transaction; audited as `target.approve` (naming the key) and
 /// `hostkey.pin`. The chat's approval and `sshmode target approve` both come here.
 pub async fn approve(db: &PgPool, alias: &str, actor: &str) -> Result<Approval, TargetError> {
-    let (previous, pinned) = change_status(db, alias, Status::Approved, actor).await?;
+    let (previous, pinned) = change_status(db, alias, Status::Approved, actor, None)
+        .await?
+        .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
     Ok(Approval { previous, pinned })
 }
 
@@ -436,7 +440,35 @@ pub async fn set_status(
     status: Status,
     actor: &str,
 ) -> Result<Status, TargetError> {
-    Ok(change_status(db, alias, status, actor).await?.0)
+    Ok(change_status(db, alias, status, actor, None)
+        .await?
+        .ok_or_else(|| TargetError::NotFound(alias.to_string()))?
+        .0)
+}
+
+/// What a decision was shown (an approval card): the target's generation and host key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown<'a> {
+    pub generation: i64,
+    /// The host key's fingerprint it showed (`Some(None)`: it showed none); `None` when it does
+    /// not say (a card from before cards named it), which can reject but never approve.
+    pub fingerprint: Option<Option<&'a str>>,
+}
+
+/// Decides a target as an admin was shown it: only while it is still `pending` in the shown
+/// generation, and an approval only while its host key is the one shown (the one it pins).
+/// `Ok(None)` when that no longer holds: nothing changes, and nothing is audited here (the
+/// caller audits the refusal). Otherwise as [`set_status`].
+pub async fn decide_shown(
+    db: &PgPool,
+    alias: &str,
+    status: Status,
+    actor: &str,
+    shown: &Shown<'_>,
+) -> Result<Option<Status>, TargetError> {
+    Ok(change_status(db, alias, status, actor, Some(shown))
+        .await?
+        .map(|(prev, _)| prev))
 }
 
 async fn change_status(
@@ -444,21 +476,33 @@ async fn change_status(
     alias: &str,
     status: Status,
     actor: &str,
-) -> Result<(Status, Option<HostKey>), TargetError> {
+    shown: Option<&Shown<'_>>,
+) -> Result<Option<(Status, Option<HostKey>)>, TargetError> {
     let mut tx = db.begin().await?;
     let row = sqlx::query(
-        "SELECT status, host_key_fingerprint, host_key_algorithm, host_key_source \
+        "SELECT status, generation, host_key_fingerprint, host_key_algorithm, host_key_source \
          FROM targets WHERE alias = $1 FOR UPDATE",
     )
     .bind(alias)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
+        if shown.is_some() {
+            return Ok(None);
+        }
         return Err(TargetError::NotFound(alias.to_string()));
     };
     let prev: String = row.get("status");
     let fingerprint: Option<String> = row.get("host_key_fingerprint");
     let source: Option<String> = row.get("host_key_source");
+    if let Some(shown) = shown {
+        let still = Status::parse(&prev) == Status::Pending
+            && row.get::<i64, _>("generation") == shown.generation
+            && (status != Status::Approved || shown.fingerprint == Some(fingerprint.as_deref()));
+        if !still {
+            return Ok(None);
+        }
+    }
     sqlx::query("UPDATE targets SET status = $2, updated_at = now() WHERE alias = $1")
         .bind(alias)
         .bind(status.as_str())
@@ -517,7 +561,7 @@ async fn change_status(
         .await?;
     }
     tx.commit().await?;
-    Ok((Status::parse(&prev), pinned))
+    Ok(Some((Status::parse(&prev), pinned)))
 }
 
 /// Replaces the recorded or pinned host key after a legitimate change; the new key is pinned.

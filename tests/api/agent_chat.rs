@@ -2,10 +2,15 @@
 //! real dispatcher and bindings, the scripted fake model, the fake Lark and the real sshd.
 //! What starts a turn (a mention, a thread the bot opened or answered in, never a command), a
 //! thread opened by `/ssh use` acting remotely while its parent acts locally, the model's own
-//! `ssh_mode` under the real authorisation, and `/stop` sent as a chat message.
+//! `ssh_mode` under the real authorisation, `/stop` sent as a chat message, and a bound thread
+//! whose target its chat may no longer use (allow-list, re-added alias): it stays bound, every
+//! call fails, the thread is told once, and `/ssh local` frees it.
+
+use std::io::Cursor;
 
 use serde_json::json;
 use sshmode::exec::Place;
+use sshmode::target::cli::{AddArgs, AllowArgs, HostKeyPolicyArg, TargetCmd, run_with};
 
 use crate::agent::{
     MODEL, add_target, call, calls, rand_u16, reactions, remote_pgrep, replies_to, say,
@@ -370,4 +375,181 @@ async fn stop_sent_in_the_chat_kills_the_remote_command_and_tells_the_user() {
     wait_state(app, "stop", "done").await;
     let said = command_replies(&env.lark, "om_stop").join("");
     assert!(said.contains("Stopping"), "{said}");
+}
+
+/// Runs `sshmode target …` against the app's database, as an operator would.
+async fn target_cli(app: &TestApp, cmd: TargetCmd) {
+    let mut out = Vec::new();
+    let r = run_with(
+        cmd,
+        &app.state.config,
+        &app.state.db,
+        &mut Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
+/// The replies to `om` that tell the thread its binding fails.
+fn binding_notices(lark: &FakeLark, om: &str) -> Vec<(bool, String)> {
+    replies_to(lark, om)
+        .into_iter()
+        .filter(|(_, t)| t.starts_with("This thread is bound to `web`"))
+        .collect()
+}
+
+async fn refused_uses(app: &TestApp, section: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT detail->>'reason', detail->>'tool' FROM audit_log
+         WHERE section = $1 AND action = 'binding.use' AND outcome = 'refused' ORDER BY id",
+    )
+    .bind(section)
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap()
+}
+
+/// A thread bound with `/ssh use web` and one turn that ran there.
+async fn bound_and_used(env: &Env) {
+    let app = &env.app;
+    send(app, &group("use", "/ssh use web", true)).await;
+    wait_state(app, "use", "done").await;
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("on web"));
+    send(app, &in_thread("t1", "who?", false, "omt_use", "om_use")).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    assert!(tool_results(&env.llm)[0].contains(sshd::USER));
+}
+
+/// The next turn's two calls fail with `why`; the thread stays bound and is told once; a
+/// later turn fails too without telling again; `/ssh local` frees it and a call runs locally.
+async fn fails_until_released(env: &Env, why: &str, reason: &str) {
+    let app = &env.app;
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(
+            MODEL,
+            call("write_file", json!({"path": "x.txt", "content": "x"})),
+        )
+        .push(MODEL, say("it failed"));
+    send(app, &in_thread("t2", "again", false, "omt_use", "om_use")).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 2).await.len(), 2);
+    let r = tool_results(&env.llm);
+    let n = r.len();
+    let want = format!("error: This thread is bound to `web`, which {why}");
+    for got in &r[n - 2..] {
+        assert!(got.starts_with(&want), "{r:?}");
+        assert!(got.contains("/ssh local"), "{r:?}");
+    }
+    assert_eq!(place(app, "omt_use").await, Place::Target("web".into()));
+    let told = binding_notices(&env.lark, "om_t2");
+    assert_eq!(told.len(), 1, "told once: {told:?}");
+    assert!(told[0].0, "in the thread");
+    assert!(told[0].1.contains(why), "{told:?}");
+
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("still failing"));
+    send(
+        app,
+        &in_thread("t3", "and now?", false, "omt_use", "om_use"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 3).await.len(), 3);
+    assert!(
+        tool_results(&env.llm).last().unwrap().starts_with(&want),
+        "{:?}",
+        tool_results(&env.llm)
+    );
+    assert!(binding_notices(&env.lark, "om_t3").is_empty());
+    let refused = refused_uses(app, "omt_use").await;
+    assert_eq!(
+        refused,
+        [
+            (reason.into(), "terminal".into()),
+            (reason.into(), "write_file".into()),
+            (reason.into(), "terminal".into()),
+        ]
+    );
+
+    send(
+        app,
+        &in_thread("off", "/ssh local", false, "omt_use", "om_use"),
+    )
+    .await;
+    wait_state(app, "off", "done").await;
+    assert_eq!(place(app, "omt_use").await, Place::Local);
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "id -un"})))
+        .push(MODEL, say("local now"));
+    send(
+        app,
+        &in_thread("t4", "and now?", false, "omt_use", "om_use"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 4).await.len(), 4);
+    let last = tool_results(&env.llm).last().cloned().unwrap();
+    assert!(
+        !last.starts_with("error") && !last.contains(sshd::USER),
+        "{last}"
+    );
+}
+
+#[tokio::test]
+async fn a_chat_taken_off_the_allow_list_stays_bound_and_fails_until_released() {
+    let env = env().await;
+    bound_and_used(&env).await;
+    target_cli(
+        &env.app,
+        TargetCmd::Allow(AllowArgs {
+            alias: "web".into(),
+            chats: vec!["oc_other".into()],
+            all_chats: false,
+        }),
+    )
+    .await;
+    fails_until_released(
+        &env,
+        "is no longer allowed in this chat",
+        "not_allowed_here",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_re_added_alias_is_not_the_target_its_old_bindings_were_made_for() {
+    let env = env().await;
+    bound_and_used(&env).await;
+    // Removed and added again, approved, on another host: a new generation.
+    target_cli(
+        &env.app,
+        TargetCmd::Remove {
+            alias: "web".into(),
+        },
+    )
+    .await;
+    target_cli(
+        &env.app,
+        TargetCmd::Add(AddArgs {
+            alias: "web".into(),
+            host: "elsewhere.invalid".into(),
+            port: 22,
+            user: "ops".into(),
+            key: None,
+            passphrase_stdin: false,
+            password_stdin: false,
+            agent: true,
+            cert: None,
+            description: None,
+            host_key_policy: HostKeyPolicyArg::Tofu,
+            host_key: None,
+            approve: true,
+            offline: true,
+        }),
+    )
+    .await;
+    fails_until_released(&env, "has been removed and added again", "replaced").await;
 }

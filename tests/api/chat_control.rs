@@ -45,6 +45,10 @@ fn in_thread(id: &str, text: &str, thread: &str, root: &str) -> Msg {
 }
 
 async fn add_target(app: &TestApp, alias: &str, approve: bool) {
+    add_target_on(app, alias, &format!("{alias}.example"), approve).await;
+}
+
+async fn add_target_on(app: &TestApp, alias: &str, host: &str, approve: bool) {
     let vault =
         sshmode::vault::Vault::open_or_create(&app.data_dir.path().join("master.key")).unwrap();
     target::add(
@@ -52,7 +56,7 @@ async fn add_target(app: &TestApp, alias: &str, approve: bool) {
         &vault,
         NewTarget {
             alias: alias.into(),
-            host: format!("{alias}.example"),
+            host: host.into(),
             port: 22,
             user: "ops".into(),
             description: Some(format!("the {alias} box")),
@@ -207,7 +211,22 @@ async fn topic_groups_bind_in_place_and_threadless_chats_suggest_here() {
     assert!(texts[1].contains("/ssh use web --here"), "{texts:?}");
     assert_eq!(place(&app, "oc_chat").await, Place::Local);
 
-    send(&app, &group("here", "/ssh use web --here")).await;
+    // A group chat itself has no owner: only an admin binds it in place (refusal audited).
+    send(&app, &group("here0", "/ssh use web --here")).await;
+    wait_state(&app, "here0", "done").await;
+    assert!(
+        replies(&fake, "om_here0")[0].starts_with("Only an admin can bind this group chat"),
+        "{:?}",
+        replies(&fake, "om_here0")
+    );
+    assert_eq!(place(&app, "oc_chat").await, Place::Local);
+    assert_eq!(
+        audit_actions(&app, "oc_chat").await,
+        [("ou_user".into(), "binding.set".into(), "refused".into())]
+    );
+    let mut here = group("here", "/ssh use web --here");
+    here.sender = "ou_admin".into();
+    send(&app, &here).await;
     wait_state(&app, "here", "done").await;
     assert_eq!(place(&app, "oc_chat").await, Place::Target("web".into()));
     let r = fake.requests_to("/messages/om_here/reply");
@@ -219,6 +238,90 @@ async fn topic_groups_bind_in_place_and_threadless_chats_suggest_here() {
     send(&app, &off).await;
     wait_state(&app, "off", "done").await;
     assert_eq!(place(&app, "oc_chat").await, Place::Local);
+
+    // A one-to-one chat is its user's to bind in place.
+    let mut p2p = Msg::new("p2p", "/ssh use web --here");
+    p2p.chat_id = "oc_p2p".into();
+    send(&app, &p2p).await;
+    wait_state(&app, "p2p", "done").await;
+    assert_eq!(place(&app, "oc_p2p").await, Place::Target("web".into()));
+    app.stop().await;
+}
+
+/// Anyone may return a thread to local, but that does not make the thread theirs: only its
+/// owner (who opened it) or an admin binds it again.
+#[tokio::test]
+async fn a_stranger_who_releases_a_thread_may_not_bind_it_elsewhere() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "web", true).await;
+    add_target(&app, "db", true).await;
+    send(&app, &group("open", "/ssh use web")).await;
+    wait_state(&app, "open", "done").await;
+    let thread = "omt_open";
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+    let say = |id: &str, text: &str, who: &str| {
+        let mut m = in_thread(id, text, thread, "om_open");
+        m.sender = who.into();
+        m
+    };
+
+    send(&app, &say("s1", "/ssh local", "ou_other")).await;
+    wait_state(&app, "s1", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Local);
+    send(&app, &say("s2", "/ssh use db", "ou_other")).await;
+    wait_state(&app, "s2", "done").await;
+    let said = replies(&fake, "om_s2").join("");
+    assert!(
+        said.contains("belongs to ou_user") && said.contains("only they or an admin"),
+        "{said}"
+    );
+    assert_eq!(place(&app, thread).await, Place::Local);
+    // Nor may the stranger let the model in.
+    send(&app, &say("s3", "/ssh yolo on db", "ou_other")).await;
+    wait_state(&app, "s3", "done").await;
+    assert!(replies(&fake, "om_s3")[0].contains("belongs to ou_user"));
+    let refused: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, detail->>'reason' FROM audit_log
+         WHERE section = $1 AND outcome = 'refused' ORDER BY id",
+    )
+    .bind(thread)
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        refused,
+        [
+            ("ou_other".into(), "binding.set".into(), "not_owner".into()),
+            ("ou_other".into(), "grant.add".into(), "not_owner".into()),
+        ]
+    );
+
+    // The owner may; so may an admin, after which the thread is still the owner's.
+    send(&app, &say("s4", "/ssh use db", "ou_user")).await;
+    wait_state(&app, "s4", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("db".into()));
+    send(&app, &say("s5", "/ssh use web", "ou_admin")).await;
+    wait_state(&app, "s5", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+    send(&app, &say("s6", "/ssh use db", "ou_other")).await;
+    wait_state(&app, "s6", "done").await;
+    assert_eq!(place(&app, thread).await, Place::Target("web".into()));
+
+    // A thread nobody opened belongs to who binds it first.
+    let free = |id: &str, text: &str, who: &str| {
+        let mut m = in_thread(id, text, "omt_free", "om_free");
+        m.sender = who.into();
+        m
+    };
+    send(&app, &free("f1", "/ssh use web", "ou_other")).await;
+    wait_state(&app, "f1", "done").await;
+    send(&app, &free("f2", "/ssh local", "ou_user")).await;
+    wait_state(&app, "f2", "done").await;
+    send(&app, &free("f3", "/ssh use db", "ou_user")).await;
+    wait_state(&app, "f3", "done").await;
+    assert!(replies(&fake, "om_f3")[0].contains("belongs to ou_other"));
+    assert_eq!(place(&app, "omt_free").await, Place::Local);
     app.stop().await;
 }
 
@@ -548,6 +651,145 @@ async fn approval_by_card_and_by_command() {
     wait_state(&app, "r2", "done").await;
     assert_eq!(status_of(&app, "prod").await, Status::Disabled);
     assert!(replies(&fake, "om_r2")[0].contains("`prod` is rejected"));
+    app.stop().await;
+}
+
+/// A binding the migration could not complete (no chat, no generation) cannot be checked: it
+/// stays bound and fails, `/ssh status` says so, and binding the same target again is a real
+/// bind (for today's generation), not "already on".
+#[tokio::test]
+async fn a_binding_from_before_the_checks_fails_until_bound_again() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "web", true).await;
+    sqlx::query(
+        "INSERT INTO bindings (section, alias, kind, owner, bound_at)
+         VALUES ('omt_old', 'web', 'sticky', 'ou_user', now())",
+    )
+    .execute(&app.state.db)
+    .await
+    .unwrap();
+    let say = |id: &str, text: &str| in_thread(id, text, "omt_old", "om_old");
+    send(&app, &say("st", "/ssh status")).await;
+    wait_state(&app, "st", "done").await;
+    let status = replies(&fake, "om_st").join("");
+    assert!(status.contains("cannot be checked"), "{status}");
+    assert!(status.contains("/ssh local"), "{status}");
+    assert_eq!(place(&app, "omt_old").await, Place::Target("web".into()));
+
+    send(&app, &say("re", "/ssh use web")).await;
+    wait_state(&app, "re", "done").await;
+    let said = replies(&fake, "om_re").join("");
+    assert!(said.starts_with("This thread now runs on `web`"), "{said}");
+    send(&app, &say("st2", "/ssh status")).await;
+    wait_state(&app, "st2", "done").await;
+    let status = replies(&fake, "om_st2").join("");
+    assert!(!status.contains("cannot be checked"), "{status}");
+    app.stop().await;
+}
+
+/// The `n`-th approval card sent (from 1): its message id and its Approve button's value.
+async fn nth_card(fake: &FakeLark, n: usize) -> (String, Value) {
+    fake.wait_until("the approval cards", |r| {
+        r.iter()
+            .filter(|r| r.path.ends_with("receive_id_type=open_id"))
+            .count()
+            >= n
+    })
+    .await;
+    let cards = fake.requests_to("receive_id_type=open_id");
+    let card: Value = serde_json::from_str(cards[n - 1].body["content"].as_str().unwrap()).unwrap();
+    let approve = card["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["element_id"] == "btn_approve")
+        .unwrap()["behaviors"][0]["value"]
+        .clone();
+    let message_id = fake.posted()[n - 1]["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (message_id, approve)
+}
+
+/// The PATCHed contents of card message `om`.
+fn card_patches(fake: &FakeLark, om: &str) -> Vec<String> {
+    fake.requests_to(&format!("/messages/{om}"))
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.body["content"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A click on a card that no longer shows the target as it is decides nothing: the click is
+/// audited and the card is rewritten to say it expired (the toast, answered without I/O, still
+/// says "received").
+#[tokio::test]
+async fn a_stale_approval_card_decides_nothing_and_says_it_expired() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    let db = &app.state.db;
+    add_target(&app, "prod", false).await;
+    let (first, first_approve) = nth_card(&fake, 1).await;
+    // Removed and added again on another host: a new generation, pending, with a card of its own.
+    target::remove(db, "prod", "cli").await.unwrap();
+    add_target_on(&app, "prod", "elsewhere.example", false).await;
+    let (second, second_approve) = nth_card(&fake, 2).await;
+    assert_ne!(first, second);
+
+    let clicked = |id: &str, card: &str, value: &Value| {
+        sealed(
+            &click(id, "ou_admin", card, value.clone()),
+            ENCRYPT_KEY,
+            now_secs(),
+        )
+    };
+    let (s, answer) = post(&app, clicked("k1", &first, &first_approve)).await;
+    assert_eq!(s, 200);
+    assert_eq!(answer["toast"]["type"], "info");
+    assert!(
+        answer["toast"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Received"),
+        "{answer}"
+    );
+    wait_state(&app, "k1", "done").await;
+    assert_eq!(status_of(&app, "prod").await, Status::Pending);
+    let patched = card_patches(&fake, &first);
+    assert_eq!(patched.len(), 1, "{patched:?}");
+    assert!(patched[0].contains("expired"), "{patched:?}");
+    assert!(!patched[0].contains("btn_approve"), "{patched:?}");
+    assert!(card_patches(&fake, &second).is_empty());
+
+    // Same generation, but the host key is not the one the card showed (none): approving it
+    // would pin a key no admin saw.
+    let key = target::HostKey {
+        fingerprint: "SHA256:c2VlbiBieSBub2JvZHkgb24gYW55IGNhcmQgYXQgYWxsIQ".into(),
+        algorithm: Some("ssh-ed25519".into()),
+        source: "pinned".into(),
+        at: None,
+    };
+    target::rekey(db, "prod", &key, "cli").await.unwrap();
+    post(&app, clicked("k2", &second, &second_approve)).await;
+    wait_state(&app, "k2", "done").await;
+    assert_eq!(status_of(&app, "prod").await, Status::Pending);
+    assert!(card_patches(&fake, &second)[0].contains("expired"));
+
+    let decided: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, outcome, detail->>'reason' FROM audit_log
+         WHERE action = 'target.decide' ORDER BY id",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    let expired = (
+        "ou_admin".to_string(),
+        "refused".to_string(),
+        "expired".to_string(),
+    );
+    assert_eq!(decided, [expired.clone(), expired]);
     app.stop().await;
 }
 
