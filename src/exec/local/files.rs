@@ -155,6 +155,22 @@ pub fn write(roots: &Roots, path: &str, data: &[u8]) -> Result<(), ExecError> {
     } else {
         0o644
     };
+    // Replacing a file is writing it: the caller must be allowed to write the file itself,
+    // not only the directory (which lets anyone who may write it rename over any file).
+    // SAFETY: valid descriptor and NUL-terminated name.
+    if existing
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && unsafe {
+            libc::faccessat(
+                parent.as_raw_fd(),
+                cname.as_ptr(),
+                libc::W_OK,
+                libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW,
+            )
+        } != 0
+    {
+        return Err(io_err(path, std::io::Error::last_os_error()));
+    }
     let tmp = CString::new(format!(
         ".{}.sshmode-{}",
         name.to_string_lossy(),
