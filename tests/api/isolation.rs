@@ -411,6 +411,22 @@ async fn a_command_sees_only_its_own_processes() {
         status_lines > 10,
         "/proc/self/status is not readable:\n{out}"
     );
+    // Nor through the file tools: the other command's /proc entry, by its pid here.
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| text(&c).contains(&theirs)))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("the other section's command runs");
+    let seen = a
+        .read_bytes(&format!("/proc/{pid}/cmdline"))
+        .await
+        .unwrap_or_default();
+    assert!(
+        !text(&seen).contains(&theirs),
+        "read through read_file: {}",
+        text(&seen)
+    );
     let r = other.await.unwrap();
     assert_eq!(r.output.exit, Exit::TimedOut);
 }

@@ -21,9 +21,10 @@
 //! outlives it. Killing the launcher (the backend kills its group) kills PID 1 through its
 //! death signal.
 //!
-//! `file`: the same account, limits and sandbox (no namespace: it starts nothing), then one
-//! read or write through [`super::files`], beneath the pinned workspace and tmp descriptors,
-//! so the kernel decides access exactly as for a command. Answer on stdout, refusal on stderr.
+//! `file`: the same namespaces, account, limits and sandbox, then one read or write through
+//! [`super::files`] beneath the pinned workspace and tmp descriptors, so the kernel decides
+//! access exactly as for a command (and `/proc` shows no other process to the file tools
+//! either). Answer on stdout, refusal on stderr.
 //!
 //! `probe`: the namespace steps only, at start-up, to learn whether this machine allows them.
 //!
@@ -210,8 +211,15 @@ fn launch(args: &[OsString]) -> Result<i32, String> {
             let request = it.next().ok_or("no request")?;
             let request: FileRequest = serde_json::from_slice(request.as_bytes())
                 .map_err(|e| format!("bad request: {e}"))?;
-            apply(&setup)?;
-            Ok(file_op(request))
+            let child = unshare_and_fork()?;
+            if child == 0 {
+                let r = enter_namespace()
+                    .and_then(|()| grant_new_proc(&setup))
+                    .and_then(|()| apply(&setup))
+                    .map(|()| file_op(request));
+                child_exit(r);
+            }
+            supervise(child)
         }
         other => Err(format!("unknown mode `{other}`")),
     }
