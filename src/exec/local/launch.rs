@@ -10,16 +10,19 @@
 //! closure in the multi-threaded service may not.
 //!
 //! `run`: `unshare(CLONE_NEWPID | CLONE_NEWNS)`, fork. The child is PID 1 of the new
-//! namespace: it makes every mount private, mounts a fresh procfs over `/proc` and adds a rule
-//! for it to the ruleset (a Landlock rule on the old `/proc` does not cover a mount on top of
-//! it: [`grant_new_proc`]), calls `setsid`, asks for `SIGKILL` when the launcher dies, then applies limits, drops the
-//! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
-//! itself with the ruleset, closes every descriptor above 2 and execs the shell. The launcher
-//! waits for it, forwards TERM/INT/HUP/QUIT to its group (PID 1 itself ignores what it does
-//! not handle) and KILLs it [`GRACE`] later, and exits with its status. When PID 1 ends, the
-//! kernel kills everything else in the namespace: nothing a command starts, `setsid` or not,
-//! outlives it. Killing the launcher (the backend kills its group) kills PID 1 through its
-//! death signal.
+//! namespace: it asks for `SIGKILL` when the launcher dies, makes every mount private, mounts
+//! a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock rule on the
+//! old `/proc` does not cover a mount on top of it: [`grant_new_proc`]), then forks the
+//! command ([`init`]). The command calls `setsid`, applies limits, drops the capability
+//! bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts itself with
+//! the ruleset, closes every descriptor above 2 and execs the shell; it is not PID 1, so
+//! signals act on it as anywhere (`kill $$` works). PID 1 stays root, does nothing but reap,
+//! pass signals on to the command's group and, when the command ends, hand its wait status
+//! to the launcher and exit. The launcher forwards TERM/INT/HUP/QUIT to PID 1, KILLs it
+//! [`GRACE`] later, and exits with the command's status. When PID 1 ends, the kernel kills
+//! everything else in the namespace: nothing a command starts, `setsid` or not, outlives it.
+//! Killing the launcher (the backend kills its group, PID 1 included) kills PID 1 through
+//! its death signal too.
 //!
 //! `file`: the same namespaces, account, limits and sandbox, then one read or write through
 //! [`super::files`] beneath the pinned workspace and tmp descriptors, so the kernel decides
@@ -200,9 +203,8 @@ fn launch(args: &[OsString]) -> Result<i32, String> {
             if child == 0 {
                 let r = enter_namespace()
                     .and_then(|()| grant_new_proc(&setup))
-                    .and_then(|()| apply(&setup))
-                    .and_then(|()| exec(&program));
-                child_exit(r.map(|()| 0));
+                    .and_then(|()| init(&setup, &program));
+                child_exit(r);
             }
             supervise(child)
         }
@@ -263,16 +265,20 @@ fn forwarded_set() -> libc::sigset_t {
 
 /// New PID and mount namespaces, then fork: 0 in the child (PID 1), its pid in the parent.
 /// The parent keeps the write end of a pipe open for its whole life: the child sees the
-/// launcher is alive while that end is open ([`enter_namespace`]).
+/// launcher is alive while that end is open ([`enter_namespace`]). A second pipe carries the
+/// command's wait status from PID 1 to the launcher ([`init`], [`supervise`]).
 fn unshare_and_fork() -> Result<libc::pid_t, String> {
     let set = forwarded_set();
     let mut pipe = [0; 2];
+    let mut status = [0; 2];
     // SAFETY: plain system calls on valid arguments; the process has one thread.
     unsafe {
         if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return Err(os_err("sigprocmask"));
         }
-        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0
+            || libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC) != 0
+        {
             return Err(os_err("pipe"));
         }
         if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
@@ -284,19 +290,80 @@ fn unshare_and_fork() -> Result<libc::pid_t, String> {
         }
         if pid == 0 {
             libc::close(pipe[1]);
-            LIVENESS.store(pipe[0], std::sync::atomic::Ordering::Relaxed);
+            libc::close(status[0]);
+            LIVENESS.store(pipe[0], Relaxed);
+            STATUS.store(status[1], Relaxed);
         } else {
             libc::close(pipe[0]);
+            libc::close(status[1]);
+            STATUS.store(status[0], Relaxed);
         }
         Ok(pid)
     }
 }
 
+use std::sync::atomic::Ordering::Relaxed;
 /// In the child: the read end of the launcher's liveness pipe.
 static LIVENESS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+/// The status pipe: its write end in PID 1, its read end in the launcher.
+static STATUS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
-/// In PID 1 of the new namespace: dies with the launcher, private mounts, its own `/proc`, a
-/// session of its own.
+/// PID 1 of the namespace: forks the command (a process like any other, so signals it sends
+/// itself act as usual), forwards to the command's group what the launcher forwards here,
+/// reaps every orphan, and when the command ends hands its wait status to the launcher and
+/// exits, which ends everything else in the namespace.
+fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
+    // SAFETY: the process has one thread; the child only makes system calls and execs.
+    let shell = unsafe { libc::fork() };
+    if shell < 0 {
+        return Err(os_err("fork"));
+    }
+    if shell == 0 {
+        // SAFETY: a plain system call.
+        let r = if unsafe { libc::setsid() } < 0 {
+            Err(os_err("setsid"))
+        } else {
+            apply(setup).and_then(|()| exec(program))
+        };
+        child_exit(r.map(|()| 0));
+    }
+    let set = forwarded_set();
+    loop {
+        // SAFETY: a valid set; no siginfo wanted.
+        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        match sig {
+            libc::SIGCHLD => loop {
+                let mut status = 0;
+                // SAFETY: reaping our own children.
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                if pid == shell {
+                    let bytes = status.to_ne_bytes();
+                    // SAFETY: writing 4 bytes we own to our pipe.
+                    unsafe { libc::write(STATUS.load(Relaxed), bytes.as_ptr().cast(), 4) };
+                    return Ok(0);
+                }
+                if pid <= 0 {
+                    break;
+                }
+            },
+            s if s > 0 => {
+                // SAFETY: signalling the command's group (it leads it) and the command.
+                unsafe {
+                    libc::kill(-shell, s);
+                    libc::kill(shell, s);
+                }
+            }
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(format!("sigwaitinfo: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// In PID 1 of the new namespace: dies with the launcher, private mounts, its own `/proc`.
 fn enter_namespace() -> Result<(), String> {
     // SAFETY: plain system calls on valid, NUL-terminated arguments.
     unsafe {
@@ -335,9 +402,6 @@ fn enter_namespace() -> Result<(), String> {
         ) != 0
         {
             return Err(os_err("cannot mount /proc for the namespace"));
-        }
-        if libc::setsid() < 0 {
-            return Err(os_err("setsid"));
         }
     }
     Ok(())
@@ -466,6 +530,13 @@ fn supervise(child: libc::pid_t) -> Result<i32, String> {
         // SAFETY: a plain wait on our own child.
         let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
         if r == child {
+            // The command's own status when PID 1 passed it on, else PID 1's.
+            let mut bytes = [0u8; 4];
+            // SAFETY: reading at most 4 bytes into our buffer from our pipe.
+            let n = unsafe { libc::read(STATUS.load(Relaxed), bytes.as_mut_ptr().cast(), 4) };
+            if n == 4 {
+                status = i32::from_ne_bytes(bytes);
+            }
             return Ok(status_to_exit(status));
         }
         if r < 0 {
@@ -488,11 +559,9 @@ fn supervise(child: libc::pid_t) -> Result<i32, String> {
         match sig {
             libc::SIGCHLD => {}
             s if s > 0 => {
-                // SAFETY: signalling our own child's group, and the child.
-                unsafe {
-                    libc::kill(-child, s);
-                    libc::kill(child, s);
-                }
+                // PID 1 has these blocked: it receives them and passes them on.
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(child, s) };
                 kill_at.get_or_insert_with(|| std::time::Instant::now() + GRACE);
             }
             _ => {
