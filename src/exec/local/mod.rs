@@ -4,7 +4,9 @@
 //! Landlock sandbox and under resource limits ([`sandbox`]). File operations open paths
 //! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
 //! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
-//! command's end the whole group is killed, so nothing it started outlives it.
+//! command's end the whole group is killed, so nothing it started outlives it. Under root both
+//! go through the launcher ([`launch`]): each command in a PID namespace of its own (which ends
+//! with it, `setsid` processes included), each file operation as the tools account.
 //!
 //! At every call the workspace and the tmp directory are opened afresh beneath their roots
 //! without following any symlink ([`LocalBackend::open_dirs`]); that one pair of descriptors

@@ -12,6 +12,11 @@
 //! into the terminal of `sshmode chat` (`TIOCSTI`) nor open it as `/dev/tty`; it is still the
 //! leader of its own process group, which is what the backend kills.
 //!
+//! With a launcher (root, the start-up probe passed: the level has `pidns`) the hook only does
+//! `setsid`, `fchdir` and places this call's descriptors at the launcher's fixed numbers; the
+//! rest is done by [`launch`], in a PID namespace, from the arguments [`Prepared::command`]
+//! builds. Without one, the level says so and what that leaves open ([`Level::leaves_open`]).
+//!
 //! Never: passes a variable of the service's environment that is not on the allow-list; grants
 //! a tool anything in the data directory but its own workspace and temporary directory; runs a
 //! local command when nothing is enforced unless the operator opted in.
