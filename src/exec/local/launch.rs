@@ -9,20 +9,21 @@
 //! (it runs before anything else in `main`), so it may fork and mount, which a `pre_exec`
 //! closure in the multi-threaded service may not.
 //!
-//! `run`: `unshare(CLONE_NEWPID | CLONE_NEWNS)`, fork. The child is PID 1 of the new
-//! namespace: it asks for `SIGKILL` when the launcher dies, makes every mount private, mounts
-//! a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock rule on the
-//! old `/proc` does not cover a mount on top of it: [`grant_new_proc`]), then forks the
-//! command ([`init`]). The command calls `setsid`, applies limits, drops the capability
-//! bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts itself with
-//! the ruleset, closes every descriptor above 2 and execs the shell; it is not PID 1, so
-//! signals act on it as anywhere (`kill $$` works). PID 1 stays root, does nothing but reap,
-//! pass signals on to the command's group and, when the command ends, hand its wait status
-//! to the launcher and exit. The launcher forwards TERM/INT/HUP/QUIT to PID 1, KILLs it
-//! [`GRACE`] later, and exits with the command's status. When PID 1 ends, the kernel kills
-//! everything else in the namespace: nothing a command starts, `setsid` or not, outlives it.
-//! Killing the launcher (the backend kills its group, PID 1 included) kills PID 1 through
-//! its death signal too.
+//! `run`: `unshare(CLONE_NEWPID)`, fork. The child is PID 1 of the new namespace: it asks for
+//! `SIGKILL` when the launcher dies, enters a mount namespace of its own, makes every mount
+//! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a
+//! Landlock rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]),
+//! then forks the command ([`init`]). The command calls `setsid`, applies limits, drops the
+//! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
+//! itself with the ruleset, closes every descriptor above 2 and execs the shell; it is not
+//! PID 1, so signals act on it as anywhere (`kill $$` works). PID 1 stays root, does nothing
+//! but reap, pass signals on to the command's group and, when the command ends, hand its wait
+//! status to the launcher and exit. The launcher forwards TERM/INT/HUP/QUIT to PID 1, KILLs it
+//! [`GRACE`] later, and exits with the command's status as soon as PID 1 passes it on (the
+//! namespaces' teardown, RCU waits of a few milliseconds, is then PID 1's, not the caller's).
+//! When PID 1 ends, the kernel kills everything else in the namespace: nothing a command
+//! starts, `setsid` or not, outlives it. Killing the launcher (the backend kills its group,
+//! PID 1 included) kills PID 1 through its death signal too.
 //!
 //! `file`: the same namespaces, account, limits and sandbox, then one read or write through
 //! [`super::files`] beneath the pinned workspace and tmp descriptors, so the kernel decides
@@ -150,8 +151,8 @@ pub struct FileRequest {
     pub path: String,
     pub offset: u64,
     pub len: u64,
-    /// The roots, as [`super::files::Roots`] has them; the first two writable-or-readable
-    /// section roots are the workspace ([`WORKSPACE_FD`]) and the tmp ([`TMP_FD`]).
+    /// The roots, as [`super::files::Roots`] has them; `workspace` and `tmp` are the paths of
+    /// the descriptors at [`WORKSPACE_FD`] and [`TMP_FD`].
     pub writable: Vec<PathBuf>,
     pub readable: Vec<PathBuf>,
     pub excluded: Vec<PathBuf>,
@@ -227,7 +228,8 @@ fn launch(args: &[OsString]) -> Result<i32, String> {
     }
 }
 
-/// Ends a forked child: its error on stderr, [`SETUP_FAILED`].
+/// Ends a forked child: its error on stderr, [`SETUP_FAILED`]; the status also goes to the
+/// launcher through the status pipe.
 fn child_exit(r: Result<i32, String>) -> ! {
     let code = match r {
         Ok(c) => c,
@@ -236,8 +238,18 @@ fn child_exit(r: Result<i32, String>) -> ! {
             SETUP_FAILED
         }
     };
-    // SAFETY: ends this process without running anything of the parent's.
-    unsafe { libc::_exit(code) }
+    pass_status((code & 0xff) << 8, code);
+}
+
+/// Hands a wait status to the launcher and ends this process with `code`.
+fn pass_status(status: i32, code: i32) -> ! {
+    let bytes = status.to_ne_bytes();
+    // SAFETY: writing 4 bytes we own to our pipe (or to -1, which fails harmlessly), then
+    // ending this process without running anything of the parent's.
+    unsafe {
+        libc::write(STATUS.load(Relaxed), bytes.as_ptr().cast(), 4);
+        libc::_exit(code)
+    }
 }
 
 fn os_err(what: &str) -> String {
@@ -281,7 +293,9 @@ fn unshare_and_fork() -> Result<libc::pid_t, String> {
         {
             return Err(os_err("pipe"));
         }
-        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWNS) != 0 {
+        // The mount namespace is PID 1's alone (enter_namespace): the launcher then never
+        // pays for its teardown.
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
             return Err(os_err("cannot create a PID namespace (unshare)"));
         }
         let pid = libc::fork();
@@ -337,10 +351,7 @@ fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
                 // SAFETY: reaping our own children.
                 let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
                 if pid == shell {
-                    let bytes = status.to_ne_bytes();
-                    // SAFETY: writing 4 bytes we own to our pipe.
-                    unsafe { libc::write(STATUS.load(Relaxed), bytes.as_ptr().cast(), 4) };
-                    return Ok(0);
+                    pass_status(status, 0);
                 }
                 if pid <= 0 {
                     break;
@@ -379,6 +390,9 @@ fn enter_namespace() -> Result<(), String> {
         };
         if libc::poll(&mut poll, 1, 0) != 0 {
             return Err("the launcher is gone".into());
+        }
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return Err(os_err("cannot create a mount namespace (unshare)"));
         }
         let none = std::ptr::null::<libc::c_char>();
         let root = c"/";
@@ -524,57 +538,90 @@ fn exec(program: &[CString]) -> Result<(), String> {
 /// Waits for PID 1, forwarding signals; returns (or dies with) its status.
 fn supervise(child: libc::pid_t) -> Result<i32, String> {
     let set = forwarded_set();
+    // SAFETY: a valid set; the signals are blocked, so they queue on the descriptor.
+    let sfd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) };
+    if sfd < 0 {
+        return Err(os_err("signalfd"));
+    }
+    let status_fd = STATUS.load(Relaxed);
+    let mut status_open = true;
     let mut kill_at: Option<std::time::Instant> = None;
     loop {
+        let timeout = kill_at.map_or(-1, |at| {
+            at.saturating_duration_since(std::time::Instant::now())
+                .as_millis()
+                .min(60_000) as i32
+        });
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if status_open { status_fd } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(format!("poll: {e}"));
+        }
+        if n == 0 {
+            // The grace period is over: the namespace goes with its PID 1.
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child, libc::SIGKILL) };
+            kill_at = None;
+            continue;
+        }
+        if fds[1].revents != 0 {
+            let mut bytes = [0u8; 4];
+            // SAFETY: reading at most 4 bytes into our buffer from our pipe.
+            let r = unsafe { libc::read(status_fd, bytes.as_mut_ptr().cast(), 4) };
+            if r == 4 {
+                // PID 1 passed the status on and is ending (the kernel then ends the rest of
+                // the namespace): answer now rather than wait for the namespaces' teardown.
+                return Ok(status_to_exit(i32::from_ne_bytes(bytes)));
+            }
+            // PID 1 ended without a status (killed): its own is the answer.
+            status_open = false;
+        }
+        if fds[0].revents != 0 {
+            // SAFETY: a zeroed siginfo is a valid buffer of its own size.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::signalfd_siginfo>();
+            // SAFETY: reading one siginfo into our buffer.
+            let r =
+                unsafe { libc::read(sfd, (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+            let sig = info.ssi_signo as i32;
+            if r == size as isize && sig != libc::SIGCHLD {
+                // PID 1 has these blocked: it receives them and passes them on.
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(child, sig) };
+                kill_at.get_or_insert_with(|| std::time::Instant::now() + GRACE);
+            }
+        }
         let mut status = 0;
         // SAFETY: a plain wait on our own child.
         let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
         if r == child {
-            // The command's own status when PID 1 passed it on, else PID 1's.
+            // Everything in the namespace is gone with it: a status it wrote is in the pipe.
             let mut bytes = [0u8; 4];
             // SAFETY: reading at most 4 bytes into our buffer from our pipe.
-            let n = unsafe { libc::read(STATUS.load(Relaxed), bytes.as_mut_ptr().cast(), 4) };
-            if n == 4 {
+            let n = unsafe { libc::read(status_fd, bytes.as_mut_ptr().cast(), 4) };
+            if status_open && n == 4 {
                 status = i32::from_ne_bytes(bytes);
             }
             return Ok(status_to_exit(status));
         }
         if r < 0 {
             return Err(os_err("waitpid"));
-        }
-        // SAFETY: valid set and out-pointer; the timeout is a plain value.
-        let sig = unsafe {
-            match kill_at {
-                None => libc::sigwaitinfo(&set, std::ptr::null_mut()),
-                Some(at) => {
-                    let left = at.saturating_duration_since(std::time::Instant::now());
-                    let ts = libc::timespec {
-                        tv_sec: left.as_secs() as _,
-                        tv_nsec: left.subsec_nanos() as _,
-                    };
-                    libc::sigtimedwait(&set, std::ptr::null_mut(), &ts)
-                }
-            }
-        };
-        match sig {
-            libc::SIGCHLD => {}
-            s if s > 0 => {
-                // PID 1 has these blocked: it receives them and passes them on.
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(child, s) };
-                kill_at.get_or_insert_with(|| std::time::Instant::now() + GRACE);
-            }
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EAGAIN) {
-                    // The grace period is over: the namespace goes with its PID 1.
-                    // SAFETY: as above.
-                    unsafe { libc::kill(child, libc::SIGKILL) };
-                    kill_at = Some(std::time::Instant::now() + Duration::from_secs(3600));
-                } else if e.raw_os_error() != Some(libc::EINTR) {
-                    return Err(format!("sigwait: {e}"));
-                }
-            }
         }
     }
 }
