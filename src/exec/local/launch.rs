@@ -241,12 +241,18 @@ fn child_exit(r: Result<i32, String>) -> ! {
     pass_status((code & 0xff) << 8, code);
 }
 
-/// Hands a wait status to the launcher and ends this process with `code`.
+/// Hands a wait status to the launcher and ends this process with `code`. Standard input,
+/// output and error are closed first: a descriptor still open at exit is released only after
+/// the namespaces' teardown, and the caller reads the output up to its end.
 fn pass_status(status: i32, code: i32) -> ! {
     let bytes = status.to_ne_bytes();
-    // SAFETY: writing 4 bytes we own to our pipe (or to -1, which fails harmlessly), then
-    // ending this process without running anything of the parent's.
+    // SAFETY: closing our own standard descriptors, writing 4 bytes we own to our pipe (or
+    // to -1, which fails harmlessly), then ending this process without running anything of
+    // the parent's.
     unsafe {
+        for fd in 0..3 {
+            libc::close(fd);
+        }
         libc::write(STATUS.load(Relaxed), bytes.as_ptr().cast(), 4);
         libc::_exit(code)
     }
@@ -340,6 +346,13 @@ fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
             apply(setup).and_then(|()| exec(program))
         };
         child_exit(r.map(|()| 0));
+    }
+    // PID 1 writes nothing: the command's output ends when the command's processes end.
+    // SAFETY: closing our own standard descriptors.
+    unsafe {
+        for fd in 0..3 {
+            libc::close(fd);
+        }
     }
     let set = forwarded_set();
     loop {
