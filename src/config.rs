@@ -779,6 +779,19 @@ mod tests {
     }
 
     #[test]
+    fn the_launcher_is_an_absolute_path_or_the_running_sshmode() {
+        let c = load(&[("SSHMODE_LAUNCHER", "/usr/local/bin/sshmode")]).unwrap();
+        assert_eq!(
+            c.exec.local.launcher.as_deref(),
+            Some(Path::new("/usr/local/bin/sshmode"))
+        );
+        let e = load(&[("SSHMODE_LAUNCHER", "bin/sshmode")]).unwrap_err();
+        assert!(e.to_string().contains("SSHMODE_LAUNCHER"), "{e}");
+        // This test binary is not `sshmode`: no launcher unless one is named.
+        assert_eq!(load(&[]).unwrap().exec.local.launcher, None);
+    }
+
+    #[test]
     fn defaults_and_relative_paths() {
         let c = load(&[]).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/srv/app/data"));
