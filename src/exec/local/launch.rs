@@ -521,8 +521,8 @@ fn apply(setup: &Setup) -> Result<(), String> {
             if libc::syscall(libc::SYS_landlock_restrict_self, RULESET_FD, 0) != 0 {
                 return Err(os_err("landlock_restrict_self"));
             }
+            libc::close(RULESET_FD);
         }
-        libc::close(RULESET_FD);
     }
     Ok(())
 }
