@@ -1,8 +1,11 @@
 //! What isolating a local command costs (see BENCHMARKS.md): `true` through the local
 //! backend (`Backend::exec`: clean environment, fork with a `pre_exec` hook, pipes, wait)
-//! without a sandbox, with Landlock, and with Landlock and the switch to the tools account.
-//! All three fork with a `pre_exec` hook (resource limits are set in every case), so they
-//! compare like with like; the rounds are interleaved so machine noise falls on all three.
+//! without a sandbox, with Landlock, with Landlock and the switch to the tools account, and
+//! (root) the same through the launcher, in a PID namespace of its own. The first three fork
+//! with a `pre_exec` hook (resource limits are set in every case), so they compare like with
+//! like; the rounds are interleaved so machine noise falls on all cases. Then a 1 KiB
+//! `read_file` through the backend, in the service's process and through the launcher's
+//! helper.
 //!
 //! Run as root with `cargo bench --bench local_sandbox` (no database needed).
 
@@ -44,6 +47,8 @@ async fn backend(
             .into_iter()
             .collect();
     let mut config = Config::from_vars(&|k| vars.get(k).cloned(), dir).unwrap();
+    // The direct spawn unless a case asks for the launcher.
+    config.exec.local.launcher = None;
     tune(&mut config);
     // Local execution never touches the database: a lazy pool that is never used.
     let db = sqlx::postgres::PgPoolOptions::new()
@@ -95,8 +100,15 @@ async fn run() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         cases.push(backend(dir.path(), "full", |_| {}).await);
+        cases.push(
+            backend(dir.path(), "launched", |c| {
+                c.exec.local.launcher = Some(env!("CARGO_BIN_EXE_sshmode").into())
+            })
+            .await,
+        );
+        assert!(cases[3].0.contains("pidns"), "the launcher is not in force");
     } else {
-        eprintln!("not root: the uid switch is not measured");
+        eprintln!("not root: the uid switch and the launcher are not measured");
     }
     for (_, b) in &cases {
         for _ in 0..WARMUP {
@@ -121,4 +133,46 @@ async fn run() {
             p99 - base_p99
         );
     }
+    if cases.len() < 4 {
+        return;
+    }
+    // The file tools: a 1 KiB read in the service's process against the launcher's helper.
+    let files = [&cases[2], &cases[3]];
+    for (_, b) in files {
+        let home = b.home().await.unwrap();
+        b.write(&format!("{home}/f"), &[b'x'; 1024]).await.unwrap();
+        for _ in 0..WARMUP {
+            read_once(b, &home).await;
+        }
+    }
+    let mut samples: Vec<Vec<Duration>> = (0..2).map(|_| Vec::with_capacity(RUNS)).collect();
+    for _ in 0..RUNS {
+        for (i, (_, b)) in files.iter().enumerate() {
+            let home = b.home().await.unwrap();
+            samples[i].push(read_once(b, &home).await);
+        }
+    }
+    println!();
+    println!(
+        "| read_file 1 KiB (level reported) | runs | median | p99 | added: median | added: p99 |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut base = None;
+    for ((level, _), s) in files.iter().zip(samples.iter_mut()) {
+        let (med, p99) = stats(s);
+        let (base_med, base_p99) = *base.get_or_insert((med, p99));
+        println!(
+            "| `{level}` | {RUNS} | {med:.3} ms | {p99:.3} ms | {:+.3} ms | {:+.3} ms |",
+            med - base_med,
+            p99 - base_p99
+        );
+    }
+}
+
+async fn read_once(b: &Arc<dyn Backend>, home: &str) -> Duration {
+    let t = Instant::now();
+    let got = b.read(&format!("{home}/f"), 0, 4096).await.unwrap();
+    let d = t.elapsed();
+    assert_eq!(got.data.len(), 1024);
+    d
 }

@@ -112,6 +112,7 @@ impl App {
             tasks.clone(),
         )?);
         exec.log_local_level();
+        exec.warn_agent_targets(&store.pool).await;
         let lark = Arc::new(lark);
         // The agent reads bindings and answers `ssh_mode` through chat control.
         let control = overrides.section_control.unwrap_or_else(|| {

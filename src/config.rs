@@ -236,12 +236,25 @@ pub struct LocalConfig {
     pub protected: Vec<PathBuf>,
     /// `LANG`, `LC_*`, `TZ`, `TERM` as the service has them: the only variables passed on.
     pub passthrough_env: Vec<(String, String)>,
+    /// `SSHMODE_LAUNCHER`: the `sshmode` binary that starts each local command in its own
+    /// PID namespace and does the file tools' I/O as the tools account (a root service only).
+    /// Default: the running executable when it is `sshmode`; `None` otherwise (a library
+    /// user), and then commands run without the namespace, which the level says.
+    pub launcher: Option<PathBuf>,
     /// Tests only: behave as if neither a separate identity nor Landlock were available.
     #[doc(hidden)]
     pub simulate_no_sandbox: bool,
     /// Tests and benchmarks only: behave as a service not running as root (no tools account).
     #[doc(hidden)]
     pub simulate_non_root: bool,
+}
+
+/// `/proc/self/exe` when the running executable is `sshmode` (still so after an upgrade
+/// replaced the file: the launcher is then the same version as the service).
+fn running_sshmode() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let name = exe.file_name()?.to_str()?;
+    (name == "sshmode" || name == "sshmode (deleted)").then(|| PathBuf::from("/proc/self/exe"))
 }
 
 impl LocalConfig {
@@ -338,6 +351,16 @@ impl LocalConfig {
             data_dir: data_dir.to_path_buf(),
             protected,
             passthrough_env,
+            launcher: match var("SSHMODE_LAUNCHER") {
+                Some(p) if Path::new(&p).is_absolute() => Some(PathBuf::from(p)),
+                Some(p) => {
+                    return Err(ConfigError::Invalid {
+                        name: "SSHMODE_LAUNCHER",
+                        reason: format!("`{p}` is not an absolute path"),
+                    });
+                }
+                None => running_sshmode(),
+            },
             simulate_no_sandbox: false,
             simulate_non_root: false,
         })
@@ -753,6 +776,19 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(&|k| map.get(k).cloned(), Path::new("/srv/app"))
+    }
+
+    #[test]
+    fn the_launcher_is_an_absolute_path_or_the_running_sshmode() {
+        let c = load(&[("SSHMODE_LAUNCHER", "/usr/local/bin/sshmode")]).unwrap();
+        assert_eq!(
+            c.exec.local.launcher.as_deref(),
+            Some(Path::new("/usr/local/bin/sshmode"))
+        );
+        let e = load(&[("SSHMODE_LAUNCHER", "bin/sshmode")]).unwrap_err();
+        assert!(e.to_string().contains("SSHMODE_LAUNCHER"), "{e}");
+        // This test binary is not `sshmode`: no launcher unless one is named.
+        assert_eq!(load(&[]).unwrap().exec.local.launcher, None);
     }
 
     #[test]

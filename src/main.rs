@@ -51,6 +51,8 @@ enum SessionLogCmd {
 }
 
 fn main() -> ExitCode {
+    // The launcher of local commands: before anything else, while this is one thread.
+    sshmode::exec::local::launch::main_if_launcher();
     let cli = Cli::parse();
     let config = match Config::load() {
         Ok(c) => c,

@@ -168,6 +168,7 @@ impl Session {
             tasks.clone(),
         )?);
         exec.log_local_level();
+        exec.warn_agent_targets(&db).await;
         let term = Arc::new(Terminal::default());
         let control = Arc::new(crate::agent::port::ChatControl {
             db: db.clone(),

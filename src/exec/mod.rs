@@ -250,7 +250,7 @@ impl Executors {
         })
     }
 
-    /// What isolates local tools here (`separate-uid+landlock-v7`, …, `none`).
+    /// What isolates local tools here (`separate-uid+pidns+landlock-v7`, …, `none`).
     pub fn local_level(&self) -> &local::sandbox::Level {
         self.local.level()
     }
@@ -258,6 +258,28 @@ impl Executors {
     /// Logs the local isolation level, with a warning when it is weak or absent.
     pub fn log_local_level(&self) {
         self.local.log_level();
+    }
+
+    /// Warns when local tools may connect to the service user's ssh-agent socket while
+    /// targets authenticate through an agent (a non-root service below Landlock ABI 9).
+    pub async fn warn_agent_targets(&self, db: &PgPool) {
+        if !self.local_level().unix_sockets_open() {
+            return;
+        }
+        let agents: i64 =
+            match sqlx::query_scalar("SELECT count(*) FROM targets WHERE auth_kind = 'agent'")
+                .fetch_one(db)
+                .await
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not count the targets that use an agent");
+                    return;
+                }
+            };
+        if let Some(w) = self.local_level().agent_warning(agents) {
+            tracing::warn!("{w}");
+        }
     }
 
     /// The backend a place names for `section` (a local backend is confined to the section's

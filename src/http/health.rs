@@ -15,9 +15,14 @@ pub fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
-/// Readiness, with the local tools' isolation level as detail (`local-isolation: …`).
+/// Readiness, with the local tools' isolation level as detail (`local-isolation: …`) and what
+/// that level leaves open (`local-isolation-open: …; …`).
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let isolation = format!("local-isolation: {}", state.exec.local_level());
+    let level = state.exec.local_level();
+    let isolation = format!(
+        "local-isolation: {level}\nlocal-isolation-open: {}",
+        level.leaves_open().join("; ")
+    );
     if crate::store::is_ready(&state.db).await {
         (StatusCode::OK, format!("ready\n{isolation}\n"))
     } else {

@@ -1097,7 +1097,7 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
         MODEL,
         call(
             "terminal",
-            json!({"command": "echo $$ > pid; while [ ! -f go ]; do sleep 0.05; done; echo finished"}),
+            json!({"command": format!("echo $$ > pid; : {s}; while [ ! -f go ]; do sleep 0.05; done; echo finished")}),
         ),
     );
     env.llm.push(MODEL, say("should not be sent"));
@@ -1108,10 +1108,6 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
         std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
     })
     .await;
-    let pid = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .to_string();
     // Another runner claims the section (as after an expired lease): the generation moves on.
     sqlx::query(
         "UPDATE turn_sections SET generation = generation + 1, holder = 'elsewhere',
@@ -1121,8 +1117,14 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
     .execute(&env.app.state.db)
     .await
     .unwrap();
+    // The command runs in a PID namespace of its own: found here by the section id in its
+    // command line, not by the pid it sees.
     wait_for("the command to be killed", 10, || async {
-        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            e.file_name().to_string_lossy().parse::<u32>().is_ok()
+                && std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&s))
+        })
     })
     .await;
     // Nothing marks the old runner's end; give it time to try writes (none may land).

@@ -13,9 +13,15 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::database::fresh_database;
 
-/// Builds a [`Config`] from explicit variables (the process environment is not read).
+/// Builds a [`Config`] from explicit variables (the process environment is not read). The
+/// service runs inside this test binary, so the launcher of local commands is the built
+/// `sshmode` (unless `vars` names one).
 pub fn config_from(vars: &HashMap<String, String>, cwd: &Path) -> Config {
-    Config::from_vars(&|k| vars.get(k).cloned(), cwd).expect("test config")
+    let get = |k: &str| match (vars.get(k), k) {
+        (None, "SSHMODE_LAUNCHER") => Some(env!("CARGO_BIN_EXE_sshmode").to_string()),
+        (v, _) => v.cloned(),
+    };
+    Config::from_vars(&get, cwd).expect("test config")
 }
 
 /// A running service for one test.

@@ -285,28 +285,308 @@ async fn a_fifo_does_not_pin_a_file_read() {
     assert_eq!(ops.read_bytes("pipe").await.unwrap(), b"x");
 }
 
+/// How many live processes of the machine (as this test sees `/proc`, outside any namespace
+/// of a command) have `marker` in their command line.
+fn processes_with(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| text(c).contains(marker))
+        .count()
+}
+
+/// A marker no other test or run uses, for a process's command line.
+fn marker(what: &str) -> String {
+    format!("{what}-{}", uuid::Uuid::new_v4().simple())
+}
+
 #[tokio::test]
 async fn a_background_process_does_not_outlive_its_command() {
     let app = TestApp::spawn().await;
     let ops = local_ops(&app, "omt_bg").await;
-    let r = run(&ops, "sleep 300 >/dev/null 2>&1 & echo $!").await;
-    assert!(r.output.exit.success(), "{r:?}");
-    let pid: u32 = text(&r.output.stdout).trim().parse().unwrap();
-    eventually(
-        "the background process to die",
-        async || match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            Err(_) => true,
-            Ok(s) => s
-                .lines()
-                .any(|l| l.starts_with("State:") && l.contains('Z')),
-        },
+    let m = marker("bg");
+    let r = run(
+        &ops,
+        &format!("sh -c 'sleep 300; : {m}' >/dev/null 2>&1 & echo started"),
     )
+    .await;
+    assert!(r.output.exit.success(), "{r:?}");
+    eventually("the background process to die", async || {
+        processes_with(&m) == 0
+    })
     .await;
 }
 
+/// `setsid` leaves the command's session and process group, not its PID namespace: when the
+/// command ends, so does everything it started.
+#[tokio::test]
+async fn a_setsid_process_does_not_outlive_its_command() {
+    assert!(
+        is_root(),
+        "the PID namespace needs a root service, as CI runs it"
+    );
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_setsid").await;
+    let m = marker("setsid");
+    let r = run(
+        &ops,
+        &format!(
+            "setsid sh -c 'sleep 999; : {m}' >/dev/null 2>&1 < /dev/null & sleep 0.5; echo started"
+        ),
+    )
+    .await;
+    assert!(r.output.exit.success(), "{r:?}");
+    assert_eq!(text(&r.output.stdout), "started\n");
+    eventually("the setsid process to die", async || {
+        processes_with(&m) == 0
+    })
+    .await;
+}
+
+/// Each command has its own PID namespace and `/proc`: it sees its own processes only, not
+/// another section's running script; `/proc/self` works under Landlock; the shell, its
+/// sequences and pipelines run as usual as PID 1.
+#[tokio::test]
+async fn a_command_sees_only_its_own_processes() {
+    assert!(
+        is_root(),
+        "the PID namespace needs a root service, as CI runs it"
+    );
+    let app = TestApp::spawn().await;
+    let a = local_ops(&app, "omt_ps_a").await;
+    let b = local_ops(&app, "omt_ps_b").await;
+    let theirs = marker("other-section");
+    let other = {
+        let theirs = theirs.clone();
+        tokio::spawn(async move {
+            run_for(
+                &b,
+                &format!("sh -c 'sleep 60; : {theirs}'"),
+                Duration::from_secs(8),
+            )
+            .await
+        })
+    };
+    eventually("the other section's command to run", async || {
+        processes_with(&theirs) > 0
+    })
+    .await;
+    let mine = marker("own");
+    let r = run(
+        &a,
+        &format!(
+            "echo {mine} >/dev/null; for p in $(ls /proc | grep -E '^[0-9]+$'); do printf '%s ' $p; tr '\\0' ' ' < /proc/$p/cmdline; echo; done; grep -c . /proc/self/status; true; true; echo piped | tr a-z A-Z | cat"
+        ),
+    )
+    .await;
+    assert!(r.output.exit.success(), "{r:?}");
+    let out = text(&r.output.stdout);
+    assert!(
+        !out.contains(&theirs),
+        "another section's script is visible:\n{out}"
+    );
+    assert!(
+        out.contains(&mine),
+        "the command does not see itself:\n{out}"
+    );
+    let pids: Vec<&str> = out
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .next()
+                .is_some_and(|p| p.parse::<u32>().is_ok())
+                && l.contains(' ')
+        })
+        .collect();
+    assert!(
+        pids.len() <= 8,
+        "more than the command's own processes:\n{out}"
+    );
+    assert!(out.starts_with("1 "), "the shell is not PID 1:\n{out}");
+    assert!(out.ends_with("PIPED\n"), "{out}");
+    let status_lines: usize = out.lines().rev().nth(1).unwrap().parse().unwrap();
+    assert!(
+        status_lines > 10,
+        "/proc/self/status is not readable:\n{out}"
+    );
+    // Nor through the file tools: the other command's /proc entry, by its pid here.
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| text(&c).contains(&theirs)))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("the other section's command runs");
+    let seen = a
+        .read_bytes(&format!("/proc/{pid}/cmdline"))
+        .await
+        .unwrap_or_default();
+    assert!(
+        !text(&seen).contains(&theirs),
+        "read through read_file: {}",
+        text(&seen)
+    );
+    let r = other.await.unwrap();
+    assert_eq!(r.output.exit, Exit::TimedOut);
+}
+
+/// A timeout and a cancellation (`/stop`) end the whole namespace: background and `setsid`
+/// processes included, and a shell that ignores TERM.
+#[tokio::test]
+async fn timeouts_and_stop_end_everything() {
+    assert!(
+        is_root(),
+        "the PID namespace needs a root service, as CI runs it"
+    );
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_end").await;
+    let m = marker("ends");
+    let script = format!(
+        "trap '' TERM; sh -c 'sleep 999; : {m}' & setsid sh -c 'trap \"\" TERM; sleep 999; : {m}' & sleep 999"
+    );
+    let r = run_for(&ops, &script, Duration::from_secs(2)).await;
+    assert_eq!(r.output.exit, Exit::TimedOut);
+    eventually("a timed-out command's processes to die", async || {
+        processes_with(&m) == 0
+    })
+    .await;
+    let cancel = CancellationToken::new();
+    let stopped = {
+        let ops = local_ops(&app, "omt_end").await;
+        let cancel = cancel.clone();
+        let script = script.clone();
+        tokio::spawn(async move {
+            ops.terminal(
+                &script,
+                RunOptions {
+                    timeout: Some(Duration::from_secs(60)),
+                    ..Default::default()
+                },
+                &cancel,
+            )
+            .await
+            .unwrap()
+        })
+    };
+    eventually("the command to start", async || processes_with(&m) >= 2).await;
+    cancel.cancel();
+    let r = tokio::time::timeout(Duration::from_secs(15), stopped)
+        .await
+        .expect("a stopped command ends")
+        .unwrap();
+    assert_eq!(r.output.exit, Exit::Cancelled);
+    eventually("a stopped command's processes to die", async || {
+        processes_with(&m) == 0
+    })
+    .await;
+}
+
+/// The file tools act as the tools account, so the kernel decides: a file in a directory that
+/// account cannot search is not read, and a root-owned read-only file is not replaced.
+#[tokio::test]
+async fn file_tools_have_the_tools_accounts_rights() {
+    assert!(
+        is_root(),
+        "the tools account needs a root service, as CI runs it"
+    );
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_rights").await;
+    ops.write_file("mine.txt", b"mine").await.unwrap();
+    assert_eq!(ops.read_bytes("mine.txt").await.unwrap(), b"mine");
+    let home = std::path::PathBuf::from(ops.backend().home().await.unwrap());
+    let closed = home.join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(closed.join("f"), b"root's").unwrap();
+    std::fs::set_permissions(closed.join("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = ops
+        .read_file(&closed.join("f").display().to_string(), ReadRange::Whole)
+        .await
+        .expect_err("a file behind a closed directory was read");
+    assert!(e.to_string().contains("ermission denied"), "{e}");
+    let ro = home.join("ro.txt");
+    std::fs::write(&ro, b"original").unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let e = ops
+        .write_file(&ro.display().to_string(), b"overwritten")
+        .await
+        .expect_err("a root-owned read-only file was replaced");
+    assert!(e.to_string().contains("ermission denied"), "{e}");
+    assert_eq!(std::fs::read(&ro).unwrap(), b"original");
+    // The service's own files stay out of reach through the helper too.
+    let key = app.state.config.master_key_file.display().to_string();
+    assert!(ops.read_bytes(&key).await.is_err());
+    // What the helper writes is the tools account's.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(home.join("mine.txt")).unwrap();
+    assert_ne!(meta.uid(), 0);
+}
+
+/// A launcher that cannot set a command up fails it, with its reason: here the ruleset it was
+/// told to apply is missing, so the command must not run at all.
+#[test]
+fn a_launcher_that_cannot_set_up_does_not_run_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("ran");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args([
+            sshmode::exec::local::launch::SUBCOMMAND,
+            "run",
+            "--landlock",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(format!("touch {}", flag.display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(sshmode::exec::local::launch::SETUP_FAILED),
+        "{out:?}"
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(sshmode::exec::local::launch::ERROR_PREFIX),
+        "{err}"
+    );
+    assert!(err.contains("ruleset") || err.contains("landlock"), "{err}");
+    assert!(!flag.exists(), "the command ran without its sandbox");
+}
+
+/// Without a launcher that works, a root service says so in its level (no `pidns`).
+#[tokio::test]
+async fn without_a_launcher_the_level_has_no_pidns() {
+    assert!(is_root(), "this test needs root, as CI runs it");
+    let app = TestApp::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let vars = [
+        (
+            "SSHMODE_DATA_DIR".to_string(),
+            dir.path().join("d").display().to_string(),
+        ),
+        ("SSHMODE_LAUNCHER".to_string(), "/bin/false".to_string()),
+    ]
+    .into_iter()
+    .collect();
+    let config = config_from(&vars, dir.path());
+    let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
+    let exec = Executors::new(&config.exec, app.state.db.clone(), vault).unwrap();
+    let level = exec.local_level();
+    assert!(!level.pidns, "{level}");
+    assert!(!level.to_string().contains("pidns"), "{level}");
+    assert!(
+        level.leaves_open().iter().any(|o| o.contains("setsid")),
+        "{:?}",
+        level.leaves_open()
+    );
+}
+
 /// Every command leads a session of its own, without a controlling terminal: it cannot open
-/// the terminal of `sshmode chat` as `/dev/tty` or type into it with `TIOCSTI`, and it is still
-/// the leader of the process group the backend kills.
+/// the terminal of `sshmode chat` as `/dev/tty` or type into it with `TIOCSTI`. (Its launcher
+/// leads the process group the backend kills.)
 #[tokio::test]
 async fn a_command_has_a_session_of_its_own_without_a_terminal() {
     let app = TestApp::spawn().await;
@@ -360,8 +640,9 @@ async fn the_reported_level_is_what_the_kernel_offers() {
         None
     };
     let expected = match (is_root(), landlock) {
-        (true, Some(l)) => format!("separate-uid+{l}"),
-        (true, None) => "separate-uid".into(),
+        (true, Some(l)) => format!("separate-uid+pidns+{l}"),
+        (true, None) => "separate-uid+pidns".into(),
+        (false, Some(l)) if abi < 9 => format!("{l}+open-unix-sockets"),
         (false, Some(l)) => l,
         (false, None) => "none".into(),
     };
@@ -373,6 +654,12 @@ async fn the_reported_level_is_what_the_kernel_offers() {
         body.contains(&format!("local-isolation: {expected}\n")),
         "{body}"
     );
+    let open = format!(
+        "local-isolation-open: {}\n",
+        app.state.exec.local_level().leaves_open().join("; ")
+    );
+    assert!(body.contains(&open), "{body}");
+    assert!(is_root() || body.contains("service's own uid"), "{body}");
     if is_root() {
         let ops = local_ops(&app, "omt_id").await;
         let r = run(&ops, "id -un; id -u").await;
@@ -606,10 +893,15 @@ async fn without_a_tools_account_landlock_alone_confines() {
     let exec = Executors::new(&config.exec, app.state.db.clone(), vault).unwrap();
     let abi = sshmode::exec::local::sandbox::kernel_landlock_abi();
     assert!(abi > 0, "this test needs a kernel with Landlock");
+    // Below ABI 9 a same-uid tool may connect to the user's unix sockets: the level says so.
+    let suffix = if abi < 9 { "+open-unix-sockets" } else { "" };
     assert_eq!(
         exec.local_level().to_string(),
-        format!("landlock-v{}", abi.min(9))
+        format!("landlock-v{}{suffix}", abi.min(9))
     );
+    let open = exec.local_level().leaves_open().join("\n");
+    assert!(open.contains("service's own uid"), "{open}");
+    assert!(abi >= 9 || open.contains("ssh-agent"), "{open}");
     let a = exec.ops_for("omt_nr_a", &Place::Local).await.unwrap();
     let b = exec.ops_for("omt_nr_b", &Place::Local).await.unwrap();
     let r = run(&a, "id -u; echo mine > m; cat m").await;

@@ -3,8 +3,11 @@
 //! the system trees. Every path is opened with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_MAGICLINKS)` from a descriptor of its root, so a symlink (even one swapped in
 //! while we work) cannot lead outside; only regular files are opened, without blocking (a FIFO
-//! is refused, not waited on). When the service runs as root, a file the tools account could
-//! not read is refused too, and what is written belongs to that account.
+//! is refused, not waited on). An existing file is replaced only if the caller may write it.
+//! Under root these functions run in the launcher's helper ([`super::launch`]) as the tools
+//! account, so the kernel decides; without the launcher they run in the service, which then
+//! refuses a file the tools account could not read by its own mode, and gives what it writes
+//! to that account.
 //!
 //! A write replaces the named entry atomically (temporary file beside it, then rename): a
 //! symlink at that name is replaced by the file, never written through.
@@ -155,6 +158,22 @@ pub fn write(roots: &Roots, path: &str, data: &[u8]) -> Result<(), ExecError> {
     } else {
         0o644
     };
+    // Replacing a file is writing it: the caller must be allowed to write the file itself,
+    // not only the directory (which lets anyone who may write it rename over any file).
+    // SAFETY: valid descriptor and NUL-terminated name.
+    if existing
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && unsafe {
+            libc::faccessat(
+                parent.as_raw_fd(),
+                cname.as_ptr(),
+                libc::W_OK,
+                libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW,
+            )
+        } != 0
+    {
+        return Err(io_err(path, std::io::Error::last_os_error()));
+    }
     let tmp = CString::new(format!(
         ".{}.sshmode-{}",
         name.to_string_lossy(),

@@ -4,7 +4,9 @@
 //! Landlock sandbox and under resource limits ([`sandbox`]). File operations open paths
 //! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
 //! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
-//! command's end the whole group is killed, so nothing it started outlives it.
+//! command's end the whole group is killed, so nothing it started outlives it. Under root both
+//! go through the launcher ([`launch`]): each command in a PID namespace of its own (which ends
+//! with it, `setsid` processes included), each file operation as the tools account.
 //!
 //! At every call the workspace and the tmp directory are opened afresh beneath their roots
 //! without following any symlink ([`LocalBackend::open_dirs`]); that one pair of descriptors
@@ -18,8 +20,10 @@
 //! unboundedly for output after a kill (a process that left the group may hold the pipe).
 
 pub mod files;
+pub mod launch;
 pub mod sandbox;
 
+use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -324,10 +328,9 @@ impl Backend for LocalBackend {
             .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
             .map_err(|e| ExecError::Local(e.to_string()))?;
         let shell = LocalHost::shell();
-        let mut command = tokio::process::Command::new(shell);
+        let mut command = prepared.command(shell, &[OsStr::new("-c"), OsStr::new(cmd.script)]);
+        let launched = prepared.launched();
         command
-            .arg("-c")
-            .arg(cmd.script)
             .env_clear()
             .envs(sandbox.environment(&self.workspace, &self.tmp, shell))
             .stdin(if cmd.stdin.is_some() {
@@ -338,7 +341,6 @@ impl Backend for LocalBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        prepared.apply(&mut command);
         let spawned = command.spawn();
         drop(prepared);
         let mut child =
@@ -416,6 +418,16 @@ impl Backend for LocalBackend {
         group.0 = None;
         let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
         let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
+        if launched
+            && exit == Exit::Code(launch::SETUP_FAILED)
+            && let Some(why) = stderr.strip_prefix(launch::ERROR_PREFIX.as_bytes())
+        {
+            // The launcher could not isolate the command, which therefore never ran.
+            return Err(ExecError::Local(format!(
+                "the command was not started: {}",
+                String::from_utf8_lossy(why).trim()
+            )));
+        }
         Ok(Output {
             stdout,
             stderr,
@@ -427,6 +439,21 @@ impl Backend for LocalBackend {
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
         let dirs = self.open_dirs()?;
+        if self.host.sandbox.launcher().is_some() {
+            let out = self
+                .file_helper(&dirs, "read", path, offset, len, None)
+                .await?;
+            if out.len() < 8 {
+                return Err(ExecError::Local(format!(
+                    "{path}: the file helper answered too little"
+                )));
+            }
+            let (size, data) = out.split_at(8);
+            return Ok(FileBytes {
+                data: data.to_vec(),
+                size: u64::from_be_bytes(size.try_into().expect("8 bytes")),
+            });
+        }
         let roots = self.file_roots(&dirs);
         let path = path.to_string();
         blocking_file_op(&path.clone(), move || {
@@ -437,10 +464,110 @@ impl Backend for LocalBackend {
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
         let dirs = self.open_dirs()?;
+        if self.host.sandbox.launcher().is_some() {
+            self.file_helper(&dirs, "write", path, 0, 0, Some(data))
+                .await?;
+            return Ok(());
+        }
         let roots = self.file_roots(&dirs);
         let path = path.to_string();
         let data = data.to_vec();
         blocking_file_op(&path.clone(), move || files::write(&roots, &path, &data)).await
+    }
+}
+
+impl LocalBackend {
+    /// One file operation through the launcher's helper, as the tools account under this
+    /// call's sandbox: the kernel decides what it may read and write. Bounded by
+    /// [`FILE_TIMEOUT`]; the answer by `len` (plus its 8-byte size), its error by 64 KiB.
+    async fn file_helper(
+        &self,
+        dirs: &Dirs,
+        op: &str,
+        path: &str,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Result<Vec<u8>, ExecError> {
+        let roots = self.file_roots(dirs);
+        let request = launch::FileRequest {
+            op: op.to_string(),
+            path: path.to_string(),
+            offset,
+            len,
+            writable: roots.writable,
+            readable: roots.readable,
+            excluded: roots.excluded,
+            workspace: self.workspace.clone(),
+            tmp: self.tmp.clone(),
+        };
+        let prepared = self
+            .host
+            .sandbox
+            .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
+            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let mut command = prepared
+            .file_command(&request)
+            .ok_or_else(|| ExecError::Local("no launcher for the file helper".into()))?;
+        command
+            .env_clear()
+            .stdin(if data.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let spawned = command.spawn();
+        drop(prepared);
+        let mut child =
+            spawned.map_err(|e| ExecError::Local(format!("cannot start the file helper: {e}")))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let data = data.map(<[u8]>::to_vec);
+        let work = async move {
+            let feed = async {
+                if let (Some(mut pipe), Some(data)) = (stdin, data) {
+                    // A helper that failed before reading closes the pipe: its error says why.
+                    let _ = pipe.write_all(&data).await;
+                    let _ = pipe.shutdown().await;
+                }
+            };
+            let mut out = Vec::new();
+            let mut err = Vec::new();
+            let mut stdout = stdout.take(len.saturating_add(8));
+            let mut stderr = stderr.take(64 * 1024);
+            let read_out = stdout.read_to_end(&mut out);
+            let read_err = stderr.read_to_end(&mut err);
+            let (_, o, e) = tokio::join!(feed, read_out, read_err);
+            o.and(e)
+                .map_err(|e| ExecError::Local(format!("{path}: reading the file helper: {e}")))?;
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| ExecError::Local(format!("waiting for the file helper: {e}")))?;
+            Ok::<_, ExecError>((status, out, err))
+        };
+        let (status, out, err) = match tokio::time::timeout(FILE_TIMEOUT, work).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ExecError::File(format!(
+                    "{path}: the file operation did not finish within {FILE_TIMEOUT:?}"
+                )));
+            }
+        };
+        match status.code() {
+            Some(0) => Ok(out),
+            Some(1) => Err(launch::decode_error(&err)),
+            _ => Err(ExecError::Local(format!(
+                "{path}: the file helper failed ({status}): {}",
+                String::from_utf8_lossy(&err)
+                    .trim()
+                    .trim_start_matches(launch::ERROR_PREFIX)
+            ))),
+        }
     }
 }
 

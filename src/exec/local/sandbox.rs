@@ -12,11 +12,16 @@
 //! into the terminal of `sshmode chat` (`TIOCSTI`) nor open it as `/dev/tty`; it is still the
 //! leader of its own process group, which is what the backend kills.
 //!
+//! With a launcher (root, the start-up probe passed: the level has `pidns`) the hook only does
+//! `setsid`, `fchdir` and places this call's descriptors at the launcher's fixed numbers; the
+//! rest is done by [`launch`], in a PID namespace, from the arguments [`Prepared::command`]
+//! builds. Without one, the level says so and what that leaves open ([`Level::leaves_open`]).
+//!
 //! Never: passes a variable of the service's environment that is not on the allow-list; grants
 //! a tool anything in the data directory but its own workspace and temporary directory; runs a
 //! local command when nothing is enforced unless the operator opted in.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -29,6 +34,7 @@ use landlock::{
     Scope,
 };
 
+use super::launch;
 use crate::config::LocalConfig;
 
 /// The highest Landlock ABI whose rights this module asks for. Best effort: an older kernel
@@ -71,26 +77,90 @@ const MAX_RULES: usize = 4096;
 pub struct Level {
     /// Local commands run as the tools account, not as the service.
     pub separate_uid: bool,
+    /// Each command runs through the launcher in a PID namespace with its own `/proc`, and
+    /// the file tools through its helper as the tools account (the start-up probe passed).
+    pub pidns: bool,
     /// The Landlock ABI a restriction was actually enforced at (`None`: not enforced).
     pub landlock_abi: Option<i32>,
 }
+
+/// The Landlock ABI that stops connects to pathname unix sockets.
+const ABI_UNIX_SOCKETS: i32 = 9;
 
 impl Level {
     /// Whether anything separates a tool from the service.
     pub fn is_enforced(&self) -> bool {
         self.separate_uid || self.landlock_abi.is_some()
     }
+
+    /// A tool shares the service's uid and Landlock does not filter unix socket connects: it
+    /// may connect to every pathname socket of that user (ssh-agent, D-Bus, `systemd --user`).
+    pub fn unix_sockets_open(&self) -> bool {
+        !self.separate_uid && self.landlock_abi.is_some_and(|v| v < ABI_UNIX_SOCKETS)
+    }
+
+    /// The start-up warning when `agent_targets` targets authenticate through an agent whose
+    /// socket a local tool may connect to at this level.
+    pub fn agent_warning(&self, agent_targets: i64) -> Option<String> {
+        (self.unix_sockets_open() && agent_targets > 0).then(|| {
+            format!(
+                "{agent_targets} SSH target(s) authenticate through an agent (--agent), and local \
+                 tools, which share the service's account below Landlock ABI 9, may connect to \
+                 its socket (SSH_AUTH_SOCK) and sign with its keys; run the service as root or \
+                 on a kernel with Landlock ABI 9, or use keys stored by the service"
+            )
+        })
+    }
+
+    /// What a local tool can still see or reach at this level, one phrase each.
+    pub fn leaves_open(&self) -> Vec<&'static str> {
+        let mut open = Vec::new();
+        if !self.is_enforced() {
+            open.push("everything the service's account can reach: nothing is enforced");
+            return open;
+        }
+        if !self.separate_uid {
+            open.push("the service's own uid (files and processes of that user that Landlock does not cover)");
+        }
+        if self.unix_sockets_open() {
+            open.push("every pathname unix socket of the service's user (ssh-agent, D-Bus, systemd --user)");
+        } else if self.landlock_abi.is_some_and(|v| v < ABI_UNIX_SOCKETS) {
+            open.push("pathname unix sockets the tools account may write to");
+        }
+        if !self.pidns {
+            open.push("every process of the machine in /proc (command lines, working directories)");
+            open.push("a process that calls setsid outlives its command");
+        }
+        if self.landlock_abi.is_none() {
+            open.push("every file the tools account may read by its permissions");
+        }
+        open.push("the network, unless SSHMODE_LOCAL_TCP_PORTS is set (Landlock V4+)");
+        open
+    }
 }
 
 impl fmt::Display for Level {
-    /// `separate-uid+landlock-v7`, `separate-uid`, `landlock-v3` or `none`.
+    /// `separate-uid+pidns+landlock-v7`, `separate-uid+landlock-v7`, `separate-uid`,
+    /// `landlock-v9`, `landlock-v7+open-unix-sockets` (a non-root service below ABI 9) or
+    /// `none`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.separate_uid, self.landlock_abi) {
-            (true, Some(v)) => write!(f, "separate-uid+landlock-v{v}"),
-            (true, None) => f.write_str("separate-uid"),
-            (false, Some(v)) => write!(f, "landlock-v{v}"),
-            (false, None) => f.write_str("none"),
+        let mut parts = Vec::new();
+        if self.separate_uid {
+            parts.push("separate-uid".to_string());
         }
+        if self.pidns {
+            parts.push("pidns".to_string());
+        }
+        if let Some(v) = self.landlock_abi {
+            parts.push(format!("landlock-v{v}"));
+        }
+        if parts.is_empty() {
+            return f.write_str("none");
+        }
+        if self.unix_sockets_open() {
+            parts.push("open-unix-sockets".to_string());
+        }
+        f.write_str(&parts.join("+"))
     }
 }
 
@@ -114,6 +184,8 @@ pub struct Sandbox {
     level: Level,
     /// Paths no rule may cover: the data directory and the protected files.
     excluded: Vec<PathBuf>,
+    /// The launcher every command and file operation goes through (root, probe passed).
+    launcher: Option<PathBuf>,
 }
 
 /// Why a local command cannot run.
@@ -156,9 +228,11 @@ impl Sandbox {
             landlock: false,
             level: Level {
                 separate_uid: false,
+                pidns: false,
                 landlock_abi: None,
             },
             excluded,
+            launcher: None,
         };
         sandbox.prepare_dirs(workspace_root, tmp_root)?;
         if sandbox.identity.is_none() && !config.simulate_no_sandbox {
@@ -174,11 +248,20 @@ impl Sandbox {
             sandbox.probe_landlock(workspace_root)
         };
         sandbox.landlock = abi.is_some();
+        if sandbox.identity.is_some() {
+            sandbox.launcher = probe_launcher(config.launcher.as_deref());
+        }
         sandbox.level = Level {
             separate_uid: sandbox.identity.is_some(),
+            pidns: sandbox.launcher.is_some(),
             landlock_abi: abi,
         };
         Ok(sandbox)
+    }
+
+    /// The launcher commands and file operations go through, when the level has `pidns`.
+    pub fn launcher(&self) -> Option<&Path> {
+        self.launcher.as_deref()
     }
 
     /// What is enforced on every local command.
@@ -207,7 +290,23 @@ impl Sandbox {
 
     /// Logs the level once (start-up); warns when the operator runs tools unsandboxed.
     pub fn log(&self) {
-        tracing::info!(local.isolation = %self.level, local.user = self.identity.as_ref().map(|i| i.name.as_str()).unwrap_or("-"), "local tool isolation");
+        tracing::info!(local.isolation = %self.level, local.user = self.identity.as_ref().map(|i| i.name.as_str()).unwrap_or("-"), local.leaves_open = %self.level.leaves_open().join("; "), "local tool isolation");
+        if self.identity.is_some() && self.launcher.is_none() {
+            tracing::warn!(
+                launcher = %self.config.launcher.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
+                "local commands run without a PID namespace (the launcher is not configured \
+                 or could not create one): a tool sees every process of the machine and a \
+                 `setsid` process outlives its command; set SSHMODE_LAUNCHER to the sshmode \
+                 binary, on a kernel and in a container that allow unshare(CLONE_NEWPID)"
+            );
+        }
+        if self.level.unix_sockets_open() {
+            tracing::warn!(
+                "Landlock below ABI 9 does not filter unix socket connects, and local tools \
+                 share the service's account: a tool may connect to every pathname socket of \
+                 that user (ssh-agent, D-Bus, systemd --user)"
+            );
+        }
         if !self.level.is_enforced() {
             if self.config.unsandboxed {
                 tracing::warn!(
@@ -451,9 +550,14 @@ impl Sandbox {
         if self.identity.is_some() {
             limits.push((libc::RLIMIT_NPROC, c.max_processes));
         }
+        let tmp = tmp
+            .try_clone()
+            .map_err(|e| SandboxError::Setup(format!("the tmp descriptor: {e}")))?;
         Ok(Prepared {
             ruleset,
             cwd,
+            tmp,
+            launcher: self.launcher.clone(),
             identity: self.identity.clone(),
             limits,
             // SAFETY: geteuid has no preconditions.
@@ -490,6 +594,10 @@ pub struct Prepared {
     /// The workspace, opened by the backend for this call: the child's working directory
     /// (`fchdir`; closed on exec).
     cwd: OwnedFd,
+    /// The tmp directory, opened by the backend for this call (for the file helper).
+    tmp: OwnedFd,
+    /// The launcher to go through (see [`super::launch`]); `None`: the hook does it all.
+    launcher: Option<PathBuf>,
     identity: Option<Identity>,
     limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Empty the capability bounding set (the service runs as root): a command never regains
@@ -498,9 +606,115 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Whether this call goes through the launcher.
+    pub fn launched(&self) -> bool {
+        self.launcher.is_some()
+    }
+
+    /// The command that runs `program args…` under this sandbox: through the launcher (in its
+    /// namespaces) when there is one, else forked with [`Prepared::apply`]'s hook. `program`
+    /// must be absolute. `self` must outlive the spawn.
+    pub fn command(&self, program: &str, args: &[&OsStr]) -> tokio::process::Command {
+        match &self.launcher {
+            Some(launcher) => {
+                let mut cmd = tokio::process::Command::new(launcher);
+                cmd.arg(launch::SUBCOMMAND)
+                    .arg("run")
+                    .args(self.setup().to_args())
+                    .arg("--")
+                    .arg(program)
+                    .args(args);
+                self.hand_over(&mut cmd);
+                cmd
+            }
+            None => {
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(args);
+                self.apply(&mut cmd);
+                cmd
+            }
+        }
+    }
+
+    /// The file helper's command for `request`, or `None` without a launcher (the file tools
+    /// then act in the service's process). `self` must outlive the spawn.
+    pub fn file_command(&self, request: &launch::FileRequest) -> Option<tokio::process::Command> {
+        let launcher = self.launcher.as_ref()?;
+        let mut cmd = tokio::process::Command::new(launcher);
+        cmd.arg(launch::SUBCOMMAND)
+            .arg("file")
+            .args(self.setup().to_args())
+            .arg("--")
+            .arg(launch::json_arg(request));
+        self.hand_over(&mut cmd);
+        Some(cmd)
+    }
+
+    /// What the launcher applies, as its arguments say.
+    fn setup(&self) -> launch::Setup {
+        launch::Setup {
+            identity: self
+                .identity
+                .as_ref()
+                .map(|i| (i.uid, i.gid, i.groups.clone())),
+            limits: self.limits.clone(),
+            drop_capabilities: self.drop_capabilities,
+            landlock: self.ruleset.is_some(),
+        }
+    }
+
+    /// The hook of a launched call: a session of its own, the workspace as working directory,
+    /// and this call's descriptors at the launcher's fixed numbers (each first duplicated
+    /// above them, closed on exec, so no placement overwrites a source still to be placed).
+    fn hand_over(&self, cmd: &mut tokio::process::Command) {
+        let cwd = self.cwd.as_raw_fd();
+        let mut fds = [
+            (-1, launch::RULESET_FD),
+            (cwd, launch::WORKSPACE_FD),
+            (self.tmp.as_raw_fd(), launch::TMP_FD),
+        ];
+        if let Some(r) = &self.ruleset {
+            fds[0].0 = r.as_raw_fd();
+        }
+        // SAFETY: the closure only makes system calls on values moved into it before the
+        // fork; it neither allocates nor takes a lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::fchdir(cwd) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut high = [-1; 3];
+                for (i, (src, _)) in fds.iter().enumerate() {
+                    if *src >= 0 {
+                        high[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64);
+                        if high[i] < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                }
+                for (i, (_, target)) in fds.iter().enumerate() {
+                    let placed = if high[i] >= 0 {
+                        libc::dup2(high[i], *target)
+                    } else {
+                        // No ruleset: nothing of the service may sit at that number.
+                        libc::close(*target);
+                        0
+                    };
+                    if placed < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
     /// Installs the child's side on `cmd`: its own session, the workspace as its working
     /// directory, then limits, identity and the sandbox. `self` must outlive the spawn.
-    pub fn apply(&self, cmd: &mut tokio::process::Command) {
+    fn apply(&self, cmd: &mut tokio::process::Command) {
         let fd = self.ruleset.as_ref().map(|f| f.as_raw_fd());
         let cwd = self.cwd.as_raw_fd();
         let identity = self
@@ -555,6 +769,50 @@ impl Prepared {
             });
         }
     }
+}
+
+/// Whether `launcher` can create the namespaces a command runs in: it runs the launcher's
+/// `probe` (bounded), which must end with 0. `None` when there is no launcher or it cannot.
+fn probe_launcher(launcher: Option<&Path>) -> Option<PathBuf> {
+    let launcher = launcher?;
+    let mut child = match std::process::Command::new(launcher)
+        .args([launch::SUBCOMMAND, "probe"])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(launcher = %launcher.display(), error = %e, "the launcher cannot be started");
+            return None;
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    if status.is_some_and(|s| s.success()) {
+        return Some(launcher.to_path_buf());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = (&mut e).take(4096).read_to_string(&mut err);
+    }
+    tracing::warn!(launcher = %launcher.display(), status = ?status, error = %err.trim(), "the launcher's namespace probe failed");
+    None
 }
 
 /// The Landlock ABI this kernel offers (0 when it has none).
@@ -705,15 +963,40 @@ mod tests {
 
     #[test]
     fn level_names() {
-        let l = |separate_uid, landlock_abi| Level {
+        let l = |separate_uid, pidns, landlock_abi| Level {
             separate_uid,
+            pidns,
             landlock_abi,
         };
-        assert_eq!(l(true, Some(7)).to_string(), "separate-uid+landlock-v7");
-        assert_eq!(l(false, Some(3)).to_string(), "landlock-v3");
-        assert_eq!(l(true, None).to_string(), "separate-uid");
-        assert_eq!(l(false, None).to_string(), "none");
-        assert!(!l(false, None).is_enforced());
-        assert!(l(false, Some(1)).is_enforced());
+        assert_eq!(
+            l(true, true, Some(7)).to_string(),
+            "separate-uid+pidns+landlock-v7"
+        );
+        assert_eq!(
+            l(true, false, Some(7)).to_string(),
+            "separate-uid+landlock-v7"
+        );
+        assert_eq!(l(false, false, Some(9)).to_string(), "landlock-v9");
+        assert_eq!(
+            l(false, false, Some(3)).to_string(),
+            "landlock-v3+open-unix-sockets"
+        );
+        assert_eq!(l(true, false, None).to_string(), "separate-uid");
+        assert_eq!(l(false, false, None).to_string(), "none");
+        assert!(!l(false, false, None).is_enforced());
+        assert!(l(false, false, Some(1)).is_enforced());
+        // What is left open is named, and what is enforced is not.
+        let open = l(false, false, Some(7)).leaves_open().join("\n");
+        assert!(
+            open.contains("ssh-agent") && open.contains("setsid"),
+            "{open}"
+        );
+        let open = l(true, true, Some(9)).leaves_open().join("\n");
+        assert!(!open.contains("setsid") && !open.contains("unix"), "{open}");
+        // Agent targets are warned about only where their socket is reachable.
+        assert!(l(false, false, Some(7)).agent_warning(2).is_some());
+        assert!(l(false, false, Some(7)).agent_warning(0).is_none());
+        assert!(l(false, false, Some(9)).agent_warning(2).is_none());
+        assert!(l(true, true, Some(7)).agent_warning(2).is_none());
     }
 }
