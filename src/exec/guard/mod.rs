@@ -12,9 +12,9 @@
 //! expanded text, brace words, wrappers or CPU time the command is refused, never judged in
 //! part.
 //!
-//! The stages, one file each:
-//! - [`parse`]: reads the command as bash would (quoting, substitutions, arithmetic,
-//!   here-documents) into tokens; [`parse::simple_commands`] offers the same split to others.
+//! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]): it
+//! reads commands with the core's parser and sees through wrappers with the core's command
+//! table. Its stages, one file each:
 //! - `expand`: words to arguments — braces, parameters, `IFS` splitting, known output of
 //!   `echo`/`printf`; unknown values are judged as possibly empty.
 //! - `check`: walks the command in execution order, tracks assignments and `cd` from the
@@ -35,17 +35,13 @@ use regex::{Regex, RegexBuilder};
 
 mod check;
 mod expand;
-pub mod parse;
 mod rules;
 
+pub(crate) use crate::shell::abbreviate;
+pub use crate::shell::{MAX_DEPTH, MAX_INPUT};
 use check::Checker;
-pub(crate) use check::{SHELLS, basename};
 use expand::Env;
 
-/// Longest command the guard examines; longer ones are refused.
-pub const MAX_INPUT: usize = 64 * 1024;
-/// Deepest nesting of shells, `eval`, substitutions and arithmetic the guard follows.
-pub const MAX_DEPTH: usize = 8;
 /// Total characters lexed and expanded per check (all nesting levels together).
 const BUDGET: usize = 1 << 20;
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
@@ -226,16 +222,6 @@ fn too_deep() -> Refusal {
              check; flatten it"
         ),
     )
-}
-
-/// The first `max` characters of `s`, with `…` when it was longer.
-pub(crate) fn abbreviate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut out: String = s.chars().take(max).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! read-write rules (deleting commands, writers and their destinations, wrappers and nested
 //! scripts) and the shell preamble that disarms a repository's own configuration for `git`
 //! at `read`. It reads scripts with the command guard's tokenizer
-//! ([`crate::exec::guard::parse`]) and fails closed: a script it cannot parse is refused, and
+//! ([`crate::shell::parse`]) and its command table ([`crate::shell::spec`]) and fails closed: a script it cannot parse is refused, and
 //! so is any word a rule depends on whose value is only known when it runs.
 //!
 //! It never runs anything, never touches the filesystem (paths are normalised lexically; the
@@ -30,7 +30,7 @@
 
 use std::fmt;
 
-use crate::exec::guard::parse::{RedirectKind, ShellWord, SimpleCommand};
+use crate::shell::parse::{RedirectKind, ShellWord, SimpleCommand};
 
 #[cfg(test)]
 mod hostile;
@@ -125,7 +125,7 @@ impl Denied {
     pub fn new(permission: Permission, what: impl Into<String>, why: impl Into<String>) -> Denied {
         Denied {
             permission,
-            what: crate::exec::guard::abbreviate(&what.into(), MAX_WHAT),
+            what: crate::shell::abbreviate(&what.into(), MAX_WHAT),
             why: why.into(),
             needed: permission.next(),
         }
