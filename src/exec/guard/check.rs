@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use super::ask::risky_rules;
 use super::expand::{Env, Field, MAX_LOOP_VALUES, echo_output};
 use super::rules::{builtin_rules, shown, write_target};
 use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Refusal, abbreviate, too_deep};
@@ -30,6 +31,11 @@ pub(super) struct Checker<'g> {
     cpu_start: Duration,
     /// Spends since the CPU clock was last read (reading it is a system call).
     since_clock: u32,
+    /// The first reason found to ask a person; the walk goes on, since a refusal later in
+    /// the command outweighs it.
+    ask: Option<Refusal>,
+    /// Whether the simple command being judged reads the output of a pipe.
+    in_pipe: bool,
 }
 
 /// How many spends pass between two readings of the CPU clock.
@@ -43,7 +49,18 @@ impl<'g> Checker<'g> {
             cpu_limit,
             cpu_start: thread_cpu_time(),
             since_clock: 0,
+            ask: None,
+            in_pipe: false,
         }
+    }
+
+    /// The first reason to ask found by the walk.
+    pub(super) fn into_ask(self) -> Option<Refusal> {
+        self.ask
+    }
+
+    fn note_ask(&mut self, r: Refusal) {
+        self.ask.get_or_insert(r);
     }
 
     /// Charges `n` units of work; refuses once the text budget or the CPU budget is spent.
@@ -80,7 +97,10 @@ impl<'g> Checker<'g> {
         self.spend(src.len())?;
         self.operator_rules(src)?;
         let toks = Lexer::new(src, depth).lex().map_err(|TooDeep| too_deep())?;
-        self.tokens(&toks, env, depth)
+        let in_pipe = self.in_pipe;
+        let judged = self.tokens(&toks, env, depth);
+        self.in_pipe = in_pipe;
+        judged
     }
 
     fn tokens(&mut self, toks: &[Tok], env: &mut Env, depth: usize) -> Result<(), Refusal> {
@@ -101,6 +121,8 @@ impl<'g> Checker<'g> {
         let mut redirs: Vec<&Redir> = Vec::new();
         // Output of the previous simple command when it is known text and piped into this one.
         let mut piped: Option<String> = None;
+        // Whether this one reads a pipe at all.
+        let mut after_pipe = false;
         for tok in toks.iter().map(Some).chain([None]) {
             match tok {
                 Some(Tok::Word(w)) => words.push(w),
@@ -113,16 +135,15 @@ impl<'g> Checker<'g> {
                     if words.is_empty() && redirs.is_empty() {
                         if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
                             piped = None;
+                            after_pipe = matches!(tok, Some(Tok::Op(Op::Pipe)));
                         }
                         continue;
                     }
                     self.spend(words.len() + redirs.len())?;
+                    self.in_pipe = after_pipe;
                     let out = self.simple(&words, &redirs, env, depth, piped.take())?;
-                    piped = if matches!(tok, Some(Tok::Op(Op::Pipe))) {
-                        out
-                    } else {
-                        None
-                    };
+                    after_pipe = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                    piped = if after_pipe { out } else { None };
                     words.clear();
                     redirs.clear();
                 }
@@ -497,6 +518,9 @@ impl<'g> Checker<'g> {
             return Ok(None);
         }
         builtin_rules(&args, env)?;
+        if let Some(r) = risky_rules(&args, self.in_pipe) {
+            self.note_ask(r);
+        }
         if let Some("cd" | "pushd") = args[0].val().map(basename) {
             change_directory(&args[1..], env);
         }
@@ -640,10 +664,17 @@ impl<'g> Checker<'g> {
                 }
                 self.script(script.text(), &mut inner, depth + 1)?;
             }
-        } else if i >= rest.len()
-            && let Some(input) = stdin
-        {
-            self.script(&input, &mut env.clone(), depth + 1)?;
+        } else if i >= rest.len() {
+            match stdin {
+                Some(input) => self.script(&input, &mut env.clone(), depth + 1)?,
+                None if self.in_pipe => self.note_ask(Refusal::ask(
+                    "pipe-to-shell",
+                    "it pipes text known only when it runs (fetched or decoded) into a shell, \
+                     so nobody can see what it will do"
+                        .into(),
+                )),
+                None => {}
+            }
         }
         Ok(())
     }

@@ -20,6 +20,11 @@
 //! - `check`: walks the command in execution order, tracks assignments and `cd` from the
 //!   caller's [`Context`], strips wrappers, follows nested scripts, spends the budget.
 //! - `rules`: what is refused, on one normalised command or write target.
+//! - `ask`: what a person should decide (risky or opaque, not catastrophic).
+//!
+//! Its answer is a [`Verdict`] ([`Guard::assess`]): `refuse`, `ask` or `allow`; a refusal
+//! anywhere in a command outweighs every ask. Until approvals exist, [`Guard::check`] refuses
+//! an `ask` too, with a message naming the reason.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
 //! matched against the raw text and against every normalised simple command.
@@ -33,6 +38,9 @@ use std::time::Duration;
 
 use regex::{Regex, RegexBuilder};
 
+use crate::shell::Verdict;
+
+mod ask;
 mod check;
 mod expand;
 mod rules;
@@ -69,12 +77,18 @@ pub struct Context<'a> {
     pub env: &'a [(String, String)],
 }
 
-/// instead, written for the model that asked.
+/// Why a command may not run now: refused outright, or (`verdict` [`Verdict::Ask`]) risky
+/// enough that a person should decide, which is refused too until approvals exist — written
+/// for the model that asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
     /// Stable rule id (`recursive-delete`, `device-write`, `operator`, …) for metrics and logs.
     pub rule: String,
+    /// [`Verdict::Refuse`] or [`Verdict::Ask`]; never [`Verdict::Allow`].
+    pub verdict: Verdict,
+    /// Why, in a sentence: what an approval card shows (for a refusal, the message itself).
+    pub reason: String,
     /// What was refused and why, phrased so the caller can act on it.
     pub message: String,
 }
@@ -83,9 +97,33 @@ impl Refusal {
     pub(super) fn new(rule: &str, message: String) -> Refusal {
         Refusal {
             rule: rule.to_owned(),
+            verdict: Verdict::Refuse,
+            reason: message.clone(),
             message,
         }
     }
+
+    /// A command a person should decide on. Until approvals exist it is refused, with a
+    /// message naming the reason.
+    pub(super) fn ask(rule: &str, reason: String) -> Refusal {
+        Refusal {
+            rule: rule.to_owned(),
+            verdict: Verdict::Ask,
+            message: format!(
+                "refused: this needs a person's approval, and approving commands is not \
+                 available yet: {reason}; do it another way or ask the user to run it"
+            ),
+            reason,
+        }
+    }
+}
+
+/// The guard's answer for one command: its verdict, and why when it is not `allow`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub verdict: Verdict,
+    /// Present unless the verdict is `allow`.
+    pub refusal: Option<Refusal>,
 }
 
 /// Problems building a guard from operator configuration.
@@ -185,12 +223,41 @@ impl Guard {
         self.check_with(command, context, CPU_BUDGET)
     }
 
+    /// The verdict on one command in `context`: `refuse` (catastrophic, or past a bound),
+    /// `ask` (risky or opaque: a person should decide) or `allow`. A refusal anywhere in the
+    /// command outweighs any number of asks.
+    pub fn assess(&self, command: &str, context: &Context<'_>) -> Assessment {
+        match self.assess_with(command, context, CPU_BUDGET) {
+            Ok(None) => Assessment {
+                verdict: Verdict::Allow,
+                refusal: None,
+            },
+            Ok(Some(r)) | Err(r) => Assessment {
+                verdict: r.verdict,
+                refusal: Some(r),
+            },
+        }
+    }
+
     fn check_with(
         &self,
         command: &str,
         context: &Context<'_>,
         cpu: Duration,
     ) -> Result<(), Refusal> {
+        match self.assess_with(command, context, cpu)? {
+            Some(ask) => Err(ask),
+            None => Ok(()),
+        }
+    }
+
+    /// `Err`: refused; `Ok(Some)`: the first reason to ask; `Ok(None)`: allowed.
+    fn assess_with(
+        &self,
+        command: &str,
+        context: &Context<'_>,
+        cpu: Duration,
+    ) -> Result<Option<Refusal>, Refusal> {
         if command.len() > MAX_INPUT {
             return Err(Refusal::new(
                 "too-long",
@@ -209,7 +276,9 @@ impl Guard {
         for (name, value) in context.env {
             env.set(name.clone(), Some(value.clone()));
         }
-        Checker::new(self, BUDGET, cpu).script(command, &mut env, 0)
+        let mut checker = Checker::new(self, BUDGET, cpu);
+        checker.script(command, &mut env, 0)?;
+        Ok(checker.into_ask())
     }
 }
 
@@ -236,6 +305,20 @@ pub(super) mod testing {
             Ok(()) => panic!("allowed, expected `{rule}`: {cmd}"),
             Err(r) => assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message),
         }
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_asked(cmd: &str, rule: &str) {
+        let a = Guard::default().assess(cmd, &super::Context::default());
+        let r = a
+            .refusal
+            .unwrap_or_else(|| panic!("allowed, expected to ask (`{rule}`): {cmd}"));
+        assert_eq!(a.verdict, super::Verdict::Ask, "{cmd}: {}", r.message);
+        assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message);
+        // Until approvals exist, `check` refuses it, naming the reason.
+        let refused = Guard::default().check(cmd).unwrap_err();
+        assert!(refused.message.contains(&r.reason), "{}", refused.message);
+        assert!(refused.message.contains("approval"), "{}", refused.message);
     }
 
     #[track_caller]

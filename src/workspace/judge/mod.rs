@@ -6,9 +6,10 @@
 //! It owns the read-only allow-list (commands and their refused options, as tables), the
 //! read-write rules (deleting commands, writers and their destinations, wrappers and nested
 //! scripts) and the shell preamble that disarms a repository's own configuration for `git`
-//! at `read`. It reads scripts with the command guard's tokenizer
-//! ([`crate::shell::parse`]) and its command table ([`crate::shell::spec`]) and fails closed: a script it cannot parse is refused, and
-//! so is any word a rule depends on whose value is only known when it runs.
+//! at `read`. It is the second policy over the shell core: it reads scripts with
+//! [`crate::shell::parse`] and unwraps commands with the table of [`crate::shell::spec`], and
+//! fails closed: a script it cannot parse is refused, and so is any word a rule depends on
+//! whose value is only known when it runs.
 //!
 //! It never runs anything, never touches the filesystem (paths are normalised lexically; the
 //! caller resolves symlinks for the file tools) and never rewrites a command. It does not
