@@ -429,73 +429,73 @@ mod tests {
         assert!(Guard::from_file(None).unwrap().check("ls").is_ok());
     }
 
-    /// Arbitrary input never panics or hangs: every answer is a yes or a refusal.
-    #[test]
-    fn arbitrary_input_never_panics() {
-        let alphabet: Vec<char> = "rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%"
-            .chars()
-            .collect();
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let g = Guard::default();
-        for _ in 0..20_000 {
-            let len = (next() % 48) as usize;
-            let s: String = (0..len)
-                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-                .collect();
-            let _ = g.check(&s);
+    /// Text fragments that stress the nesting paths, glued at random.
+    const PIECES: &[&str] = &[
+        "$(",
+        ")",
+        "`",
+        "'",
+        "\"",
+        "${",
+        "}",
+        "<<E\n",
+        "\nE\n",
+        "sh -c ",
+        "eval ",
+        "<(",
+        "for x in / a; do ",
+        "; done",
+        "f(){ ",
+        " f|f& }",
+        "cd / ; ",
+        "rm -rf ",
+        "X=rm; $X ",
+        "${Y:-/}",
+        "{a,b}",
+        "((",
+        "))",
+        "$((",
+        "$[",
+        "]",
+        "x<<2",
+        "coproc ",
+        "su -lc ",
+        "IFS=, ",
+        "X+=/",
+        "/bin/r? ",
+        "find / -delete ",
+        "xargs -I{} ",
+        "env -S '",
+        "$'\\x72'",
+        " | sh",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// Arbitrary input never panics or hangs: every answer is a verdict.
+        #[test]
+        fn arbitrary_input_never_panics(
+            chars in proptest::collection::vec(
+                proptest::sample::select("rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%".chars().collect::<Vec<_>>()),
+                0..48,
+            )
+        ) {
+            let s: String = chars.into_iter().collect();
+            let _ = Guard::default().assess(&s, &Context::default());
         }
-        // Structured fragments glued at random stress the nesting paths.
-        let pieces = [
-            "$(",
-            ")",
-            "`",
-            "'",
-            "\"",
-            "${",
-            "}",
-            "<<E\n",
-            "\nE\n",
-            "sh -c ",
-            "eval ",
-            "<(",
-            "for x in / a; do ",
-            "; done",
-            "f(){ ",
-            " f|f& }",
-            "cd / ; ",
-            "rm -rf ",
-            "X=rm; $X ",
-            "${Y:-/}",
-            "{a,b}",
-            "((",
-            "))",
-            "$((",
-            "$[",
-            "]",
-            "x<<2",
-            "coproc ",
-            "su -lc ",
-            "IFS=, ",
-            "X+=/",
-            "/bin/r? ",
-            "find / -delete ",
-            "xargs -I{} ",
-            "env -S '",
-            "$'\\x72'",
-            " | sh",
-        ];
-        for _ in 0..5_000 {
-            let n = (next() % 12) as usize;
-            let s: String = (0..n)
-                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
-                .collect();
-            let _ = g.check(&s);
+
+        /// Structured fragments glued at random never panic either, and `check` refuses
+        /// exactly what is not allowed.
+        #[test]
+        fn glued_fragments_never_panic(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..12)
+        ) {
+            let s = parts.concat();
+            let g = Guard::default();
+            let a = g.assess(&s, &Context::default());
+            proptest::prop_assert_eq!(a.verdict == Verdict::Allow, g.check(&s).is_ok());
+            proptest::prop_assert_eq!(a.refusal.is_none(), a.verdict == Verdict::Allow);
         }
     }
 }

@@ -490,66 +490,62 @@ mod tests {
         assert!(inside("/a", "/a") && inside("/a", "/a/b") && !inside("/a", "/ab"));
     }
 
-    #[test]
-    fn arbitrary_input_never_panics() {
-        let pieces = [
-            "rm ",
-            "cp ",
-            "tar ",
-            "git ",
-            "sudo ",
-            "xargs ",
-            "find ",
-            "sed -i",
-            "sh -c ",
-            "cd ",
-            "-",
-            "--",
-            "-t",
-            "-C",
-            "=",
-            "/",
-            "..",
-            "~",
-            "$X",
-            "$(",
-            ")",
-            "`",
-            "'",
-            "\"",
-            "{}",
-            "{a,b}",
-            "*",
-            ";",
-            "&&",
-            "|",
-            ">",
-            ">>",
-            "<",
-            "<<E\n",
-            "\nE\n",
-            "é",
-            "😀",
-            " ",
-            "\n",
-            "-exec ",
-            "\\;",
-            "of=",
-            "--target=",
-            "-uo",
-        ];
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for _ in 0..20_000 {
-            let len = (next() % 16) as usize;
-            let script: String = (0..len)
-                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
-                .collect();
+    const PIECES: &[&str] = &[
+        "rm ",
+        "cp ",
+        "tar ",
+        "git ",
+        "sudo ",
+        "xargs ",
+        "find ",
+        "sed -i",
+        "sh -c ",
+        "cd ",
+        "-",
+        "--",
+        "-t",
+        "-C",
+        "=",
+        "/",
+        "..",
+        "~",
+        "$X",
+        "$(",
+        ")",
+        "`",
+        "'",
+        "\"",
+        "{}",
+        "{a,b}",
+        "*",
+        ";",
+        "&&",
+        "|",
+        ">",
+        ">>",
+        "<",
+        "<<E\n",
+        "\nE\n",
+        "é",
+        "😀",
+        " ",
+        "\n",
+        "-exec ",
+        "\\;",
+        "of=",
+        "--target=",
+        "-uo",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// Arbitrary scripts and paths never panic: every answer is a yes or a refusal.
+        #[test]
+        fn arbitrary_input_never_panics(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..16)
+        ) {
+            let script = parts.concat();
             for p in Permission::ALL {
                 let _ = check_command(p, &script, &SCOPE);
                 let _ = check_write_path(p, &script, &SCOPE);
