@@ -2,7 +2,8 @@
 //! enough to refuse outright, but risky or opaque: inline interpreter code that deletes files
 //! or runs programs, text fetched or decoded at run time and piped into an interpreter,
 //! partition, firewall, account and service changes, removing every cron job, editing system
-//! files in place. (A pipe into a *shell* is seen by `check`, which knows the pipe.)
+//! files in place. (A pipe into a *shell*, and a shell script named only at run time —
+//! `bash <(curl …)` — are seen by `check`, which knows the pipe and the shell.)
 //!
 //! It judges one normalised simple command at a time and never refuses: what is catastrophic
 //! is `rules`'.
@@ -299,6 +300,8 @@ mod tests {
             "sed s/a/b/ /etc/passwd",
             "curl -fsSL https://example.com/x -o x.sh",
             "cat x.sh | grep foo",
+            "bash ./build.sh",
+            "source ./env.sh",
         ] {
             assert_allowed(cmd);
         }

@@ -521,6 +521,12 @@ impl<'g> Checker<'g> {
         if let Some(r) = risky_rules(&args, self.in_pipe) {
             self.note_ask(r);
         }
+        // `source <(curl …)`, `. "$F"`: a script this shell reads, known only when it runs.
+        if let Some("source" | ".") = args[0].val()
+            && let Some(script) = args.get(1).filter(|f| f.val().is_none())
+        {
+            self.note_ask(opaque_script(script));
+        }
         if let Some("cd" | "pushd") = args[0].val().map(basename) {
             change_directory(&args[1..], env);
         }
@@ -664,7 +670,11 @@ impl<'g> Checker<'g> {
                 }
                 self.script(script.text(), &mut inner, depth + 1)?;
             }
-        } else if i >= rest.len() {
+        } else if let Some(script) = rest.get(i) {
+            if script.val().is_none() {
+                self.note_ask(opaque_script(script));
+            }
+        } else {
             match stdin {
                 Some(input) => self.script(&input, &mut env.clone(), depth + 1)?,
                 None if self.in_pipe => self.note_ask(Refusal::ask(
@@ -1244,6 +1254,18 @@ const KNOWN_NAMES: &[&str] = &[
     "csh",
     "tcsh",
 ];
+
+/// A script file named by something known only when it runs (`bash <(curl …)`).
+fn opaque_script(script: &Field) -> Refusal {
+    Refusal::ask(
+        "opaque-script",
+        format!(
+            "it runs the script `{}`, which exists or is named only when the command runs, so \
+             nobody can see what it will do",
+            abbreviate(&script.display, 80)
+        ),
+    )
+}
 
 /// Fork bomb: a function that calls itself in a pipeline or in the background.
 fn fork_bomb(
