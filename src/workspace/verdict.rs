@@ -154,6 +154,32 @@ mod tests {
         }
     }
 
+    /// Drift, checked for good: every wrapper of the one command table, however it passes
+    /// on its command, is seen through by the guard and by the permission judge alike.
+    #[test]
+    fn both_policies_see_through_every_wrapper_in_the_table() {
+        let guard = Guard::default();
+        for w in crate::shell::spec::WRAPPERS {
+            let run = |inner: &str| match w.operands {
+                usize::MAX => {
+                    let c = w.script.0.chars().next().expect("a script option");
+                    format!("{} -{c} '{inner}'", w.name)
+                }
+                n => format!("{} {}{inner}", w.name, "1 ".repeat(n)),
+            };
+            let cmd = run("rm -rf /");
+            let j = judge_command(&guard, Permission::Full, &cmd, &SCOPE);
+            assert_eq!(
+                (j.verdict, j.rule.as_str()),
+                (Verdict::Refuse, "recursive-delete"),
+                "{cmd}"
+            );
+            let cmd = run("rm x");
+            let j = judge_command(&guard, Permission::ReadWrite, &cmd, &SCOPE);
+            assert_eq!((j.verdict, j.by), (Verdict::Refuse, "permission"), "{cmd}");
+        }
+    }
+
     #[test]
     fn a_permission_refusal_outweighs_an_ask() {
         let guard = Guard::default();
