@@ -382,6 +382,7 @@ async fn dispatch(
                     } else {
                         ""
                     },
+                    workspace: Some(workspace_dir.clone()),
                 };
                 let r = ops
                     .terminal(&command, opts, cancel)

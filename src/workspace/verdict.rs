@@ -41,6 +41,7 @@ pub fn judge_command(
         cwd: Some(scope.cwd),
         home: scope.home,
         env: &[],
+        workspace: Some(scope.workspace),
     };
     match guard.assess(command, &context).refusal {
         None => Judgement {
@@ -144,7 +145,12 @@ mod tests {
             let (read, rw, full) = (at(Permission::Read), at(Permission::ReadWrite), at(Permission::Full));
             prop_assert!(read.verdict >= rw.verdict, "read {read:?} < read-write {rw:?}: {command}");
             prop_assert!(rw.verdict >= full.verdict, "read-write {rw:?} < full {full:?}: {command}");
-            let context = Context { cwd: Some(SCOPE.cwd), home: SCOPE.home, env: &[] };
+            let context = Context {
+                cwd: Some(SCOPE.cwd),
+                home: SCOPE.home,
+                env: &[],
+                workspace: Some(SCOPE.workspace),
+            };
             prop_assert_eq!(full.verdict, guard.assess(&command, &context).verdict);
             for j in [read, rw, full] {
                 if j.by == "permission" {

@@ -417,6 +417,11 @@ async fn full_is_the_guard_alone(remote: bool) {
                 "terminal",
                 json!({"command": "echo touch asked | base64 -d | sh"}),
             ),
+            // A recursive delete outside the workspace asks too.
+            (
+                "terminal",
+                json!({"command": "rm -rf /tmp/sshmode-elsewhere/x"}),
+            ),
         ],
     )
     .await;
@@ -430,9 +435,10 @@ async fn full_is_the_guard_alone(remote: bool) {
         r[2]
     );
     assert!(!b.dir.join("asked").exists());
+    assert!(r[3].contains("outside the workspace"), "{}", r[3]);
     assert_eq!(
         refusals(&env.app, &section, "guard").await,
-        ["terminal", "terminal"]
+        ["terminal", "terminal", "terminal"]
     );
     let verdicts: Vec<String> = sqlx::query_scalar(
         "SELECT detail->>'verdict' FROM audit_log WHERE action = 'tool.refused' \
@@ -442,7 +448,7 @@ async fn full_is_the_guard_alone(remote: bool) {
     .fetch_all(&env.app.state.db)
     .await
     .unwrap();
-    assert_eq!(verdicts, ["refuse", "ask"]);
+    assert_eq!(verdicts, ["refuse", "ask", "ask"]);
     assert!(refusals(&env.app, &section, "permission").await.is_empty());
 }
 

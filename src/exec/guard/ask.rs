@@ -2,14 +2,14 @@
 //! enough to refuse outright, but risky or opaque: inline interpreter code that deletes files
 //! or runs programs, text fetched or decoded at run time and piped into an interpreter,
 //! partition, firewall, account and service changes, removing every cron job, editing system
-//! files in place. (A pipe into a *shell*, and a shell script named only at run time —
+//! files in place, deleting recursively outside the workspace (when the caller names one). (A pipe into a *shell*, and a shell script named only at run time —
 //! `bash <(curl …)` — are seen by `check`, which knows the pipe and the shell.)
 //!
 //! It judges one normalised simple command at a time and never refuses: what is catastrophic
 //! is `rules`'.
 
 use super::Refusal;
-use super::expand::Field;
+use super::expand::{Env, Field};
 use super::rules::shown;
 use crate::shell::{basename, spec};
 
@@ -93,10 +93,13 @@ const SYSTEM_PREFIXES: &[&str] = &[
 
 /// Whether a person should decide on this simple command, and why. `piped`: it reads the
 /// output of a pipe.
-pub(super) fn risky_rules(args: &[Field], piped: bool) -> Option<Refusal> {
+pub(super) fn risky_rules(args: &[Field], env: &Env, piped: bool) -> Option<Refusal> {
     let name = basename(args.first()?.val()?);
     let cmd = shown(args, 160);
     let rest = &args[1..];
+    if let Some(r) = delete_outside(name, rest, env, &cmd) {
+        return Some(r);
+    }
     let vals = || rest.iter().filter_map(Field::val);
     let has = |list: &[&str]| vals().any(|v| list.contains(&v));
     if let Some(interp) = spec::interpreter(name) {
@@ -157,6 +160,96 @@ fn mentions(text: &str, word: &str) -> bool {
             .next_back()
             .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
     })
+}
+
+/// `rm -r` of anything not inside the workspace, or whose place is known only when it runs.
+fn delete_outside(name: &str, rest: &[Field], env: &Env, cmd: &str) -> Option<Refusal> {
+    let workspace = env.workspace.as_deref()?;
+    if name != "rm" {
+        return None;
+    }
+    let mut recursive = false;
+    let mut operands = Vec::new();
+    let mut options_end = false;
+    for f in rest {
+        match f.val() {
+            Some("--") if !options_end => options_end = true,
+            Some(v) if !options_end && v.starts_with("--") => {
+                recursive |= v.len() > 3 && "--recursive".starts_with(v);
+            }
+            Some(v) if !options_end && v.starts_with('-') && v.len() > 1 => {
+                recursive |= v.contains(['r', 'R']);
+            }
+            _ => operands.push(f),
+        }
+    }
+    if !recursive {
+        return None;
+    }
+    let workspace = lexical("/", workspace)?;
+    for f in operands {
+        let place = f
+            .val()
+            .and_then(|v| place(v, env))
+            .filter(|p| inside(&workspace, p));
+        if place.is_none() {
+            let shown = f.val().unwrap_or(&f.display);
+            return Some(Refusal::ask(
+                "delete-outside",
+                format!(
+                    "`{cmd}` deletes `{shown}` recursively, outside the workspace {workspace} \
+                     (or somewhere known only when it runs)"
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Where `path` is, lexically, from the working directory and the home; `None` if unknown.
+fn place(path: &str, env: &Env) -> Option<String> {
+    if path == "~" || path.starts_with("~/") {
+        return lexical(env.home.as_deref()?, &format!(".{}", &path[1..]));
+    }
+    if path.starts_with('~') {
+        return None;
+    }
+    if path.starts_with('/') {
+        return lexical("/", path);
+    }
+    lexical(env.cwd.as_deref()?, path)
+}
+
+/// `path` taken against the absolute `base`, `.`, `..` and repeated slashes removed.
+fn lexical(base: &str, path: &str) -> Option<String> {
+    if !base.starts_with('/') {
+        return None;
+    }
+    let joined = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("{base}/{path}")
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+/// Whether `path` is strictly beneath `workspace` or the workspace itself.
+fn inside(workspace: &str, path: &str) -> bool {
+    workspace == "/"
+        || path == workspace
+        || path
+            .strip_prefix(workspace)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// `-xyz` contains the letter `c`.
@@ -277,6 +370,45 @@ mod tests {
         ] {
             assert_asked(cmd, rule);
         }
+    }
+
+    #[test]
+    fn recursive_deletes_outside_the_workspace_ask() {
+        use super::super::{Context, Guard, Verdict};
+        let g = Guard::default();
+        let at = |cmd: &str| {
+            let context = Context {
+                cwd: Some("/srv/ws/sub"),
+                home: Some("/home/u"),
+                workspace: Some("/srv/ws"),
+                ..Context::default()
+            };
+            let a = g.assess(cmd, &context);
+            (a.verdict, a.refusal.map(|r| r.rule).unwrap_or_default())
+        };
+        let ask = (Verdict::Ask, "delete-outside".to_owned());
+        for cmd in [
+            "rm -rf /srv/other",
+            "rm -r ../../x",
+            "rm --recursive ~/project",
+            "cd /tmp && rm -rf build",
+            "rm -rf \"$DIR\"",
+            "rm -rf /srv/ws/../wsx",
+        ] {
+            assert_eq!(at(cmd), ask, "{cmd}");
+        }
+        for cmd in [
+            "rm -rf build",
+            "rm -rf ./*",
+            "rm -r ../target /srv/ws/x",
+            "rm /tmp/x",
+            "rm -f /tmp/x",
+        ] {
+            assert_eq!(at(cmd), (Verdict::Allow, String::new()), "{cmd}");
+        }
+        // Without a workspace (`guard check` always has one; a bare `Guard::check` not),
+        // nothing is judged against one.
+        assert!(g.check("rm -rf /srv/other").is_ok());
     }
 
     #[test]

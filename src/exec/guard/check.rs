@@ -518,7 +518,7 @@ impl<'g> Checker<'g> {
             return Ok(None);
         }
         builtin_rules(&args, env)?;
-        if let Some(r) = risky_rules(&args, self.in_pipe) {
+        if let Some(r) = risky_rules(&args, env, self.in_pipe) {
             self.note_ask(r);
         }
         // `source <(curl …)`, `. "$F"`: a script this shell reads, known only when it runs.
@@ -1758,7 +1758,7 @@ mod bounds_and_wrappers {
                 &Context {
                     cwd: Some(cwd),
                     home: Some("/home/me"),
-                    env: &[],
+                    ..Context::default()
                 },
             )
         };

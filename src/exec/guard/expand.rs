@@ -79,6 +79,8 @@ pub(super) struct Env {
     pub(super) cwd: Option<String>,
     /// The home directory as an absolute path, when the caller knows it.
     pub(super) home: Option<String>,
+    /// The workspace (absolute), when the caller knows it: recursive deletes outside it ask.
+    pub(super) workspace: Option<String>,
 }
 
 impl Env {

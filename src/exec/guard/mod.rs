@@ -75,6 +75,9 @@ pub struct Context<'a> {
     pub home: Option<&'a str>,
     /// Variables the call sets for the command.
     pub env: &'a [(String, String)],
+    /// The workspace (absolute): a recursive delete outside it asks a person. `None`: not
+    /// judged.
+    pub workspace: Option<&'a str>,
 }
 
 /// Why a command may not run now: refused outright, or (`verdict` [`Verdict::Ask`]) risky
@@ -271,6 +274,7 @@ impl Guard {
         let mut env = Env {
             cwd: context.cwd.map(str::to_owned),
             home: context.home.map(str::to_owned),
+            workspace: context.workspace.map(str::to_owned),
             ..Env::default()
         };
         for (name, value) in context.env {
