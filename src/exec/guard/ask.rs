@@ -102,8 +102,10 @@ pub(super) fn risky_rules(args: &[Field], env: &Env, piped: bool) -> Option<Refu
     }
     let vals = || rest.iter().filter_map(Field::val);
     let has = |list: &[&str]| vals().any(|v| list.contains(&v));
-    if let Some(interp) = spec::interpreter(name) {
-        return interpreter(interp, name, rest, piped, &cmd);
+    if let Some(interp) = spec::interpreter(name)
+        && let Some(r) = interpreter(interp, name, rest, piped, &cmd)
+    {
+        return Some(r);
     }
     let ask = |rule: &str, why: String| Some(Refusal::ask(rule, format!("`{cmd}` {why}")));
     if PARTITIONERS.contains(&name) && !has(PARTITION_LISTING) {
