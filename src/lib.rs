@@ -23,6 +23,7 @@ pub mod lark;
 pub mod llm;
 pub mod metrics;
 pub mod progress;
+pub mod shell;
 pub mod state;
 pub mod store;
 pub mod target;

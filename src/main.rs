@@ -39,6 +39,9 @@ enum Cmd {
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
+    /// The command guard: `check` prints the verdict on each command read.
+    #[command(subcommand)]
+    Guard(sshmode::workspace::cli::GuardCmd),
 }
 
 #[derive(Debug, Subcommand)]
@@ -129,6 +132,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::control::cli::run(cmd, &config).await,
         Cmd::Chat { section } => sshmode::console::run(config, section).await,
+        Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;
             let stdout = std::io::stdout();

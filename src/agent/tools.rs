@@ -22,6 +22,7 @@ use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
+use crate::shell::Verdict;
 use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
 /// The tool definitions sent with every model call.
@@ -322,15 +323,12 @@ async fn dispatch(
     // The workspace and its permission, judged before anything runs.
     let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
     if let Err(d) = judge::check_tool(ws.permission, tool) {
-        return Err(refused(
-            deps,
-            section,
-            &backend_label,
-            tool,
-            "permission",
-            &d.to_string(),
-        )
-        .await);
+        let r = Refused {
+            by: "permission",
+            verdict: Verdict::Refuse,
+            reason: d.to_string(),
+        };
+        return Err(refused(deps, section, &backend_label, tool, &r).await);
     }
     let ops = match (&place, remote) {
         (Place::Local, _) => deps.exec.local_ops_in(
@@ -362,7 +360,7 @@ async fn dispatch(
         cwd: c,
         home: h.as_deref(),
     });
-    let mut refusal: Option<(&'static str, String)> = None;
+    let mut refusal: Option<Refused> = None;
 
     let limit = deps.config.tool_timeout;
     let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
@@ -384,6 +382,7 @@ async fn dispatch(
                     } else {
                         ""
                     },
+                    workspace: Some(workspace_dir.clone()),
                 };
                 let r = ops
                     .terminal(&command, opts, cancel)
@@ -527,24 +526,43 @@ async fn dispatch(
         store_cwd(deps, section, &backend_name, &now).await;
     }
     match (result, refusal) {
-        (Err(_), Some((by, reason))) => {
-            Err(refused(deps, section, &backend_label, tool, by, &reason).await)
-        }
+        (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, tool, &r).await),
         (result, _) => result,
     }
 }
 
+/// A refusal noted for the audit: by whom (`permission`, `guard`, `workspace`), the verdict
+/// (`refuse`, or `ask` while approvals do not exist) and the text the model gets.
+struct Refused {
+    by: &'static str,
+    verdict: Verdict,
+    reason: String,
+}
+
 /// Notes a refusal for the audit and returns its text.
-fn deny(slot: &mut Option<(&'static str, String)>, by: &'static str, reason: String) -> String {
-    *slot = Some((by, reason.clone()));
+fn deny(slot: &mut Option<Refused>, by: &'static str, reason: String) -> String {
+    deny_as(slot, by, Verdict::Refuse, reason)
+}
+
+fn deny_as(
+    slot: &mut Option<Refused>,
+    by: &'static str,
+    verdict: Verdict,
+    reason: String,
+) -> String {
+    *slot = Some(Refused {
+        by,
+        verdict,
+        reason: reason.clone(),
+    });
     reason
 }
 
 /// An execution error, noting a refusal (by the guard, or of an unsafe local workspace) for
 /// the audit.
-fn guard_err(slot: &mut Option<(&'static str, String)>, e: ExecError) -> String {
+fn guard_err(slot: &mut Option<Refused>, e: ExecError) -> String {
     match e {
-        ExecError::Refused(r) => deny(slot, "guard", r.to_string()),
+        ExecError::Refused(r) => deny_as(slot, "guard", r.verdict, r.to_string()),
         ExecError::Workspace(why) => deny(slot, "workspace", why),
         e => e.to_string(),
     }
@@ -582,8 +600,7 @@ async fn refused(
     section: &str,
     backend: &str,
     tool: &str,
-    by: &'static str,
-    reason: &str,
+    r: &Refused,
 ) -> String {
     let entry = crate::audit::ChatEntry {
         actor: "model",
@@ -591,7 +608,12 @@ async fn refused(
         section: Some(section),
         target: (backend != "local").then_some(backend),
         outcome: "refused",
-        detail: json!({ "tool": tool, "by": by, "reason": clip(reason, 500) }),
+        detail: json!({
+            "tool": tool,
+            "by": r.by,
+            "verdict": r.verdict.as_str(),
+            "reason": clip(&r.reason, 500),
+        }),
     };
     let audited = async {
         let mut conn = deps.db.acquire().await?;
@@ -600,7 +622,7 @@ async fn refused(
     if let Err(e) = audited.await {
         tracing::warn!(turn.section = %section, error = %e, "auditing a refused tool call failed");
     }
-    reason.to_string()
+    r.reason.clone()
 }
 
 fn exec_err(e: ExecError) -> String {

@@ -61,6 +61,9 @@ pub struct RunOptions {
     /// Shell text of ours run before the command in the same shell (e.g. the function
     /// definitions a `read` workspace puts around git); not judged by the guard.
     pub prelude: &'static str,
+    /// The section's workspace on the backend's host, for the guard: a recursive delete
+    /// outside it asks a person.
+    pub workspace: Option<String>,
 }
 
 /// A terminal command's result.
@@ -256,6 +259,7 @@ impl Ops {
             cwd: Some(&cwd),
             home: home.as_deref(),
             env: &opts.env,
+            workspace: opts.workspace.as_deref(),
         };
         self.guard
             .check_in(command, &context)

@@ -1,7 +1,8 @@
 //! Workspaces: per section and backend, a directory on that backend's host, a permission the
 //! task tools enforce, and a mode that shapes the prompt. This module owns what a section may
 //! choose ([`set`], for `/workspace set`), what it has now ([`current`], read at every tool
-//! call), and — in [`judge`] — the permission check made before anything runs.
+//! call), and — in [`judge`] — the permission check made before anything runs; [`verdict`]
+//! puts it together with the command guard, and [`cli`] is `sshmode guard check`.
 //!
 //! A target's maximum permission (`sshmode target set --permission`, default `read-write`) caps
 //! every section on it, at the moment of choosing and again at every call, so an operator who
@@ -13,7 +14,9 @@
 //! Never: runs a command or touches a backend (a remote directory is checked on its host by
 //! the tools, at the call); lets a chat raise a permission above its target's maximum.
 
+pub mod cli;
 pub mod judge;
+pub mod verdict;
 
 use std::path::{Component, Path, PathBuf};
 

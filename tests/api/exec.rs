@@ -432,3 +432,78 @@ async fn an_unknown_target_is_an_error_never_local() {
         Ok(_) => panic!("an unknown target must not yield a backend"),
     }
 }
+
+/// `sshmode guard check`: one `verdict<TAB>reason<TAB>command` line per command read, the
+/// operator's patterns applied, exit 0 whatever the verdicts; `--json`, `--file` and
+/// `--permission` too.
+#[test]
+fn guard_check_prints_a_verdict_per_command_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let patterns = dir.path().join("guard.txt");
+    std::fs::write(&patterns, "^terraform\\s+destroy\n").unwrap();
+    let run = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+            .args(["guard", "check"])
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("SSHMODE_DATA_DIR", dir.path())
+            .env("SSHMODE_GUARD_EXTRA_FILE", &patterns)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = run(
+        &[],
+        "ls\nrm -rf /\npython3 -c 'import os; os.system(\"x\")'\nterraform destroy\n",
+    );
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split('\t').collect()).collect();
+    let verdicts: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(verdicts, ["allow", "refuse", "ask", "refuse"], "{out}");
+    assert!(rows.iter().all(|r| r.len() == 3), "{out}");
+    assert_eq!(rows[3][2], "terraform destroy");
+    assert!(rows[3][1].contains("operator"), "{out}");
+
+    let out = run(&["--permission", "read", "--json"], "touch x\n");
+    let row: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(row["verdict"], "refuse");
+    assert_eq!(row["by"], "permission");
+
+    let file = dir.path().join("commands.txt");
+    std::fs::write(&file, "rm x\n").unwrap();
+    let ws = dir.path().to_str().unwrap();
+    let path = file.to_str().unwrap();
+    let args = [
+        "--permission",
+        "read-write",
+        "--workdir",
+        ws,
+        "--file",
+        path,
+    ];
+    let out = run(&args, "ls\n");
+    assert!(out.starts_with("refuse\t"), "{out}");
+    assert!(out.contains("`read-write`"), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        1,
+        "stdin is not read with --file: {out}"
+    );
+}

@@ -412,13 +412,43 @@ async fn full_is_the_guard_alone(remote: bool) {
                 json!({"command": "rm f && rm -r d && echo gone"}),
             ),
             ("terminal", json!({"command": "rm -rf /"})),
+            // Risky: a person should decide, and until approvals exist it is refused.
+            (
+                "terminal",
+                json!({"command": "echo touch asked | base64 -d | sh"}),
+            ),
+            // A recursive delete outside the workspace asks too.
+            (
+                "terminal",
+                json!({"command": "rm -rf /tmp/sshmode-elsewhere/x"}),
+            ),
         ],
     )
     .await;
     assert!(r[0].contains("gone"), "{}", r[0]);
     assert!(!b.dir.join("f").exists() && !b.dir.join("d").exists());
     assert!(r[1].starts_with("error:"), "{}", r[1]);
-    assert_eq!(refusals(&env.app, &section, "guard").await, ["terminal"]);
+    assert!(r[2].starts_with("error:"), "{}", r[2]);
+    assert!(
+        r[2].contains("approval") && r[2].contains("into a shell"),
+        "{}",
+        r[2]
+    );
+    assert!(!b.dir.join("asked").exists());
+    assert!(r[3].contains("outside the workspace"), "{}", r[3]);
+    assert_eq!(
+        refusals(&env.app, &section, "guard").await,
+        ["terminal", "terminal", "terminal"]
+    );
+    let verdicts: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'verdict' FROM audit_log WHERE action = 'tool.refused' \
+         AND section = $1 AND detail->>'by' = 'guard' ORDER BY id",
+    )
+    .bind(&section)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(verdicts, ["refuse", "ask", "ask"]);
     assert!(refusals(&env.app, &section, "permission").await.is_empty());
 }
 

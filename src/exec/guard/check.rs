@@ -11,12 +11,15 @@
 
 use std::time::Duration;
 
+use super::ask::risky_rules;
 use super::expand::{Env, Field, MAX_LOOP_VALUES, echo_output};
-use super::parse::{
-    Lexer, Op, Part, Redir, RedirKind, Tok, TooDeep, Word, is_identifier, render_source,
-};
 use super::rules::{builtin_rules, shown, write_target};
 use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Refusal, abbreviate, too_deep};
+use crate::shell::basename;
+use crate::shell::parse::{
+    Lexer, Op, Part, Redir, RedirKind, Tok, TooDeep, Word, is_identifier, render_source,
+};
+use crate::shell::spec::{self, SHELLS, is_assignment};
 
 /// One check of one command: the guard's rules and what this check may still spend.
 pub(super) struct Checker<'g> {
@@ -28,6 +31,11 @@ pub(super) struct Checker<'g> {
     cpu_start: Duration,
     /// Spends since the CPU clock was last read (reading it is a system call).
     since_clock: u32,
+    /// The first reason found to ask a person; the walk goes on, since a refusal later in
+    /// the command outweighs it.
+    ask: Option<Refusal>,
+    /// Whether the simple command being judged reads the output of a pipe.
+    in_pipe: bool,
 }
 
 /// How many spends pass between two readings of the CPU clock.
@@ -41,7 +49,18 @@ impl<'g> Checker<'g> {
             cpu_limit,
             cpu_start: thread_cpu_time(),
             since_clock: 0,
+            ask: None,
+            in_pipe: false,
         }
+    }
+
+    /// The first reason to ask found by the walk.
+    pub(super) fn into_ask(self) -> Option<Refusal> {
+        self.ask
+    }
+
+    fn note_ask(&mut self, r: Refusal) {
+        self.ask.get_or_insert(r);
     }
 
     /// Charges `n` units of work; refuses once the text budget or the CPU budget is spent.
@@ -78,7 +97,10 @@ impl<'g> Checker<'g> {
         self.spend(src.len())?;
         self.operator_rules(src)?;
         let toks = Lexer::new(src, depth).lex().map_err(|TooDeep| too_deep())?;
-        self.tokens(&toks, env, depth)
+        let in_pipe = self.in_pipe;
+        let judged = self.tokens(&toks, env, depth);
+        self.in_pipe = in_pipe;
+        judged
     }
 
     fn tokens(&mut self, toks: &[Tok], env: &mut Env, depth: usize) -> Result<(), Refusal> {
@@ -99,6 +121,8 @@ impl<'g> Checker<'g> {
         let mut redirs: Vec<&Redir> = Vec::new();
         // Output of the previous simple command when it is known text and piped into this one.
         let mut piped: Option<String> = None;
+        // Whether this one reads a pipe at all.
+        let mut after_pipe = false;
         for tok in toks.iter().map(Some).chain([None]) {
             match tok {
                 Some(Tok::Word(w)) => words.push(w),
@@ -111,16 +135,15 @@ impl<'g> Checker<'g> {
                     if words.is_empty() && redirs.is_empty() {
                         if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
                             piped = None;
+                            after_pipe = matches!(tok, Some(Tok::Op(Op::Pipe)));
                         }
                         continue;
                     }
                     self.spend(words.len() + redirs.len())?;
+                    self.in_pipe = after_pipe;
                     let out = self.simple(&words, &redirs, env, depth, piped.take())?;
-                    piped = if matches!(tok, Some(Tok::Op(Op::Pipe))) {
-                        out
-                    } else {
-                        None
-                    };
+                    after_pipe = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                    piped = if after_pipe { out } else { None };
                     words.clear();
                     redirs.clear();
                 }
@@ -410,83 +433,22 @@ impl<'g> Checker<'g> {
             }
             let rest = &args[1..];
             let next: Vec<Field> = match basename(name) {
-                "sudo" | "doas" => strip_assignments(skip_options(
-                    rest,
-                    "ugpCDrtTUchR",
-                    &[
-                        "user",
-                        "group",
-                        "prompt",
-                        "close-from",
-                        "chdir",
-                        "role",
-                        "type",
-                        "command-timeout",
-                        "other-user",
-                        "login-class",
-                        "host",
-                        "chroot",
-                    ],
-                )),
                 "env" => self.env_args(rest, depth)?,
-                "nice" => skip_options(rest, "n", &["adjustment"]).to_vec(),
-                "ionice" => {
-                    skip_options(rest, "cnpPu", &["class", "classdata", "pid", "pgid", "uid"])
-                        .to_vec()
-                }
-                "nohup" | "builtin" | "busybox" | "toybox" | "setsid" | "command" | "unbuffer" => {
-                    skip_options(rest, "", &[]).to_vec()
-                }
-                "pkexec" => skip_options(rest, "", &["user"]).to_vec(),
-                "nsenter" => {
-                    skip_options(rest, "tSGW", &["target", "setuid", "setgid", "wdns"]).to_vec()
-                }
-                "systemd-run" => skip_options(
-                    rest,
-                    "puEMH",
-                    &[
-                        "property",
-                        "unit",
-                        "description",
-                        "slice",
-                        "uid",
-                        "gid",
-                        "nice",
-                        "working-directory",
-                        "setenv",
-                        "machine",
-                        "host",
-                        "on-active",
-                        "on-boot",
-                        "on-startup",
-                        "on-unit-active",
-                        "on-unit-inactive",
-                        "on-calendar",
-                        "timer-property",
-                        "path-property",
-                        "socket-property",
-                        "service-type",
-                    ],
-                )
-                .to_vec(),
-                "chroot" => {
-                    let after = skip_options(rest, "", &["userspec", "groups"]);
-                    match after.get(1..) {
-                        Some(cmd) if !cmd.is_empty() => cmd.to_vec(),
-                        // No command: chroot starts a shell, which reads its input.
-                        _ => {
-                            self.shell(&[], env, depth, stdin)?;
-                            return Ok(None);
-                        }
+                "watch" => {
+                    let after = skip_options(rest, "n", &["interval"]);
+                    let exec = rest[..rest.len() - after.len()]
+                        .iter()
+                        .filter_map(Field::val)
+                        .any(|v| v == "-x" || (v.starts_with("--e") && "--exec".starts_with(v)));
+                    if exec {
+                        after.to_vec()
+                    } else {
+                        // `watch CMD ARGS` joins its words and runs them with `sh -c`.
+                        let text = after.iter().map(Field::text).collect::<Vec<_>>().join(" ");
+                        self.script(&text, &mut env.clone(), depth + 1)?;
+                        return Ok(None);
                     }
                 }
-                "exec" => skip_options(rest, "a", &[]).to_vec(),
-                "time" => skip_options(rest, "of", &["output", "format"]).to_vec(),
-                "stdbuf" => skip_options(rest, "ioe", &["input", "output", "error"]).to_vec(),
-                "timeout" => skip_options(rest, "sk", &["signal", "kill-after"])
-                    .get(1..)
-                    .unwrap_or_default()
-                    .to_vec(),
                 "xargs" => xargs(rest, stdin.take()),
                 "eval" => {
                     let text = rest.iter().map(Field::text).collect::<Vec<_>>().join(" ");
@@ -536,7 +498,18 @@ impl<'g> Checker<'g> {
                     self.shell(rest, env, depth, stdin)?;
                     return Ok(None);
                 }
-                _ => break,
+                other => match spec::wrapper(other) {
+                    Some(w) => match self.wrapped(w, rest, env, depth)? {
+                        Some(cmd) if !cmd.is_empty() => cmd,
+                        Some(_) if w.bare_shell => {
+                            // No command: it starts a shell, which reads its input.
+                            self.shell(&[], env, depth, stdin)?;
+                            return Ok(None);
+                        }
+                        _ => return Ok(None),
+                    },
+                    None => break,
+                },
             };
             args = next;
             unwrapped += 1;
@@ -545,6 +518,15 @@ impl<'g> Checker<'g> {
             return Ok(None);
         }
         builtin_rules(&args, env)?;
+        if let Some(r) = risky_rules(&args, env, self.in_pipe) {
+            self.note_ask(r);
+        }
+        // `source <(curl …)`, `. "$F"`: a script this shell reads, known only when it runs.
+        if let Some("source" | ".") = args[0].val()
+            && let Some(script) = args.get(1).filter(|f| f.val().is_none())
+        {
+            self.note_ask(opaque_script(script));
+        }
         if let Some("cd" | "pushd") = args[0].val().map(basename) {
             change_directory(&args[1..], env);
         }
@@ -558,6 +540,93 @@ impl<'g> Checker<'g> {
             }
             _ => echo_output(&args),
         })
+    }
+
+    /// A wrapper from the command table: follows the scripts its options run and returns
+    /// the command it runs (`None`: it runs none).
+    fn wrapped(
+        &mut self,
+        w: &spec::Wrapper,
+        rest: &[Field],
+        env: &Env,
+        depth: usize,
+    ) -> Result<Option<Vec<Field>>, Refusal> {
+        let mut scripts: Vec<String> = Vec::new();
+        let mut i = 0;
+        // Options may come before and between the operands (`flock FILE -c SCRIPT`).
+        let mut operands = 0;
+        'words: loop {
+            while let Some(v) = rest.get(i).and_then(Field::val) {
+                if v == "--" {
+                    // What follows is operands, then the command.
+                    i += 1 + w.operands.saturating_sub(operands).min(rest.len());
+                    break 'words;
+                }
+                if let Some(long) = v.strip_prefix("--") {
+                    let (name, inline) = match long.split_once('=') {
+                        Some((n, a)) => (n, Some(a.to_owned())),
+                        None => (long, None),
+                    };
+                    let arg = match inline {
+                        Some(a) => Some(a),
+                        None if spec::long_option_is(name, w.long_with_arg) => {
+                            i += 1;
+                            rest.get(i).map(|f| f.text().to_owned())
+                        }
+                        None => None,
+                    };
+                    if spec::long_option_is(name, w.script.1) {
+                        scripts.extend(arg);
+                    }
+                    i += 1;
+                    continue;
+                }
+                if v.starts_with('-') && v.len() > 1 {
+                    for (k, c) in v.char_indices().skip(1) {
+                        if w.no_command.contains(c) {
+                            return Ok(None);
+                        }
+                        if w.with_arg.contains(c) {
+                            let attached = &v[k + c.len_utf8()..];
+                            let arg = if attached.is_empty() {
+                                i += 1;
+                                rest.get(i).map(|f| f.text().to_owned())
+                            } else {
+                                Some(attached.to_owned())
+                            };
+                            if w.script.0.contains(c) {
+                                scripts.extend(arg);
+                            }
+                            break;
+                        }
+                    }
+                    i += 1;
+                    continue;
+                }
+                if w.assignments && is_assignment(v) {
+                    i += 1;
+                    continue;
+                }
+                break;
+            }
+            if operands >= w.operands || i >= rest.len() {
+                break;
+            }
+            operands += 1;
+            i += 1;
+        }
+        for script in scripts {
+            self.script(&script, &mut env.clone(), depth + 1)?;
+        }
+        if w.operands == usize::MAX {
+            return Ok(None);
+        }
+        let cmd = rest.get(i..).unwrap_or_default();
+        Ok(Some(if w.assignments {
+            strip_assignments(cmd)
+        } else {
+            cmd.to_vec()
+        }))
     }
 
     fn shell(
@@ -601,10 +670,21 @@ impl<'g> Checker<'g> {
                 }
                 self.script(script.text(), &mut inner, depth + 1)?;
             }
-        } else if i >= rest.len()
-            && let Some(input) = stdin
-        {
-            self.script(&input, &mut env.clone(), depth + 1)?;
+        } else if let Some(script) = rest.get(i) {
+            if script.val().is_none() {
+                self.note_ask(opaque_script(script));
+            }
+        } else {
+            match stdin {
+                Some(input) => self.script(&input, &mut env.clone(), depth + 1)?,
+                None if self.in_pipe => self.note_ask(Refusal::ask(
+                    "pipe-to-shell",
+                    "it pipes text known only when it runs (fetched or decoded) into a shell, \
+                     so nobody can see what it will do"
+                        .into(),
+                )),
+                None => {}
+            }
         }
         Ok(())
     }
@@ -805,7 +885,8 @@ impl<'g> Checker<'g> {
             return Err(too_deep());
         }
         let pattern = basename(args[0].val().unwrap_or_default());
-        for candidate in KNOWN_NAMES {
+        let table = spec::WRAPPERS.iter().map(|w| w.name);
+        for candidate in KNOWN_NAMES.iter().copied().chain(table) {
             if !super::rules::glob_match(pattern, candidate) {
                 continue;
             }
@@ -902,15 +983,6 @@ fn change_directory(rest: &[Field], env: &mut Env) {
         Some(Some(dir)) if dir.starts_with('/') || dir.starts_with('~') => Some(dir.to_owned()),
         Some(Some(dir)) => env.cwd.as_ref().map(|cwd| format!("{cwd}/{dir}")),
     };
-}
-
-pub(crate) fn basename(name: &str) -> &str {
-    name.rsplit('/').next().unwrap_or(name)
-}
-
-fn is_assignment(v: &str) -> bool {
-    v.split_once('=')
-        .is_some_and(|(n, _)| is_identifier(n.strip_suffix('+').unwrap_or(n)))
 }
 
 fn strip_assignments(args: &[Field]) -> Vec<Field> {
@@ -1183,11 +1255,17 @@ const KNOWN_NAMES: &[&str] = &[
     "tcsh",
 ];
 
-/// Names that run their `-c` argument (or their standard input) as a shell script.
-pub(crate) const SHELLS: &[&str] = &[
-    "sh", "bash", "rbash", "zsh", "dash", "ksh", "mksh", "pdksh", "ash", "yash", "posh", "fish",
-    "csh", "tcsh",
-];
+/// A script file named by something known only when it runs (`bash <(curl …)`).
+fn opaque_script(script: &Field) -> Refusal {
+    Refusal::ask(
+        "opaque-script",
+        format!(
+            "it runs the script `{}`, which exists or is named only when the command runs, so \
+             nobody can see what it will do",
+            abbreviate(&script.display, 80)
+        ),
+    )
+}
 
 /// Fork bomb: a function that calls itself in a pipeline or in the background.
 fn fork_bomb(
@@ -1595,6 +1673,39 @@ mod bounds_and_wrappers {
         assert_allowed("su - deploy");
     }
 
+    /// Wrappers the guard once missed while the judge knew them: both read one table now.
+    #[test]
+    fn every_wrapper_in_the_command_table_is_seen_through() {
+        for cmd in [
+            "taskset 1 rm -rf /",
+            "taskset -c 0 rm -rf /",
+            "chrt -f 10 rm -rf /",
+            "flock /tmp/l -c 'rm -rf /'",
+            "flock --command='rm -rf /' /tmp/l",
+            "flock /tmp/l rm -rf /",
+            "strace -o /tmp/t rm -rf /",
+            "watch rm -rf /",
+            "watch -n 5 'rm -rf /'",
+            "watch -x rm -rf /",
+            "script -qc 'rm -rf /' /dev/null",
+            "script --command 'rm -rf /'",
+            "unshare -m rm -rf /",
+            "unbuffer rm -rf /",
+            // An abbreviated long option takes its argument as the full one does.
+            "sudo --chd /tmp rm -rf /",
+            "sudo --us root rm -rf /",
+            // `NAME+=value` is an assignment, not the command.
+            "sudo X+=1 rm -rf /",
+            "env X+=1 rm -rf /",
+        ] {
+            assert_refused(cmd, DELETE);
+        }
+        assert_allowed("taskset 1 make -j4");
+        assert_allowed("watch -n 5 df -h");
+        assert_allowed("script -q build.log");
+        assert_allowed("flock /tmp/l -c 'cargo build'");
+    }
+
     #[test]
     fn more_wrappers_are_seen_through() {
         for cmd in [
@@ -1647,7 +1758,7 @@ mod bounds_and_wrappers {
                 &Context {
                     cwd: Some(cwd),
                     home: Some("/home/me"),
-                    env: &[],
+                    ..Context::default()
                 },
             )
         };

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 use super::check::Checker;
-use super::parse::{Lexer, Part, Tok, TooDeep, Word};
 use super::{MAX_BRACE, MAX_VALUE, Refusal, abbreviate, too_deep};
+use crate::shell::parse::{Lexer, Part, Tok, TooDeep, Word};
 
 /// Most values of a `for` loop tracked; longer lists make the variable unknown.
 pub(super) const MAX_LOOP_VALUES: usize = 16;
@@ -79,6 +79,8 @@ pub(super) struct Env {
     pub(super) cwd: Option<String>,
     /// The home directory as an absolute path, when the caller knows it.
     pub(super) home: Option<String>,
+    /// The workspace (absolute), when the caller knows it: recursive deletes outside it ask.
+    pub(super) workspace: Option<String>,
 }
 
 impl Env {
@@ -205,7 +207,7 @@ impl Checker<'_> {
         for t in toks {
             match t {
                 Tok::Word(w) => words.push(w),
-                Tok::Op(super::parse::Op::Semi) => {}
+                Tok::Op(crate::shell::parse::Op::Semi) => {}
                 _ => return Ok(None),
             }
         }
@@ -417,7 +419,7 @@ impl Checker<'_> {
                     format!(
                         "refused: brace expansion in `{}` produces more than {MAX_BRACE} \
                          words, more than the guard will examine; list the paths explicitly",
-                        abbreviate(&super::parse::render_source(w), 80)
+                        abbreviate(&crate::shell::parse::render_source(w), 80)
                     ),
                 ));
             }
@@ -475,7 +477,7 @@ fn to_word(atoms: &[Atom]) -> Word {
 /// Output of `echo`/`printf` when it is exactly their arguments: anything they would
 /// interpret (a backslash, a `printf` conversion) makes it unknown.
 pub(super) fn echo_output(fields: &[Field]) -> Option<String> {
-    let name = super::check::basename(fields.first()?.val()?);
+    let name = crate::shell::basename(fields.first()?.val()?);
     let mut args = &fields[1..];
     match name {
         "echo" => {

@@ -12,14 +12,19 @@
 //! expanded text, brace words, wrappers or CPU time the command is refused, never judged in
 //! part.
 //!
-//! The stages, one file each:
-//! - [`parse`]: reads the command as bash would (quoting, substitutions, arithmetic,
-//!   here-documents) into tokens; [`parse::simple_commands`] offers the same split to others.
+//! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]): it
+//! reads commands with the core's parser and sees through wrappers with the core's command
+//! table. Its stages, one file each:
 //! - `expand`: words to arguments — braces, parameters, `IFS` splitting, known output of
 //!   `echo`/`printf`; unknown values are judged as possibly empty.
 //! - `check`: walks the command in execution order, tracks assignments and `cd` from the
 //!   caller's [`Context`], strips wrappers, follows nested scripts, spends the budget.
 //! - `rules`: what is refused, on one normalised command or write target.
+//! - `ask`: what a person should decide (risky or opaque, not catastrophic).
+//!
+//! Its answer is a [`Verdict`] ([`Guard::assess`]): `refuse`, `ask` or `allow`; a refusal
+//! anywhere in a command outweighs every ask. Until approvals exist, [`Guard::check`] refuses
+//! an `ask` too, with a message naming the reason.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
 //! matched against the raw text and against every normalised simple command.
@@ -33,19 +38,18 @@ use std::time::Duration;
 
 use regex::{Regex, RegexBuilder};
 
+use crate::shell::Verdict;
+
+mod ask;
 mod check;
 mod expand;
-pub mod parse;
 mod rules;
 
+pub(crate) use crate::shell::abbreviate;
+pub use crate::shell::{MAX_DEPTH, MAX_INPUT};
 use check::Checker;
-pub(crate) use check::{SHELLS, basename};
 use expand::Env;
 
-/// Longest command the guard examines; longer ones are refused.
-pub const MAX_INPUT: usize = 64 * 1024;
-/// Deepest nesting of shells, `eval`, substitutions and arithmetic the guard follows.
-pub const MAX_DEPTH: usize = 8;
 /// Total characters lexed and expanded per check (all nesting levels together).
 const BUDGET: usize = 1 << 20;
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
@@ -71,14 +75,23 @@ pub struct Context<'a> {
     pub home: Option<&'a str>,
     /// Variables the call sets for the command.
     pub env: &'a [(String, String)],
+    /// The workspace (absolute): a recursive delete outside it asks a person. `None`: not
+    /// judged.
+    pub workspace: Option<&'a str>,
 }
 
-/// instead, written for the model that asked.
+/// Why a command may not run now: refused outright, or (`verdict` [`Verdict::Ask`]) risky
+/// enough that a person should decide, which is refused too until approvals exist — written
+/// for the model that asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
     /// Stable rule id (`recursive-delete`, `device-write`, `operator`, …) for metrics and logs.
     pub rule: String,
+    /// [`Verdict::Refuse`] or [`Verdict::Ask`]; never [`Verdict::Allow`].
+    pub verdict: Verdict,
+    /// Why, in a sentence: what an approval card shows (for a refusal, the message itself).
+    pub reason: String,
     /// What was refused and why, phrased so the caller can act on it.
     pub message: String,
 }
@@ -87,9 +100,33 @@ impl Refusal {
     pub(super) fn new(rule: &str, message: String) -> Refusal {
         Refusal {
             rule: rule.to_owned(),
+            verdict: Verdict::Refuse,
+            reason: message.clone(),
             message,
         }
     }
+
+    /// A command a person should decide on. Until approvals exist it is refused, with a
+    /// message naming the reason.
+    pub(super) fn ask(rule: &str, reason: String) -> Refusal {
+        Refusal {
+            rule: rule.to_owned(),
+            verdict: Verdict::Ask,
+            message: format!(
+                "refused: this needs a person's approval, and approving commands is not \
+                 available yet: {reason}; do it another way or ask the user to run it"
+            ),
+            reason,
+        }
+    }
+}
+
+/// The guard's answer for one command: its verdict, and why when it is not `allow`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub verdict: Verdict,
+    /// Present unless the verdict is `allow`.
+    pub refusal: Option<Refusal>,
 }
 
 /// Problems building a guard from operator configuration.
@@ -189,12 +226,41 @@ impl Guard {
         self.check_with(command, context, CPU_BUDGET)
     }
 
+    /// The verdict on one command in `context`: `refuse` (catastrophic, or past a bound),
+    /// `ask` (risky or opaque: a person should decide) or `allow`. A refusal anywhere in the
+    /// command outweighs any number of asks.
+    pub fn assess(&self, command: &str, context: &Context<'_>) -> Assessment {
+        match self.assess_with(command, context, CPU_BUDGET) {
+            Ok(None) => Assessment {
+                verdict: Verdict::Allow,
+                refusal: None,
+            },
+            Ok(Some(r)) | Err(r) => Assessment {
+                verdict: r.verdict,
+                refusal: Some(r),
+            },
+        }
+    }
+
     fn check_with(
         &self,
         command: &str,
         context: &Context<'_>,
         cpu: Duration,
     ) -> Result<(), Refusal> {
+        match self.assess_with(command, context, cpu)? {
+            Some(ask) => Err(ask),
+            None => Ok(()),
+        }
+    }
+
+    /// `Err`: refused; `Ok(Some)`: the first reason to ask; `Ok(None)`: allowed.
+    fn assess_with(
+        &self,
+        command: &str,
+        context: &Context<'_>,
+        cpu: Duration,
+    ) -> Result<Option<Refusal>, Refusal> {
         if command.len() > MAX_INPUT {
             return Err(Refusal::new(
                 "too-long",
@@ -208,12 +274,15 @@ impl Guard {
         let mut env = Env {
             cwd: context.cwd.map(str::to_owned),
             home: context.home.map(str::to_owned),
+            workspace: context.workspace.map(str::to_owned),
             ..Env::default()
         };
         for (name, value) in context.env {
             env.set(name.clone(), Some(value.clone()));
         }
-        Checker::new(self, BUDGET, cpu).script(command, &mut env, 0)
+        let mut checker = Checker::new(self, BUDGET, cpu);
+        checker.script(command, &mut env, 0)?;
+        Ok(checker.into_ask())
     }
 }
 
@@ -228,16 +297,6 @@ fn too_deep() -> Refusal {
     )
 }
 
-/// The first `max` characters of `s`, with `…` when it was longer.
-pub(crate) fn abbreviate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_owned();
-    }
-    let mut out: String = s.chars().take(max).collect();
-    out.push('…');
-    out
-}
-
 #[cfg(test)]
 pub(super) mod testing {
     use super::Guard;
@@ -250,6 +309,20 @@ pub(super) mod testing {
             Ok(()) => panic!("allowed, expected `{rule}`: {cmd}"),
             Err(r) => assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message),
         }
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_asked(cmd: &str, rule: &str) {
+        let a = Guard::default().assess(cmd, &super::Context::default());
+        let r = a
+            .refusal
+            .unwrap_or_else(|| panic!("allowed, expected to ask (`{rule}`): {cmd}"));
+        assert_eq!(a.verdict, super::Verdict::Ask, "{cmd}: {}", r.message);
+        assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message);
+        // Until approvals exist, `check` refuses it, naming the reason.
+        let refused = Guard::default().check(cmd).unwrap_err();
+        assert!(refused.message.contains(&r.reason), "{}", refused.message);
+        assert!(refused.message.contains("approval"), "{}", refused.message);
     }
 
     #[track_caller]
@@ -360,73 +433,73 @@ mod tests {
         assert!(Guard::from_file(None).unwrap().check("ls").is_ok());
     }
 
-    /// Arbitrary input never panics or hangs: every answer is a yes or a refusal.
-    #[test]
-    fn arbitrary_input_never_panics() {
-        let alphabet: Vec<char> = "rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%"
-            .chars()
-            .collect();
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let g = Guard::default();
-        for _ in 0..20_000 {
-            let len = (next() % 48) as usize;
-            let s: String = (0..len)
-                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-                .collect();
-            let _ = g.check(&s);
+    /// Text fragments that stress the nesting paths, glued at random.
+    const PIECES: &[&str] = &[
+        "$(",
+        ")",
+        "`",
+        "'",
+        "\"",
+        "${",
+        "}",
+        "<<E\n",
+        "\nE\n",
+        "sh -c ",
+        "eval ",
+        "<(",
+        "for x in / a; do ",
+        "; done",
+        "f(){ ",
+        " f|f& }",
+        "cd / ; ",
+        "rm -rf ",
+        "X=rm; $X ",
+        "${Y:-/}",
+        "{a,b}",
+        "((",
+        "))",
+        "$((",
+        "$[",
+        "]",
+        "x<<2",
+        "coproc ",
+        "su -lc ",
+        "IFS=, ",
+        "X+=/",
+        "/bin/r? ",
+        "find / -delete ",
+        "xargs -I{} ",
+        "env -S '",
+        "$'\\x72'",
+        " | sh",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// Arbitrary input never panics or hangs: every answer is a verdict.
+        #[test]
+        fn arbitrary_input_never_panics(
+            chars in proptest::collection::vec(
+                proptest::sample::select("rm -f/~$(){}[]<>|&;'\"\\`\n\t=*?#!:.0123456789aEOFé€😀-_%".chars().collect::<Vec<_>>()),
+                0..48,
+            )
+        ) {
+            let s: String = chars.into_iter().collect();
+            let _ = Guard::default().assess(&s, &Context::default());
         }
-        // Structured fragments glued at random stress the nesting paths.
-        let pieces = [
-            "$(",
-            ")",
-            "`",
-            "'",
-            "\"",
-            "${",
-            "}",
-            "<<E\n",
-            "\nE\n",
-            "sh -c ",
-            "eval ",
-            "<(",
-            "for x in / a; do ",
-            "; done",
-            "f(){ ",
-            " f|f& }",
-            "cd / ; ",
-            "rm -rf ",
-            "X=rm; $X ",
-            "${Y:-/}",
-            "{a,b}",
-            "((",
-            "))",
-            "$((",
-            "$[",
-            "]",
-            "x<<2",
-            "coproc ",
-            "su -lc ",
-            "IFS=, ",
-            "X+=/",
-            "/bin/r? ",
-            "find / -delete ",
-            "xargs -I{} ",
-            "env -S '",
-            "$'\\x72'",
-            " | sh",
-        ];
-        for _ in 0..5_000 {
-            let n = (next() % 12) as usize;
-            let s: String = (0..n)
-                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
-                .collect();
-            let _ = g.check(&s);
+
+        /// Structured fragments glued at random never panic either, and `check` refuses
+        /// exactly what is not allowed.
+        #[test]
+        fn glued_fragments_never_panic(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..12)
+        ) {
+            let s = parts.concat();
+            let g = Guard::default();
+            let a = g.assess(&s, &Context::default());
+            proptest::prop_assert_eq!(a.verdict == Verdict::Allow, g.check(&s).is_ok());
+            proptest::prop_assert_eq!(a.refusal.is_none(), a.verdict == Verdict::Allow);
         }
     }
 }

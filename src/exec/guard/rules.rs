@@ -66,7 +66,7 @@ const POWER_VERBS: &[&str] = &[
 pub(super) fn shown(args: &[Field], max: usize) -> String {
     let mut words: Vec<&str> = args.iter().map(|f| f.display.as_str()).collect();
     if let Some(name) = args.first().and_then(Field::val) {
-        words[0] = super::check::basename(name);
+        words[0] = crate::shell::basename(name);
     }
     abbreviate(&words.join(" "), max)
 }
@@ -154,7 +154,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
     let Some(name) = args
         .first()
         .and_then(Field::val)
-        .map(super::check::basename)
+        .map(crate::shell::basename)
     else {
         return Ok(());
     };

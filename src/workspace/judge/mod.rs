@@ -6,9 +6,10 @@
 //! It owns the read-only allow-list (commands and their refused options, as tables), the
 //! read-write rules (deleting commands, writers and their destinations, wrappers and nested
 //! scripts) and the shell preamble that disarms a repository's own configuration for `git`
-//! at `read`. It reads scripts with the command guard's tokenizer
-//! ([`crate::exec::guard::parse`]) and fails closed: a script it cannot parse is refused, and
-//! so is any word a rule depends on whose value is only known when it runs.
+//! at `read`. It is the second policy over the shell core: it reads scripts with
+//! [`crate::shell::parse`] and unwraps commands with the table of [`crate::shell::spec`], and
+//! fails closed: a script it cannot parse is refused, and so is any word a rule depends on
+//! whose value is only known when it runs.
 //!
 //! It never runs anything, never touches the filesystem (paths are normalised lexically; the
 //! caller resolves symlinks for the file tools) and never rewrites a command. It does not
@@ -30,7 +31,7 @@
 
 use std::fmt;
 
-use crate::exec::guard::parse::{RedirectKind, ShellWord, SimpleCommand};
+use crate::shell::parse::{RedirectKind, ShellWord, SimpleCommand};
 
 #[cfg(test)]
 mod hostile;
@@ -125,7 +126,7 @@ impl Denied {
     pub fn new(permission: Permission, what: impl Into<String>, why: impl Into<String>) -> Denied {
         Denied {
             permission,
-            what: crate::exec::guard::abbreviate(&what.into(), MAX_WHAT),
+            what: crate::shell::abbreviate(&what.into(), MAX_WHAT),
             why: why.into(),
             needed: permission.next(),
         }
@@ -489,66 +490,62 @@ mod tests {
         assert!(inside("/a", "/a") && inside("/a", "/a/b") && !inside("/a", "/ab"));
     }
 
-    #[test]
-    fn arbitrary_input_never_panics() {
-        let pieces = [
-            "rm ",
-            "cp ",
-            "tar ",
-            "git ",
-            "sudo ",
-            "xargs ",
-            "find ",
-            "sed -i",
-            "sh -c ",
-            "cd ",
-            "-",
-            "--",
-            "-t",
-            "-C",
-            "=",
-            "/",
-            "..",
-            "~",
-            "$X",
-            "$(",
-            ")",
-            "`",
-            "'",
-            "\"",
-            "{}",
-            "{a,b}",
-            "*",
-            ";",
-            "&&",
-            "|",
-            ">",
-            ">>",
-            "<",
-            "<<E\n",
-            "\nE\n",
-            "é",
-            "😀",
-            " ",
-            "\n",
-            "-exec ",
-            "\\;",
-            "of=",
-            "--target=",
-            "-uo",
-        ];
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for _ in 0..20_000 {
-            let len = (next() % 16) as usize;
-            let script: String = (0..len)
-                .map(|_| pieces[(next() % pieces.len() as u64) as usize])
-                .collect();
+    const PIECES: &[&str] = &[
+        "rm ",
+        "cp ",
+        "tar ",
+        "git ",
+        "sudo ",
+        "xargs ",
+        "find ",
+        "sed -i",
+        "sh -c ",
+        "cd ",
+        "-",
+        "--",
+        "-t",
+        "-C",
+        "=",
+        "/",
+        "..",
+        "~",
+        "$X",
+        "$(",
+        ")",
+        "`",
+        "'",
+        "\"",
+        "{}",
+        "{a,b}",
+        "*",
+        ";",
+        "&&",
+        "|",
+        ">",
+        ">>",
+        "<",
+        "<<E\n",
+        "\nE\n",
+        "é",
+        "😀",
+        " ",
+        "\n",
+        "-exec ",
+        "\\;",
+        "of=",
+        "--target=",
+        "-uo",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// Arbitrary scripts and paths never panic: every answer is a yes or a refusal.
+        #[test]
+        fn arbitrary_input_never_panics(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..16)
+        ) {
+            let script = parts.concat();
             for p in Permission::ALL {
                 let _ = check_command(p, &script, &SCOPE);
                 let _ = check_write_path(p, &script, &SCOPE);

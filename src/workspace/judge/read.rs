@@ -11,9 +11,7 @@
 //! for `status`, `log`, `diff` and `show`; the options that would still run one are refused
 //! here.
 
-use crate::exec::guard::parse::{
-    self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand,
-};
+use crate::shell::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
 
 use super::{Denied, Permission, network_path, render};
 

@@ -9,8 +9,8 @@
 
 // Shells (the guard's list) have their `-c SCRIPT` judged as a script; run on a file or stdin,
 // they cannot be.
-use crate::exec::guard::SHELLS;
-use crate::exec::guard::parse::{self, RedirectKind, ShellWord};
+use crate::shell::parse::{self, RedirectKind, ShellWord};
+use crate::shell::spec::{SHELLS, WRAPPERS, Wrapper};
 
 use super::{
     Denied, Permission, Scope, harmless_device, inside, network_path, normalise, render,
@@ -29,198 +29,10 @@ const DELETERS: &[(&str, &str)] = &[
 ];
 
 /// Deepest nesting of `sh -c`, `eval`, wrappers and `find -exec` followed.
-const MAX_NESTING: usize = crate::exec::guard::MAX_DEPTH;
+const MAX_NESTING: usize = crate::shell::MAX_DEPTH;
 
 /// Most working directories a script is tracked as possibly being in.
 const MAX_CWDS: usize = 16;
-
-/// A command that runs another command: its options, then `operands` words, then the
-/// command (`sudo -u bob rm x` runs `rm x`).
-struct Wrapper {
-    name: &'static str,
-    /// Short options that take an argument.
-    with_arg: &'static str,
-    /// Long options that take an argument as the next word when not given `=`.
-    long_with_arg: &'static [&'static str],
-    /// Words before the command that are not options (`timeout DURATION`).
-    operands: usize,
-    /// Whether `NAME=value` words may come before the command (`env`, `sudo`).
-    assignments: bool,
-    /// Options (short, long) that change the directory the command runs in.
-    chdir: (&'static str, &'static [&'static str]),
-    /// Whether the command always runs elsewhere (`chroot`): relative paths become unknown.
-    elsewhere: bool,
-    /// Options (short, long) that make it run elsewhere (`sudo --chroot`).
-    chroot: (&'static str, &'static [&'static str]),
-    /// Options (short, long) whose argument is a shell script (`su -c`, `env -S`).
-    script: (&'static str, &'static [&'static str]),
-    /// Options (short, long) whose argument is a file written (`time -o`).
-    dest: (&'static str, &'static [&'static str]),
-    /// Short options that mean no command runs (`command -v`).
-    no_command: &'static str,
-}
-
-const WRAPPER: Wrapper = Wrapper {
-    name: "",
-    with_arg: "",
-    long_with_arg: &[],
-    operands: 0,
-    assignments: false,
-    chdir: ("", &[]),
-    elsewhere: false,
-    chroot: ("", &[]),
-    script: ("", &[]),
-    dest: ("", &[]),
-    no_command: "",
-};
-
-const WRAPPERS: &[Wrapper] = &[
-    Wrapper {
-        name: "sudo",
-        with_arg: "CDghpRrTtUu",
-        long_with_arg: &[
-            "chdir",
-            "close-from",
-            "group",
-            "host",
-            "prompt",
-            "chroot",
-            "role",
-            "command-timeout",
-            "type",
-            "other-user",
-            "user",
-        ],
-        assignments: true,
-        chdir: ("D", &["chdir"]),
-        chroot: ("R", &["chroot"]),
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "doas",
-        with_arg: "uC",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "pkexec",
-        long_with_arg: &["user"],
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "env",
-        with_arg: "uCS",
-        long_with_arg: &["unset", "chdir", "split-string"],
-        assignments: true,
-        chdir: ("C", &["chdir"]),
-        script: ("S", &["split-string"]),
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "nice",
-        with_arg: "n",
-        long_with_arg: &["adjustment"],
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "nohup",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "setsid",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "timeout",
-        with_arg: "sk",
-        long_with_arg: &["signal", "kill-after"],
-        operands: 1,
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "stdbuf",
-        with_arg: "ioe",
-        long_with_arg: &["input", "output", "error"],
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "ionice",
-        with_arg: "cnpPu",
-        long_with_arg: &["class", "classdata", "pid", "pgid", "uid"],
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "chrt",
-        with_arg: "TPD",
-        operands: 1,
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "taskset",
-        operands: 1,
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "chroot",
-        long_with_arg: &["userspec", "groups"],
-        operands: 1,
-        elsewhere: true,
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "time",
-        with_arg: "fo",
-        long_with_arg: &["format", "output"],
-        dest: ("o", &["output"]),
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "strace",
-        with_arg: "abeEIoOpPsSuUX",
-        long_with_arg: &["output"],
-        dest: ("o", &["output"]),
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "command",
-        no_command: "vV",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "builtin",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "exec",
-        with_arg: "a",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "busybox",
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "flock",
-        with_arg: "wEc",
-        long_with_arg: &["timeout", "conflict-exit-code", "command"],
-        operands: 1,
-        script: ("c", &["command"]),
-        ..WRAPPER
-    },
-    Wrapper {
-        name: "su",
-        with_arg: "cgGsw",
-        long_with_arg: &[
-            "command",
-            "group",
-            "supp-group",
-            "shell",
-            "whitelist-environment",
-        ],
-        operands: usize::MAX,
-        script: ("c", &["command"]),
-        ..WRAPPER
-    },
-];
 
 /// Which operands of a [`Writer`] it writes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -505,7 +317,7 @@ impl Scanned {
 /// Whether `name` (`-x` or `--long`, possibly abbreviated) is one of these options.
 fn option_is(name: &str, short: &str, long: &[&str]) -> bool {
     if let Some(l) = name.strip_prefix("--") {
-        !l.is_empty() && long.iter().any(|o| o.starts_with(l))
+        crate::shell::spec::long_option_is(l, long)
     } else {
         name.strip_prefix('-')
             .is_some_and(|c| !c.is_empty() && short.contains(c))
@@ -615,8 +427,7 @@ fn unknown_argument(w: &ShellWord) -> String {
 }
 
 fn is_assignment(word: &str) -> bool {
-    word.split_once('=')
-        .is_some_and(|(name, _)| parse::is_identifier(name))
+    crate::shell::spec::is_assignment(word)
 }
 
 /// Whether a literal path would be expanded by the shell into other paths (a glob, or a
@@ -756,7 +567,7 @@ impl<'a> ReadWrite<'a> {
                 "its command name is known only when it runs, so it cannot be judged",
             ));
         };
-        let base = crate::exec::guard::basename(name);
+        let base = crate::shell::basename(name);
         let args = &words[1..];
         if let Some((_, why)) = DELETERS.iter().find(|(n, _)| *n == base) {
             return Err(self.deny(what, *why));
@@ -1440,6 +1251,32 @@ impl<'a> ReadWrite<'a> {
 mod tests {
     use super::super::Permission;
     use super::super::testing::{allowed, refused};
+
+    /// Wrappers and spellings the judge once missed while the guard knew them: both read one
+    /// table now.
+    #[test]
+    fn every_wrapper_in_the_command_table_is_seen_through() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "nsenter -t 1 -m rm x",
+                "nsenter --target 1 --mount touch x",
+                "systemd-run rm x",
+                "systemd-run --unit job touch x",
+                "toybox rm x",
+                "unbuffer rm x",
+                "script -c 'rm x' /dev/null",
+                "unshare -m rm x",
+                "env X+=1 rm x",
+                "sudo X+=1 rm x",
+                "sudo -c class rm x",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &["toybox ls", "unbuffer make", "script -c 'ls' /dev/null"],
+        );
+    }
 
     #[test]
     fn read_write_allows_edits_inside_the_workspace() {

@@ -13,7 +13,7 @@ use super::{MAX_DEPTH, MAX_INPUT};
 
 /// A piece of a word, after quote removal.
 #[derive(Debug, Clone)]
-pub(super) enum Part {
+pub(crate) enum Part {
     /// Literal text; `quoted` when it came from quotes or a backslash escape.
     Lit { text: String, quoted: bool },
     /// `$NAME` / `${NAME}`.
@@ -36,12 +36,12 @@ pub(super) enum Part {
 }
 
 #[derive(Debug, Clone, Default)]
-pub(super) struct Word {
-    pub(super) parts: Vec<Part>,
+pub(crate) struct Word {
+    pub(crate) parts: Vec<Part>,
 }
 
 impl Word {
-    pub(super) fn push_str(&mut self, s: &str, quoted: bool) {
+    pub(crate) fn push_str(&mut self, s: &str, quoted: bool) {
         if let Some(Part::Lit { text, quoted: q }) = self.parts.last_mut()
             && *q == quoted
         {
@@ -54,12 +54,12 @@ impl Word {
         });
     }
 
-    pub(super) fn push(&mut self, c: char, quoted: bool) {
+    pub(crate) fn push(&mut self, c: char, quoted: bool) {
         self.push_str(c.encode_utf8(&mut [0; 4]), quoted);
     }
 
     /// The text when the word is entirely literal.
-    pub(super) fn literal(&self) -> Option<String> {
+    pub(crate) fn literal(&self) -> Option<String> {
         let mut out = String::new();
         for p in &self.parts {
             match p {
@@ -71,7 +71,7 @@ impl Word {
     }
 
     /// The text when the word is a single unquoted literal (reserved words, brace expansion).
-    pub(super) fn bare(&self) -> Option<&str> {
+    pub(crate) fn bare(&self) -> Option<&str> {
         match self.parts.as_slice() {
             [
                 Part::Lit {
@@ -83,7 +83,7 @@ impl Word {
         }
     }
 
-    pub(super) fn is_quoted(&self) -> bool {
+    pub(crate) fn is_quoted(&self) -> bool {
         self.parts.iter().any(|p| match p {
             Part::Lit { quoted, .. } | Part::Param { quoted, .. } | Part::Subst { quoted, .. } => {
                 *quoted
@@ -93,7 +93,7 @@ impl Word {
     }
 
     /// `NAME=value` / `NAME+=value`: the name, the value's parts and whether it appends.
-    pub(super) fn assignment(&self) -> Option<(String, Vec<Part>, bool)> {
+    pub(crate) fn assignment(&self) -> Option<(String, Vec<Part>, bool)> {
         let Some(Part::Lit {
             text,
             quoted: false,
@@ -124,7 +124,7 @@ pub(crate) fn is_identifier(s: &str) -> bool {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
+pub(crate) enum Op {
     /// `;`, newline, `;;` and friends.
     Semi,
     /// `&` (background).
@@ -138,7 +138,7 @@ pub(super) enum Op {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RedirKind {
+pub(crate) enum RedirKind {
     Input,
     /// `>`, `>|`, `&>`: truncates the file first.
     Output,
@@ -151,18 +151,18 @@ pub(super) enum RedirKind {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct Redir {
-    pub(super) kind: RedirKind,
+pub(crate) struct Redir {
+    pub(crate) kind: RedirKind,
     /// The descriptor written before the operator: digits (`2` in `2>&1`) or bash's
     /// `{name}` (`{fd}>f`, which also stays a word of the command); `None` for the default.
-    pub(super) fd: Option<String>,
-    pub(super) target: Word,
+    pub(crate) fd: Option<String>,
+    pub(crate) target: Word,
     /// Here-document body (unquoted delimiter: expansions inside are live).
-    pub(super) body: Option<Word>,
+    pub(crate) body: Option<Word>,
 }
 
 #[derive(Debug, Clone)]
-pub(super) enum Tok {
+pub(crate) enum Tok {
     Word(Word),
     Op(Op),
     Redir(Redir),
@@ -171,16 +171,16 @@ pub(super) enum Tok {
 }
 
 /// Nesting went past [`MAX_DEPTH`].
-pub(super) struct TooDeep;
+pub(crate) struct TooDeep;
 
-pub(super) struct PendingHeredoc {
+pub(crate) struct PendingHeredoc {
     tok: usize,
     delimiter: String,
     strip_tabs: bool,
     quoted: bool,
 }
 
-pub(super) struct Lexer {
+pub(crate) struct Lexer {
     s: Vec<char>,
     i: usize,
     /// Nesting level of this text (0 = the command as given).
@@ -193,7 +193,7 @@ pub(super) struct Lexer {
 }
 
 impl Lexer {
-    pub(super) fn new(src: &str, depth: usize) -> Lexer {
+    pub(crate) fn new(src: &str, depth: usize) -> Lexer {
         let s: Vec<char> = src.chars().collect();
         Lexer {
             lookahead: 8 * s.len() + 1024,
@@ -211,13 +211,13 @@ impl Lexer {
         p.chars().enumerate().all(|(k, c)| self.peek(k) == Some(c))
     }
 
-    pub(super) fn lex(mut self) -> Result<Vec<Tok>, TooDeep> {
+    pub(crate) fn lex(mut self) -> Result<Vec<Tok>, TooDeep> {
         Ok(self.tokens(false)?.0)
     }
 
     /// Tokens up to the end, or (when `nested`) up to the `)` closing a substitution; returns
     /// them with the index where the text ended (the `)` or the end of input).
-    pub(super) fn tokens(&mut self, nested: bool) -> Result<(Vec<Tok>, usize), TooDeep> {
+    pub(crate) fn tokens(&mut self, nested: bool) -> Result<(Vec<Tok>, usize), TooDeep> {
         let mut toks = Vec::new();
         let mut parens = 0usize;
         let mut heredocs: Vec<PendingHeredoc> = Vec::new();
@@ -482,7 +482,7 @@ impl Lexer {
     }
 
     /// The inside of `"…"` (up to `terminator`), or of a here-document body (`None`).
-    pub(super) fn double_quoted(
+    pub(crate) fn double_quoted(
         &mut self,
         w: &mut Word,
         terminator: Option<char>,
@@ -819,7 +819,7 @@ impl Lexer {
 }
 
 /// Shell-ish text of a word with its unknown parts kept as expressions (`${X}`, `$(…)`).
-pub(super) fn render_source(w: &Word) -> String {
+pub(crate) fn render_source(w: &Word) -> String {
     let mut out = String::new();
     for p in &w.parts {
         match p {

@@ -1,0 +1,63 @@
+//! The shell-analysis core: what the command guard ([`crate::exec::guard`]) and the workspace
+//! permission judge ([`crate::workspace::judge`]) both need to read a command line the way a
+//! shell would, so that the two policies cannot drift apart.
+//!
+//! It owns the parser ([`parse`]: quoting, substitutions, here-documents, simple commands),
+//! the one table of command specs ([`spec`]: shells, inline interpreters, and the wrappers
+//! that run another command — their option letters and arities, operands, which options
+//! change directory, run a script or write a file), the bounds both policies share, and the
+//! [`Verdict`] a policy answers with.
+//!
+//! It never decides what is allowed (that is each policy's), never executes anything and
+//! never touches the filesystem.
+
+pub mod parse;
+pub mod spec;
+
+/// Longest command either policy examines; longer ones are refused.
+pub const MAX_INPUT: usize = 64 * 1024;
+/// Deepest nesting of shells, `eval`, substitutions and arithmetic followed.
+pub const MAX_DEPTH: usize = 8;
+
+/// What a policy says about a command, ordered by strictness: `Allow < Ask < Refuse`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    /// Nothing risky was seen.
+    Allow,
+    /// Risky or opaque: a person should decide (inline interpreter code that deletes or runs
+    /// programs, a pipe into a shell, service, firewall, account or partition changes).
+    Ask,
+    /// Catastrophic, or not allowed at the workspace's permission: never runs.
+    Refuse,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Ask => "ask",
+            Verdict::Refuse => "refuse",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The last component of a command name (`/usr/bin/rm` → `rm`).
+pub fn basename(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+/// The first `max` characters of `s`, with `…` when it was longer.
+pub fn abbreviate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
