@@ -620,8 +620,17 @@ fn format_output(out: &Output, cwd: Option<&str>) -> String {
     let mut s = match &out.exit {
         Exit::Code(c) => format!("exit code: {c}\n"),
         Exit::Signal(sig) => format!("killed by signal {sig}\n"),
-        Exit::TimedOut => "timed out: the command was killed with its process group\n".into(),
-        Exit::Cancelled => "cancelled: the command was killed with its process group\n".into(),
+        Exit::TimedOut | Exit::Cancelled => {
+            let how = if out.exit == Exit::TimedOut {
+                "timed out"
+            } else {
+                "cancelled"
+            };
+            match &out.stop_note {
+                None => format!("{how}: the command was killed with its process group\n"),
+                Some(note) => format!("{how}: the command was NOT fully stopped: {note}\n"),
+            }
+        }
     };
     if let Some(d) = cwd {
         s.push_str(&format!("cwd: {d}\n"));
@@ -687,6 +696,26 @@ mod tests {
         assert!(c.contains("4999"));
         assert!(c.contains("result cut"));
         assert_eq!(cut("short", 1024), "short");
+    }
+
+    #[test]
+    fn a_stop_that_ended_nothing_is_never_reported_as_a_kill() {
+        let mut out = Output {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_omitted: 0,
+            stderr_omitted: 0,
+            exit: Exit::TimedOut,
+            stop_note: None,
+        };
+        assert!(format_output(&out, None).starts_with("timed out: the command was killed"));
+        out.stop_note = Some("no setsid on the target".into());
+        let text = format_output(&out, None);
+        assert!(
+            text.starts_with("timed out: the command was NOT fully stopped: no setsid"),
+            "{text}"
+        );
+        assert!(!text.contains("was killed"), "{text}");
     }
 
     #[test]

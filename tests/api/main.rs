@@ -7,6 +7,8 @@ mod chat_control;
 mod console;
 mod control_plane;
 mod database;
+#[allow(dead_code)]
+mod dropbear;
 mod exec;
 mod exec_ssh;
 #[allow(dead_code)]

@@ -284,7 +284,7 @@ impl Drop for Sshd {
 }
 
 /// Pids whose parent is `pid` (from /proc).
-fn children_of(pid: i32) -> Vec<i32> {
+pub fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
