@@ -19,6 +19,8 @@ use crate::sshd;
 /// The user every Dropbear test logs in as (its own, so its `authorized_keys` is its own).
 pub const USER: &str = "sshmode_d";
 const DROPBEAR: &str = "/usr/sbin/dropbear";
+/// Where Debian's Dropbear looks for the SFTP server it starts.
+const SFTP_SERVER: &str = "/usr/lib/sftp-server";
 
 /// Whether the Dropbear tests run here; panics (the test fails) when Dropbear is missing and
 /// nobody opted out of the SSH tests.
@@ -41,8 +43,10 @@ pub struct Dropbear {
 }
 
 impl Dropbear {
-    /// Starts one with a fresh RSA host key in `dir`, on a free loopback port.
-    pub fn start(dir: &Path) -> Dropbear {
+    /// Starts one with a fresh RSA host key in `dir`, on a free loopback port. Without `sftp`
+    /// it runs in a mount namespace of its own where the `sftp-server` it would start is
+    /// `/dev/null` (so it cannot run), as on a box that has none; nothing outside changes.
+    pub fn start(dir: &Path, sftp: bool) -> Dropbear {
         let host_key = dir.join("dropbear_rsa_host_key");
         let ok = Command::new("dropbearkey")
             .args(["-t", "rsa", "-s", "2048", "-f"])
@@ -53,7 +57,17 @@ impl Dropbear {
             .expect("dropbearkey");
         assert!(ok.success(), "dropbearkey failed");
         let port = sshd::free_port();
-        let child = Command::new(DROPBEAR)
+        let mut cmd = if sftp {
+            Command::new(DROPBEAR)
+        } else {
+            let mut c = Command::new("unshare");
+            c.args(["-m", "--propagation", "private", "sh", "-c"]).arg(format!(
+                "s={SFTP_SERVER}; if [ -e \"$s\" ]; then mount --bind /dev/null \"$(readlink -f \"$s\")\" || exit 1; fi; exec \"$0\" \"$@\""
+            ));
+            c.arg(DROPBEAR);
+            c
+        };
+        let child = cmd
             .args(["-F", "-E", "-s", "-m", "-r"])
             .arg(&host_key)
             .arg("-P")
@@ -112,19 +126,20 @@ impl Drop for Dropbear {
     }
 }
 
-/// An app and a Dropbear target `alias` added (RSA client key) and approved.
+/// An app and a Dropbear target added (RSA client key) and approved.
 pub struct DropbearEnv {
     pub app: TestApp,
     pub server: Dropbear,
     pub dir: tempfile::TempDir,
 }
 
-pub async fn env(alias: &str) -> Option<DropbearEnv> {
+/// An app and a Dropbear target `alias` (RSA host and client keys), with or without SFTP.
+pub async fn env(alias: &str, sftp: bool) -> Option<DropbearEnv> {
     if !available() {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = Dropbear::start(dir.path());
+    let server = Dropbear::start(dir.path(), sftp);
     let app = TestApp::builder()
         .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "5")
         .spawn()

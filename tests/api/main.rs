@@ -27,6 +27,7 @@ mod lark_support;
 mod lark_webhook;
 mod llm;
 mod progress;
+mod ssh_files;
 mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]

@@ -234,7 +234,7 @@ async fn timeout_and_stop_leave_no_process_on_openssh() {
 
 #[tokio::test]
 async fn timeout_and_stop_leave_no_process_on_dropbear() {
-    let Some(env) = crate::dropbear::env("stop_d").await else {
+    let Some(env) = crate::dropbear::env("stop_d", false).await else {
         return;
     };
     let ops = env

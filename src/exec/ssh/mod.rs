@@ -5,7 +5,8 @@
 //! backoff after a failed connect and the failure reported, not hidden; idle ones are closed
 //! by the reaper.
 //!
-//! Commands run on exec channels; files move over SFTP ([`sftp`]). Every command runs in a
+//! Commands run on exec channels; files move over SFTP ([`sftp`]), or through the shell
+//! ([`shellfs`]) on a connection whose server has no SFTP subsystem. Every command runs in a
 //! session the wrapper creates with `setsid` (servers differ: OpenSSH makes the exec'd shell a
 //! session leader, Dropbear leaves it in the server's own group), whose leader reports its pid
 //! first, behind a marker made for that command. A command past its timeout or cancelled is
@@ -21,11 +22,12 @@
 
 pub mod connect;
 mod sftp;
+mod shellfs;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -53,9 +55,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const OPEN_ATTEMPTS: usize = 5;
 const OPEN_RETRY_WAIT: Duration = Duration::from_millis(200);
 /// How long the remote kill of a timed-out command may take.
-const KILL_WAIT: Duration = Duration::from_secs(5);
+const KILL_WAIT: Duration = Duration::from_secs(8);
 /// How long a command stopped before it reported its process group is still read for it.
 const PID_WAIT: Duration = Duration::from_secs(2);
+/// Runs of the remote kill when one ends without reporting (see [`kill_group`]).
+const KILL_ATTEMPTS: usize = 3;
 
 /// Every SSH connection of the app.
 pub struct SshPool {
@@ -200,6 +204,23 @@ struct Conn {
     broken: AtomicBool,
     /// For idle close.
     last_used: StdMutex<Instant>,
+    /// Whether the server offers SFTP: [`SFTP_UNKNOWN`] until the first file operation on
+    /// this connection finds out, then [`SFTP_YES`] or [`SFTP_NO`] (files go through the
+    /// shell, [`shellfs`]).
+    sftp: AtomicU8,
+}
+
+const SFTP_UNKNOWN: u8 = 0;
+const SFTP_YES: u8 = 1;
+const SFTP_NO: u8 = 2;
+
+/// How a target's files move, as `target test` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilePath {
+    /// Over the server's SFTP subsystem.
+    Sftp,
+    /// Through the shell on an exec channel: the server has no SFTP subsystem.
+    Shell,
 }
 
 /// The connections of one target.
@@ -435,6 +456,7 @@ impl TargetPool {
                     busy: AtomicUsize::new(1),
                     broken: AtomicBool::new(false),
                     last_used: StdMutex::new(Instant::now()),
+                    sftp: AtomicU8::new(SFTP_UNKNOWN),
                 });
                 conns.push(conn.clone());
                 Ok(Ok(Lease {
@@ -698,8 +720,8 @@ impl TargetPool {
                 GroupKill::Alive => Some(format!(
                     "its process group ({pid}) was signalled but still runs on the target"
                 )),
-                GroupKill::Unknown => Some(format!(
-                    "its process group ({pid}) could not be signalled (no second channel on the connection); processes it started may still run on the target"
+                GroupKill::Unknown(why) => Some(format!(
+                    "its process group ({pid}) may not have ended ({why}); processes it started may still run on the target"
                 )),
             },
             None => Some(
@@ -763,14 +785,14 @@ fn wrap(marker: &str, script: &str) -> String {
 }
 
 /// What became of a process group sent TERM and KILL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum GroupKill {
     /// No process of the group is left.
     Ended,
     /// Some process of the group survived the KILL.
     Alive,
-    /// The kill could not be run or did not report back in time.
-    Unknown,
+    /// The kill could not be run or did not report back in time; why.
+    Unknown(&'static str),
 }
 
 /// TERM, then KILL after up to 2 s, to the remote process group `pid`, from a second channel
@@ -779,49 +801,25 @@ enum GroupKill {
 /// every process of the user.
 async fn kill_group(conn: &Conn, pid: u32, alias: &str) -> GroupKill {
     if pid <= 1 {
-        return GroupKill::Unknown;
+        return GroupKill::Unknown("no group to signal");
     }
     let script = format!(
         "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; \
          i=0; while [ $i -lt 10 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; \
          if kill -0 -- -{pid} 2>/dev/null; then echo alive; else echo ended; fi"
     );
+    // Dropbear may close a channel opened just as the command's own shell dies without
+    // running it (no output, no exit status): that attempt is retried — the script is
+    // idempotent — a bounded number of times.
     let killed = async {
-        // On the same connection, outside the channel count (it is short-lived); sshd may
-        // refuse it for a moment at its session limit, so retry a few times.
-        let mut ch = None;
-        for _ in 0..OPEN_ATTEMPTS {
-            match conn.handle.channel_open_session().await {
-                Ok(c) => {
-                    ch = Some(c);
-                    break;
-                }
-                Err(russh::Error::ChannelOpenFailure(_)) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(_) => return GroupKill::Unknown,
+        let mut last = GroupKill::Unknown("the kill did not report back");
+        for _ in 0..KILL_ATTEMPTS {
+            last = kill_once(conn, &script).await;
+            if last != GroupKill::Unknown("the kill did not report back") {
+                break;
             }
         }
-        let Some(mut ch) = ch else {
-            return GroupKill::Unknown;
-        };
-        if ch.exec(true, script.into_bytes()).await.is_err() {
-            return GroupKill::Unknown;
-        }
-        // Bounded: the answer is one short word.
-        let mut said = Vec::new();
-        while let Some(msg) = ch.wait().await {
-            match msg {
-                ChannelMsg::Data { data } if said.len() < 64 => said.extend_from_slice(&data),
-                ChannelMsg::Close => break,
-                _ => {}
-            }
-        }
-        match said.trim_ascii() {
-            b"ended" => GroupKill::Ended,
-            b"alive" => GroupKill::Alive,
-            _ => GroupKill::Unknown,
-        }
+        last
     };
     match tokio::time::timeout(KILL_WAIT, killed).await {
         Ok(k) => {
@@ -832,8 +830,47 @@ async fn kill_group(conn: &Conn, pid: u32, alias: &str) -> GroupKill {
         }
         Err(_) => {
             tracing::warn!(ssh.target = %alias, "remote kill did not finish in time");
-            GroupKill::Unknown
+            GroupKill::Unknown("the kill did not finish in time")
         }
+    }
+}
+
+/// One run of the kill `script` on a second channel of `conn`, and what it reported.
+async fn kill_once(conn: &Conn, script: &str) -> GroupKill {
+    // On the same connection, outside the channel count (it is short-lived); sshd may
+    // refuse it for a moment at its session limit, so retry a few times.
+    let mut ch = None;
+    for _ in 0..OPEN_ATTEMPTS {
+        match conn.handle.channel_open_session().await {
+            Ok(c) => {
+                ch = Some(c);
+                break;
+            }
+            Err(russh::Error::ChannelOpenFailure(_)) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(_) => return GroupKill::Unknown("no second channel on the connection"),
+        }
+    }
+    let Some(mut ch) = ch else {
+        return GroupKill::Unknown("the server refused a second channel");
+    };
+    if ch.exec(true, script.as_bytes().to_vec()).await.is_err() {
+        return GroupKill::Unknown("the kill could not be started");
+    }
+    // Bounded: the answer is one short word.
+    let mut said = Vec::new();
+    while let Some(msg) = ch.wait().await {
+        match msg {
+            ChannelMsg::Data { data } if said.len() < 64 => said.extend_from_slice(&data),
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    match said.trim_ascii() {
+        b"ended" => GroupKill::Ended,
+        b"alive" => GroupKill::Alive,
+        _ => GroupKill::Unknown("the kill did not report back"),
     }
 }
 
@@ -1075,18 +1112,76 @@ impl Backend for SshBackend {
     }
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
-        let (lease, channel) = self.pool.channel().await?;
-        let result = sftp::read(&self.pool, channel, path, offset, len).await;
-        drop(lease);
-        result
+        match self.pool.sftp().await? {
+            Some((lease, s)) => {
+                let result = sftp::read(s, path, offset, len).await;
+                drop(lease);
+                result
+            }
+            None => shellfs::read(&self.pool, path, offset, len).await,
+        }
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
-        let (lease, channel) = self.pool.channel().await?;
-        let result = sftp::write(&self.pool, channel, path, data).await;
-        drop(lease);
-        result
+        match self.pool.sftp().await? {
+            Some((lease, s)) => {
+                let result = sftp::write(s, path, data).await;
+                drop(lease);
+                result
+            }
+            None => shellfs::write(&self.pool, path, data).await,
+        }
     }
+}
+
+impl TargetPool {
+    /// An SFTP session on a pooled channel, or `None` when the connection's server has no
+    /// SFTP subsystem (learned once per connection, then remembered): the caller then moves
+    /// the file through the shell.
+    async fn sftp(&self) -> Result<Option<(Lease, sftp::Session)>, ExecError> {
+        let (lease, channel) = self.channel().await?;
+        if lease.conn.sftp.load(Ordering::Acquire) == SFTP_NO {
+            let _ = channel.close().await;
+            return Ok(None);
+        }
+        match sftp::open(self, &lease, channel).await? {
+            Some(s) => {
+                lease.conn.sftp.store(SFTP_YES, Ordering::Release);
+                Ok(Some((lease, s)))
+            }
+            None => {
+                if lease.conn.sftp.swap(SFTP_NO, Ordering::AcqRel) != SFTP_NO {
+                    tracing::info!(ssh.target = %self.alias(), "no SFTP subsystem; files go through the shell");
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Which way files move on the freshly connected `handle` (for `target test`): SFTP when the
+/// server starts its subsystem, the shell otherwise.
+pub async fn file_path(handle: &Connection, timeout: Duration) -> FilePath {
+    let probe = async {
+        let Ok(ch) = handle.channel_open_session().await else {
+            return FilePath::Shell;
+        };
+        if ch.request_subsystem(true, "sftp").await.is_err() {
+            return FilePath::Shell;
+        }
+        let raw = russh_sftp::client::RawSftpSession::new(ch.into_stream());
+        raw.set_timeout(timeout.as_secs().max(1));
+        match raw.init().await {
+            Ok(_) => {
+                let _ = raw.close_session();
+                FilePath::Sftp
+            }
+            Err(_) => FilePath::Shell,
+        }
+    };
+    tokio::time::timeout(timeout, probe)
+        .await
+        .unwrap_or(FilePath::Shell)
 }
 
 #[cfg(test)]
