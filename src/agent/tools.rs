@@ -32,7 +32,9 @@ pub fn definitions() -> Vec<Tool> {
             "Run a shell command on this thread's backend, in the thread's working directory (a `cd` holds for the next command).",
             json!({"type": "object", "properties": {
                 "command": {"type": "string", "description": "A POSIX shell command."},
-                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."}
+                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."},
+                "workdir": {"type": "string", "description": "Run in this directory for this call only (the thread's working directory is neither used nor changed)."},
+                "env": {"type": "object", "maxProperties": MAX_CALL_ENV, "additionalProperties": {"type": "string"}, "description": "Environment variables for this call only (names: letters, digits, `_`)."}
             }, "required": ["command"], "additionalProperties": false}),
         ),
         Tool::function(
@@ -276,7 +278,7 @@ async fn dispatch(
     }
     // Check the arguments before anything is resolved or run.
     let allowed: &[&str] = match tool {
-        "terminal" => &["command", "timeout"],
+        "terminal" => &["command", "timeout", "workdir", "env"],
         "read_file" => &["path", "offset", "limit"],
         "write_file" => &["path", "content"],
         "patch" => &["path", "old_string", "new_string", "replace_all"],
@@ -371,14 +373,30 @@ async fn dispatch(
         match tool {
             "terminal" => {
                 let command = args.str("command")?;
-                if let Some(scope) = &scope
-                    && let Err(d) = judge::check_command(ws.permission, &command, scope)
-                {
-                    return Err(deny(&mut refusal, "permission", d.to_string()));
+                let workdir = args.opt_str("workdir")?;
+                let env = args.opt_string_map("env", MAX_CALL_ENV)?;
+                if let Some(scope) = &scope {
+                    // The workdir is judged as the `cd` into it would be, and the command
+                    // from there. Variables given here are not substituted by the judge: a
+                    // `$NAME` stays a word it cannot read, never a literal it trusts.
+                    let mut here = Scope { ..*scope };
+                    let resolved;
+                    if let Some(w) = &workdir {
+                        let enter = format!("cd -- {}", crate::exec::shell_quote(w));
+                        if let Err(d) = judge::check_command(ws.permission, &enter, scope) {
+                            return Err(deny(&mut refusal, "permission", d.to_string()));
+                        }
+                        resolved = ops.resolve(w).await.map_err(exec_err)?;
+                        here.cwd = &resolved;
+                    }
+                    if let Err(d) = judge::check_command(ws.permission, &command, &here) {
+                        return Err(deny(&mut refusal, "permission", d.to_string()));
+                    }
                 }
                 let opts = RunOptions {
                     timeout: Some(timeout(args.opt_u64("timeout")?)),
-                    env: Vec::new(),
+                    env,
+                    workdir,
                     prelude: if ws.permission == Permission::Read {
                         judge::read_preamble()
                     } else {
@@ -574,6 +592,9 @@ async fn check_write(
     };
     judge::check_write_path(permission, &real[1], &real_scope).map_err(|d| d.to_string())
 }
+
+/// Most variables one `terminal` call may set through its `env` argument.
+const MAX_CALL_ENV: usize = 32;
 
 /// Audits a refused tool call (by the workspace permission or the command guard) and returns
 /// the text the model receives.

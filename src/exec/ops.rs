@@ -61,6 +61,10 @@ pub struct RunOptions {
     /// Shell text of ours run before the command in the same shell (e.g. the function
     /// definitions a `read` workspace puts around git); not judged by the guard.
     pub prelude: &'static str,
+    /// A directory to run in for this command only (`~` and relative paths resolved as for
+    /// files): the section's working directory is neither used nor changed. A directory that
+    /// cannot be entered fails the command before it runs.
+    pub workdir: Option<String>,
 }
 
 /// A terminal command's result.
@@ -250,7 +254,14 @@ impl Ops {
         opts: RunOptions,
         cancel: &CancellationToken,
     ) -> Result<TerminalResult, ExecError> {
-        let cwd = self.cwd().await?;
+        let workdir = match &opts.workdir {
+            Some(w) => Some(self.resolve(w).await?),
+            None => None,
+        };
+        let cwd = match &workdir {
+            Some(w) => w.clone(),
+            None => self.cwd().await?,
+        };
         let home = self.backend.home().await.ok();
         let context = Context {
             cwd: Some(&cwd),
@@ -268,10 +279,19 @@ impl Ops {
         script.push_str(&format!(
             "trap 'printf \"%s%s\\n\" {marker} \"$PWD\"' EXIT\n"
         ));
-        script.push_str(&format!(
-            "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
-            d = shell_quote(&cwd)
-        ));
+        if workdir.is_some() {
+            // Asked for by this call: not entering it is the call's failure, never another
+            // directory.
+            script.push_str(&format!(
+                "cd -- {d} || {{ printf 'sshmode: cannot enter the workdir %s\\n' {d} >&2; exit 126; }}\n",
+                d = shell_quote(&cwd)
+            ));
+        } else {
+            script.push_str(&format!(
+                "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
+                d = shell_quote(&cwd)
+            ));
+        }
         // Values travel on standard input, not in the script: the script is the shell's
         // command line, which anyone on the host can read with `ps`.
         let env_input = env_block(&opts.env)?;
@@ -299,6 +319,13 @@ impl Ops {
             )
             .await?;
         let new_cwd = take_marker(&mut output.stdout, marker.as_bytes());
+        if workdir.is_some() {
+            // The section's directory is untouched by a call with its own.
+            return Ok(TerminalResult {
+                output,
+                cwd: self.cwd().await?,
+            });
+        }
         let cwd = match new_cwd {
             Some(d) if d.starts_with('/') => {
                 self.cwds.set(self.backend.name(), &self.section, d.clone());
