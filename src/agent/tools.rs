@@ -195,6 +195,7 @@ pub async fn run(
     let mut backend = None;
     let mut exit = None;
     let mut binding_fails = None;
+    let mut location = None;
     let outcome = dispatch(
         deps,
         section,
@@ -206,12 +207,18 @@ pub async fn run(
             backend: &mut backend,
             exit: &mut exit,
             binding_fails: &mut binding_fails,
+            location: &mut location,
         },
     )
     .await;
     let (text, ok) = match outcome {
         Ok(t) => (t, true),
         Err(e) => (format!("error: {e}"), false),
+    };
+    // A task tool's result names where it ran, so a transcript never leaves the host in doubt.
+    let text = match location {
+        Some(l) => format!("[{l}] {text}"),
+        None => text,
     };
     ToolResult {
         text: cut(&text, deps.config.tool_result_limit),
@@ -228,6 +235,8 @@ struct Outs<'a> {
     backend: &'a mut Option<String>,
     exit: &'a mut Option<String>,
     binding_fails: &'a mut Option<BindingFails>,
+    /// Where a task tool ran (`local`, or [`crate::target::Target::location`]), once known.
+    location: &'a mut Option<String>,
 }
 
 async fn dispatch(
@@ -243,6 +252,7 @@ async fn dispatch(
         backend: backend_out,
         exit: exit_out,
         binding_fails: fails_out,
+        location: location_out,
     } = outs;
     let tool = call.function.name.as_str();
     let map = call.parsed_arguments().map_err(|e| e.to_string())?;
@@ -321,6 +331,14 @@ async fn dispatch(
     };
     let backend_label = place.name().to_string();
     *backend_out = Some(backend_label.clone());
+    *location_out = Some(match &place {
+        Place::Local => "local".to_string(),
+        // Named in full from the registry even when the call fails before connecting.
+        Place::Target(alias) => match crate::target::get(&deps.db, alias).await {
+            Ok(t) => t.location(),
+            Err(_) => alias.clone(),
+        },
+    });
     // The workspace and its permission, judged before anything runs.
     let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
     if let Err(d) = judge::check_tool(ws.permission, tool) {

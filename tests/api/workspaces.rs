@@ -173,8 +173,27 @@ async fn choose(env: &Env, section: &str, b: &Backend, permission: Permission) {
     assert_eq!(ws.permission, permission);
 }
 
-/// Runs one turn in which the model makes `list` calls, and returns their results.
+/// Runs one turn in which the model makes `list` calls, and returns their results after the
+/// `[where] ` each starts with (checked to name the backend).
 async fn turn(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
+    turn_raw(env, section, n, list)
+        .await
+        .into_iter()
+        .map(|r| {
+            let (head, rest) = r
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("a result names where it ran: {r}"));
+            assert!(
+                head == "[local" || head.starts_with(&format!("[web · {}@127.0.0.1:", sshd::USER)),
+                "a result names where it ran: {r}"
+            );
+            rest.to_string()
+        })
+        .collect()
+}
+
+/// [`turn`], the results as the model received them.
+async fn turn_raw(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
     env.llm.push(MODEL, calls(list)).push(MODEL, say("done"));
     accept(&env.app, section, &unique("om_ws"), "go").await;
     let states = wait_turns_ended(&env.app, section, n).await;
@@ -882,10 +901,23 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
     sh(&format!("chown -R '{}' '{}'", b.owner, other.display()));
 
     choose(&env, &section, &b, Permission::Full).await;
-    let r = turn(
+    // Every result starts with where it ran.
+    let r = turn_raw(
         &env,
         &section,
         1,
+        &[("terminal", json!({"command": "true"}))],
+    )
+    .await;
+    let want = match &env._sshd {
+        None => "[local] exit code: 0".to_string(),
+        Some(s) => format!("[web · {}@127.0.0.1:{}] exit code: 0", sshd::USER, s.port),
+    };
+    assert!(r[0].starts_with(&want), "{}", r[0]);
+    let r = turn(
+        &env,
+        &section,
+        2,
         &[
             (
                 "terminal",
@@ -930,7 +962,7 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
     let r = turn(
         &env,
         &section,
-        2,
+        3,
         &[
             (
                 "terminal",
@@ -951,7 +983,7 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
     let r = turn(
         &env,
         &section,
-        3,
+        4,
         &[(
             "terminal",
             json!({"command": "rm victim", "workdir": other.display().to_string()}),
