@@ -897,7 +897,6 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
     let tag = b.dir.file_name().unwrap().to_string_lossy().into_owned();
     let other = b.dir.with_file_name(format!("{tag}_wd"));
     std::fs::create_dir_all(&other).unwrap();
-    std::fs::write(other.join("victim"), "outside\n").unwrap();
     sh(&format!("chown -R '{}' '{}'", b.owner, other.display()));
 
     choose(&env, &section, &b, Permission::Full).await;
@@ -986,7 +985,7 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
         4,
         &[(
             "terminal",
-            json!({"command": "rm victim", "workdir": other.display().to_string()}),
+            json!({"command": "echo no > escaped.txt", "workdir": other.display().to_string()}),
         )],
     )
     .await;
@@ -995,7 +994,8 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
         "judged in its workdir: {}",
         r[0]
     );
-    assert!(other.join("victim").exists());
+    assert!(!other.join("escaped.txt").exists());
+    assert!(!b.dir.join("escaped.txt").exists());
 }
 
 #[tokio::test]
