@@ -761,16 +761,17 @@ impl TargetPool {
 /// so never a process group leader) replaces itself with `setsid`, which therefore starts a
 /// new session — a process group of the wrapper's own making, on OpenSSH as on Dropbear,
 /// whose exec'd shell shares the server's group. Its leader prints `<marker><pid>` on stderr,
-/// then becomes the login shell running `script`, its standard input passed through. Without
+/// then runs `script` in that same shell, its standard input passed through. Without
 /// `setsid` it prints `<marker>none` and runs the script with no group of its own (a stop
 /// then says so). A death by signal is re-raised, so the server reports the signal.
 fn wrap(marker: &str, script: &str) -> String {
-    let inner =
-        format!("printf '%s%s\\n' {marker} \"$$\" >&2; exec \"${{SHELL:-/bin/sh}}\" -c \"$1\"");
+    // The pid line and the script in one shell: one start-up fewer than a shell that prints
+    // and then execs another for the script.
+    let inner = format!("printf '%s%s\\n' {marker} \"$$\" >&2\n{script}");
     let q = super::shell_quote(script);
     format!(
         "if command -v setsid >/dev/null 2>&1; then\n\
-         (exec setsid \"${{SHELL:-/bin/sh}}\" -c {inner} sh {q})\n\
+         (exec setsid \"${{SHELL:-/bin/sh}}\" -c {inner})\n\
          else printf '%snone\\n' {marker} >&2; \"${{SHELL:-/bin/sh}}\" -c {q}\n\
          fi\n\
          __sshmode_rc=$?\n\
