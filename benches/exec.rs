@@ -1,6 +1,7 @@
 //! Benchmark of the execution layer against a real OpenSSH server on loopback (see
 //! BENCHMARKS.md): round trip of `true` through the pooled SSH backend vs OpenSSH through an
-//! open ControlMaster vs a fresh `ssh`; 10 MB write and read vs `scp` through the same
+//! open ControlMaster vs a fresh `ssh`; 10 MB write and read (over SFTP, and through the
+//! shell on an sshd without SFTP) vs `scp` through the same
 //! ControlMaster; RSS of the process holding connections to 20 targets.
 //!
 //! Run as root with `bash scripts/bench.sh exec` (it provides TEST_DATABASE_URL).
@@ -130,6 +131,7 @@ async fn run() {
             .await
             .unwrap();
     }
+    let shell_vault = vault.clone();
     let exec = Executors::new(&config.exec, store.pool.clone(), vault).unwrap();
     let never = CancellationToken::new();
     let cmd = |script: &'static str| Command {
@@ -295,6 +297,63 @@ async fn run() {
         mb / bw.as_secs_f64(),
         mb / br.as_secs_f64()
     );
+    // The same on an sshd with no SFTP subsystem: files through the shell (`cat` + `mv`,
+    // `head -c`), same host, same key.
+    let plain_dir = dir.join("nosftp");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let plain = sshd::Sshd::start_opts(&plain_dir, sshd::free_port(), "", false);
+    plain.authorize(&dir.join("bench_key.pub"));
+    sshmode::target::add(
+        &store.pool,
+        &shell_vault,
+        NewTarget {
+            alias: "noftp".into(),
+            host: "127.0.0.1".into(),
+            port: plain.port,
+            user: sshd::USER.into(),
+            description: None,
+            secrets: NewSecrets::Key {
+                key: key_text.clone(),
+                cert: None,
+            },
+            host_key_policy: HostKeyPolicy::Tofu,
+            host_key: None,
+            approve: true,
+        },
+        "bench",
+    )
+    .await
+    .unwrap();
+    let shell_backend = exec
+        .backend("bench", &Place::Target("noftp".into()))
+        .await
+        .unwrap();
+    let mut w = Vec::new();
+    let mut r = Vec::new();
+    for _ in 0..FILE_RUNS {
+        let t = Instant::now();
+        shell_backend.write(&remote, &data).await.unwrap();
+        w.push(t.elapsed());
+        let t = Instant::now();
+        let back = shell_backend
+            .read(&remote, 0, FILE_SIZE as u64)
+            .await
+            .unwrap();
+        r.push(t.elapsed());
+        assert!(back.data == data);
+    }
+    let (hw, hr) = (med(w), med(r));
+    println!(
+        "| SSH backend without SFTP (through the shell) | {:.0} MiB/s | {:.0} MiB/s |",
+        mb / hw.as_secs_f64(),
+        mb / hr.as_secs_f64()
+    );
+    println!(
+        "\nshell / SFTP time: write {:.2}×, read {:.2}×",
+        hw.as_secs_f64() / bw.as_secs_f64(),
+        hr.as_secs_f64() / br.as_secs_f64()
+    );
+    drop(plain);
     let local = dir.join("local-10mb.bin");
     let local_back = dir.join("local-back.bin");
     std::fs::write(&local, &data).unwrap();

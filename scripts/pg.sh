@@ -1,4 +1,4 @@
-# Sourced by test.sh and bench.sh: installs what is missing (OpenSSH server, PostgreSQL), starts
+# Sourced by test.sh and bench.sh: installs what is missing (OpenSSH server, Dropbear, PostgreSQL), starts
 # a throwaway PostgreSQL cluster under /tmp as an unprivileged user, exports TEST_DATABASE_URL,
 # and stops and removes the cluster when the sourcing shell exits.
 
@@ -7,6 +7,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }
 
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# The SSH tests also run against Dropbear, the server of routers and small images.
+[ -x /usr/sbin/dropbear ] || need+=(dropbear-bin)
 pg_bin=""
 for d in $(dirname "$(command -v pg_ctl 2>/dev/null || echo /nonexistent/x)") /usr/lib/postgresql/*/bin; do
   if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then pg_bin="$d"; fi

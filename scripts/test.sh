@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need (OpenSSH server,
-# PostgreSQL if absent), starts a throwaway PostgreSQL as an unprivileged user under /tmp, runs
+# Dropbear, PostgreSQL if absent), starts a throwaway PostgreSQL as an unprivileged user under /tmp, runs
 # `cargo test`, and cleans up. Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh lark`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,10 @@ fi
 PG_EXTRA_OPTS="-c fsync=off" source scripts/pg.sh
 if [ "${SSHMODE_TEST_SKIP_SSH:-}" != 1 ] && [ ! -x /usr/sbin/sshd ]; then
   log "/usr/sbin/sshd is missing after installing openssh-server: the SSH tests cannot run"
+  exit 1
+fi
+if [ "${SSHMODE_TEST_SKIP_SSH:-}" != 1 ] && [ ! -x /usr/sbin/dropbear ]; then
+  log "/usr/sbin/dropbear is missing after installing dropbear-bin: the Dropbear tests cannot run"
   exit 1
 fi
 

@@ -33,7 +33,9 @@ pub fn definitions() -> Vec<Tool> {
             "Run a shell command on this thread's backend, in the thread's working directory (a `cd` holds for the next command).",
             json!({"type": "object", "properties": {
                 "command": {"type": "string", "description": "A POSIX shell command."},
-                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."}
+                "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."},
+                "workdir": {"type": "string", "description": "Run in this directory for this call only (the thread's working directory is neither used nor changed)."},
+                "env": {"type": "object", "maxProperties": MAX_CALL_ENV, "additionalProperties": {"type": "string"}, "description": "Environment variables for this call only (names: letters, digits, `_`)."}
             }, "required": ["command"], "additionalProperties": false}),
         ),
         Tool::function(
@@ -194,6 +196,7 @@ pub async fn run(
     let mut backend = None;
     let mut exit = None;
     let mut binding_fails = None;
+    let mut location = None;
     let outcome = dispatch(
         deps,
         section,
@@ -205,12 +208,18 @@ pub async fn run(
             backend: &mut backend,
             exit: &mut exit,
             binding_fails: &mut binding_fails,
+            location: &mut location,
         },
     )
     .await;
     let (text, ok) = match outcome {
         Ok(t) => (t, true),
         Err(e) => (format!("error: {e}"), false),
+    };
+    // A task tool's result names where it ran, so a transcript never leaves the host in doubt.
+    let text = match location {
+        Some(l) => format!("[{l}] {text}"),
+        None => text,
     };
     ToolResult {
         text: cut(&text, deps.config.tool_result_limit),
@@ -227,6 +236,8 @@ struct Outs<'a> {
     backend: &'a mut Option<String>,
     exit: &'a mut Option<String>,
     binding_fails: &'a mut Option<BindingFails>,
+    /// Where a task tool ran (`local`, or [`crate::target::Target::location`]), once known.
+    location: &'a mut Option<String>,
 }
 
 async fn dispatch(
@@ -242,6 +253,7 @@ async fn dispatch(
         backend: backend_out,
         exit: exit_out,
         binding_fails: fails_out,
+        location: location_out,
     } = outs;
     let tool = call.function.name.as_str();
     let map = call.parsed_arguments().map_err(|e| e.to_string())?;
@@ -277,7 +289,7 @@ async fn dispatch(
     }
     // Check the arguments before anything is resolved or run.
     let allowed: &[&str] = match tool {
-        "terminal" => &["command", "timeout"],
+        "terminal" => &["command", "timeout", "workdir", "env"],
         "read_file" => &["path", "offset", "limit"],
         "write_file" => &["path", "content"],
         "patch" => &["path", "old_string", "new_string", "replace_all"],
@@ -320,6 +332,14 @@ async fn dispatch(
     };
     let backend_label = place.name().to_string();
     *backend_out = Some(backend_label.clone());
+    *location_out = Some(match &place {
+        Place::Local => "local".to_string(),
+        // Named in full from the registry even when the call fails before connecting.
+        Place::Target(alias) => match crate::target::get(&deps.db, alias).await {
+            Ok(t) => t.location(),
+            Err(_) => alias.clone(),
+        },
+    });
     // The workspace and its permission, judged before anything runs.
     let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
     if let Err(d) = judge::check_tool(ws.permission, tool) {
@@ -369,14 +389,30 @@ async fn dispatch(
         match tool {
             "terminal" => {
                 let command = args.str("command")?;
-                if let Some(scope) = &scope
-                    && let Err(d) = judge::check_command(ws.permission, &command, scope)
-                {
-                    return Err(deny(&mut refusal, "permission", d.to_string()));
+                let workdir = args.opt_str("workdir")?;
+                let env = args.opt_string_map("env", MAX_CALL_ENV)?;
+                if let Some(scope) = &scope {
+                    // The workdir is judged as the `cd` into it would be, and the command
+                    // from there. Variables given here are not substituted by the judge: a
+                    // `$NAME` stays a word it cannot read, never a literal it trusts.
+                    let mut here = Scope { ..*scope };
+                    let resolved;
+                    if let Some(w) = &workdir {
+                        let enter = format!("cd -- {}", crate::exec::shell_quote(w));
+                        if let Err(d) = judge::check_command(ws.permission, &enter, scope) {
+                            return Err(deny(&mut refusal, "permission", d.to_string()));
+                        }
+                        resolved = ops.resolve(w).await.map_err(exec_err)?;
+                        here.cwd = &resolved;
+                    }
+                    if let Err(d) = judge::check_command(ws.permission, &command, &here) {
+                        return Err(deny(&mut refusal, "permission", d.to_string()));
+                    }
                 }
                 let opts = RunOptions {
                     timeout: Some(timeout(args.opt_u64("timeout")?)),
-                    env: Vec::new(),
+                    env,
+                    workdir,
                     prelude: if ws.permission == Permission::Read {
                         judge::read_preamble()
                     } else {
@@ -593,6 +629,9 @@ async fn check_write(
     judge::check_write_path(permission, &real[1], &real_scope).map_err(|d| d.to_string())
 }
 
+/// Most variables one `terminal` call may set through its `env` argument.
+const MAX_CALL_ENV: usize = 32;
+
 /// Audits a refused tool call (by the workspace permission or the command guard) and returns
 /// the text the model receives.
 async fn refused(
@@ -642,8 +681,17 @@ fn format_output(out: &Output, cwd: Option<&str>) -> String {
     let mut s = match &out.exit {
         Exit::Code(c) => format!("exit code: {c}\n"),
         Exit::Signal(sig) => format!("killed by signal {sig}\n"),
-        Exit::TimedOut => "timed out: the command was killed with its process group\n".into(),
-        Exit::Cancelled => "cancelled: the command was killed with its process group\n".into(),
+        Exit::TimedOut | Exit::Cancelled => {
+            let how = if out.exit == Exit::TimedOut {
+                "timed out"
+            } else {
+                "cancelled"
+            };
+            match &out.stop_note {
+                None => format!("{how}: the command was killed with its process group\n"),
+                Some(note) => format!("{how}: the command was NOT fully stopped: {note}\n"),
+            }
+        }
     };
     if let Some(d) = cwd {
         s.push_str(&format!("cwd: {d}\n"));
@@ -709,6 +757,26 @@ mod tests {
         assert!(c.contains("4999"));
         assert!(c.contains("result cut"));
         assert_eq!(cut("short", 1024), "short");
+    }
+
+    #[test]
+    fn a_stop_that_ended_nothing_is_never_reported_as_a_kill() {
+        let mut out = Output {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_omitted: 0,
+            stderr_omitted: 0,
+            exit: Exit::TimedOut,
+            stop_note: None,
+        };
+        assert!(format_output(&out, None).starts_with("timed out: the command was killed"));
+        out.stop_note = Some("no setsid on the target".into());
+        let text = format_output(&out, None);
+        assert!(
+            text.starts_with("timed out: the command was NOT fully stopped: no setsid"),
+            "{text}"
+        );
+        assert!(!text.contains("was killed"), "{text}");
     }
 
     #[test]

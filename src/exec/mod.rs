@@ -78,6 +78,9 @@ pub struct Output {
     pub stdout_omitted: u64,
     pub stderr_omitted: u64,
     pub exit: Exit,
+    /// Set when a timed-out or cancelled command's process group could not be ended: says,
+    /// in words, what may still be running. `None` when it was ended (or ran to its end).
+    pub stop_note: Option<String>,
 }
 
 /// A file's bytes (or a range of them) and its full size.

@@ -64,6 +64,10 @@ pub struct RunOptions {
     /// The section's workspace on the backend's host, for the guard: a recursive delete
     /// outside it asks a person.
     pub workspace: Option<String>,
+    /// A directory to run in for this command only (`~` and relative paths resolved as for
+    /// files): the section's working directory is neither used nor changed. A directory that
+    /// cannot be entered fails the command before it runs.
+    pub workdir: Option<String>,
 }
 
 /// A terminal command's result.
@@ -253,7 +257,14 @@ impl Ops {
         opts: RunOptions,
         cancel: &CancellationToken,
     ) -> Result<TerminalResult, ExecError> {
-        let cwd = self.cwd().await?;
+        let workdir = match &opts.workdir {
+            Some(w) => Some(self.resolve(w).await?),
+            None => None,
+        };
+        let cwd = match &workdir {
+            Some(w) => w.clone(),
+            None => self.cwd().await?,
+        };
         let home = self.backend.home().await.ok();
         let context = Context {
             cwd: Some(&cwd),
@@ -272,10 +283,19 @@ impl Ops {
         script.push_str(&format!(
             "trap 'printf \"%s%s\\n\" {marker} \"$PWD\"' EXIT\n"
         ));
-        script.push_str(&format!(
-            "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
-            d = shell_quote(&cwd)
-        ));
+        if workdir.is_some() {
+            // Asked for by this call: not entering it is the call's failure, never another
+            // directory.
+            script.push_str(&format!(
+                "cd -- {d} || {{ printf 'sshmode: cannot enter the workdir %s\\n' {d} >&2; exit 126; }}\n",
+                d = shell_quote(&cwd)
+            ));
+        } else {
+            script.push_str(&format!(
+                "cd -- {d} 2>/dev/null || {{ printf 'sshmode: %s is gone; starting in the home directory\\n' {d} >&2; cd; }}\n",
+                d = shell_quote(&cwd)
+            ));
+        }
         // Values travel on standard input, not in the script: the script is the shell's
         // command line, which anyone on the host can read with `ps`.
         let env_input = env_block(&opts.env)?;
@@ -303,6 +323,13 @@ impl Ops {
             )
             .await?;
         let new_cwd = take_marker(&mut output.stdout, marker.as_bytes());
+        if workdir.is_some() {
+            // The section's directory is untouched by a call with its own.
+            return Ok(TerminalResult {
+                output,
+                cwd: self.cwd().await?,
+            });
+        }
         let cwd = match new_cwd {
             Some(d) if d.starts_with('/') => {
                 self.cwds.set(self.backend.name(), &self.section, d.clone());
@@ -379,8 +406,7 @@ impl Ops {
                 "{p}: not an absolute path on one line"
             )));
         }
-        let quoted: Vec<String> = paths.iter().map(|p| shell_quote(p)).collect();
-        let script = format!("realpath -m -- {}", quoted.join(" "));
+        let script = real_paths_script(paths, false);
         let out = self
             .run(
                 Command {
@@ -397,7 +423,7 @@ impl Ops {
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
         if !out.exit.success() || lines.len() != paths.len() {
             return Err(ExecError::File(format!(
-                "cannot tell where {} leads on this host (`realpath -m` failed: {})",
+                "cannot tell where {} leads on this host (resolving its symlinks failed: {})",
                 paths.last().copied().unwrap_or_default(),
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
@@ -606,6 +632,33 @@ fn join(dir: &str, rest: &str) -> String {
     }
 }
 
+/// The script printing each of `paths` with its symlinks resolved, as `realpath -m` does:
+/// `realpath -m` where the host has it (GNU), else (BusyBox, whose `realpath` has no `-m`) a
+/// portable form that walks each path's components left to right as `realpath -m` does —
+/// `..` drops the last resolved component, an existing directory is resolved physically
+/// (`cd -P`, `pwd -P`), a symlink to a file by `readlink -f` (one that leads nowhere is a
+/// failure, never taken at face value), a missing component is kept as it is. Bounded by the
+/// number of components.
+fn real_paths_script(paths: &[&str], portable_only: bool) -> String {
+    let quoted: Vec<String> = paths.iter().map(|p| shell_quote(p)).collect();
+    let quoted = quoted.join(" ");
+    let portable = format!(
+        "for p in {quoted}; do r=; rest=$p\n\
+         while [ -n \"$rest\" ]; do c=${{rest%%/*}}\n\
+         case $rest in */*) rest=${{rest#*/}} ;; *) rest= ;; esac\n\
+         case $c in ''|.) continue ;; ..) r=${{r%/*}}; continue ;; esac\n\
+         n=$r/$c\n\
+         if [ -d \"$n\" ]; then r=$(cd -P -- \"$n\" && pwd -P) || exit 1\n\
+         elif [ -L \"$n\" ]; then r=$(readlink -f -- \"$n\") && [ -n \"$r\" ] || exit 1\n\
+         else r=$n; fi; r=${{r%/}}\n\
+         done; printf '%s\\n' \"${{r:-/}}\"; done\n"
+    );
+    if portable_only {
+        return portable;
+    }
+    format!("if realpath -m / >/dev/null 2>&1; then realpath -m -- {quoted}; else\n{portable}fi\n")
+}
+
 /// Most variables one command may be given.
 const MAX_ENV_VARS: usize = 128;
 /// Most bytes of names and values together.
@@ -708,6 +761,59 @@ fn cut_utf8(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_portable_real_paths_agree_with_realpath_m() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        std::fs::create_dir_all(format!("{d}/ws/sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", format!("{d}/ws/out")).unwrap();
+        std::os::unix::fs::symlink(format!("{d}/ws/sub"), format!("{d}/ws/in")).unwrap();
+        std::fs::write(format!("{d}/ws/sub/f"), "x").unwrap();
+        std::os::unix::fs::symlink(format!("{d}/ws/sub/f"), format!("{d}/ws/flink")).unwrap();
+        let paths: Vec<String> = [
+            "/ws",
+            "/ws/out/passwd",
+            "/ws/out/new/deeper",
+            "/ws/in/new",
+            "/ws/missing/../../x",
+            "/ws/missing/../out/y",
+            "/ws/out/../x",
+            "/ws//sub/./f",
+            "/ws/flink",
+            "/ws/it's here",
+        ]
+        .iter()
+        .map(|p| format!("{d}{p}"))
+        .chain(["/".to_string(), "/nonexistent-sshmode/a/..".to_string()])
+        .collect();
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let run = |portable: bool| {
+            let out = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(real_paths_script(&refs, portable))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let portable = run(true);
+        assert_eq!(portable, run(false));
+        assert_eq!(portable[1], "/etc/passwd", "a symlink out is followed");
+        // A symlink that leads nowhere is a failure, not a path taken at face value.
+        std::os::unix::fs::symlink("/nonexistent-sshmode/x/y", format!("{d}/ws/dangling")).unwrap();
+        let dangling = format!("{d}/ws/dangling");
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(real_paths_script(&[&dangling], true))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+    }
 
     #[test]
     fn marker_is_cut_and_names_the_directory() {

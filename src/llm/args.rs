@@ -52,6 +52,29 @@ impl<'a> Args<'a> {
     }
 
     /// An optional flag, false when absent.
+    /// An optional object of string values (`{"NAME": "value"}`), in the order given; at
+    /// most `max` entries. Error messages name the key, never a value.
+    pub fn opt_string_map(&self, name: &str, max: usize) -> Result<Vec<(String, String)>, String> {
+        let Some(v) = self.map.get(name) else {
+            return Ok(Vec::new());
+        };
+        let Some(obj) = v.as_object() else {
+            return Err(self.bad(format!("`{name}` must be an object of strings")));
+        };
+        if obj.len() > max {
+            return Err(self.bad(format!(
+                "`{name}` holds {} entries; at most {max}",
+                obj.len()
+            )));
+        }
+        obj.iter()
+            .map(|(k, v)| match v.as_str() {
+                Some(s) => Ok((k.clone(), s.to_string())),
+                None => Err(self.bad(format!("`{name}.{k}` must be a string"))),
+            })
+            .collect()
+    }
+
     pub fn opt_bool(&self, name: &str) -> Result<bool, String> {
         match self.map.get(name) {
             None | Some(Value::Null) => Ok(false),

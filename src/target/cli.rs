@@ -624,6 +624,13 @@ async fn test(
                 "ok: {}@{}:{} authenticated and ran `true`",
                 t.user, t.host, t.port
             )?;
+            let files = match crate::exec::ssh::file_path(&handle, config.exec.ssh_connect_timeout)
+                .await
+            {
+                crate::exec::ssh::FilePath::Sftp => "files: over SFTP".to_string(),
+                crate::exec::ssh::FilePath::Shell => "files: through the shell — the server has no SFTP subsystem (`Subsystem sftp` / sftp-server missing); reads and writes use the exec channel, writes still replace files atomically".to_string(),
+            };
+            writeln!(out, "{files}")?;
             let _ = handle
                 .disconnect(russh::Disconnect::ByApplication, "", "en")
                 .await;

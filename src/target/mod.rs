@@ -149,6 +149,19 @@ pub struct Target {
     pub workspace: Option<String>,
 }
 
+impl Target {
+    /// Where this target's commands run, for the head of every tool result: its alias, user
+    /// and host (`web · deploy@10.0.0.5`), with the port when it is not 22.
+    pub fn location(&self) -> String {
+        let port = if self.port == 22 {
+            String::new()
+        } else {
+            format!(":{}", self.port)
+        };
+        format!("{} · {}@{}{port}", self.alias, self.user, self.host)
+    }
+}
+
 /// Secrets of a new target, in plaintext only for the moment of import.
 pub enum NewSecrets {
     /// An unencrypted OpenSSH private key (decrypted by the CLI if it had a passphrase) and

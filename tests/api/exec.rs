@@ -154,6 +154,10 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
         .await
         .unwrap();
     assert_eq!(r.output.exit, Exit::TimedOut);
+    assert_eq!(
+        r.output.stop_note, None,
+        "the stop ended the command's group"
+    );
     assert_eq!(text(&r.output.stdout), "started\n");
     let r = sh(
         &ops,

@@ -7,6 +7,8 @@ mod chat_control;
 mod console;
 mod control_plane;
 mod database;
+#[allow(dead_code)]
+mod dropbear;
 mod exec;
 mod exec_ssh;
 #[allow(dead_code)]
@@ -25,6 +27,7 @@ mod lark_support;
 mod lark_webhook;
 mod llm;
 mod progress;
+mod ssh_files;
 mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]

@@ -168,3 +168,137 @@ async fn a_dropped_command_is_killed_before_shutdown_ends() {
     drop((sshd, dir));
     assert!(gone, "the dropped command outlived the service's shutdown");
 }
+
+/// A timeout and a cancellation (what `/stop` and a cancelled turn do) of a command with a
+/// child each leave no process behind, and say so truthfully.
+async fn assert_stops(ops: &sshmode::exec::ops::Ops, server: &str) {
+    for how in ["timeout", "cancel"] {
+        let cancel = CancellationToken::new();
+        let timeout = match how {
+            "timeout" => Duration::from_secs(3),
+            _ => {
+                let c = cancel.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    c.cancel();
+                });
+                Duration::from_secs(60)
+            }
+        };
+        let r = ops
+            .terminal(
+                "sleep 173 & echo $!; wait",
+                RunOptions {
+                    timeout: Some(timeout),
+                    ..Default::default()
+                },
+                &cancel,
+            )
+            .await
+            .unwrap();
+        let want = if how == "timeout" {
+            Exit::TimedOut
+        } else {
+            Exit::Cancelled
+        };
+        assert_eq!(r.output.exit, want, "{server} {how}");
+        let child: u32 = String::from_utf8_lossy(&r.output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{server} {how}: {r:?}"));
+        let gone = wait_exited(child, Duration::from_secs(5)).await;
+        if !gone {
+            // SAFETY: cleaning up the process this test started.
+            unsafe { libc::kill(child as i32, libc::SIGKILL) };
+        }
+        assert!(gone, "{server} {how}: the command's child kept running");
+        assert_eq!(r.output.stop_note, None, "{server} {how}");
+    }
+}
+
+#[tokio::test]
+async fn timeout_and_stop_leave_no_process_on_openssh() {
+    let Some(env) = crate::exec_ssh::env().await else {
+        return;
+    };
+    env.add_key_target("stop_o").await;
+    let ops = env
+        .app
+        .state
+        .exec
+        .ops_for("omt_stop_o", &Place::Target("stop_o".into()))
+        .await
+        .unwrap();
+    assert_stops(&ops, "OpenSSH").await;
+}
+
+#[tokio::test]
+async fn timeout_and_stop_leave_no_process_on_dropbear() {
+    let Some(env) = crate::dropbear::env("stop_d", false).await else {
+        return;
+    };
+    let ops = env
+        .app
+        .state
+        .exec
+        .ops_for("omt_stop_d", &Place::Target("stop_d".into()))
+        .await
+        .unwrap();
+    assert_stops(&ops, "Dropbear").await;
+    // Commands still work as ever: exit codes, signals, standard input.
+    let r = ops
+        .terminal(
+            "kill -TERM $$",
+            RunOptions::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.output.exit, Exit::Signal("TERM".into()));
+}
+
+#[tokio::test]
+async fn a_group_that_cannot_be_ended_is_reported_not_claimed_killed() {
+    // A target whose PATH has no `setsid`: the command gets no group of its own.
+    let bin = tempfile::tempdir().unwrap();
+    for tool in ["sleep", "printf", "cat"] {
+        std::os::unix::fs::symlink(format!("/usr/bin/{tool}"), bin.path().join(tool)).unwrap();
+    }
+    let extra = format!("SetEnv PATH={}\n", bin.path().display());
+    let Some(env) = env_with_sshd(&[("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")], &extra).await
+    else {
+        return;
+    };
+    env.add_key_target("nogroup").await;
+    let ops = env
+        .app
+        .state
+        .exec
+        .ops_for("omt_nogroup", &Place::Target("nogroup".into()))
+        .await
+        .unwrap();
+    let r = ops
+        .terminal(
+            "sleep 171 & echo $!; wait",
+            RunOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..Default::default()
+            },
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    if let Ok(child) = String::from_utf8_lossy(&r.output.stdout)
+        .trim()
+        .parse::<i32>()
+    {
+        // SAFETY: cleaning up the process this test started.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+    }
+    assert_eq!(r.output.exit, Exit::TimedOut);
+    let note = r
+        .output
+        .stop_note
+        .expect("a stop that ended nothing says so");
+    assert!(note.contains("setsid"), "{note}");
+}

@@ -167,6 +167,11 @@ impl Sshd {
 
     /// [`Sshd::start`] with `extra` lines appended to its configuration.
     pub fn start_with(dir: &Path, port: u16, extra: &str) -> Sshd {
+        Self::start_opts(dir, port, extra, true)
+    }
+
+    /// [`Sshd::start_with`], with or without an SFTP subsystem.
+    pub fn start_opts(dir: &Path, port: u16, extra: &str, sftp: bool) -> Sshd {
         let host_key = dir.join("host_key");
         if !host_key.exists() {
             new_key(&host_key, "ed25519", "");
@@ -182,11 +187,12 @@ impl Sshd {
                 "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nUsePAM no\n\
                  PasswordAuthentication yes\nPubkeyAuthentication yes\nKbdInteractiveAuthentication no\n\
                  TrustedUserCAKeys {ca}.pub\nAuthorizedKeysFile {dir}/%u.keys\nStrictModes no\n\
-                 Subsystem sftp internal-sftp\nMaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n{extra}",
+                 {subsystem}MaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n{extra}",
                 hk = host_key.display(),
                 pid = dir.join("sshd.pid").display(),
                 ca = ca.display(),
                 dir = dir.display(),
+                subsystem = if sftp { "Subsystem sftp internal-sftp\n" } else { "" },
             ),
         )
         .unwrap();
@@ -284,7 +290,7 @@ impl Drop for Sshd {
 }
 
 /// Pids whose parent is `pid` (from /proc).
-fn children_of(pid: i32) -> Vec<i32> {
+pub fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;

@@ -173,8 +173,27 @@ async fn choose(env: &Env, section: &str, b: &Backend, permission: Permission) {
     assert_eq!(ws.permission, permission);
 }
 
-/// Runs one turn in which the model makes `list` calls, and returns their results.
+/// Runs one turn in which the model makes `list` calls, and returns their results after the
+/// `[where] ` each starts with (checked to name the backend).
 async fn turn(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
+    turn_raw(env, section, n, list)
+        .await
+        .into_iter()
+        .map(|r| {
+            let (head, rest) = r
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("a result names where it ran: {r}"));
+            assert!(
+                head == "[local" || head.starts_with(&format!("[web · {}@127.0.0.1:", sshd::USER)),
+                "a result names where it ran: {r}"
+            );
+            rest.to_string()
+        })
+        .collect()
+}
+
+/// [`turn`], the results as the model received them.
+async fn turn_raw(env: &Env, section: &str, n: usize, list: &[(&str, Value)]) -> Vec<String> {
     env.llm.push(MODEL, calls(list)).push(MODEL, say("done"));
     accept(&env.app, section, &unique("om_ws"), "go").await;
     let states = wait_turns_ended(&env.app, section, n).await;
@@ -892,4 +911,132 @@ async fn read_runs_no_repository_program_on_a_target() {
         return;
     }
     read_runs_no_repository_program(true).await;
+}
+
+/// `terminal`'s `workdir` and `env` hold for one call: judged there, never changing the
+/// thread's directory; names checked, values never in an error; at `read` a variable given
+/// this way never turns a redirection target or a command word into something allowed.
+async fn terminal_options_hold_for_one_call(remote: bool) {
+    let (env, section, b, _) = setup(remote, "omt_topts").await;
+    std::fs::create_dir_all(b.dir.join("sub")).unwrap();
+    sh(&format!(
+        "chown -R '{}' '{}'",
+        b.owner,
+        b.dir.join("sub").display()
+    ));
+    let tag = b.dir.file_name().unwrap().to_string_lossy().into_owned();
+    let other = b.dir.with_file_name(format!("{tag}_wd"));
+    std::fs::create_dir_all(&other).unwrap();
+    sh(&format!("chown -R '{}' '{}'", b.owner, other.display()));
+
+    choose(&env, &section, &b, Permission::Full).await;
+    // Every result starts with where it ran.
+    let r = turn_raw(
+        &env,
+        &section,
+        1,
+        &[("terminal", json!({"command": "true"}))],
+    )
+    .await;
+    let want = match &env._sshd {
+        None => "[local] exit code: 0".to_string(),
+        Some(s) => format!("[web · {}@127.0.0.1:{}] exit code: 0", sshd::USER, s.port),
+    };
+    assert!(r[0].starts_with(&want), "{}", r[0]);
+    let r = turn(
+        &env,
+        &section,
+        2,
+        &[
+            (
+                "terminal",
+                json!({"command": "pwd; printf '%s|%s\\n' \"$A\" \"$B\"", "workdir": "sub",
+                       "env": {"A": "x y", "B": "it's $HOME"}}),
+            ),
+            ("terminal", json!({"command": "pwd"})),
+            (
+                "terminal",
+                json!({"command": "true", "env": {"BAD-NAME": "secret-value-1"}}),
+            ),
+            (
+                "terminal",
+                json!({"command": "true", "workdir": "missing-dir"}),
+            ),
+        ],
+    )
+    .await;
+    let dir = std::fs::canonicalize(&b.dir).unwrap();
+    assert!(
+        r[0].contains(&format!("{}/sub\n", dir.display())) && r[0].contains("x y|it's $HOME\n"),
+        "{}",
+        r[0]
+    );
+    assert!(
+        r[1].contains(&format!("{}\n", dir.display())) && !r[1].contains("/sub"),
+        "the thread's directory is untouched: {}",
+        r[1]
+    );
+    assert!(
+        r[2].starts_with("error:") && r[2].contains("BAD-NAME") && !r[2].contains("secret-value-1"),
+        "{}",
+        r[2]
+    );
+    assert!(
+        r[3].contains("exit code: 126") && r[3].contains("cannot enter the workdir"),
+        "{}",
+        r[3]
+    );
+
+    choose(&env, &section, &b, Permission::Read).await;
+    let r = turn(
+        &env,
+        &section,
+        3,
+        &[
+            (
+                "terminal",
+                json!({"command": "echo hi > \"$F\"", "env": {"F": "made.txt"}}),
+            ),
+            (
+                "terminal",
+                json!({"command": "$C made.txt", "env": {"C": "touch"}}),
+            ),
+        ],
+    )
+    .await;
+    assert!(refused_by_read(&r[0]), "{}", r[0]);
+    assert!(refused_by_read(&r[1]), "{}", r[1]);
+    assert!(!b.dir.join("made.txt").exists());
+
+    choose(&env, &section, &b, Permission::ReadWrite).await;
+    let r = turn(
+        &env,
+        &section,
+        4,
+        &[(
+            "terminal",
+            json!({"command": "echo no > escaped.txt", "workdir": other.display().to_string()}),
+        )],
+    )
+    .await;
+    assert!(
+        r[0].starts_with("error:") && r[0].contains("`read-write`"),
+        "judged in its workdir: {}",
+        r[0]
+    );
+    assert!(!other.join("escaped.txt").exists());
+    assert!(!b.dir.join("escaped.txt").exists());
+}
+
+#[tokio::test]
+async fn terminal_workdir_and_env_hold_for_one_call_locally() {
+    terminal_options_hold_for_one_call(false).await;
+}
+
+#[tokio::test]
+async fn terminal_workdir_and_env_hold_for_one_call_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    terminal_options_hold_for_one_call(true).await;
 }

@@ -320,7 +320,7 @@ impl Backend for LocalBackend {
             _ = tokio::time::sleep(cmd.timeout) => return Err(ExecError::Local(
                 "too many local commands are running; try again shortly".into())),
             _ = cancel.cancelled() => return Ok(Output {
-                stdout: Vec::new(), stderr: Vec::new(), stdout_omitted: 0, stderr_omitted: 0,
+                stdout: Vec::new(), stderr: Vec::new(), stdout_omitted: 0, stderr_omitted: 0, stop_note: None,
                 exit: Exit::Cancelled,
             }),
         };
@@ -433,6 +433,7 @@ impl Backend for LocalBackend {
             stderr,
             stdout_omitted,
             stderr_omitted,
+            stop_note: None,
             exit,
         })
     }

@@ -5,23 +5,29 @@
 //! backoff after a failed connect and the failure reported, not hidden; idle ones are closed
 //! by the reaper.
 //!
-//! Commands run on exec channels; files move over SFTP ([`sftp`]). A command past its timeout
-//! is killed on the remote — its process group (sshd makes each session's shell a session
-//! leader, and the script reports its pid first, behind a marker made for that command) gets
-//! TERM then KILL — and its partial output returned. A command dropped midway is killed from
-//! a task on the app's tracker.
+//! Commands run on exec channels; files move over SFTP ([`sftp`]), or through the shell
+//! ([`shellfs`]) on a connection whose server has no SFTP subsystem. Every command runs in a
+//! session the wrapper creates with `setsid` (servers differ: OpenSSH makes the exec'd shell a
+//! session leader, Dropbear leaves it in the server's own group), whose leader reports its pid
+//! first, behind a marker made for that command. A command past its timeout or cancelled is
+//! killed on the remote — that group gets TERM then KILL, and the kill reports whether any of
+//! it is left — and its partial output returned; where the group could not be ended (no
+//! `setsid` on the target, a survivor), [`Output::stop_note`] says so. A command dropped
+//! midway is killed from a task on the app's tracker.
 //!
 //! Never: accepts an unknown or changed host key, keeps a secret outside the vault, signals a
-//! pid it did not read from behind its marker (or one ≤ 1), or lets an SSH failure turn into
+//! pid it did not read from behind its marker (or one ≤ 1) — so never a group the wrapper did
+//! not create —, claims a group ended that it could not end, or lets an SSH failure turn into
 //! local execution.
 
 pub mod connect;
 mod sftp;
+mod shellfs;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -49,7 +55,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const OPEN_ATTEMPTS: usize = 5;
 const OPEN_RETRY_WAIT: Duration = Duration::from_millis(200);
 /// How long the remote kill of a timed-out command may take.
-const KILL_WAIT: Duration = Duration::from_secs(5);
+const KILL_WAIT: Duration = Duration::from_secs(8);
+/// How long a command stopped before it reported its process group is still read for it.
+const PID_WAIT: Duration = Duration::from_secs(2);
+/// Runs of the remote kill when one ends without reporting (see [`kill_group`]).
+const KILL_ATTEMPTS: usize = 3;
 
 /// Every SSH connection of the app.
 pub struct SshPool {
@@ -194,6 +204,23 @@ struct Conn {
     broken: AtomicBool,
     /// For idle close.
     last_used: StdMutex<Instant>,
+    /// Whether the server offers SFTP: [`SFTP_UNKNOWN`] until the first file operation on
+    /// this connection finds out, then [`SFTP_YES`] or [`SFTP_NO`] (files go through the
+    /// shell, [`shellfs`]).
+    sftp: AtomicU8,
+}
+
+const SFTP_UNKNOWN: u8 = 0;
+const SFTP_YES: u8 = 1;
+const SFTP_NO: u8 = 2;
+
+/// How a target's files move, as `target test` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilePath {
+    /// Over the server's SFTP subsystem.
+    Sftp,
+    /// Through the shell on an exec channel: the server has no SFTP subsystem.
+    Shell,
 }
 
 /// The connections of one target.
@@ -429,6 +456,7 @@ impl TargetPool {
                     busy: AtomicUsize::new(1),
                     broken: AtomicBool::new(false),
                     last_used: StdMutex::new(Instant::now()),
+                    sftp: AtomicU8::new(SFTP_UNKNOWN),
                 });
                 conns.push(conn.clone());
                 Ok(Ok(Lease {
@@ -552,15 +580,11 @@ impl TargetPool {
         cmd: Command<'_>,
         cancel: &CancellationToken,
     ) -> Result<Output, ExecError> {
-        // The login shell is the session leader: its pid is the process group to kill. It is
-        // printed behind a one-time marker, so nothing a login script prints first (a `1`
-        // from an rc file) is ever taken for it.
+        // The command runs in a session (so a process group) the wrapper creates with
+        // `setsid`, whose leader prints its pid behind a one-time marker, so nothing a login
+        // script prints first (a `1` from an rc file) is ever taken for it.
         let mut pid_scan = PidScan::new();
-        let script = format!(
-            "printf '%s%s\\n' {} \"$$\" >&2\n{}",
-            pid_scan.marker(),
-            cmd.script
-        );
+        let script = wrap(pid_scan.marker(), cmd.script);
         // Waiting for a channel (bounded by the queue and connect timeouts) honours
         // cancellation; the command's own timeout starts once it runs.
         let (lease, channel) = tokio::select! {
@@ -571,6 +595,7 @@ impl TargetPool {
                 stdout_omitted: 0,
                 stderr_omitted: 0,
                 exit: Exit::Cancelled,
+                stop_note: None,
             }),
         };
         let (mut rx, tx) = channel.split();
@@ -598,8 +623,10 @@ impl TargetPool {
         let mut err = HeadTail::new(cmd.stderr_limit);
         let mut pid: Option<u32> = None;
         let mut exit = None;
+        let mut stop_note = None;
         let deadline = tokio::time::sleep(cmd.timeout);
         tokio::pin!(deadline);
+        let mut stop = None;
         loop {
             tokio::select! {
                 // A command that exits without reading its input closes the channel: the
@@ -623,16 +650,41 @@ impl TargetPool {
                     Some(_) => {}
                 },
                 _ = &mut deadline => {
-                    self.kill(&lease, &tx, pid).await;
-                    exit = Some(Exit::TimedOut);
+                    stop = Some(Exit::TimedOut);
                     break;
                 }
                 _ = cancel.cancelled() => {
-                    self.kill(&lease, &tx, pid).await;
-                    exit = Some(Exit::Cancelled);
+                    stop = Some(Exit::Cancelled);
                     break;
                 }
             }
+        }
+        if let Some(how) = stop {
+            // A command stopped right after it started may not have reported its group yet:
+            // wait for the line (bounded) rather than leave the group running.
+            if pid.is_none() && !pid_scan.done {
+                let _ = tokio::time::timeout(PID_WAIT, async {
+                    while let Some(msg) = rx.wait().await {
+                        match msg {
+                            ChannelMsg::ExtendedData { data, ext: 1 } => {
+                                if let Some(found) = pid_scan.push(&data, &mut err) {
+                                    pid = Some(found);
+                                    orphan.pid = pid;
+                                }
+                                if pid_scan.done {
+                                    break;
+                                }
+                            }
+                            ChannelMsg::Data { data } => out.push(&data),
+                            ChannelMsg::Close => break,
+                            _ => {}
+                        }
+                    }
+                })
+                .await;
+            }
+            stop_note = self.kill(&lease, &tx, pid).await;
+            exit = Some(how);
         }
         orphan.pid = None;
         pid_scan.flush(&mut err);
@@ -648,15 +700,33 @@ impl TargetPool {
             stdout_omitted,
             stderr_omitted,
             exit,
+            stop_note,
         })
     }
 
     /// Kills a running command: a TERM signal request on its channel, then TERM and KILL to
-    /// its process group from a second channel on the same connection.
-    async fn kill(&self, lease: &Lease, channel: &ChannelWriteHalf<Msg>, pid: Option<u32>) {
+    /// the process group its wrapper created, from a second channel on the same connection.
+    /// Returns what may still run when the group could not be ended (or was never known).
+    async fn kill(
+        &self,
+        lease: &Lease,
+        channel: &ChannelWriteHalf<Msg>,
+        pid: Option<u32>,
+    ) -> Option<String> {
         let _ = channel.signal(russh::Sig::TERM).await;
-        if let Some(pid) = pid {
-            kill_group(&lease.conn, pid, self.alias()).await;
+        match pid {
+            Some(pid) => match kill_group(&lease.conn, pid, self.alias()).await {
+                GroupKill::Ended => None,
+                GroupKill::Alive => Some(format!(
+                    "its process group ({pid}) was signalled but still runs on the target"
+                )),
+                GroupKill::Unknown(why) => Some(format!(
+                    "its process group ({pid}) may not have ended ({why}); processes it started may still run on the target"
+                )),
+            },
+            None => Some(
+                "it never reported a process group of its own (the target may lack `setsid`): only its shell was signalled, and processes it started may still run on the target".into(),
+            ),
         }
     }
 
@@ -687,43 +757,121 @@ impl TargetPool {
     }
 }
 
+/// The script sent to the server for `script`: a subshell (never the server's own process,
+/// so never a process group leader) replaces itself with `setsid`, which therefore starts a
+/// new session — a process group of the wrapper's own making, on OpenSSH as on Dropbear,
+/// whose exec'd shell shares the server's group. Its leader prints `<marker><pid>` on stderr,
+/// then runs `script` in that same shell, its standard input passed through. Without
+/// `setsid` it prints `<marker>none` and runs the script with no group of its own (a stop
+/// then says so). A death by signal is re-raised, so the server reports the signal.
+fn wrap(marker: &str, script: &str) -> String {
+    // The pid line and the script in one shell: one start-up fewer than a shell that prints
+    // and then execs another for the script.
+    let inner = format!("printf '%s%s\\n' {marker} \"$$\" >&2\n{script}");
+    let q = super::shell_quote(script);
+    format!(
+        "if command -v setsid >/dev/null 2>&1; then\n\
+         (exec setsid \"${{SHELL:-/bin/sh}}\" -c {inner})\n\
+         else printf '%snone\\n' {marker} >&2; \"${{SHELL:-/bin/sh}}\" -c {q}\n\
+         fi\n\
+         __sshmode_rc=$?\n\
+         if [ \"$__sshmode_rc\" -gt 128 ]; then __sshmode_sig=$(kill -l \"$__sshmode_rc\" 2>/dev/null)\n\
+         case $__sshmode_sig in\n\
+         HUP|INT|QUIT|ILL|TRAP|ABRT|BUS|FPE|KILL|USR1|SEGV|USR2|PIPE|ALRM|TERM|XCPU|XFSZ|SYS)\n\
+         trap - \"$__sshmode_sig\"; kill -s \"$__sshmode_sig\" \"$$\" ;;\n\
+         esac; fi\n\
+         exit \"$__sshmode_rc\"\n",
+        inner = super::shell_quote(&inner),
+    )
+}
+
+/// What became of a process group sent TERM and KILL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum GroupKill {
+    /// No process of the group is left.
+    Ended,
+    /// Some process of the group survived the KILL.
+    Alive,
+    /// The kill could not be run or did not report back in time; why.
+    Unknown(&'static str),
+}
+
 /// TERM, then KILL after up to 2 s, to the remote process group `pid`, from a second channel
-/// on `conn` (outside the channel count: it is short-lived). Bounded by [`KILL_WAIT`]. A pid
-/// of 0 or 1 is never signalled: `kill -- -1` would reach every process of the user.
-async fn kill_group(conn: &Conn, pid: u32, alias: &str) {
+/// on `conn` (outside the channel count: it is short-lived), then whether any of it is left.
+/// Bounded by [`KILL_WAIT`]. A pid of 0 or 1 is never signalled: `kill -- -1` would reach
+/// every process of the user.
+async fn kill_group(conn: &Conn, pid: u32, alias: &str) -> GroupKill {
     if pid <= 1 {
-        return;
+        return GroupKill::Unknown("no group to signal");
     }
     let script = format!(
-        "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; true"
+        "kill -TERM -- -{pid} 2>/dev/null; i=0; while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; \
+         i=0; while [ $i -lt 10 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; \
+         if kill -0 -- -{pid} 2>/dev/null; then echo alive; else echo ended; fi"
     );
+    // Dropbear may close a channel opened just as the command's own shell dies without
+    // running it (no output, no exit status): that attempt is retried — the script is
+    // idempotent — a bounded number of times.
     let killed = async {
-        // On the same connection, outside the channel count (it is short-lived); sshd may
-        // refuse it for a moment at its session limit, so retry a few times.
-        let mut ch = None;
-        for _ in 0..OPEN_ATTEMPTS {
-            match conn.handle.channel_open_session().await {
-                Ok(c) => {
-                    ch = Some(c);
-                    break;
-                }
-                Err(russh::Error::ChannelOpenFailure(_)) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(_) => return None,
-            }
-        }
-        let mut ch = ch?;
-        ch.exec(true, script.into_bytes()).await.ok()?;
-        while let Some(msg) = ch.wait().await {
-            if matches!(msg, ChannelMsg::Close) {
+        let mut last = GroupKill::Unknown("the kill did not report back");
+        for _ in 0..KILL_ATTEMPTS {
+            last = kill_once(conn, &script).await;
+            if last != GroupKill::Unknown("the kill did not report back") {
                 break;
             }
         }
-        Some(())
+        last
     };
-    if tokio::time::timeout(KILL_WAIT, killed).await.is_err() {
-        tracing::warn!(ssh.target = %alias, "remote kill did not finish in time");
+    match tokio::time::timeout(KILL_WAIT, killed).await {
+        Ok(k) => {
+            if k != GroupKill::Ended {
+                tracing::warn!(ssh.target = %alias, ssh.kill = ?k, "a remote process group may not have ended");
+            }
+            k
+        }
+        Err(_) => {
+            tracing::warn!(ssh.target = %alias, "remote kill did not finish in time");
+            GroupKill::Unknown("the kill did not finish in time")
+        }
+    }
+}
+
+/// One run of the kill `script` on a second channel of `conn`, and what it reported.
+async fn kill_once(conn: &Conn, script: &str) -> GroupKill {
+    // On the same connection, outside the channel count (it is short-lived); sshd may
+    // refuse it for a moment at its session limit, so retry a few times.
+    let mut ch = None;
+    for _ in 0..OPEN_ATTEMPTS {
+        match conn.handle.channel_open_session().await {
+            Ok(c) => {
+                ch = Some(c);
+                break;
+            }
+            Err(russh::Error::ChannelOpenFailure(_)) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(_) => return GroupKill::Unknown("no second channel on the connection"),
+        }
+    }
+    let Some(mut ch) = ch else {
+        return GroupKill::Unknown("the server refused a second channel");
+    };
+    if ch.exec(true, script.as_bytes().to_vec()).await.is_err() {
+        return GroupKill::Unknown("the kill could not be started");
+    }
+    // Bounded: the answer is one short word.
+    let mut said = Vec::new();
+    while let Some(msg) = ch.wait().await {
+        match msg {
+            ChannelMsg::Data { data } if said.len() < 64 => said.extend_from_slice(&data),
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    match said.trim_ascii() {
+        b"ended" => GroupKill::Ended,
+        b"alive" => GroupKill::Alive,
+        _ => GroupKill::Unknown("the kill did not report back"),
     }
 }
 
@@ -848,7 +996,7 @@ impl Drop for KillOnDrop {
         };
         let alias = std::mem::take(&mut self.alias);
         self.tasks.spawn(async move {
-            kill_group(&held.conn, pid, &alias).await;
+            let _ = kill_group(&held.conn, pid, &alias).await;
             drop(held);
         });
     }
@@ -965,18 +1113,76 @@ impl Backend for SshBackend {
     }
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
-        let (lease, channel) = self.pool.channel().await?;
-        let result = sftp::read(&self.pool, channel, path, offset, len).await;
-        drop(lease);
-        result
+        match self.pool.sftp().await? {
+            Some((lease, s)) => {
+                let result = sftp::read(s, path, offset, len).await;
+                drop(lease);
+                result
+            }
+            None => shellfs::read(&self.pool, path, offset, len).await,
+        }
     }
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
-        let (lease, channel) = self.pool.channel().await?;
-        let result = sftp::write(&self.pool, channel, path, data).await;
-        drop(lease);
-        result
+        match self.pool.sftp().await? {
+            Some((lease, s)) => {
+                let result = sftp::write(s, path, data).await;
+                drop(lease);
+                result
+            }
+            None => shellfs::write(&self.pool, path, data).await,
+        }
     }
+}
+
+impl TargetPool {
+    /// An SFTP session on a pooled channel, or `None` when the connection's server has no
+    /// SFTP subsystem (learned once per connection, then remembered): the caller then moves
+    /// the file through the shell.
+    async fn sftp(&self) -> Result<Option<(Lease, sftp::Session)>, ExecError> {
+        let (lease, channel) = self.channel().await?;
+        if lease.conn.sftp.load(Ordering::Acquire) == SFTP_NO {
+            let _ = channel.close().await;
+            return Ok(None);
+        }
+        match sftp::open(self, &lease, channel).await? {
+            Some(s) => {
+                lease.conn.sftp.store(SFTP_YES, Ordering::Release);
+                Ok(Some((lease, s)))
+            }
+            None => {
+                if lease.conn.sftp.swap(SFTP_NO, Ordering::AcqRel) != SFTP_NO {
+                    tracing::info!(ssh.target = %self.alias(), "no SFTP subsystem; files go through the shell");
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Which way files move on the freshly connected `handle` (for `target test`): SFTP when the
+/// server starts its subsystem, the shell otherwise.
+pub async fn file_path(handle: &Connection, timeout: Duration) -> FilePath {
+    let probe = async {
+        let Ok(ch) = handle.channel_open_session().await else {
+            return FilePath::Shell;
+        };
+        if ch.request_subsystem(true, "sftp").await.is_err() {
+            return FilePath::Shell;
+        }
+        let raw = russh_sftp::client::RawSftpSession::new(ch.into_stream());
+        raw.set_timeout(timeout.as_secs().max(1));
+        match raw.init().await {
+            Ok(_) => {
+                let _ = raw.close_session();
+                FilePath::Sftp
+            }
+            Err(_) => FilePath::Shell,
+        }
+    };
+    tokio::time::timeout(timeout, probe)
+        .await
+        .unwrap_or(FilePath::Shell)
 }
 
 #[cfg(test)]
@@ -1089,6 +1295,60 @@ mod tests {
         let (pid, err, _) = scan(&[&noise, b"<M>42\n"]);
         assert_eq!(pid, None, "given up after the bound");
         assert!(err.starts_with(&noise) && err.ends_with(b"42\n"));
+    }
+
+    /// Runs `wrap(script)` under `shell` as a server would (`$SHELL -c`), with `input`.
+    fn run_wrapped(shell: &str, script: &str, input: &[u8]) -> (std::process::Output, String) {
+        use std::io::Write;
+        let mut s = PidScan::new();
+        let marker = s.marker().to_string();
+        let mut child = std::process::Command::new(shell)
+            .arg("-c")
+            .arg(wrap(&marker, script))
+            .env("SHELL", shell)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let mut err = HeadTail::new(1 << 20);
+        let pid = s.push(&out.stderr, &mut err);
+        s.flush(&mut err);
+        let pid = pid.map(|p| p.to_string()).unwrap_or_default();
+        (
+            out,
+            format!("{pid}|{}", String::from_utf8_lossy(&err.into_bytes())),
+        )
+    }
+
+    #[test]
+    fn the_wrapper_runs_the_command_in_a_group_of_its_own_and_passes_everything_through() {
+        use std::os::unix::process::ExitStatusExt;
+        for shell in ["/bin/sh", "/bin/bash"] {
+            // The reported pid leads the command's own process group and session.
+            let (out, err) = run_wrapped(
+                shell,
+                "read -r line; printf '%s|' \"$line\"; ps -o pid=,pgid=,sid= -p $$ | tr -s ' ' | sed 's/^ //'",
+                b"it's \"in\" put\n",
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let (input, ids) = stdout.split_once('|').unwrap();
+            assert_eq!(input, "it's \"in\" put", "{shell}: stdin passes through");
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            let pid = err.split('|').next().unwrap();
+            assert_eq!(ids, [pid, pid, pid], "{shell}: {stdout} / {err}");
+            assert!(out.status.success());
+            // Exit codes, stderr and signals come back as the command made them.
+            let (out, err) = run_wrapped(shell, "echo oops >&2; exit 3", b"");
+            assert_eq!(out.status.code(), Some(3), "{shell}");
+            assert!(err.ends_with("|oops\n"), "{shell}: {err}");
+            let (out, _) = run_wrapped(shell, "exit 1", b"");
+            assert_eq!(out.status.code(), Some(1), "{shell}: 1 is no signal");
+            let (out, _) = run_wrapped(shell, "kill -TERM $$", b"");
+            assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{shell}");
+        }
     }
 
     #[test]

@@ -4,17 +4,20 @@
 //! `posix-rename@openssh.com` (a plain SFTP rename onto an existing file fails); a server
 //! without that extension gets a clear error, never a non-atomic fallback.
 //!
+//! Whether a server has SFTP at all is learned here, once per connection ([`open`]); without
+//! it the backend moves files through the shell ([`super::shellfs`]).
+//!
 //! Hand-written on `RawSftpSession` because the high-level session of russh-sftp offers no
 //! posix-rename and no way to reach the raw session it wraps.
 
 use futures_util::StreamExt;
-use russh::Channel;
 use russh::client::Msg;
+use russh::{Channel, ChannelMsg};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
 
-use super::TargetPool;
+use super::{Lease, TargetPool};
 use crate::exec::{ExecError, FileBytes};
 
 /// Bytes per read or write request (OpenSSH's sftp-server allows up to 256 KiB reads).
@@ -28,26 +31,61 @@ const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
 const S_IFLNK: u32 = 0o120000;
 
-struct Session {
+pub(super) struct Session {
     raw: RawSftpSession,
     posix_rename: bool,
 }
 
-async fn open_session(pool: &TargetPool, channel: Channel<Msg>) -> Result<Session, ExecError> {
+/// Starts SFTP on `channel`: `None` when the server has no SFTP subsystem — it refuses the
+/// request (OpenSSH without a `Subsystem sftp` line), or accepts it and closes the channel
+/// without an SFTP version (Dropbear with no `sftp-server` binary) while the connection
+/// itself stays up. A connection that dies meanwhile is an error, never "no SFTP".
+pub(super) async fn open(
+    pool: &TargetPool,
+    lease: &Lease,
+    mut channel: Channel<Msg>,
+) -> Result<Option<Session>, ExecError> {
+    let no_sftp = || {
+        if lease.conn.handle.is_closed() {
+            Err(pool.lost("the connection closed while starting SFTP"))
+        } else {
+            Ok(None)
+        }
+    };
     channel
         .request_subsystem(true, "sftp")
         .await
         .map_err(|e| pool.lost(e))?;
+    let answer = async {
+        loop {
+            match channel.wait().await {
+                Some(ChannelMsg::Success) => return Some(true),
+                Some(ChannelMsg::Failure) => return Some(false),
+                Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => return None,
+                Some(_) => {}
+            }
+        }
+    };
+    let answer = tokio::time::timeout(pool.config.ssh_connect_timeout, answer)
+        .await
+        .map_err(|_| pool.lost("the server did not answer the SFTP request"))?;
+    match answer {
+        Some(true) => {}
+        Some(false) => {
+            let _ = channel.close().await;
+            return Ok(None);
+        }
+        None => return no_sftp(),
+    }
     let raw = RawSftpSession::new(channel.into_stream());
     raw.set_timeout(REQUEST_TIMEOUT_SECS);
-    let version = raw
-        .init()
-        .await
-        .map_err(|e| pool.lost(format!("SFTP is not available: {e}")))?;
-    Ok(Session {
-        raw,
-        posix_rename: version.extensions.contains_key(POSIX_RENAME),
-    })
+    match raw.init().await {
+        Ok(version) => Ok(Some(Session {
+            raw,
+            posix_rename: version.extensions.contains_key(POSIX_RENAME),
+        })),
+        Err(_) => no_sftp(),
+    }
 }
 
 fn file_err(path: &str, e: SftpError) -> ExecError {
@@ -63,13 +101,11 @@ fn file_err(path: &str, e: SftpError) -> ExecError {
 }
 
 pub(super) async fn read(
-    pool: &TargetPool,
-    channel: Channel<Msg>,
+    s: Session,
     path: &str,
     offset: u64,
     len: u64,
 ) -> Result<FileBytes, ExecError> {
-    let s = open_session(pool, channel).await?;
     let result = read_in(&s, path, offset, len).await;
     let _ = s.raw.close_session();
     result
@@ -168,13 +204,7 @@ async fn read_exact_at(
     Ok(out)
 }
 
-pub(super) async fn write(
-    pool: &TargetPool,
-    channel: Channel<Msg>,
-    path: &str,
-    data: &[u8],
-) -> Result<(), ExecError> {
-    let s = open_session(pool, channel).await?;
+pub(super) async fn write(s: Session, path: &str, data: &[u8]) -> Result<(), ExecError> {
     let result = write_in(&s, path, data).await;
     let _ = s.raw.close_session();
     result
