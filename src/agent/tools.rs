@@ -334,10 +334,14 @@ async fn dispatch(
     *backend_out = Some(backend_label.clone());
     *location_out = Some(match &place {
         Place::Local => "local".to_string(),
-        // Named in full from the registry even when the call fails before connecting.
-        Place::Target(alias) => match crate::target::get(&deps.db, alias).await {
-            Ok(t) => t.location(),
-            Err(_) => alias.clone(),
+        // From the registry entry the backend was made with; when there is none (the target
+        // is unavailable), from the registry all the same, so a failure names it in full.
+        Place::Target(alias) => match &remote {
+            Some(Ok(ops)) => ops.backend().location(),
+            _ => match crate::target::get(&deps.db, alias).await {
+                Ok(t) => t.location(),
+                Err(_) => alias.clone(),
+            },
         },
     });
     // The workspace and its permission, judged before anything runs.

@@ -140,6 +140,12 @@ pub trait Backend: Send + Sync {
     /// `local` or the target alias; for logs and cwd bookkeeping.
     fn name(&self) -> &str;
 
+    /// Where its commands run, for the head of a tool result: `local`, or a target's alias,
+    /// user and host as its registry entry gave them.
+    fn location(&self) -> String {
+        self.name().to_string()
+    }
+
     /// Whether this backend is the local one (for messages only; no behaviour hangs on it).
     fn is_local(&self) -> bool;
 

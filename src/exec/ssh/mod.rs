@@ -1092,6 +1092,10 @@ impl Backend for SshBackend {
         self.pool.alias()
     }
 
+    fn location(&self) -> String {
+        self.pool.target.location()
+    }
+
     fn is_local(&self) -> bool {
         false
     }
