@@ -23,7 +23,7 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 use sshmode::agent::ChatOut;
-use sshmode::agent::port::ChatControl;
+use sshmode::chat::ChatControl;
 use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
@@ -99,6 +99,10 @@ async fn model(State(arrivals): State<Arrivals>, body: axum::body::Bytes) -> Jso
 
 /// Answers are not part of a step; they go nowhere.
 struct Nowhere;
+
+impl sshmode::agent::StepSink for Nowhere {
+    fn step(&self, _: &str, _: i64, _: &sshmode::agent::StepEvent) {}
+}
 
 #[async_trait]
 impl ChatOut for Nowhere {
@@ -230,26 +234,38 @@ async fn run() {
         let mut cmd_rt = Vec::with_capacity(RUNS_PER_TURN * TURNS);
         let mut model_rt = Vec::with_capacity(RUNS_PER_TURN * TURNS);
 
-        let (agent, runner) = sshmode::agent::build(
-            &config,
+        let agent = sshmode::agent::Agent::new(sshmode::agent::AgentDeps {
+            db: db.clone(),
+            exec: exec.clone(),
+            llm: Some(router.clone()),
+            model: config.model.clone(),
+            // The service's own chat control: the binding read at every call and prompt.
+            control: Arc::new(ChatControl {
+                db: db.clone(),
+                clock: Arc::new(sshmode::clock::SystemClock),
+                yolo_ttl: config.chat.yolo_ttl,
+            }),
+            plane: Arc::new(sshmode::control::ControlPlane::new(
+                &config,
+                db.clone(),
+                vault.clone(),
+            )),
+            out: Arc::new(Nowhere),
+            steps: Arc::new(Nowhere),
+            config: config.agent.clone(),
+            prompts: Default::default(),
+            workspaces: sshmode::workspace::LocalRules::from_config(&config.exec),
+        });
+        let runner = sshmode::turns::Runner::scoped(
             db.clone(),
-            sshmode::agent::Parts {
-                exec: exec.clone(),
-                llm: Some(router.clone()),
-                out: Arc::new(Nowhere),
-                // The service's own chat control: the binding read at every call and prompt.
-                control: Some(Arc::new(ChatControl {
-                    db: db.clone(),
-                    clock: Arc::new(sshmode::clock::SystemClock),
-                    yolo_ttl: config.chat.yolo_ttl,
-                })),
-                plane: Arc::new(sshmode::control::ControlPlane::new(
-                    &config,
-                    db.clone(),
-                    vault.clone(),
-                )),
-                steps: None,
+            sshmode::turns::RunnerConfig {
+                lease: config.agent.turn_lease,
+                workers: config.agent.turn_workers,
+                budget: config.agent.turn_budget,
+                poll: Duration::from_secs(1),
             },
+            agent.clone(),
+            sshmode::turns::Scope::All,
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

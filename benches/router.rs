@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 use sshmode::clock::SystemClock;
 use sshmode::config::RouterTunables;
+use sshmode::config::router_file::RouterFile;
 use sshmode::llm::client::{Client, Endpoint};
-use sshmode::llm::config::RouterFile;
 use sshmode::llm::{ChatRequest, Message, Router};
 use sshmode::metrics::Metrics;
 

@@ -131,7 +131,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         }
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::control::cli::run(cmd, &config).await,
-        Cmd::Chat { section } => sshmode::console::run(config, section).await,
+        Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;

@@ -1,27 +1,15 @@
 //! Answers in the chat: the receipt reaction, the final reaction, and the final answer as
-//! markdown `post` replies under Lark's 30 KB limit, each with a deterministic `uuid`. The
-//! answer is the model's text: a post carries it only through [`post_content`], which makes
-//! it inert ([`crate::lark::markup`]), so an answer never mentions anyone.
+//! markdown chunks under Lark's 30 KB post limit, each with a deterministic `uuid`. The
+//! answer is the model's text: the front-end makes it inert before it is posted.
 
-use async_trait::async_trait;
-use serde_json::{Value, json};
-
-use super::{AgentDeps, ChatOut, FAILURE, RECEIPT, SUCCESS};
-use crate::lark::client::{Content, LarkClient, idempotency_key};
-use crate::lark::markup;
+use super::{AgentDeps, FAILURE, RECEIPT, SUCCESS};
+use crate::lark::client::idempotency_key;
 use crate::turns::{ActiveTurn, Fenced};
 
 /// Most bytes of markdown in one post. Making it inert, then JSON escaping, at most doubles
 /// it (a replaced `<` or `&` is followed by a character kept as is), which stays under Lark's
 /// 30 KB post limit with room for the envelope.
 const CHUNK_BYTES: usize = 14_000;
-
-/// A `post` body with one `md` element holding the model's `markdown` made inert (no
-/// mentions, no Lark tags).
-pub fn post_content(markdown: &str) -> Value {
-    let text = markup::inert(markdown);
-    json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": text }]] } })
-}
 
 /// Splits markdown into chunks of at most [`CHUNK_BYTES`] (plus a fence line), at line breaks
 /// where possible; a code block cut by a split is closed and reopened.
@@ -181,66 +169,4 @@ pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> any
     }
     turn.fence.mark_answered(turn.id).await?;
     Ok(())
-}
-
-#[async_trait]
-impl ChatOut for LarkClient {
-    async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
-        Ok(LarkClient::add_reaction(self, message_id, emoji).await?)
-    }
-
-    async fn add_receipt(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
-        Ok(LarkClient::add_receipt(self, message_id, emoji).await?)
-    }
-
-    async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()> {
-        Ok(LarkClient::remove_reaction(self, message_id, reaction_id).await?)
-    }
-
-    async fn reply_markdown(
-        &self,
-        chat_id: &str,
-        message_id: &str,
-        markdown: &str,
-        in_thread: bool,
-        uuid: &str,
-    ) -> anyhow::Result<()> {
-        let content = Content::Post(post_content(markdown));
-        self.reply(message_id, &content, in_thread, uuid, Some(chat_id))
-            .await?;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_stay_under_the_post_limit_and_keep_code_fences() {
-        let mut text = String::from("intro\n```\n");
-        for i in 0..4000 {
-            text.push_str(&format!("line \"{i}\" \\ with quotes\n"));
-        }
-        text.push_str("```\nend\n");
-        let chunks = markdown_chunks(&text);
-        assert!(chunks.len() > 1);
-        for c in &chunks {
-            let encoded = post_content(c).to_string();
-            assert!(encoded.len() < 30_000, "{}", encoded.len());
-            assert_eq!(c.matches("```").count() % 2, 0, "fences balanced: {c:.80}");
-        }
-        assert!(chunks.concat().contains("line \"3999\""));
-        let huge = "é".repeat(40_000);
-        for c in markdown_chunks(&huge) {
-            assert!(post_content(&c).to_string().len() < 30_000);
-        }
-        assert_eq!(markdown_chunks("  "), vec!["(no answer)".to_string()]);
-        // The worst case for the inert form: every `<` opens a tag.
-        for c in markdown_chunks(&"<a".repeat(20_000)) {
-            let encoded = post_content(&c).to_string();
-            assert!(encoded.len() < 30_000, "{}", encoded.len());
-            assert!(!encoded.contains('<'));
-        }
-    }
 }

@@ -17,7 +17,7 @@
 
 mod answer;
 mod conversation;
-pub mod port;
+pub mod failing;
 pub mod prompt;
 mod run;
 mod tools;
@@ -32,8 +32,14 @@ use crate::exec::{Executors, Place};
 use crate::llm::Router;
 use crate::turns::{self, ActiveTurn, Enqueued, StopOutcome, TurnRequest, TurnWork};
 
-pub use answer::{markdown_chunks, post_content};
+pub use answer::markdown_chunks;
 pub use tools::definitions as tool_definitions;
+
+/// The answer to an agent request while no model is configured (CONTRACT).
+pub const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
+Chat commands still work: send /help to see them.";
+/// The answer to `/stop` when no turn runs.
+pub const NOTHING_RUNNING: &str = "Nothing is running here.";
 
 /// The receipt reaction put on a message when its turn is queued.
 pub const RECEIPT: &str = "Typing";
@@ -44,7 +50,7 @@ pub const FAILURE: &str = "CrossMark";
 
 /// A binding that no longer passes its checks (chat control's): the section stays bound to
 /// its target and every task-tool call fails with this, never running locally instead.
-pub use crate::chat::binding::Failing as BindingFails;
+pub use failing::BindingFails;
 
 /// What the model may ask of `ssh_mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,39 +222,6 @@ pub trait StepSink: Send + Sync + 'static {
     fn step(&self, section: &str, turn_id: i64, event: &StepEvent);
 }
 
-/// No progress view.
-pub struct NoProgress;
-
-impl StepSink for NoProgress {
-    fn step(&self, _: &str, _: i64, _: &StepEvent) {}
-}
-
-/// The section control used until chat control provides bindings: every section is local and
-/// `ssh_mode` says that SSH mode cannot be entered from here.
-pub struct LocalOnly;
-
-#[async_trait]
-impl SectionControl for LocalOnly {
-    async fn place(&self, _: &str) -> anyhow::Result<Place> {
-        Ok(Place::Local)
-    }
-
-    async fn ssh_mode(
-        &self,
-        _: &str,
-        _: &str,
-        action: SshModeAction,
-        _: Option<&str>,
-    ) -> anyhow::Result<String> {
-        Ok(match action {
-            SshModeAction::Status | SshModeAction::RequestLocal => {
-                "This thread runs locally.".into()
-            }
-            _ => "SSH targets cannot be used from this service yet.".into(),
-        })
-    }
-}
-
 /// What the agent is built from.
 pub struct AgentDeps {
     pub db: PgPool,
@@ -277,6 +250,11 @@ pub struct Agent {
 impl Agent {
     pub fn new(deps: AgentDeps) -> Arc<Agent> {
         Arc::new(Agent { deps })
+    }
+
+    /// Whether a model is configured (without one, a request is answered with [`NO_MODEL`]).
+    pub fn has_model(&self) -> bool {
+        self.deps.llm.is_some()
     }
 
     /// Queues a chat message for a turn (idempotent on its message id) and puts the receipt
@@ -313,7 +291,7 @@ impl Agent {
                         if dropped.len() == 1 { "" } else { "s" }
                     )
                 }
-                StopOutcome::Idle => crate::chat::NOTHING_RUNNING.into(),
+                StopOutcome::Idle => NOTHING_RUNNING.into(),
             },
         )
     }
@@ -328,64 +306,6 @@ impl TurnWork for Agent {
             .step(&turn.section, turn.id, &StepEvent::Left);
         r
     }
-}
-
-/// The handles the agent is built from.
-pub struct Parts {
-    pub exec: Arc<Executors>,
-    /// The model router; `None` when no model is configured.
-    pub llm: Option<Arc<Router>>,
-    /// Where answers and reactions go.
-    pub out: Arc<dyn ChatOut>,
-    /// Bindings and `ssh_mode`; [`LocalOnly`] when `None`.
-    pub control: Option<Arc<dyn SectionControl>>,
-    /// Memory and skills (the local control plane).
-    pub plane: Arc<crate::control::ControlPlane>,
-    /// The live progress view; none when `None`.
-    pub steps: Option<Arc<dyn StepSink>>,
-}
-
-/// Builds the agent and this replica's turn runner from the app's handles (the runner is
-/// spawned by the caller).
-pub fn build(
-    config: &crate::config::Config,
-    db: PgPool,
-    parts: Parts,
-) -> (Arc<Agent>, Arc<turns::Runner>) {
-    let Parts {
-        exec,
-        llm,
-        out,
-        control,
-        plane,
-        steps,
-    } = parts;
-    let agent = Agent::new(AgentDeps {
-        db: db.clone(),
-        exec,
-        llm,
-        model: config.model.clone(),
-        control: control.unwrap_or_else(|| Arc::new(LocalOnly)),
-        plane,
-        out,
-        steps: steps.unwrap_or_else(|| Arc::new(NoProgress)),
-        config: config.agent.clone(),
-        prompts: Default::default(),
-        workspaces: crate::workspace::LocalRules::from_config(&config.exec),
-    });
-    // Console sections are answered by the console that owns them.
-    let runner = turns::Runner::scoped(
-        db,
-        turns::RunnerConfig {
-            lease: config.agent.turn_lease,
-            workers: config.agent.turn_workers,
-            budget: config.agent.turn_budget,
-            poll: std::time::Duration::from_secs(1),
-        },
-        agent.clone(),
-        turns::Scope::Except(crate::console::SECTION_PREFIX.into()),
-    );
-    (agent, runner)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::conversation::{self, Flush, Kind, Mark, Stored};
-use super::{AgentDeps, BindingFails, EarlierStep, StepEvent, answer, prompt, tools};
+use super::{AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepEvent, answer, prompt, tools};
 use crate::lark::client::idempotency_key;
 use crate::llm::{ChatRequest, Message, ToolCall};
 use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
@@ -24,9 +24,6 @@ The service stopped while this call ran; it may or may not have taken effect, an
 /// turn first (a shutdown): known not to have run, so it is not "interrupted".
 const NOT_STARTED: &str = "not run: the service stopped before this call started. \
 Run it again if it is still needed.";
-/// The answer when no model is configured.
-const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
-Chat commands still work: send /help to see them.";
 
 /// The call this runner marked started in its last commit and has not started yet, with what
 /// was resolved for it while that commit was in flight.

@@ -7,7 +7,7 @@
 //! A binding records the chat it was made in and the target generation it was made for. The
 //! read a tool call makes ([`resolve_use`]) checks, in the same query that finds the binding,
 //! that the target still exists in that generation and still allows that chat; a binding that
-//! no longer passes stays bound and fails every call with the reason ([`Failing`]) until a user
+//! no longer passes stays bound and fails every call with the reason ([`BindingFails`]) until a user
 //! releases or rebinds it.
 //!
 //! Read from Postgres on every use: another replica or a restart sees a change at once. Never:
@@ -20,79 +20,16 @@ use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 
 use super::authz::{Binding, Kind};
 use super::grant;
+use crate::agent::failing::{BindingFails, Why};
 use crate::audit;
 use crate::exec::Place;
-
-/// Why a bound section may no longer use its target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
-    /// The alias no longer exists.
-    Removed,
-    /// The alias was removed and added again: another target, perhaps another host.
-    Replaced,
-    /// The target's allow-list no longer has the chat.
-    NotAllowed,
-    /// A binding from before chats and generations were recorded, which cannot be checked.
-    Unchecked,
-}
-
-impl Why {
-    /// A short word for the audit log.
-    pub fn code(self) -> &'static str {
-        match self {
-            Why::Removed => "removed",
-            Why::Replaced => "replaced",
-            Why::NotAllowed => "not_allowed_here",
-            Why::Unchecked => "unchecked",
-        }
-    }
-}
-
-/// A binding that no longer passes its checks: it stays, and every task-tool call fails.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failing {
-    pub alias: String,
-    pub why: Why,
-    /// When the binding was made: names this binding (a new one is checked afresh).
-    pub bound_at: DateTime<Utc>,
-}
-
-impl Failing {
-    /// What the model and the thread are told: why, and what a user can do.
-    pub fn message(&self) -> String {
-        let a = &self.alias;
-        let what = match self.why {
-            Why::Removed => format!("This thread is bound to `{a}`, which has been removed"),
-            Why::Replaced => format!(
-                "This thread is bound to `{a}`, which has been removed and added again since (it may be another host now)"
-            ),
-            Why::NotAllowed => {
-                format!("This thread is bound to `{a}`, which is no longer allowed in this chat")
-            }
-            Why::Unchecked => format!(
-                "This thread was bound to `{a}` before bindings recorded their chat and target, so the binding cannot be checked"
-            ),
-        };
-        format!(
-            "{what}. Nothing runs, there or locally, until a user sends `/ssh local` (or `/ssh use <alias>` to bind a target that is available here)."
-        )
-    }
-}
-
-impl std::fmt::Display for Failing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message())
-    }
-}
-
-impl std::error::Error for Failing {}
 
 /// The binding's place and, when it no longer passes, why: one query, on the pool or in the
 /// caller's transaction.
 async fn checked(
     db: impl PgExecutor<'_>,
     section: &str,
-) -> sqlx::Result<Option<(String, String, Option<Failing>)>> {
+) -> sqlx::Result<Option<(String, String, Option<BindingFails>)>> {
     let row = sqlx::query(
         "SELECT b.alias, b.kind, b.bound_at, b.chat_id, b.generation AS bound_generation,
                 t.generation,
@@ -119,7 +56,7 @@ async fn checked(
         _ if !r.get::<bool, _>("allowed") => Some(Why::NotAllowed),
         _ => None,
     };
-    let failing = why.map(|why| Failing {
+    let failing = why.map(|why| BindingFails {
         alias: alias.clone(),
         why,
         bound_at: r.get("bound_at"),
@@ -134,7 +71,7 @@ pub async fn resolve_use(
     db: &PgPool,
     section: &str,
     now: DateTime<Utc>,
-) -> anyhow::Result<Result<Place, Failing>> {
+) -> anyhow::Result<Result<Place, BindingFails>> {
     // The common case, a section never bound, costs one read and no transaction.
     let Some((alias, kind, failing)) = checked(db, section).await? else {
         return Ok(Ok(Place::Local));
@@ -177,7 +114,7 @@ pub async fn resolve_place(
 pub async fn refused_call(
     db: &PgPool,
     section: &str,
-    failing: &Failing,
+    failing: &BindingFails,
     tool: &str,
 ) -> anyhow::Result<bool> {
     let mut tx = db.begin().await?;
@@ -208,7 +145,7 @@ pub async fn refused_call(
 pub async fn told(
     db: &PgPool,
     section: &str,
-    failing: &Failing,
+    failing: &BindingFails,
     now: DateTime<Utc>,
 ) -> sqlx::Result<()> {
     sqlx::query(

@@ -18,10 +18,12 @@ pub mod grant;
 pub mod model_api;
 pub mod port;
 pub mod render;
+pub mod section_control;
 pub mod threads;
 
+pub use crate::agent::{NO_MODEL, NOTHING_RUNNING};
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AGENT_NOT_READY, AdminChannel, AgentPort, ApprovalView, CardState, Incoming, NO_MODEL,
-    NOTHING_RUNNING, NoAgent, Reply, ThreadError, TurnRequest,
+    AdminChannel, AgentPort, ApprovalView, CardState, Incoming, Reply, ThreadError, TurnRequest,
 };
+pub use section_control::ChatControl;

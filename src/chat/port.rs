@@ -118,8 +118,8 @@ pub struct TurnRequest {
     pub in_thread: bool,
 }
 
-/// The agent, as the dispatcher reaches it: enqueue a turn, stop the running one. The turn
-/// runner implements it; [`NoAgent`] stands in until then.
+/// The agent, as the dispatcher reaches it: enqueue a turn, stop the running one
+/// ([`crate::agent::Agent`] implements it, in [`super::section_control`]).
 #[async_trait]
 pub trait AgentPort: Send + Sync {
     /// Queues a turn for the message (idempotent on its message id). `Some(text)` is an answer
@@ -130,36 +130,5 @@ pub trait AgentPort: Send + Sync {
     /// One line on running and queued turns for `/ssh status`, if there is anything to say.
     async fn status_line(&self, _section: &str) -> Option<String> {
         None
-    }
-}
-
-/// The answer to an agent request while no model is configured (CONTRACT).
-pub const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
-Chat commands still work: send /help to see them.";
-/// The answer to an agent request until the agent exists.
-pub const AGENT_NOT_READY: &str = "The agent is not available yet. Send /help to see the commands.";
-/// The answer to `/stop` when no turn runs.
-pub const NOTHING_RUNNING: &str = "Nothing is running here.";
-
-/// The stand-in agent: says that no model is configured, or that the agent is not there yet.
-pub struct NoAgent {
-    pub model_configured: bool,
-}
-
-#[async_trait]
-impl AgentPort for NoAgent {
-    async fn enqueue(&self, _req: &TurnRequest) -> anyhow::Result<Option<String>> {
-        Ok(Some(
-            if self.model_configured {
-                AGENT_NOT_READY
-            } else {
-                NO_MODEL
-            }
-            .to_string(),
-        ))
-    }
-
-    async fn stop(&self, _section: &str, _by: &str) -> anyhow::Result<String> {
-        Ok(NOTHING_RUNNING.to_string())
     }
 }

@@ -14,21 +14,17 @@
 
 mod out;
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use std::io::{BufRead, Read, Write};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::chat::{self, Deps, Incoming};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::store::Store;
-use out::{LineReply, NoAdminChannel, Terminal};
+use out::LineReply;
+pub use out::{NoAdminChannel, Terminal};
 
 /// The prefix of every console section id.
 pub const SECTION_PREFIX: &str = "console:";
@@ -38,8 +34,6 @@ const LINE_MAX: u64 = 64 * 1024;
 const NAME_MAX: usize = 64;
 /// How often a waiting console looks whether its turn has ended.
 const POLL: Duration = Duration::from_millis(100);
-/// How long shutdown waits for background tasks.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Checks a `--section` name: letters, digits, `-`, `_` and `.`, at most 64 characters. A full
 /// `console:NAME` id is accepted too.
@@ -80,149 +74,36 @@ fn os_user() -> String {
     }
 }
 
-/// Runs `sshmode chat`: returns the process's exit status.
-pub async fn run(mut config: Config, section: Option<String>) -> anyhow::Result<i32> {
-    crate::install_crypto_provider();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+/// The pieces a console session runs on.
+pub struct Session {
+    pub deps: Deps,
+    pub term: Arc<Terminal>,
+    /// How long one turn may take, at most, before the console stops waiting for it.
+    pub turn_wait: Duration,
+}
+
+/// The section and actor of a console session: `--section NAME` or a fresh name, and the OS
+/// user, who counts as an operator of this deployment (added to the config's admins).
+pub fn identify(
+    config: &mut Config,
+    section: Option<String>,
+    clock: &dyn Clock,
+) -> anyhow::Result<(String, String, String)> {
     let name = match section {
         Some(s) => section_name(&s)?,
-        None => generated_name(clock.as_ref()),
+        None => generated_name(clock),
     };
     let section = format!("{SECTION_PREFIX}{name}");
     let actor = format!("{SECTION_PREFIX}{}", os_user());
-    // The console user is an operator of this deployment.
     if !config.is_admin(&actor) {
         config.admins.push(actor.clone());
     }
-    let interactive = std::io::stdin().is_terminal();
-
-    let store = Store::open(&config).await?;
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let result = async {
-        let session = Session::build(config, &store, clock, &section, &shutdown, &tasks).await?;
-        eprintln!(
-            "sshmode chat: section {section} (resume it with `sshmode chat --section {name}`); /help lists the commands"
-        );
-        session.repl(&section, &actor, interactive).await
-    }
-    .await;
-    shutdown.cancel();
-    tasks.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("background tasks still running after the shutdown grace; leaving them");
-    }
-    store.close().await;
-    result
-}
-
-/// The pieces a console session runs on.
-struct Session {
-    deps: Deps,
-    term: Arc<Terminal>,
-    /// How long one turn may take, at most, before the console stops waiting for it.
-    turn_wait: Duration,
+    Ok((name, section, actor))
 }
 
 impl Session {
-    /// Wires the model router, the executors, the agent and a turn runner for `section` alone
-    /// (spawned on `tasks` until `shutdown`), and the dispatcher's dependencies.
-    async fn build(
-        config: Config,
-        store: &Store,
-        clock: Arc<dyn Clock>,
-        section: &str,
-        shutdown: &CancellationToken,
-        tasks: &TaskTracker,
-    ) -> anyhow::Result<Session> {
-        let metrics = Arc::new(Metrics::new());
-        let db = store.pool.clone();
-        let llm =
-            crate::llm::Router::from_config(&config, db.clone(), clock.clone(), metrics.clone())
-                .context("building the model router")?
-                .map(Arc::new);
-        let vault = Arc::new(
-            crate::vault::Vault::open_or_create(&config.master_key_file).map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
-                    config.master_key_file.display()
-                )
-            })?,
-        );
-        crate::target::reseal_legacy(&db, &vault)
-            .await
-            .context("re-sealing vault records")?;
-        let plane = Arc::new(crate::control::ControlPlane::new(
-            &config,
-            db.clone(),
-            vault.clone(),
-        ));
-        let exec = Arc::new(crate::exec::Executors::with_metrics(
-            &config.exec,
-            db.clone(),
-            vault,
-            metrics,
-            tasks.clone(),
-        )?);
-        exec.log_local_level();
-        exec.warn_agent_targets(&db).await;
-        let term = Arc::new(Terminal::default());
-        let control = Arc::new(crate::agent::port::ChatControl {
-            db: db.clone(),
-            clock: clock.clone(),
-            yolo_ttl: config.chat.yolo_ttl,
-        });
-        let workspaces = crate::workspace::LocalRules::from_config(&config.exec);
-        let agent = crate::agent::Agent::new(crate::agent::AgentDeps {
-            db: db.clone(),
-            exec: exec.clone(),
-            llm: llm.clone(),
-            model: config.model.clone(),
-            control,
-            plane,
-            out: term.clone(),
-            steps: term.clone(),
-            config: config.agent.clone(),
-            prompts: Default::default(),
-            workspaces: workspaces.clone(),
-        });
-        // Only this section: another section's answers belong to its own front-end.
-        let runner = crate::turns::Runner::scoped(
-            db.clone(),
-            crate::turns::RunnerConfig {
-                lease: config.agent.turn_lease,
-                workers: config.agent.turn_workers,
-                budget: config.agent.turn_budget,
-                poll: Duration::from_secs(1),
-            },
-            agent.clone(),
-            crate::turns::Scope::Only(section.to_string()),
-        );
-        tasks.spawn(runner.run(shutdown.clone(), tasks.clone()));
-        tasks.spawn(exec.run_reaper(shutdown.clone()));
-        if let Some(router) = &llm {
-            tasks.spawn(router.clone().probe_loop(shutdown.clone()));
-        }
-        let turn_wait = config.agent.turn_budget + config.agent.turn_lease * 2;
-        Ok(Session {
-            deps: Deps {
-                db,
-                clock,
-                config: Arc::new(config),
-                agent,
-                admins: Arc::new(NoAdminChannel),
-                workspaces,
-            },
-            term,
-            turn_wait,
-        })
-    }
-
     /// Reads lines until end of input; each is one message of the section.
-    async fn repl(&self, section: &str, actor: &str, interactive: bool) -> anyhow::Result<i32> {
+    pub async fn repl(&self, section: &str, actor: &str, interactive: bool) -> anyhow::Result<i32> {
         let mut lines = read_lines();
         loop {
             if interactive {
@@ -361,8 +242,8 @@ mod tests {
 
     #[test]
     fn generated_names_are_valid_and_distinct() {
-        let a = generated_name(&SystemClock);
-        let b = generated_name(&SystemClock);
+        let a = generated_name(&crate::clock::SystemClock);
+        let b = generated_name(&crate::clock::SystemClock);
         assert_ne!(a, b);
         assert_eq!(section_name(&a).unwrap(), a);
     }

@@ -6,9 +6,9 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::state::AppState;
+use super::HttpState;
 
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<HttpState> {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -17,8 +17,8 @@ pub fn routes() -> Router<AppState> {
 
 /// Readiness, with the local tools' isolation level as detail (`local-isolation: …`) and what
 /// that level leaves open (`local-isolation-open: …; …`).
-async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    let level = state.exec.local_level();
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    let level = &state.isolation;
     let isolation = format!(
         "local-isolation: {level}\nlocal-isolation-open: {}",
         level.leaves_open().join("; ")
@@ -33,8 +33,8 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    crate::inbox::refresh_depth(&state).await;
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    state.inbox.refresh_depth().await;
     (
         [(
             header::CONTENT_TYPE,

@@ -1,59 +1,48 @@
-//! HTTP surface: one axum router merged from each area's routes, one error type. Handlers
-//! here never make outbound calls (webhooks: verify, record, answer).
+//! The HTTP surface: `POST /lark/events` ([`lark`]), the model router's routes ([`router`]),
+//! liveness, readiness and metrics ([`health`]), on the hand-written server loop ([`serve`]).
+//! Handlers never make outbound calls (a webhook is verified, recorded, answered).
+//!
+//! Handlers share an [`HttpState`]: only what they use, never the whole app.
 
 pub mod body;
 mod health;
+pub mod lark;
+pub mod router;
 pub mod serve;
 
-use axum::Router;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
-use crate::state::AppState;
+use sqlx::PgPool;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::exec::local::sandbox::Level;
+use crate::frontend::LarkTriage;
+use crate::inbox::Inbox;
+use crate::metrics::Metrics;
+
+/// What the HTTP handlers need. Cheap to clone.
+#[derive(Clone)]
+pub struct HttpState {
+    pub config: Arc<Config>,
+    pub db: PgPool,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    /// The model router; `None` when no model is configured.
+    pub llm: Option<Arc<crate::llm::Router>>,
+    /// Where verified events are recorded before they are acknowledged.
+    pub inbox: Arc<Inbox>,
+    /// The Lark front-end's answers the callback needs without I/O (express lane, toasts).
+    pub triage: Arc<LarkTriage>,
+    /// The local tools' isolation level, reported by `/readyz`.
+    pub isolation: Level,
+}
 
 /// The whole HTTP surface.
-pub fn router(state: AppState) -> Router {
-    Router::new()
+pub fn router(state: HttpState) -> axum::Router {
+    axum::Router::new()
         .merge(health::routes())
-        .merge(crate::llm::routes())
-        .merge(crate::lark::routes())
+        .merge(router::routes())
+        .merge(lark::routes())
         .with_state(state)
-}
-
-/// The one HTTP error type. Its body never carries internal detail.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("unauthorized")]
-    Unauthorized,
-    #[error("not found")]
-    NotFound,
-    #[error("payload too large")]
-    TooLarge,
-    #[error("service unavailable")]
-    Unavailable,
-    #[error(transparent)]
-    Internal(#[from] anyhow::Error),
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = match &self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(e) => {
-                tracing::error!(error = format!("{e:#}"), "request failed");
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        };
-        let msg = match &self {
-            ApiError::Internal(_) => "internal error".to_string(),
-            other => other.to_string(),
-        };
-        (status, axum::Json(serde_json::json!({ "error": msg }))).into_response()
-    }
 }

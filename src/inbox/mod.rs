@@ -24,10 +24,12 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
 use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::lark::webhook::Envelope;
-use crate::state::AppState;
+use crate::clock::Clock;
+use crate::config::InboxConfig;
+use crate::metrics::Metrics;
 
 /// How often an idle worker looks for due events (retries, expired leases) without a wake-up.
 const POLL: Duration = Duration::from_secs(1);
@@ -55,6 +57,34 @@ const FLUSHERS: usize = 4;
 /// flight; this leaves room for a stall of a fraction of a second before the platform is told
 /// to retry.
 pub const ADMITTED_MAX: usize = 512;
+
+/// An event to record, in the inbox's own terms: whoever receives events (the webhook, a
+/// long connection) converts into it.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// The de-duplication key.
+    pub event_id: String,
+    pub event_type: String,
+    /// The event as JSON text, stored as it is (secrets already removed).
+    pub payload: String,
+    /// The section (thread, else chat) the event belongs to, when it names one.
+    pub section: Option<String>,
+    /// The chat message it carries, if any: a redelivery under a new event id acts once.
+    pub message_id: Option<String>,
+    /// Handled without waiting for its section (`/stop`, card actions).
+    pub express: bool,
+}
+
+/// What the inbox runs on.
+#[derive(Clone)]
+pub struct InboxDeps {
+    pub db: PgPool,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub config: InboxConfig,
+    /// Cancelled when the service begins shutting down: workers stop and hand back.
+    pub shutdown: CancellationToken,
+}
 
 /// A claimed event.
 #[derive(Debug, Clone)]
@@ -90,8 +120,9 @@ pub trait Handler: Send + Sync {
 /// until the queue is empty, then ends. No crate coalesces requests into one statement like
 /// this.
 pub struct Inbox {
+    deps: InboxDeps,
     /// Wakes an idle worker when a new event is recorded (polling covers retries and leases).
-    pub wake: Notify,
+    wake: Notify,
     /// Admission of callback requests: bounds the requests (queued events, waiting tasks)
     /// held at once; past it the callback answers 503 and the platform retries.
     admitted: tokio::sync::Semaphore,
@@ -112,17 +143,17 @@ struct Queue {
 }
 
 struct Pending {
-    env: Envelope,
-    express: bool,
+    env: NewEvent,
     at: DateTime<Utc>,
     done: oneshot::Sender<Result<bool, String>>,
 }
 
 impl Inbox {
     /// An inbox admitting at most `admitted` callback requests at once, running its flush
-    /// tasks on `tasks`.
-    pub fn new(admitted: usize, tasks: TaskTracker) -> Inbox {
-        Inbox {
+    /// tasks (and, once [`Inbox::spawn_workers`] is called, its workers) on `tasks`.
+    pub fn new(deps: InboxDeps, admitted: usize, tasks: TaskTracker) -> Arc<Inbox> {
+        Arc::new(Inbox {
+            deps,
             wake: Notify::new(),
             admitted: tokio::sync::Semaphore::new(admitted),
             tasks,
@@ -130,7 +161,7 @@ impl Inbox {
                 pending: Vec::new(),
                 flushers: 0,
             }),
-        }
+        })
     }
 
     /// Admits one callback request, or `None` when the bound is reached. Hold the permit until
@@ -144,32 +175,57 @@ impl Inbox {
     }
 }
 
-/// Records a verified event, durably, before returning. Returns `false` when the event id was
-/// already recorded (a redelivery), which must not be processed again.
-pub async fn record(state: &AppState, mut env: Envelope) -> anyhow::Result<bool> {
-    storable(&mut env);
-    let inbox = &state.inbox;
-    let (tx, rx) = oneshot::channel();
-    let start_flusher = {
-        let mut q = inbox.lock();
-        q.pending.push(Pending {
-            express: state.triage.express(&env),
-            env,
-            at: state.clock.now(),
-            done: tx,
-        });
-        let start = q.flushers < FLUSHERS;
-        if start {
-            q.flushers += 1;
+impl Inbox {
+    /// Records a verified event, durably, before returning. Returns `false` when the event id
+    /// was already recorded (a redelivery), which must not be processed again.
+    pub async fn record(self: &Arc<Self>, mut env: NewEvent) -> anyhow::Result<bool> {
+        storable(&mut env);
+        let (tx, rx) = oneshot::channel();
+        let start_flusher = {
+            let mut q = self.lock();
+            q.pending.push(Pending {
+                env,
+                at: self.deps.clock.now(),
+                done: tx,
+            });
+            let start = q.flushers < FLUSHERS;
+            if start {
+                q.flushers += 1;
+            }
+            start
+        };
+        if start_flusher {
+            // A task of its own, so that a caller that goes away mid-write cannot abandon the
+            // others' events; on the app's tracker, so that shutdown waits for it.
+            self.tasks.spawn(flush(self.clone(), self.deps.db.clone()));
         }
-        start
-    };
-    if start_flusher {
-        // A task of its own, so that a caller that goes away mid-write cannot abandon the
-        // others' events; on the app's tracker, so that shutdown waits for it.
-        inbox.tasks.spawn(flush(inbox.clone(), state.db.clone()));
+        settle(self, rx.await)
     }
-    settle(inbox, rx.await)
+
+    /// Refreshes the inbox-depth gauge (called when metrics are scraped).
+    pub async fn refresh_depth(&self) {
+        let depth: Result<i64, _> =
+            sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE state = 'pending'")
+                .fetch_one(&self.deps.db)
+                .await;
+        if let Ok(d) = depth {
+            self.deps.metrics.inbox_depth.set(d);
+        }
+    }
+
+    /// Starts the workers and the retention cleanup on the inbox's tasks; they stop when the
+    /// shutdown token is cancelled. Does nothing when workers are disabled
+    /// (`SSHMODE_WORKERS_ENABLED=false`).
+    pub fn spawn_workers(self: &Arc<Self>, handler: Arc<dyn Handler>) {
+        if !self.deps.config.workers_enabled {
+            tracing::warn!("inbox workers are disabled; events are recorded but not processed");
+            return;
+        }
+        for n in 0..self.deps.config.workers {
+            self.tasks.spawn(worker(self.clone(), handler.clone(), n));
+        }
+        self.tasks.spawn(cleanup_loop(self.clone()));
+    }
 }
 
 /// One flush task: writes queued events, batch after batch, until the queue is empty.
@@ -224,7 +280,7 @@ fn settle(
 
 /// PostgreSQL's `text` and `jsonb` cannot hold U+0000, which JSON may carry (`\u0000`), and
 /// one such value would fail the whole multi-row INSERT. It is stored as U+FFFD instead.
-fn storable(env: &mut Envelope) {
+fn storable(env: &mut NewEvent) {
     fn clean(s: &mut String) {
         if s.contains('\0') {
             *s = s.replace('\0', "\u{FFFD}");
@@ -339,7 +395,7 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx:
     let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
     let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
     let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
-    let express: Vec<bool> = batch.iter().map(|p| p.express).collect();
+    let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
     // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
     // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
     // is the order the requests were queued. Any unique conflict (event id, or a message id seen before)
@@ -555,43 +611,20 @@ pub fn backoff(attempts: i32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
-/// Refreshes the inbox-depth gauge (called when metrics are scraped).
-pub async fn refresh_depth(state: &AppState) {
-    let depth: Result<i64, _> =
-        sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE state = 'pending'")
-            .fetch_one(&state.db)
-            .await;
-    if let Ok(d) = depth {
-        state.metrics.inbox_depth.set(d);
-    }
-}
-
-/// Starts the workers and the retention cleanup on `tasks`; they stop when the shutdown token
-/// is cancelled. Does nothing when workers are disabled (`SSHMODE_WORKERS_ENABLED=false`).
-pub fn spawn_workers(state: &AppState, handler: Arc<dyn Handler>, tasks: &TaskTracker) {
-    if !state.config.inbox.workers_enabled {
-        tracing::warn!("inbox workers are disabled; events are recorded but not processed");
-        return;
-    }
-    for n in 0..state.config.inbox.workers {
-        tasks.spawn(worker(state.clone(), handler.clone(), n));
-    }
-    tasks.spawn(cleanup_loop(state.clone()));
-}
-
-async fn worker(state: AppState, handler: Arc<dyn Handler>, n: usize) {
-    let shutdown = state.shutdown.clone();
-    let lease = state.config.inbox.lease;
+async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
+    let d = &inbox.deps;
+    let shutdown = d.shutdown.clone();
+    let lease = d.config.lease;
     // A handler must finish well inside its lease, or another worker could take the event.
     let budget = lease.mul_f64(0.9);
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
-        let claimed = claim(&state.db, state.clock.now(), lease).await;
+        let claimed = claim(&d.db, d.clock.now(), lease).await;
         let event = match claimed {
             Ok(Some(e)) => e,
             Ok(None) => {
                 tokio::select! {
-                    _ = state.inbox.wake.notified() => {}
+                    _ = inbox.wake.notified() => {}
                     _ = tokio::time::sleep(POLL) => {}
                     _ = shutdown.cancelled() => {}
                 }
@@ -612,25 +645,25 @@ async fn worker(state: AppState, handler: Arc<dyn Handler>, n: usize) {
             }
             _ = shutdown.cancelled() => None,
         };
-        let now = state.clock.now();
+        let now = d.clock.now();
         let stored = match outcome {
-            None => hand_back(&state.db, &event.event_id, now).await,
+            None => hand_back(&d.db, &event.event_id, now).await,
             Some(Ok(())) => {
-                state.metrics.events_processed.inc();
-                complete(&state.db, &event.event_id, now).await
+                d.metrics.events_processed.inc();
+                complete(&d.db, &event.event_id, now).await
             }
             Some(Err(e)) => {
-                state.metrics.events_failed.inc();
+                d.metrics.events_failed.inc();
                 let text = format!("{e:#}");
                 let max = if event.section.is_some() && !event.express {
-                    state.config.inbox.max_attempts.min(SECTION_ATTEMPTS)
+                    d.config.max_attempts.min(SECTION_ATTEMPTS)
                 } else {
-                    state.config.inbox.max_attempts
+                    d.config.max_attempts
                 };
-                let r = fail(&state.db, &event, &text, now, max).await;
+                let r = fail(&d.db, &event, &text, now, max).await;
                 match r {
                     Ok(Failed::Dead) => {
-                        state.metrics.events_dead.inc();
+                        d.metrics.events_dead.inc();
                         tracing::error!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, "event dead-lettered");
                         handler.dead_lettered(&event, &text).await;
                     }
@@ -650,17 +683,18 @@ async fn worker(state: AppState, handler: Arc<dyn Handler>, n: usize) {
     tracing::debug!(inbox.worker = n, "inbox worker stopped");
 }
 
-async fn cleanup_loop(state: AppState) {
-    let retention = chrono::Duration::from_std(state.config.inbox.dedup_retention)
-        .unwrap_or(chrono::Duration::days(7));
+async fn cleanup_loop(inbox: Arc<Inbox>) {
+    let d = &inbox.deps;
+    let retention =
+        chrono::Duration::from_std(d.config.dedup_retention).unwrap_or(chrono::Duration::days(7));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(CLEANUP_EVERY) => {}
-            _ = state.shutdown.cancelled() => return,
+            _ = d.shutdown.cancelled() => return,
         }
-        let before = state.clock.now() - retention;
+        let before = d.clock.now() - retention;
         for _ in 0..CLEANUP_MAX_BATCHES {
-            match cleanup(&state.db, before, CLEANUP_BATCH).await {
+            match cleanup(&d.db, before, CLEANUP_BATCH).await {
                 Ok(n) if n == CLEANUP_BATCH as u64 => continue,
                 Ok(_) => break,
                 Err(e) => {
@@ -711,9 +745,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn admission_is_bounded_and_released() {
-        let inbox = Inbox::new(2, TaskTracker::new());
+    #[tokio::test]
+    async fn admission_is_bounded_and_released() {
+        let deps = InboxDeps {
+            db: sqlx::postgres::PgPoolOptions::new()
+                .connect_lazy("postgres://unused@127.0.0.1:9/unused")
+                .expect("a lazy pool"),
+            clock: Arc::new(crate::clock::SystemClock),
+            metrics: Arc::new(Metrics::new()),
+            config: crate::config::Config::from_vars(&|_| None, std::path::Path::new("/"))
+                .expect("defaults")
+                .inbox,
+            shutdown: CancellationToken::new(),
+        };
+        let inbox = Inbox::new(deps, 2, TaskTracker::new());
         let a = inbox.admit().expect("first");
         let _b = inbox.admit().expect("second");
         assert!(inbox.admit().is_none());

@@ -1,7 +1,7 @@
 //! Model access: the OpenAI-compatible client ([`client`], [`wire`]), failure classification
 //! ([`classify`]), entry state in Postgres ([`state`]) and the router that walks fallback
-//! chains, cools entries down and probes them back ([`router`]); plus its HTTP surface
-//! (`/router/health`, `/router/stats`, `POST /v1/chat/completions`).
+//! chains, cools entries down and probes them back ([`router`]). Its HTTP surface
+//! (`/router/health`, `/router/stats`, `POST /v1/chat/completions`) is [`crate::http::router`].
 //!
 //! Knows nothing of tools' effects: it carries tool definitions and calls, never runs them. It
 //! never logs or returns an API key, and never retries underneath the router's own chain.
@@ -9,8 +9,6 @@
 pub mod args;
 pub mod classify;
 pub mod client;
-pub mod config;
-mod http;
 pub mod router;
 pub mod state;
 pub mod wire;
@@ -18,5 +16,3 @@ pub mod wire;
 pub use classify::FailureClass;
 pub use router::{Attempt, ProbeReport, Routed, Router, RouterError, Served};
 pub use wire::{ChatRequest, ChatResponse, Message, Tool, ToolCall};
-
-pub use http::{MAX_CONCURRENT as API_MAX_CONCURRENT, routes};

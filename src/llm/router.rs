@@ -20,10 +20,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::classify::{CallFailure, FailureClass, classify, scrub};
 use super::client::{Client, Endpoint};
-use super::config::RouterFile;
 use super::state::{self, Condition, EntryLabel, EntryState};
 use super::wire::{ChatRequest, ChatResponse, Message, Usage};
 use crate::clock::Clock;
+use crate::config::router_file::RouterFile;
 use crate::config::{Config, LlmConfig, RouterTunables};
 use crate::metrics::{LlmLabels, Metrics};
 

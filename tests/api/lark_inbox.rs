@@ -5,18 +5,19 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use serde_json::json;
+use sshmode::inbox::NewEvent;
 use sshmode::inbox::{self, Failed};
-use sshmode::lark::webhook::Envelope;
 
 use crate::helpers::TestApp;
 
-fn env(id: &str) -> Envelope {
-    Envelope {
+fn env(id: &str) -> NewEvent {
+    NewEvent {
         event_id: id.into(),
         event_type: "im.message.receive_v1".into(),
         payload: json!({"header": {"event_id": id}}).to_string(),
         section: None,
         message_id: None,
+        express: false,
     }
 }
 
@@ -28,9 +29,9 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
         .await;
     let db = &app.state.db;
     for id in ["a", "b", "c"] {
-        assert!(inbox::record(&app.state, env(id)).await.unwrap());
+        assert!(app.state.inbox.record(env(id)).await.unwrap());
     }
-    assert!(!inbox::record(&app.state, env("a")).await.unwrap());
+    assert!(!app.state.inbox.record(env("a")).await.unwrap());
 
     let t0 = Utc::now() + chrono::Duration::seconds(1);
     let lease = Duration::from_secs(60);
@@ -73,10 +74,10 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
     // `limit` at a time.
     let old = Utc.with_ymd_and_hms(2020, 1, 1, 0, 0, 0).unwrap();
     for id in ["d", "e", "f"] {
-        inbox::record(&app.state, env(id)).await.unwrap();
+        app.state.inbox.record(env(id)).await.unwrap();
         inbox::complete(db, id, old).await.unwrap();
     }
-    inbox::record(&app.state, env("g")).await.unwrap();
+    app.state.inbox.record(env("g")).await.unwrap();
     let g = inbox::claim(db, t0 + chrono::Duration::days(1), lease)
         .await
         .unwrap()
@@ -133,7 +134,7 @@ async fn an_event_with_a_nul_character_does_not_fail_its_batch() {
         if i == 17 {
             e.event_id = "n\u{0}17".into();
         }
-        writes.push(tokio::spawn(async move { inbox::record(&state, e).await }));
+        writes.push(tokio::spawn(async move { state.inbox.record(e).await }));
     }
     for w in writes {
         assert!(w.await.unwrap().expect("recorded"));
@@ -182,7 +183,17 @@ async fn a_flush_runs_on_the_apps_task_tracker() {
         .await;
     let tracker = tokio_util::task::TaskTracker::new();
     let mut state = app.state.clone();
-    state.inbox = std::sync::Arc::new(inbox::Inbox::new(8, tracker.clone()));
+    state.inbox = inbox::Inbox::new(
+        inbox::InboxDeps {
+            db: state.db.clone(),
+            clock: state.clock.clone(),
+            metrics: state.metrics.clone(),
+            config: state.config.inbox.clone(),
+            shutdown: state.shutdown.clone(),
+        },
+        8,
+        tracker.clone(),
+    );
     // Hold the table so the write cannot finish yet.
     let mut lock = sqlx::PgConnection::connect(&app.db_url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
@@ -190,7 +201,7 @@ async fn a_flush_runs_on_the_apps_task_tracker() {
         .execute(&mut lock)
         .await
         .unwrap();
-    let request = tokio::spawn(async move { inbox::record(&state, env("t1")).await });
+    let request = tokio::spawn(async move { state.inbox.record(env("t1")).await });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while tracker.is_empty() {
         assert!(

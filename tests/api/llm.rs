@@ -864,7 +864,7 @@ async fn completion_requests_in_progress_are_bounded() {
     };
     // Authenticated clients that never finish their bodies hold every place …
     let mut holders = Vec::new();
-    for _ in 0..sshmode::llm::API_MAX_CONCURRENT {
+    for _ in 0..sshmode::http::router::MAX_CONCURRENT {
         holders.push(head_only(&app, Some(API_TOKEN), "{\"model\"").await);
     }
     // … so the next request is turned away at once, not queued behind them.

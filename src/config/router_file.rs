@@ -3,7 +3,7 @@
 //!
 //! API keys are never in the file: a provider names the environment variable that holds its
 //! key (`api_key_env`), and [`RouterFile::parse`] resolves it through the variable lookup that
-//! [`crate::config::Config::from_vars`] passes in — so `config.rs` stays the only reader of the
+//! [`super::Config::from_vars`] passes in — so `config` stays the only reader of the
 //! environment and tests inject keys like any other variable.
 
 use std::collections::BTreeMap;

@@ -1,15 +1,17 @@
-//! Where the agent meets chat control, in both directions: [`ChatControl`] gives the agent the
-//! section's binding and the model's side of SSH Mode (`chat::binding`, `chat::model_api`), and
-//! [`Agent`] is the dispatcher's [`chat::AgentPort`]. Translation only: no decisions are made
-//! here, so authorisation stays in `chat::authz` and turn order in `turns`.
+//! Where chat control meets the agent, in both directions: [`ChatControl`] is the agent's
+//! [`SectionControl`] (the section's binding and the model's side of SSH Mode, from
+//! [`super::binding`] and [`super::model_api`]), and [`Agent`] is the dispatcher's
+//! [`AgentPort`]. Translation only: no decisions are made here, so authorisation stays in
+//! [`super::authz`] and turn order in `turns`.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::PgPool;
 
-use super::{Agent, BindingFails, SectionControl, SshModeAction};
-use crate::chat::{self, model_api::Here};
+use super::model_api::{self, Here};
+use super::{AgentPort, TurnRequest, binding};
+use crate::agent::{Agent, BindingFails, SectionControl, SshModeAction};
 use crate::clock::Clock;
 use crate::exec::Place;
 
@@ -24,7 +26,7 @@ pub struct ChatControl {
 #[async_trait]
 impl SectionControl for ChatControl {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
-        match chat::binding::resolve_use(&self.db, section, self.clock.now()).await? {
+        match binding::resolve_use(&self.db, section, self.clock.now()).await? {
             Ok(place) => Ok(place),
             Err(fails) => Err(anyhow::Error::new(fails)),
         }
@@ -36,11 +38,11 @@ impl SectionControl for ChatControl {
         fails: &BindingFails,
         tool: &str,
     ) -> anyhow::Result<bool> {
-        chat::binding::refused_call(&self.db, section, fails, tool).await
+        binding::refused_call(&self.db, section, fails, tool).await
     }
 
     async fn told(&self, section: &str, fails: &BindingFails) -> anyhow::Result<()> {
-        Ok(chat::binding::told(&self.db, section, fails, self.clock.now()).await?)
+        Ok(binding::told(&self.db, section, fails, self.clock.now()).await?)
     }
 
     async fn ssh_mode(
@@ -53,11 +55,11 @@ impl SectionControl for ChatControl {
         let here = Here { section, chat_id };
         let now = self.clock.now();
         match action {
-            SshModeAction::Status => chat::model_api::status(&self.db, now, here).await,
-            SshModeAction::ListTargets => chat::model_api::list_targets(&self.db, here).await,
+            SshModeAction::Status => model_api::status(&self.db, now, here).await,
+            SshModeAction::ListTargets => model_api::list_targets(&self.db, here).await,
             SshModeAction::RequestUse => match target {
                 Some(alias) => {
-                    chat::model_api::request_use(&self.db, now, self.yolo_ttl, here, alias).await
+                    model_api::request_use(&self.db, now, self.yolo_ttl, here, alias).await
                 }
                 None => Ok(
                     "request_use needs `target`: the alias of the target to enter \
@@ -65,18 +67,16 @@ impl SectionControl for ChatControl {
                         .to_string(),
                 ),
             },
-            SshModeAction::RequestLocal => {
-                chat::model_api::request_local(&self.db, now, here).await
-            }
+            SshModeAction::RequestLocal => model_api::request_local(&self.db, now, here).await,
         }
     }
 }
 
 #[async_trait]
-impl chat::AgentPort for Agent {
-    async fn enqueue(&self, req: &chat::TurnRequest) -> anyhow::Result<Option<String>> {
-        if self.deps.llm.is_none() {
-            return Ok(Some(chat::NO_MODEL.to_string()));
+impl AgentPort for Agent {
+    async fn enqueue(&self, req: &TurnRequest) -> anyhow::Result<Option<String>> {
+        if !self.has_model() {
+            return Ok(Some(crate::agent::NO_MODEL.to_string()));
         }
         self.accept(&crate::turns::TurnRequest {
             section: req.section.clone(),

@@ -1,7 +1,10 @@
-//! The chat domain on Lark: the inbox [`Handler`] that turns Lark events into the domain's
-//! messages and clicks, the [`Reply`] and [`AdminChannel`] that answer through the Open API,
-//! and the [`Triage`] the callback path asks (express lane, card toasts) without I/O.
+//! The Lark front-end of the chat domain: the inbox [`Handler`] that turns Lark events into
+//! the domain's messages and clicks, the [`Reply`], [`AdminChannel`] and the agent's
+//! [`ChatOut`] that answer through the Open API, and the [`LarkTriage`] the callback path asks
+//! (express lane, card toasts) without I/O.
 //! Never: decides what a message means (that is [`crate::chat`]).
+
+pub mod card;
 
 use std::sync::Arc;
 
@@ -10,15 +13,15 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use super::card;
-use super::client::{Content, LarkClient, LarkError, idempotency_key};
-use super::event::{self, CardAction, Message, MessageReceive};
-use super::webhook::Envelope;
+use crate::agent::ChatOut;
 use crate::chat::approval::{self, Click};
 use crate::chat::{self, AdminChannel, ApprovalView, Deps, Incoming, Reply, ThreadError};
 use crate::config::Config;
 use crate::inbox::{Handler, InboxEvent};
-use crate::state::Triage;
+use crate::lark::client::{Content, LarkClient, LarkError, Sent, idempotency_key};
+use crate::lark::event::{self, CardAction, Message, MessageReceive};
+use crate::lark::markup;
+use crate::lark::webhook::Envelope;
 
 /// Lark refuses thread replies in this chat.
 const THREADS_NOT_ALLOWED: i64 = 230071;
@@ -206,12 +209,7 @@ pub struct LarkReply {
 }
 
 impl LarkReply {
-    async fn send(
-        &self,
-        text: &str,
-        purpose: &str,
-        in_thread: bool,
-    ) -> Result<super::client::Sent, LarkError> {
+    async fn send(&self, text: &str, purpose: &str, in_thread: bool) -> Result<Sent, LarkError> {
         let uuid = idempotency_key(&self.msg.event_id, purpose);
         self.lark
             .reply(
@@ -224,12 +222,7 @@ impl LarkReply {
             .await
     }
 
-    async fn logged(
-        &self,
-        text: &str,
-        purpose: &str,
-        sent: &super::client::Sent,
-    ) -> anyhow::Result<()> {
+    async fn logged(&self, text: &str, purpose: &str, sent: &Sent) -> anyhow::Result<()> {
         log(
             &self.db,
             &self.msg,
@@ -310,8 +303,10 @@ pub struct LarkTriage {
     pub config: Arc<Config>,
 }
 
-impl Triage for LarkTriage {
-    fn express(&self, env: &Envelope) -> bool {
+impl LarkTriage {
+    /// Whether the event must never wait behind other events of its section (`/stop`, card
+    /// actions).
+    pub fn express(&self, env: &Envelope) -> bool {
         match env.event_type.as_str() {
             event::CARD_ACTION => true,
             event::MESSAGE_RECEIVE => MessageReceive::from_envelope_text(&env.payload)
@@ -320,7 +315,8 @@ impl Triage for LarkTriage {
         }
     }
 
-    fn card_answer(&self, env: &Envelope) -> Value {
+    /// The synchronous answer to a card action (`{}` or a toast).
+    pub fn card_answer(&self, env: &Envelope) -> Value {
         let Ok(a) = CardAction::from_envelope_text(&env.payload) else {
             return json!({});
         };
@@ -341,6 +337,42 @@ impl Triage for LarkTriage {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),
         }
+    }
+}
+
+/// A `post` body with one `md` element holding the model's `markdown` made inert (no
+/// mentions, no Lark tags).
+pub fn post_content(markdown: &str) -> Value {
+    let text = markup::inert(markdown);
+    json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": text }]] } })
+}
+
+#[async_trait]
+impl ChatOut for LarkClient {
+    async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
+        Ok(LarkClient::add_reaction(self, message_id, emoji).await?)
+    }
+
+    async fn add_receipt(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
+        Ok(LarkClient::add_receipt(self, message_id, emoji).await?)
+    }
+
+    async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()> {
+        Ok(LarkClient::remove_reaction(self, message_id, reaction_id).await?)
+    }
+
+    async fn reply_markdown(
+        &self,
+        chat_id: &str,
+        message_id: &str,
+        markdown: &str,
+        in_thread: bool,
+        uuid: &str,
+    ) -> anyhow::Result<()> {
+        let content = Content::Post(post_content(markdown));
+        self.reply(message_id, &content, in_thread, uuid, Some(chat_id))
+            .await?;
+        Ok(())
     }
 }
 
@@ -374,4 +406,38 @@ async fn log(
         .await
         .context("appending to the event log")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::markdown_chunks;
+
+    #[test]
+    fn chunks_stay_under_the_post_limit_and_keep_code_fences() {
+        let mut text = String::from("intro\n```\n");
+        for i in 0..4000 {
+            text.push_str(&format!("line \"{i}\" \\ with quotes\n"));
+        }
+        text.push_str("```\nend\n");
+        let chunks = markdown_chunks(&text);
+        assert!(chunks.len() > 1);
+        for c in &chunks {
+            let encoded = post_content(c).to_string();
+            assert!(encoded.len() < 30_000, "{}", encoded.len());
+            assert_eq!(c.matches("```").count() % 2, 0, "fences balanced: {c:.80}");
+        }
+        assert!(chunks.concat().contains("line \"3999\""));
+        let huge = "é".repeat(40_000);
+        for c in markdown_chunks(&huge) {
+            assert!(post_content(&c).to_string().len() < 30_000);
+        }
+        assert_eq!(markdown_chunks("  "), vec!["(no answer)".to_string()]);
+        // The worst case for the inert form: every `<` opens a tag.
+        for c in markdown_chunks(&"<a".repeat(20_000)) {
+            let encoded = post_content(&c).to_string();
+            assert!(encoded.len() < 30_000, "{}", encoded.len());
+            assert!(!encoded.contains('<'));
+        }
+    }
 }

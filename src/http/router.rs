@@ -23,10 +23,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
-use super::router::RouterError;
-use super::wire::ChatRequest;
-use crate::http::body::{self, BodyError};
-use crate::state::AppState;
+use super::HttpState;
+use super::body::{self, BodyError};
+use crate::llm::router::RouterError;
+use crate::llm::wire::ChatRequest;
 
 /// Largest accepted request body: long agent contexts run to a few MB.
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -35,7 +35,7 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 pub const MAX_CONCURRENT: usize = 32;
 
 /// `/router/health`, `/router/stats`, `/v1/chat/completions`, `/v1/models`.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<HttpState> {
     let places = Arc::new(Semaphore::new(MAX_CONCURRENT));
     Router::new()
         .route("/router/health", get(health))
@@ -47,7 +47,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(models))
 }
 
-async fn health(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn health(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     if let Some(r) = status_refusal(&state, &headers) {
         return r;
     }
@@ -61,7 +61,7 @@ async fn health(State(state): State<AppState>, headers: HeaderMap) -> Response {
     }
 }
 
-async fn stats(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn stats(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     if let Some(r) = status_refusal(&state, &headers) {
         return r;
     }
@@ -76,7 +76,7 @@ async fn stats(State(state): State<AppState>, headers: HeaderMap) -> Response {
 
 /// The router status routes are open while `SSHMODE_API_TOKEN` is unset (they carry no
 /// keys); once it is set they need it too, since they show provider errors.
-fn status_refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+fn status_refusal(state: &HttpState, headers: &HeaderMap) -> Option<Response> {
     let expected = state.config.api_token.as_ref()?;
     (!bearer_matches(headers, expected.expose_secret())).then(|| {
         (
@@ -115,7 +115,7 @@ fn openai_error(status: StatusCode, kind: &str, code: Option<&str>, message: &st
 
 /// The refusal to send when the request lacks the configured bearer token (`None`: go on).
 /// Both sides are hashed first so the comparison is constant-time and leaks no length.
-fn refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+fn refusal(state: &HttpState, headers: &HeaderMap) -> Option<Response> {
     let Some(expected) = &state.config.api_token else {
         return Some(openai_error(
             StatusCode::NOT_FOUND,
@@ -136,7 +136,7 @@ fn refusal(state: &AppState, headers: &HeaderMap) -> Option<Response> {
 }
 
 async fn chat_completions(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     headers: HeaderMap,
     body: Body,
     places: Arc<Semaphore>,
@@ -243,7 +243,7 @@ async fn chat_completions(
     }
 }
 
-async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn models(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     if let Some(r) = refusal(&state, &headers) {
         return r;
     }

@@ -4,6 +4,8 @@
 //! Every failure names the variable at fault. Secrets are [`SecretString`]s, so a `Debug` of
 //! the config prints `[REDACTED]` in their place. Relative paths are made absolute here, once.
 
+pub mod router_file;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -68,7 +70,7 @@ pub struct Config {
     /// The router file named by `SSHMODE_ROUTER_CONFIG`, read and validated at load, with the
     /// keys named by its `api_key_env` entries resolved through the same variable source (so
     /// this stays the only reader of the environment, and a broken file fails at start-up).
-    pub router_file: Option<crate::llm::config::RouterFile>,
+    pub router_file: Option<router_file::RouterFile>,
     /// `SSHMODE_MODEL`: the abstract model name the agent asks the router for.
     pub model: Option<String>,
     /// `SSHMODE_API_TOKEN`: bearer token of `POST /v1/chat/completions`; unset = endpoint off.
@@ -535,7 +537,7 @@ impl Config {
                     name: "SSHMODE_ROUTER_CONFIG",
                     reason: format!("cannot read {}: {e}", path.display()),
                 })?;
-                let file = crate::llm::config::RouterFile::parse(&text, &|name| var_any(get, name))
+                let file = router_file::RouterFile::parse(&text, &|name| var_any(get, name))
                     .map_err(|reason| ConfigError::Invalid {
                         name: "SSHMODE_ROUTER_CONFIG",
                         reason: format!("{}: {reason}", path.display()),

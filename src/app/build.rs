@@ -1,0 +1,159 @@
+//! The core both front-ends run on, built in one place: the store's pool, the vault (records
+//! re-sealed), the model router, the control plane, the executors, chat control as the agent
+//! sees it, the agent and a turn runner. `serve` adds HTTP and Lark around it
+//! ([`super::App`]); `sshmode chat` adds its terminal ([`crate::console`]).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agent::{Agent, AgentDeps, ChatOut, SectionControl, StepSink};
+use crate::chat::{AdminChannel, ChatControl, Deps};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::exec::Executors;
+use crate::llm::Router;
+use crate::metrics::Metrics;
+use crate::turns::{Runner, RunnerConfig, Scope};
+use crate::vault::Vault;
+use crate::workspace::LocalRules;
+
+/// How often an idle turn runner looks for work without a wake-up.
+const RUNNER_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a front-end plugs into the core: where answers and step events go, and which sections
+/// its turn runner serves.
+pub struct Front {
+    pub out: Arc<dyn ChatOut>,
+    pub steps: Arc<dyn StepSink>,
+    pub scope: Scope,
+}
+
+/// The core's handles. Cheap to clone.
+#[derive(Clone)]
+pub struct Core {
+    pub config: Arc<Config>,
+    pub db: PgPool,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    /// The model router; `None` when no model is configured (the agent then says so).
+    pub llm: Option<Arc<Router>>,
+    /// The execution layer: local backend, the shared SSH pool, guard, per-section cwds.
+    pub exec: Arc<Executors>,
+    /// `accept` queues a turn request, `stop` is `/stop`.
+    pub agent: Arc<Agent>,
+    /// This process's turn runner (claims sections, drives turns).
+    pub turns: Arc<Runner>,
+    /// Where local workspaces may be.
+    pub workspaces: LocalRules,
+}
+
+impl Core {
+    /// Builds the core on an open, migrated pool. `section_control` replaces chat control as
+    /// the agent's view of bindings (tests); `None` is the real one.
+    pub async fn build(
+        config: Config,
+        db: PgPool,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        section_control: Option<Arc<dyn SectionControl>>,
+        front: Front,
+        tasks: &TaskTracker,
+    ) -> anyhow::Result<Core> {
+        let llm = Router::from_config(&config, db.clone(), clock.clone(), metrics.clone())
+            .context("building the model router")?
+            .map(Arc::new);
+        let vault = Arc::new(Vault::open_or_create(&config.master_key_file).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
+                config.master_key_file.display()
+            )
+        })?);
+        // Vault records still bound to the alias alone are sealed again for their row and field.
+        crate::target::reseal_legacy(&db, &vault)
+            .await
+            .context("re-sealing vault records")?;
+        let plane = Arc::new(crate::control::ControlPlane::new(
+            &config,
+            db.clone(),
+            vault.clone(),
+        ));
+        let exec = Arc::new(Executors::with_metrics(
+            &config.exec,
+            db.clone(),
+            vault,
+            metrics.clone(),
+            tasks.clone(),
+        )?);
+        exec.log_local_level();
+        exec.warn_agent_targets(&db).await;
+        let control = section_control.unwrap_or_else(|| {
+            Arc::new(ChatControl {
+                db: db.clone(),
+                clock: clock.clone(),
+                yolo_ttl: config.chat.yolo_ttl,
+            })
+        });
+        let workspaces = LocalRules::from_config(&config.exec);
+        let agent = Agent::new(AgentDeps {
+            db: db.clone(),
+            exec: exec.clone(),
+            llm: llm.clone(),
+            model: config.model.clone(),
+            control,
+            plane,
+            out: front.out,
+            steps: front.steps,
+            config: config.agent.clone(),
+            prompts: Default::default(),
+            workspaces: workspaces.clone(),
+        });
+        let turns = Runner::scoped(
+            db.clone(),
+            RunnerConfig {
+                lease: config.agent.turn_lease,
+                workers: config.agent.turn_workers,
+                budget: config.agent.turn_budget,
+                poll: RUNNER_POLL,
+            },
+            agent.clone(),
+            front.scope,
+        );
+        Ok(Core {
+            config: Arc::new(config),
+            db,
+            metrics,
+            clock,
+            llm,
+            exec,
+            agent,
+            turns,
+            workspaces,
+        })
+    }
+
+    /// Starts the core's background work on `tasks` until `shutdown`: the turn runner, the
+    /// SSH pool's reaper and the router's probes.
+    pub fn spawn(&self, shutdown: &CancellationToken, tasks: &TaskTracker) {
+        tasks.spawn(self.turns.clone().run(shutdown.clone(), tasks.clone()));
+        tasks.spawn(self.exec.clone().run_reaper(shutdown.clone()));
+        if let Some(router) = &self.llm {
+            tasks.spawn(router.clone().probe_loop(shutdown.clone()));
+        }
+    }
+
+    /// The chat dispatcher's dependencies, with the front-end's channel to admins.
+    pub fn chat_deps(&self, admins: Arc<dyn AdminChannel>) -> Deps {
+        Deps {
+            db: self.db.clone(),
+            clock: self.clock.clone(),
+            config: self.config.clone(),
+            agent: self.agent.clone(),
+            admins,
+            workspaces: self.workspaces.clone(),
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The composition root of `serve`: builds the service from a config, a bound listener and a
+//! shutdown token — the [`build::Core`] both front-ends share, with the Lark front-end, the
+//! inbox and HTTP around it — runs it, and shuts it down in order. Used by `main` and by the
+//! tests alike. No business rules.
+
+pub mod build;
+pub mod console;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::frontend::{LarkAdmins, LarkHandler, LarkTriage};
+use crate::http::HttpState;
+use crate::inbox::{Inbox, InboxDeps};
+use crate::lark::client::LarkClient;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::turns::Scope;
+use build::{Core, Front};
+
+/// How long shutdown waits for HTTP requests in flight, then again for background tasks,
+/// before it goes on without them (a stuck peer must not keep the process alive).
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Seams tests may replace.
+pub struct Overrides {
+    pub clock: Arc<dyn Clock>,
+    /// The agent's view of chat control (bindings, `ssh_mode`); `None` = chat control itself.
+    pub section_control: Option<Arc<dyn crate::agent::SectionControl>>,
+}
+
+impl Default for Overrides {
+    fn default() -> Self {
+        Overrides {
+            clock: Arc::new(SystemClock),
+            section_control: None,
+        }
+    }
+}
+
+/// Every handle of a running service: the core, and what `serve` adds around it. Cheap to
+/// clone; tests look inside through it.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub db: sqlx::PgPool,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub llm: Option<Arc<crate::llm::Router>>,
+    pub exec: Arc<crate::exec::Executors>,
+    pub agent: Arc<crate::agent::Agent>,
+    pub turns: Arc<crate::turns::Runner>,
+    /// The Lark Open API client (one connection pool, token cache and rate limits per app).
+    pub lark: Arc<LarkClient>,
+    /// The durable inbox: batched recording, workers.
+    pub inbox: Arc<Inbox>,
+    /// Live progress cards.
+    pub progress: crate::progress::Progress,
+    /// Cancelled when the service begins shutting down.
+    pub shutdown: CancellationToken,
+    /// What the HTTP handlers share.
+    pub http: HttpState,
+}
+
+/// A built, not yet running, service.
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+    store: Store,
+    tasks: TaskTracker,
+}
+
+impl App {
+    /// Builds the app with the production seams.
+    pub async fn build(
+        config: Config,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<App> {
+        Self::build_with(config, listener, shutdown, Overrides::default()).await
+    }
+
+    /// Builds the app: opens and migrates the store, builds the core with the Lark front-end
+    /// around it, starts the background workers (they stop when `shutdown` is cancelled).
+    pub async fn build_with(
+        config: Config,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+        overrides: Overrides,
+    ) -> anyhow::Result<App> {
+        crate::install_crypto_provider();
+        let store = Store::open(&config).await?;
+        let tasks = TaskTracker::new();
+        match Self::wire(config, &store, shutdown, overrides, &tasks).await {
+            Ok(state) => Ok(App {
+                listener,
+                state,
+                store,
+                tasks,
+            }),
+            Err(e) => {
+                store.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn wire(
+        config: Config,
+        store: &Store,
+        shutdown: CancellationToken,
+        overrides: Overrides,
+        tasks: &TaskTracker,
+    ) -> anyhow::Result<AppState> {
+        let db = store.pool.clone();
+        let metrics = Arc::new(Metrics::new());
+        // Without credentials (commands other than `serve`) calls fail with a token error.
+        let (app_id, app_secret) = match &config.lark {
+            Some(l) => (l.app_id.clone(), l.app_secret.clone()),
+            None => (String::new(), secrecy::SecretString::from(String::new())),
+        };
+        let lark = Arc::new(LarkClient::new(
+            &config.lark_base_url,
+            &app_id,
+            app_secret,
+            metrics.clone(),
+        )?);
+        let progress = crate::progress::Progress::new(
+            lark.clone(),
+            db.clone(),
+            metrics.clone(),
+            config.progress.clone(),
+            tasks.clone(),
+        );
+        let inbox_config = config.inbox.clone();
+        // Console sections are answered by the console that owns them.
+        let front = Front {
+            out: lark.clone(),
+            steps: Arc::new(progress.clone()),
+            scope: Scope::Except(crate::console::SECTION_PREFIX.into()),
+        };
+        let core = Core::build(
+            config,
+            db.clone(),
+            overrides.clock.clone(),
+            metrics.clone(),
+            overrides.section_control,
+            front,
+            tasks,
+        )
+        .await?;
+        let inbox = Inbox::new(
+            InboxDeps {
+                db: db.clone(),
+                clock: core.clock.clone(),
+                metrics: metrics.clone(),
+                config: inbox_config,
+                shutdown: shutdown.clone(),
+            },
+            crate::inbox::ADMITTED_MAX,
+            tasks.clone(),
+        );
+        let deps = core.chat_deps(Arc::new(LarkAdmins { lark: lark.clone() }));
+        // The inbox is handed its handler: it never calls the chat domain by name.
+        inbox.spawn_workers(Arc::new(LarkHandler {
+            lark: lark.clone(),
+            deps: deps.clone(),
+            agent: core.agent.clone(),
+            progress: progress.clone(),
+        }));
+        if core.config.lark.is_some() {
+            tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
+        }
+        core.spawn(&shutdown, tasks);
+        let http = HttpState {
+            config: core.config.clone(),
+            db: db.clone(),
+            metrics: metrics.clone(),
+            clock: core.clock.clone(),
+            llm: core.llm.clone(),
+            inbox: inbox.clone(),
+            triage: Arc::new(LarkTriage {
+                config: core.config.clone(),
+            }),
+            isolation: core.exec.local_level().clone(),
+        };
+        Ok(AppState {
+            config: core.config,
+            db,
+            metrics,
+            clock: core.clock,
+            llm: core.llm,
+            exec: core.exec,
+            agent: core.agent,
+            turns: core.turns,
+            lark,
+            inbox,
+            progress,
+            shutdown,
+            http,
+        })
+    }
+
+    /// The address the HTTP server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Shared state, for tests that look inside.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until the shutdown token is cancelled, then drains: stops taking requests, lets
+    /// workers finish or hand back what they claimed, closes the store.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let App {
+            listener,
+            state,
+            store,
+            tasks,
+        } = self;
+        let shutdown = state.shutdown.clone();
+        let router = crate::http::router(state.http.clone());
+        tracing::info!(http.addr = %listener.local_addr()?, "listening");
+        let serve = crate::http::serve::serve(
+            listener,
+            router,
+            state.config.http.clone(),
+            state.metrics.clone(),
+            shutdown,
+        );
+        // Once shutdown begins, requests in flight get a bounded grace, not forever.
+        let overdue = async {
+            state.shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            () = serve => {}
+            _ = overdue => {
+                tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "HTTP requests still running after the shutdown grace; dropping them");
+            }
+        }
+        state.shutdown.cancel();
+        tasks.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_secs = SHUTDOWN_GRACE.as_secs(),
+                "background tasks still running after the shutdown grace; leaving them"
+            );
+        }
+        drop(state);
+        store.close().await;
+        Ok(())
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
