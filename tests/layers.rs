@@ -172,7 +172,7 @@ fn ident_at(s: &str) -> &str {
 /// group, and what a chain of `super::` long enough to reach the crate root names.
 fn referenced(code: &str, depth: usize) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut group = |s: &str, found: &mut BTreeSet<String>| {
+    let group = |s: &str, found: &mut BTreeSet<String>| {
         // `s` starts just after `{`: the names at brace depth 1.
         let mut level = 1;
         let mut start = true;
@@ -195,7 +195,7 @@ fn referenced(code: &str, depth: usize) -> BTreeSet<String> {
             k += 1;
         }
     };
-    let mut at_root = |s: &str, found: &mut BTreeSet<String>| {
+    let at_root = |s: &str, found: &mut BTreeSet<String>| {
         if let Some(inner) = s.strip_prefix('{') {
             group(inner, found);
         } else {

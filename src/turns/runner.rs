@@ -3,6 +3,7 @@
 //! of who runs what — a claim is a row in Postgres.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -47,6 +48,8 @@ pub struct Runner {
     /// mid-step, nothing more is written, leases are left to expire. Tests use it to stand in
     /// for `kill -9`.
     halt: CancellationToken,
+    /// Sections held right now: claimed, and not yet given back or let go.
+    held: AtomicUsize,
 }
 
 enum Driven {
@@ -77,12 +80,19 @@ impl Runner {
             work,
             scope,
             halt: CancellationToken::new(),
+            held: AtomicUsize::new(0),
         })
     }
 
     /// Stops this runner as abruptly as a process death would (see [`Runner::halt`]).
     pub fn halt_abruptly(&self) {
         self.halt.cancel();
+    }
+
+    /// How many sections this runner holds now. Once a section is let go (finished, given
+    /// back, or its lease lost to another runner), this runner writes nothing more for it.
+    pub fn sections_held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
     }
 
     /// Claims and runs turns until `shutdown`; each held section is a task on `tasks`.
@@ -100,8 +110,10 @@ impl Runner {
                     tracing::debug!(turn.section = %lease.section, turn.generation = lease.generation, "section claimed");
                     let me = self.clone();
                     let shutdown = shutdown.clone();
+                    self.held.fetch_add(1, Ordering::AcqRel);
                     tasks.spawn(async move {
                         me.hold(lease, shutdown).await;
+                        me.held.fetch_sub(1, Ordering::AcqRel);
                         drop(permit);
                     });
                     continue;

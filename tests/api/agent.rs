@@ -4,7 +4,6 @@
 //! fake Lark. Sections are bound by a test `SectionControl` the test moves at will.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -19,7 +18,7 @@ use sshmode::turns::TurnRequest;
 
 use crate::fake_lark::FakeLark;
 use crate::fake_llm::{FakeProvider, Reply, completion, text};
-use crate::helpers::{TestApp, TestAppBuilder};
+use crate::helpers::{TestApp, TestAppBuilder, eventually};
 use crate::sshd::{self, Sshd};
 
 pub(crate) const MODEL: &str = "m";
@@ -119,11 +118,105 @@ pub(crate) fn say(s: &str) -> Reply {
     text(MODEL, s)
 }
 
-struct Env {
-    app: TestApp,
-    llm: FakeProvider,
-    lark: FakeLark,
-    control: Arc<Control>,
+/// The agent's test environment: the app with a fake model provider and a fake Lark, built
+/// by [`Env::builder`] (the one fixture of the agent, progress and chat-agent tests).
+pub(crate) struct Env {
+    pub app: TestApp,
+    pub llm: FakeProvider,
+    pub lark: FakeLark,
+    /// The fake chat control the app asks for bindings, unless built with
+    /// [`EnvBuilder::chat_control`].
+    pub control: Arc<Control>,
+    /// A target's sshd and its directory, when built with [`EnvBuilder::target`].
+    _target: Option<(Sshd, tempfile::TempDir)>,
+}
+
+/// Configures an [`Env`].
+pub(crate) struct EnvBuilder {
+    vars: Vec<(String, String)>,
+    progress: bool,
+    chat_control: bool,
+    target: Option<String>,
+}
+
+impl Env {
+    pub(crate) fn builder() -> EnvBuilder {
+        EnvBuilder {
+            vars: Vec::new(),
+            progress: false,
+            chat_control: false,
+            target: None,
+        }
+    }
+}
+
+impl EnvBuilder {
+    pub(crate) fn vars(mut self, vars: &[(&str, &str)]) -> Self {
+        self.vars
+            .extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self
+    }
+
+    /// With live progress cards (off otherwise: they have their own tests).
+    pub(crate) fn progress(mut self) -> Self {
+        self.progress = true;
+        self
+    }
+
+    /// With the service's own chat control and signed ingress, for tests that drive the
+    /// agent through chat messages.
+    pub(crate) fn chat_control(mut self) -> Self {
+        self.chat_control = true;
+        self
+    }
+
+    /// With an approved target `alias` on a fresh sshd (needs root and sshd).
+    pub(crate) fn target(mut self, alias: &str) -> Self {
+        self.target = Some(alias.to_string());
+        self
+    }
+
+    pub(crate) async fn spawn(self) -> Env {
+        let llm = FakeProvider::start().await;
+        let lark = FakeLark::start().await;
+        let control = Arc::new(Control::default());
+        let mut b = if self.chat_control {
+            crate::lark_support::app_with(&lark)
+                .var("LLM_BASE_URL", &llm.base)
+                .var("LLM_MODEL", MODEL)
+                .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
+                .var("SSHMODE_PROGRESS", "false")
+        } else {
+            builder(&llm, &lark, &control)
+        };
+        if self.progress {
+            b = b.var("SSHMODE_PROGRESS", "true");
+        }
+        for (k, v) in &self.vars {
+            b = b.var(k, v);
+        }
+        let app = b.spawn().await;
+        let target = match &self.target {
+            None => None,
+            Some(alias) => {
+                assert!(
+                    sshd::available(),
+                    "these tests need root and /usr/sbin/sshd"
+                );
+                let dir = tempfile::tempdir().unwrap();
+                let sshd = Sshd::start_below(dir.path());
+                add_target(&app, &sshd, dir.path(), alias).await;
+                Some((sshd, dir))
+            }
+        };
+        Env {
+            app,
+            llm,
+            lark,
+            control,
+            _target: target,
+        }
+    }
 }
 
 pub(crate) fn builder(
@@ -142,20 +235,7 @@ pub(crate) fn builder(
 }
 
 async fn env(vars: &[(&str, &str)]) -> Env {
-    let llm = FakeProvider::start().await;
-    let lark = FakeLark::start().await;
-    let control = Arc::new(Control::default());
-    let app = vars
-        .iter()
-        .fold(builder(&llm, &lark, &control), |b, (k, v)| b.var(k, v))
-        .spawn()
-        .await;
-    Env {
-        app,
-        llm,
-        lark,
-        control,
-    }
+    Env::builder().vars(vars).spawn().await
 }
 
 pub(crate) fn unique(prefix: &str) -> String {
@@ -180,22 +260,6 @@ pub(crate) async fn accept(app: &TestApp, section: &str, message_id: &str, text:
         .accept(&request(section, message_id, text))
         .await
         .unwrap();
-}
-
-/// Polls `cond` every 20 ms until it holds; panics naming `what` after `secs`.
-pub(crate) async fn wait_for<F, Fut>(what: &str, secs: u64, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {secs} s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The states of `section`'s turns, oldest first.
@@ -435,7 +499,7 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .any(|(k, p)| k == "agent.error" && p["tool"] == "terminal")
     );
     // The turn's own entry follows its end state (the end is committed first).
-    wait_for("the turn's log entry", 10, || async {
+    eventually("the turn's log entry", Duration::from_secs(10), || async {
         event_kinds(&env.app, &section)
             .await
             .iter()
@@ -704,7 +768,10 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
     let msg = unique("om_stop");
     accept(&env.app, &thread, &msg, "wait a while").await;
     let pattern = format!("sleep {secs}");
-    wait_for("the remote sleep", 20, || remote_pgrep(&other, &pattern)).await;
+    eventually("the remote sleep", Duration::from_secs(20), || {
+        remote_pgrep(&other, &pattern)
+    })
+    .await;
     // A message arriving now waits behind the running turn.
     let queued = unique("om_queued");
     accept(&env.app, &thread, &queued, "later").await;
@@ -713,7 +780,7 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
         said.contains("Stopping") && said.contains("1 waiting"),
         "{said}"
     );
-    wait_for("the stopped turn", 10, || async {
+    eventually("the stopped turn", Duration::from_secs(10), || async {
         turn_states(&env.app, &thread)
             .await
             .first()
@@ -721,9 +788,11 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
             == Some("stopped")
     })
     .await;
-    wait_for("the remote sleep to be gone", 10, || async {
-        !remote_pgrep(&other, &pattern).await
-    })
+    eventually(
+        "the remote sleep to be gone",
+        Duration::from_secs(10),
+        || async { !remote_pgrep(&other, &pattern).await },
+    )
     .await;
     let replies = replies_to(&env.lark, &msg);
     assert_eq!(replies.len(), 1, "{replies:?}");
@@ -770,7 +839,10 @@ async fn messages_during_a_turn_join_the_next_turn_in_order_and_sections_overlap
         ),
     );
     accept(&env.app, &a, "om_a1", "first").await;
-    wait_for("A's tool to start", 20, || tool_started(&env.app, &a)).await;
+    eventually("A's tool to start", Duration::from_secs(20), || {
+        tool_started(&env.app, &a)
+    })
+    .await;
 
     // Section B runs to its end while A is blocked: their turns overlap.
     env.llm.push(MODEL, say("B done"));
@@ -840,7 +912,7 @@ async fn a_turn_resumes_on_another_instance_after_a_hard_stop_without_rerunning_
         .push(MODEL, say("checked: it ran once"));
     let msg = unique("om_resume");
     accept(&env.app, &thread, &msg, "count").await;
-    wait_for("the command to run", 20, || async {
+    eventually("the command to run", Duration::from_secs(20), || async {
         std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1)
     })
     .await;
@@ -1008,6 +1080,7 @@ async fn history_survives_a_restart_and_old_tool_output_is_masked_first() {
         llm,
         lark,
         control,
+        ..
     } = env;
     app.stop().await;
     let app = builder(&llm, &lark, &control)
@@ -1109,7 +1182,7 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
     let msg = unique("om_fenced");
     accept(&env.app, &s, &msg, "block").await;
     let pid_file = ws.join("pid");
-    wait_for("the command to start", 20, || async {
+    eventually("the command to start", Duration::from_secs(20), || async {
         std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
     })
     .await;
@@ -1124,16 +1197,26 @@ async fn a_runner_that_loses_its_lease_kills_its_command_and_writes_nothing_more
     .unwrap();
     // The command runs in a PID namespace of its own: found here by the section id in its
     // command line, not by the pid it sees.
-    wait_for("the command to be killed", 10, || async {
-        !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            e.file_name().to_string_lossy().parse::<u32>().is_ok()
-                && std::fs::read(e.path().join("cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&s))
-        })
-    })
+    eventually(
+        "the command to be killed",
+        Duration::from_secs(10),
+        || async {
+            !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                e.file_name().to_string_lossy().parse::<u32>().is_ok()
+                    && std::fs::read(e.path().join("cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&s))
+            })
+        },
+    )
     .await;
-    // Nothing marks the old runner's end; give it time to try writes (none may land).
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Once the runner has let go of the section it writes nothing more: what it tried to
+    // write before that must have been refused.
+    eventually(
+        "the runner to let go of the section",
+        Duration::from_secs(20),
+        || async { env.app.state.turns.sections_held() == 0 },
+    )
+    .await;
     let tool_rows: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'tool'",
     )
@@ -1180,7 +1263,25 @@ async fn a_fenced_write_waits_for_a_claim_in_progress_and_is_refused_after_it() 
             .unwrap();
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The claim's UPDATE is seen waiting for a lock the write holds.
+    eventually(
+        "the claim to wait for the write's lock",
+        Duration::from_secs(20),
+        || {
+            let db = db.clone();
+            async move {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE 'UPDATE turn_sections SET generation = generation + 1%')",
+                )
+                .fetch_one(&db)
+                .await
+                .unwrap()
+            }
+        },
+    )
+    .await;
     assert!(
         !claim.is_finished(),
         "the claim waits for the write in progress"
@@ -1207,7 +1308,10 @@ async fn a_second_stop_drops_the_waiting_messages() {
         ),
     );
     accept(&env.app, &s, "om_d1", "block").await;
-    wait_for("the tool to start", 20, || tool_started(&env.app, &s)).await;
+    eventually("the tool to start", Duration::from_secs(20), || {
+        tool_started(&env.app, &s)
+    })
+    .await;
     accept(&env.app, &s, "om_d2", "waits").await;
     let first = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
     assert!(first.contains("1 waiting message will run next"), "{first}");
@@ -1262,9 +1366,11 @@ async fn hard_stop_during_call(blocking: usize) {
     accept(&env.app, &s, &msg, "two calls").await;
     let name = ["first", "second"][blocking];
     let counter = ws.join(format!("{name}.count"));
-    wait_for("the blocking call to run", 20, || async {
-        std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1)
-    })
+    eventually(
+        "the blocking call to run",
+        Duration::from_secs(20),
+        || async { std::fs::read_to_string(&counter).is_ok_and(|s| s.lines().count() == 1) },
+    )
     .await;
     env.app.state.turns.halt_abruptly();
     let other = builder(&env.llm, &env.lark, &env.control)

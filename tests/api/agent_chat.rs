@@ -7,55 +7,24 @@
 //! call fails, the thread is told once, and `/ssh local` frees it.
 
 use std::io::Cursor;
+use std::time::Duration;
 
 use serde_json::json;
 use sshmode::exec::Place;
 use sshmode::target::cli::{AddArgs, AllowArgs, HostKeyPolicyArg, TargetCmd, run_with};
 
 use crate::agent::{
-    MODEL, add_target, call, calls, rand_u16, reactions, remote_pgrep, replies_to, say,
-    tool_results, turn_states, unique, wait_for, wait_turns_ended,
+    Env, MODEL, call, calls, rand_u16, reactions, remote_pgrep, replies_to, say, tool_results,
+    turn_states, unique, wait_turns_ended,
 };
 use crate::fake_lark::FakeLark;
-use crate::fake_llm::FakeProvider;
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 use crate::lark_support::*;
-use crate::sshd::{self, Sshd};
-
-struct Env {
-    app: TestApp,
-    llm: FakeProvider,
-    lark: FakeLark,
-    _dir: tempfile::TempDir,
-    _sshd: Sshd,
-}
+use crate::sshd;
 
 /// The app with the real chat control, and a target `web` on a fresh sshd.
 async fn env() -> Env {
-    assert!(
-        sshd::available(),
-        "these tests need root and /usr/sbin/sshd"
-    );
-    let llm = FakeProvider::start().await;
-    let lark = FakeLark::start().await;
-    let app = app_with(&lark)
-        .var("LLM_BASE_URL", &llm.base)
-        .var("LLM_MODEL", MODEL)
-        .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
-        // These tests count the answers; the progress card has its own tests (progress.rs).
-        .var("SSHMODE_PROGRESS", "false")
-        .spawn()
-        .await;
-    let dir = tempfile::tempdir().unwrap();
-    let sshd = Sshd::start_below(dir.path());
-    add_target(&app, &sshd, dir.path(), "web").await;
-    Env {
-        app,
-        llm,
-        lark,
-        _dir: dir,
-        _sshd: sshd,
-    }
+    Env::builder().chat_control().target("web").spawn().await
 }
 
 async fn send(app: &TestApp, m: &Msg) {
@@ -351,10 +320,13 @@ async fn stop_sent_in_the_chat_kills_the_remote_command_and_tells_the_user() {
     )
     .await;
     let pattern = format!("sleep {secs}");
-    wait_for("the remote sleep", 20, || remote_pgrep(app, &pattern)).await;
+    eventually("the remote sleep", Duration::from_secs(20), || {
+        remote_pgrep(app, &pattern)
+    })
+    .await;
 
     send(app, &in_thread("stop", "/stop", false, "omt_use", "om_use")).await;
-    wait_for("the stopped turn", 10, || async {
+    eventually("the stopped turn", Duration::from_secs(10), || async {
         turn_states(app, "omt_use")
             .await
             .first()
@@ -362,9 +334,11 @@ async fn stop_sent_in_the_chat_kills_the_remote_command_and_tells_the_user() {
             == Some("stopped")
     })
     .await;
-    wait_for("the remote sleep to be gone", 10, || async {
-        !remote_pgrep(app, &pattern).await
-    })
+    eventually(
+        "the remote sleep to be gone",
+        Duration::from_secs(10),
+        || async { !remote_pgrep(app, &pattern).await },
+    )
     .await;
     let told = replies_to(&env.lark, "om_long");
     assert_eq!(told.len(), 1, "{told:?}");

@@ -19,7 +19,7 @@ use zeroize::Zeroizing;
 
 use crate::fake_lark::FakeLark;
 use crate::fake_llm::{FakeProvider, Reply, completion, text};
-use crate::helpers::{TestApp, TestAppBuilder};
+use crate::helpers::{TestApp, TestAppBuilder, eventually};
 use crate::lark_support::*;
 
 const MODEL: &str = "m";
@@ -98,27 +98,28 @@ async fn turn(
     llm.push(MODEL, text(MODEL, "done"));
     let before = llm.count(MODEL);
     app.state.agent.accept(req).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    loop {
+    let ended = |db: sqlx::PgPool| async move {
         let states: Vec<String> = sqlx::query_scalar(
             "SELECT t.state FROM turn_requests r JOIN turns t ON t.id = r.turn_id \
              WHERE r.message_id = $1",
         )
         .bind(&req.message_id)
-        .fetch_all(&app.state.db)
+        .fetch_all(&db)
         .await
         .unwrap();
-        if states.len() == 1 && states[0] != "running" {
-            assert_eq!(states[0], "done", "the turn of {}", req.message_id);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "turn {} did not end: {states:?}",
-            req.message_id
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (states.len() == 1 && states[0] != "running").then_some(states)
+    };
+    eventually(
+        &format!("the turn of {}", req.message_id),
+        Duration::from_secs(40),
+        || {
+            let db = app.state.db.clone();
+            async move { ended(db).await.is_some() }
+        },
+    )
+    .await;
+    let states = ended(app.state.db.clone()).await.unwrap();
+    assert_eq!(states[0], "done", "the turn of {}", req.message_id);
     assert!(llm.count(MODEL) > before);
     let last = llm.requests().last().cloned().unwrap();
     let msgs = last.body["messages"].as_array().unwrap().clone();

@@ -13,6 +13,23 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::database::fresh_database;
 
+/// Polls `check` every 20 ms until it holds; panics naming `what` once `within` has passed.
+/// The one way a test waits for something to happen.
+pub async fn eventually<F, Fut>(what: &str, within: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Builds a [`Config`] from explicit variables (the process environment is not read). The
 /// service runs inside this test binary, so the launcher of local commands is the built
 /// `sshmode` (unless `vars` names one).

@@ -10,7 +10,7 @@ use sshmode::metrics::ReasonLabel;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 use crate::lark_support::*;
 
 /// Runs `sshmode serve` with only the given variables (and PATH), in an empty directory.
@@ -170,15 +170,12 @@ async fn slow_senders_that_reconnect_do_not_starve_real_deliveries() {
         .map(|_| tokio::spawn(slow_sender(app.addr, stop.clone())))
         .collect();
     // Every sender has been cut off once and is back, holding a connection again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while body_timeouts(&app) < senders as u64 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "only {} slow bodies timed out",
-            body_timeouts(&app)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        &format!("{senders} slow bodies to time out"),
+        Duration::from_secs(60),
+        || async { body_timeouts(&app) >= senders as u64 },
+    )
+    .await;
     // Real deliveries arrive meanwhile, all at once: every one is recorded.
     let deliveries: Vec<_> = (0..20)
         .map(|i| {
@@ -242,11 +239,12 @@ async fn past_the_connection_bound_new_connections_wait() {
         .await;
     let a = TcpStream::connect(app.addr).await.unwrap();
     let _b = TcpStream::connect(app.addr).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while app.state.metrics.http_connections.get() < 2 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "two connections served",
+        Duration::from_secs(20),
+        || async { app.state.metrics.http_connections.get() >= 2 },
+    )
+    .await;
     let mut c = TcpStream::connect(app.addr).await.unwrap();
     c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await

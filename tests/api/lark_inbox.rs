@@ -8,7 +8,7 @@ use serde_json::json;
 use sshmode::inbox::NewEvent;
 use sshmode::inbox::{self, Failed};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 
 fn env(id: &str) -> NewEvent {
     NewEvent {
@@ -202,14 +202,12 @@ async fn a_flush_runs_on_the_apps_task_tracker() {
         .await
         .unwrap();
     let request = tokio::spawn(async move { state.inbox.record(env("t1")).await });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while tracker.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no flush task on the tracker"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "a flush task on the tracker",
+        Duration::from_secs(20),
+        || async { !tracker.is_empty() },
+    )
+    .await;
     // The request goes away; shutdown begins; the write goes through and is waited for.
     request.abort();
     tracker.close();

@@ -3,47 +3,22 @@
 //! operations per second, size). Covers the remote steps' lines, coalescing, streaming renewal
 //! and re-enabling, a resumed turn, the Stop button, and both fallbacks.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sshmode::exec::Place;
 
 use crate::agent::{
-    Control, MODEL, accept, add_target, builder, call, rand_u16, remote_pgrep, say, turn_states,
-    unique, wait_for, wait_turns_ended,
+    Env, MODEL, accept, add_target, builder, call, rand_u16, remote_pgrep, say, turn_states,
+    unique, wait_turns_ended,
 };
 use crate::fake_lark::{Failure, FakeCard, FakeLark};
-use crate::fake_llm::FakeProvider;
-use crate::helpers::TestApp;
+use crate::helpers::eventually;
 use crate::lark_support::{ENCRYPT_KEY, TOKEN, post, sealed_now};
 use crate::sshd::{self, Sshd};
 
-struct Env {
-    app: TestApp,
-    llm: FakeProvider,
-    lark: FakeLark,
-    control: Arc<Control>,
-}
-
 async fn env(vars: &[(&str, &str)]) -> Env {
-    let llm = FakeProvider::start().await;
-    let lark = FakeLark::start().await;
-    let control = Arc::new(Control::default());
-    let app = vars
-        .iter()
-        .fold(
-            builder(&llm, &lark, &control).var("SSHMODE_PROGRESS", "true"),
-            |b, (k, v)| b.var(k, v),
-        )
-        .spawn()
-        .await;
-    Env {
-        app,
-        llm,
-        lark,
-        control,
-    }
+    Env::builder().progress().vars(vars).spawn().await
 }
 
 /// Waits until the only card of the test is closed (streaming off after the end) and returns it.
@@ -264,15 +239,19 @@ async fn a_resumed_turn_continues_the_same_card_with_higher_sequences() {
     accept(&env.app, &section, &msg, "q").await;
     // While the card shows the first step running, Lark starts holding the answer; the runner
     // dies while it is being sent.
-    wait_for("the first step running on the card", 20, || async {
-        env.lark.cards().first().is_some_and(|c| {
-            let t = c.element("steps");
-            t.contains("⏳") && t.contains("`sleep 1.5; echo first`")
-        })
-    })
+    eventually(
+        "the first step running on the card",
+        Duration::from_secs(20),
+        || async {
+            env.lark.cards().first().is_some_and(|c| {
+                let t = c.element("steps");
+                t.contains("⏳") && t.contains("`sleep 1.5; echo first`")
+            })
+        },
+    )
     .await;
     env.lark.hold(&format!("/messages/{msg}/reply"));
-    wait_for("the answer being sent", 20, || async {
+    eventually("the answer being sent", Duration::from_secs(20), || async {
         replies(&env.lark, &msg, "post").len() == 1
     })
     .await;
@@ -350,7 +329,10 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
     let msg = unique("om_btn");
     accept(&env.app, &thread, &msg, "wait").await;
     let pattern = format!("sleep {secs}");
-    wait_for("the remote sleep", 20, || remote_pgrep(&env.app, &pattern)).await;
+    eventually("the remote sleep", Duration::from_secs(20), || {
+        remote_pgrep(&env.app, &pattern)
+    })
+    .await;
     let card = env.lark.cards()[0].clone();
     let value = card.data["body"]["elements"]
         .as_array()
@@ -381,16 +363,20 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
             .contains("Only members"),
         "{answer}"
     );
-    wait_for("the refusal's audit row", 10, || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM audit_log
+    eventually(
+        "the refusal's audit row",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM audit_log
              WHERE action = 'turn.stop' AND outcome = 'refused' AND actor = 'ou_stranger'",
-        )
-        .fetch_one(&env.app.state.db)
-        .await
-        .unwrap()
-            == 1
-    })
+            )
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
     .await;
     assert_eq!(turn_states(&env.app, &thread).await, vec!["running"]);
 
@@ -402,13 +388,15 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
     .await;
     assert_eq!(status, 200);
     assert_eq!(answer["toast"]["type"], "info", "{answer}");
-    wait_for("the stopped turn", 10, || async {
+    eventually("the stopped turn", Duration::from_secs(10), || async {
         turn_states(&env.app, &thread).await == vec!["stopped"]
     })
     .await;
-    wait_for("the remote sleep to be gone", 10, || async {
-        !remote_pgrep(&env.app, &pattern).await
-    })
+    eventually(
+        "the remote sleep to be gone",
+        Duration::from_secs(10),
+        || async { !remote_pgrep(&env.app, &pattern).await },
+    )
     .await;
     let card = closed_card(&env.lark).await;
     let text = card.element("steps");
@@ -458,7 +446,7 @@ async fn cardkit_errors_fall_back_to_a_patched_card_message() {
         .as_str()
         .unwrap()
         .to_string();
-    wait_for("the final PATCH", 20, || async {
+    eventually("the final PATCH", Duration::from_secs(20), || async {
         env.lark.patched(&card_msg).last().is_some_and(|(_, c)| {
             c["body"]["elements"][0]["content"]
                 .as_str()
@@ -503,17 +491,21 @@ async fn refused_cards_leave_the_final_answer_only() {
     let posted = env.lark.posted();
     assert_eq!(posted.len(), 1, "{posted:#?}");
     assert_eq!(posted[0]["msg_type"], "post");
-    wait_for("the progress mode `none`", 10, || async {
-        sqlx::query_scalar::<_, Option<String>>(
-            "SELECT progress_mode FROM turns WHERE section_id = $1",
-        )
-        .bind(&section)
-        .fetch_one(&env.app.state.db)
-        .await
-        .unwrap()
-        .as_deref()
-            == Some("none")
-    })
+    eventually(
+        "the progress mode `none`",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT progress_mode FROM turns WHERE section_id = $1",
+            )
+            .bind(&section)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap()
+            .as_deref()
+                == Some("none")
+        },
+    )
     .await;
     assert!(
         env.lark
@@ -678,7 +670,7 @@ async fn an_answer_that_tries_to_mention_everyone_reaches_lark_mentioning_no_one
     m.chat_id = chat.clone();
     let (status, body) = post(&env.app, sealed_now(&m.envelope(TOKEN))).await;
     assert_eq!(status, 200, "{body}");
-    wait_for("the turn", 20, || async {
+    eventually("the turn", Duration::from_secs(20), || async {
         !turn_states(&env.app, &chat).await.is_empty()
     })
     .await;
