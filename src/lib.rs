@@ -2,10 +2,11 @@
 //! on an admin-approved SSH target, chosen per conversation thread.
 //!
 //! Read the modules in the order an event travels: [`http`] receives it, [`lark`] verifies and
-//! parses it, [`inbox`] makes it durable and hands it to a worker, [`chat`] decides what it
-//! means, and the task tools act through [`exec`] on the thread's backend. [`llm`] is model
-//! access; [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state.
-//! ARCHITECTURE.md has the map and the invariants.
+//! parses it, [`inbox`] makes it durable and hands it to a worker, [`frontend`] turns it into
+//! a chat message, [`chat`] decides what it means, [`turns`] and [`agent`] run the turn, and
+//! the task tools act through [`exec`] on the thread's backend. [`llm`] is model access;
+//! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`app`] builds
+//! it all. ARCHITECTURE.md has the layers, the map and the invariants.
 
 pub mod agent;
 pub mod app;

@@ -344,6 +344,51 @@ fn the_module_graph_has_no_cycle() {
     }
 }
 
+/// Only `config` reads the environment. The one other read allowed is the embedded cluster's
+/// lookup of PostgreSQL's programs on `PATH`, as any program lookup does.
+#[test]
+fn only_config_reads_the_environment() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    // Modules declared `#[cfg(test)] mod name;` are test code.
+    let mut test_modules = BTreeSet::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("reading a source file");
+        for (i, _) in text.match_indices("#[cfg(test)]") {
+            let after = text[i + "#[cfg(test)]".len()..].trim_start();
+            if let Some(rest) = after.strip_prefix("mod ") {
+                let name = ident_at(rest);
+                if rest[name.len()..].trim_start().starts_with(';') {
+                    let dir = f.parent().expect("a parent directory");
+                    test_modules.insert(dir.join(format!("{name}.rs")));
+                    test_modules.insert(dir.join(name).join("mod.rs"));
+                }
+            }
+        }
+    }
+    let mut readers = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).expect("under src/");
+        if rel.starts_with("config") || test_modules.contains(f) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("reading a source file");
+        let code = without_test_items(&code_only(&text));
+        for call in ["env::var(", "env::vars(", "env::var_os(", "env::vars_os("] {
+            if code.contains(call) {
+                readers.push(format!("src/{}: {call}", rel.display()));
+            }
+        }
+    }
+    readers.retain(|r| r != "src/store/embedded.rs: env::var_os(");
+    assert!(
+        readers.is_empty(),
+        "the environment is read outside config:\n{}",
+        readers.join("\n")
+    );
+}
+
 /// The reader itself: what it must see and what it must not.
 #[test]
 fn the_reader_sees_paths_and_skips_comments_strings_and_tests() {

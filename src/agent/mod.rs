@@ -14,6 +14,113 @@
 //! binding no longer passes its checks (a tool fails with the reason, and the thread is told
 //! once); hands a backend to a control-plane tool; re-runs a tool call whose outcome is
 //! unknown.
+//!
+//! # In detail
+//!
+//! | path | owns | never |
+//! |---|---|---|
+//! | `src/turns/` | turn requests (idempotent on the message id), section leases with heartbeat and generation fencing, the `/stop` flag, the budget across resumes, the runner | models, tools or chats (the work is injected as `TurnWork`); a process-global registry |
+//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions | picking a backend (it asks `SectionControl::place` at each call); falling back to local; re-running a call with an unknown outcome |
+//!
+//! **A turn's path.**
+//! ```
+//! chat control ──▶ Agent::accept(TurnRequest) ──▶ turns::enqueue (INSERT … ON CONFLICT (message_id) DO NOTHING,
+//!                  │                                turn_sections.pending = true, NOTIFY sshmode_turns)
+//!                  └─▶ receipt reaction `Typing` (its id stored; once per message; the Lark client's urgent lane)
+//! (a turn: not a command, and an @mention, a p2p message, or any message in a `bot_threads` thread)
+//! Runner (every replica) ── claim: a pending section whose lease is free or expired,
+//!                           oldest waiting request first (FOR UPDATE SKIP LOCKED; generation += 1)
+//!    └─ hold(section): open_turn = resume the running turn, or a new turn taking ALL waiting requests in order
+//!         └─ drive: Agent::run_turn  ∥  heartbeat every 0.5 s (renew lease, add spent time, read stop flag)
+//!               system prompt (SectionControl::place, target user@host, stored cwd, workspace,
+//!                              ssh_mode status, notes; reused while the place and one fingerprint
+//!                              read — binding, live grants, cwds, workspaces, targets, notes, the
+//!                              minute — are unchanged)
+//!               context (summary + messages after it, masked/summarised to SSHMODE_CONTEXT_TOKENS;
+//!                        loaded once per run, then extended with the rows this runner stores)
+//!               llm::Router::chat (dropped on cancel) ── store assistant reply + event log agent.step
+//!                                                        + `tool_started` of its first call (one commit)
+//!                                                     ∥ tools::resolve(first call)
+//!               per tool call: tools::resolve = place = SectionControl::place(section), then
+//!                              workspace::current ∥ (a target) Executors::ops_for — reads only
+//!                              (a binding that fails its checks fails the call: refusal
+//!                              audited, the thread told once)
+//!                              ── judge (permission) ── local_ops_in(section, workspace, writable)
+//!                              ── run ── store result + agent.tool + `tool_started` of the reply's next
+//!                                 call, if any (one commit; without a mark it does not wait for its
+//!                                 WAL flush, see Resume)
+//!                                 ∥ tools::resolve(next call), or after the last call the next
+//!                                   step's system prompt
+//!               final answer stored ── reply (post/md, < 30 KB chunks, uuid = f(turn, chunk)) ── answered_at
+//!               ── reactions DONE | CrossMark ── turn state done|stopped|bounded|failed
+//!    └─ release: holder = NULL; pending recomputed under the row lock
+//! ```
+//!
+//! **Reads overlap writes.** Each write of a step runs alongside the read that must follow it:
+//! while the model's reply commits, the backend and workspace of its first call are read
+//! (`tools::resolve`); while a result commits, those of the reply's next call, or after the last
+//! call the next step's system prompt. A call's reads still come after the model asked for it and
+//! after the call before it ended — so a switch by `ssh_mode`, a `cd` or a `/ssh use` holds from
+//! the next call — and the call starts only once its mark is committed. A read ahead is used for
+//! that one call and dropped if the write fails.
+//!
+//! **Lease and fencing.** `turn_sections` has one row per section: `generation`, `holder`,
+//! `lease_until`, `pending`. A claim bumps the generation under the row's update lock. Every write
+//! of a turn (conversation rows, summaries, reactions bookkeeping, answered/finished marks) runs in
+//! a transaction that first takes a *share* lock on the row and checks the generation it was
+//! claimed with (`turns::Fence`); after another runner's claim no write of the old one can land.
+//! The heartbeat runs concurrently with the turn (never paused by it: its renewal can wait on the
+//! turn's share lock). A renewal that finds the generation changed, or renewals failing for two
+//! thirds of the lease, cancels the turn's token (`LeaseLost`): the model call is dropped and the
+//! running command killed with its process group; the turn is not released. Leases use the
+//! database's clock, so replicas need no clock agreement. One running turn per section is also a
+//! unique index (`turns_one_running`).
+//!
+//! **Resume.** Every step is stored before the next one starts: the user messages, each model
+//! reply, a `tool_started` mark before a call runs, and the call's result. A mark shares the commit
+//! of the row before it — the reply for a reply's first call, the previous call's result for the
+//! next — so a tool step costs two commits, not three; a call marked this way but not yet started
+//! when the runner lets go on shutdown gets the result "not run: the service stopped before this
+//! call started"; after a crash in that instant it reads as interrupted (wrong only in the safe
+//! direction). A result that carries no mark commits with `synchronous_commit = off` (that
+//! transaction only): a PostgreSQL crash may lose it, which leaves the call marked without a result,
+//! i.e. interrupted — never re-run; and it is durable before anything depends on it, because the
+//! next write is the model's next reply (or the turn's end), a flushed commit, and WAL is flushed in
+//! order. Every commit that carries a mark, a reply, a final answer or the turn's end waits for its
+//! flush. A runner that claims a
+//! section with a running turn replays it: a stored final answer is sent again (same uuids, so Lark
+//! drops a duplicate; `answered_at` skips it entirely once recorded); a call with a start mark but
+//! no result gets the result "interrupted, outcome unknown: check before repeating" and is never run
+//! again; calls without a mark run; then the loop continues. A graceful shutdown cancels the turn
+//! (`Shutdown`): the running command is killed, its result is that same note, the section is
+//! released and another replica continues at once. A turn claimed more than 5 times ends as failed.
+//!
+//! **Cancel.** `/stop` (`Agent::stop` → `turns::request_stop`) sets `turns.stop_requested_at` on
+//! the running turn — the authoritative flag, read by the holder's heartbeat every 0.5 s, on
+//! whichever replica. The token's cancellation reaches the router call (its future is dropped) and
+//! the command (`exec` kills the local or remote process group). The user gets "Stopped by /stop"
+//! with the steps done so far. Waiting requests stay queued and form the next turn; a `/stop` while
+//! a stop is pending, or with nothing running, drops them.
+//!
+//! **Bounds.** `SSHMODE_MAX_ITERATIONS` model calls per turn (stored replies count, so resumes
+//! count); `SSHMODE_TURN_BUDGET_SECS` wall clock, summed in `turns.spent_ms` by the heartbeat across
+//! runners (default 900 s: a build or a test run fits, a runaway turn costs little);
+//! `SSHMODE_TOOL_TIMEOUT_SECS` per call (a command's own timeout, and an outer limit for file
+//! operations); the same call with the same result three times ends the turn. Each ends the turn
+//! with a message naming the bound and listing what was done.
+//!
+//! **Context.** The log (`agent_messages`) is append-only. The context is the latest summary plus
+//! the messages after it; over `SSHMODE_CONTEXT_TOKENS` (bytes/4, scaled up when the provider
+//! reports more prompt tokens) old tool outputs are masked first (the latest two are kept), then
+//! the oldest whole turns are replaced by an extractive summary (requests, tools used, answers),
+//! stored in `agent_summaries` before they leave the context.
+//!
+//! **Seams for chat control and progress.** `agent::SectionControl` (the section's place and the
+//! `ssh_mode` domain API) is `chat::ChatControl` (tests may pass their own through
+//! `app::Overrides::section_control`). `agent::ChatOut` is implemented by the front-ends
+//! (`frontend` for `LarkClient`, the console's `Terminal`). `agent::StepSink` receives
+//! `StepEvent`s (started, model, tool started/finished, ended, left) for the live progress
+//! card; `serve` installs `progress::Progress`.
 
 mod answer;
 mod conversation;

@@ -11,6 +11,27 @@
 //!
 //! Never: needs Lark settings, binds a network port, or runs work outside the turn runner
 //! (turns are durable: a section resumed with `--section` continues where it stopped).
+//!
+//! # In detail
+//!
+//! `sshmode chat` is a second front-end on the same core. It builds only what a section needs —
+//! store, model router, vault, executors, the agent with `ChatControl`, and a turn runner spawned
+//! in-process — and no HTTP listener, inbox or Lark client, so it needs no Lark settings. Each
+//! input line becomes an `Incoming` for the section `console:NAME` (used as chat id and thread id,
+//! so the section behaves like a thread and `/ssh use` binds in place) and goes through
+//! `chat::dispatch`; requests for the agent are queued as durable turns like any other, and the
+//! console waits on `turns::request_settled` (a bounded poll) before reading the next line.
+//!
+//! | path | owns | never |
+//! |---|---|---|
+//! | `mod.rs` | section names, the actor `console:<os user>` (added to the admins for this process), wiring, the read loop, waiting for turns, Ctrl-C as `/stop` | reading the environment (config does), binding a port |
+//! | `out.rs` | `Terminal`: the dispatcher's `Reply` (no threads: `open_thread` says so), the agent's `ChatOut` (answers printed once per idempotency key; reactions ignored except the failure one) and `StepSink` (tool calls as `· tool: what`); `NoAdminChannel` | deciding anything |
+//!
+//! Because turns are rows in Postgres, a console section is resumable (`--section NAME`): an
+//! interrupted turn resumes when the section is opened again. Runners are scoped
+//! (`turns::Scope`): the console's claims only its own section, and the service's
+//! (`app::App`) every section except `console:*`, whose answers only a console can print — so a
+//! console and `serve` may share one database.
 
 mod out;
 

@@ -8,6 +8,35 @@
 //! [`crate::exec::Backend`] (invariant 3). Never: stores a text the secret filter refuses,
 //! echoes a refused secret, lets one chat read another chat's notes, or lets one chat's model
 //! see or change another chat's skills (only an admin's promotion shares one).
+//!
+//! # In detail
+//!
+//! `memory` and `skills` are control-plane tools. The agent's tool dispatch (`agent::tools`)
+//! hands them to `ControlPlane::call(tool, Caller { section, chat_id }, args)` *before* any
+//! backend is resolved, so they never see a `Backend` (invariant 3) and behave the same in a
+//! local and a bound section.
+//!
+//! - `control::memory` owns `memory_notes` (`chat_id`, `section_id`, `content`, `created_by`):
+//!   every query names the chat, so notes never cross chats (a one-to-one chat's id is unique to
+//!   its user). `add` takes a per-chat advisory lock to hold the 50-note bound; `add` and
+//!   `remove` write their audit row (`memory.add`, `memory.remove`) in the same transaction.
+//!   `agent::prompt` appends `prompt_block`: the notes on one line each inside `<notes>…</notes>`,
+//!   introduced as facts and not instructions. `chat::dispatch` answers `/memory list` and
+//!   `/memory forget <id>` from the same module (actor: the user's open_id).
+//! - `control::skills` owns `skills` (name, description, body, `chat_id`, `promoted_by|at`). A
+//!   skill's text goes back to a model, so it is scoped like a note: every query names the
+//!   viewer (`Viewer::Chat` for the tool, `Viewer::Operator` for the CLI), and a chat sees its
+//!   own skills and promoted ones only; `manage` changes only its chat's unpromoted rows. Names
+//!   stay unique in the deployment, so `sshmode skill promote <name>` (`control::cli`) is never
+//!   ambiguous. The built-in `ssh-mode` skill is `include_str!("ssh_mode_skill.md")`, never a
+//!   row (the table CHECKs the name), listed first and refused by every `manage` op. Changes are
+//!   serialised by an advisory lock and audited (`skill.create|update|delete|promote`, refusals
+//!   of a promoted skill too) in their transaction.
+//! - `control::secrets::SecretFilter` screens every text before it is stored: a private-key
+//!   block, the service's own secrets (taken from `Config` at start-up), then target secrets
+//!   through `target::holds_secret`, which reads the sealed rows and calls
+//!   `Vault::contains_secret`: the records are opened, compared and wiped inside `vault.rs`, and
+//!   only a boolean leaves (invariant 4). A refusal names the kind of secret, never its text.
 
 pub mod cli;
 pub mod memory;

@@ -11,6 +11,189 @@
 //! Never: knows chats, models or bindings; falls back from a remote backend to the local one.
 //! [`Executors::backend`] returns the backend a place names or an error — there is no path
 //! from an SSH failure to local execution.
+//!
+//! # In detail
+//!
+//! | path | owns | never |
+//! |---|---|---|
+//! | `src/exec/mod.rs` | the `Backend` trait (run a script, read bytes, write atomically, home, initial dir), `Place`, `Executors` (one per process, built by `app::build::Core`), per-(backend, section) working directories | chats, models, bindings |
+//! | `src/exec/ops.rs` | the task tools' operations written once over any backend: terminal (guard, cwd tracking, env, timeout, cancel), read (ranges, binary detection), write, patch, search (`rg`, else `grep`/`find`), execute_code | picking a backend |
+//! | `src/exec/local/` | local backend (see *Local tool isolation* below): `LocalHost` (one per app) hands each section a `LocalBackend` confined to `sections/<section>` and its tmp; `bash -c` (under root through the launcher, in a PID namespace of its own) in its own session and process group, killed (TERM then KILL) on timeout/cancel and KILLed when the command ends | running unisolated without the operator's opt-in; waiting unboundedly after a kill |
+//! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a `setsid` session of the wrapper's own, group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
+//! | `src/shell/` | the shell-analysis core both policies read commands with: `parse` (bash syntax → tokens; `parse::simple_commands`), `spec` (the one table of shells, inline interpreters and wrappers: option letters and arities, operands, which options change directory, run a script or write a file), the shared bounds and `Verdict` | deciding anything; running or touching files |
+//! | `src/exec/guard/` | the command guard, the first policy over `shell` (verdicts `refuse`, `ask`, `allow`), in stages: `expand` (braces, parameters, `IFS`, possibly-empty unknowns), `check` (execution order, context, wrappers, nested scripts, budgets), `rules` (what is refused, and the messages), `ask` (what a person should decide) | running, touching files, or judging past a bound |
+//! | `src/exec/truncate.rs` | head+tail output capture | — |
+//! | `src/target/` | the registry (Postgres `targets`: sealed secrets as bytea, status, seen/recorded/pinned host key), `approve` (pins the key), `rekey`, the re-seal of first-format records, with audit rows in the same transaction; `cli.rs`: `sshmode target …` | returning or logging a secret |
+//!
+//! **How a tool call runs.** The agent's tool layer asks `Executors::ops_for(section, place)`:
+//! `Place::Local` gives the local backend; `Place::Target(alias)` checks the registry (exists,
+//! approved) and hands out a handle on the app-wide pool — or an error. No branch turns an error
+//! into the local backend; the error is the tool's answer. `Ops` then resolves paths on the
+//! backend's host (`~` = that user's home, asked of the backend; relative = under the section's
+//! working directory there) and calls the backend's few primitives.
+//!
+//! **Working directory.** Each terminal command is wrapped: `trap` on EXIT prints `$PWD` behind a
+//! one-time random marker on stdout, then `cd` to the remembered directory, then the environment
+//! reader, then the command. The marker line is cut off the captured output and its directory
+//! remembered for the (backend, section). Exit status and output are the command's own; if the
+//! command replaces the EXIT trap or closes stdout, the directory simply stays as it was.
+//!
+//! **Environment values never appear in the script.** The script is the shell's command line
+//! (`bash -c …` locally, the exec request over SSH), and anyone on the host can read it with
+//! `ps`. So `ops` sends a tool's variables on the command's standard input — one line per
+//! variable, the value with every byte outside `[A-Za-z0-9._/:@%+,=-]` as a `\0ooo` escape, then
+//! a `.` line — and the wrapper reads them with POSIX `read` and `printf %b` and exports them.
+//! `read` takes no byte past the block, so the command then reads the end of its input, as
+//! before. Both backends only have to deliver `Command::stdin` to the script's standard input.
+//!
+//! **SSH pool.** Per target, a semaphore holds `max_connections × channels_per_connection`
+//! permits; a command takes a permit (waiting at most `ssh_queue_timeout`, with at most 1024
+//! waiting), then a free channel on the first connection that has one, and only when every
+//! connection is full does it connect another — never more than `max_connections`, retiring ones
+//! included; at the limit it waits (same deadline) for a channel to be given back. sshd may refuse
+//! a session for a moment while closed ones are still torn down (`MaxSessions`): the open is
+//! retried after the next channel is freed, a bounded number of times. A command waits for sshd's confirmation that it
+//! started (at most the connect timeout; opening the channel too); a connection that dies before
+//! that (sshd restarted) is retired and the start retried once on a fresh connection — nothing
+//! ran, so nothing runs twice. A confirmation that never comes is not retried, since the command
+//! may have started. Cancellation is honoured while a command waits for a channel, and a waiter
+//! that gives up returns its queue place. Standard input is sent while output is read, so a
+//! command that never reads its input still times out. A target found removed, pending or
+//! disabled has its pool dropped (its connections close as their last commands end). Failed connects back off
+//! (0.5 s doubling to 30 s) and the next callers get the last error with the time to the next
+//! attempt. Keepalives detect dead peers; the reaper (on the app's `TaskTracker`) closes idle
+//! connections. Connects are counted in `sshmode_ssh_connects_total{reason}` and tool commands
+//! in `sshmode_exec_commands_total{backend,outcome}`. `TCP_NODELAY` is on: russh leaves Nagle on by default, which costs ~40 ms per
+//! small round trip.
+//!
+//! **Remote kill.** sshd makes each session's shell a session leader, so its pid is the process
+//! group of everything the command starts. The script first prints `$$` on stderr behind a
+//! marker made for that one command (`__sshmode_pid_<random>__`); the pid is read only from
+//! behind it, within the first 64 KiB of stderr, and only if it is a number above 1 — whatever a
+//! login script prints first (an rc file that prints `1`) stays the command's stderr and is never
+//! taken for the pid, since `kill -- -1` would reach every process of the user. On timeout or
+//! cancel we send a `signal` request, then run `kill -TERM -- -PID; …; kill -KILL -- -PID` on a
+//! second channel, wait for it (bounded), and close the channel, returning the partial output;
+//! without a pid only the signal request is sent. A command whose caller drops it midway
+//! (shutdown, an abandoned tool call) has its group killed the same way from a task on the app's
+//! `TaskTracker` — so shutdown waits for it — that holds a channel of the connection, so the idle
+//! reaper does not close the connection under it.
+//!
+//! **Host keys: approval pins the key.** `target add` makes one handshake (no authentication;
+//! `connect::probe_host_key` refuses the key once it has noted it) and records the key as
+//! `seen`; `--host-key` given too must match it, or nothing is added. `show`, the approval card
+//! and the add output show it (`HostKey::describe`). `target::approve` — used by `target approve`,
+//! by `set_status(.., Approved, ..)` and so by the chat's approval — turns a seen or recorded key
+//! into `pinned` in the same transaction as the status change (`target.approve` names the key,
+//! `hostkey.pin` follows). So the key an admin approved is the one every connection must meet;
+//! a man in the middle after `add` is refused as a mismatch, not recorded as the truth. Adding
+//! with `--approve` pins the seen key for a `tofu` target; a `strict` target accepts only a key
+//! an operator checked: `--host-key`, `target test --trust SHA256:…` (pins only if the server
+//! presents that fingerprint; otherwise `hostkey.trust_mismatch` and nothing is pinned), or an
+//! approval after reading it. `--offline` skips the handshake; then the first connection records
+//! the key (tofu) as before. `check_server_key` asks `target::check_host_key`, which in one
+//! transaction compares the `SHA256:` fingerprint with the recorded one and writes
+//! `hostkey.record` / `hostkey.pin` / `hostkey.mismatch` audit rows. A changed key is refused
+//! with a message naming `sshmode target rekey <alias> --host-key …`, which replaces it (pinned,
+//! audited as `hostkey.rekey` with both fingerprints).
+//!
+//! **Secrets.** Opened from the vault only in `exec::ssh::connect`, into `Zeroizing` buffers, for
+//! the authentication call (russh's password method zeroizes its own copy on drop), and by the
+//! start-up re-seal below.
+//!
+//! **Files over SFTP.** One SFTP session per operation on a pooled channel; reads and writes keep
+//! 32 requests of 64 KiB in flight. A write goes to `.name.sshmode-<uuid>` beside the target
+//! (mode copied with `fsetstat`, `fsync@openssh.com` when offered) and is renamed over with
+//! `posix-rename@openssh.com`; without that extension the write fails rather than replace
+//! non-atomically. A server with no SFTP subsystem (it refuses the request, or accepts it and
+//! closes the channel while the connection stays up) is remembered per connection, and its files
+//! go through the shell (`exec::ssh::shellfs`) with the same guarantees. `RawSftpSession` is used because russh-sftp's high-level session exposes
+//! neither posix-rename nor its raw session.
+//! **One shell core, two policies.**
+//! ```
+//! command ──▶ shell::parse (tokens, simple commands) + shell::spec (shells, interpreters, wrappers)
+//!               ├─▶ workspace::judge  (permission: read ⊂ read-write ⊂ full)  ─┐ refuse
+//!               └─▶ exec::guard       (refuse | ask | allow, at every level)  ─┴▶ the strictest wins
+//! ```
+//! Both policies read commands with one parser and unwrap commands with one table, so they
+//! cannot drift; each decides only its own question. A permission refusal is never softened to
+//! `ask`, so strictness only grows from `full` to `read-write` to `read` (a property test checks
+//! it). `ask` is refused until approvals in chat exist (`Refusal::verdict`, audited).
+//! `workspace::verdict` puts the two together; `sshmode guard check` (`workspace::cli`) prints it.
+//!
+//! **The guard** (`exec::guard`) is defence in depth, not the security boundary: what keeps a
+//! host safe is the account a command runs as, the admin's approval of targets and who may bind
+//! them. It refuses clearly destructive commands — recursive deletion of `/`, `~`, top-level
+//! system directories and the vital second level (`/usr/lib`, `/var/lib`, `/proc/*/root`, also
+//! as globs like `/u*/b*`), `find` deleting throughout them, `rsync --delete` onto them,
+//! `mkfs`/`wipefs`/`blkdiscard`/`mkswap`, writes onto block devices or `/proc/sysrq-trigger`,
+//! truncating system files (`> /etc/passwd`, `truncate`, `tee`, `cp` onto them), fork bombs,
+//! shutdown/reboot and their systemd targets, `kill -1`, recursive chmod/chown of system trees —
+//! with a message the model can act on. What is risky or opaque rather than catastrophic *asks* (`ask`):
+//! inline interpreter code that deletes or runs programs, text piped into a shell or an
+//! interpreter, a script named only at run time (`bash <(curl …)`), partition, firewall, account
+//! and service changes, `crontab -r`, in-place edits of system files, `rm -r` outside the
+//! workspace the caller names; the walk goes on after an ask, since a later refusal outweighs it. Regex classifiers are bypassed by `sh -c`, `$(…)`,
+//! quoting, wrappers and variables, so the guard reads a command the way bash would, in four
+//! stages: the core's `shell::parse` (quoting, substitutions, arithmetic — `((…))`, `$((…))`,
+//! `$[…]` are single tokens, so `<<` inside is a shift, not a here-document — redirections,
+//! here-documents), `expand` (brace expansion across quoted parts, variables assigned on the line
+//! or passed by the call, `+=`, `IFS` splitting, the output of `echo`/`printf` only when nothing
+//! in it is interpreted), `check` (execution order, `cd`, `for` values, every wrapper of `shell::spec` such as `sudo`,
+//! `env`, `nice`, `timeout`, `xargs`, `chroot`, `nsenter`, `systemd-run`, `pkexec`, `runuser`,
+//! `coproc`, `toybox`; nested scripts in `sh -c`, `su -c`/`-lc`/`--command=`, `flock -c`, `script -c`, `watch`, `eval`, `trap`,
+//! `alias`, `find -exec`, input piped into a shell; glob command names like `/bin/r?` judged as
+//! every known command they match) and `rules`. `Ops::terminal` passes its **context**: the
+//! section's working directory, the backend user's home and the call's variables, so `cd /` in
+//! one call and `rm -rf *` in the next is refused (`execute_code` passes the directory). **Unknown is possibly empty**: a value known
+//! only at run time is judged as empty too (`rm -rf "$UNSET"/*` is `rm -rf /*`).
+//! `shell::parse::simple_commands` gives the workspace judge every simple command a script would
+//! run, with its argv and redirections, from the same parser; wrappers come from the same table.
+//!
+//! *Bounds, all failing closed* (past one the command is refused, never judged in part): 64 KiB
+//! of input, nesting depth 8, 1 MiB of expanded text, 1024 words from one brace expansion, 32
+//! stacked wrappers, and 250 ms of the thread's CPU time per check (`CLOCK_THREAD_CPUTIME_ID`,
+//! read every 64 units of work). Brace groups are found in one pass with a stack (a 60 KB word of
+//! `{` took 1.7 s with the old rescanning search). Operators add regexes in
+//! `SSHMODE_GUARD_EXTRA_FILE`. `ops` applies the guard once, for both backends, to every shell
+//! command run for a tool.
+//!
+//! *Why not `brush-parser`.* The tokenizer and parser of the brush shell (0.4.0, the current
+//! release) were tried as the parsing stage and fall short of the guard's first promise, that
+//! every answer comes back, quickly: on model-written input it can hang while allocating without
+//! bound (`<<-$(( | sh)` — 23 GB before the OOM killer in a fuzz run; `coproc ${$[function ))<<- |
+//! sh; then if` likewise), panic (`<<-$(( | sh); donerm -rf ⏎E⏎`, an `unwrap` in the tokenizer),
+//! overflow the stack, which aborts the process (20 000 × `$(`), and take time exponential in
+//! unclosed `(` (22 of them: 100 ms, doubling with each). A panic can be caught and time can be
+//! bounded on another thread, but neither unbounded memory nor a stack overflow can be contained
+//! in-process, and a pre-filter strong enough to rule them out would be a second parser. So the
+//! guard keeps its own tokenizer (fuzzed in its tests, linear, depth-bounded), now split into the
+//! stages above; its word model is close to brush's (`WordPiece`), so a later switch stays cheap
+//! if those are fixed upstream.
+//!
+//! **Output** (`exec::truncate::HeadTail`) keeps the first and last halves of the limit
+//! (`SSHMODE_OUTPUT_LIMIT_BYTES`, 64 KiB split between stdout and stderr) in a fixed buffer and a
+//! ring, and puts a marker with the omitted byte count between them; memory stays bounded however
+//! much a command prints.
+//!
+//! **The vault** (`src/vault.rs`) seals each secret with AES-256-GCM (ring) under the 32-byte
+//! master key in `SSHMODE_MASTER_KEY_FILE` (created `0600` with `create_new`; a key file readable
+//! by group or others, or of the wrong length, is refused, never overwritten). A record is
+//! `version || nonce || ciphertext+tag` with a fresh random nonce. Its associated data is the
+//! record's place, `vault::Place`: the target's alias, the row's `generation` (a new one per
+//! `add`, taken from the sequence before sealing) and the field (`key`, `cert`, `password`). So a
+//! record copied onto another target's row, kept from a removed target and put on a re-added
+//! alias, or moved into another field of its own row fails to open; `connect` also reads the
+//! secrets by (alias, generation). The raw key lives only in `Zeroizing` memory and ring's key
+//! schedule.
+//!
+//! **Re-sealing the first format.** Version 1 records were bound to the alias alone. SQL cannot
+//! re-seal, so `target::reseal_legacy` runs at every start of the service (`App::build`) and of
+//! the target commands that open the vault: for each row with `seal_version = 1` it locks the row,
+//! checks it is still at 1, opens each record the old way, seals it for its place, sets
+//! `seal_version = 2` and writes `target.reseal` — one transaction per row, so it is idempotent
+//! and safe from several processes. A row that does not open (another master key) is left, logged,
+//! and refused when used ("remove and add it again"); `connect` never opens a version 1 record.
 
 pub mod guard;
 pub mod local;

@@ -10,6 +10,51 @@
 //! blindly (each error code has its one remedy); blocks the agent (events go through a bounded
 //! queue and are dropped when it is full); stands in for the final answer, which stays a
 //! separate reply.
+//!
+//! # In detail
+//!
+//! `progress::Progress` is the agent's `StepSink`. `step()` never blocks: `Started` spawns one writer
+//! task per turn (at most 4096 live per replica) fed by a bounded queue (512 events; a full queue
+//! drops events). Only the replica running the turn has a writer, so only the turn's runner writes
+//! its card; `Left` (the runner let go without ending: shutdown, lost lease, error) ends the writer
+//! without closing the card, and whoever resumes the turn opens a new writer on the same card.
+//! A runner that resumes a turn reads the calls earlier runners finished from the turn's
+//! `agent.tool` event-log entries (before it writes anything) and sends them once as
+//! `StepEvent::Earlier`, so the card lists them again, interrupted calls included.
+//!
+//! **State with the turn.** `turns.progress_mode` (`cardkit` | `patch` | `none`),
+//! `progress_card_id`, `progress_message_id`, `progress_sequence` (migration
+//! `20261201060000_progress_cards.sql`). `progress_sequence` is the highest *reserved* CardKit
+//! sequence: the writer reserves blocks of 100 before using them, so a resumed writer starts above
+//! every number any earlier writer could have sent, and one DB write covers 100 operations.
+//!
+//! **Writing.** `card::View` is the pure model: finished steps (the last 30; older ones counted by
+//! outcome), the running step, "stopped by", the summary; `markdown()` renders the `steps` element
+//! and `card()` the whole JSON 2.0 card. The writer marks the view dirty on each event and writes at
+//! most once per `SSHMODE_PROGRESS_INTERVAL_MS` (200 ms ⇒ ≤ 5 updates/s, measured from the end of
+//! the previous call; stretched to `live cards / 45` s so that all cards of a replica together stay
+//! under Lark's ~50 requests/s per app), once a second while a step runs (the elapsed time), and re-enables streaming
+//! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it writes the summary (outcome, step
+//! counts, the first lines of the stored answer) and closes streaming with it.
+//!
+//! **Errors by meaning.** 300317 → jump the sequence a block ahead and try once more; 200850/300309
+//! → re-enable streaming and try once more, or if that is refused rotate to a new card (≤ 50 per
+//! turn); 230020 (or the client's rate-limit error) → back off (0.5 s doubling to 8 s) and write the
+//! then-current view later; anything else (no `cardkit:card:write` scope, CardKit down) → the PATCH
+//! fallback: the full card as a card message, PATCHed at most every 1.5 s (230020 backs off there
+//! too); a refused card message → `none`. Each fallback is counted and logged once per chat.
+//!
+//! **Stop button.** Its callback value is `{"act":"progress_stop","turn":id,"section":…,"chat":…}`.
+//! `progress::on_stop_click(&progress, &agent, value, operator, authorised)` returns `None` for
+//! other buttons, a refusal toast when not authorised, "already ended"/"already stopping" when the
+//! turn is over or stopping (a second click never drops waiting messages the way a second `/stop`
+//! does), and otherwise calls `Agent::stop` (the `/stop` path) and tells the local writer, which
+//! pauses streaming and shows "Stopped by @…"; on another replica the writer reads
+//! `stop_requested_by` when the turn ends. The click travels like any card action: the callback
+//! path answers at once, without I/O, from `progress::stop_click_authorised` (the click must come
+//! from the chat the card was sent to — Lark shows the card only to its members, and a forwarded
+//! card carries no right to stop), and the inbox worker (`lark::adapter::LarkHandler`) then calls
+//! `on_stop_click`, or writes a `turn.stop` / `refused` audit row.
 
 pub mod card;
 mod writer;

@@ -14,6 +14,23 @@
 //!
 //! Hand-written rather than a crate: the embedded-PostgreSQL crates download binaries at run
 //! time, which neither this machine nor a typical server may do.
+//!
+//! # In detail
+//!
+//! `store::embedded` runs a private cluster at `$SSHMODE_DATA_DIR/pg` from the machine's
+//! PostgreSQL binaries (PATH, else the newest `/usr/lib/postgresql/*/bin`). It listens on no TCP
+//! port: `listen_addresses=''` and a unix socket inside the cluster directory (mode 0700). A
+//! command attaches when `pg_ctl status` says the cluster runs; otherwise it starts it and is its
+//! owner, and only the owner stops it (`pg_ctl stop -m fast`) when the command ends. `pg.lock` in
+//! the data directory (an exclusive file lock) serialises `initdb`, start and stop across
+//! processes (a wait for it is bounded: 120 s, then a clear error). The cluster authenticates
+//! with scram-sha-256 on its socket (`pg_hba.conf`: `local all all scram-sha-256`); the password
+//! is generated on first use into `pg.password` (0600) and handed to `initdb --pwfile`; a cluster
+//! found still trusting its socket gets the password and the new `pg_hba.conf` and is reloaded.
+//! PostgreSQL refuses root, so under root the cluster runs as the `postgres` account;
+//! before anything is created, every ancestor of the data directory is checked for search
+//! permission by that account, and a clear error names the blocking directory. This is
+//! hand-written: the crates that embed PostgreSQL download server binaries at run time.
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};

@@ -13,6 +13,42 @@
 //!
 //! Never: runs a command or touches a backend (a remote directory is checked on its host by
 //! the tools, at the call); lets a chat raise a permission above its target's maximum.
+//!
+//! # In detail
+//!
+//! A workspace is a row of `workspaces` per (section, backend): `dir`, `permission`, `mode`, who set
+//! it; a target's row carries the target's `generation`, so a removed and re-added alias starts
+//! afresh. `targets.max_permission` (default `read-write`) and `targets.workspace` are the
+//! operator's (`sshmode target set`, audited `target.set`).
+//!
+//! - `workspace::current(section, place)` is one query: the section's row and its stored working
+//!   directory on that backend, joined with the target's maximum, or the default (locally the section's own directory and `full`; on a
+//!   target `targets.workspace` or `~`, and `min(read-write, max)`). The permission enforced is
+//!   always `min(chosen, max)`, computed at the call: an operator who lowers a maximum needs no
+//!   chat to act.
+//! - `workspace::set` (for `/workspace set`) resolves a local directory on this machine
+//!   (`LocalRules`, built once with the root canonicalised; `LocalRules::check`: canonicalised, below the root, not the root or `sections/`, not
+//!   another section's own, not the data directory or a protected file) and a remote one
+//!   lexically (absolute or `~/…`); it refuses a permission above the maximum; the row, the reset
+//!   of `section_cwds` for that backend, and the audit row (`workspace.set`, refusals too) are one
+//!   transaction.
+//! - `workspace::judge` is pure: `check_tool` (at `read`: no `write_file`, `patch`,
+//!   `execute_code`), `check_command` (the read-only allow-list and the read-write deletion and
+//!   destination rules, over `shell::parse::simple_commands` and the wrappers of `shell::spec`,
+//!   so the judge and the guard see the same commands; a parse error refuses), `check_write_path` (component-wise inside the
+//!   workspace) and `read_preamble` (the `git` function a `read` terminal runs behind).
+//!
+//! Enforcement lives in `agent::tools`, once for both backends, after the backend is resolved and
+//! before anything runs: `check_tool`; then for a section below `full`, `check_command` on the
+//! terminal command or shell code with the workspace, the working directory and the home as
+//! they are on the backend's host; and for a file write the path and the workspace resolved on
+//! the host (`Ops::real_paths`, `realpath -m`), so `..` and symlinks are judged where they lead.
+//! Locally the same choice also shapes the sandbox: `Executors::local_ops_in(section, dir,
+//! writable)` grants the chosen directory to Landlock and the file tools — read and execute only
+//! at `read` — so the local limit holds for code nobody can judge. A refusal, by the judge or the
+//! command guard, is audited as `tool.refused` (`by: permission|guard`) and returned to the model
+//! with the permission that blocked it and how to ask for more. The system prompt carries the
+//! workspace, what its permission allows, and the mode's guidance.
 
 pub mod cli;
 pub mod judge;

@@ -18,6 +18,80 @@
 //! Never: runs a local command or file operation when nothing isolates it and the operator did
 //! not opt in; passes the service's environment; reads another section's workspace; waits
 //! unboundedly for output after a kill (a process that left the group may hold the pipe).
+//!
+//! # In detail
+//!
+//! | path | owns | never |
+//! |---|---|---|
+//! | `exec/local/mod.rs` | `LocalHost` (workspace root, tmp root, sandbox, concurrency semaphore) and the per-section `LocalBackend`: spawn with a clean environment, `pre_exec`, pipes, group kill; file reads/writes on the blocking pool under a 30 s timeout | passing the service's environment |
+//! | `exec/local/sandbox.rs` | `Sandbox::probe` (tools account, data-directory modes, Landlock and launcher probes → `Level` and what it leaves open), the per-command Landlock ruleset, rlimits, the allow-listed environment, `Prepared::command` (through the launcher, or the `pre_exec` hook that does it all) | allocating or locking after fork |
+//! | `exec/local/launch.rs` | the launcher, `sshmode __sshmode-launch run\|file\|probe`: PID and mount namespaces, a fresh `/proc` (granted in the ruleset), a small PID 1 that runs the command and passes signals and its status on, the account/limits/Landlock steps, the file helper | running anything less isolated than asked; keeping a descriptor of the service open into the command |
+//! | `exec/local/files.rs` | file reads and writes beneath a root descriptor with `openat2(RESOLVE_BENEATH \| RESOLVE_NO_MAGICLINKS)`; regular files only, opened non-blocking; DAC check for the tools account under root | opening by a path checked earlier |
+//!
+//! **Start-up.** `Executors::with_metrics` builds the `LocalHost`: under root it looks up (or
+//! `useradd --system`s) `SSHMODE_LOCAL_USER`; it sets the data directory to 0711 and takes group
+//! and other bits off everything in it but the workspace root and `tmp/` (and off the master key,
+//! `.env`, router and guard files wherever they are), keeps the workspace root and `sections/`
+//! the service's own (0711), then restricts a throwaway thread with a ruleset like a command's and reads back
+//! the status the kernel gave; under root it runs the launcher's `probe` (namespaces only). The
+//! result is the `Level` (`separate-uid+pidns+landlock-v7`, `separate-uid+landlock-v7` without a
+//! working launcher, `landlock-v9`, `landlock-v7+open-unix-sockets`, `none`, …) and the list of
+//! what it leaves open, logged by `App::build` and shown by `/readyz`. With
+//! `none` and no `SSHMODE_LOCAL_UNSANDBOXED`, every local operation (commands, file tools) fails
+//! with a message saying how to fix it.
+//!
+//! **A command.** In the parent: a slot of the semaphore (waiting at most the command's
+//! timeout), the section's workspace and tmp opened beneath their roots with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (missing ones created with `mkdirat` and
+//! given to the tools account, 0700, through their new descriptor; an existing directory is never
+//! re-owned; a link is refused as `ExecError::Workspace`), a Landlock ruleset built from scratch
+//! on those descriptors (`landlock` crate, best effort up to ABI V9: read+execute on the
+//! system trees, everything on the workspace and tmp, ioctl/read/write on a few devices,
+//! signal and abstract-socket scoping, TCP connect ports if configured), the rlimits and the
+//! identity. After fork the `pre_exec` hook only calls `setrlimit`, `setgroups`, `setgid`,
+//! `setuid`, `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self` on values prepared before
+//! the fork, after `setsid()` (a session of its own: no controlling terminal) and `fchdir` to the
+//! workspace's descriptor. A system tree that holds a protected path (e.g. a data directory under `/opt`) is
+//! granted entry by entry around it, so a rule never covers the data directory.
+//!
+//! **The launcher** (root, level with `pidns`). The hook above shrinks to `setsid`, `fchdir` and
+//! placing the ruleset, workspace and tmp descriptors at 3, 4, 5; everything else is arguments
+//! to `sshmode __sshmode-launch run`, a single-threaded re-exec that may fork and mount. Its PID 1
+//! mounts `/proc` afresh and adds a rule for it (a Landlock rule on the old `/proc` does not cover
+//! a mount on top), then forks the command, which applies the steps above and execs the shell.
+//! The backend still kills the launcher's group; PID 1 dies with the launcher
+//! (`PR_SET_PDEATHSIG`), and the whole namespace with PID 1. File reads and writes run
+//! `files::read`/`write` in the launcher's `file` mode, as the tools account in the same sandbox
+//! and namespaces. Details: `src/exec/local/launch.rs`.
+//!
+//! **Capabilities and `/proc`.** When the service is root the hook also empties the capability
+//! bounding set, so nothing a command runs regains a capability. Landlock does not stop a
+//! sandboxed process from reading its parent's `/proc/<pid>/environ`; with a tools account the
+//! file permissions do, and without one the service makes itself undumpable
+//! (`PR_SET_DUMPABLE 0`) at start-up, which puts its `/proc` entries behind `CAP_SYS_PTRACE` (so no
+//! core dumps, and a debugger needs root).
+//!
+//! **Shared workspaces.** `Executors::local_ops_in(section, dir)` gives a section a backend whose
+//! workspace is `dir` (below the workspace root, not the root itself, not `sections/`, not another
+//! section's own); the ruleset then grants that directory instead of `sections/<section>`.
+//!
+//! **Why both an account and Landlock.** Landlock below V9 does not cover connecting to a
+//! pathname unix socket, and below V6 does not scope signals; an account of its own (root
+//! service) closes both by permissions, and the cluster's scram password closes the socket for
+//! a non-root service. The process-count limit is `RLIMIT_NPROC`, which counts per account: it is
+//! only set when tools have their own. cgroup v2 `pids.max` is not used yet (this machine's
+//! cgroups are v1); it would bound each command rather than the account.
+//!
+//! **File tools.** `files::read`/`write` pick the root a path lies beneath (the section's
+//! workspace or tmp; for reads also `/usr`, `/etc`, `/opt`, `/bin`, `/sbin`, `/lib*`, never beneath
+//! the data directory), use the section's own roots by the descriptors the backend opened for
+//! the call (a system tree is opened with `O_PATH|O_NOFOLLOW`), and resolve the rest with
+//! `openat2` beneath it. A read opens `O_NONBLOCK` and refuses anything but a regular file, so a
+//! FIFO cannot pin a blocking thread; a write creates a temporary file in the parent
+//! (`O_EXCL|O_NOFOLLOW`), `fchown`s it to the tools account, and `renameat`s it over the name —
+//! a symlink at that name is replaced, never written through, and an existing file is replaced
+//! only if the caller may write it (`faccessat`). Under root this runs in the launcher's helper, so
+//! the kernel checks the tools account's rights; without it the service checks a file's own mode.
 
 pub mod files;
 pub mod launch;
