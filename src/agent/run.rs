@@ -49,7 +49,47 @@ enum Halt {
     End(TurnEnd, String),
 }
 
+/// Where a turn is: the steps of [`run_turn`], one at a time.
+enum Step {
+    /// Check the bounds and ask the model for its next reply.
+    Ask,
+    /// Run the tool calls of a stored reply; `marked` is its first call, already marked
+    /// started, with what was read for it.
+    Calls { reply: Stored, marked: Option<Next> },
+    /// Send this answer and end the turn.
+    Deliver(String),
+    /// Stop here: leave the turn to another runner, or end it with a message.
+    Halt(Halt),
+}
+
+/// Runs (or resumes) one turn to its end. Each [`Step`] is taken by one method of [`Turn`];
+/// every step stores what it did before the next one starts.
 pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()> {
+    announce(deps, turn).await;
+    if turn.answered {
+        // The answer went out before the last runner died; only the ending is left.
+        return finish(deps, turn, TurnEnd::Done, "answered").await;
+    }
+    let mut t = match Turn::open(deps, turn).await? {
+        Ok(t) => t,
+        Err((stored, end, text)) => return conclude(deps, turn, &stored, end, &text).await,
+    };
+    let mut step = t.resume();
+    loop {
+        step = match step {
+            Step::Ask => t.ask().await?,
+            Step::Calls { reply, marked } => t.calls(&reply, marked).await?,
+            Step::Deliver(text) => return deliver(deps, turn, TurnEnd::Done, &text).await,
+            Step::Halt(Halt::Leave) => return Ok(()),
+            Step::Halt(Halt::End(end, text)) => {
+                return conclude(deps, turn, &t.stored, end, &text).await;
+            }
+        };
+    }
+}
+
+/// Tells the progress view the turn (re)started, with the steps of earlier attempts.
+async fn announce(deps: &AgentDeps, turn: &ActiveTurn) {
     let place = deps.control.place(&turn.section).await.ok();
     deps.steps.step(
         &turn.section,
@@ -73,51 +113,80 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
                 .step(&turn.section, turn.id, &StepEvent::Earlier { steps });
         }
     }
-    if turn.answered {
-        // The answer went out before the last runner died; only the ending is left.
-        return finish(deps, turn, TurnEnd::Done, "answered").await;
-    }
-    let mut stored = conversation::of_turn(turn.fence.db(), turn.id).await?;
-    if turn.attempt > MAX_ATTEMPTS {
-        let text = format!(
-            "I could not finish this: the task was interrupted {} times. {}",
-            turn.attempt - 1,
-            done_so_far(&stored)
-        );
-        return conclude(deps, turn, &stored, TurnEnd::Failed, &text).await;
-    }
-    let Some(router) = deps.llm.clone() else {
-        return conclude(deps, turn, &stored, TurnEnd::Failed, NO_MODEL).await;
-    };
-    if !stored.iter().any(|s| s.kind == Kind::User) {
-        for m in &turn.messages {
-            let msg = Message::user(m.text.clone());
-            let id = conversation::append(&turn.fence, turn.id, Kind::User, None, &msg).await?;
-            stored.push(Stored {
-                id,
-                turn_id: turn.id,
-                kind: Kind::User,
-                call_id: None,
-                message: msg,
-            });
+}
+
+/// A turn in progress: what is stored of it, and what the loop carries from step to step.
+struct Turn<'a> {
+    deps: &'a AgentDeps,
+    turn: &'a ActiveTurn,
+    router: std::sync::Arc<crate::llm::Router>,
+    stored: Vec<Stored>,
+    repeats: Repeats,
+    /// The provider's token count over the bytes/4 estimate, only ever raised.
+    scale: f64,
+    loaded: conversation::Loaded,
+    /// The next step's system prompt, when it was read while the last result committed.
+    prompt_ahead: Option<String>,
+}
+
+impl<'a> Turn<'a> {
+    /// Loads what is stored of the turn and stores its user messages if that was not done
+    /// yet. `Err` ends the turn at once (given up after too many attempts, or no model).
+    async fn open(
+        deps: &'a AgentDeps,
+        turn: &'a ActiveTurn,
+    ) -> anyhow::Result<Result<Turn<'a>, (Vec<Stored>, TurnEnd, String)>> {
+        let mut stored = conversation::of_turn(turn.fence.db(), turn.id).await?;
+        if turn.attempt > MAX_ATTEMPTS {
+            let text = format!(
+                "I could not finish this: the task was interrupted {} times. {}",
+                turn.attempt - 1,
+                done_so_far(&stored)
+            );
+            return Ok(Err((stored, TurnEnd::Failed, text)));
         }
+        let Some(router) = deps.llm.clone() else {
+            return Ok(Err((stored, TurnEnd::Failed, NO_MODEL.to_string())));
+        };
+        if !stored.iter().any(|s| s.kind == Kind::User) {
+            for m in &turn.messages {
+                let msg = Message::user(m.text.clone());
+                let id = conversation::append(&turn.fence, turn.id, Kind::User, None, &msg).await?;
+                stored.push(Stored {
+                    id,
+                    turn_id: turn.id,
+                    kind: Kind::User,
+                    call_id: None,
+                    message: msg,
+                });
+            }
+        }
+        let mut repeats = Repeats::default();
+        repeats.replay(&stored);
+        Ok(Ok(Turn {
+            deps,
+            turn,
+            router,
+            stored,
+            repeats,
+            scale: 1.0,
+            loaded: conversation::Loaded::default(),
+            prompt_ahead: None,
+        }))
     }
 
-    let mut repeats = Repeats::default();
-    repeats.replay(&stored);
-    let mut scale = 1.0f64;
-    let cancel = turn.cancel.token();
-    let mut loaded = conversation::Loaded::default();
-    // The next step's system prompt, when it was read while the last result committed.
-    let mut prompt_ahead = None;
-
-    // Resume: a stored final answer is delivered; open tool calls are settled first.
-    if let Some(last) = stored
-        .iter()
-        .rev()
-        .find(|s| s.kind == Kind::Assistant)
-        .cloned()
-    {
+    /// Where a resumed turn picks up: a stored final answer is delivered, a reply's open tool
+    /// calls are settled, else the model is asked.
+    fn resume(&self) -> Step {
+        let stored = &self.stored;
+        let Some(last) = stored
+            .iter()
+            .rev()
+            .find(|s| s.kind == Kind::Assistant)
+            .cloned()
+        else {
+            return Step::Ask;
+        };
         let answered_after = stored
             .iter()
             .any(|s| s.id > last.id && s.kind == Kind::User);
@@ -125,63 +194,54 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             && last.message.tool_calls.is_empty()
             && stored.last().map(|s| s.id) == Some(last.id)
         {
-            let text = last.message.text_content();
-            return deliver(deps, turn, TurnEnd::Done, &text).await;
+            return Step::Deliver(last.message.text_content());
         }
         if !last.message.tool_calls.is_empty() {
-            match run_calls(
-                deps,
-                turn,
-                &mut stored,
-                &last,
-                &mut repeats,
-                None,
-                &mut prompt_ahead,
-            )
-            .await?
-            {
-                None => {}
-                Some(Halt::Leave) => return Ok(()),
-                Some(Halt::End(end, text)) => {
-                    return conclude(deps, turn, &stored, end, &text).await;
-                }
-            }
-        }
-    }
-
-    loop {
-        if let Some(h) = halted(turn, &stored) {
-            return match h {
-                Halt::Leave => Ok(()),
-                Halt::End(end, text) => conclude(deps, turn, &stored, end, &text).await,
+            return Step::Calls {
+                reply: last,
+                marked: None,
             };
         }
-        let iterations = stored.iter().filter(|s| s.kind == Kind::Assistant).count() as u32;
+        Step::Ask
+    }
+
+    /// Checks the bounds, asks the model, and stores its reply with the start mark of its
+    /// first call.
+    async fn ask(&mut self) -> anyhow::Result<Step> {
+        let (deps, turn) = (self.deps, self.turn);
+        if let Some(h) = halted(turn, &self.stored) {
+            return Ok(Step::Halt(h));
+        }
+        let iterations = self
+            .stored
+            .iter()
+            .filter(|s| s.kind == Kind::Assistant)
+            .count() as u32;
         if iterations >= deps.config.max_iterations {
             let text = format!(
                 "Stopped: this task reached the limit of {} model steps per turn. {}",
                 deps.config.max_iterations,
-                done_so_far(&stored)
+                done_so_far(&self.stored)
             );
-            return conclude(deps, turn, &stored, TurnEnd::Bounded, &text).await;
+            return Ok(Step::Halt(Halt::End(TurnEnd::Bounded, text)));
         }
-        let system = match prompt_ahead.take() {
+        let system = match self.prompt_ahead.take() {
             Some(p) => p,
             None => prompt::system_prompt(deps, &turn.section, &turn.chat_id).await,
         };
         let context = match conversation::context(
             &turn.fence,
-            &mut loaded,
-            &stored,
+            &mut self.loaded,
+            &self.stored,
             &system,
             deps.config.context_tokens,
-            scale,
+            self.scale,
             turn.id,
         )
         .await
         {
             Ok(m) => m,
-            Err(Fenced::Lost) => return Ok(()),
+            Err(Fenced::Lost) => return Ok(Step::Halt(Halt::Leave)),
             Err(e) => return Err(e.into()),
         };
         let estimate = context.bytes / 4;
@@ -193,8 +253,9 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         };
         let started = Instant::now();
         let routed = tokio::select! {
-            r = router.chat(deps.model.as_deref(), request) => r,
-            _ = cancel.cancelled() => continue, // `halted` decides what the cancel means
+            r = self.router.chat(deps.model.as_deref(), request) => r,
+            // `halted`, at the next step, decides what the cancel means.
+            _ = turn.cancel.token().cancelled() => return Ok(Step::Ask),
         };
         let routed = match routed {
             Ok(r) => r,
@@ -209,15 +270,15 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
                 .await;
                 let answer = format!(
                     "I could not reach the model: {text}. Nothing more was done; send the request again later. {}",
-                    done_so_far(&stored)
+                    done_so_far(&self.stored)
                 );
-                return conclude(deps, turn, &stored, TurnEnd::Failed, &answer).await;
+                return Ok(Step::Halt(Halt::End(TurnEnd::Failed, answer)));
             }
         };
         let usage = routed.served.usage;
         if usage.prompt_tokens > 0 && estimate > 0 {
             // Only ever up: the bytes/4 estimate is kept unless the provider counts more.
-            scale = (usage.prompt_tokens as f64 / estimate as f64).clamp(1.0, 4.0);
+            self.scale = (usage.prompt_tokens as f64 / estimate as f64).clamp(1.0, 4.0);
         }
         let mut reply = routed.response.message().cloned().unwrap_or_default();
         reply.role = "assistant".into();
@@ -258,7 +319,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
         );
         let appended = match appended {
             Ok(a) => a,
-            Err(Fenced::Lost) => return Ok(()),
+            Err(Fenced::Lost) => return Ok(Step::Halt(Halt::Leave)),
             Err(e) => return Err(e.into()),
         };
         let row = Stored {
@@ -268,11 +329,11 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             call_id: None,
             message: reply.clone(),
         };
-        stored.push(row.clone());
+        self.stored.push(row.clone());
         let marked = match (appended.mark, first_call) {
             (Some(mark), Some(call)) => {
                 let key = format!("{}:{call}", appended.id);
-                stored.push(Stored {
+                self.stored.push(Stored {
                     id: mark,
                     turn_id: turn.id,
                     kind: Kind::ToolStarted,
@@ -295,30 +356,32 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
             },
         );
         if reply.tool_calls.is_empty() {
-            return deliver(deps, turn, TurnEnd::Done, &reply.text_content()).await;
+            return Ok(Step::Deliver(reply.text_content()));
         }
-        match run_calls(
-            deps,
-            turn,
-            &mut stored,
-            &row,
-            &mut repeats,
-            marked,
-            &mut prompt_ahead,
+        Ok(Step::Calls { reply: row, marked })
+    }
+
+    /// Runs a reply's tool calls, each stored before the next; then the model is asked again.
+    async fn calls(&mut self, reply: &Stored, marked: Option<Next>) -> anyhow::Result<Step> {
+        Ok(
+            match run_calls(
+                self.deps,
+                self.turn,
+                &mut self.stored,
+                reply,
+                &mut self.repeats,
+                marked,
+                &mut self.prompt_ahead,
+            )
+            .await?
+            {
+                None => Step::Ask,
+                Some(h) => Step::Halt(h),
+            },
         )
-        .await?
-        {
-            None => {}
-            Some(Halt::Leave) => return Ok(()),
-            Some(Halt::End(end, text)) => return conclude(deps, turn, &stored, end, &text).await,
-        }
     }
 }
 
-/// A call failed because the section's binding no longer passes its checks: the refusal is
-/// recorded, and the thread is told why the first time (a reply to the turn's message; its
-/// uuid names the binding, so a resend is dropped). A failure here costs only the notice: the
-/// model has the reason in the call's result either way.
 async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails, tool: &str) {
     let tell = match deps.control.refused_call(&turn.section, fails, tool).await {
         Ok(tell) => tell,

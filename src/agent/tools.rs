@@ -193,53 +193,69 @@ pub async fn run(
     resolved: Option<Resolved>,
 ) -> ToolResult {
     let started = Instant::now();
-    let mut backend = None;
-    let mut exit = None;
-    let mut binding_fails = None;
-    let mut location = None;
-    let outcome = dispatch(
-        deps,
-        section,
-        chat_id,
-        call,
-        cancel,
-        resolved,
-        Outs {
-            backend: &mut backend,
-            exit: &mut exit,
-            binding_fails: &mut binding_fails,
-            location: &mut location,
-        },
-    )
-    .await;
-    let (text, ok) = match outcome {
+    let o = dispatch(deps, section, chat_id, call, cancel, resolved).await;
+    let (text, ok) = match o.result {
         Ok(t) => (t, true),
         Err(e) => (format!("error: {e}"), false),
     };
     // A task tool's result names where it ran, so a transcript never leaves the host in doubt.
-    let text = match location {
+    let text = match o.location {
         Some(l) => format!("[{l}] {text}"),
         None => text,
     };
     ToolResult {
         text: cut(&text, deps.config.tool_result_limit),
         ok,
-        backend,
-        exit,
+        backend: o.backend,
+        exit: o.exit,
         millis: started.elapsed().as_millis() as u64,
-        binding_fails,
+        binding_fails: o.binding_fails,
     }
 }
 
-/// What [`dispatch`] reports besides its text.
-struct Outs<'a> {
-    backend: &'a mut Option<String>,
-    exit: &'a mut Option<String>,
-    binding_fails: &'a mut Option<BindingFails>,
+/// What one call produced: its text (or the error the model reads), and what the event log
+/// records beside it.
+struct ToolOutcome {
+    result: Result<String, String>,
+    /// `control`, `local` or the target's alias, once known.
+    backend: Option<String>,
     /// Where a task tool ran (`local`, or [`crate::target::Target::location`]), once known.
-    location: &'a mut Option<String>,
+    location: Option<String>,
+    /// How a command ended, when one ran.
+    exit: Option<String>,
+    /// Set when the call failed because the section's binding no longer passes its checks.
+    binding_fails: Option<BindingFails>,
 }
 
+impl ToolOutcome {
+    /// A call that failed before any backend was known.
+    fn failed(why: String) -> ToolOutcome {
+        ToolOutcome {
+            result: Err(why),
+            backend: None,
+            location: None,
+            exit: None,
+            binding_fails: None,
+        }
+    }
+
+    /// A control-plane call's outcome (no backend involved).
+    fn control(result: Result<String, String>) -> ToolOutcome {
+        ToolOutcome {
+            backend: Some("control".into()),
+            ..ToolOutcome::failed(String::new())
+        }
+        .with(result)
+    }
+
+    fn with(mut self, result: Result<String, String>) -> ToolOutcome {
+        self.result = result;
+        self
+    }
+}
+
+/// Routes one call: `ssh_mode` and the control plane's tools to theirs, a task tool to its
+/// section's backend, resolved for this call.
 async fn dispatch(
     deps: &AgentDeps,
     section: &str,
@@ -247,41 +263,79 @@ async fn dispatch(
     call: &ToolCall,
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
-    outs: Outs<'_>,
-) -> Result<String, String> {
-    let Outs {
-        backend: backend_out,
-        exit: exit_out,
-        binding_fails: fails_out,
-        location: location_out,
-    } = outs;
+) -> ToolOutcome {
     let tool = call.function.name.as_str();
-    let map = call.parsed_arguments().map_err(|e| e.to_string())?;
+    let map = match call.parsed_arguments() {
+        Ok(m) => m,
+        Err(e) => return ToolOutcome::failed(e.to_string()),
+    };
     let args = Args::new(tool, &map);
     if tool == "ssh_mode" {
-        *backend_out = Some("control".into());
-        args.only(&["action", "target"])?;
-        let action_text = args.str("action")?;
-        let action = SshModeAction::parse(&action_text).ok_or_else(|| {
-            args.bad(
-                "`action` must be one of status, list_targets, request_use, request_local".into(),
-            )
-        })?;
-        let target = args.opt_str("target")?;
-        if action == SshModeAction::RequestUse && target.is_none() {
-            return Err(args.bad("`target` is required for request_use".into()));
-        }
-        return deps
-            .control
-            .ssh_mode(section, chat_id, action, target.as_deref())
-            .await
-            .map_err(|e| format!("ssh_mode failed: {e:#}"));
+        return ToolOutcome::control(ssh_mode(deps, section, chat_id, &args).await);
     }
     if crate::control::ControlPlane::owns(tool) {
-        *backend_out = Some("control".into());
         let caller = crate::control::Caller { section, chat_id };
-        return deps.plane.call(tool, caller, &map).await;
+        return ToolOutcome::control(deps.plane.call(tool, caller, &map).await);
     }
+    if let Err(e) = check_task_args(tool, &args) {
+        return ToolOutcome::failed(e);
+    }
+    // The backend, resolved for this call: a switch made since the last call holds from this one.
+    let resolved = match resolved {
+        Some(r) => r,
+        None => resolve_task(deps, section).await,
+    };
+    let at = match resolved.0 {
+        Ok(w) => *w,
+        // Bound to a target it may no longer use: the call fails (never runs locally).
+        Err(e) => {
+            return match e.downcast::<BindingFails>() {
+                Ok(fails) => ToolOutcome {
+                    binding_fails: Some(fails.clone()),
+                    ..ToolOutcome::failed(fails.to_string())
+                },
+                Err(e) => ToolOutcome::failed(format!(
+                    "this thread's backend cannot be determined: {e:#}"
+                )),
+            };
+        }
+    };
+    let backend = at.place.name().to_string();
+    let location = location_of(deps, &at).await;
+    let (result, exit) = task(deps, section, tool, &args, at, cancel).await;
+    ToolOutcome {
+        result,
+        backend: Some(backend),
+        location: Some(location),
+        exit,
+        binding_fails: None,
+    }
+}
+
+/// `ssh_mode`: the model's side of SSH Mode, answered by chat control.
+async fn ssh_mode(
+    deps: &AgentDeps,
+    section: &str,
+    chat_id: &str,
+    args: &Args<'_>,
+) -> Result<String, String> {
+    args.only(&["action", "target"])?;
+    let action_text = args.str("action")?;
+    let action = SshModeAction::parse(&action_text).ok_or_else(|| {
+        args.bad("`action` must be one of status, list_targets, request_use, request_local".into())
+    })?;
+    let target = args.opt_str("target")?;
+    if action == SshModeAction::RequestUse && target.is_none() {
+        return Err(args.bad("`target` is required for request_use".into()));
+    }
+    deps.control
+        .ssh_mode(section, chat_id, action, target.as_deref())
+        .await
+        .map_err(|e| format!("ssh_mode failed: {e:#}"))
+}
+
+/// A task tool's arguments, checked before anything is resolved or run.
+fn check_task_args(tool: &str, args: &Args<'_>) -> Result<(), String> {
     if !TASK_TOOLS.contains(&tool) {
         return Err(format!(
             "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, ssh_mode, memory or skills"
@@ -308,267 +362,272 @@ async fn dispatch(
     for r in required {
         args.str(r)?;
     }
+    Ok(())
+}
 
-    // The backend, resolved for this call: a switch made since the last call holds from this one.
-    let resolved = match resolved {
-        Some(r) => r,
-        None => resolve_task(deps, section).await,
-    };
-    let Where {
-        place,
-        workspace: ws,
-        remote,
-    } = *match resolved.0 {
-        Ok(w) => w,
-        // Bound to a target it may no longer use: the call fails (never runs locally).
-        Err(e) => match e.downcast::<BindingFails>() {
-            Ok(fails) => {
-                let text = fails.to_string();
-                *fails_out = Some(fails);
-                return Err(text);
-            }
-            Err(e) => return Err(format!("this thread's backend cannot be determined: {e:#}")),
-        },
-    };
-    let backend_label = place.name().to_string();
-    *backend_out = Some(backend_label.clone());
-    *location_out = Some(match &place {
+/// Where a task tool runs, for its result: `local`, or the target's location from the
+/// registry entry the backend was made with (when there is none, because the target is
+/// unavailable, from the registry all the same, so a failure names it in full).
+async fn location_of(deps: &AgentDeps, at: &Where) -> String {
+    match &at.place {
         Place::Local => "local".to_string(),
-        // From the registry entry the backend was made with; when there is none (the target
-        // is unavailable), from the registry all the same, so a failure names it in full.
-        Place::Target(alias) => match &remote {
+        Place::Target(alias) => match &at.remote {
             Some(Ok(ops)) => ops.backend().location(),
             _ => match crate::target::get(&deps.db, alias).await {
                 Ok(t) => t.location(),
                 Err(_) => alias.clone(),
             },
         },
-    });
-    // The workspace and its permission, judged before anything runs.
-    let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
-    if let Err(d) = judge::check_tool(ws.permission, tool) {
-        let r = Refused {
-            by: "permission",
-            verdict: Verdict::Refuse,
-            reason: d.to_string(),
-        };
-        return Err(refused(deps, section, &backend_label, tool, &r).await);
     }
-    let ops = match (&place, remote) {
-        (Place::Local, _) => deps.exec.local_ops_in(
-            section,
-            std::path::Path::new(&ws.dir),
-            ws.permission > Permission::Read,
-        ),
-        (Place::Target(_), Some(ops)) => ops,
-        (Place::Target(_), None) => deps.exec.ops_for(section, &place).await,
-    }
-    .map_err(|e| e.to_string())?;
-    let backend_name = ops.backend().name().to_string();
-    // The workspace on the backend's host (`~` is that user's home there).
-    let workspace_dir = ops.resolve(&ws.dir).await.map_err(exec_err)?;
-    // The stored working directory (read with the workspace) seeds this replica's; without one
-    // (a new section, or a new workspace) the shell starts in the workspace.
-    let seeded = ws.cwd.clone();
-    let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
-    deps.exec.cwds().set(&backend_name, section, start.clone());
-    // What the judge needs: the workspace and the working directory on the backend's host.
-    let scope_parts = if ws.permission < Permission::Full {
-        let home = ops.backend().home().await.ok();
-        Some((start, home))
-    } else {
-        None
-    };
-    let scope = scope_parts.as_ref().map(|(c, h)| Scope {
-        workspace: &workspace_dir,
-        cwd: c,
-        home: h.as_deref(),
-    });
-    let mut refusal: Option<Refused> = None;
+}
 
-    let limit = deps.config.tool_timeout;
-    let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
-    // File operations take no cancellation token: cancel (and the per-tool timeout) drop them.
-    let guarded = async {
-        match tool {
-            "terminal" => {
-                let command = args.str("command")?;
-                let workdir = args.opt_str("workdir")?;
-                let env = args.opt_string_map("env", MAX_CALL_ENV)?;
-                if let Some(scope) = &scope {
-                    // The workdir is judged as the `cd` into it would be, and the command
-                    // from there. Variables given here are not substituted by the judge: a
-                    // `$NAME` stays a word it cannot read, never a literal it trusts.
-                    let mut here = Scope { ..*scope };
-                    let resolved;
-                    if let Some(w) = &workdir {
-                        let enter = format!("cd -- {}", crate::exec::shell_quote(w));
-                        if let Err(d) = judge::check_command(ws.permission, &enter, scope) {
+/// Runs a task tool where `at` says: the workspace permission judged first, then the tool
+/// (its commands read by the judge and the guard), its working directory kept, a refusal
+/// audited. Returns the result and, when a command ran, how it ended.
+async fn task(
+    deps: &AgentDeps,
+    section: &str,
+    tool: &str,
+    args: &Args<'_>,
+    at: Where,
+    cancel: &CancellationToken,
+) -> (Result<String, String>, Option<String>) {
+    let mut exit_out: Option<String> = None;
+    let result: Result<String, String> = async {
+        let Where {
+            place,
+            workspace: ws,
+            remote,
+        } = at;
+        let backend_label = place.name().to_string();
+        // The workspace and its permission, judged before anything runs.
+        let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+        if let Err(d) = judge::check_tool(ws.permission, tool) {
+            let r = Refused {
+                by: "permission",
+                verdict: Verdict::Refuse,
+                reason: d.to_string(),
+            };
+            return Err(refused(deps, section, &backend_label, tool, &r).await);
+        }
+        let ops = match (&place, remote) {
+            (Place::Local, _) => deps.exec.local_ops_in(
+                section,
+                std::path::Path::new(&ws.dir),
+                ws.permission > Permission::Read,
+            ),
+            (Place::Target(_), Some(ops)) => ops,
+            (Place::Target(_), None) => deps.exec.ops_for(section, &place).await,
+        }
+        .map_err(|e| e.to_string())?;
+        let backend_name = ops.backend().name().to_string();
+        // The workspace on the backend's host (`~` is that user's home there).
+        let workspace_dir = ops.resolve(&ws.dir).await.map_err(exec_err)?;
+        // The stored working directory (read with the workspace) seeds this replica's; without one
+        // (a new section, or a new workspace) the shell starts in the workspace.
+        let seeded = ws.cwd.clone();
+        let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
+        deps.exec.cwds().set(&backend_name, section, start.clone());
+        // What the judge needs: the workspace and the working directory on the backend's host.
+        let scope_parts = if ws.permission < Permission::Full {
+            let home = ops.backend().home().await.ok();
+            Some((start, home))
+        } else {
+            None
+        };
+        let scope = scope_parts.as_ref().map(|(c, h)| Scope {
+            workspace: &workspace_dir,
+            cwd: c,
+            home: h.as_deref(),
+        });
+        let mut refusal: Option<Refused> = None;
+
+        let limit = deps.config.tool_timeout;
+        let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
+        // File operations take no cancellation token: cancel (and the per-tool timeout) drop them.
+        let guarded = async {
+            match tool {
+                "terminal" => {
+                    let command = args.str("command")?;
+                    let workdir = args.opt_str("workdir")?;
+                    let env = args.opt_string_map("env", MAX_CALL_ENV)?;
+                    if let Some(scope) = &scope {
+                        // The workdir is judged as the `cd` into it would be, and the command
+                        // from there. Variables given here are not substituted by the judge: a
+                        // `$NAME` stays a word it cannot read, never a literal it trusts.
+                        let mut here = Scope { ..*scope };
+                        let resolved;
+                        if let Some(w) = &workdir {
+                            let enter = format!("cd -- {}", crate::exec::shell_quote(w));
+                            if let Err(d) = judge::check_command(ws.permission, &enter, scope) {
+                                return Err(deny(&mut refusal, "permission", d.to_string()));
+                            }
+                            resolved = ops.resolve(w).await.map_err(exec_err)?;
+                            here.cwd = &resolved;
+                        }
+                        if let Err(d) = judge::check_command(ws.permission, &command, &here) {
                             return Err(deny(&mut refusal, "permission", d.to_string()));
                         }
-                        resolved = ops.resolve(w).await.map_err(exec_err)?;
-                        here.cwd = &resolved;
                     }
-                    if let Err(d) = judge::check_command(ws.permission, &command, &here) {
+                    let opts = RunOptions {
+                        timeout: Some(timeout(args.opt_u64("timeout")?)),
+                        env,
+                        workdir,
+                        prelude: if ws.permission == Permission::Read {
+                            judge::read_preamble()
+                        } else {
+                            ""
+                        },
+                        workspace: Some(workspace_dir.clone()),
+                    };
+                    let r = ops
+                        .terminal(&command, opts, cancel)
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    exit_out = Some(exit_text(&r.output.exit));
+                    Ok(format_output(&r.output, Some(&r.cwd)))
+                }
+                "execute_code" => {
+                    let code = args.str("code")?;
+                    let lang = args.opt_str("language")?;
+                    let t = timeout(args.opt_u64("timeout")?);
+                    // Shell code can be judged like a terminal command; other languages cannot
+                    // (locally the sandbox holds the workspace limit).
+                    let shell = matches!(
+                        lang.as_deref().map(str::to_ascii_lowercase).as_deref(),
+                        Some("bash" | "sh" | "shell")
+                    );
+                    if shell
+                        && let Some(scope) = &scope
+                        && let Err(d) = judge::check_command(ws.permission, &code, scope)
+                    {
                         return Err(deny(&mut refusal, "permission", d.to_string()));
                     }
+                    let out = ops
+                        .execute_code(&code, lang.as_deref(), Some(t), cancel)
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    exit_out = Some(exit_text(&out.exit));
+                    Ok(format_output(&out, None))
                 }
-                let opts = RunOptions {
-                    timeout: Some(timeout(args.opt_u64("timeout")?)),
-                    env,
-                    workdir,
-                    prelude: if ws.permission == Permission::Read {
-                        judge::read_preamble()
+                "read_file" => {
+                    let path = args.str("path")?;
+                    let range = match (args.opt_u64("offset")?, args.opt_u64("limit")?) {
+                        (None, None) => ReadRange::Whole,
+                        (start, count) => ReadRange::Lines {
+                            start: start.unwrap_or(1),
+                            count: count.unwrap_or(2000),
+                        },
+                    };
+                    let r = ops
+                        .read_file(&path, range)
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    Ok(match r.text {
+                        None => format!("{} is a binary file of {} bytes", r.path, r.size),
+                        Some(t) => format!(
+                            "{} ({} bytes{}):\n{t}",
+                            r.path,
+                            r.size,
+                            if r.truncated {
+                                ", more follows: read on with offset"
+                            } else {
+                                ""
+                            }
+                        ),
+                    })
+                }
+                "write_file" => {
+                    let path = args.str("path")?;
+                    let content = args.str("content")?;
+                    if let Some(scope) = &scope {
+                        check_write(&ops, ws.permission, &path, scope, cancel)
+                            .await
+                            .map_err(|d| deny(&mut refusal, "permission", d))?;
+                    }
+                    let p = ops
+                        .write_file(&path, content.as_bytes())
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    Ok(format!("wrote {} bytes to {p}", content.len()))
+                }
+                "patch" => {
+                    if let Some(scope) = &scope {
+                        check_write(&ops, ws.permission, &args.str("path")?, scope, cancel)
+                            .await
+                            .map_err(|d| deny(&mut refusal, "permission", d))?;
+                    }
+                    let r = ops
+                        .patch(
+                            &args.str("path")?,
+                            &args.str("old_string")?,
+                            &args.str("new_string")?,
+                            args.opt_bool("replace_all")?,
+                        )
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    Ok(format!(
+                        "patched {}: {} replacement(s)",
+                        r.path, r.replacements
+                    ))
+                }
+                _ => {
+                    let target = match args.opt_str("target")?.as_deref() {
+                        None | Some("content") => SearchTarget::Content,
+                        Some("files") => SearchTarget::Files,
+                        Some(_) => return Err(args.bad("`target` must be content or files".into())),
+                    };
+                    let req = SearchRequest {
+                        pattern: args.str("pattern")?,
+                        path: args.opt_str("path")?,
+                        target,
+                        file_glob: args.opt_str("file_glob")?,
+                        max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
+                    };
+                    let r = ops
+                        .search(&req, cancel)
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    Ok(if r.matches.is_empty() {
+                        "no matches".to_string()
                     } else {
-                        ""
-                    },
-                    workspace: Some(workspace_dir.clone()),
-                };
-                let r = ops
-                    .terminal(&command, opts, cancel)
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                *exit_out = Some(exit_text(&r.output.exit));
-                Ok(format_output(&r.output, Some(&r.cwd)))
-            }
-            "execute_code" => {
-                let code = args.str("code")?;
-                let lang = args.opt_str("language")?;
-                let t = timeout(args.opt_u64("timeout")?);
-                // Shell code can be judged like a terminal command; other languages cannot
-                // (locally the sandbox holds the workspace limit).
-                let shell = matches!(
-                    lang.as_deref().map(str::to_ascii_lowercase).as_deref(),
-                    Some("bash" | "sh" | "shell")
-                );
-                if shell
-                    && let Some(scope) = &scope
-                    && let Err(d) = judge::check_command(ws.permission, &code, scope)
-                {
-                    return Err(deny(&mut refusal, "permission", d.to_string()));
+                        format!(
+                            "{}{}",
+                            r.matches.join("\n"),
+                            if r.truncated {
+                                "\n(more results exist; narrow the search)"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
                 }
-                let out = ops
-                    .execute_code(&code, lang.as_deref(), Some(t), cancel)
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                *exit_out = Some(exit_text(&out.exit));
-                Ok(format_output(&out, None))
             }
-            "read_file" => {
-                let path = args.str("path")?;
-                let range = match (args.opt_u64("offset")?, args.opt_u64("limit")?) {
-                    (None, None) => ReadRange::Whole,
-                    (start, count) => ReadRange::Lines {
-                        start: start.unwrap_or(1),
-                        count: count.unwrap_or(2000),
-                    },
-                };
-                let r = ops
-                    .read_file(&path, range)
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                Ok(match r.text {
-                    None => format!("{} is a binary file of {} bytes", r.path, r.size),
-                    Some(t) => format!(
-                        "{} ({} bytes{}):\n{t}",
-                        r.path,
-                        r.size,
-                        if r.truncated {
-                            ", more follows: read on with offset"
-                        } else {
-                            ""
-                        }
-                    ),
-                })
+        };
+        // A little beyond the command's own timeout, so a command is killed by its own timeout
+        // first; this catches file operations that hang.
+        let outer = limit + Duration::from_secs(15);
+        let result = tokio::select! {
+            r = tokio::time::timeout(outer, guarded) => match r {
+                Ok(r) => r,
+                Err(_) => Err(format!("the tool did not finish within {} s and was abandoned", outer.as_secs())),
+            },
+            _ = cancel.cancelled(), if tool != "terminal" && tool != "execute_code" && tool != "search_files" => {
+                Err("cancelled".into())
             }
-            "write_file" => {
-                let path = args.str("path")?;
-                let content = args.str("content")?;
-                if let Some(scope) = &scope {
-                    check_write(&ops, ws.permission, &path, scope, cancel)
-                        .await
-                        .map_err(|d| deny(&mut refusal, "permission", d))?;
-                }
-                let p = ops
-                    .write_file(&path, content.as_bytes())
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                Ok(format!("wrote {} bytes to {p}", content.len()))
-            }
-            "patch" => {
-                if let Some(scope) = &scope {
-                    check_write(&ops, ws.permission, &args.str("path")?, scope, cancel)
-                        .await
-                        .map_err(|d| deny(&mut refusal, "permission", d))?;
-                }
-                let r = ops
-                    .patch(
-                        &args.str("path")?,
-                        &args.str("old_string")?,
-                        &args.str("new_string")?,
-                        args.opt_bool("replace_all")?,
-                    )
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                Ok(format!(
-                    "patched {}: {} replacement(s)",
-                    r.path, r.replacements
-                ))
-            }
-            _ => {
-                let target = match args.opt_str("target")?.as_deref() {
-                    None | Some("content") => SearchTarget::Content,
-                    Some("files") => SearchTarget::Files,
-                    Some(_) => return Err(args.bad("`target` must be content or files".into())),
-                };
-                let req = SearchRequest {
-                    pattern: args.str("pattern")?,
-                    path: args.opt_str("path")?,
-                    target,
-                    file_glob: args.opt_str("file_glob")?,
-                    max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
-                };
-                let r = ops
-                    .search(&req, cancel)
-                    .await
-                    .map_err(|e| guard_err(&mut refusal, e))?;
-                Ok(if r.matches.is_empty() {
-                    "no matches".to_string()
-                } else {
-                    format!(
-                        "{}{}",
-                        r.matches.join("\n"),
-                        if r.truncated {
-                            "\n(more results exist; narrow the search)"
-                        } else {
-                            ""
-                        }
-                    )
-                })
-            }
+        };
+        if let Ok(now) = ops.cwd().await
+            && seeded.as_deref() != Some(now.as_str())
+        {
+            store_cwd(deps, section, &backend_name, &now).await;
         }
-    };
-    // A little beyond the command's own timeout, so a command is killed by its own timeout
-    // first; this catches file operations that hang.
-    let outer = limit + Duration::from_secs(15);
-    let result = tokio::select! {
-        r = tokio::time::timeout(outer, guarded) => match r {
-            Ok(r) => r,
-            Err(_) => Err(format!("the tool did not finish within {} s and was abandoned", outer.as_secs())),
-        },
-        _ = cancel.cancelled(), if tool != "terminal" && tool != "execute_code" && tool != "search_files" => {
-            Err("cancelled".into())
+        match (result, refusal) {
+            (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, tool, &r).await),
+            (result, _) => result,
         }
-    };
-    if let Ok(now) = ops.cwd().await
-        && seeded.as_deref() != Some(now.as_str())
-    {
-        store_cwd(deps, section, &backend_name, &now).await;
     }
-    match (result, refusal) {
-        (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, tool, &r).await),
-        (result, _) => result,
-    }
+    .await;
+    (result, exit_out)
 }
 
 /// A refusal noted for the audit: by whom (`permission`, `guard`, `workspace`), the verdict

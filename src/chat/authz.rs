@@ -126,14 +126,23 @@ pub enum Act<'a> {
     Decide,
 }
 
-/// What may be done.
+/// What may be done, carrying the facts it was granted on: the caller acts on what the
+/// permit names, never on a fact it must assume the decision checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permit {
-    /// Bind with this kind (and, for the model, under this grant).
-    Bind { kind: Kind, grant_id: Option<i64> },
-    /// Nothing needs to change (already so).
-    Unchanged,
-    /// Go ahead.
+pub enum Permit<'a> {
+    /// Bind to `target` with this kind (and, for the model, under this grant).
+    Bind {
+        target: &'a Facts,
+        kind: Kind,
+        grant_id: Option<i64>,
+    },
+    /// Already bound to `target` this way: nothing to change.
+    AlreadyBound { target: &'a Facts },
+    /// Release `binding`.
+    Release { binding: &'a Binding },
+    /// Nothing is bound: nothing to release.
+    AlreadyLocal,
+    /// Go ahead (grants, decisions).
     Allowed,
 }
 
@@ -193,8 +202,8 @@ impl Refusal {
     }
 }
 
-/// Whether `alias` is usable in this chat at all.
-fn usable(alias: &str, target: Option<&Facts>) -> Result<(), Refusal> {
+/// The target, when `alias` is usable in this chat at all.
+fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Refusal> {
     let t = target.ok_or_else(|| Refusal::UnknownTarget(alias.to_string()))?;
     match t.status {
         Status::Pending => return Err(Refusal::Pending(alias.to_string())),
@@ -204,7 +213,7 @@ fn usable(alias: &str, target: Option<&Facts>) -> Result<(), Refusal> {
     if !t.allowed_here {
         return Err(Refusal::NotAllowedHere(alias.to_string()));
     }
-    Ok(())
+    Ok(t)
 }
 
 /// Whether the user may bind (or switch, or open to the model) `section`: a thread's owner or
@@ -221,7 +230,7 @@ fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Refu
 }
 
 /// Decides whether `actor` may do `act`. The only place such a decision is made.
-pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
+pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refusal> {
     match (actor, act) {
         (
             actor,
@@ -233,15 +242,17 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                 grants,
             },
         ) => {
-            usable(alias, target)?;
-            let t = target.expect("usable targets exist");
+            let t = usable(alias, target)?;
             match actor {
                 Actor::User { open_id, admin } => match current {
                     // A binding made for an earlier generation of the alias is not this target.
-                    Some(b) if b.kind == Kind::Sticky && b.is_for(t) => Ok(Permit::Unchanged),
+                    Some(b) if b.kind == Kind::Sticky && b.is_for(t) => {
+                        Ok(Permit::AlreadyBound { target: t })
+                    }
                     _ => {
                         may_bind(open_id, admin, section)?;
                         Ok(Permit::Bind {
+                            target: t,
                             kind: Kind::Sticky,
                             grant_id: None,
                         })
@@ -251,7 +262,7 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                     if let Some(b) = current {
                         if b.kind == Kind::Sticky {
                             return if b.is_for(t) {
-                                Ok(Permit::Unchanged)
+                                Ok(Permit::AlreadyBound { target: t })
                             } else {
                                 Err(Refusal::StickyHeld {
                                     alias: b.alias.clone(),
@@ -259,7 +270,7 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                             };
                         }
                         if b.is_for(t) {
-                            return Ok(Permit::Unchanged);
+                            return Ok(Permit::AlreadyBound { target: t });
                         }
                     }
                     // A grant for this very target is preferred over `all`.
@@ -269,16 +280,19 @@ pub fn authorize(actor: Actor<'_>, act: Act<'_>) -> Result<Permit, Refusal> {
                         .or_else(|| grants.iter().find(|g| g.covers(alias)))
                         .ok_or_else(|| Refusal::NoGrant(alias.to_string()))?;
                     Ok(Permit::Bind {
+                        target: t,
                         kind: Kind::Model,
                         grant_id: Some(grant.id),
                     })
                 }
             }
         }
-        (_, Act::Release { current: None }) => Ok(Permit::Unchanged),
-        (Actor::User { .. }, Act::Release { current: Some(_) }) => Ok(Permit::Allowed),
+        (_, Act::Release { current: None }) => Ok(Permit::AlreadyLocal),
+        (Actor::User { .. }, Act::Release { current: Some(b) }) => {
+            Ok(Permit::Release { binding: b })
+        }
         (Actor::Model, Act::Release { current: Some(b) }) => match b.kind {
-            Kind::Model => Ok(Permit::Allowed),
+            Kind::Model => Ok(Permit::Release { binding: b }),
             Kind::Sticky => Err(Refusal::StickyHeld {
                 alias: b.alias.clone(),
             }),
@@ -412,18 +426,19 @@ mod tests {
     fn users_bind_sticky_and_only_owner_or_admin_switch() {
         let web = facts("web", Status::Approved, true);
         let db = facts("db", Status::Approved, true);
-        let sticky = Permit::Bind {
+        let sticky = |target| Permit::Bind {
+            target,
             kind: Kind::Sticky,
             grant_id: None,
         };
         assert_eq!(
             authorize(ANN, bind("web", Some(&web), None, &[])),
-            Ok(sticky)
+            Ok(sticky(&web))
         );
         let anns = binding("web", Kind::Sticky, "ou_ann");
         assert_eq!(
             authorize(ANN, bind("db", Some(&db), Some(&anns), &[])),
-            Ok(sticky)
+            Ok(sticky(&db))
         );
         assert!(matches!(
             authorize(BOB, bind("db", Some(&db), Some(&anns), &[])),
@@ -431,14 +446,14 @@ mod tests {
         ));
         assert_eq!(
             authorize(ADMIN, bind("db", Some(&db), Some(&anns), &[])),
-            Ok(sticky)
+            Ok(sticky(&db))
         );
         // In a thread nobody owns yet, a model-made binding is anyone's to replace.
         let model = binding("web", Kind::Model, "model");
         let unowned = Section::Thread { owner: None };
         assert_eq!(
             authorize(BOB, in_section("db", Some(&db), unowned, Some(&model), &[])),
-            Ok(sticky)
+            Ok(sticky(&db))
         );
         // Anyone may return to local.
         assert_eq!(
@@ -448,7 +463,7 @@ mod tests {
                     current: Some(&anns)
                 }
             ),
-            Ok(Permit::Allowed)
+            Ok(Permit::Release { binding: &anns })
         );
     }
 
@@ -456,6 +471,7 @@ mod tests {
     fn only_the_owner_or_an_admin_binds_a_thread_bound_or_not() {
         let db = facts("db", Status::Approved, true);
         let sticky = Ok(Permit::Bind {
+            target: &db,
             kind: Kind::Sticky,
             grant_id: None,
         });
@@ -513,12 +529,13 @@ mod tests {
         let anns = binding("web", Kind::Sticky, "ou_ann");
         assert_eq!(
             authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
-            Ok(Permit::Unchanged)
+            Ok(Permit::AlreadyBound { target: &web })
         );
         web.generation = 2;
         assert_eq!(
             authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
             Ok(Permit::Bind {
+                target: &web,
                 kind: Kind::Sticky,
                 grant_id: None
             })
@@ -544,6 +561,7 @@ mod tests {
         assert_eq!(
             authorize(m, bind("web", Some(&web), None, &only_web)),
             Ok(Permit::Bind {
+                target: &web,
                 kind: Kind::Model,
                 grant_id: Some(3)
             })
@@ -556,6 +574,7 @@ mod tests {
         assert_eq!(
             authorize(m, bind("db", Some(&db), None, &all)),
             Ok(Permit::Bind {
+                target: &db,
                 kind: Kind::Model,
                 grant_id: Some(4)
             })
@@ -582,7 +601,7 @@ mod tests {
                     current: Some(&model)
                 }
             ),
-            Ok(Permit::Allowed)
+            Ok(Permit::Release { binding: &model })
         );
         assert_eq!(
             authorize(

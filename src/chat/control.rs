@@ -108,7 +108,8 @@ pub async fn check_use(
         grants: &[],
     };
     let out = match authz::authorize(actor, act) {
-        Ok(_) => Ok(facts.expect("authorised targets exist")),
+        Ok(Permit::Bind { target, .. } | Permit::AlreadyBound { target }) => Ok(target.clone()),
+        Ok(other) => anyhow::bail!("a bind was answered with {other:?}"),
         Err(r) => {
             refuse(
                 &mut tx,
@@ -163,13 +164,16 @@ pub async fn bind(
             Err(r)
         }
         Ok(permit) => {
-            let facts = facts.expect("authorised targets exist");
+            let facts = match permit {
+                Permit::Bind { target, .. } | Permit::AlreadyBound { target } => target,
+                other => anyhow::bail!("a bind was answered with {other:?}"),
+            };
             let replaced = current
                 .as_ref()
                 .filter(|c| c.alias != alias)
                 .map(|c| c.alias.clone());
-            let unchanged = permit == Permit::Unchanged;
-            if let Permit::Bind { kind, grant_id } = permit {
+            let unchanged = matches!(permit, Permit::AlreadyBound { .. });
+            if let Permit::Bind { kind, grant_id, .. } = permit {
                 // The same target by a user turns a model-made binding sticky; that is a change.
                 let b = Binding {
                     section: section.to_string(),
@@ -209,7 +213,7 @@ pub async fn bind(
             }
             Ok(Bound {
                 alias: alias.to_string(),
-                destination: facts.destination,
+                destination: facts.destination.clone(),
                 replaced,
                 unchanged,
             })
@@ -238,8 +242,8 @@ pub async fn release(
             refuse(&mut tx, actor, "binding.release", Some(section), alias, &r).await?;
             Err(r)
         }
-        Ok(Permit::Allowed) => {
-            let b = current.expect("a release is allowed only of a binding");
+        Ok(Permit::Release { binding: b }) => {
+            let b = b.clone();
             binding::clear(&mut tx, section).await?;
             audit::record_chat(
                 &mut tx,
