@@ -140,6 +140,11 @@ pub(crate) struct EnvBuilder {
 }
 
 impl Env {
+    /// The target's sshd, when built with [`EnvBuilder::target`].
+    pub(crate) fn sshd(&self) -> Option<&Sshd> {
+        self._target.as_ref().map(|(s, _)| s)
+    }
+
     pub(crate) fn builder() -> EnvBuilder {
         EnvBuilder {
             vars: Vec::new(),

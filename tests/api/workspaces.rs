@@ -14,13 +14,9 @@ use sshmode::exec::Place;
 use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
 use sshmode::workspace::{self, Choice, LocalRules, Mode, Permission};
 
-use crate::agent::{
-    Control, MODEL, accept, add_target, builder, calls, say, tool_results, unique, wait_turns_ended,
-};
-use crate::fake_lark::FakeLark;
-use crate::fake_llm::FakeProvider;
+use crate::agent::{Env, MODEL, accept, calls, say, tool_results, unique, wait_turns_ended};
 use crate::helpers::TestApp;
-use crate::sshd::{self, Sshd};
+use crate::sshd;
 
 /// The account local tools run as (the tests run as root; without root, this user).
 fn tools_user() -> String {
@@ -61,36 +57,10 @@ struct Backend {
     outside: PathBuf,
 }
 
-struct Env {
-    app: TestApp,
-    llm: FakeProvider,
-    _lark: FakeLark,
-    control: Arc<Control>,
-    _sshd: Option<Sshd>,
-    _tmp: tempfile::TempDir,
-}
-
+/// The app with a fake model and chat control; with `remote`, a target `web` on a fresh sshd.
 async fn env(remote: bool) -> Env {
-    let llm = FakeProvider::start().await;
-    let lark = FakeLark::start().await;
-    let control = Arc::new(Control::default());
-    let app = builder(&llm, &lark, &control).spawn().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let sshd = if remote {
-        let sshd = Sshd::start_below(tmp.path());
-        add_target(&app, &sshd, tmp.path(), "web").await;
-        Some(sshd)
-    } else {
-        None
-    };
-    Env {
-        app,
-        llm,
-        _lark: lark,
-        control,
-        _sshd: sshd,
-        _tmp: tmp,
-    }
+    let b = Env::builder();
+    if remote { b.target("web") } else { b }.spawn().await
 }
 
 /// Prepares a workspace with a file `x`, a file `f`, a directory `d` and a git repository
@@ -938,7 +908,7 @@ async fn terminal_options_hold_for_one_call(remote: bool) {
         &[("terminal", json!({"command": "true"}))],
     )
     .await;
-    let want = match &env._sshd {
+    let want = match env.sshd() {
         None => "[local] exit code: 0".to_string(),
         Some(s) => format!("[web · {}@127.0.0.1:{}] exit code: 0", sshd::USER, s.port),
     };
