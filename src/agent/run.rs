@@ -55,7 +55,10 @@ enum Step {
     Ask,
     /// Run the tool calls of a stored reply; `marked` is its first call, already marked
     /// started, with what was read for it.
-    Calls { reply: Stored, marked: Option<Next> },
+    Calls {
+        reply: Box<Stored>,
+        marked: Option<Next>,
+    },
     /// Send this answer and end the turn.
     Deliver(String),
     /// Stop here: leave the turn to another runner, or end it with a message.
@@ -198,7 +201,7 @@ impl<'a> Turn<'a> {
         }
         if !last.message.tool_calls.is_empty() {
             return Step::Calls {
-                reply: last,
+                reply: Box::new(last),
                 marked: None,
             };
         }
@@ -358,7 +361,10 @@ impl<'a> Turn<'a> {
         if reply.tool_calls.is_empty() {
             return Ok(Step::Deliver(reply.text_content()));
         }
-        Ok(Step::Calls { reply: row, marked })
+        Ok(Step::Calls {
+            reply: Box::new(row),
+            marked,
+        })
     }
 
     /// Runs a reply's tool calls, each stored before the next; then the model is asked again.
