@@ -95,7 +95,7 @@
 //! An event of a section gets at most 5 attempts (2 + 4 + 8 + 16 s), then it is dead-lettered and
 //! the handler tells the sender. The claim's cost with a deep backlog is in BENCHMARKS.md.
 //!
-//! **Sections and the event log.** The adapter appends `message.received` (event and message ids, sender open_id, text)
+//! **Sections and the event log.** The Lark front-end (`frontend`) appends `message.received` (event and message ids, sender open_id, text)
 //! and `bot.reply` (sent message id, text) to that section's log — never tokens or secrets.
 
 use axum::Router;

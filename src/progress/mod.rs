@@ -53,7 +53,7 @@
 //! `stop_requested_by` when the turn ends. The click travels like any card action: the callback
 //! path answers at once, without I/O, from `progress::stop_click_authorised` (the click must come
 //! from the chat the card was sent to — Lark shows the card only to its members, and a forwarded
-//! card carries no right to stop), and the inbox worker (`lark::adapter::LarkHandler`) then calls
+//! card carries no right to stop), and the inbox worker (`frontend::LarkHandler`) then calls
 //! `on_stop_click`, or writes a `turn.stop` / `refused` audit row.
 
 pub mod card;
