@@ -80,7 +80,7 @@ pub struct Setup {
     /// uid, gid and supplementary groups of the tools account.
     pub identity: Option<(u32, u32, Vec<u32>)>,
     /// `(resource, value)` pairs, both soft and hard.
-    pub limits: Vec<(u32, u64)>,
+    pub limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Empty the capability bounding set.
     pub drop_capabilities: bool,
     /// Restrict with the ruleset (the last descriptor of the request).
@@ -804,7 +804,7 @@ fn apply(setup: &Setup) -> Result<(), String> {
                 rlim_cur: *value,
                 rlim_max: *value,
             };
-            if libc::setrlimit(*res as _, &lim) != 0 {
+            if libc::setrlimit(*res, &lim) != 0 {
                 return Err(os_err(&format!("setrlimit {res}")));
             }
         }
@@ -954,10 +954,7 @@ mod tests {
         let r = Request {
             setup: Setup {
                 identity: Some((990, 991, vec![991, 5])),
-                limits: vec![
-                    (libc::RLIMIT_CPU as u32, 600),
-                    (libc::RLIMIT_NOFILE as u32, 1024),
-                ],
+                limits: vec![(libc::RLIMIT_CPU, 600), (libc::RLIMIT_NOFILE, 1024)],
                 drop_capabilities: true,
                 landlock: true,
             },

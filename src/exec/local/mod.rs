@@ -437,9 +437,9 @@ impl Backend for LocalBackend {
 
     async fn read(&self, path: &str, offset: u64, len: u64) -> Result<FileBytes, ExecError> {
         let dirs = self.open_dirs()?;
-        if let Some(server) = self.host.sandbox.launcher() {
+        if self.host.sandbox.launcher().is_some() {
             let out = self
-                .file_helper(server, &dirs, "read", path, offset, len, None)
+                .file_helper(&dirs, "read", path, offset, len, None)
                 .await?;
             if out.len() < 8 {
                 return Err(ExecError::Local(format!(
@@ -462,8 +462,8 @@ impl Backend for LocalBackend {
 
     async fn write(&self, path: &str, data: &[u8]) -> Result<(), ExecError> {
         let dirs = self.open_dirs()?;
-        if let Some(server) = self.host.sandbox.launcher() {
-            self.file_helper(server, &dirs, "write", path, 0, 0, Some(data))
+        if self.host.sandbox.launcher().is_some() {
+            self.file_helper(&dirs, "write", path, 0, 0, Some(data))
                 .await?;
             return Ok(());
         }
@@ -600,7 +600,6 @@ impl LocalBackend {
     /// the answer by `len` (plus its 8-byte size), its error by 64 KiB.
     async fn file_helper(
         &self,
-        server: &LaunchServer,
         dirs: &Dirs,
         op: &str,
         path: &str,
@@ -608,6 +607,11 @@ impl LocalBackend {
         len: u64,
         data: Option<&[u8]>,
     ) -> Result<Vec<u8>, ExecError> {
+        let server = self
+            .host
+            .sandbox
+            .launcher()
+            .ok_or_else(|| ExecError::Local("no launcher for the file helper".into()))?;
         let roots = self.file_roots(dirs);
         let request = launch::Request {
             setup: launch::Setup::default(),

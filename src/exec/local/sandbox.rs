@@ -621,7 +621,7 @@ impl Prepared {
                 .identity
                 .as_ref()
                 .map(|i| (i.uid, i.gid, i.groups.clone())),
-            limits: self.limits.iter().map(|(r, v)| (*r as u32, *v)).collect(),
+            limits: self.limits.clone(),
             drop_capabilities: self.drop_capabilities,
             landlock: self.ruleset.is_some(),
         }
