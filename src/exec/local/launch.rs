@@ -316,7 +316,10 @@ fn serve_loop(sock: i32, sfd: i32, liveness: i32, max: usize) -> Result<(), Stri
     }
 }
 
-/// Reaps every ended child; how many.
+/// Reaps every ended child; how many. At once: a PID 1 that did a file operation runs as the
+/// tools account, and until it is reaped its zombie counts against that account's
+/// `RLIMIT_NPROC` (a launcher that exits without reaping leaves it to the machine's init, and
+/// enough of them make every tool's `execve` fail with `EAGAIN`).
 fn reap(sfd: i32) -> usize {
     let mut info = [0u8; 128];
     // SAFETY: draining the signalfd into our buffer (non-blocking).
