@@ -1,11 +1,10 @@
 //! What isolating a local command costs (see BENCHMARKS.md): `true` through the local
 //! backend (`Backend::exec`: clean environment, fork with a `pre_exec` hook, pipes, wait)
 //! without a sandbox, with Landlock, with Landlock and the switch to the tools account, and
-//! (root) the same through the launcher, in a PID namespace of its own. The first three fork
+//! (root) the same through the launch server, in a PID namespace of its own. The first three fork
 //! with a `pre_exec` hook (resource limits are set in every case), so they compare like with
 //! like; the rounds are interleaved so machine noise falls on all cases. Then a 1 KiB
-//! `read_file` through the backend, in the service's process and through the launcher's
-//! helper.
+//! `read_file` through the backend, in the service's process and through the launch server.
 //!
 //! Run as root with `cargo bench --bench local_sandbox` (no database needed).
 

@@ -523,36 +523,167 @@ async fn file_tools_have_the_tools_accounts_rights() {
     assert_ne!(meta.uid(), 0);
 }
 
-/// A launcher that cannot set a command up fails it, with its reason: here the ruleset it was
-/// told to apply is missing, so the command must not run at all.
-#[test]
-fn a_launcher_that_cannot_set_up_does_not_run_the_command() {
+/// A launch server that cannot set a command up fails it, with its reason: here the ruleset
+/// it is handed is not one, so the command must not run at all.
+#[tokio::test]
+async fn a_launcher_that_cannot_set_up_does_not_run_the_command() {
+    use sshmode::exec::local::launch::{Job, Request, Setup};
+    use sshmode::exec::local::server::{LaunchServer, Reply};
+    use std::os::fd::AsFd;
+    assert!(is_root(), "the PID namespace needs root, as CI runs it");
+    let server = LaunchServer::start(env!("CARGO_BIN_EXE_sshmode").as_ref(), 4).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("ran");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
-        .args([
-            sshmode::exec::local::launch::SUBCOMMAND,
-            "run",
-            "--landlock",
-            "--",
-            "/bin/sh",
-            "-c",
-        ])
-        .arg(format!("touch {}", flag.display()))
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(sshmode::exec::local::launch::SETUP_FAILED),
-        "{out:?}"
-    );
-    let err = text(&out.stderr);
-    assert!(
-        err.starts_with(sshmode::exec::local::launch::ERROR_PREFIX),
-        "{err}"
-    );
-    assert!(err.contains("ruleset") || err.contains("landlock"), "{err}");
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let ws = std::fs::File::open(dir.path()).unwrap();
+    let request = Request {
+        setup: Setup {
+            landlock: true,
+            ..Setup::default()
+        },
+        job: Job::Run {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("touch {}", flag.display()),
+            ],
+            env: Vec::new(),
+        },
+    };
+    let fds = [
+        null.as_fd(),
+        null.as_fd(),
+        null.as_fd(),
+        ws.as_fd(),
+        ws.as_fd(),
+        // In the ruleset's place.
+        null.as_fd(),
+    ];
+    let call = server.call(&request, &fds).await.unwrap();
+    match call.wait().await {
+        Reply::Refused(why) => {
+            assert!(why.contains("ruleset") || why.contains("landlock"), "{why}")
+        }
+        other => panic!("the command was not refused: {other:?}"),
+    }
     assert!(!flag.exists(), "the command ran without its sandbox");
+}
+
+/// The pid of the launch server a command with `marker` runs under: its ancestor whose
+/// parent is this test process (which runs the service).
+fn launch_server_of(marker: &str) -> i32 {
+    let parent = |pid: i32| -> i32 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut pid: i32 = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| text(&c).contains(marker)))
+        .and_then(|e| e.file_name().to_string_lossy().parse().ok())
+        .expect("the command runs");
+    let me = std::process::id() as i32;
+    for _ in 0..16 {
+        let up = parent(pid);
+        if up == me {
+            let cmdline = text(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap());
+            assert!(cmdline.contains("__sshmode-launch"), "{cmdline}");
+            return pid;
+        }
+        assert!(up > 1, "no launch server above the command");
+        pid = up;
+    }
+    panic!("no launch server above the command");
+}
+
+/// Killing the launch server ends the command it runs and fails that call with a clear error;
+/// the next call starts a new server and is as isolated as before.
+#[tokio::test]
+async fn a_killed_launcher_fails_its_call_and_is_replaced() {
+    assert!(is_root(), "the launch server needs root, as CI runs it");
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_killed").await;
+    let m = marker("killed");
+    let running = {
+        let ops = local_ops(&app, "omt_killed").await;
+        let m = m.clone();
+        tokio::spawn(async move {
+            ops.terminal(
+                &format!("sh -c 'sleep 60; : {m}'"),
+                RunOptions {
+                    timeout: Some(Duration::from_secs(40)),
+                    ..Default::default()
+                },
+                &CancellationToken::new(),
+            )
+            .await
+        })
+    };
+    eventually("the command to run", async || processes_with(&m) > 0).await;
+    let server = launch_server_of(&m);
+    // SAFETY: killing the launch server this test's service started.
+    assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+    let r = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the call ends with its launcher")
+        .unwrap();
+    let e = r.expect_err("a call whose launcher was killed succeeded");
+    assert!(e.to_string().contains("launcher"), "{e}");
+    eventually("the command to die with its launcher", async || {
+        processes_with(&m) == 0
+    })
+    .await;
+    // The next call gets a new server, with its own PID namespace.
+    let r = run(&ops, "echo again; ls /proc | grep -cE '^[0-9]+$'").await;
+    let out = text(&r.output.stdout);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("again"), "{r:?}");
+    let seen: usize = lines.next().unwrap().parse().unwrap();
+    assert!(seen <= 4, "the command sees other processes: {out}");
+    ops.write_file("after.txt", b"after").await.unwrap();
+    assert_eq!(ops.read_bytes("after.txt").await.unwrap(), b"after");
+    let m2 = marker("again");
+    let again = {
+        let ops = local_ops(&app, "omt_killed").await;
+        let m2 = m2.clone();
+        tokio::spawn(async move {
+            run_for(
+                &ops,
+                &format!("sh -c 'sleep 30; : {m2}'"),
+                Duration::from_secs(3),
+            )
+            .await
+        })
+    };
+    eventually("the command to run", async || processes_with(&m2) > 0).await;
+    assert_ne!(launch_server_of(&m2), server);
+    assert_eq!(again.await.unwrap().output.exit, Exit::TimedOut);
+}
+
+/// The launch server runs as root but holds nothing of the service: its environment (which
+/// holds the database URL here) is empty.
+#[tokio::test]
+async fn the_launcher_holds_none_of_the_services_environment() {
+    assert!(is_root(), "the launch server needs root, as CI runs it");
+    assert!(std::env::var("TEST_DATABASE_URL").is_ok());
+    let app = TestApp::spawn().await;
+    let ops = local_ops(&app, "omt_server_env").await;
+    let m = marker("server-env");
+    let script = format!("sh -c 'sleep 30; : {m}'");
+    let running = tokio::spawn(async move { run_for(&ops, &script, Duration::from_secs(3)).await });
+    eventually("the command to run", async || processes_with(&m) > 0).await;
+    let server = launch_server_of(&m);
+    let environ = std::fs::read(format!("/proc/{server}/environ")).unwrap();
+    assert!(
+        environ.is_empty(),
+        "the launch server has an environment: {}",
+        text(&environ).replace('\0', "\n")
+    );
+    assert_eq!(running.await.unwrap().output.exit, Exit::TimedOut);
 }
 
 /// Without a launcher that works, a root service says so in its level (no `pidns`).

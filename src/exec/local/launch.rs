@@ -1,68 +1,81 @@
-//! The launcher: `sshmode __sshmode-launch …`, a re-exec of the service's own binary that
-//! starts one local command (or one file operation) as the tools account, in a PID namespace
-//! and mount namespace of its own, under the sandbox the service prepared.
+//! The launch server: `sshmode __sshmode-launch serve`, a re-exec of the service's own binary,
+//! started once by the service ([`super::server`]), that forks each local command (or file
+//! operation) into a PID namespace and mount namespace of its own, as the tools account, under
+//! the sandbox the service prepared. Exec'ing the large binary per command cost about as much as
+//! the rest of the launch together; a fork of this small single-threaded process does not.
 //!
-//! The service forks, and its `pre_exec` hook (raw system calls only) gives the child its own
-//! session, the workspace as working directory and the descriptors of this call at fixed
-//! numbers ([`RULESET_FD`], [`WORKSPACE_FD`], [`TMP_FD`]), then execs the launcher. Everything
-//! else (account, groups, limits, flags) comes as arguments. The launcher is single-threaded
-//! (it runs before anything else in `main`), so it may fork and mount, which a `pre_exec`
-//! closure in the multi-threaded service may not.
+//! The server runs as root with an empty environment, in a session of its own, and holds
+//! nothing but its request socket (a `SOCK_SEQPACKET` pair whose other end only the service
+//! has). It dies with the service: `PR_SET_PDEATHSIG` (the service starts it from a thread that
+//! lives as long as the server) and the end of its request socket. Each request is one message:
+//! a JSON [`Request`] and the call's descriptors (`SCM_RIGHTS`): first the call's own socket,
+//! then standard input, output and error, the workspace, the tmp directory and the Landlock
+//! ruleset. The server clones a child with `CLONE_NEWPID` (PID 1 of a new namespace), closes
+//! its copies of the call's descriptors at once (so no call's descriptor is ever open in
+//! another call's command), reaps, and refuses a request when `--max` calls are running,
+//! answering on the call's socket.
 //!
-//! `run`: `unshare(CLONE_NEWPID)`, fork. The child is PID 1 of the new namespace: it asks for
-//! `SIGKILL` when the launcher dies, enters a mount namespace of its own, makes every mount
-//! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a
-//! Landlock rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]),
-//! then forks the command ([`init`]). The command calls `setsid`, applies limits, drops the
+//! PID 1 asks for `SIGKILL` when the server dies, places the call's descriptors at fixed
+//! numbers and closes every other one, enters a mount namespace of its own, makes every mount
+//! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock
+//! rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]). For a
+//! command it then forks the shell ([`init`]), which calls `setsid`, applies limits, drops the
 //! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
-//! itself with the ruleset, closes every descriptor above 2 and execs the shell; it is not
-//! PID 1, so signals act on it as anywhere (`kill $$` works). PID 1 stays root, does nothing
-//! but reap, pass signals on to the command's group and, when the command ends, hand its wait
-//! status to the launcher and exit. The launcher forwards TERM/INT/HUP/QUIT to PID 1, KILLs it
-//! [`GRACE`] later, and exits with the command's status as soon as PID 1 passes it on (the
-//! namespaces' teardown, RCU waits of a few milliseconds, is then PID 1's, not the caller's).
-//! When PID 1 ends, the kernel kills everything else in the namespace: nothing a command
-//! starts, `setsid` or not, outlives it. Killing the launcher (the backend kills its group,
-//! PID 1 included) kills PID 1 through its death signal too.
+//! itself with the ruleset, closes every descriptor above 2 and execs with the environment the
+//! backend built; it is not PID 1, so signals act on it as anywhere (`kill $$` works). PID 1
+//! stays root and does nothing but reap, pass a `TERM` the service asks for (a byte on the
+//! call's socket) to the command's group, and when the command ends send its wait status on the
+//! call's socket and exit. When the service closes the call's socket (a kill after the grace
+//! period, a dropped call) PID 1 exits at once. When PID 1 ends, the kernel kills everything
+//! else in the namespace: nothing a command starts, `setsid` or not, outlives it.
 //!
-//! `file`: the same namespaces, account, limits and sandbox, then one read or write through
-//! [`super::files`] beneath the pinned workspace and tmp descriptors, so the kernel decides
-//! access exactly as for a command (and `/proc` shows no other process to the file tools
-//! either). Answer on stdout, refusal on stderr.
+//! A file operation: the same namespaces, account, limits and sandbox, then one read or write
+//! through [`super::files`] beneath the pinned workspace and tmp descriptors, so the kernel
+//! decides access exactly as for a command (and `/proc` shows no other process to the file tools
+//! either). Answer on stdout, refusal on stderr. A probe (at start-up): the namespace steps only.
 //!
-//! `probe`: the namespace steps only, at start-up, to learn whether this machine allows them.
-//!
-//! A step that fails ends the launcher with [`SETUP_FAILED`] and a line starting with
-//! [`ERROR_PREFIX`] on stderr, which the backend turns into an error of the call: a command is
-//! never run less isolated than the level says.
+//! A step that fails is reported on the call's socket ([`REFUSED`]) and the command is never
+//! started: a command is never run less isolated than the level says.
 //!
 //! Never: follows a path a tool could change (it only opens `/proc` and the shell, both the
-//! system's); keeps a descriptor of the service open into the command; runs the command with a
-//! capability, as root, or without the ruleset it was given.
+//! system's); keeps a descriptor of the service or of another call open into a command; runs
+//! a command with a capability, as root, or without the ruleset it was given; holds a secret.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{Read, Write};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::AtomicI32;
+use std::sync::atomic::Ordering::Relaxed;
 
-/// The hidden subcommand (`argv[1]`) that makes `sshmode` the launcher.
+/// The hidden subcommand (`argv[1]`) that makes `sshmode` the launch server.
 pub const SUBCOMMAND: &str = "__sshmode-launch";
-/// Where the Landlock ruleset's descriptor is handed to the launcher.
-pub const RULESET_FD: i32 = 3;
-/// Where the workspace's descriptor is handed to the file helper.
-pub const WORKSPACE_FD: i32 = 4;
-/// Where the tmp directory's descriptor is handed to the file helper.
-pub const TMP_FD: i32 = 5;
-/// The exit status of a launcher that could not set up the command.
+/// Where the Landlock ruleset's descriptor is placed in PID 1 and the command.
+const RULESET_FD: i32 = 3;
+/// Where the workspace's descriptor is placed (the command's working directory).
+const WORKSPACE_FD: i32 = 4;
+/// Where the tmp directory's descriptor is placed.
+const TMP_FD: i32 = 5;
+/// Where the call's socket is placed.
+const CALL_FD: i32 = 6;
+/// Where the read end of the server's liveness pipe is placed.
+const LIVENESS_FD: i32 = 7;
+/// The exit status of a child that could not set up the command.
 pub const SETUP_FAILED: i32 = 125;
-/// How a launcher failure starts on stderr.
-pub const ERROR_PREFIX: &str = "sshmode launcher: ";
-/// Between a forwarded TERM and the KILL of the namespace.
-pub const GRACE: Duration = Duration::from_millis(1500);
+/// The largest request message (the script is in it).
+pub const MAX_REQUEST: usize = 160 * 1024;
+/// Most descriptors one request carries.
+const MAX_FDS: usize = 7;
 
-/// What the launcher applies before the command or file operation, as arguments.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// First byte of a message on a call's socket, to the service: the wait status follows (4
+/// bytes, native order).
+pub const STATUS: u8 = b'S';
+/// … the call was refused or its set-up failed; the reason follows. Nothing was started.
+pub const REFUSED: u8 = b'E';
+/// First byte of a message on a call's socket, from the service: pass `TERM` to the command.
+pub const TERMINATE: u8 = b'T';
+
+/// What PID 1 and the command apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Setup {
     /// uid, gid and supplementary groups of the tools account.
     pub identity: Option<(u32, u32, Vec<u32>)>,
@@ -70,80 +83,43 @@ pub struct Setup {
     pub limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Empty the capability bounding set.
     pub drop_capabilities: bool,
-    /// Restrict with the ruleset at [`RULESET_FD`].
+    /// Restrict with the ruleset (the last descriptor of the request).
     pub landlock: bool,
 }
 
-impl Setup {
-    /// The arguments after the mode, up to (not including) `--`.
-    pub fn to_args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = Vec::new();
-        if let Some((uid, gid, groups)) = &self.identity {
-            a.push("--uid".into());
-            a.push(uid.to_string().into());
-            a.push("--gid".into());
-            a.push(gid.to_string().into());
-            a.push("--groups".into());
-            let g: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-            a.push(g.join(",").into());
-        }
-        for (res, value) in &self.limits {
-            a.push("--limit".into());
-            a.push(format!("{res}={value}").into());
-        }
-        if self.drop_capabilities {
-            a.push("--drop-caps".into());
-        }
-        if self.landlock {
-            a.push("--landlock".into());
-        }
-        a
-    }
+/// One request to the server.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    pub setup: Setup,
+    pub job: Job,
+}
 
-    fn parse(args: &mut std::slice::Iter<'_, OsString>) -> Result<Self, String> {
-        let mut s = Setup::default();
-        let (mut uid, mut gid, mut groups) = (None, None, Vec::new());
-        let num = |v: Option<&OsString>, what: &str| -> Result<u64, String> {
-            v.and_then(|v| v.to_str())
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{what}: a number is expected"))
-        };
-        loop {
-            let Some(arg) = args.next() else {
-                return Err("`--` is missing".into());
-            };
-            match arg.to_str() {
-                Some("--") => break,
-                Some("--uid") => uid = Some(num(args.next(), "--uid")? as u32),
-                Some("--gid") => gid = Some(num(args.next(), "--gid")? as u32),
-                Some("--groups") => {
-                    let v = args.next().and_then(|v| v.to_str()).unwrap_or("");
-                    for g in v.split(',').filter(|g| !g.is_empty()) {
-                        groups.push(g.parse().map_err(|_| format!("--groups: `{g}`"))?);
-                    }
-                }
-                Some("--limit") => {
-                    let v = args.next().and_then(|v| v.to_str()).unwrap_or("");
-                    let (r, n) = v.split_once('=').ok_or("--limit: RES=VALUE")?;
-                    let r = r.parse().map_err(|_| format!("--limit: `{v}`"))?;
-                    let n = n.parse().map_err(|_| format!("--limit: `{v}`"))?;
-                    s.limits.push((r, n));
-                }
-                Some("--drop-caps") => s.drop_capabilities = true,
-                Some("--landlock") => s.landlock = true,
-                _ => return Err(format!("unknown argument {arg:?}")),
-            }
+/// What a request asks for. Descriptors after the call's socket: none for a probe; standard
+/// input, output, error, the workspace, the tmp directory (and the ruleset) otherwise.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum Job {
+    /// The namespace steps only: does this machine allow them?
+    Probe,
+    /// `argv[0]` (absolute) with `argv`, in the workspace, with exactly `env`.
+    Run {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+    },
+    /// One file operation.
+    File(FileRequest),
+}
+
+impl Job {
+    /// How many descriptors the request must carry.
+    fn fds(&self, setup: &Setup) -> usize {
+        match self {
+            Job::Probe => 1,
+            _ => 6 + usize::from(setup.landlock),
         }
-        s.identity = match (uid, gid) {
-            (Some(u), Some(g)) => Some((u, g, groups)),
-            (None, None) => None,
-            _ => return Err("--uid and --gid go together".into()),
-        };
-        Ok(s)
     }
 }
 
-/// A file operation of the helper (`file` mode), as its one JSON argument after `--`.
+/// A file operation of the helper.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct FileRequest {
     /// `read` or `write` (the data on stdin).
@@ -152,7 +128,7 @@ pub struct FileRequest {
     pub offset: u64,
     pub len: u64,
     /// The roots, as [`super::files::Roots`] has them; `workspace` and `tmp` are the paths of
-    /// the descriptors at [`WORKSPACE_FD`] and [`TMP_FD`].
+    /// the workspace and tmp descriptors.
     pub writable: Vec<PathBuf>,
     pub readable: Vec<PathBuf>,
     pub excluded: Vec<PathBuf>,
@@ -160,109 +136,29 @@ pub struct FileRequest {
     pub tmp: PathBuf,
 }
 
-/// When `argv[1]` is [`SUBCOMMAND`], runs the launcher and never returns; otherwise returns at
-/// once. Call first thing in `main`, before any thread exists.
+/// When `argv[1]` is [`SUBCOMMAND`], runs the launch server and never returns; otherwise
+/// returns at once. Call first thing in `main`, before any thread exists.
 pub fn main_if_launcher() {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).map(|a| a.as_os_str()) != Some(OsStr::new(SUBCOMMAND)) {
         return;
     }
-    let code = match launch(&args[2..]) {
-        Ok(code) => code,
+    let code = match serve(&args[2..]) {
+        Ok(()) => 0,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "{ERROR_PREFIX}{e}");
+            let _ = writeln!(std::io::stderr(), "sshmode launch server: {e}");
             SETUP_FAILED
         }
     };
     std::process::exit(code);
 }
 
-fn launch(args: &[OsString]) -> Result<i32, String> {
-    let mut it = args.iter();
-    let mode = it.next().and_then(|m| m.to_str()).unwrap_or("");
-    match mode {
-        "probe" => {
-            let child = unshare_and_fork()?;
-            if child == 0 {
-                let r = enter_namespace().map(|()| {
-                    // SAFETY: getpid has no preconditions.
-                    if unsafe { libc::getpid() } == 1 { 0 } else { 1 }
-                });
-                child_exit(r);
-            }
-            supervise(child)
-        }
-        "run" => {
-            let setup = Setup::parse(&mut it)?;
-            let program: Vec<CString> = it
-                .map(|a| CString::new(a.as_bytes()).map_err(|_| "NUL in an argument".to_string()))
-                .collect::<Result<_, _>>()?;
-            if program.is_empty() {
-                return Err("no program to run".into());
-            }
-            let child = unshare_and_fork()?;
-            if child == 0 {
-                let r = enter_namespace()
-                    .and_then(|()| grant_new_proc(&setup))
-                    .and_then(|()| init(&setup, &program));
-                child_exit(r);
-            }
-            supervise(child)
-        }
-        "file" => {
-            let setup = Setup::parse(&mut it)?;
-            let request = it.next().ok_or("no request")?;
-            let request: FileRequest = serde_json::from_slice(request.as_bytes())
-                .map_err(|e| format!("bad request: {e}"))?;
-            let child = unshare_and_fork()?;
-            if child == 0 {
-                let r = enter_namespace()
-                    .and_then(|()| grant_new_proc(&setup))
-                    .and_then(|()| apply(&setup))
-                    .map(|()| file_op(request));
-                child_exit(r);
-            }
-            supervise(child)
-        }
-        other => Err(format!("unknown mode `{other}`")),
-    }
-}
-
-/// Ends a forked child: its error on stderr, [`SETUP_FAILED`]; the status also goes to the
-/// launcher through the status pipe.
-fn child_exit(r: Result<i32, String>) -> ! {
-    let code = match r {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "{ERROR_PREFIX}{e}");
-            SETUP_FAILED
-        }
-    };
-    pass_status((code & 0xff) << 8, code);
-}
-
-/// Hands a wait status to the launcher and ends this process with `code`. Standard input,
-/// output and error are closed first: a descriptor still open at exit is released only after
-/// the namespaces' teardown, and the caller reads the output up to its end.
-fn pass_status(status: i32, code: i32) -> ! {
-    let bytes = status.to_ne_bytes();
-    // SAFETY: closing our own standard descriptors, writing 4 bytes we own to our pipe (or
-    // to -1, which fails harmlessly), then ending this process without running anything of
-    // the parent's.
-    unsafe {
-        for fd in 0..3 {
-            libc::close(fd);
-        }
-        libc::write(STATUS.load(Relaxed), bytes.as_ptr().cast(), 4);
-        libc::_exit(code)
-    }
-}
-
 fn os_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
 }
 
-/// The signals the launcher forwards (and which stay blocked until the command's exec).
+/// The signals PID 1 passes on (and which stay blocked until the command's exec), with
+/// `SIGCHLD`. Blocked in the server too: a Ctrl-C or a stray `TERM` does not end it.
 fn forwarded_set() -> libc::sigset_t {
     // SAFETY: a zeroed sigset is initialised by sigemptyset before use.
     unsafe {
@@ -281,58 +177,433 @@ fn forwarded_set() -> libc::sigset_t {
     }
 }
 
-/// New PID and mount namespaces, then fork: 0 in the child (PID 1), its pid in the parent.
-/// The parent keeps the write end of a pipe open for its whole life: the child sees the
-/// launcher is alive while that end is open ([`enter_namespace`]). A second pipe carries the
-/// command's wait status from PID 1 to the launcher ([`init`], [`supervise`]).
-fn unshare_and_fork() -> Result<libc::pid_t, String> {
+/// In the server: the write end of the liveness pipe (closed first thing in every child).
+static LIVENESS_WRITE: AtomicI32 = AtomicI32::new(-1);
+
+/// The server: `serve --parent PID --max N`, its request socket on standard input.
+fn serve(args: &[OsString]) -> Result<(), String> {
+    let (mut parent, mut max) = (None, None);
+    let mut it = args.iter().map(|a| a.to_str().unwrap_or(""));
+    if it.next() != Some("serve") {
+        return Err("unknown mode".into());
+    }
+    while let Some(a) = it.next() {
+        let v = it.next().and_then(|v| v.parse::<u32>().ok());
+        match a {
+            "--parent" => parent = v,
+            "--max" => max = v,
+            _ => return Err(format!("unknown argument `{a}`")),
+        }
+    }
+    let (Some(parent), Some(max)) = (parent, max) else {
+        return Err("--parent and --max are required".into());
+    };
     let set = forwarded_set();
-    let mut pipe = [0; 2];
-    let mut status = [0; 2];
-    // SAFETY: plain system calls on valid arguments; the process has one thread.
+    let mut only_chld: libc::sigset_t;
+    let sock;
+    let sfd;
+    // SAFETY: plain system calls on values owned here; the process has one thread.
     unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(os_err("PR_SET_PDEATHSIG"));
+        }
+        if libc::getppid() as u32 != parent {
+            return Err("the service is gone".into());
+        }
         if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return Err(os_err("sigprocmask"));
         }
-        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0
-            || libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC) != 0
-        {
+        only_chld = std::mem::zeroed();
+        libc::sigemptyset(&mut only_chld);
+        libc::sigaddset(&mut only_chld, libc::SIGCHLD);
+        sfd = libc::signalfd(-1, &only_chld, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if sfd < 0 {
+            return Err(os_err("signalfd"));
+        }
+        let mut pipe = [0; 2];
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
             return Err(os_err("pipe"));
         }
-        // The mount namespace is PID 1's alone (enter_namespace): the launcher then never
-        // pays for its teardown.
-        if libc::unshare(libc::CLONE_NEWPID) != 0 {
-            return Err(os_err("cannot create a PID namespace (unshare)"));
+        LIVENESS_WRITE.store(pipe[1], Relaxed);
+        // The request socket, moved off standard input.
+        sock = libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 16);
+        if sock < 0 {
+            return Err(os_err("the request socket"));
         }
-        let pid = libc::fork();
-        if pid < 0 {
-            return Err(os_err("fork"));
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null < 0 || libc::dup2(null, 0) < 0 {
+            return Err(os_err("/dev/null"));
         }
-        if pid == 0 {
-            libc::close(pipe[1]);
-            libc::close(status[0]);
-            LIVENESS.store(pipe[0], Relaxed);
-            STATUS.store(status[1], Relaxed);
-        } else {
-            libc::close(pipe[0]);
-            libc::close(status[1]);
-            STATUS.store(status[0], Relaxed);
-        }
-        Ok(pid)
+        libc::close(null);
+        serve_loop(sock, sfd, pipe[0], max as usize)
     }
 }
 
-use std::sync::atomic::Ordering::Relaxed;
-/// In the child: the read end of the launcher's liveness pipe.
-static LIVENESS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-/// The status pipe: its write end in PID 1, its read end in the launcher.
-static STATUS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+/// Receives requests until the service closes its end; forks each into its namespace.
+fn serve_loop(sock: i32, sfd: i32, liveness: i32, max: usize) -> Result<(), String> {
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut live = 0usize;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sock,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(format!("poll: {e}"));
+        }
+        if fds[1].revents != 0 {
+            live = live.saturating_sub(reap(sfd));
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        let (n, flags, received) = match recv_with_fds(sock, &mut buf) {
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+            Err(e) => return Err(format!("recvmsg: {e}")),
+        };
+        if n == 0 && received.is_empty() {
+            // The service closed its end: it is gone or done. PID 1 of every call follows.
+            return Ok(());
+        }
+        let Some(&call) = received.first() else {
+            continue;
+        };
+        let refuse = |why: &str| {
+            send_message(call, REFUSED, why.as_bytes());
+            close_all(&received);
+        };
+        if flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+            refuse("the request is too large");
+            continue;
+        }
+        let request: Request = match serde_json::from_slice(&buf[..n]) {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(&format!("bad request: {e}"));
+                continue;
+            }
+        };
+        if received.len() != request.job.fds(&request.setup) {
+            refuse("the request carries the wrong descriptors");
+            continue;
+        }
+        if live >= max {
+            refuse("too many local operations are running at once; try again shortly");
+            continue;
+        }
+        match clone_pid1() {
+            Ok(0) => child_main(&request, &received, liveness),
+            Ok(_) => {
+                live += 1;
+                close_all(&received);
+            }
+            Err(e) => refuse(&e),
+        }
+    }
+}
+
+/// Reaps every ended child; how many. At once: a PID 1 that did a file operation runs as the
+/// tools account, and until it is reaped its zombie counts against that account's
+/// `RLIMIT_NPROC` (a launcher that exits without reaping leaves it to the machine's init, and
+/// enough of them make every tool's `execve` fail with `EAGAIN`).
+fn reap(sfd: i32) -> usize {
+    let mut info = [0u8; 128];
+    // SAFETY: draining the signalfd into our buffer (non-blocking).
+    while unsafe { libc::read(sfd, info.as_mut_ptr().cast(), info.len()) } > 0 {}
+    let mut n = 0;
+    loop {
+        let mut status = 0;
+        // SAFETY: reaping our own children.
+        if unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } <= 0 {
+            return n;
+        }
+        n += 1;
+    }
+}
+
+fn close_all(fds: &[i32]) {
+    for fd in fds {
+        // SAFETY: descriptors received for this request, ours to close.
+        unsafe { libc::close(*fd) };
+    }
+}
+
+/// `clone3(CLONE_NEWPID)`: 0 in the child, PID 1 of a new PID namespace; its pid here.
+fn clone_pid1() -> Result<libc::pid_t, String> {
+    /// `struct clone_args` up to `tls` (`CLONE_ARGS_SIZE_VER0`).
+    #[repr(C)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+    }
+    let args = CloneArgs {
+        flags: libc::CLONE_NEWPID as u64,
+        pidfd: 0,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: 0,
+        stack_size: 0,
+        tls: 0,
+    };
+    // SAFETY: like fork (no new stack, no shared memory); the process has one thread, and the
+    // child only runs this module's code and system calls before it execs or exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid < 0 {
+        return Err(os_err("cannot create a PID namespace (clone3)"));
+    }
+    Ok(pid as libc::pid_t)
+}
+
+/// Sends `[kind] + data` on a call's socket (never blocks, never raises `SIGPIPE`).
+fn send_message(fd: i32, kind: u8, data: &[u8]) {
+    let mut msg = Vec::with_capacity(1 + data.len().min(4096));
+    msg.push(kind);
+    msg.extend_from_slice(&data[..data.len().min(4095)]);
+    // SAFETY: sending our own buffer.
+    unsafe {
+        libc::send(
+            fd,
+            msg.as_ptr().cast(),
+            msg.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+}
+
+/// One message and the descriptors it carries (closed on exec). `(bytes, flags, fds)`.
+pub fn recv_with_fds(sock: i32, buf: &mut [u8]) -> std::io::Result<(usize, i32, Vec<i32>)> {
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * 4) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: a valid socket and msghdr.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `cbuf`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const i32;
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    fds.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, msg.msg_flags, fds))
+}
+
+/// Sends one message with descriptors. `flags`: e.g. `MSG_DONTWAIT`.
+pub fn send_with_fds(sock: i32, data: &[u8], fds: &[i32], flags: i32) -> std::io::Result<()> {
+    assert!(fds.len() <= MAX_FDS, "too many descriptors");
+    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8).max(1)];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer holds one header and `fds.len()` descriptors.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as _;
+            let p = libc::CMSG_DATA(c) as *mut i32;
+            for (i, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(p.add(i), *fd);
+            }
+        }
+    }
+    // SAFETY: a valid socket and msghdr.
+    let n = unsafe { libc::sendmsg(sock, &msg, flags | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// PID 1 of a call: its descriptors at their numbers, nothing else open, then the job.
+fn child_main(request: &Request, received: &[i32], liveness: i32) -> ! {
+    // SAFETY: closing the server's end of the liveness pipe, which only the server may hold.
+    unsafe { libc::close(LIVENESS_WRITE.load(Relaxed)) };
+    let targets: &[i32] = match request.job {
+        Job::Probe => &[CALL_FD],
+        _ => &[CALL_FD, 0, 1, 2, WORKSPACE_FD, TMP_FD, RULESET_FD],
+    };
+    let mut sources: Vec<(i32, i32)> = received
+        .iter()
+        .copied()
+        .zip(targets.iter().copied())
+        .collect();
+    sources.push((liveness, LIVENESS_FD));
+    if let Err(e) = place(&sources) {
+        // The call's socket is where it was received.
+        send_message(received[0], REFUSED, e.as_bytes());
+        // SAFETY: ending this child without running anything of the server's.
+        unsafe { libc::_exit(SETUP_FAILED) };
+    }
+    let r = match &request.job {
+        Job::Probe => enter_namespace().map(|()| {
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } == 1 { 0 } else { 1 }
+        }),
+        Job::Run { argv, env } => {
+            // SAFETY: a plain system call on a descriptor placed above.
+            if unsafe { libc::fchdir(WORKSPACE_FD) } != 0 {
+                Err(os_err("cannot enter the workspace"))
+            } else {
+                enter_namespace()
+                    .and_then(|()| grant_new_proc(&request.setup))
+                    .and_then(|()| init(&request.setup, argv, env))
+            }
+        }
+        Job::File(req) => enter_namespace()
+            .and_then(|()| grant_new_proc(&request.setup))
+            .and_then(|()| apply(&request.setup))
+            .map(|()| file_op(req)),
+    };
+    child_exit(r)
+}
+
+/// Moves each `(source, target)` to its target (through copies above every target, so no
+/// placement overwrites a source still to be placed) and closes everything else above 2.
+/// Targets 0–2 not given keep what is there (the server's `/dev/null` and standard error;
+/// only a probe, which runs nothing, has them).
+fn place(fds: &[(i32, i32)]) -> Result<(), String> {
+    let mut high = Vec::with_capacity(fds.len());
+    // SAFETY: plain system calls on descriptors this process holds.
+    unsafe {
+        for (src, target) in fds {
+            let h = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64);
+            if h < 0 {
+                return Err(os_err("placing the call's descriptors"));
+            }
+            high.push((h, *target));
+        }
+        for (h, target) in &high {
+            if libc::dup2(*h, *target) < 0 {
+                return Err(os_err("placing the call's descriptors"));
+            }
+        }
+        let top = fds
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or(2)
+            .max(LIVENESS_FD);
+        if libc::syscall(libc::SYS_close_range, (top + 1) as u32, u32::MAX, 0u32) != 0 {
+            return Err(os_err("close_range"));
+        }
+        for fd in 3..=top {
+            if !fds.iter().any(|(_, t)| *t == fd) {
+                libc::close(fd);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ends a child: its error on the call's socket, [`SETUP_FAILED`]; otherwise its code, also
+/// sent as a wait status.
+fn child_exit(r: Result<i32, String>) -> ! {
+    match r {
+        Ok(code) => pass_status((code & 0xff) << 8, code),
+        Err(e) => {
+            send_message(CALL_FD, REFUSED, e.as_bytes());
+            // SAFETY: ending this process without running anything of the server's.
+            unsafe { libc::_exit(SETUP_FAILED) }
+        }
+    }
+}
+
+/// Sends a wait status to the service and ends this process with `code`. Standard input,
+/// output and error are closed first: a descriptor still open at exit is released only after
+/// the namespaces' teardown, and the service reads the output up to its end.
+fn pass_status(status: i32, code: i32) -> ! {
+    // SAFETY: closing our own standard descriptors, then ending this process without running
+    // anything of the server's.
+    unsafe {
+        for fd in 0..3 {
+            libc::close(fd);
+        }
+        send_message(CALL_FD, STATUS, &status.to_ne_bytes());
+        libc::_exit(code)
+    }
+}
 
 /// PID 1 of the namespace: forks the command (a process like any other, so signals it sends
-/// itself act as usual), forwards to the command's group what the launcher forwards here,
-/// reaps every orphan, and when the command ends hands its wait status to the launcher and
-/// exits, which ends everything else in the namespace.
-fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
+/// itself act as usual), passes on to the command's group a `TERM` the service asks for, reaps
+/// every orphan, and when the command ends sends its wait status and exits, which ends
+/// everything else in the namespace. When the service closes the call's socket it exits at
+/// once.
+fn init(setup: &Setup, argv: &[String], env: &[(String, String)]) -> Result<i32, String> {
+    let program: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()).map_err(|_| "NUL in an argument".to_string()))
+        .collect::<Result<_, _>>()?;
+    let env: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| {
+            CString::new(format!("{k}={v}")).map_err(|_| "NUL in the environment".to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    if program.is_empty() {
+        return Err("no program to run".into());
+    }
+    let set = forwarded_set();
+    // SAFETY: a valid set, blocked since the server.
+    let sfd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if sfd < 0 {
+        return Err(os_err("signalfd"));
+    }
     // SAFETY: the process has one thread; the child only makes system calls and execs.
     let shell = unsafe { libc::fork() };
     if shell < 0 {
@@ -343,7 +614,7 @@ fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
         let r = if unsafe { libc::setsid() } < 0 {
             Err(os_err("setsid"))
         } else {
-            apply(setup).and_then(|()| exec(program))
+            apply(setup).and_then(|()| exec(&program, &env))
         };
         child_exit(r.map(|()| 0));
     }
@@ -354,12 +625,46 @@ fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
             libc::close(fd);
         }
     }
-    let set = forwarded_set();
     loop {
-        // SAFETY: a valid set; no siginfo wanted.
-        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
-        match sig {
-            libc::SIGCHLD => loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: CALL_FD,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(format!("poll: {e}"));
+        }
+        if fds[0].revents != 0 {
+            // SAFETY: a zeroed siginfo is a valid buffer of its own size.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::signalfd_siginfo>();
+            // SAFETY: reading siginfos into our buffer (non-blocking).
+            while unsafe {
+                libc::read(sfd, (&mut info as *mut libc::signalfd_siginfo).cast(), size)
+            } == size as isize
+            {
+                let sig = info.ssi_signo as i32;
+                if sig != libc::SIGCHLD {
+                    // SAFETY: signalling the command's group (it leads it) and the command.
+                    unsafe {
+                        libc::kill(-shell, sig);
+                        libc::kill(shell, sig);
+                    }
+                }
+            }
+            loop {
                 let mut status = 0;
                 // SAFETY: reaping our own children.
                 let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
@@ -369,40 +674,52 @@ fn init(setup: &Setup, program: &[CString]) -> Result<i32, String> {
                 if pid <= 0 {
                     break;
                 }
-            },
-            s if s > 0 => {
+            }
+        }
+        if fds[1].revents != 0 {
+            let mut byte = [0u8; 16];
+            // SAFETY: reading into our buffer (non-blocking).
+            let n = unsafe {
+                libc::recv(
+                    CALL_FD,
+                    byte.as_mut_ptr().cast(),
+                    byte.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 && byte[0] == TERMINATE {
                 // SAFETY: signalling the command's group (it leads it) and the command.
                 unsafe {
-                    libc::kill(-shell, s);
-                    libc::kill(shell, s);
+                    libc::kill(-shell, libc::SIGTERM);
+                    libc::kill(shell, libc::SIGTERM);
                 }
-            }
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::EINTR) {
-                    return Err(format!("sigwaitinfo: {e}"));
-                }
+            } else if n == 0
+                || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN))
+            {
+                // The service let go of the call: the namespace ends with PID 1.
+                // SAFETY: ending this process.
+                unsafe { libc::_exit(SETUP_FAILED) };
             }
         }
     }
 }
 
-/// In PID 1 of the new namespace: dies with the launcher, private mounts, its own `/proc`.
+/// In PID 1 of the new namespace: dies with the server, private mounts, its own `/proc`.
 fn enter_namespace() -> Result<(), String> {
     // SAFETY: plain system calls on valid, NUL-terminated arguments.
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
             return Err(os_err("PR_SET_PDEATHSIG"));
         }
-        // The launcher may have died before the death signal was armed (its pid reads as 0
+        // The server may have died before the death signal was armed (its pid reads as 0
         // from inside the namespace either way): its end of the pipe is then closed.
         let mut poll = libc::pollfd {
-            fd: LIVENESS.load(std::sync::atomic::Ordering::Relaxed),
+            fd: LIVENESS_FD,
             events: libc::POLLIN,
             revents: 0,
         };
         if libc::poll(&mut poll, 1, 0) != 0 {
-            return Err("the launcher is gone".into());
+            return Err("the launch server is gone".into());
         }
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             return Err(os_err("cannot create a mount namespace (unshare)"));
@@ -527,20 +844,29 @@ fn apply(setup: &Setup) -> Result<(), String> {
     Ok(())
 }
 
-/// Closes every descriptor above stderr, restores the signal mask and `SIGPIPE`, execs.
-fn exec(program: &[CString]) -> Result<(), String> {
+/// Closes every descriptor above stderr, restores the signal mask and `SIGPIPE`, execs with
+/// exactly `env`.
+fn exec(program: &[CString], env: &[CString]) -> Result<(), String> {
     let mut argv: Vec<*const libc::c_char> = program.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = env.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
     let set = forwarded_set();
-    // SAFETY: valid arguments; argv is NUL-terminated and outlives the call.
+    // SAFETY: valid arguments; argv and envp are NULL-terminated and outlive the call.
     unsafe {
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+        // The call's socket stays open until the exec (an exec that fails reports on it).
+        if libc::fcntl(CALL_FD, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
+            return Err(os_err("the call's socket"));
+        }
+        if libc::syscall(libc::SYS_close_range, 3u32, (CALL_FD - 1) as u32, 0u32) != 0
+            || libc::syscall(libc::SYS_close_range, (CALL_FD + 1) as u32, u32::MAX, 0u32) != 0
+        {
             return Err(os_err("close_range"));
         }
         // Rust ignores SIGPIPE in its programs; a shell must get the default back.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-        libc::execv(argv[0], argv.as_ptr());
+        libc::execve(argv[0], argv.as_ptr(), envp.as_ptr());
     }
     Err(os_err(&format!(
         "cannot run {}",
@@ -548,127 +874,9 @@ fn exec(program: &[CString]) -> Result<(), String> {
     )))
 }
 
-/// Waits for PID 1, forwarding signals; returns (or dies with) its status.
-fn supervise(child: libc::pid_t) -> Result<i32, String> {
-    let set = forwarded_set();
-    // SAFETY: a valid set; the signals are blocked, so they queue on the descriptor.
-    let sfd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) };
-    if sfd < 0 {
-        return Err(os_err("signalfd"));
-    }
-    let status_fd = STATUS.load(Relaxed);
-    let mut status_open = true;
-    let mut kill_at: Option<std::time::Instant> = None;
-    loop {
-        let timeout = kill_at.map_or(-1, |at| {
-            at.saturating_duration_since(std::time::Instant::now())
-                .as_millis()
-                .min(60_000) as i32
-        });
-        let mut fds = [
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if status_open { status_fd } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        if n == 0 {
-            // The grace period is over: the namespace goes with its PID 1.
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(child, libc::SIGKILL) };
-            kill_at = None;
-            continue;
-        }
-        if fds[1].revents != 0 {
-            let mut bytes = [0u8; 4];
-            // SAFETY: reading at most 4 bytes into our buffer from our pipe.
-            let r = unsafe { libc::read(status_fd, bytes.as_mut_ptr().cast(), 4) };
-            if r == 4 {
-                // PID 1 passed the status on and is ending (the kernel then ends the rest of
-                // the namespace): answer now rather than wait for the namespaces' teardown.
-                return Ok(status_to_exit(i32::from_ne_bytes(bytes)));
-            }
-            // PID 1 ended without a status (killed): its own is the answer.
-            status_open = false;
-        }
-        if fds[0].revents != 0 {
-            // SAFETY: a zeroed siginfo is a valid buffer of its own size.
-            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
-            let size = std::mem::size_of::<libc::signalfd_siginfo>();
-            // SAFETY: reading one siginfo into our buffer.
-            let r =
-                unsafe { libc::read(sfd, (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
-            let sig = info.ssi_signo as i32;
-            if r == size as isize && sig != libc::SIGCHLD {
-                // PID 1 has these blocked: it receives them and passes them on.
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(child, sig) };
-                kill_at.get_or_insert_with(|| std::time::Instant::now() + GRACE);
-            }
-        }
-        let mut status = 0;
-        // SAFETY: a plain wait on our own child.
-        let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
-        if r == child {
-            // Everything in the namespace is gone with it: a status it wrote is in the pipe.
-            let mut bytes = [0u8; 4];
-            // SAFETY: reading at most 4 bytes into our buffer from our pipe.
-            let n = unsafe { libc::read(status_fd, bytes.as_mut_ptr().cast(), 4) };
-            if status_open && n == 4 {
-                status = i32::from_ne_bytes(bytes);
-            }
-            return Ok(status_to_exit(status));
-        }
-        if r < 0 {
-            return Err(os_err("waitpid"));
-        }
-    }
-}
-
-/// An exit code for the child's status; a signal is raised on the launcher itself, so the
-/// service sees the same status as from the shell.
-fn status_to_exit(status: i32) -> i32 {
-    if libc::WIFEXITED(status) {
-        return libc::WEXITSTATUS(status);
-    }
-    if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        // SAFETY: resetting our own signal state, then ending with the child's signal.
-        unsafe {
-            let none = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            libc::setrlimit(libc::RLIMIT_CORE, &none);
-            libc::signal(sig, libc::SIG_DFL);
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::kill(libc::getpid(), sig);
-        }
-        return 128 + sig;
-    }
-    SETUP_FAILED
-}
-
 /// One read or write as the account this process now is. Output: for a read, 8 bytes of the
 /// file's size (big-endian) then the bytes; for a refusal, `KIND\tmessage` on stderr and 1.
-fn file_op(req: FileRequest) -> i32 {
+fn file_op(req: &FileRequest) -> i32 {
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::sync::Arc;
     // SAFETY: the service placed these descriptors here for this process alone.
@@ -679,11 +887,14 @@ fn file_op(req: FileRequest) -> i32 {
         )
     };
     let roots = super::files::Roots {
-        writable: req.writable,
-        readable: req.readable,
-        excluded: req.excluded,
+        writable: req.writable.clone(),
+        readable: req.readable.clone(),
+        excluded: req.excluded.clone(),
         identity: None,
-        pinned: vec![(req.workspace, Arc::new(ws)), (req.tmp, Arc::new(tmp))],
+        pinned: vec![
+            (req.workspace.clone(), Arc::new(ws)),
+            (req.tmp.clone(), Arc::new(tmp)),
+        ],
     };
     let result = match req.op.as_str() {
         "read" => super::files::read(&roots, &req.path, req.offset, req.len).map(|bytes| {
@@ -733,16 +944,8 @@ pub fn decode_error(text: &[u8]) -> crate::exec::ExecError {
         Some(("not-found", m)) => E::NotFound(m.to_string()),
         Some(("invalid", m)) => E::Invalid(m.to_string()),
         Some(("file", m)) => E::File(m.to_string()),
-        _ => E::Local(format!(
-            "the file helper failed: {}",
-            text.trim().trim_start_matches(ERROR_PREFIX)
-        )),
+        _ => E::Local(format!("the file helper failed: {}", text.trim())),
     }
-}
-
-/// `OsString`s of the launcher's command line for a JSON request.
-pub fn json_arg(req: &FileRequest) -> OsString {
-    OsString::from_vec(serde_json::to_vec(req).expect("a request serialises"))
 }
 
 #[cfg(test)]
@@ -750,23 +953,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn setup_round_trips_through_arguments() {
-        let s = Setup {
-            identity: Some((990, 991, vec![991, 5])),
-            limits: vec![(libc::RLIMIT_CPU, 600), (libc::RLIMIT_NOFILE, 1024)],
-            drop_capabilities: true,
-            landlock: true,
+    fn requests_round_trip() {
+        let r = Request {
+            setup: Setup {
+                identity: Some((990, 991, vec![991, 5])),
+                limits: vec![(libc::RLIMIT_CPU, 600), (libc::RLIMIT_NOFILE, 1024)],
+                drop_capabilities: true,
+                landlock: true,
+            },
+            job: Job::Run {
+                argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
+                env: vec![("PATH".into(), "/bin".into())],
+            },
         };
-        let mut args = s.to_args();
-        args.push("--".into());
-        args.push("/bin/sh".into());
-        let mut it = args.iter();
-        assert_eq!(Setup::parse(&mut it).unwrap(), s);
-        assert_eq!(it.next().unwrap(), "/bin/sh");
-        let bad: Vec<OsString> = vec!["--uid".into(), "5".into(), "--".into()];
-        assert!(Setup::parse(&mut bad.iter()).is_err());
-        let none: Vec<OsString> = vec!["--bogus".into(), "--".into()];
-        assert!(Setup::parse(&mut none.iter()).is_err());
+        let back: Request = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(back.setup, r.setup);
+        assert_eq!(back.job.fds(&back.setup), 7);
+        assert_eq!(Job::Probe.fds(&back.setup), 1);
     }
 
     #[test]
@@ -780,7 +983,7 @@ mod tests {
             let back = decode_error(encode_error(&e).as_bytes());
             assert_eq!(format!("{back:?}"), format!("{e:?}"));
         }
-        let e = decode_error(format!("{ERROR_PREFIX}setuid: EPERM\n").as_bytes());
+        let e = decode_error(b"setuid: EPERM\n");
         assert!(
             matches!(e, E::Local(ref m) if m.contains("setuid")),
             "{e:?}"

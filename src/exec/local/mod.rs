@@ -5,8 +5,9 @@
 //! beneath the section's workspace, its private tmp directory or (read-only) the system trees,
 //! never by a path checked first and opened later ([`files`]). On timeout, cancellation or the
 //! command's end the whole group is killed, so nothing it started outlives it. Under root both
-//! go through the launcher ([`launch`]): each command in a PID namespace of its own (which ends
-//! with it, `setsid` processes included), each file operation as the tools account.
+//! go through the launch server ([`server`], [`launch`]): each command in a PID namespace of its
+//! own (which ends with it, `setsid` processes included), each file operation as the tools
+//! account.
 //!
 //! At every call the workspace and the tmp directory are opened afresh beneath their roots
 //! without following any symlink ([`LocalBackend::open_dirs`]); that one pair of descriptors
@@ -25,7 +26,8 @@
 //! |---|---|---|
 //! | `exec/local/mod.rs` | `LocalHost` (workspace root, tmp root, sandbox, concurrency semaphore) and the per-section `LocalBackend`: spawn with a clean environment, `pre_exec`, pipes, group kill; file reads/writes on the blocking pool under a 30 s timeout | passing the service's environment |
 //! | `exec/local/sandbox.rs` | `Sandbox::probe` (tools account, data-directory modes, Landlock and launcher probes → `Level` and what it leaves open), the per-command Landlock ruleset, rlimits, the allow-listed environment, `Prepared::command` (through the launcher, or the `pre_exec` hook that does it all) | allocating or locking after fork |
-//! | `exec/local/launch.rs` | the launcher, `sshmode __sshmode-launch run\|file\|probe`: PID and mount namespaces, a fresh `/proc` (granted in the ruleset), a small PID 1 that runs the command and passes signals and its status on, the account/limits/Landlock steps, the file helper | running anything less isolated than asked; keeping a descriptor of the service open into the command |
+//! | `exec/local/launch.rs` | the launch server, `sshmode __sshmode-launch serve` (started once, empty environment): per request a clone into new PID and mount namespaces, a fresh `/proc` (granted in the ruleset), a small PID 1 that runs the command and passes `TERM` and its status on over the call's socket, the account/limits/Landlock steps, the file helper | running anything less isolated than asked; keeping a descriptor of the service or of another call open into a command |
+//! | `exec/local/server.rs` | the service's side: starts (and restarts) the server, sends a request with its descriptors (`SCM_RIGHTS`), a `Call` to wait for or stop | falling back to running without the server |
 //! | `exec/local/files.rs` | file reads and writes beneath a root descriptor with `openat2(RESOLVE_BENEATH \| RESOLVE_NO_MAGICLINKS)`; regular files only, opened non-blocking; DAC check for the tools account under root | opening by a path checked earlier |
 //!
 //! **Start-up.** `Executors::with_metrics` builds the `LocalHost`: under root it looks up (or
@@ -54,14 +56,14 @@
 //! workspace's descriptor. A system tree that holds a protected path (e.g. a data directory under `/opt`) is
 //! granted entry by entry around it, so a rule never covers the data directory.
 //!
-//! **The launcher** (root, level with `pidns`). The hook above shrinks to `setsid`, `fchdir` and
-//! placing the ruleset, workspace and tmp descriptors at 3, 4, 5; everything else is arguments
-//! to `sshmode __sshmode-launch run`, a single-threaded re-exec that may fork and mount. Its PID 1
+//! **The launcher** (root, level with `pidns`). No hook: the backend sends the ruleset,
+//! workspace, tmp and stdio descriptors and the setup to the launch server, a single-threaded
+//! re-exec started once that may fork and mount; it clones PID 1 of a new namespace per call. PID 1
 //! mounts `/proc` afresh and adds a rule for it (a Landlock rule on the old `/proc` does not cover
 //! a mount on top), then forks the command, which applies the steps above and execs the shell.
-//! The backend still kills the launcher's group; PID 1 dies with the launcher
-//! (`PR_SET_PDEATHSIG`), and the whole namespace with PID 1. File reads and writes run
-//! `files::read`/`write` in the launcher's `file` mode, as the tools account in the same sandbox
+//! The backend stops a command through the call's socket (`TERM`, then closing it ends PID 1);
+//! PID 1 dies with the server (`PR_SET_PDEATHSIG`), and the whole namespace with PID 1. File reads and writes run
+//! `files::read`/`write` in a PID 1 of the server, as the tools account in the same sandbox
 //! and namespaces. Details: `src/exec/local/launch.rs`.
 //!
 //! **Capabilities and `/proc`.** When the service is root the hook also empties the capability
@@ -96,9 +98,10 @@
 pub mod files;
 pub mod launch;
 pub mod sandbox;
+pub mod server;
 
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -113,6 +116,7 @@ use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
 use crate::config::LocalConfig;
 use sandbox::{Level, Sandbox};
+use server::LaunchServer;
 
 /// Time between TERM and KILL of a timed-out process group.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -402,8 +406,12 @@ impl Backend for LocalBackend {
             .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
             .map_err(|e| ExecError::Local(e.to_string()))?;
         let shell = LocalHost::shell();
+        if let Some(server) = sandbox.launcher() {
+            return self
+                .exec_launched(server, &prepared, &cmd, cancel, shell)
+                .await;
+        }
         let mut command = prepared.command(shell, &[OsStr::new("-c"), OsStr::new(cmd.script)]);
-        let launched = prepared.launched();
         command
             .env_clear()
             .envs(sandbox.environment(&self.workspace, &self.tmp, shell))
@@ -492,16 +500,6 @@ impl Backend for LocalBackend {
         group.0 = None;
         let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
         let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
-        if launched
-            && exit == Exit::Code(launch::SETUP_FAILED)
-            && let Some(why) = stderr.strip_prefix(launch::ERROR_PREFIX.as_bytes())
-        {
-            // The launcher could not isolate the command, which therefore never ran.
-            return Err(ExecError::Local(format!(
-                "the command was not started: {}",
-                String::from_utf8_lossy(why).trim()
-            )));
-        }
         Ok(Output {
             stdout,
             stderr,
@@ -552,9 +550,129 @@ impl Backend for LocalBackend {
 }
 
 impl LocalBackend {
-    /// One file operation through the launcher's helper, as the tools account under this
-    /// call's sandbox: the kernel decides what it may read and write. Bounded by
-    /// [`FILE_TIMEOUT`]; the answer by `len` (plus its 8-byte size), its error by 64 KiB.
+    /// One command through the launch server, in a PID namespace of its own: the same pipes,
+    /// limits and bounds as the direct spawn. On timeout or cancellation PID 1 passes `TERM` to
+    /// the command's group, and after [`KILL_GRACE`] the call is closed, which ends the whole
+    /// namespace; dropping this future closes it too.
+    async fn exec_launched(
+        &self,
+        server: &LaunchServer,
+        prepared: &sandbox::Prepared,
+        cmd: &Command<'_>,
+        cancel: &CancellationToken,
+        shell: &str,
+    ) -> Result<Output, ExecError> {
+        let local = |e: std::io::Error| ExecError::Local(format!("cannot start a shell: {e}"));
+        let (stdin_r, stdin_w) = match cmd.stdin {
+            Some(_) => {
+                let (r, w) = pipe().map_err(local)?;
+                (r, Some(w))
+            }
+            None => (
+                OwnedFd::from(std::fs::File::open("/dev/null").map_err(local)?),
+                None,
+            ),
+        };
+        let (stdout_r, stdout_w) = pipe().map_err(local)?;
+        let (stderr_r, stderr_w) = pipe().map_err(local)?;
+        let request = launch::Request {
+            setup: prepared.launch_setup(),
+            job: launch::Job::Run {
+                argv: vec![shell.into(), "-c".into(), cmd.script.into()],
+                env: self
+                    .host
+                    .sandbox
+                    .environment(&self.workspace, &self.tmp, shell),
+            },
+        };
+        let call = {
+            let mut fds = vec![stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
+            fds.extend(prepared.launch_fds());
+            server.call(&request, &fds).await
+        }
+        .map_err(|e| ExecError::Local(format!("the command was not started: {e}")))?;
+        // Only the command holds these ends now: its output ends when its processes do.
+        drop((stdin_r, stdout_w, stderr_w));
+        let stdin_task = match (cmd.stdin, stdin_w) {
+            (Some(data), Some(w)) => {
+                let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(local)?;
+                let data = data.to_vec();
+                Some(tokio::spawn(async move {
+                    // A script that does not read its input closes the pipe: not an error.
+                    let _ = pipe.write_all(&data).await;
+                    let _ = pipe.shutdown().await;
+                }))
+            }
+            _ => None,
+        };
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(local)?;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(local)?;
+        let out_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
+        let err_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
+        let mut out_task = tokio::spawn(drain(stdout, out_acc.clone()));
+        let mut err_task = tokio::spawn(drain(stderr, err_acc.clone()));
+        let ended = tokio::select! {
+            reply = call.wait() => Ok(reply),
+            _ = tokio::time::sleep(cmd.timeout) => Err(Exit::TimedOut),
+            _ = cancel.cancelled() => Err(Exit::Cancelled),
+        };
+        let reply = match ended {
+            Ok(reply) => Ok(reply),
+            Err(why) => {
+                call.terminate();
+                let _ = tokio::time::timeout(KILL_GRACE, call.wait()).await;
+                Err(why)
+            }
+        };
+        // The namespace ends with the call (if it has not already).
+        drop(call);
+        let collect = async { ((&mut out_task).await, (&mut err_task).await) };
+        if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
+            .await
+            .is_err()
+        {
+            out_task.abort();
+            err_task.abort();
+        }
+        if let Some(t) = stdin_task {
+            t.abort();
+        }
+        let exit = match reply {
+            Err(why) => why,
+            Ok(server::Reply::Status(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                exit_of(std::process::ExitStatus::from_raw(status))
+            }
+            Ok(server::Reply::Refused(why)) => {
+                // The command could not be isolated and therefore never ran.
+                return Err(ExecError::Local(format!(
+                    "the command was not started: {}",
+                    why.trim()
+                )));
+            }
+            Ok(server::Reply::Gone) => {
+                return Err(ExecError::Local(
+                    "the local launcher was stopped (killed?) while the command ran; the command \
+                     was ended with it"
+                        .into(),
+                ));
+            }
+        };
+        let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
+        let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
+        Ok(Output {
+            stdout,
+            stderr,
+            stdout_omitted,
+            stderr_omitted,
+            stop_note: None,
+            exit,
+        })
+    }
+
+    /// One file operation through the launch server, as the tools account under this call's
+    /// sandbox: the kernel decides what it may read and write. Bounded by [`FILE_TIMEOUT`];
+    /// the answer by `len` (plus its 8-byte size), its error by 64 KiB.
     async fn file_helper(
         &self,
         dirs: &Dirs,
@@ -564,45 +682,64 @@ impl LocalBackend {
         len: u64,
         data: Option<&[u8]>,
     ) -> Result<Vec<u8>, ExecError> {
+        let server = self
+            .host
+            .sandbox
+            .launcher()
+            .ok_or_else(|| ExecError::Local("no launcher for the file helper".into()))?;
         let roots = self.file_roots(dirs);
-        let request = launch::FileRequest {
-            op: op.to_string(),
-            path: path.to_string(),
-            offset,
-            len,
-            writable: roots.writable,
-            readable: roots.readable,
-            excluded: roots.excluded,
-            workspace: self.workspace.clone(),
-            tmp: self.tmp.clone(),
+        let request = launch::Request {
+            setup: launch::Setup::default(),
+            job: launch::Job::File(launch::FileRequest {
+                op: op.to_string(),
+                path: path.to_string(),
+                offset,
+                len,
+                writable: roots.writable,
+                readable: roots.readable,
+                excluded: roots.excluded,
+                workspace: self.workspace.clone(),
+                tmp: self.tmp.clone(),
+            }),
         };
         let prepared = self
             .host
             .sandbox
             .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
             .map_err(|e| ExecError::Local(e.to_string()))?;
-        let mut command = prepared
-            .file_command(&request)
-            .ok_or_else(|| ExecError::Local("no launcher for the file helper".into()))?;
-        command
-            .env_clear()
-            .stdin(if data.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let spawned = command.spawn();
-        drop(prepared);
-        let mut child =
-            spawned.map_err(|e| ExecError::Local(format!("cannot start the file helper: {e}")))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
+        let request = launch::Request {
+            setup: prepared.launch_setup(),
+            ..request
+        };
+        let local =
+            |e: std::io::Error| ExecError::Local(format!("cannot start the file helper: {e}"));
+        let (stdin_r, stdin_w) = match data {
+            Some(_) => {
+                let (r, w) = pipe().map_err(local)?;
+                (r, Some(w))
+            }
+            None => (
+                OwnedFd::from(std::fs::File::open("/dev/null").map_err(local)?),
+                None,
+            ),
+        };
+        let (stdout_r, stdout_w) = pipe().map_err(local)?;
+        let (stderr_r, stderr_w) = pipe().map_err(local)?;
+        let call = {
+            let mut fds = vec![stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
+            fds.extend(prepared.launch_fds());
+            server.call(&request, &fds).await
+        }
+        .map_err(|e| ExecError::Local(format!("{path}: the file helper was not started: {e}")))?;
+        drop((stdin_r, stdout_w, stderr_w, prepared));
+        let stdin = match stdin_w {
+            Some(w) => Some(tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(local)?),
+            None => None,
+        };
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(local)?;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(local)?;
         let data = data.map(<[u8]>::to_vec);
-        let work = async move {
+        let work = async {
             let feed = async {
                 if let (Some(mut pipe), Some(data)) = (stdin, data) {
                     // A helper that failed before reading closes the pipe: its error says why.
@@ -616,16 +753,12 @@ impl LocalBackend {
             let mut stderr = stderr.take(64 * 1024);
             let read_out = stdout.read_to_end(&mut out);
             let read_err = stderr.read_to_end(&mut err);
-            let (_, o, e) = tokio::join!(feed, read_out, read_err);
+            let (_, o, e, reply) = tokio::join!(feed, read_out, read_err, call.wait());
             o.and(e)
                 .map_err(|e| ExecError::Local(format!("{path}: reading the file helper: {e}")))?;
-            let status = child
-                .wait()
-                .await
-                .map_err(|e| ExecError::Local(format!("waiting for the file helper: {e}")))?;
-            Ok::<_, ExecError>((status, out, err))
+            Ok::<_, ExecError>((reply, out, err))
         };
-        let (status, out, err) = match tokio::time::timeout(FILE_TIMEOUT, work).await {
+        let (reply, out, err) = match tokio::time::timeout(FILE_TIMEOUT, work).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(ExecError::File(format!(
@@ -633,17 +766,32 @@ impl LocalBackend {
                 )));
             }
         };
-        match status.code() {
-            Some(0) => Ok(out),
-            Some(1) => Err(launch::decode_error(&err)),
-            _ => Err(ExecError::Local(format!(
-                "{path}: the file helper failed ({status}): {}",
-                String::from_utf8_lossy(&err)
-                    .trim()
-                    .trim_start_matches(launch::ERROR_PREFIX)
+        match reply {
+            server::Reply::Status(s) if libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0 => Ok(out),
+            server::Reply::Status(s) if libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 1 => {
+                Err(launch::decode_error(&err))
+            }
+            server::Reply::Refused(why) => Err(ExecError::Local(format!(
+                "{path}: the file helper was not started: {}",
+                why.trim()
+            ))),
+            other => Err(ExecError::Local(format!(
+                "{path}: the file helper failed ({other:?}): {}",
+                String::from_utf8_lossy(&err).trim()
             ))),
         }
     }
+}
+
+/// A pipe, both ends closed on exec: `(read, write)`.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: a valid out-array of two.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Runs a file operation on the blocking pool, bounded by [`FILE_TIMEOUT`]: a stuck file

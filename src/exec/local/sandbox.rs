@@ -12,10 +12,10 @@
 //! into the terminal of `sshmode chat` (`TIOCSTI`) nor open it as `/dev/tty`; it is still the
 //! leader of its own process group, which is what the backend kills.
 //!
-//! With a launcher (root, the start-up probe passed: the level has `pidns`) the hook only does
-//! `setsid`, `fchdir` and places this call's descriptors at the launcher's fixed numbers; the
-//! rest is done by [`launch`], in a PID namespace, from the arguments [`Prepared::command`]
-//! builds. Without one, the level says so and what that leaves open ([`Level::leaves_open`]).
+//! With a launch server (root, its start-up probe passed: the level has `pidns`) there is no
+//! hook: the backend hands this call's descriptors and [`Prepared::launch_setup`] to the server
+//! ([`super::server`]), which applies the same steps in a PID namespace ([`launch`]). Without
+//! one, the level says so and what that leaves open ([`Level::leaves_open`]).
 //!
 //! Never: passes a variable of the service's environment that is not on the allow-list; grants
 //! a tool anything in the data directory but its own workspace and temporary directory; runs a
@@ -35,6 +35,7 @@ use landlock::{
 };
 
 use super::launch;
+use super::server::LaunchServer;
 use crate::config::LocalConfig;
 
 /// The highest Landlock ABI whose rights this module asks for. Best effort: an older kernel
@@ -184,8 +185,8 @@ pub struct Sandbox {
     level: Level,
     /// Paths no rule may cover: the data directory and the protected files.
     excluded: Vec<PathBuf>,
-    /// The launcher every command and file operation goes through (root, probe passed).
-    launcher: Option<PathBuf>,
+    /// The launch server every command and file operation goes through (root, probe passed).
+    launcher: Option<std::sync::Arc<LaunchServer>>,
 }
 
 /// Why a local command cannot run.
@@ -249,7 +250,7 @@ impl Sandbox {
         };
         sandbox.landlock = abi.is_some();
         if sandbox.identity.is_some() {
-            sandbox.launcher = probe_launcher(config.launcher.as_deref());
+            sandbox.launcher = start_launcher(config.launcher.as_deref(), config.max_concurrent);
         }
         sandbox.level = Level {
             separate_uid: sandbox.identity.is_some(),
@@ -259,8 +260,8 @@ impl Sandbox {
         Ok(sandbox)
     }
 
-    /// The launcher commands and file operations go through, when the level has `pidns`.
-    pub fn launcher(&self) -> Option<&Path> {
+    /// The launch server commands and file operations go through, when the level has `pidns`.
+    pub fn launcher(&self) -> Option<&LaunchServer> {
         self.launcher.as_deref()
     }
 
@@ -297,7 +298,7 @@ impl Sandbox {
                 "local commands run without a PID namespace (the launcher is not configured \
                  or could not create one): a tool sees every process of the machine and a \
                  `setsid` process outlives its command; set SSHMODE_LAUNCHER to the sshmode \
-                 binary, on a kernel and in a container that allow unshare(CLONE_NEWPID)"
+                 binary, on a kernel and in a container that allow new PID namespaces"
             );
         }
         if self.level.unix_sockets_open() {
@@ -557,7 +558,6 @@ impl Sandbox {
             ruleset,
             cwd,
             tmp,
-            launcher: self.launcher.clone(),
             identity: self.identity.clone(),
             limits,
             // SAFETY: geteuid has no preconditions.
@@ -594,10 +594,8 @@ pub struct Prepared {
     /// The workspace, opened by the backend for this call: the child's working directory
     /// (`fchdir`; closed on exec).
     cwd: OwnedFd,
-    /// The tmp directory, opened by the backend for this call (for the file helper).
+    /// The tmp directory, opened by the backend for this call (for the launch server).
     tmp: OwnedFd,
-    /// The launcher to go through (see [`super::launch`]); `None`: the hook does it all.
-    launcher: Option<PathBuf>,
     identity: Option<Identity>,
     limits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Empty the capability bounding set (the service runs as root): a command never regains
@@ -606,52 +604,18 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Whether this call goes through the launcher.
-    pub fn launched(&self) -> bool {
-        self.launcher.is_some()
-    }
-
-    /// The command that runs `program args…` under this sandbox: through the launcher (in its
-    /// namespaces) when there is one, else forked with [`Prepared::apply`]'s hook. `program`
-    /// must be absolute. `self` must outlive the spawn.
+    /// The command that runs `program args…` under this sandbox, forked with
+    /// [`Prepared::apply`]'s hook (the path without a launch server). `program` must be
+    /// absolute. `self` must outlive the spawn.
     pub fn command(&self, program: &str, args: &[&OsStr]) -> tokio::process::Command {
-        match &self.launcher {
-            Some(launcher) => {
-                let mut cmd = tokio::process::Command::new(launcher);
-                cmd.arg(launch::SUBCOMMAND)
-                    .arg("run")
-                    .args(self.setup().to_args())
-                    .arg("--")
-                    .arg(program)
-                    .args(args);
-                self.hand_over(&mut cmd);
-                cmd
-            }
-            None => {
-                let mut cmd = tokio::process::Command::new(program);
-                cmd.args(args);
-                self.apply(&mut cmd);
-                cmd
-            }
-        }
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args);
+        self.apply(&mut cmd);
+        cmd
     }
 
-    /// The file helper's command for `request`, or `None` without a launcher (the file tools
-    /// then act in the service's process). `self` must outlive the spawn.
-    pub fn file_command(&self, request: &launch::FileRequest) -> Option<tokio::process::Command> {
-        let launcher = self.launcher.as_ref()?;
-        let mut cmd = tokio::process::Command::new(launcher);
-        cmd.arg(launch::SUBCOMMAND)
-            .arg("file")
-            .args(self.setup().to_args())
-            .arg("--")
-            .arg(launch::json_arg(request));
-        self.hand_over(&mut cmd);
-        Some(cmd)
-    }
-
-    /// What the launcher applies, as its arguments say.
-    fn setup(&self) -> launch::Setup {
+    /// What the launch server applies.
+    pub fn launch_setup(&self) -> launch::Setup {
         launch::Setup {
             identity: self
                 .identity
@@ -663,53 +627,13 @@ impl Prepared {
         }
     }
 
-    /// The hook of a launched call: a session of its own, the workspace as working directory,
-    /// and this call's descriptors at the launcher's fixed numbers (each first duplicated
-    /// above them, closed on exec, so no placement overwrites a source still to be placed).
-    fn hand_over(&self, cmd: &mut tokio::process::Command) {
-        let cwd = self.cwd.as_raw_fd();
-        let mut fds = [
-            (-1, launch::RULESET_FD),
-            (cwd, launch::WORKSPACE_FD),
-            (self.tmp.as_raw_fd(), launch::TMP_FD),
-        ];
-        if let Some(r) = &self.ruleset {
-            fds[0].0 = r.as_raw_fd();
-        }
-        // SAFETY: the closure only makes system calls on values moved into it before the
-        // fork; it neither allocates nor takes a lock.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::fchdir(cwd) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let mut high = [-1; 3];
-                for (i, (src, _)) in fds.iter().enumerate() {
-                    if *src >= 0 {
-                        high[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64);
-                        if high[i] < 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                }
-                for (i, (_, target)) in fds.iter().enumerate() {
-                    let placed = if high[i] >= 0 {
-                        libc::dup2(high[i], *target)
-                    } else {
-                        // No ruleset: nothing of the service may sit at that number.
-                        libc::close(*target);
-                        0
-                    };
-                    if placed < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+    /// The workspace, the tmp directory and (when Landlock is enforced) the ruleset: the
+    /// descriptors a launch request carries after standard input, output and error.
+    pub fn launch_fds(&self) -> Vec<BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        let mut fds = vec![self.cwd.as_fd(), self.tmp.as_fd()];
+        fds.extend(self.ruleset.as_ref().map(|r| r.as_fd()));
+        fds
     }
 
     /// Installs the child's side on `cmd`: its own session, the workspace as its working
@@ -771,48 +695,21 @@ impl Prepared {
     }
 }
 
-/// Whether `launcher` can create the namespaces a command runs in: it runs the launcher's
-/// `probe` (bounded), which must end with 0. `None` when there is no launcher or it cannot.
-fn probe_launcher(launcher: Option<&Path>) -> Option<PathBuf> {
+/// Starts the launch server of `launcher` and probes that it can create the namespaces a
+/// command runs in (bounded). `None` when there is no launcher or it cannot. It may run
+/// `max_concurrent` commands and some file operations at once.
+fn start_launcher(
+    launcher: Option<&Path>,
+    max_concurrent: usize,
+) -> Option<std::sync::Arc<LaunchServer>> {
     let launcher = launcher?;
-    let mut child = match std::process::Command::new(launcher)
-        .args([launch::SUBCOMMAND, "probe"])
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
+    match LaunchServer::start(launcher, max_concurrent + 32) {
+        Ok(s) => Some(std::sync::Arc::new(s)),
         Err(e) => {
-            tracing::warn!(launcher = %launcher.display(), error = %e, "the launcher cannot be started");
-            return None;
+            tracing::warn!(launcher = %launcher.display(), error = %e, "the launch server could not start or create a PID namespace");
+            None
         }
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(5))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    if status.is_some_and(|s| s.success()) {
-        return Some(launcher.to_path_buf());
     }
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = (&mut e).take(4096).read_to_string(&mut err);
-    }
-    tracing::warn!(launcher = %launcher.display(), status = ?status, error = %err.trim(), "the launcher's namespace probe failed");
-    None
 }
 
 /// The Landlock ABI this kernel offers (0 when it has none).
