@@ -176,7 +176,14 @@ async fn run() {
     )
     .await
     .unwrap();
-    let exec = Arc::new(Executors::new(&config.exec, db.clone(), vault.clone()).unwrap());
+    let exec = Arc::new(
+        Executors::new(
+            &config.exec,
+            sshmode::target::registry(db.clone()),
+            vault.clone(),
+        )
+        .unwrap(),
+    );
     let metrics = Arc::new(sshmode::metrics::Metrics::new());
     let router = Arc::new(
         sshmode::llm::Router::from_config(

@@ -132,7 +132,12 @@ async fn run() {
             .unwrap();
     }
     let shell_vault = vault.clone();
-    let exec = Executors::new(&config.exec, store.pool.clone(), vault).unwrap();
+    let exec = Executors::new(
+        &config.exec,
+        sshmode::target::registry(store.pool.clone()),
+        vault,
+    )
+    .unwrap();
     let never = CancellationToken::new();
     let cmd = |script: &'static str| Command {
         script,

@@ -83,7 +83,7 @@ impl Core {
         ));
         let exec = Arc::new(Executors::with_metrics(
             &config.exec,
-            db.clone(),
+            crate::target::registry(db.clone()),
             vault,
             metrics.clone(),
             tasks.clone(),

@@ -401,10 +401,14 @@ pub struct Executors {
 impl Executors {
     /// Builds the layer with metrics of its own (benchmarks, tools); the app uses
     /// [`Executors::with_metrics`].
-    pub fn new(config: &ExecConfig, db: PgPool, vault: Arc<Vault>) -> anyhow::Result<Self> {
+    pub fn new(
+        config: &ExecConfig,
+        registry: Arc<dyn ssh::registry::TargetRegistry>,
+        vault: Arc<Vault>,
+    ) -> anyhow::Result<Self> {
         Self::with_metrics(
             config,
-            db,
+            registry,
             vault,
             Arc::new(Metrics::new()),
             TaskTracker::new(),
@@ -416,7 +420,7 @@ impl Executors {
     /// on `tasks`, the app's tracker, so shutdown waits for it.
     pub fn with_metrics(
         config: &ExecConfig,
-        db: PgPool,
+        registry: Arc<dyn ssh::registry::TargetRegistry>,
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
@@ -431,7 +435,7 @@ impl Executors {
             )?),
             ssh: Arc::new(ssh::SshPool::new(
                 config.clone(),
-                db,
+                registry,
                 vault,
                 metrics.clone(),
                 tasks,

@@ -576,10 +576,10 @@ async fn test(
 ) -> anyhow::Result<i32> {
     let trusted = trust.is_some();
     let (seen, result) = connect::connect(
-        t,
+        &t.endpoint(),
         ConnectOptions {
             config: &config.exec,
-            db,
+            registry: &super::registry(db.clone()),
             vault,
             trust,
             actor: ACTOR,

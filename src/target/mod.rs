@@ -23,58 +23,10 @@ use sqlx::{PgPool, Row};
 use zeroize::Zeroizing;
 
 use crate::audit;
+pub use crate::exec::ssh::registry::{
+    AuthKind, Endpoint, HostKeyVerdict, RegistryError, SealedSecrets, Status, TargetRegistry, Trust,
+};
 use crate::vault::{Field, Place, Vault};
-
-/// Approval status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// Registered but not yet usable.
-    Pending,
-    /// Usable by chats.
-    Approved,
-    /// No new commands run on it.
-    Disabled,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Approved => "approved",
-            Status::Disabled => "disabled",
-        }
-    }
-    pub(crate) fn parse(s: &str) -> Status {
-        match s {
-            "approved" => Status::Approved,
-            "disabled" => Status::Disabled,
-            _ => Status::Pending,
-        }
-    }
-}
-
-/// How the service authenticates to the target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuthKind {
-    /// A private key from the vault (optionally with an OpenSSH user certificate).
-    Key,
-    /// A password from the vault.
-    Password,
-    /// The ssh-agent at `SSH_AUTH_SOCK`.
-    Agent,
-}
-
-impl AuthKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthKind::Key => "key",
-            AuthKind::Password => "password",
-            AuthKind::Agent => "agent",
-        }
-    }
-}
 
 /// Host-key policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -153,12 +105,70 @@ impl Target {
     /// Where this target's commands run, for the head of every tool result: its alias, user
     /// and host (`web · deploy@10.0.0.5`), with the port when it is not 22.
     pub fn location(&self) -> String {
-        let port = if self.port == 22 {
-            String::new()
-        } else {
-            format!(":{}", self.port)
-        };
-        format!("{} · {}@{}{port}", self.alias, self.user, self.host)
+        self.endpoint().location()
+    }
+
+    /// What the SSH pool needs of it.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            alias: self.alias.clone(),
+            generation: self.generation,
+            host: self.host.clone(),
+            port: self.port,
+            user: self.user.clone(),
+            auth: self.auth,
+            status: self.status,
+        }
+    }
+}
+
+/// The registry in PostgreSQL, as the SSH pool reads it.
+pub struct Registry {
+    pub db: PgPool,
+}
+
+/// The registry on `db`, for the executors.
+pub fn registry(db: PgPool) -> std::sync::Arc<dyn TargetRegistry> {
+    std::sync::Arc::new(Registry { db })
+}
+
+fn registry_error(e: TargetError) -> RegistryError {
+    match e {
+        TargetError::NotFound(a) => RegistryError::NotFound(a),
+        other => RegistryError::Failed(other.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl TargetRegistry for Registry {
+    async fn get(&self, alias: &str) -> Result<Endpoint, RegistryError> {
+        get(&self.db, alias)
+            .await
+            .map(|t| t.endpoint())
+            .map_err(registry_error)
+    }
+
+    async fn check_host_key(
+        &self,
+        alias: &str,
+        fingerprint: &str,
+        algorithm: &str,
+        trust: Option<&Trust>,
+        actor: &str,
+    ) -> Result<HostKeyVerdict, RegistryError> {
+        check_host_key(&self.db, alias, fingerprint, algorithm, trust, actor)
+            .await
+            .map_err(registry_error)
+    }
+
+    async fn sealed_secrets(
+        &self,
+        alias: &str,
+        generation: i64,
+    ) -> Result<SealedSecrets, RegistryError> {
+        sealed_secrets(&self.db, alias, generation)
+            .await
+            .map_err(registry_error)
     }
 }
 
@@ -188,13 +198,6 @@ pub struct NewTarget {
     pub host_key: Option<HostKey>,
     /// Approved at once (an operator added it).
     pub approve: bool,
-}
-
-/// Sealed secrets of one target, as stored; opened only by `exec::ssh` to authenticate.
-pub struct SealedSecrets {
-    pub key: Option<Vec<u8>>,
-    pub cert: Option<Vec<u8>>,
-    pub password: Option<Vec<u8>>,
 }
 
 /// Registry errors.
@@ -862,32 +865,6 @@ pub async fn reseal_legacy(db: &PgPool, vault: &Vault) -> Result<usize, TargetEr
         );
     }
     Ok(done)
-}
-
-/// Outcome of binding a presented host key to a target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostKeyVerdict {
-    /// It matches the recorded or pinned key.
-    Match,
-    /// None was recorded; it is now (tofu, or pinned with `--trust`).
-    Recorded,
-    /// It matches the key recorded before, which the operator's `--trust` has now pinned.
-    Pinned,
-    /// A different key is recorded: refused, audited.
-    Mismatch { expected: String },
-    /// A strict target without a pinned key: refused until an operator pins one.
-    Unpinned,
-    /// `--trust SHA256:…` named another key than the one presented: refused, nothing pinned.
-    TrustMismatch { checked: String },
-}
-
-/// What an operator asks `target test --trust` to pin.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trust {
-    /// `--trust` alone: the presented key, if none other is recorded.
-    Presented,
-    /// `--trust SHA256:…`: only a presented key with this fingerprint.
-    Fingerprint(String),
 }
 
 /// Checks `fingerprint` against the target's key in one transaction: records it on first use

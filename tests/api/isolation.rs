@@ -704,7 +704,12 @@ async fn without_a_launcher_the_level_has_no_pidns() {
     .collect();
     let config = config_from(&vars, dir.path());
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
-    let exec = Executors::new(&config.exec, app.state.db.clone(), vault).unwrap();
+    let exec = Executors::new(
+        &config.exec,
+        sshmode::target::registry(app.state.db.clone()),
+        vault,
+    )
+    .unwrap();
     let level = exec.local_level();
     assert!(!level.pidns, "{level}");
     assert!(!level.to_string().contains("pidns"), "{level}");
@@ -825,7 +830,12 @@ async fn without_sandboxing_local_tools_are_refused_unless_opted_in() {
         config.exec.local.simulate_no_sandbox = true;
         let vault =
             Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
-        let exec = Executors::new(&config.exec, app.state.db.clone(), vault).unwrap();
+        let exec = Executors::new(
+            &config.exec,
+            sshmode::target::registry(app.state.db.clone()),
+            vault,
+        )
+        .unwrap();
         assert_eq!(exec.local_level().to_string(), "none");
         let ops = exec.ops_for("omt_off", &Place::Local).await.unwrap();
         let ran = ops
@@ -941,7 +951,12 @@ async fn the_embedded_cluster_needs_its_password() {
 
     // A tool: psql and a raw socket connect.
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
-    let exec = Executors::new(&config.exec, store.pool.clone(), vault).unwrap();
+    let exec = Executors::new(
+        &config.exec,
+        sshmode::target::registry(store.pool.clone()),
+        vault,
+    )
+    .unwrap();
     let ops = exec.ops_for("omt_db", &Place::Local).await.unwrap();
     let psql = format!(
         "psql -X -h {p} -p 5432 -U sshmode -d sshmode -w -c 'select 1'",
@@ -1021,7 +1036,12 @@ async fn without_a_tools_account_landlock_alone_confines() {
     config.exec.local.simulate_non_root = true;
     let key = config.master_key_file.clone();
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&key).unwrap());
-    let exec = Executors::new(&config.exec, app.state.db.clone(), vault).unwrap();
+    let exec = Executors::new(
+        &config.exec,
+        sshmode::target::registry(app.state.db.clone()),
+        vault,
+    )
+    .unwrap();
     let abi = sshmode::exec::local::sandbox::kernel_landlock_abi();
     assert!(abi > 0, "this test needs a kernel with Landlock");
     // Below ABI 9 a same-uid tool may connect to the user's unix sockets: the level says so.

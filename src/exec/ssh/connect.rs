@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use russh::client;
 use russh::keys::{Certificate, HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
-use sqlx::PgPool;
 
+use super::registry::{AuthKind, Endpoint, HostKeyVerdict, TargetRegistry, Trust};
 use crate::config::ExecConfig;
 use crate::exec::ExecError;
-use crate::target::{self, AuthKind, HostKeyVerdict, Target, Trust};
 use crate::vault::{Field, Place, Vault};
 
 /// What the host presented and what the registry said about it.
@@ -32,7 +31,7 @@ pub struct HostKeySeen {
 
 /// The russh client handler: verifies the server key against the registry.
 pub struct Client {
-    db: PgPool,
+    registry: Arc<dyn TargetRegistry>,
     alias: String,
     /// What the operator trusts (`target test --trust [SHA256:…]`); `None` for the pool.
     trust: Option<Trust>,
@@ -59,15 +58,16 @@ impl client::Handler for Client {
         };
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let algorithm = key.algorithm().to_string();
-        let verdict = target::check_host_key(
-            &self.db,
-            &self.alias,
-            &fingerprint,
-            &algorithm,
-            self.trust.as_ref(),
-            &self.actor,
-        )
-        .await;
+        let verdict = self
+            .registry
+            .check_host_key(
+                &self.alias,
+                &fingerprint,
+                &algorithm,
+                self.trust.as_ref(),
+                &self.actor,
+            )
+            .await;
         let mut seen = self.seen.lock().expect("seen lock");
         seen.fingerprint = Some(fingerprint);
         seen.algorithm = Some(algorithm);
@@ -91,7 +91,7 @@ impl client::Handler for Client {
 /// How to connect.
 pub struct ConnectOptions<'a> {
     pub config: &'a ExecConfig,
-    pub db: &'a PgPool,
+    pub registry: &'a Arc<dyn TargetRegistry>,
     pub vault: &'a Vault,
     /// What the operator trusts (only `target test --trust`); `None` pins nothing.
     pub trust: Option<Trust>,
@@ -116,12 +116,12 @@ pub fn client_config(cfg: &ExecConfig) -> Arc<client::Config> {
 /// Connects to `target` and authenticates, within the connect timeout. Returns what the host
 /// presented in any case, so `target test` can show the fingerprint even on failure.
 pub async fn connect(
-    target: &Target,
+    target: &Endpoint,
     opts: ConnectOptions<'_>,
 ) -> (HostKeySeen, Result<Connection, ExecError>) {
     let seen = Arc::new(Mutex::new(HostKeySeen::default()));
     let handler = Client {
-        db: opts.db.clone(),
+        registry: opts.registry.clone(),
         alias: target.alias.clone(),
         trust: opts.trust.clone(),
         actor: opts.actor.to_string(),
@@ -201,14 +201,14 @@ pub async fn probe_host_key(
     })
 }
 
-fn unavailable(target: &Target, reason: String) -> ExecError {
+fn unavailable(target: &Endpoint, reason: String) -> ExecError {
     ExecError::Unavailable {
         alias: target.alias.clone(),
         reason,
     }
 }
 
-fn handshake_error(target: &Target, seen: &Mutex<HostKeySeen>, e: russh::Error) -> ExecError {
+fn handshake_error(target: &Endpoint, seen: &Mutex<HostKeySeen>, e: russh::Error) -> ExecError {
     let seen = seen.lock().expect("seen lock");
     let presented = seen.fingerprint.clone().unwrap_or_default();
     match &seen.verdict {
@@ -253,7 +253,7 @@ fn handshake_error(target: &Target, seen: &Mutex<HostKeySeen>, e: russh::Error) 
 
 async fn authenticate(
     handle: &mut Connection,
-    target: &Target,
+    target: &Endpoint,
     opts: &ConnectOptions<'_>,
 ) -> Result<(), ExecError> {
     let user = target.user.clone();
@@ -287,7 +287,9 @@ async fn authenticate(
 
     match target.auth {
         AuthKind::Key | AuthKind::Password => {
-            let sealed = target::sealed_secrets(opts.db, &target.alias, target.generation)
+            let sealed = opts
+                .registry
+                .sealed_secrets(&target.alias, target.generation)
                 .await
                 .map_err(|e| unavailable(target, e.to_string()))?;
             if target.auth == AuthKind::Password {

@@ -21,6 +21,7 @@
 //! local execution.
 
 pub mod connect;
+pub mod registry;
 mod sftp;
 mod shellfs;
 
@@ -33,7 +34,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use russh::client::Msg;
 use russh::{ChannelMsg, ChannelWriteHalf};
-use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,9 +42,9 @@ use super::truncate::HeadTail;
 use super::{Backend, Command, ExecError, Exit, FileBytes, Output};
 use crate::config::ExecConfig;
 use crate::metrics::{Metrics, ReasonLabel};
-use crate::target::{self, Status, Target};
 use crate::vault::Vault;
 use connect::{ConnectOptions, Connection};
+use registry::{Endpoint, HostKeyVerdict, RegistryError, Status, TargetRegistry};
 
 /// Most commands waiting for a channel per target; more are refused at once as busy.
 const MAX_QUEUED: usize = 1024;
@@ -64,7 +64,8 @@ const KILL_ATTEMPTS: usize = 3;
 /// Every SSH connection of the app.
 pub struct SshPool {
     config: ExecConfig,
-    db: PgPool,
+    /// The target registry, read at every use.
+    registry: Arc<dyn TargetRegistry>,
     vault: Arc<Vault>,
     /// Counts connection attempts by outcome.
     metrics: Arc<Metrics>,
@@ -78,14 +79,14 @@ pub struct SshPool {
 impl SshPool {
     pub fn new(
         config: ExecConfig,
-        db: PgPool,
+        registry: Arc<dyn TargetRegistry>,
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
     ) -> Self {
         SshPool {
             config,
-            db,
+            registry,
             vault,
             metrics,
             targets: StdMutex::new(HashMap::new()),
@@ -100,9 +101,9 @@ impl SshPool {
             alias: alias.to_string(),
             reason,
         };
-        let t = match target::get(&self.db, alias).await {
+        let t = match self.registry.get(alias).await {
             Ok(t) => t,
-            Err(target::TargetError::NotFound(_)) => {
+            Err(RegistryError::NotFound(_)) => {
                 self.forget(alias);
                 return Err(unavailable("no target has this alias".into()));
             }
@@ -124,7 +125,7 @@ impl SshPool {
                 let p = Arc::new(TargetPool::new(
                     t,
                     self.config.clone(),
-                    self.db.clone(),
+                    self.registry.clone(),
                     self.vault.clone(),
                     self.metrics.clone(),
                     self.tasks.clone(),
@@ -225,9 +226,9 @@ pub enum FilePath {
 
 /// The connections of one target.
 pub struct TargetPool {
-    target: Target,
+    target: Endpoint,
     config: ExecConfig,
-    db: PgPool,
+    registry: Arc<dyn TargetRegistry>,
     vault: Arc<Vault>,
     /// Counts connection attempts by outcome.
     metrics: Arc<Metrics>,
@@ -287,9 +288,9 @@ impl Drop for Queued<'_> {
 
 impl TargetPool {
     fn new(
-        target: Target,
+        target: Endpoint,
         config: ExecConfig,
-        db: PgPool,
+        registry: Arc<dyn TargetRegistry>,
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
@@ -298,7 +299,7 @@ impl TargetPool {
         TargetPool {
             target,
             config,
-            db,
+            registry,
             vault,
             metrics,
             slots: Arc::new(Semaphore::new(permits)),
@@ -428,7 +429,7 @@ impl TargetPool {
             &self.target,
             ConnectOptions {
                 config: &self.config,
-                db: &self.db,
+                registry: &self.registry,
                 vault: &self.vault,
                 trust: None,
                 actor: "system",
@@ -438,7 +439,7 @@ impl TargetPool {
         let outcome = match (&result, &seen.verdict) {
             (Ok(_), _) => "ok",
             (Err(ExecError::HostKeyMismatch { .. }), _) => "host_key_mismatch",
-            (Err(_), Some(target::HostKeyVerdict::Unpinned)) => "host_key_unpinned",
+            (Err(_), Some(HostKeyVerdict::Unpinned)) => "host_key_unpinned",
             (Err(_), _) => "failed",
         };
         self.metrics
@@ -468,9 +469,7 @@ impl TargetPool {
             Err(e)
                 if matches!(
                     seen.verdict,
-                    Some(
-                        target::HostKeyVerdict::Unpinned | target::HostKeyVerdict::Mismatch { .. }
-                    )
+                    Some(HostKeyVerdict::Unpinned | HostKeyVerdict::Mismatch { .. })
                 ) =>
             {
                 // Waiting for an operator to pin or rekey: the next attempt re-reads the key.
