@@ -352,7 +352,7 @@ async fn dispatch(
             verdict: Verdict::Refuse,
             reason: d.to_string(),
         };
-        return Err(refused(deps, section, &backend_label, tool, &r).await);
+        return Err(refused(deps, section, &backend_label, location_out.as_deref(), tool, &r).await);
     }
     let ops = match (&place, remote) {
         (Place::Local, _) => deps.exec.local_ops_in(
@@ -566,7 +566,7 @@ async fn dispatch(
         store_cwd(deps, section, &backend_name, &now).await;
     }
     match (result, refusal) {
-        (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, tool, &r).await),
+        (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, location_out.as_deref(), tool, &r).await),
         (result, _) => result,
     }
 }
@@ -642,6 +642,7 @@ async fn refused(
     deps: &AgentDeps,
     section: &str,
     backend: &str,
+    location: Option<&str>,
     tool: &str,
     r: &Refused,
 ) -> String {
@@ -656,6 +657,8 @@ async fn refused(
             "by": r.by,
             "verdict": r.verdict.as_str(),
             "reason": clip(&r.reason, 500),
+            // Where it would have run, with the path (`web · deploy@10.0.0.5 via bastion`).
+            "location": location,
         }),
     };
     let audited = async {

@@ -64,6 +64,7 @@ async fn add_target_on(app: &TestApp, alias: &str, host: &str, approve: bool) {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve,
+            jump: None,
         },
         "cli",
     )

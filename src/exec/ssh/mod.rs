@@ -15,6 +15,11 @@
 //! `setsid` on the target, a survivor), [`Output::stop_note`] says so. A command dropped
 //! midway is killed from a task on the app's tracker.
 //!
+//! A target behind a jump host connects over a `direct-tcpip` channel of the jump host's
+//! pooled connection ([`TargetPool::tunnel`]), chains hop by hop, never more than
+//! [`target::MAX_HOPS`] hops nor the same hop twice. The tunnel takes none of the jump
+//! connection's channel budget, and a connection carrying a live tunnel is never reaped.
+//!
 //! Never: accepts an unknown or changed host key, keeps a secret outside the vault, signals a
 //! pid it did not read from behind its marker (or one ≤ 1) — so never a group the wrapper did
 //! not create —, claims a group ended that it could not end, or lets an SSH failure turn into
@@ -25,8 +30,8 @@ mod sftp;
 mod shellfs;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -63,6 +68,9 @@ const KILL_ATTEMPTS: usize = 3;
 
 /// Every SSH connection of the app.
 pub struct SshPool {
+    /// Itself, for the target pools: a target behind a jump host asks for the jump host's pool
+    /// when it connects.
+    me: Weak<SshPool>,
     config: ExecConfig,
     db: PgPool,
     vault: Arc<Vault>,
@@ -82,44 +90,66 @@ impl SshPool {
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
-    ) -> Self {
-        SshPool {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| SshPool {
+            me: me.clone(),
             config,
             db,
             vault,
             metrics,
             targets: StdMutex::new(HashMap::new()),
             tasks,
-        }
+        })
     }
 
     /// The backend of an approved target. Checks the registry each time, so a disabled or
     /// removed target stops being usable at once.
     pub async fn backend(&self, alias: &str) -> Result<Arc<SshBackend>, ExecError> {
+        Ok(Arc::new(SshBackend {
+            pool: self.pool(alias).await?,
+        }))
+    }
+
+    /// The pool of an approved target whose jump hosts, if any, are approved too (one query
+    /// for the whole path). A target or jump host found gone, pending or disabled has its pool
+    /// dropped, and the error names the hop and why.
+    async fn pool(&self, alias: &str) -> Result<Arc<TargetPool>, ExecError> {
         let unavailable = |reason: String| ExecError::Unavailable {
             alias: alias.to_string(),
             reason,
         };
-        let t = match target::get(&self.db, alias).await {
-            Ok(t) => t,
+        let mut path = match target::path(&self.db, alias).await {
+            Ok(p) => p,
             Err(target::TargetError::NotFound(_)) => {
                 self.forget(alias);
                 return Err(unavailable("no target has this alias".into()));
             }
             Err(e) => return Err(unavailable(e.to_string())),
         };
-        let refused = match t.status {
-            Status::Approved => None,
-            Status::Pending => Some("it is pending; an admin must approve it first"),
-            Status::Disabled => Some("it is disabled"),
-        };
-        if let Some(reason) = refused {
+        if path.len() > target::MAX_HOPS + 1 {
             self.forget(alias);
-            return Err(unavailable(reason.into()));
+            return Err(unavailable(format!(
+                "it is reached through more than {} jump hosts (or its jump hosts form a loop)",
+                target::MAX_HOPS
+            )));
         }
+        for (i, hop) in path.iter().enumerate() {
+            let refused = match hop.status {
+                Status::Approved => continue,
+                Status::Pending => "is pending; an admin must approve it first",
+                Status::Disabled => "is disabled",
+            };
+            self.forget(alias);
+            return Err(unavailable(if i == 0 {
+                format!("it {refused}")
+            } else {
+                format!("its jump host `{}` {refused}", hop.alias)
+            }));
+        }
+        let t = path.swap_remove(0);
         let mut map = self.targets.lock().expect("ssh pool lock");
         let pool = match map.get(alias) {
-            Some(p) if p.target.generation == t.generation => p.clone(),
+            Some(p) if p.target.generation == t.generation && p.target.jump == t.jump => p.clone(),
             _ => {
                 let p = Arc::new(TargetPool::new(
                     t,
@@ -128,12 +158,13 @@ impl SshPool {
                     self.vault.clone(),
                     self.metrics.clone(),
                     self.tasks.clone(),
+                    self.me.clone(),
                 ));
                 map.insert(alias.to_string(), p.clone());
                 p
             }
         };
-        Ok(Arc::new(SshBackend { pool }))
+        Ok(pool)
     }
 
     /// Drops the pool of a target that is gone or no longer approved, so the map stays
@@ -200,6 +231,9 @@ struct Conn {
     handle: Connection,
     /// Channels in use (bounded by `ssh_channels_per_connection`).
     busy: AtomicUsize,
+    /// Live tunnels to targets behind this one (jump host): not counted in `busy`, but a
+    /// connection carrying one is never closed as idle.
+    tunnels: AtomicUsize,
     /// A channel open failed on it: no new channels; dropped once idle.
     broken: AtomicBool,
     /// For idle close.
@@ -246,6 +280,8 @@ pub struct TargetPool {
     freed: Arc<Notify>,
     /// The app's task tracker, for background kills of dropped commands.
     tasks: TaskTracker,
+    /// The app's pools, where a target behind a jump host finds the jump host's pool.
+    pools: Weak<SshPool>,
 }
 
 /// A channel slot on a connection; returns itself on drop.
@@ -285,6 +321,93 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// Drops closed connections, and broken ones nothing uses any more (no channel, no tunnel).
+fn retain_usable(conns: &mut Vec<Arc<Conn>>) {
+    conns.retain(|c| {
+        let retired = c.broken.load(Ordering::Acquire)
+            && c.busy.load(Ordering::Acquire) == 0
+            && c.tunnels.load(Ordering::Acquire) == 0;
+        !(c.handle.is_closed() || retired)
+    });
+}
+
+/// Why a target behind `jump` cannot connect, from the jump host's own error.
+fn jump_failed(jump: &str, e: ExecError) -> String {
+    match e {
+        ExecError::Unavailable { reason, .. } => {
+            format!("its jump host `{jump}` is unavailable: {reason}")
+        }
+        ExecError::HostKeyMismatch {
+            expected,
+            presented,
+            ..
+        } => format!(
+            "the host key of its jump host `{jump}` changed: expected {expected}, got {presented}; refusing to connect. If the change is legitimate, an admin checks the new key on the host and runs `sshmode target rekey {jump} --host-key SHA256:…`"
+        ),
+        ExecError::Busy { .. } => format!("its jump host `{jump}` has no connection free"),
+        ExecError::Connection { reason, .. } => {
+            format!("the connection to its jump host `{jump}` failed: {reason}")
+        }
+        other => format!("its jump host `{jump}`: {other}"),
+    }
+}
+
+/// A tunnel through a jump host's connection, as the target's SSH session reads and writes it.
+/// Holds the jump connection (counted as carrying a tunnel) until the session drops it.
+struct TunnelStream {
+    inner: russh::ChannelStream<Msg>,
+    _hold: TunnelHold,
+}
+
+impl tokio::io::AsyncRead for TunnelStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TunnelStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A jump connection counted as carrying a tunnel; given back on drop.
+struct TunnelHold {
+    conn: Arc<Conn>,
+    /// The jump pool's "a channel was freed" signal.
+    freed: Arc<Notify>,
+}
+
+impl Drop for TunnelHold {
+    fn drop(&mut self) {
+        self.conn.tunnels.fetch_sub(1, Ordering::AcqRel);
+        *self.conn.last_used.lock().expect("conn lock") = Instant::now();
+        self.freed.notify_waiters();
+    }
+}
+
 impl TargetPool {
     fn new(
         target: Target,
@@ -293,6 +416,7 @@ impl TargetPool {
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
+        pools: Weak<SshPool>,
     ) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
         TargetPool {
@@ -308,6 +432,7 @@ impl TargetPool {
             home: tokio::sync::OnceCell::new(),
             freed: Arc::new(Notify::new()),
             tasks,
+            pools,
         }
     }
 
@@ -324,7 +449,8 @@ impl TargetPool {
         let mut conns = self.conns.lock().await;
         let mut kept = Vec::with_capacity(conns.len());
         for c in conns.drain(..) {
-            let unused = c.busy.load(Ordering::Acquire) == 0;
+            let unused =
+                c.busy.load(Ordering::Acquire) == 0 && c.tunnels.load(Ordering::Acquire) == 0;
             let old = c.last_used.lock().expect("conn lock").elapsed() >= idle;
             if c.handle.is_closed() || (unused && (old || c.broken.load(Ordering::Acquire))) {
                 let _ = c
@@ -385,10 +511,7 @@ impl TargetPool {
     ) -> Result<Result<Lease, OwnedSemaphorePermit>, ExecError> {
         let per_conn = self.config.ssh_channels_per_connection;
         let mut conns = self.conns.lock().await;
-        conns.retain(|c| {
-            let retired = c.broken.load(Ordering::Acquire) && c.busy.load(Ordering::Acquire) == 0;
-            !(c.handle.is_closed() || retired)
-        });
+        retain_usable(&mut conns);
         for c in conns.iter() {
             if c.broken.load(Ordering::Acquire) {
                 continue;
@@ -411,6 +534,24 @@ impl TargetPool {
             return Ok(Err(permit));
         }
         // Every channel of every connection is busy (or there is none): connect.
+        let conn = self.connect_new(&mut conns, &[]).await?;
+        conn.busy.fetch_add(1, Ordering::AcqRel);
+        Ok(Ok(Lease {
+            conn,
+            _permit: permit,
+            freed: self.freed.clone(),
+        }))
+    }
+
+    /// Connects one more connection (the caller holds `conns` and has checked the limit),
+    /// directly or through the jump host, with backoff after failures, and adds it to `conns`
+    /// with nothing in use yet. `path` holds the targets this connection is being made for
+    /// (outermost last), when it is to carry a tunnel to them.
+    async fn connect_new(
+        &self,
+        conns: &mut Vec<Arc<Conn>>,
+        path: &[String],
+    ) -> Result<Arc<Conn>, ExecError> {
         if let Some((at, n, reason)) = &*self.failure.lock().expect("failure lock") {
             let wait = backoff(*n);
             let since = at.elapsed();
@@ -424,17 +565,20 @@ impl TargetPool {
                 });
             }
         }
-        let (seen, result) = connect::connect(
-            &self.target,
-            ConnectOptions {
-                config: &self.config,
-                db: &self.db,
-                vault: &self.vault,
-                trust: None,
-                actor: "system",
+        let opts = || ConnectOptions {
+            config: &self.config,
+            db: &self.db,
+            vault: &self.vault,
+            trust: None,
+            actor: "system",
+        };
+        let (seen, result) = match &self.target.jump {
+            None => connect::connect(&self.target, opts()).await,
+            Some(jump) => match self.through(jump, path).await {
+                Ok(stream) => connect::connect_through(&self.target, opts(), stream).await,
+                Err(e) => (connect::HostKeySeen::default(), Err(e)),
             },
-        )
-        .await;
+        };
         let outcome = match (&result, &seen.verdict) {
             (Ok(_), _) => "ok",
             (Err(ExecError::HostKeyMismatch { .. }), _) => "host_key_mismatch",
@@ -450,20 +594,17 @@ impl TargetPool {
         match result {
             Ok(handle) => {
                 *self.failure.lock().expect("failure lock") = None;
-                tracing::info!(ssh.target = %self.target.alias, ssh.connections = conns.len() + 1, "connected");
+                tracing::info!(ssh.target = %self.target.alias, ssh.via = self.target.jump.as_deref().unwrap_or("-"), ssh.connections = conns.len() + 1, "connected");
                 let conn = Arc::new(Conn {
                     handle,
-                    busy: AtomicUsize::new(1),
+                    busy: AtomicUsize::new(0),
+                    tunnels: AtomicUsize::new(0),
                     broken: AtomicBool::new(false),
                     last_used: StdMutex::new(Instant::now()),
                     sftp: AtomicU8::new(SFTP_UNKNOWN),
                 });
                 conns.push(conn.clone());
-                Ok(Ok(Lease {
-                    conn,
-                    _permit: permit,
-                    freed: self.freed.clone(),
-                }))
+                Ok(conn)
             }
             Err(e)
                 if matches!(
@@ -488,6 +629,111 @@ impl TargetPool {
                 Err(e)
             }
         }
+    }
+
+    /// A stream to this target through its jump host `jump`: a tunnel on the jump host's pooled
+    /// connection. `path` holds the targets already waiting on this connect (outermost last);
+    /// a jump host among them (a loop) or a path longer than [`target::MAX_HOPS`] is refused
+    /// before anything is locked or opened.
+    async fn through(&self, jump: &str, path: &[String]) -> Result<TunnelStream, ExecError> {
+        let unavailable = |reason: String| ExecError::Unavailable {
+            alias: self.alias().to_string(),
+            reason,
+        };
+        let mut path = path.to_vec();
+        path.push(self.alias().to_string());
+        if path.iter().any(|a| a == jump) || path.len() > target::MAX_HOPS {
+            return Err(unavailable(format!(
+                "its jump hosts loop or exceed {} hops ({} → {jump}); refusing to connect",
+                target::MAX_HOPS,
+                path.join(" → ")
+            )));
+        }
+        let pools = self
+            .pools
+            .upgrade()
+            .ok_or_else(|| unavailable("the service is shutting down".into()))?;
+        let hop = pools
+            .pool(jump)
+            .await
+            .map_err(|e| unavailable(jump_failed(jump, e)))?;
+        // Boxed: a chain of jump hosts recurses through here, once per hop (bounded above).
+        Box::pin(hop.tunnel(&self.target.host, self.target.port, &path))
+            .await
+            .map_err(|e| match e {
+                ExecError::Unavailable { alias, reason } if alias == jump => unavailable(reason),
+                other => unavailable(jump_failed(jump, other)),
+            })
+    }
+
+    /// A `direct-tcpip` channel to `host:port` on one of this target's connections (it is the
+    /// jump host of the target at the end of `path`), connecting one if none is open. The
+    /// channel takes no channel slot; the connection counts it as a live tunnel until the
+    /// stream is dropped, so the reaper leaves it open. A refusal is said in the server's words.
+    async fn tunnel(
+        &self,
+        host: &str,
+        port: u16,
+        path: &[String],
+    ) -> Result<TunnelStream, ExecError> {
+        let mut last = String::from("no connection to it could carry the tunnel");
+        for _ in 0..2 {
+            let conn = {
+                let mut conns = self.conns.lock().await;
+                retain_usable(&mut conns);
+                let open = conns
+                    .iter()
+                    .find(|c| !c.broken.load(Ordering::Acquire))
+                    .cloned();
+                let conn = match open {
+                    Some(c) => c,
+                    None if conns.len() < self.config.ssh_max_connections => {
+                        self.connect_new(&mut conns, path).await?
+                    }
+                    None => {
+                        return Err(ExecError::Busy {
+                            alias: self.alias().to_string(),
+                            waited: Duration::ZERO,
+                        });
+                    }
+                };
+                // Counted before the lock is given back, so the reaper cannot close it now.
+                conn.tunnels.fetch_add(1, Ordering::AcqRel);
+                conn
+            };
+            let hold = TunnelHold {
+                conn: conn.clone(),
+                freed: self.freed.clone(),
+            };
+            match connect::open_tunnel(
+                &conn.handle,
+                self.alias(),
+                host,
+                port,
+                self.config.ssh_connect_timeout,
+            )
+            .await
+            {
+                Ok(ch) => {
+                    return Ok(TunnelStream {
+                        inner: ch.into_stream(),
+                        _hold: hold,
+                    });
+                }
+                Err(Some(refused)) => {
+                    return Err(ExecError::Unavailable {
+                        alias: self.alias().to_string(),
+                        reason: refused,
+                    });
+                }
+                Err(None) => {
+                    // The connection failed under us: retire it and try a fresh one once.
+                    conn.broken.store(true, Ordering::Release);
+                    last = "the connection to it was lost".into();
+                }
+            }
+        }
+        Err(self.lost(last))
     }
 
     /// Opens a session channel. sshd may refuse a session for a moment while earlier ones on
