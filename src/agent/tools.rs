@@ -352,7 +352,15 @@ async fn dispatch(
             verdict: Verdict::Refuse,
             reason: d.to_string(),
         };
-        return Err(refused(deps, section, &backend_label, location_out.as_deref(), tool, &r).await);
+        return Err(refused(
+            deps,
+            section,
+            &backend_label,
+            location_out.as_deref(),
+            tool,
+            &r,
+        )
+        .await);
     }
     let ops = match (&place, remote) {
         (Place::Local, _) => deps.exec.local_ops_in(
@@ -566,7 +574,15 @@ async fn dispatch(
         store_cwd(deps, section, &backend_name, &now).await;
     }
     match (result, refusal) {
-        (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, location_out.as_deref(), tool, &r).await),
+        (Err(_), Some(r)) => Err(refused(
+            deps,
+            section,
+            &backend_label,
+            location_out.as_deref(),
+            tool,
+            &r,
+        )
+        .await),
         (result, _) => result,
     }
 }

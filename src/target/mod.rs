@@ -160,7 +160,13 @@ impl Target {
         } else {
             format!(":{}", self.port)
         };
-        format!("{} · {}@{}{port}{}", self.alias, self.user, self.host, self.via())
+        format!(
+            "{} · {}@{}{port}{}",
+            self.alias,
+            self.user,
+            self.host,
+            self.via()
+        )
     }
 
     /// How the target is reached, for people: ` via bastion`, or nothing for a direct one.
@@ -532,12 +538,12 @@ async fn check_jump(
 
 /// The targets reached directly through `alias` (it is their jump host), by alias; at most 100.
 pub async fn dependents(db: &PgPool, alias: &str) -> Result<Vec<String>, TargetError> {
-    Ok(sqlx::query_scalar(
-        "SELECT alias FROM targets WHERE jump = $1 ORDER BY alias LIMIT 100",
+    Ok(
+        sqlx::query_scalar("SELECT alias FROM targets WHERE jump = $1 ORDER BY alias LIMIT 100")
+            .bind(alias)
+            .fetch_all(db)
+            .await?,
     )
-    .bind(alias)
-    .fetch_all(db)
-    .await?)
 }
 
 /// What [`approve`] did.

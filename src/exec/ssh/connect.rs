@@ -277,7 +277,9 @@ pub async fn open_tunnel<H: client::Handler>(
     .await;
     match opened {
         Ok(Ok(ch)) => Ok(ch),
-        Ok(Err(russh::Error::ChannelOpenFailure(why))) => Err(Some(tunnel_refused(jump, host, port, &why))),
+        Ok(Err(russh::Error::ChannelOpenFailure(why))) => {
+            Err(Some(tunnel_refused(jump, host, port, &why)))
+        }
         Ok(Err(_)) => Err(None),
         Err(_) => Err(Some(format!(
             "the jump host `{jump}` did not open a channel to {host}:{port} within {}s",
@@ -287,12 +289,7 @@ pub async fn open_tunnel<H: client::Handler>(
 }
 
 /// Why a jump host refused to forward, in words an operator can act on.
-fn tunnel_refused(
-    jump: &str,
-    host: &str,
-    port: u16,
-    why: &russh::ChannelOpenFailure,
-) -> String {
+fn tunnel_refused(jump: &str, host: &str, port: u16, why: &russh::ChannelOpenFailure) -> String {
     use russh::ChannelOpenFailure as F;
     match why {
         F::AdministrativelyProhibited => format!(
@@ -352,7 +349,9 @@ pub async fn open_path(
                     opts.config.ssh_connect_timeout,
                 )
                 .await
-                .map_err(|e| e.unwrap_or_else(|| format!("the connection to `{}` was lost", outer.alias)))?;
+                .map_err(|e| {
+                    e.unwrap_or_else(|| format!("the connection to `{}` was lost", outer.alias))
+                })?;
                 connect_through(hop, hop_opts(), ch.into_stream()).await
             }
         };
@@ -361,9 +360,15 @@ pub async fn open_path(
     }
     let nearest = jumps.first().ok_or("no jump host")?;
     let last = hops.last().ok_or("no jump host")?;
-    let ch = open_tunnel(last, &nearest.alias, host, port, opts.config.ssh_connect_timeout)
-        .await
-        .map_err(|e| e.unwrap_or_else(|| format!("the connection to `{}` was lost", nearest.alias)))?;
+    let ch = open_tunnel(
+        last,
+        &nearest.alias,
+        host,
+        port,
+        opts.config.ssh_connect_timeout,
+    )
+    .await
+    .map_err(|e| e.unwrap_or_else(|| format!("the connection to `{}` was lost", nearest.alias)))?;
     Ok((hops, ch))
 }
 

@@ -31,8 +31,8 @@ mod shellfs;
 
 use std::collections::HashMap;
 use std::sync::Mutex as StdMutex;
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -331,6 +331,11 @@ fn retain_usable(conns: &mut Vec<Arc<Conn>>) {
     });
 }
 
+/// Whether `e` is about target `alias`.
+fn is_for(e: &ExecError, alias: &str) -> bool {
+    matches!(e, ExecError::Unavailable { alias: a, .. } if a == alias)
+}
+
 /// Why a target behind `jump` cannot connect, from the jump host's own error.
 fn jump_failed(jump: &str, e: ExecError) -> String {
     match e {
@@ -576,7 +581,9 @@ impl TargetPool {
             None => connect::connect(&self.target, opts()).await,
             Some(jump) => match self.through(jump, path).await {
                 Ok(stream) => connect::connect_through(&self.target, opts(), stream).await,
-                Err(e) => (connect::HostKeySeen::default(), Err(e)),
+                // The jump host's own pool backs off from its failures; a refusal to forward
+                // costs one channel request. Neither delays this target's next attempt.
+                Err(e) => return Err(e),
             },
         };
         let outcome = match (&result, &seen.verdict) {
@@ -661,7 +668,8 @@ impl TargetPool {
         Box::pin(hop.tunnel(&self.target.host, self.target.port, &path))
             .await
             .map_err(|e| match e {
-                ExecError::Unavailable { alias, reason } if alias == jump => unavailable(reason),
+                // The jump host's refusal to forward, already worded for this target.
+                e @ ExecError::Unavailable { .. } if is_for(&e, self.alias()) => e,
                 other => unavailable(jump_failed(jump, other)),
             })
     }
@@ -721,8 +729,9 @@ impl TargetPool {
                     });
                 }
                 Err(Some(refused)) => {
+                    // Said of the target it was for (the last on `path`).
                     return Err(ExecError::Unavailable {
-                        alias: self.alias().to_string(),
+                        alias: path.last().map_or(self.alias(), String::as_str).to_string(),
                         reason: refused,
                     });
                 }
