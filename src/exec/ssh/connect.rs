@@ -160,7 +160,14 @@ where
     let attempt = async {
         let config = client_config(opts.config);
         let handshake = match stream {
-            None => client::connect(config, (target.host.as_str(), target.port), handler).await,
+            None => match tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await
+            {
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    client::connect_stream(config, QuickAck(tcp), handler).await
+                }
+                Err(e) => Err(russh::Error::IO(e)),
+            },
             Some(s) => client::connect_stream(config, s, handler).await,
         };
         let mut handle = handshake.map_err(|e| handshake_error(target, &seen, e))?;
@@ -181,6 +188,85 @@ where
     };
     let seen = seen.lock().expect("seen lock").clone();
     (seen, result)
+}
+
+/// A connection's TCP stream that acknowledges what it reads at once (`TCP_QUICKACK` after
+/// every read; Linux clears it by itself, so it is set again each time). A jump host's sshd
+/// forwards a target's packets on a socket without `TCP_NODELAY`, each as it comes: with our
+/// acknowledgements delayed (40 ms), each packet after the first would wait for the last
+/// one's. Elsewhere it costs one system call per read.
+struct QuickAck(tokio::net::TcpStream);
+
+impl QuickAck {
+    fn ack_now(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let one: libc::c_int = 1;
+            // SAFETY: a valid descriptor owned by `self.0`, and a pointer to an int of the
+            // size given; the result is ignored (a failure only leaves acks delayed).
+            unsafe {
+                libc::setsockopt(
+                    self.0.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_QUICKACK,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.ack_now();
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
 }
 
 /// The russh handler of [`probe_host_key`]: notes the presented key and ends the handshake
