@@ -1012,13 +1012,17 @@ impl TargetPool {
     }
 }
 
-/// The script sent to the server for `script`: a subshell (never the server's own process,
+/// The script sent to the server for `script`. Where the server's shell already leads a
+/// session of its own (OpenSSH makes each exec'd shell one; `/proc/$$/stat` says so), that
+/// shell replaces itself with the command's shell: same pid, so the same session and process
+/// group, of nothing but this command. Otherwise a subshell (never the server's own process,
 /// so never a process group leader) replaces itself with `setsid`, which therefore starts a
-/// new session — a process group of the wrapper's own making, on OpenSSH as on Dropbear,
-/// whose exec'd shell shares the server's group. Its leader prints `<marker><pid>` on stderr,
+/// new session — a process group of the wrapper's own making, on Dropbear too, whose exec'd
+/// shell shares the server's group. Either way the leader prints `<marker><pid>` on stderr,
 /// then runs `script` in that same shell, its standard input passed through. Without
-/// `setsid` it prints `<marker>none` and runs the script with no group of its own (a stop
-/// then says so). A death by signal is re-raised, so the server reports the signal.
+/// `setsid` on the target it prints `<marker>none` and runs the script with no group it
+/// vouches for (a stop then says so), whatever the server did. A death by signal is
+/// re-raised, so the server reports the signal.
 fn wrap(marker: &str, script: &str) -> String {
     // The pid line and the script in one shell: one start-up fewer than a shell that prints
     // and then execs another for the script.
@@ -1026,6 +1030,9 @@ fn wrap(marker: &str, script: &str) -> String {
     let q = super::shell_quote(script);
     format!(
         "if command -v setsid >/dev/null 2>&1; then\n\
+         {{ read -r __sshmode_stat < /proc/$$/stat; }} 2>/dev/null || __sshmode_stat=\n\
+         set -- ${{__sshmode_stat##*) }}\n\
+         if [ \"${{4:-}}\" = \"$$\" ]; then exec \"${{SHELL:-/bin/sh}}\" -c {inner}; fi\n\
          (exec setsid \"${{SHELL:-/bin/sh}}\" -c {inner})\n\
          else printf '%snone\\n' {marker} >&2; \"${{SHELL:-/bin/sh}}\" -c {q}\n\
          fi\n\
@@ -1558,10 +1565,29 @@ mod tests {
 
     /// Runs `wrap(script)` under `shell` as a server would (`$SHELL -c`), with `input`.
     fn run_wrapped(shell: &str, script: &str, input: &[u8]) -> (std::process::Output, String) {
+        run_wrapped_as(false, shell, script, input).1
+    }
+
+    /// [`run_wrapped`], the shell leading a session of its own when `leader` (as OpenSSH starts
+    /// it); also returns the server shell's pid.
+    fn run_wrapped_as(
+        leader: bool,
+        shell: &str,
+        script: &str,
+        input: &[u8],
+    ) -> (u32, (std::process::Output, String)) {
         use std::io::Write;
         let mut s = PidScan::new();
         let marker = s.marker().to_string();
-        let mut child = std::process::Command::new(shell)
+        let mut cmd = if leader {
+            // Not a group leader itself, `setsid` makes the session and execs the shell.
+            let mut c = std::process::Command::new("setsid");
+            c.args(["-w", shell]);
+            c
+        } else {
+            std::process::Command::new(shell)
+        };
+        let mut child = cmd
             .arg("-c")
             .arg(wrap(&marker, script))
             .env("SHELL", shell)
@@ -1570,6 +1596,7 @@ mod tests {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let server_pid = child.id();
         child.stdin.take().unwrap().write_all(input).unwrap();
         let out = child.wait_with_output().unwrap();
         let mut err = HeadTail::new(1 << 20);
@@ -1577,9 +1604,39 @@ mod tests {
         s.flush(&mut err);
         let pid = pid.map(|p| p.to_string()).unwrap_or_default();
         (
-            out,
-            format!("{pid}|{}", String::from_utf8_lossy(&err.into_bytes())),
+            server_pid,
+            (
+                out,
+                format!("{pid}|{}", String::from_utf8_lossy(&err.into_bytes())),
+            ),
         )
+    }
+
+    #[test]
+    fn a_shell_that_leads_its_own_session_runs_the_command_in_it() {
+        use std::os::unix::process::ExitStatusExt;
+        for shell in ["/bin/sh", "/bin/bash"] {
+            // No subshell and no second session: the server's shell becomes the command's
+            // shell, so the reported group is that session, and nothing else is in it.
+            let (server, (out, err)) = run_wrapped_as(
+                true,
+                shell,
+                "read -r line; printf '%s|' \"$line\"; ps -o pid=,pgid=,sid= -p $$ | tr -s ' ' | sed 's/^ //'",
+                b"in put\n",
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let (input, ids) = stdout.split_once('|').unwrap();
+            assert_eq!(input, "in put", "{shell}: stdin passes through");
+            let pid = err.split('|').next().unwrap();
+            assert_eq!(pid, server.to_string(), "{shell}: {stdout} / {err}");
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            assert_eq!(ids, [pid, pid, pid], "{shell}: {stdout} / {err}");
+            let (_, (out, err)) = run_wrapped_as(true, shell, "echo oops >&2; exit 3", b"");
+            assert_eq!(out.status.code(), Some(3), "{shell}");
+            assert!(err.ends_with("|oops\n"), "{shell}: {err}");
+            let (_, (out, _)) = run_wrapped_as(true, shell, "kill -TERM $$", b"");
+            assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{shell}");
+        }
     }
 
     #[test]
