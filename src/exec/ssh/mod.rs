@@ -7,9 +7,10 @@
 //!
 //! Commands run on exec channels; files move over SFTP ([`sftp`]), or through the shell
 //! ([`shellfs`]) on a connection whose server has no SFTP subsystem. Every command runs in a
-//! session the wrapper creates with `setsid` (servers differ: OpenSSH makes the exec'd shell a
-//! session leader, Dropbear leaves it in the server's own group), whose leader reports its pid
-//! first, behind a marker made for that command. A command past its timeout or cancelled is
+//! session of its own — the server shell's where it leads one (OpenSSH makes the exec'd shell
+//! a session leader), else one the wrapper creates with `setsid` (Dropbear leaves the shell in
+//! the server's own group) — whose leader reports its pid first, behind a marker made for that
+//! command. A command past its timeout or cancelled is
 //! killed on the remote — that group gets TERM then KILL, and the kill reports whether any of
 //! it is left — and its partial output returned; where the group could not be ended (no
 //! `setsid` on the target, a survivor), [`Output::stop_note`] says so. A command dropped
