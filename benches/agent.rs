@@ -171,6 +171,7 @@ async fn run() {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve: true,
+            jump: None,
         },
         "bench",
     )

@@ -126,6 +126,7 @@ async fn run() {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve: true,
+            jump: None,
         };
         sshmode::target::add(&store.pool, &vault, new, "bench")
             .await
@@ -324,6 +325,7 @@ async fn run() {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve: true,
+            jump: None,
         },
         "bench",
     )

@@ -85,14 +85,15 @@ async fn build(
         }
         Ok(Place::Target(alias)) => match crate::target::get(&deps.db, alias).await {
             Ok(t) => format!(
-                "the SSH target `{alias}` ({}@{}{})",
+                "the SSH target `{alias}` ({}@{}{}{})",
                 t.user,
                 t.host,
                 if t.port == 22 {
                     String::new()
                 } else {
                     format!(":{}", t.port)
-                }
+                },
+                t.via()
             ),
             Err(_) => {
                 format!("the SSH target `{alias}` (not registered now: task tools will fail)")

@@ -302,7 +302,7 @@ async fn dispatch(
     };
     let backend = at.place.name().to_string();
     let location = location_of(deps, &at).await;
-    let (result, exit) = task(deps, section, tool, &args, at, cancel).await;
+    let (result, exit) = task(deps, section, tool, &args, at, &location, cancel).await;
     ToolOutcome {
         result,
         backend: Some(backend),
@@ -390,6 +390,7 @@ async fn task(
     tool: &str,
     args: &Args<'_>,
     at: Where,
+    location: &str,
     cancel: &CancellationToken,
 ) -> (Result<String, String>, Option<String>) {
     let mut exit_out: Option<String> = None;
@@ -408,7 +409,7 @@ async fn task(
                 verdict: Verdict::Refuse,
                 reason: d.to_string(),
             };
-            return Err(refused(deps, section, &backend_label, tool, &r).await);
+            return Err(refused(deps, section, &backend_label, Some(location), tool, &r).await);
         }
         let ops = match (&place, remote) {
             (Place::Local, _) => deps.exec.local_ops_in(
@@ -622,7 +623,7 @@ async fn task(
             store_cwd(deps, section, &backend_name, &now).await;
         }
         match (result, refusal) {
-            (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, tool, &r).await),
+            (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, Some(location), tool, &r).await),
             (result, _) => result,
         }
     }
@@ -701,6 +702,7 @@ async fn refused(
     deps: &AgentDeps,
     section: &str,
     backend: &str,
+    location: Option<&str>,
     tool: &str,
     r: &Refused,
 ) -> String {
@@ -715,6 +717,8 @@ async fn refused(
             "by": r.by,
             "verdict": r.verdict.as_str(),
             "reason": clip(&r.reason, 500),
+            // Where it would have run, with the path (`web · deploy@10.0.0.5 via bastion`).
+            "location": location,
         }),
     };
     let audited = async {

@@ -198,7 +198,7 @@ fn view(t: &target::Target, state: CardState) -> ApprovalView {
     ApprovalView {
         alias: t.alias.clone(),
         generation: t.generation,
-        destination: Some(format!("{}@{}:{}", t.user, t.host, t.port)),
+        destination: Some(t.destination()),
         added_by: Some(t.added_by.clone()),
         fingerprint: t.host_key.as_ref().map(|k| k.fingerprint.clone()),
         state,

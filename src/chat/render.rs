@@ -19,7 +19,7 @@ pub fn status(r: &Report, now: DateTime<Utc>) -> String {
         (Some(b), t) => {
             let dest = t
                 .as_ref()
-                .map(|t| format!("{}@{}:{}", t.user, t.host, t.port))
+                .map(|t| t.destination())
                 .unwrap_or_else(|| "target no longer registered".into());
             out.push_str(&format!("Backend: `{}` ({dest})\n", b.alias));
             if let Some(k) = t.as_ref().and_then(|t| t.host_key.as_ref()) {
@@ -59,10 +59,11 @@ pub fn list(targets: &[Target]) -> String {
     let mut out = String::from("Targets for this chat:");
     for t in targets {
         out.push_str(&format!(
-            "\n- `{}` {}@{} — {}",
+            "\n- `{}` {}@{}{} — {}",
             t.alias,
             t.user,
             t.host,
+            t.via(),
             t.status.as_str()
         ));
         if let Some(d) = t.description.as_deref().filter(|d| !d.is_empty()) {

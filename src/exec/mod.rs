@@ -19,7 +19,7 @@
 //! | `src/exec/mod.rs` | the `Backend` trait (run a script, read bytes, write atomically, home, initial dir), `Place`, `Executors` (one per process, built by `app::build::Core`), per-(backend, section) working directories | chats, models, bindings |
 //! | `src/exec/ops.rs` | the task tools' operations written once over any backend: terminal (guard, cwd tracking, env, timeout, cancel), read (ranges, binary detection), write, patch, search (`rg`, else `grep`/`find`), execute_code | picking a backend |
 //! | `src/exec/local/` | local backend (see *Local tool isolation* below): `LocalHost` (one per app) hands each section a `LocalBackend` confined to `sections/<section>` and its tmp; `bash -c` (under root through the launcher, in a PID namespace of its own) in its own session and process group, killed (TERM then KILL) on timeout/cancel and KILLed when the command ends | running unisolated without the operator's opt-in; waiting unboundedly after a kill |
-//! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a `setsid` session of the wrapper's own, group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
+//! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a session of its own (the server shell's where it leads one, as on OpenSSH, else one `setsid` makes), group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `registry` (the port through which the pool reads the target registry: `Endpoint`, the host-key check, sealed secrets), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only); jump hosts (a `direct-tcpip` tunnel on the jump host's pooled connection, outside its channel budget, never reaped while live; the SSH session over it checked as its own target) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
 //! | `src/shell/` | the shell-analysis core both policies read commands with: `parse` (bash syntax → tokens; `parse::simple_commands`), `spec` (the one table of shells, inline interpreters and wrappers: option letters and arities, operands, which options change directory, run a script or write a file), the shared bounds and `Verdict` | deciding anything; running or touching files |
 //! | `src/exec/guard/` | the command guard, the first policy over `shell` (verdicts `refuse`, `ask`, `allow`), in stages: `expand` (braces, parameters, `IFS`, possibly-empty unknowns), `check` (execution order, context, wrappers, nested scripts, budgets), `rules` (what is refused, and the messages), `ask` (what a person should decide) | running, touching files, or judging past a bound |
 //! | `src/exec/truncate.rs` | head+tail output capture | — |
@@ -64,7 +64,16 @@
 //! attempt. Keepalives detect dead peers; the reaper (on the app's `TaskTracker`) closes idle
 //! connections. Connects are counted in `sshmode_ssh_connects_total{reason}` and tool commands
 //! in `sshmode_exec_commands_total{backend,outcome}`. `TCP_NODELAY` is on: russh leaves Nagle on by default, which costs ~40 ms per
-//! small round trip.
+//! small round trip; and `TCP_QUICKACK` is set after every read, or a jump host's sshd (Nagle on)
+//! would hold each forwarded packet 40 ms for our delayed acknowledgement of the last.
+//!
+//! **Jump hosts.** `SshPool::pool` reads a target's whole path in one recursive query (through
+//! the registry port) and refuses it unless every hop is approved; a target's `connect_new`
+//! asks the jump host's pool for a `tunnel` (the jump pool connects, recursively, as for a
+//! command), so each hop keeps one pooled connection. Loops are refused in
+//! `target::check_jump` (serialised by an advisory lock) and, should one be in the table
+//! anyway, at connect time (≤ `MAX_HOPS`, no hop twice, before any lock is taken). A jump host
+//! cannot be deleted while referenced (a foreign key).
 //!
 //! **Remote kill.** sshd makes each session's shell a session leader, so its pid is the process
 //! group of everything the command starts. The script first prints `$$` on stderr behind a
@@ -433,13 +442,7 @@ impl Executors {
                 config.workspace_root.clone(),
                 &config.local,
             )?),
-            ssh: Arc::new(ssh::SshPool::new(
-                config.clone(),
-                registry,
-                vault,
-                metrics.clone(),
-                tasks,
-            )),
+            ssh: ssh::SshPool::new(config.clone(), registry, vault, metrics.clone(), tasks),
             guard: Arc::new(guard),
             cwds: Arc::new(CwdStore::default()),
             metrics,

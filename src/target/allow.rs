@@ -80,7 +80,7 @@ pub struct Facts {
     pub status: Status,
     /// The chat is on the allow-list, or there is none.
     pub allowed_here: bool,
-    /// `user@host`, for answers.
+    /// `user@host` (and ` via <jump>` behind a jump host), for answers.
     pub destination: String,
     /// The alias's current generation: a binding records it, and fails once it changes.
     pub generation: i64,
@@ -93,7 +93,7 @@ pub async fn facts(
     chat_id: &str,
 ) -> Result<Option<Facts>, TargetError> {
     let row = sqlx::query(
-        "SELECT t.status, t.username, t.host, t.generation,
+        "SELECT t.status, t.username, t.host, t.generation, t.jump,
                 (NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias)
                  OR EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = t.alias AND c.chat_id = $2))
                  AS allowed
@@ -108,9 +108,12 @@ pub async fn facts(
         status: Status::parse(r.get("status")),
         allowed_here: r.get("allowed"),
         destination: format!(
-            "{}@{}",
+            "{}@{}{}",
             r.get::<String, _>("username"),
-            r.get::<String, _>("host")
+            r.get::<String, _>("host"),
+            r.get::<Option<String>, _>("jump")
+                .map(|j| format!(" via {j}"))
+                .unwrap_or_default()
         ),
         generation: r.get("generation"),
     }))

@@ -1,6 +1,7 @@
 //! `sshmode target …`: add (which sees the host key once, unless `--offline`), list, show,
 //! approve (which pins the key shown), disable, remove, test (`--trust [SHA256:…]` pins only
-//! the key the operator checked), rekey.
+//! the key the operator checked), rekey. A target added with `--jump <alias>` is seen, tested
+//! and used through that jump host (and its own jump hosts, if any).
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -70,9 +71,10 @@ pub struct AllowArgs {
     pub all_chats: bool,
 }
 
-/// `sshmode target set <alias> [--workspace DIR] [--permission read|read-write|full]`
+/// `sshmode target set <alias> [--workspace DIR] [--permission read|read-write|full]
+/// [--jump ALIAS | --no-jump]`
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission", "jump", "no_jump"])))]
 pub struct SetArgs {
     pub alias: String,
     /// Where the target's sections start: an absolute directory or `~/…` on the target;
@@ -82,6 +84,12 @@ pub struct SetArgs {
     /// The highest permission a chat may choose on this target: read, read-write or full.
     #[arg(long, value_name = "PERMISSION", value_parser = parse_permission)]
     pub permission: Option<crate::workspace::Permission>,
+    /// Reach the target through this registered target (its jump host); a loop is refused.
+    #[arg(long, value_name = "ALIAS", conflicts_with = "no_jump")]
+    pub jump: Option<String>,
+    /// Reach the target directly again.
+    #[arg(long)]
+    pub no_jump: bool,
 }
 
 fn parse_permission(s: &str) -> Result<crate::workspace::Permission, String> {
@@ -139,6 +147,11 @@ pub struct AddArgs {
     /// target needs `--host-key` or `target test --trust SHA256:…`).
     #[arg(long)]
     pub offline: bool,
+    /// Reach the target through this registered target (a bastion): its connection opens a
+    /// channel to `--host:--port`, so the address is the one the jump host sees. Chains are
+    /// allowed; loops are refused. The jump host must be approved before chats can use this one.
+    #[arg(long, value_name = "ALIAS")]
+    pub jump: Option<String>,
 }
 
 /// Runs a target command; returns the process exit code.
@@ -171,8 +184,14 @@ pub async fn run_with(
             if super::get(db, &new.alias).await.is_ok() {
                 return Err(user_error(TargetError::Exists(new.alias)));
             }
+            // The jump path, checked before anything connects: the jump host exists, and the
+            // chain through it neither loops nor runs too long (the add checks again).
+            let jumps = match &new.jump {
+                Some(j) => jump_path(db, &new.alias, j).await?,
+                None => Vec::new(),
+            };
             if !offline {
-                see_host_key(&mut new, config).await?;
+                see_host_key(&mut new, config, db, &vault, &jumps).await?;
             }
             let approved = new.approve;
             let t = super::add(db, &vault, new, ACTOR)
@@ -180,9 +199,10 @@ pub async fn run_with(
                 .map_err(user_error)?;
             writeln!(
                 out,
-                "target `{}` added ({}){}",
+                "target `{}` added ({}){}{}",
                 t.alias,
                 t.status.as_str(),
+                t.via(),
                 if approved {
                     ""
                 } else {
@@ -214,11 +234,9 @@ pub async fn run_with(
             for t in targets {
                 writeln!(
                     out,
-                    "{}\t{}@{}:{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}",
                     t.alias,
-                    t.user,
-                    t.host,
-                    t.port,
+                    t.destination(),
                     t.status.as_str(),
                     auth_label(&t),
                     t.host_key_policy.as_str(),
@@ -231,8 +249,11 @@ pub async fn run_with(
             Ok(0)
         }
         TargetCmd::Show { alias } => {
-            let t = super::get(db, &alias).await.map_err(user_error)?;
-            show(&t, out)?;
+            let path = super::path(db, &alias).await.map_err(user_error)?;
+            show(&path[0], out)?;
+            if path.len() > 1 {
+                writeln!(out, "path:            {}", describe_path(&path))?;
+            }
             let chats = super::allow::allowed_chats(db, &alias)
                 .await
                 .map_err(user_error)?;
@@ -260,16 +281,25 @@ pub async fn run_with(
                     .workspace
                     .map(|w| (w.trim() != "~").then(|| w.trim().to_string())),
                 max_permission: a.permission,
+                jump: if a.no_jump {
+                    Some(None)
+                } else {
+                    a.jump.map(Some)
+                },
             };
             let t = super::set_settings(db, &a.alias, &settings, ACTOR)
                 .await
                 .map_err(user_error)?;
             writeln!(
                 out,
-                "target `{}`: workspace {}, highest permission {}",
+                "target `{}`: workspace {}, highest permission {}, reached {}",
                 t.alias,
                 t.workspace.as_deref().unwrap_or("~ (the remote home)"),
-                t.max_permission
+                t.max_permission,
+                match &t.jump {
+                    Some(j) => format!("through `{j}`"),
+                    None => "directly".into(),
+                }
             )?;
             Ok(0)
         }
@@ -287,7 +317,18 @@ pub async fn run_with(
             }
             Ok(0)
         }
-        TargetCmd::Disable { alias } => status(db, &alias, Status::Disabled, out).await,
+        TargetCmd::Disable { alias } => {
+            let code = status(db, &alias, Status::Disabled, out).await?;
+            let behind = super::dependents(db, &alias).await.map_err(user_error)?;
+            if !behind.is_empty() {
+                writeln!(
+                    out,
+                    "targets reached through `{alias}` now fail until it is approved again: {}",
+                    behind.join(", ")
+                )?;
+            }
+            Ok(code)
+        }
         TargetCmd::Remove { alias } => {
             super::remove(db, &alias, ACTOR).await.map_err(user_error)?;
             writeln!(out, "target `{alias}` removed, with its vaulted secrets")?;
@@ -300,8 +341,14 @@ pub async fn run_with(
                 Some(fp) => Some(Trust::Fingerprint(parse_fingerprint(fp)?)),
             };
             let vault = open_vault(config, db).await?;
-            let t = super::get(db, &alias).await.map_err(user_error)?;
-            test(&t, config, db, &vault, trust, out).await
+            let path = super::path(db, &alias).await.map_err(user_error)?;
+            if path.len() > super::MAX_HOPS + 1 {
+                bail!(
+                    "`{alias}` is reached through more than {} jump hosts",
+                    super::MAX_HOPS
+                );
+            }
+            test(&path, config, db, &vault, trust, out).await
         }
         TargetCmd::Rekey { alias, host_key } => {
             let key = parse_host_key(&host_key)?;
@@ -333,10 +380,43 @@ async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
 
 /// Connects once to see the host key (`target add` without `--offline`): a key given with
 /// `--host-key` must be the one presented; otherwise the presented one is recorded as seen.
-async fn see_host_key(new: &mut NewTarget, config: &Config) -> anyhow::Result<()> {
+async fn see_host_key(
+    new: &mut NewTarget,
+    config: &Config,
+    db: &PgPool,
+    vault: &Vault,
+    jumps: &[Target],
+) -> anyhow::Result<()> {
+    let probed = if jumps.is_empty() {
+        connect::probe_host_key(&config.exec, new.host.trim(), new.port).await
+    } else {
+        let registry = super::registry(db.clone());
+        let jumps: Vec<_> = jumps.iter().map(Target::endpoint).collect();
+        let jumps = &jumps[..];
+        let opts = ConnectOptions {
+            config: &config.exec,
+            registry: &registry,
+            vault,
+            trust: None,
+            actor: ACTOR,
+        };
+        match connect::open_path(jumps, &opts, new.host.trim(), new.port).await {
+            Ok((hops, ch)) => {
+                let r = connect::probe_host_key_through(
+                    &config.exec,
+                    new.host.trim(),
+                    new.port,
+                    ch.into_stream(),
+                )
+                .await;
+                drop(hops);
+                r
+            }
+            Err(e) => Err(e),
+        }
+    };
     let (fingerprint, algorithm) =
-        connect::probe_host_key(&config.exec, new.host.trim(), new.port)
-            .await
+        probed
             .map_err(|e| {
                 anyhow::anyhow!(
                     "could not see the host key of `{}`: {e}; fix the address, or add it with --offline (the first connection then records the key)",
@@ -371,6 +451,46 @@ fn parse_fingerprint(s: &str) -> anyhow::Result<String> {
     Ok(parse_host_key(s)?.fingerprint)
 }
 
+/// The jump hosts a new target `alias` would be reached through (`jump` first, outwards), or
+/// the reason it cannot: `jump` is unknown, it is `alias`, or the chain is too long.
+async fn jump_path(db: &PgPool, alias: &str, jump: &str) -> anyhow::Result<Vec<Target>> {
+    if jump == alias {
+        bail!("`{alias}` cannot be its own jump host");
+    }
+    let path = match super::path(db, jump).await {
+        Ok(p) => p,
+        Err(TargetError::NotFound(_)) => {
+            bail!("no target named `{jump}` to jump through; add it first")
+        }
+        Err(e) => return Err(user_error(e)),
+    };
+    if path.len() > super::MAX_HOPS {
+        bail!(
+            "`{alias}` would be reached through more than {} jump hosts",
+            super::MAX_HOPS
+        );
+    }
+    Ok(path)
+}
+
+/// `sshmode → edge → bastion → web (deploy@10.0.0.5:22)`: the hops from the service to
+/// `path[0]`, with each hop's status when it is not approved.
+fn describe_path(path: &[Target]) -> String {
+    let mut hops = vec!["sshmode".to_string()];
+    for t in path.iter().rev() {
+        let status = if t.status == Status::Approved {
+            String::new()
+        } else {
+            format!(", {}", t.status.as_str())
+        };
+        hops.push(format!(
+            "{} ({}@{}:{}{status})",
+            t.alias, t.user, t.host, t.port
+        ));
+    }
+    hops.join(" → ")
+}
+
 fn user_error(e: TargetError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
@@ -401,6 +521,9 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out, "host:            {}", t.host)?;
     writeln!(out, "port:            {}", t.port)?;
     writeln!(out, "user:            {}", t.user)?;
+    if let Some(j) = &t.jump {
+        writeln!(out, "jump host:       {j} (reached as {})", t.destination())?;
+    }
     writeln!(out, "status:          {}", t.status.as_str())?;
     writeln!(out, "auth:            {}", auth_label(t))?;
     writeln!(out, "host key policy: {}", t.host_key_policy.as_str())?;
@@ -530,6 +653,7 @@ fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarge
         },
         host_key: pinned,
         approve: args.approve,
+        jump: args.jump,
     })
 }
 
@@ -567,16 +691,32 @@ pub fn parse_host_key(s: &str) -> anyhow::Result<HostKey> {
 }
 
 async fn test(
-    t: &Target,
+    path: &[Target],
     config: &Config,
     db: &PgPool,
     vault: &Vault,
     trust: Option<Trust>,
     out: &mut dyn Write,
 ) -> anyhow::Result<i32> {
+    let t = &path[0];
     let trusted = trust.is_some();
-    let (seen, result) = connect::connect(
-        &t.endpoint(),
+    if path.len() > 1 {
+        writeln!(out, "path: {}", describe_path(path))?;
+        for hop in &path[1..] {
+            if hop.status != Status::Approved {
+                writeln!(
+                    out,
+                    "note: jump host `{}` is {}: chats cannot use `{}` until it is approved",
+                    hop.alias,
+                    hop.status.as_str(),
+                    t.alias
+                )?;
+            }
+        }
+    }
+    let endpoints: Vec<_> = path.iter().map(Target::endpoint).collect();
+    let (seen, result) = connect::connect_path(
+        &endpoints,
         ConnectOptions {
             config: &config.exec,
             registry: &super::registry(db.clone()),
@@ -593,13 +733,14 @@ async fn test(
             seen.algorithm.as_deref().unwrap_or("?")
         )?;
     }
-    let handle = match result {
+    let conn = match result {
         Ok(h) => h,
         Err(e) => {
             writeln!(out, "FAILED: {e}")?;
             return Ok(1);
         }
     };
+    let handle = &conn.handle;
     if matches!(
         seen.verdict,
         Some(super::HostKeyVerdict::Recorded | super::HostKeyVerdict::Pinned)
@@ -615,16 +756,21 @@ async fn test(
             t.alias
         )?;
     }
-    match crate::exec::ssh::run_once(&handle, &t.alias, "true", config.exec.ssh_connect_timeout)
+    match crate::exec::ssh::run_once(handle, &t.alias, "true", config.exec.ssh_connect_timeout)
         .await
     {
         Ok(crate::exec::Exit::Code(0)) => {
             writeln!(
                 out,
-                "ok: {}@{}:{} authenticated and ran `true`",
-                t.user, t.host, t.port
+                "ok: {} authenticated and ran `true`{}",
+                t.destination(),
+                match path.len() {
+                    1 => String::new(),
+                    2 => " through its jump host".to_string(),
+                    n => format!(" through its {} jump hosts", n - 1),
+                }
             )?;
-            let files = match crate::exec::ssh::file_path(&handle, config.exec.ssh_connect_timeout)
+            let files = match crate::exec::ssh::file_path(handle, config.exec.ssh_connect_timeout)
                 .await
             {
                 crate::exec::ssh::FilePath::Sftp => "files: over SFTP".to_string(),

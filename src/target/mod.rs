@@ -24,7 +24,8 @@ use zeroize::Zeroizing;
 
 use crate::audit;
 pub use crate::exec::ssh::registry::{
-    AuthKind, Endpoint, HostKeyVerdict, RegistryError, SealedSecrets, Status, TargetRegistry, Trust,
+    AuthKind, Endpoint, HostKeyVerdict, MAX_HOPS, RegistryError, SealedSecrets, Status,
+    TargetRegistry, Trust,
 };
 use crate::vault::{Field, Place, Vault};
 
@@ -99,6 +100,8 @@ pub struct Target {
     pub max_permission: crate::workspace::Permission,
     /// The directory sections start in (`None`: the remote user's home).
     pub workspace: Option<String>,
+    /// The target this one is reached through (its jump host), if any.
+    pub jump: Option<String>,
 }
 
 impl Target {
@@ -118,7 +121,18 @@ impl Target {
             user: self.user.clone(),
             auth: self.auth,
             status: self.status,
+            jump: self.jump.clone(),
         }
+    }
+
+    /// How the target is reached, for people: ` via bastion`, or nothing for a direct one.
+    pub fn via(&self) -> String {
+        self.endpoint().via()
+    }
+
+    /// `user@host:port`, then ` via <jump>` when it is reached through a jump host.
+    pub fn destination(&self) -> String {
+        format!("{}@{}:{}{}", self.user, self.host, self.port, self.via())
     }
 }
 
@@ -141,10 +155,10 @@ fn registry_error(e: TargetError) -> RegistryError {
 
 #[async_trait::async_trait]
 impl TargetRegistry for Registry {
-    async fn get(&self, alias: &str) -> Result<Endpoint, RegistryError> {
-        get(&self.db, alias)
+    async fn path(&self, alias: &str) -> Result<Vec<Endpoint>, RegistryError> {
+        path(&self.db, alias)
             .await
-            .map(|t| t.endpoint())
+            .map(|p| p.iter().map(Target::endpoint).collect())
             .map_err(registry_error)
     }
 
@@ -198,6 +212,8 @@ pub struct NewTarget {
     pub host_key: Option<HostKey>,
     /// Approved at once (an operator added it).
     pub approve: bool,
+    /// The registered target it is reached through, if any.
+    pub jump: Option<String>,
 }
 
 /// Registry errors.
@@ -215,6 +231,11 @@ pub enum TargetError {
         "target `{0}` has no host key to replace the recorded one with; pass --host-key KEY_LINE|SHA256:FP"
     )]
     NoHostKey(String),
+    /// A jump host cannot be removed while targets are reached through it.
+    #[error(
+        "target `{alias}` is the jump host of {dependents}: remove those first, or move them with `sshmode target set <alias> --jump <other>` or `--no-jump`"
+    )]
+    JumpInUse { alias: String, dependents: String },
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
 }
@@ -240,7 +261,7 @@ pub fn valid_alias(alias: &str) -> bool {
 const COLUMNS: &str = "alias, generation, host, port, username, description, auth_kind, \
     sealed_cert IS NOT NULL AS has_cert, host_key_policy, host_key_fingerprint, \
     host_key_algorithm, host_key_source, host_key_at, status, added_by, created_at, \
-    max_permission, workspace";
+    max_permission, workspace, jump";
 
 fn from_row(r: &sqlx::postgres::PgRow) -> Target {
     let fp: Option<String> = r.get("host_key_fingerprint");
@@ -276,6 +297,7 @@ fn from_row(r: &sqlx::postgres::PgRow) -> Target {
         max_permission: crate::workspace::Permission::parse(r.get("max_permission"))
             .unwrap_or(crate::workspace::Permission::Read),
         workspace: r.get("workspace"),
+        jump: r.get("jump"),
     }
 }
 
@@ -327,6 +349,9 @@ pub async fn add(
         k
     });
     let mut tx = db.begin().await?;
+    if let Some(jump) = &new.jump {
+        check_jump(&mut tx, &new.alias, jump).await?;
+    }
     // The generation first: the sealed records are bound to it.
     let generation: i64 =
         sqlx::query_scalar("SELECT nextval(pg_get_serial_sequence('targets', 'generation'))")
@@ -360,8 +385,9 @@ pub async fn add(
     let row = sqlx::query(&format!(
         "INSERT INTO targets (alias, generation, host, port, username, description, auth_kind, \
          sealed_key, sealed_cert, sealed_password, seal_version, host_key_policy, \
-         host_key_fingerprint, host_key_algorithm, host_key_source, host_key_at, status, added_by) \
-         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,2,$11,$12,$13,$14,$15,$16,$17) \
+         host_key_fingerprint, host_key_algorithm, host_key_source, host_key_at, status, added_by, \
+         jump) \
+         VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,2,$11,$12,$13,$14,$15,$16,$17,$18) \
          ON CONFLICT (alias) DO NOTHING RETURNING {COLUMNS}"
     ))
     .bind(&new.alias)
@@ -381,6 +407,7 @@ pub async fn add(
     .bind(host_key.as_ref().map(|_| Utc::now()))
     .bind(status.as_str())
     .bind(actor)
+    .bind(&new.jump)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
@@ -400,6 +427,7 @@ pub async fn add(
                 "host_key": target.host_key.as_ref().map(|k| &k.fingerprint),
                 "host_key_source": target.host_key.as_ref().map(|k| &k.source),
                 "status": status.as_str(),
+                "jump": target.jump,
             }),
         },
     )
@@ -425,6 +453,89 @@ pub async fn get(db: &PgPool, alias: &str) -> Result<Target, TargetError> {
     row.as_ref()
         .map(from_row)
         .ok_or_else(|| TargetError::NotFound(alias.to_string()))
+}
+
+/// The way to `alias`: the target itself, then its jump host, that one's jump host, and so on
+/// outwards — at most [`MAX_HOPS`]` + 2` entries, so a chain too long (or a loop, which
+/// [`check_jump`] keeps out of the table) shows as one longer than [`MAX_HOPS`]` + 1`.
+pub async fn path(db: &PgPool, alias: &str) -> Result<Vec<Target>, TargetError> {
+    let rows = sqlx::query(&format!(
+        "WITH RECURSIVE chain (alias, next, depth) AS ( \
+             SELECT alias, jump, 0 FROM targets WHERE alias = $1 \
+             UNION ALL \
+             SELECT t.alias, t.jump, c.depth + 1 FROM targets t JOIN chain c ON t.alias = c.next \
+             WHERE c.depth <= $2) \
+         SELECT {COLUMNS} FROM targets JOIN chain USING (alias) ORDER BY chain.depth"
+    ))
+    .bind(alias)
+    .bind(MAX_HOPS as i32)
+    .fetch_all(db)
+    .await?;
+    if rows.is_empty() {
+        return Err(TargetError::NotFound(alias.to_string()));
+    }
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// Refuses `jump` as the jump host of `alias` when it does not exist, is `alias` itself, is
+/// reached through `alias` (a loop), or would put `alias` more than [`MAX_HOPS`] jump hosts
+/// away. Jump changes are serialised (a transaction-scoped advisory lock), so two changes made
+/// at once cannot close a loop that neither sees.
+async fn check_jump(
+    tx: &mut sqlx::PgConnection,
+    alias: &str,
+    jump: &str,
+) -> Result<(), TargetError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(727001)")
+        .execute(&mut *tx)
+        .await?;
+    if jump == alias {
+        return Err(TargetError::Invalid(format!(
+            "`{alias}` cannot be its own jump host"
+        )));
+    }
+    let chain: Vec<String> = sqlx::query_scalar(
+        "WITH RECURSIVE chain (alias, next, depth) AS ( \
+             SELECT alias, jump, 0 FROM targets WHERE alias = $1 \
+             UNION ALL \
+             SELECT t.alias, t.jump, c.depth + 1 FROM targets t JOIN chain c ON t.alias = c.next \
+             WHERE c.depth <= $2) \
+         SELECT alias FROM chain ORDER BY depth",
+    )
+    .bind(jump)
+    .bind(MAX_HOPS as i32)
+    .fetch_all(&mut *tx)
+    .await?;
+    if chain.is_empty() {
+        return Err(TargetError::Invalid(format!(
+            "no target named `{jump}` to jump through; add it first"
+        )));
+    }
+    if let Some(at) = chain.iter().position(|a| a == alias) {
+        let ring: Vec<&str> = std::iter::once(alias)
+            .chain(chain[..=at].iter().map(String::as_str))
+            .collect();
+        return Err(TargetError::Invalid(format!(
+            "`{jump}` is itself reached through `{alias}` ({}): a jump chain may not loop",
+            ring.join(" → ")
+        )));
+    }
+    if chain.len() > MAX_HOPS {
+        return Err(TargetError::Invalid(format!(
+            "`{alias}` would be reached through more than {MAX_HOPS} jump hosts"
+        )));
+    }
+    Ok(())
+}
+
+/// The targets reached directly through `alias` (it is their jump host), by alias; at most 100.
+pub async fn dependents(db: &PgPool, alias: &str) -> Result<Vec<String>, TargetError> {
+    Ok(
+        sqlx::query_scalar("SELECT alias FROM targets WHERE jump = $1 ORDER BY alias LIMIT 100")
+            .bind(alias)
+            .fetch_all(db)
+            .await?,
+    )
 }
 
 /// What [`approve`] did.
@@ -627,6 +738,8 @@ pub struct Settings {
     /// user's home.
     pub workspace: Option<Option<String>>,
     pub max_permission: Option<crate::workspace::Permission>,
+    /// The jump host: `Some(None)` makes the target direct again.
+    pub jump: Option<Option<String>>,
 }
 
 /// Changes a target's workspace default and maximum permission; audited as `target.set` with
@@ -646,26 +759,35 @@ pub async fn set_settings(
         other => other.clone(),
     };
     let mut tx = db.begin().await?;
-    let prev =
-        sqlx::query("SELECT workspace, max_permission FROM targets WHERE alias = $1 FOR UPDATE")
-            .bind(alias)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
-    let (old_ws, old_max): (Option<String>, String) =
-        (prev.get("workspace"), prev.get("max_permission"));
+    let prev = sqlx::query(
+        "SELECT workspace, max_permission, jump FROM targets WHERE alias = $1 FOR UPDATE",
+    )
+    .bind(alias)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(|| TargetError::NotFound(alias.to_string()))?;
+    let (old_ws, old_max, old_jump): (Option<String>, String, Option<String>) = (
+        prev.get("workspace"),
+        prev.get("max_permission"),
+        prev.get("jump"),
+    );
+    if let Some(Some(jump)) = &settings.jump {
+        check_jump(&mut tx, alias, jump).await?;
+    }
+    let jump = settings.jump.clone().unwrap_or(old_jump.clone());
     let workspace = chosen.unwrap_or(old_ws.clone());
     let max = settings
         .max_permission
         .map(|p| p.as_str().to_string())
         .unwrap_or(old_max.clone());
     let row = sqlx::query(&format!(
-        "UPDATE targets SET workspace = $2, max_permission = $3, updated_at = now() \
+        "UPDATE targets SET workspace = $2, max_permission = $3, jump = $4, updated_at = now() \
          WHERE alias = $1 RETURNING {COLUMNS}"
     ))
     .bind(alias)
     .bind(&workspace)
     .bind(&max)
+    .bind(&jump)
     .fetch_one(&mut *tx)
     .await?;
     audit::record(
@@ -677,6 +799,7 @@ pub async fn set_settings(
             detail: json!({
                 "workspace": { "from": old_ws, "to": workspace },
                 "max_permission": { "from": old_max, "to": max },
+                "jump": { "from": old_jump, "to": jump },
             }),
         },
     )
@@ -686,13 +809,35 @@ pub async fn set_settings(
 }
 
 /// Removes a target and its sealed secrets; audited as `target.remove`.
+///
+/// A jump host is not removed while targets are reached through it ([`TargetError::JumpInUse`],
+/// naming them; the database's foreign key holds the same rule against a race).
 pub async fn remove(db: &PgPool, alias: &str, actor: &str) -> Result<(), TargetError> {
+    let in_use = |dependents: Vec<String>| TargetError::JumpInUse {
+        alias: alias.to_string(),
+        dependents: dependents
+            .iter()
+            .map(|d| format!("`{d}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let behind = dependents(db, alias).await?;
+    if !behind.is_empty() {
+        return Err(in_use(behind));
+    }
     let mut tx = db.begin().await?;
-    let gone = sqlx::query("DELETE FROM targets WHERE alias = $1")
+    let gone = match sqlx::query("DELETE FROM targets WHERE alias = $1")
         .bind(alias)
         .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .await
+    {
+        Ok(r) => r.rows_affected(),
+        Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+            drop(tx);
+            return Err(in_use(dependents(db, alias).await?));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if gone == 0 {
         return Err(TargetError::NotFound(alias.to_string()));
     }
@@ -881,7 +1026,7 @@ pub async fn check_host_key(
 ) -> Result<HostKeyVerdict, TargetError> {
     let mut tx = db.begin().await?;
     let row = sqlx::query(
-        "SELECT host_key_policy, host_key_fingerprint, host_key_source FROM targets \
+        "SELECT host_key_policy, host_key_fingerprint, host_key_source, jump FROM targets \
          WHERE alias = $1 FOR UPDATE",
     )
     .bind(alias)
@@ -891,6 +1036,14 @@ pub async fn check_host_key(
     let policy: String = row.get("host_key_policy");
     let recorded: Option<String> = row.get("host_key_fingerprint");
     let source: Option<String> = row.get("host_key_source");
+    // A target behind a jump host: its rows name the hop the key was seen through.
+    let jump: Option<String> = row.get("jump");
+    let via = |mut detail: serde_json::Value| {
+        if let Some(j) = &jump {
+            detail["via"] = json!(j);
+        }
+        detail
+    };
     let verdict = match (recorded, trust) {
         (_, Some(Trust::Fingerprint(checked))) if checked != fingerprint => {
             audit::record(
@@ -899,7 +1052,7 @@ pub async fn check_host_key(
                     actor,
                     action: "hostkey.trust_mismatch",
                     subject: alias,
-                    detail: json!({ "checked": checked, "presented": fingerprint, "algorithm": algorithm }),
+                    detail: via(json!({ "checked": checked, "presented": fingerprint, "algorithm": algorithm })),
                 },
             )
             .await?;
@@ -914,7 +1067,7 @@ pub async fn check_host_key(
                     actor,
                     action: "hostkey.mismatch",
                     subject: alias,
-                    detail: json!({ "expected": expected, "presented": fingerprint, "algorithm": algorithm }),
+                    detail: via(json!({ "expected": expected, "presented": fingerprint, "algorithm": algorithm })),
                 },
             )
             .await?;
@@ -950,7 +1103,7 @@ pub async fn check_host_key(
                     actor,
                     action: "hostkey.record",
                     subject: alias,
-                    detail: json!({ "fingerprint": fingerprint, "algorithm": algorithm }),
+                    detail: via(json!({ "fingerprint": fingerprint, "algorithm": algorithm })),
                 },
             )
             .await?;

@@ -544,6 +544,7 @@ pub(crate) async fn add_target(app: &TestApp, sshd: &Sshd, dir: &std::path::Path
         host_key: None,
         approve: true,
         offline: false,
+        jump: None,
     };
     let mut out = Vec::new();
     let r = run_with(

@@ -522,6 +522,7 @@ async fn a_re_added_alias_is_not_the_target_its_old_bindings_were_made_for() {
             host_key: None,
             approve: true,
             offline: true,
+            jump: None,
         }),
     )
     .await;

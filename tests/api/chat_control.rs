@@ -64,6 +64,7 @@ async fn add_target_on(app: &TestApp, alias: &str, host: &str, approve: bool) {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve,
+            jump: None,
         },
         "cli",
     )
@@ -1070,5 +1071,57 @@ async fn workspace_commands_choose_show_and_stay_under_the_maximum() {
     assert!(
         r.contains("Workspace not changed") && r.contains("cannot be a local workspace"),
         "{r}"
+    );
+}
+
+/// A target behind a jump host: `/ssh use`, `/ssh status` and `/ssh list` name the path.
+#[tokio::test]
+async fn the_chat_shows_the_path_to_a_target_behind_a_jump_host() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "gw", true).await;
+    let vault =
+        sshmode::vault::Vault::open_or_create(&app.data_dir.path().join("master.key")).unwrap();
+    target::add(
+        &app.state.db,
+        &vault,
+        NewTarget {
+            alias: "deep".into(),
+            host: "10.0.0.5".into(),
+            port: 22,
+            user: "deploy".into(),
+            description: None,
+            secrets: NewSecrets::Agent,
+            host_key_policy: HostKeyPolicy::Tofu,
+            host_key: None,
+            approve: true,
+            jump: Some("gw".into()),
+        },
+        "cli",
+    )
+    .await
+    .unwrap();
+
+    send(&app, &group("ev_deep", "/ssh use deep")).await;
+    wait_state(&app, "ev_deep", "done").await;
+    let text = replies(&fake, "om_ev_deep").join("");
+    assert!(text.contains("`deep` (deploy@10.0.0.5 via gw)"), "{text}");
+    send(
+        &app,
+        &in_thread("ev_deep_st", "/ssh status", "omt_ev_deep", "om_ev_deep"),
+    )
+    .await;
+    wait_state(&app, "ev_deep_st", "done").await;
+    let status = replies(&fake, "om_ev_deep_st").join("");
+    assert!(
+        status.contains("Backend: `deep` (deploy@10.0.0.5:22 via gw)"),
+        "{status}"
+    );
+    send(&app, &group("ev_deep_l", "/ssh list")).await;
+    wait_state(&app, "ev_deep_l", "done").await;
+    let list = replies(&fake, "om_ev_deep_l").join("");
+    assert!(
+        list.contains("`deep` deploy@10.0.0.5 via gw — approved"),
+        "{list}"
     );
 }

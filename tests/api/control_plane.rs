@@ -328,6 +328,7 @@ async fn notes_and_skills_holding_secrets_are_refused_without_echoing_them() {
             host_key_policy: HostKeyPolicy::Tofu,
             host_key: None,
             approve: true,
+            jump: None,
         },
         "cli",
     )

@@ -69,6 +69,7 @@ pub fn add_args(alias: &str, port: u16) -> AddArgs {
         host_key: None,
         approve: true,
         offline: false,
+        jump: None,
     }
 }
 
@@ -572,6 +573,7 @@ fn clone_args(a: &AddArgs) -> AddArgs {
         cert: a.cert.clone(),
         description: a.description.clone(),
         host_key: a.host_key.clone(),
+        jump: a.jump.clone(),
         ..*a
     }
 }

@@ -19,6 +19,7 @@ mod foundation;
 #[allow(dead_code)]
 mod helpers;
 mod isolation;
+mod jump;
 mod lark_client;
 mod lark_flow;
 mod lark_http;

@@ -172,6 +172,24 @@ impl Sshd {
 
     /// [`Sshd::start_with`], with or without an SFTP subsystem.
     pub fn start_opts(dir: &Path, port: u16, extra: &str, sftp: bool) -> Sshd {
+        Self::start_at(dir, None, "127.0.0.1", port, extra, sftp)
+    }
+
+    /// An sshd listening on `addr:port` inside the network namespace `netns` (created by the
+    /// caller), with `extra` configuration lines. Ready once it has written its pid file, which
+    /// sshd does after it listens (the service may not be able to reach it directly).
+    pub fn start_netns(dir: &Path, netns: &str, addr: &str, port: u16, extra: &str) -> Sshd {
+        Self::start_at(dir, Some(netns), addr, port, extra, true)
+    }
+
+    fn start_at(
+        dir: &Path,
+        netns: Option<&str>,
+        addr: &str,
+        port: u16,
+        extra: &str,
+        sftp: bool,
+    ) -> Sshd {
         let host_key = dir.join("host_key");
         if !host_key.exists() {
             new_key(&host_key, "ed25519", "");
@@ -184,7 +202,7 @@ impl Sshd {
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\nUsePAM no\n\
+                "Port {port}\nListenAddress {addr}\nHostKey {hk}\nPidFile {pid}\nUsePAM no\n\
                  PasswordAuthentication yes\nPubkeyAuthentication yes\nKbdInteractiveAuthentication no\n\
                  TrustedUserCAKeys {ca}.pub\nAuthorizedKeysFile {dir}/%u.keys\nStrictModes no\n\
                  {subsystem}MaxSessions 10\nMaxStartups 100:30:200\nLogLevel ERROR\n{extra}",
@@ -196,7 +214,16 @@ impl Sshd {
             ),
         )
         .unwrap();
-        let child = Command::new("/usr/sbin/sshd")
+        let mut cmd = match netns {
+            None => Command::new("/usr/sbin/sshd"),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                // `ip netns exec` execs sshd in place: the child is sshd itself.
+                c.args(["netns", "exec", ns, "/usr/sbin/sshd"]);
+                c
+            }
+        };
+        let child = cmd
             .args(["-D", "-e", "-f"])
             .arg(&config)
             .stdin(Stdio::null())
@@ -209,8 +236,22 @@ impl Sshd {
             dir: dir.to_path_buf(),
             child,
         };
-        sshd.wait_ready();
+        match netns {
+            None => sshd.wait_ready(),
+            Some(_) => sshd.wait_pid_file(),
+        }
         sshd
+    }
+
+    fn wait_pid_file(&self) {
+        // Bounded poll: sshd writes its pid file once it listens.
+        for _ in 0..500 {
+            if self.dir.join("sshd.pid").exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("sshd in its namespace did not start within 5 s");
     }
 
     fn wait_ready(&self) {

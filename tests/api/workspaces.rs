@@ -377,6 +377,8 @@ async fn set_max(app: &TestApp, alias: &str, p: &str) {
             alias: alias.into(),
             workspace: None,
             permission: Permission::parse(p),
+            jump: None,
+            no_jump: false,
         }),
         &app.state.config,
         &app.state.db,

@@ -3,6 +3,10 @@
 //! a target added offline, or a pinned key for `strict` targets; a mismatch is refused and
 //! audited), then authentication with the vaulted key (or key + certificate), password, or
 //! the ssh-agent. [`probe_host_key`] is the one handshake `target add` makes to see the key.
+//! A target behind a jump host is reached over a `direct-tcpip` channel of the jump host's
+//! connection ([`connect_through`]; the pool opens the channel on its pooled connection,
+//! [`open_path`] hop by hop for the CLI); each hop is checked and authenticated as its own
+//! target.
 //!
 //! Secrets are opened from the vault here and only here, held in `Zeroizing` buffers, and
 //! never logged. Never: accepts a host key the registry does not bind to the target.
@@ -10,6 +14,7 @@
 use std::sync::{Arc, Mutex};
 
 use russh::client;
+use russh::client::Msg;
 use russh::keys::{Certificate, HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 
 use super::registry::{AuthKind, Endpoint, HostKeyVerdict, TargetRegistry, Trust};
@@ -119,6 +124,30 @@ pub async fn connect(
     target: &Endpoint,
     opts: ConnectOptions<'_>,
 ) -> (HostKeySeen, Result<Connection, ExecError>) {
+    connect_with(target, opts, None::<russh::ChannelStream<Msg>>).await
+}
+
+/// [`connect`] over `stream`, a channel to the target that a jump host opened: the same
+/// host-key check against the target's own record, and its own credentials.
+pub async fn connect_through<S>(
+    target: &Endpoint,
+    opts: ConnectOptions<'_>,
+    stream: S,
+) -> (HostKeySeen, Result<Connection, ExecError>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    connect_with(target, opts, Some(stream)).await
+}
+
+async fn connect_with<S>(
+    target: &Endpoint,
+    opts: ConnectOptions<'_>,
+    stream: Option<S>,
+) -> (HostKeySeen, Result<Connection, ExecError>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let seen = Arc::new(Mutex::new(HostKeySeen::default()));
     let handler = Client {
         registry: opts.registry.clone(),
@@ -129,13 +158,19 @@ pub async fn connect(
     };
     let timeout = opts.config.ssh_connect_timeout;
     let attempt = async {
-        let mut handle = client::connect(
-            client_config(opts.config),
-            (target.host.as_str(), target.port),
-            handler,
-        )
-        .await
-        .map_err(|e| handshake_error(target, &seen, e))?;
+        let config = client_config(opts.config);
+        let handshake = match stream {
+            None => match tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await
+            {
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    client::connect_stream(config, QuickAck(tcp), handler).await
+                }
+                Err(e) => Err(russh::Error::IO(e)),
+            },
+            Some(s) => client::connect_stream(config, s, handler).await,
+        };
+        let mut handle = handshake.map_err(|e| handshake_error(target, &seen, e))?;
         authenticate(&mut handle, target, &opts).await?;
         Ok(handle)
     };
@@ -153,6 +188,85 @@ pub async fn connect(
     };
     let seen = seen.lock().expect("seen lock").clone();
     (seen, result)
+}
+
+/// A connection's TCP stream that acknowledges what it reads at once (`TCP_QUICKACK` after
+/// every read; Linux clears it by itself, so it is set again each time). A jump host's sshd
+/// forwards a target's packets on a socket without `TCP_NODELAY`, each as it comes: with our
+/// acknowledgements delayed (40 ms), each packet after the first would wait for the last
+/// one's. Elsewhere it costs one system call per read.
+struct QuickAck(tokio::net::TcpStream);
+
+impl QuickAck {
+    fn ack_now(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let one: libc::c_int = 1;
+            // SAFETY: a valid descriptor owned by `self.0`, and a pointer to an int of the
+            // size given; the result is ignored (a failure only leaves acks delayed).
+            unsafe {
+                libc::setsockopt(
+                    self.0.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_QUICKACK,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.ack_now();
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
 }
 
 /// The russh handler of [`probe_host_key`]: notes the presented key and ends the handshake
@@ -185,10 +299,40 @@ pub async fn probe_host_key(
     host: &str,
     port: u16,
 ) -> Result<(String, String), String> {
+    probe_with(config, host, port, None::<russh::ChannelStream<Msg>>).await
+}
+
+/// [`probe_host_key`] over `stream`, a channel to `host:port` that a jump host opened.
+pub async fn probe_host_key_through<S>(
+    config: &ExecConfig,
+    host: &str,
+    port: u16,
+    stream: S,
+) -> Result<(String, String), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    probe_with(config, host, port, Some(stream)).await
+}
+
+async fn probe_with<S>(
+    config: &ExecConfig,
+    host: &str,
+    port: u16,
+    stream: Option<S>,
+) -> Result<(String, String), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let seen = Arc::new(Mutex::new(None));
     let handler = Probe { seen: seen.clone() };
     let timeout = config.ssh_connect_timeout;
-    let attempt = client::connect(client_config(config), (host, port), handler);
+    let attempt = async {
+        match stream {
+            None => client::connect(client_config(config), (host, port), handler).await,
+            Some(s) => client::connect_stream(client_config(config), s, handler).await,
+        }
+    };
     let result = tokio::time::timeout(timeout, attempt).await;
     if let Some(key) = seen.lock().expect("seen lock").take() {
         return Ok(key);
@@ -199,6 +343,150 @@ pub async fn probe_host_key(
         Ok(Err(e)) => format!("SSH handshake with {host}:{port} failed: {e}"),
         Ok(Ok(_)) => format!("{host}:{port} presented no plain host key"),
     })
+}
+
+/// Opens a `direct-tcpip` channel to `host:port` on `jump`'s connection `handle`, within the
+/// connect timeout. A refusal is said in the server's words: "administratively prohibited"
+/// (its sshd forbids forwarding) or "connect failed" (it cannot reach the address). `Err(None)`:
+/// the connection itself failed (the caller may retry on another one).
+pub async fn open_tunnel<H: client::Handler>(
+    handle: &client::Handle<H>,
+    jump: &str,
+    host: &str,
+    port: u16,
+    timeout: std::time::Duration,
+) -> Result<russh::Channel<Msg>, Option<String>> {
+    let opened = tokio::time::timeout(
+        timeout,
+        handle.channel_open_direct_tcpip(host, port as u32, "127.0.0.1", 0),
+    )
+    .await;
+    match opened {
+        Ok(Ok(ch)) => Ok(ch),
+        Ok(Err(russh::Error::ChannelOpenFailure(why))) => {
+            Err(Some(tunnel_refused(jump, host, port, &why)))
+        }
+        Ok(Err(_)) => Err(None),
+        Err(_) => Err(Some(format!(
+            "the jump host `{jump}` did not open a channel to {host}:{port} within {}s",
+            timeout.as_secs()
+        ))),
+    }
+}
+
+/// Why a jump host refused to forward, in words an operator can act on.
+fn tunnel_refused(jump: &str, host: &str, port: u16, why: &russh::ChannelOpenFailure) -> String {
+    use russh::ChannelOpenFailure as F;
+    match why {
+        F::AdministrativelyProhibited => format!(
+            "the jump host `{jump}` refused to forward to {host}:{port}: administratively prohibited (its sshd does not allow TCP forwarding: `AllowTcpForwarding no`, or `PermitOpen` excludes this address)"
+        ),
+        F::ConnectFailed => format!(
+            "the jump host `{jump}` could not connect to {host}:{port} (connect failed): check the target's address from the jump host"
+        ),
+        F::ResourceShortage => {
+            format!("the jump host `{jump}` refused to forward to {host}:{port}: resource shortage")
+        }
+        F::UnknownChannelType => format!(
+            "the jump host `{jump}` does not offer port forwarding (direct-tcpip is unknown to it)"
+        ),
+        F::Other { code, reason } => format!(
+            "the jump host `{jump}` refused to forward to {host}:{port}: {} (code {code})",
+            reason.chars().take(200).collect::<String>()
+        ),
+    }
+}
+
+/// A connection made hop by hop for the CLI (`target add` through a jump host, `target test`):
+/// the target's handle, and the jump hosts' handles its channel rides on, kept open with it.
+pub struct PathConnection {
+    pub handle: Connection,
+    /// Outermost first; dropped after `handle`.
+    _hops: Vec<Connection>,
+}
+
+/// The jump hosts `jumps` (nearest to the target first, as the registry's path lists them after
+/// the target) connected hop by hop from the outermost, each checked and authenticated as its
+/// own target; returns their handles and a channel from the nearest one to `host:port`.
+pub async fn open_path(
+    jumps: &[Endpoint],
+    opts: &ConnectOptions<'_>,
+    host: &str,
+    port: u16,
+) -> Result<(Vec<Connection>, russh::Channel<Msg>), String> {
+    let mut hops: Vec<Connection> = Vec::with_capacity(jumps.len());
+    let hop_opts = || ConnectOptions {
+        config: opts.config,
+        registry: opts.registry,
+        vault: opts.vault,
+        trust: None,
+        actor: opts.actor,
+    };
+    for (i, hop) in jumps.iter().rev().enumerate() {
+        let (_, result) = match hops.last() {
+            None => connect(hop, hop_opts()).await,
+            Some(prev) => {
+                let outer = &jumps[jumps.len() - i];
+                let ch = open_tunnel(
+                    prev,
+                    &outer.alias,
+                    &hop.host,
+                    hop.port,
+                    opts.config.ssh_connect_timeout,
+                )
+                .await
+                .map_err(|e| {
+                    e.unwrap_or_else(|| format!("the connection to `{}` was lost", outer.alias))
+                })?;
+                connect_through(hop, hop_opts(), ch.into_stream()).await
+            }
+        };
+        let handle = result.map_err(|e| format!("its jump host `{}`: {e}", hop.alias))?;
+        hops.push(handle);
+    }
+    let nearest = jumps.first().ok_or("no jump host")?;
+    let last = hops.last().ok_or("no jump host")?;
+    let ch = open_tunnel(
+        last,
+        &nearest.alias,
+        host,
+        port,
+        opts.config.ssh_connect_timeout,
+    )
+    .await
+    .map_err(|e| e.unwrap_or_else(|| format!("the connection to `{}` was lost", nearest.alias)))?;
+    Ok((hops, ch))
+}
+
+/// [`connect`] to `path[0]` through the jump hosts `path[1..]` (the registry's path's order): the
+/// CLI's one-off connection. The trust (`target test --trust`) applies to the target only.
+pub async fn connect_path(
+    path: &[Endpoint],
+    opts: ConnectOptions<'_>,
+) -> (HostKeySeen, Result<PathConnection, ExecError>) {
+    let target = &path[0];
+    if path.len() == 1 {
+        let (seen, r) = connect(target, opts).await;
+        return (
+            seen,
+            r.map(|handle| PathConnection {
+                handle,
+                _hops: Vec::new(),
+            }),
+        );
+    }
+    let (hops, ch) = match open_path(&path[1..], &opts, &target.host, target.port).await {
+        Ok(x) => x,
+        Err(reason) => return (HostKeySeen::default(), Err(unavailable(target, reason))),
+    };
+    let (seen, r) = connect_through(target, opts, ch.into_stream()).await;
+    (
+        seen,
+        r.map(|handle| PathConnection {
+            handle,
+            _hops: hops,
+        }),
+    )
 }
 
 fn unavailable(target: &Endpoint, reason: String) -> ExecError {

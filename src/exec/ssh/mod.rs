@@ -7,13 +7,19 @@
 //!
 //! Commands run on exec channels; files move over SFTP ([`sftp`]), or through the shell
 //! ([`shellfs`]) on a connection whose server has no SFTP subsystem. Every command runs in a
-//! session the wrapper creates with `setsid` (servers differ: OpenSSH makes the exec'd shell a
-//! session leader, Dropbear leaves it in the server's own group), whose leader reports its pid
-//! first, behind a marker made for that command. A command past its timeout or cancelled is
+//! session of its own — the server shell's where it leads one (OpenSSH makes the exec'd shell
+//! a session leader), else one the wrapper creates with `setsid` (Dropbear leaves the shell in
+//! the server's own group) — whose leader reports its pid first, behind a marker made for that
+//! command. A command past its timeout or cancelled is
 //! killed on the remote — that group gets TERM then KILL, and the kill reports whether any of
 //! it is left — and its partial output returned; where the group could not be ended (no
 //! `setsid` on the target, a survivor), [`Output::stop_note`] says so. A command dropped
 //! midway is killed from a task on the app's tracker.
+//!
+//! A target behind a jump host connects over a `direct-tcpip` channel of the jump host's
+//! pooled connection ([`TargetPool::tunnel`]), chains hop by hop, never more than
+//! [`MAX_HOPS`] hops nor the same hop twice. The tunnel takes none of the jump
+//! connection's channel budget, and a connection carrying a live tunnel is never reaped.
 //!
 //! Never: accepts an unknown or changed host key, keeps a secret outside the vault, signals a
 //! pid it did not read from behind its marker (or one ≤ 1) — so never a group the wrapper did
@@ -26,9 +32,9 @@ mod sftp;
 mod shellfs;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -44,7 +50,7 @@ use crate::config::ExecConfig;
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::vault::Vault;
 use connect::{ConnectOptions, Connection};
-use registry::{Endpoint, HostKeyVerdict, RegistryError, Status, TargetRegistry};
+use registry::{Endpoint, HostKeyVerdict, MAX_HOPS, RegistryError, Status, TargetRegistry};
 
 /// Most commands waiting for a channel per target; more are refused at once as busy.
 const MAX_QUEUED: usize = 1024;
@@ -63,6 +69,9 @@ const KILL_ATTEMPTS: usize = 3;
 
 /// Every SSH connection of the app.
 pub struct SshPool {
+    /// Itself, for the target pools: a target behind a jump host asks for the jump host's pool
+    /// when it connects.
+    me: Weak<SshPool>,
     config: ExecConfig,
     /// The target registry, read at every use.
     registry: Arc<dyn TargetRegistry>,
@@ -83,44 +92,66 @@ impl SshPool {
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
-    ) -> Self {
-        SshPool {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| SshPool {
+            me: me.clone(),
             config,
             registry,
             vault,
             metrics,
             targets: StdMutex::new(HashMap::new()),
             tasks,
-        }
+        })
     }
 
     /// The backend of an approved target. Checks the registry each time, so a disabled or
     /// removed target stops being usable at once.
     pub async fn backend(&self, alias: &str) -> Result<Arc<SshBackend>, ExecError> {
+        Ok(Arc::new(SshBackend {
+            pool: self.pool(alias).await?,
+        }))
+    }
+
+    /// The pool of an approved target whose jump hosts, if any, are approved too (one query
+    /// for the whole path). A target or jump host found gone, pending or disabled has its pool
+    /// dropped, and the error names the hop and why.
+    async fn pool(&self, alias: &str) -> Result<Arc<TargetPool>, ExecError> {
         let unavailable = |reason: String| ExecError::Unavailable {
             alias: alias.to_string(),
             reason,
         };
-        let t = match self.registry.get(alias).await {
-            Ok(t) => t,
+        let mut path = match self.registry.path(alias).await {
+            Ok(p) => p,
             Err(RegistryError::NotFound(_)) => {
                 self.forget(alias);
                 return Err(unavailable("no target has this alias".into()));
             }
             Err(e) => return Err(unavailable(e.to_string())),
         };
-        let refused = match t.status {
-            Status::Approved => None,
-            Status::Pending => Some("it is pending; an admin must approve it first"),
-            Status::Disabled => Some("it is disabled"),
-        };
-        if let Some(reason) = refused {
+        if path.len() > MAX_HOPS + 1 {
             self.forget(alias);
-            return Err(unavailable(reason.into()));
+            return Err(unavailable(format!(
+                "it is reached through more than {} jump hosts (or its jump hosts form a loop)",
+                MAX_HOPS
+            )));
         }
+        for (i, hop) in path.iter().enumerate() {
+            let refused = match hop.status {
+                Status::Approved => continue,
+                Status::Pending => "is pending; an admin must approve it first",
+                Status::Disabled => "is disabled",
+            };
+            self.forget(alias);
+            return Err(unavailable(if i == 0 {
+                format!("it {refused}")
+            } else {
+                format!("its jump host `{}` {refused}", hop.alias)
+            }));
+        }
+        let t = path.swap_remove(0);
         let mut map = self.targets.lock().expect("ssh pool lock");
         let pool = match map.get(alias) {
-            Some(p) if p.target.generation == t.generation => p.clone(),
+            Some(p) if p.target.generation == t.generation && p.target.jump == t.jump => p.clone(),
             _ => {
                 let p = Arc::new(TargetPool::new(
                     t,
@@ -129,12 +160,13 @@ impl SshPool {
                     self.vault.clone(),
                     self.metrics.clone(),
                     self.tasks.clone(),
+                    self.me.clone(),
                 ));
                 map.insert(alias.to_string(), p.clone());
                 p
             }
         };
-        Ok(Arc::new(SshBackend { pool }))
+        Ok(pool)
     }
 
     /// Drops the pool of a target that is gone or no longer approved, so the map stays
@@ -201,6 +233,9 @@ struct Conn {
     handle: Connection,
     /// Channels in use (bounded by `ssh_channels_per_connection`).
     busy: AtomicUsize,
+    /// Live tunnels to targets behind this one (jump host): not counted in `busy`, but a
+    /// connection carrying one is never closed as idle.
+    tunnels: AtomicUsize,
     /// A channel open failed on it: no new channels; dropped once idle.
     broken: AtomicBool,
     /// For idle close.
@@ -228,6 +263,7 @@ pub enum FilePath {
 pub struct TargetPool {
     target: Endpoint,
     config: ExecConfig,
+    /// The target registry, read at every use.
     registry: Arc<dyn TargetRegistry>,
     vault: Arc<Vault>,
     /// Counts connection attempts by outcome.
@@ -247,6 +283,8 @@ pub struct TargetPool {
     freed: Arc<Notify>,
     /// The app's task tracker, for background kills of dropped commands.
     tasks: TaskTracker,
+    /// The app's pools, where a target behind a jump host finds the jump host's pool.
+    pools: Weak<SshPool>,
 }
 
 /// A channel slot on a connection; returns itself on drop.
@@ -286,6 +324,98 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// Drops closed connections, and broken ones nothing uses any more (no channel, no tunnel).
+fn retain_usable(conns: &mut Vec<Arc<Conn>>) {
+    conns.retain(|c| {
+        let retired = c.broken.load(Ordering::Acquire)
+            && c.busy.load(Ordering::Acquire) == 0
+            && c.tunnels.load(Ordering::Acquire) == 0;
+        !(c.handle.is_closed() || retired)
+    });
+}
+
+/// Whether `e` is about target `alias`.
+fn is_for(e: &ExecError, alias: &str) -> bool {
+    matches!(e, ExecError::Unavailable { alias: a, .. } if a == alias)
+}
+
+/// Why a target behind `jump` cannot connect, from the jump host's own error.
+fn jump_failed(jump: &str, e: ExecError) -> String {
+    match e {
+        ExecError::Unavailable { reason, .. } => {
+            format!("its jump host `{jump}` is unavailable: {reason}")
+        }
+        ExecError::HostKeyMismatch {
+            expected,
+            presented,
+            ..
+        } => format!(
+            "the host key of its jump host `{jump}` changed: expected {expected}, got {presented}; refusing to connect. If the change is legitimate, an admin checks the new key on the host and runs `sshmode target rekey {jump} --host-key SHA256:…`"
+        ),
+        ExecError::Busy { .. } => format!("its jump host `{jump}` has no connection free"),
+        ExecError::Connection { reason, .. } => {
+            format!("the connection to its jump host `{jump}` failed: {reason}")
+        }
+        other => format!("its jump host `{jump}`: {other}"),
+    }
+}
+
+/// A tunnel through a jump host's connection, as the target's SSH session reads and writes it.
+/// Holds the jump connection (counted as carrying a tunnel) until the session drops it.
+struct TunnelStream {
+    inner: russh::ChannelStream<Msg>,
+    _hold: TunnelHold,
+}
+
+impl tokio::io::AsyncRead for TunnelStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TunnelStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A jump connection counted as carrying a tunnel; given back on drop.
+struct TunnelHold {
+    conn: Arc<Conn>,
+    /// The jump pool's "a channel was freed" signal.
+    freed: Arc<Notify>,
+}
+
+impl Drop for TunnelHold {
+    fn drop(&mut self) {
+        self.conn.tunnels.fetch_sub(1, Ordering::AcqRel);
+        *self.conn.last_used.lock().expect("conn lock") = Instant::now();
+        self.freed.notify_waiters();
+    }
+}
+
 impl TargetPool {
     fn new(
         target: Endpoint,
@@ -294,6 +424,7 @@ impl TargetPool {
         vault: Arc<Vault>,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
+        pools: Weak<SshPool>,
     ) -> Self {
         let permits = config.ssh_max_connections * config.ssh_channels_per_connection;
         TargetPool {
@@ -309,6 +440,7 @@ impl TargetPool {
             home: tokio::sync::OnceCell::new(),
             freed: Arc::new(Notify::new()),
             tasks,
+            pools,
         }
     }
 
@@ -325,7 +457,8 @@ impl TargetPool {
         let mut conns = self.conns.lock().await;
         let mut kept = Vec::with_capacity(conns.len());
         for c in conns.drain(..) {
-            let unused = c.busy.load(Ordering::Acquire) == 0;
+            let unused =
+                c.busy.load(Ordering::Acquire) == 0 && c.tunnels.load(Ordering::Acquire) == 0;
             let old = c.last_used.lock().expect("conn lock").elapsed() >= idle;
             if c.handle.is_closed() || (unused && (old || c.broken.load(Ordering::Acquire))) {
                 let _ = c
@@ -386,10 +519,7 @@ impl TargetPool {
     ) -> Result<Result<Lease, OwnedSemaphorePermit>, ExecError> {
         let per_conn = self.config.ssh_channels_per_connection;
         let mut conns = self.conns.lock().await;
-        conns.retain(|c| {
-            let retired = c.broken.load(Ordering::Acquire) && c.busy.load(Ordering::Acquire) == 0;
-            !(c.handle.is_closed() || retired)
-        });
+        retain_usable(&mut conns);
         for c in conns.iter() {
             if c.broken.load(Ordering::Acquire) {
                 continue;
@@ -412,6 +542,24 @@ impl TargetPool {
             return Ok(Err(permit));
         }
         // Every channel of every connection is busy (or there is none): connect.
+        let conn = self.connect_new(&mut conns, &[]).await?;
+        conn.busy.fetch_add(1, Ordering::AcqRel);
+        Ok(Ok(Lease {
+            conn,
+            _permit: permit,
+            freed: self.freed.clone(),
+        }))
+    }
+
+    /// Connects one more connection (the caller holds `conns` and has checked the limit),
+    /// directly or through the jump host, with backoff after failures, and adds it to `conns`
+    /// with nothing in use yet. `path` holds the targets this connection is being made for
+    /// (outermost last), when it is to carry a tunnel to them.
+    async fn connect_new(
+        &self,
+        conns: &mut Vec<Arc<Conn>>,
+        path: &[String],
+    ) -> Result<Arc<Conn>, ExecError> {
         if let Some((at, n, reason)) = &*self.failure.lock().expect("failure lock") {
             let wait = backoff(*n);
             let since = at.elapsed();
@@ -425,17 +573,22 @@ impl TargetPool {
                 });
             }
         }
-        let (seen, result) = connect::connect(
-            &self.target,
-            ConnectOptions {
-                config: &self.config,
-                registry: &self.registry,
-                vault: &self.vault,
-                trust: None,
-                actor: "system",
+        let opts = || ConnectOptions {
+            config: &self.config,
+            registry: &self.registry,
+            vault: &self.vault,
+            trust: None,
+            actor: "system",
+        };
+        let (seen, result) = match &self.target.jump {
+            None => connect::connect(&self.target, opts()).await,
+            Some(jump) => match self.through(jump, path).await {
+                Ok(stream) => connect::connect_through(&self.target, opts(), stream).await,
+                // The jump host's own pool backs off from its failures; a refusal to forward
+                // costs one channel request. Neither delays this target's next attempt.
+                Err(e) => return Err(e),
             },
-        )
-        .await;
+        };
         let outcome = match (&result, &seen.verdict) {
             (Ok(_), _) => "ok",
             (Err(ExecError::HostKeyMismatch { .. }), _) => "host_key_mismatch",
@@ -451,20 +604,17 @@ impl TargetPool {
         match result {
             Ok(handle) => {
                 *self.failure.lock().expect("failure lock") = None;
-                tracing::info!(ssh.target = %self.target.alias, ssh.connections = conns.len() + 1, "connected");
+                tracing::info!(ssh.target = %self.target.alias, ssh.via = self.target.jump.as_deref().unwrap_or("-"), ssh.connections = conns.len() + 1, "connected");
                 let conn = Arc::new(Conn {
                     handle,
-                    busy: AtomicUsize::new(1),
+                    busy: AtomicUsize::new(0),
+                    tunnels: AtomicUsize::new(0),
                     broken: AtomicBool::new(false),
                     last_used: StdMutex::new(Instant::now()),
                     sftp: AtomicU8::new(SFTP_UNKNOWN),
                 });
                 conns.push(conn.clone());
-                Ok(Ok(Lease {
-                    conn,
-                    _permit: permit,
-                    freed: self.freed.clone(),
-                }))
+                Ok(conn)
             }
             Err(e)
                 if matches!(
@@ -487,6 +637,113 @@ impl TargetPool {
                 Err(e)
             }
         }
+    }
+
+    /// A stream to this target through its jump host `jump`: a tunnel on the jump host's pooled
+    /// connection. `path` holds the targets already waiting on this connect (outermost last);
+    /// a jump host among them (a loop) or a path longer than [`MAX_HOPS`] is refused
+    /// before anything is locked or opened.
+    async fn through(&self, jump: &str, path: &[String]) -> Result<TunnelStream, ExecError> {
+        let unavailable = |reason: String| ExecError::Unavailable {
+            alias: self.alias().to_string(),
+            reason,
+        };
+        let mut path = path.to_vec();
+        path.push(self.alias().to_string());
+        if path.iter().any(|a| a == jump) || path.len() > MAX_HOPS {
+            return Err(unavailable(format!(
+                "its jump hosts loop or exceed {} hops ({} → {jump}); refusing to connect",
+                MAX_HOPS,
+                path.join(" → ")
+            )));
+        }
+        let pools = self
+            .pools
+            .upgrade()
+            .ok_or_else(|| unavailable("the service is shutting down".into()))?;
+        let hop = pools
+            .pool(jump)
+            .await
+            .map_err(|e| unavailable(jump_failed(jump, e)))?;
+        // Boxed: a chain of jump hosts recurses through here, once per hop (bounded above).
+        Box::pin(hop.tunnel(&self.target.host, self.target.port, &path))
+            .await
+            .map_err(|e| match e {
+                // The jump host's refusal to forward, already worded for this target.
+                e @ ExecError::Unavailable { .. } if is_for(&e, self.alias()) => e,
+                other => unavailable(jump_failed(jump, other)),
+            })
+    }
+
+    /// A `direct-tcpip` channel to `host:port` on one of this target's connections (it is the
+    /// jump host of the target at the end of `path`), connecting one if none is open. The
+    /// channel takes no channel slot; the connection counts it as a live tunnel until the
+    /// stream is dropped, so the reaper leaves it open. A refusal is said in the server's words.
+    async fn tunnel(
+        &self,
+        host: &str,
+        port: u16,
+        path: &[String],
+    ) -> Result<TunnelStream, ExecError> {
+        let mut last = String::from("no connection to it could carry the tunnel");
+        for _ in 0..2 {
+            let conn = {
+                let mut conns = self.conns.lock().await;
+                retain_usable(&mut conns);
+                let open = conns
+                    .iter()
+                    .find(|c| !c.broken.load(Ordering::Acquire))
+                    .cloned();
+                let conn = match open {
+                    Some(c) => c,
+                    None if conns.len() < self.config.ssh_max_connections => {
+                        self.connect_new(&mut conns, path).await?
+                    }
+                    None => {
+                        return Err(ExecError::Busy {
+                            alias: self.alias().to_string(),
+                            waited: Duration::ZERO,
+                        });
+                    }
+                };
+                // Counted before the lock is given back, so the reaper cannot close it now.
+                conn.tunnels.fetch_add(1, Ordering::AcqRel);
+                conn
+            };
+            let hold = TunnelHold {
+                conn: conn.clone(),
+                freed: self.freed.clone(),
+            };
+            match connect::open_tunnel(
+                &conn.handle,
+                self.alias(),
+                host,
+                port,
+                self.config.ssh_connect_timeout,
+            )
+            .await
+            {
+                Ok(ch) => {
+                    return Ok(TunnelStream {
+                        inner: ch.into_stream(),
+                        _hold: hold,
+                    });
+                }
+                Err(Some(refused)) => {
+                    // Said of the target it was for (the last on `path`).
+                    return Err(ExecError::Unavailable {
+                        alias: path.last().map_or(self.alias(), String::as_str).to_string(),
+                        reason: refused,
+                    });
+                }
+                Err(None) => {
+                    // The connection failed under us: retire it and try a fresh one once.
+                    conn.broken.store(true, Ordering::Release);
+                    last = "the connection to it was lost".into();
+                }
+            }
+        }
+        Err(self.lost(last))
     }
 
     /// Opens a session channel. sshd may refuse a session for a moment while earlier ones on
@@ -756,13 +1013,17 @@ impl TargetPool {
     }
 }
 
-/// The script sent to the server for `script`: a subshell (never the server's own process,
+/// The script sent to the server for `script`. Where the server's shell already leads a
+/// session of its own (OpenSSH makes each exec'd shell one; `/proc/$$/stat` says so), that
+/// shell replaces itself with the command's shell: same pid, so the same session and process
+/// group, of nothing but this command. Otherwise a subshell (never the server's own process,
 /// so never a process group leader) replaces itself with `setsid`, which therefore starts a
-/// new session — a process group of the wrapper's own making, on OpenSSH as on Dropbear,
-/// whose exec'd shell shares the server's group. Its leader prints `<marker><pid>` on stderr,
+/// new session — a process group of the wrapper's own making, on Dropbear too, whose exec'd
+/// shell shares the server's group. Either way the leader prints `<marker><pid>` on stderr,
 /// then runs `script` in that same shell, its standard input passed through. Without
-/// `setsid` it prints `<marker>none` and runs the script with no group of its own (a stop
-/// then says so). A death by signal is re-raised, so the server reports the signal.
+/// `setsid` on the target it prints `<marker>none` and runs the script with no group it
+/// vouches for (a stop then says so), whatever the server did. A death by signal is
+/// re-raised, so the server reports the signal.
 fn wrap(marker: &str, script: &str) -> String {
     // The pid line and the script in one shell: one start-up fewer than a shell that prints
     // and then execs another for the script.
@@ -770,6 +1031,9 @@ fn wrap(marker: &str, script: &str) -> String {
     let q = super::shell_quote(script);
     format!(
         "if command -v setsid >/dev/null 2>&1; then\n\
+         {{ read -r __sshmode_stat < /proc/$$/stat; }} 2>/dev/null || __sshmode_stat=\n\
+         set -- ${{__sshmode_stat##*) }}\n\
+         if [ \"${{4:-}}\" = \"$$\" ]; then exec \"${{SHELL:-/bin/sh}}\" -c {inner}; fi\n\
          (exec setsid \"${{SHELL:-/bin/sh}}\" -c {inner})\n\
          else printf '%snone\\n' {marker} >&2; \"${{SHELL:-/bin/sh}}\" -c {q}\n\
          fi\n\
@@ -1302,10 +1566,29 @@ mod tests {
 
     /// Runs `wrap(script)` under `shell` as a server would (`$SHELL -c`), with `input`.
     fn run_wrapped(shell: &str, script: &str, input: &[u8]) -> (std::process::Output, String) {
+        run_wrapped_as(false, shell, script, input).1
+    }
+
+    /// [`run_wrapped`], the shell leading a session of its own when `leader` (as OpenSSH starts
+    /// it); also returns the server shell's pid.
+    fn run_wrapped_as(
+        leader: bool,
+        shell: &str,
+        script: &str,
+        input: &[u8],
+    ) -> (u32, (std::process::Output, String)) {
         use std::io::Write;
         let mut s = PidScan::new();
         let marker = s.marker().to_string();
-        let mut child = std::process::Command::new(shell)
+        let mut cmd = if leader {
+            // Not a group leader itself, `setsid` makes the session and execs the shell.
+            let mut c = std::process::Command::new("setsid");
+            c.args(["-w", shell]);
+            c
+        } else {
+            std::process::Command::new(shell)
+        };
+        let mut child = cmd
             .arg("-c")
             .arg(wrap(&marker, script))
             .env("SHELL", shell)
@@ -1314,6 +1597,7 @@ mod tests {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let server_pid = child.id();
         child.stdin.take().unwrap().write_all(input).unwrap();
         let out = child.wait_with_output().unwrap();
         let mut err = HeadTail::new(1 << 20);
@@ -1321,9 +1605,39 @@ mod tests {
         s.flush(&mut err);
         let pid = pid.map(|p| p.to_string()).unwrap_or_default();
         (
-            out,
-            format!("{pid}|{}", String::from_utf8_lossy(&err.into_bytes())),
+            server_pid,
+            (
+                out,
+                format!("{pid}|{}", String::from_utf8_lossy(&err.into_bytes())),
+            ),
         )
+    }
+
+    #[test]
+    fn a_shell_that_leads_its_own_session_runs_the_command_in_it() {
+        use std::os::unix::process::ExitStatusExt;
+        for shell in ["/bin/sh", "/bin/bash"] {
+            // No subshell and no second session: the server's shell becomes the command's
+            // shell, so the reported group is that session, and nothing else is in it.
+            let (server, (out, err)) = run_wrapped_as(
+                true,
+                shell,
+                "read -r line; printf '%s|' \"$line\"; ps -o pid=,pgid=,sid= -p $$ | tr -s ' ' | sed 's/^ //'",
+                b"in put\n",
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let (input, ids) = stdout.split_once('|').unwrap();
+            assert_eq!(input, "in put", "{shell}: stdin passes through");
+            let pid = err.split('|').next().unwrap();
+            assert_eq!(pid, server.to_string(), "{shell}: {stdout} / {err}");
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            assert_eq!(ids, [pid, pid, pid], "{shell}: {stdout} / {err}");
+            let (_, (out, err)) = run_wrapped_as(true, shell, "echo oops >&2; exit 3", b"");
+            assert_eq!(out.status.code(), Some(3), "{shell}");
+            assert!(err.ends_with("|oops\n"), "{shell}: {err}");
+            let (_, (out, _)) = run_wrapped_as(true, shell, "kill -TERM $$", b"");
+            assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{shell}");
+        }
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct Endpoint {
     pub user: String,
     pub auth: AuthKind,
     pub status: Status,
+    /// The target this one is reached through (its jump host), if any.
+    pub jump: Option<String>,
 }
 
 impl Endpoint {
@@ -81,9 +83,27 @@ impl Endpoint {
         } else {
             format!(":{}", self.port)
         };
-        format!("{} · {}@{}{port}", self.alias, self.user, self.host)
+        format!(
+            "{} · {}@{}{port}{}",
+            self.alias,
+            self.user,
+            self.host,
+            self.via()
+        )
+    }
+
+    /// How the target is reached, for people: ` via bastion`, or nothing for a direct one.
+    pub fn via(&self) -> String {
+        match &self.jump {
+            Some(j) => format!(" via {j}"),
+            None => String::new(),
+        }
     }
 }
+
+/// Most jump hosts between the service and a target. A longer chain is refused when a jump is
+/// set, and a connection never follows more hops than this (nor the same hop twice).
+pub const MAX_HOPS: usize = 8;
 
 /// Sealed secrets of one target, as stored; opened only by `exec::ssh` to authenticate.
 pub struct SealedSecrets {
@@ -130,8 +150,10 @@ pub enum RegistryError {
 /// The registry, as the SSH pool reads it.
 #[async_trait]
 pub trait TargetRegistry: Send + Sync {
-    /// The target `alias`, as it is now.
-    async fn get(&self, alias: &str) -> Result<Endpoint, RegistryError>;
+    /// The way to `alias`, as it is now: the target itself, then its jump host, that one's
+    /// jump host, and so on outwards (at most [`MAX_HOPS`]` + 2` entries, so a chain too long
+    /// shows as one longer than [`MAX_HOPS`]` + 1`).
+    async fn path(&self, alias: &str) -> Result<Vec<Endpoint>, RegistryError>;
     /// Checks `fingerprint` against the target's key: records it on first use, pins it when
     /// the operator trusts it, refuses a mismatch; audited as `actor`.
     async fn check_host_key(
