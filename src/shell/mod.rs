@@ -11,6 +11,7 @@
 //! It never decides what is allowed (that is each policy's), never executes anything and
 //! never touches the filesystem.
 
+pub mod effects;
 pub mod parse;
 pub mod spec;
 

@@ -7,7 +7,7 @@
 //! It owns option syntax too (`getopt_long`: abbreviated long options, `NAME+=value`
 //! assignments). It never judges a command.
 
-use super::parse::is_identifier;
+use super::parse::{ShellWord, is_identifier};
 
 /// Names that run their `-c` argument (or their standard input) as a shell script.
 pub const SHELLS: &[&str] = &[
@@ -372,6 +372,263 @@ pub fn is_assignment(word: &str) -> bool {
         .is_some_and(|(n, _)| is_identifier(n.strip_suffix('+').unwrap_or(n)))
 }
 
+/// A program, neither a shell nor a wrapper, with options whose argument is a shell command
+/// it runs (`tar --to-command=CMD`, `rsync -e CMD`).
+pub struct Runner {
+    pub name: &'static str,
+    /// Short options that take an argument.
+    pub with_arg: &'static str,
+    /// Long options that take an argument as the next word when not given `=`.
+    pub long_with_arg: &'static [&'static str],
+    /// Options (short, long) whose argument is a shell command.
+    pub script: (&'static str, &'static [&'static str]),
+    /// Long options whose argument, after `exec=`, is a shell command
+    /// (`--checkpoint-action=exec=CMD`).
+    pub exec_action: &'static [&'static str],
+    /// Whether it takes old-style clustered options first (`tar xzf a.tar`).
+    pub old_style: bool,
+}
+
+/// `tar`'s short options that take an argument.
+pub const TAR_WITH_ARG: &str = "bfgCFHIKLNTVX";
+/// `tar`'s long options that take an argument as the next word.
+pub const TAR_LONG_WITH_ARG: &[&str] = &[
+    "file",
+    "directory",
+    "listed-incremental",
+    "files-from",
+    "exclude-from",
+    "exclude",
+    "transform",
+    "xform",
+    "use-compress-program",
+    "info-script",
+    "new-volume-script",
+    "to-command",
+    "checkpoint-action",
+    "format",
+    "owner",
+    "group",
+    "mode",
+    "mtime",
+    "label",
+    "newer",
+    "after-date",
+    "starting-file",
+    "blocking-factor",
+    "record-size",
+    "tape-length",
+    "suffix",
+];
+/// `rsync`'s options that take an argument.
+pub const RSYNC_OPTIONS: (&str, &[&str]) = (
+    "eBfTM",
+    &["rsh", "filter", "exclude", "include", "rsync-path"],
+);
+
+/// Every program whose options run a shell command.
+pub const RUNNERS: &[Runner] = &[
+    Runner {
+        name: "tar",
+        with_arg: TAR_WITH_ARG,
+        long_with_arg: TAR_LONG_WITH_ARG,
+        script: (
+            "FI",
+            &[
+                "to-command",
+                "use-compress-program",
+                "info-script",
+                "new-volume-script",
+            ],
+        ),
+        exec_action: &["checkpoint-action"],
+        old_style: true,
+    },
+    Runner {
+        name: "rsync",
+        with_arg: RSYNC_OPTIONS.0,
+        long_with_arg: RSYNC_OPTIONS.1,
+        script: ("e", &["rsh"]),
+        exec_action: &[],
+        old_style: false,
+    },
+];
+
+/// The runner named `name` (a basename), if it is one.
+pub fn runner(name: &str) -> Option<&'static Runner> {
+    RUNNERS.iter().find(|r| r.name == name)
+}
+
+/// Old-style clustered options (`tar xzf a.tar` is `tar -x -z -f a.tar`): the first word,
+/// when it does not start with `-`, split into options, each of `with_arg` taking the next
+/// word.
+pub fn old_style(args: &[ShellWord], with_arg: &str) -> Vec<ShellWord> {
+    let Some(first) = args.first().and_then(|w| w.literal.as_deref()) else {
+        return args.to_vec();
+    };
+    if first.starts_with('-') || first.is_empty() {
+        return args.to_vec();
+    }
+    let mut expanded: Vec<ShellWord> = Vec::new();
+    let mut rest = args[1..].iter();
+    for c in first.chars() {
+        expanded.push(word(&format!("-{c}")));
+        if with_arg.contains(c)
+            && let Some(value) = rest.next()
+        {
+            expanded.push(value.clone());
+        }
+    }
+    expanded.extend(rest.cloned());
+    expanded
+}
+
+/// A literal word.
+pub fn word(text: &str) -> ShellWord {
+    ShellWord {
+        literal: Some(text.to_owned()),
+        source: text.to_owned(),
+    }
+}
+
+/// A command's arguments read the getopt way.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// Options as written (`-t`, `--target`), with their argument.
+    pub options: Vec<(String, Option<ShellWord>)>,
+    pub operands: Vec<ShellWord>,
+    /// Where the wrapped command starts, for a wrapper.
+    pub command: Option<usize>,
+}
+
+impl Scanned {
+    /// Arguments of the options named (short letters, long names or their abbreviations).
+    pub fn values<'s>(
+        &'s self,
+        (short, long): (&'s str, &'s [&'s str]),
+    ) -> impl Iterator<Item = Option<&'s ShellWord>> + 's {
+        self.options
+            .iter()
+            .filter(move |(name, _)| option_is(name, short, long))
+            .map(|(_, value)| value.as_ref())
+    }
+
+    pub fn has(&self, short: &str, long: &[&str]) -> bool {
+        self.options
+            .iter()
+            .any(|(name, _)| option_is(name, short, long))
+    }
+}
+
+/// Whether `name` (`-x` or `--long`, possibly abbreviated) is one of these options.
+pub fn option_is(name: &str, short: &str, long: &[&str]) -> bool {
+    if let Some(l) = name.strip_prefix("--") {
+        long_option_is(l, long)
+    } else {
+        name.strip_prefix('-')
+            .is_some_and(|c| !c.is_empty() && short.contains(c))
+    }
+}
+
+/// Whether a word whose value is known only at run time may start with `-`.
+pub fn maybe_option(w: &ShellWord) -> bool {
+    w.literal.is_none() && w.source.starts_with(['$', '`', '-', '<', '>', '~'])
+}
+
+/// Reads `args` as options and operands. `operands` is how many operands come before a
+/// wrapped command (`usize::MAX`: there is none); `assignments` skips `NAME=value` words.
+/// A word known only at run time where an option may stand is an error: it could be any
+/// option.
+pub fn scan(
+    args: &[ShellWord],
+    with_arg: &str,
+    long_with_arg: &[&str],
+    operands: usize,
+    assignments: bool,
+) -> Result<Scanned, String> {
+    let mut out = Scanned::default();
+    let mut i = 0;
+    let mut options_end = false;
+    while let Some(w) = args.get(i) {
+        if out.operands.len() == operands && operands != usize::MAX {
+            // The next operand is the wrapped command.
+            if options_end || !w.literal.as_deref().is_some_and(|l| l.starts_with('-')) {
+                if maybe_option(w) && !options_end {
+                    return Err(unknown_option(w));
+                }
+                let assignment = w.literal.as_deref().is_some_and(is_assignment);
+                if !(assignments && assignment) {
+                    out.command = Some(i);
+                    return Ok(out);
+                }
+                i += 1;
+                continue;
+            }
+        }
+        i += 1;
+        let Some(lit) = w.literal.as_deref() else {
+            if maybe_option(w) && !options_end {
+                return Err(unknown_option(w));
+            }
+            out.operands.push(w.clone());
+            continue;
+        };
+        if options_end || lit == "-" || !lit.starts_with('-') {
+            out.operands.push(w.clone());
+            continue;
+        }
+        if lit == "--" {
+            options_end = true;
+            continue;
+        }
+        if let Some(long) = lit.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(word(v))),
+                None if option_is(lit, "", long_with_arg) => {
+                    let value = args.get(i).cloned();
+                    i += 1;
+                    (long, value)
+                }
+                None => (long, None),
+            };
+            out.options.push((format!("--{name}"), value));
+            continue;
+        }
+        for (k, c) in lit.char_indices().skip(1) {
+            if with_arg.contains(c) {
+                let rest = &lit[k + c.len_utf8()..];
+                let value = if rest.is_empty() {
+                    i += 1;
+                    args.get(i - 1).cloned()
+                } else {
+                    Some(word(rest))
+                };
+                out.options.push((format!("-{c}"), value));
+                break;
+            }
+            out.options.push((format!("-{c}"), None));
+        }
+    }
+    Ok(out)
+}
+
+/// Why a word known only at run time cannot stand where an option may.
+pub fn unknown_option(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be an option, so it cannot be judged \
+         (put `--` before the operands)",
+        w.source
+    )
+}
+
+/// Why a word known only at run time cannot stand where a refused option may.
+pub fn unknown_argument(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be a refused option",
+        w.source
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +638,7 @@ mod tests {
         let mut names: Vec<&str> = WRAPPERS.iter().map(|w| w.name).collect();
         names.extend(SHELLS);
         names.extend(INTERPRETERS.iter().map(|i| i.name));
+        names.extend(RUNNERS.iter().map(|r| r.name));
         let n = names.len();
         names.sort();
         names.dedup();

@@ -31,7 +31,8 @@
 
 use std::fmt;
 
-use crate::shell::parse::{RedirectKind, ShellWord, SimpleCommand};
+use crate::shell::effects::{normalise, resolve};
+use crate::shell::parse::SimpleCommand;
 
 #[cfg(test)]
 mod hostile;
@@ -41,7 +42,6 @@ mod read_write;
 pub use read::read_preamble;
 
 use read::check_read;
-use read_write::ReadWrite;
 
 // ---------------------------------------------------------------------------------------------
 // Permissions and refusals
@@ -183,9 +183,9 @@ pub fn check_tool(permission: Permission, tool: &str) -> Result<(), Denied> {
 pub fn check_command(permission: Permission, script: &str, scope: &Scope) -> Result<(), Denied> {
     match permission {
         Permission::Full => Ok(()),
-        Permission::ReadWrite => ReadWrite::new(scope, script)
-            .script(script, 0)
-            .map_err(|d| d.needing(Permission::Full)),
+        Permission::ReadWrite => {
+            read_write::check(scope, script).map_err(|d| d.needing(Permission::Full))
+        }
         Permission::Read => check_read(script).map_err(|d| {
             let needed = if check_command(Permission::ReadWrite, script, scope).is_ok() {
                 Permission::ReadWrite
@@ -228,45 +228,6 @@ pub fn check_write_path(permission: Permission, path: &str, scope: &Scope) -> Re
 // Paths (lexical only)
 // ---------------------------------------------------------------------------------------------
 
-/// `path` taken against the absolute directory `base`, with `.`, `..` and repeated slashes
-/// removed. Never touches the filesystem.
-fn normalise(base: &str, path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    let joined = if path.starts_with('/') {
-        path.to_owned()
-    } else {
-        format!("{base}/{path}")
-    };
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
-/// Where `path` can be, for each possible working directory; `None` when it cannot be known
-/// (`~user`, `~` without a known home, a relative path with an unknown working directory).
-fn resolve(path: &str, cwds: &[String], home: Option<&str>) -> Option<Vec<String>> {
-    if path == "~" || path.starts_with("~/") {
-        return Some(vec![normalise("/", &format!("{}/{}", home?, &path[1..]))]);
-    }
-    if path.starts_with('~') {
-        return None;
-    }
-    if path.starts_with('/') {
-        return Some(vec![normalise("/", path)]);
-    }
-    if cwds.is_empty() {
-        return None;
-    }
-    Some(cwds.iter().map(|cwd| normalise(cwd, path)).collect())
-}
-
 /// Whether the normalised `path` is `workspace` or beneath it.
 fn inside(workspace: &str, path: &str) -> bool {
     workspace == "/"
@@ -274,18 +235,6 @@ fn inside(workspace: &str, path: &str) -> bool {
         || path
             .strip_prefix(workspace)
             .is_some_and(|rest| rest.starts_with('/'))
-}
-
-/// Whether a redirection to `path` would open a network connection: bash (and ksh) read
-/// `/dev/tcp/HOST/PORT` and `/dev/udp/HOST/PORT` as sockets, in either direction. Matched
-/// loosely — any mention, in any case, before or after lexical normalisation — so that no
-/// spelling slips through; the price is refusing a real file of such a name.
-fn network_path(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    let normal = normalise("/", &lower);
-    [lower, normal]
-        .iter()
-        .any(|p| p.contains("dev/tcp") || p.contains("dev/udp"))
 }
 
 /// Devices a write to is no write to a file.
@@ -301,29 +250,7 @@ fn harmless_device(path: &str) -> bool {
 // ---------------------------------------------------------------------------------------------
 
 fn render(c: &SimpleCommand) -> String {
-    let mut out: Vec<String> = c.assignments.iter().map(|w| w.source.clone()).collect();
-    out.extend(c.argv.iter().map(|w| w.source.clone()));
-    for r in &c.redirects {
-        let op = match r.kind {
-            RedirectKind::Input => "<",
-            RedirectKind::Output => ">",
-            RedirectKind::Append => ">>",
-            RedirectKind::Duplicate => ">&",
-            RedirectKind::HereString => "<<<",
-            RedirectKind::HereDocument => "<<",
-        };
-        let fd = r.fd.as_deref().unwrap_or_default();
-        out.push(format!("{fd}{op} {}", r.target.source));
-    }
-    out.join(" ")
-}
-
-fn render_words(words: &[ShellWord]) -> String {
-    words
-        .iter()
-        .map(|w| w.source.as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
+    c.render()
 }
 
 /// Helpers shared by the tests of every level.

@@ -13,7 +13,8 @@
 
 use crate::shell::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
 
-use super::{Denied, Permission, network_path, render};
+use super::{Denied, Permission, render};
+use crate::shell::effects::network_path;
 
 /// How a command on the read-only allow-list is judged.
 enum ReadRule {
