@@ -621,12 +621,6 @@ impl Walk {
         if s.has(w.no_command, &[]) {
             return;
         }
-        let Some(start) = s.command else {
-            if w.bare_shell {
-                self.reads_input("sh", true, stdin, what, depth);
-            }
-            return;
-        };
         // `env -C DIR`, `sudo -D DIR`: the command runs there; `chroot`: somewhere unknown.
         let saved = self.cwds.clone();
         let chroot = w.elsewhere || s.has(w.chroot.0, w.chroot.1);
@@ -639,7 +633,12 @@ impl Walk {
                 .and_then(|d| resolve(d, &self.cwds, self.home.as_deref()))
                 .unwrap_or_default();
         }
-        self.command(&args[start..], what, depth + 1, stdin);
+        match s.command {
+            Some(start) => self.command(&args[start..], what, depth + 1, stdin),
+            // No command: it starts a shell, which reads its input.
+            None if w.bare_shell => self.reads_input("sh", true, stdin, what, depth),
+            None => {}
+        }
         self.cwds = saved;
     }
 
@@ -1061,5 +1060,75 @@ mod tests {
                 ..
             }
         )));
+    }
+
+    /// Words and operators the walk has something to do with.
+    const PIECES: &[&str] = &[
+        "rm ",
+        "cd ",
+        "cd /tmp ",
+        "cd .. ",
+        "sudo ",
+        "env -C /x ",
+        "chroot /m ",
+        "nice ",
+        "xargs ",
+        "find . -exec ",
+        "\\; ",
+        "{} ",
+        "sh -c '",
+        "bash ",
+        "python3 -c ",
+        "eval ",
+        "trap ",
+        "alias a=",
+        "watch ",
+        "tar --to-command=",
+        "rsync -e ",
+        "'",
+        "\"",
+        "$X ",
+        "$(",
+        ")",
+        "`",
+        "<<< ",
+        "| ",
+        "; ",
+        "&& ",
+        "> f ",
+        ">> /etc/x ",
+        "2>&1 ",
+        "< /dev/tcp/h/1 ",
+        "-- ",
+        "-u ",
+        "\n",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// Any input gives a bounded list; a program always has a literal name (one whose name
+        /// is unknown is opaque instead), and every place it names is absolute.
+        #[test]
+        fn the_walk_is_bounded_and_names_every_program(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..24)
+        ) {
+            let script = parts.concat();
+            let effects = walk(&script, START);
+            proptest::prop_assert!(effects.len() <= MAX_EFFECTS);
+            for e in &effects {
+                match e {
+                    Effect::Program { argv, at, .. } => {
+                        proptest::prop_assert!(argv.first().is_some_and(|w| w.literal.is_some()));
+                        proptest::prop_assert!(at.cwds.len() <= MAX_CWDS);
+                        proptest::prop_assert!(at.cwds.iter().all(|c| c.starts_with('/')));
+                    }
+                    Effect::Write { at, .. } => {
+                        proptest::prop_assert!(at.cwds.iter().all(|c| c.starts_with('/')));
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
 }

@@ -3,13 +3,15 @@
 //! shell would, so that the two policies cannot drift apart.
 //!
 //! It owns the parser ([`parse`]: quoting, substitutions, here-documents, simple commands),
-//! the one table of command specs ([`spec`]: shells, inline interpreters, and the wrappers
-//! that run another command — their option letters and arities, operands, which options
-//! change directory, run a script or write a file), the bounds both policies share, and the
-//! [`Verdict`] a policy answers with.
+//! the one table of command specs ([`spec`]: shells, inline interpreters, the wrappers that
+//! run another command and the programs whose options do — their option letters and arities,
+//! operands, which options change directory, run a script or write a file — and option
+//! syntax), the one walk ([`effects`]: a command's effects in order — programs and where they
+//! run, writes, nested scripts, sockets, descriptors, and what cannot be seen through), the
+//! bounds the policies share, and the [`Verdict`] a policy answers with.
 //!
-//! It never decides what is allowed (that is each policy's), never executes anything and
-//! never touches the filesystem.
+//! It never decides what is allowed (that is each policy's), never executes anything, never
+//! touches the filesystem, and imports nothing above it (`exec`, `workspace`).
 
 pub mod effects;
 pub mod parse;

@@ -478,5 +478,29 @@ mod tests {
                 let _ = check_write_path(p, &script, &SCOPE);
             }
         }
+
+        /// The read-write policy fails closed over the one walk: whatever the walk cannot see
+        /// through, a socket, or a program that deletes is refused.
+        #[test]
+        fn read_write_refuses_what_the_walk_cannot_see_through(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..16)
+        ) {
+            use crate::shell::effects::{self, Effect, Start};
+            let script = parts.concat();
+            let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
+            let blocked = effects::walk(&script, start).iter().any(|e| match e {
+                Effect::Opaque { .. } | Effect::Network { .. } => true,
+                Effect::Program { argv, .. } => {
+                    argv[0].literal.as_deref().map(crate::shell::basename) == Some("rm")
+                }
+                _ => false,
+            });
+            if blocked {
+                proptest::prop_assert!(
+                    check_command(Permission::ReadWrite, &script, &SCOPE).is_err(),
+                    "allowed: {script}"
+                );
+            }
+        }
     }
 }

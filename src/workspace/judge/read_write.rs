@@ -786,6 +786,28 @@ mod tests {
         );
     }
 
+    /// A here-string into a shell is a script the walk reads like `sh -c`.
+    #[test]
+    fn read_write_follows_here_strings_into_a_shell() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "bash <<< 'rm x'",
+                "sh -s <<< 'touch /etc/x'",
+                "sudo bash <<< 'echo > /etc/x'",
+                "chroot /mnt <<< 'echo x > f'",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "bash <<< 'ls -la'",
+                "python3 <<< 'print(1)'",
+                "sh ./build.sh",
+            ],
+        );
+    }
+
     #[test]
     fn read_write_refuses_sockets_even_nested() {
         allowed(
