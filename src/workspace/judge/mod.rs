@@ -4,12 +4,13 @@
 //! says which permission blocked what, why, and how to ask for more.
 //!
 //! It owns the read-only allow-list (commands and their refused options, as tables), the
-//! read-write rules (deleting commands, writers and their destinations, wrappers and nested
-//! scripts) and the shell preamble that disarms a repository's own configuration for `git`
-//! at `read`. It is the second policy over the shell core: it reads scripts with
-//! [`crate::shell::parse`] and unwraps commands with the table of [`crate::shell::spec`], and
-//! fails closed: a script it cannot parse is refused, and so is any word a rule depends on
-//! whose value is only known when it runs.
+//! read-write rules (deleting commands, writers and their destinations) and the shell
+//! preamble that disarms a repository's own configuration for `git` at `read`. It is a policy
+//! over the shell core: `read` judges each simple command of [`crate::shell::parse`];
+//! `read-write` judges the effects the one walk lists ([`crate::shell::effects`]: programs
+//! unwrapped from wrappers and nested scripts, where they run, writes, sockets). It fails
+//! closed: a script it cannot parse is refused, so is whatever the walk cannot see through,
+//! and so is any word a rule depends on whose value is only known when it runs.
 //!
 //! It never runs anything, never touches the filesystem (paths are normalised lexically; the
 //! caller resolves symlinks for the file tools) and never rewrites a command. It does not
@@ -25,14 +26,12 @@
 //! network, since programs that reach it (`curl`, interpreters) are allowed there.
 //!
 //! The levels, one file each: `read` (the allow-list, the `git` rules and the preamble) and
-//! `read_write` (deleters, wrappers, writers and the walk through a script); this file holds
-//! the permissions, the refusals, the entry points, and the lexical paths and the rendering of
-//! commands both share. `hostile` tests the preamble against hostile repositories.
+//! `read_write` (deleters and writers, over the effects); this file holds the permissions, the
+//! refusals, the entry points, and what both share (inside the workspace, harmless devices). `hostile` tests the preamble against hostile repositories.
 
 use std::fmt;
 
 use crate::shell::effects::{normalise, resolve};
-use crate::shell::parse::SimpleCommand;
 
 #[cfg(test)]
 mod hostile;
@@ -243,14 +242,6 @@ fn harmless_device(path: &str) -> bool {
         || path
             .strip_prefix("/dev/fd/")
             .is_some_and(|fd| !fd.is_empty() && fd.chars().all(|c| c.is_ascii_digit()))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rendering commands for messages
-// ---------------------------------------------------------------------------------------------
-
-fn render(c: &SimpleCommand) -> String {
-    c.render()
 }
 
 /// Helpers shared by the tests of every level.

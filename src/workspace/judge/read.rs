@@ -13,7 +13,7 @@
 
 use crate::shell::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
 
-use super::{Denied, Permission, render};
+use super::{Denied, Permission};
 use crate::shell::effects::network_path;
 
 /// How a command on the read-only allow-list is judged.
@@ -256,7 +256,7 @@ pub(super) fn check_read(script: &str) -> Result<(), Denied> {
         return Err(deny(&what, why));
     }
     for c in &parsed.commands {
-        read_command(c).map_err(|why| deny(&render(c), &why))?;
+        read_command(c).map_err(|why| deny(&c.render(), &why))?;
     }
     Ok(())
 }
