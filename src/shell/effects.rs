@@ -299,6 +299,16 @@ impl Walk {
                 Ok(s) => self.nested("sh", Nesting::Deferred, s.operands.first(), what, depth),
                 Err(why) => self.opaque(what, why),
             },
+            "runuser" => {
+                let as_user = args
+                    .iter()
+                    .filter_map(|w| w.literal.as_deref())
+                    .any(|v| v == "-u" || v.starts_with("--user"));
+                match spec::wrapper("su").filter(|_| !as_user) {
+                    Some(su) => self.wrapper(su, args, what, depth, stdin),
+                    None => self.wrapper(&spec::RUNUSER_AS, args, what, depth, stdin),
+                }
+            }
             _ if SHELLS.contains(&base) => self.shell(base, args, what, depth, stdin),
             _ => {
                 if let Some(w) = spec::wrapper(base) {
@@ -490,7 +500,7 @@ impl Walk {
         }
         let mut inner: Vec<ShellWord> = args[i.min(args.len())..].to_vec();
         if inner.is_empty() {
-            return; // `echo`
+            inner.push(spec::word("echo"));
         }
         let input = |source: &str| ShellWord {
             literal: None,
@@ -532,14 +542,16 @@ impl Walk {
     /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`, or with `-x`
     /// run directly.
     fn watch(&mut self, args: &[ShellWord], what: &str, depth: usize) {
-        let scanned = match scan(args, "n", &["interval"], usize::MAX, false) {
+        // Its options end at the first word that is not one (`watch find . -exec …`).
+        let scanned = match scan(args, "n", &["interval"], 0, false) {
             Ok(s) => s,
             Err(why) => return self.opaque(what, why),
         };
+        let words = scanned.command.map_or(&[][..], |start| &args[start..]);
         if scanned.has("x", &["exec"]) {
-            return self.command(&scanned.operands, what, depth + 1, None);
+            return self.command(words, what, depth + 1, None);
         }
-        self.joined(&scanned.operands, what, depth);
+        self.joined(words, what, depth);
     }
 
     /// `alias NAME=VALUE`: the value runs wherever the name is used.

@@ -353,6 +353,22 @@ pub const WRAPPERS: &[Wrapper] = &[
     },
 ];
 
+/// `runuser -u USER [--] CMD …` runs CMD directly; without `-u`, `runuser` reads like `su`.
+pub const RUNUSER_AS: Wrapper = Wrapper {
+    name: "runuser",
+    with_arg: "ugGswc",
+    long_with_arg: &[
+        "user",
+        "group",
+        "supp-group",
+        "shell",
+        "whitelist-environment",
+        "command",
+    ],
+    script: ("c", &["command"]),
+    ..WRAPPER
+};
+
 /// The wrapper named `name` (a basename), if it is one.
 pub fn wrapper(name: &str) -> Option<&'static Wrapper> {
     WRAPPERS.iter().find(|w| w.name == name)

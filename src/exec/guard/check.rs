@@ -36,6 +36,10 @@ pub(super) struct Checker<'g> {
     ask: Option<Refusal>,
     /// Whether the simple command being judged reads the output of a pipe.
     in_pipe: bool,
+    /// The name of every program judged, each wrapper level included (for the test that the
+    /// guard and the one walk see the same programs).
+    #[cfg(test)]
+    pub(super) seen: Vec<String>,
 }
 
 /// How many spends pass between two readings of the CPU clock.
@@ -51,6 +55,8 @@ impl<'g> Checker<'g> {
             since_clock: 0,
             ask: None,
             in_pipe: false,
+            #[cfg(test)]
+            seen: Vec::new(),
         }
     }
 
@@ -427,6 +433,8 @@ impl<'g> Checker<'g> {
                 }
                 return Ok(None);
             };
+            #[cfg(test)]
+            self.seen.push(basename(name).to_owned());
             if is_glob_name(basename(name)) {
                 self.globbed(&args, env, depth, stdin)?;
                 return Ok(None);

@@ -286,6 +286,30 @@ impl Guard {
     }
 }
 
+#[cfg(test)]
+impl Guard {
+    /// The names of the programs the guard judges in `command` (each wrapper level
+    /// included), in order; `None` when it refuses the command, which ends its walk.
+    pub(crate) fn programs_seen(
+        &self,
+        command: &str,
+        context: &Context<'_>,
+    ) -> Option<Vec<String>> {
+        if command.len() > MAX_INPUT {
+            return None;
+        }
+        let mut env = Env {
+            cwd: context.cwd.map(str::to_owned),
+            home: context.home.map(str::to_owned),
+            workspace: context.workspace.map(str::to_owned),
+            ..Env::default()
+        };
+        let mut checker = Checker::new(self, BUDGET, CPU_BUDGET);
+        checker.script(command, &mut env, 0).ok()?;
+        Some(checker.seen)
+    }
+}
+
 fn too_deep() -> Refusal {
     Refusal::new(
         "too-deep",

@@ -786,6 +786,26 @@ mod tests {
         );
     }
 
+    /// Programs the guard's walk saw and the judge's once missed (found by the property that
+    /// the judge sees every program the guard sees).
+    #[test]
+    fn read_write_sees_what_the_guard_sees() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "runuser -u bob -- rm x",
+                "runuser -u bob touch /etc/x",
+                "runuser bob -c 'rm x'",
+                "watch find . -exec rm {} \\;",
+                "watch -n 1 touch /etc/x",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &["runuser -u bob -- ls", "watch -n 1 ls -la", "ls | xargs"],
+        );
+    }
+
     /// A here-string into a shell is a script the walk reads like `sh -c`.
     #[test]
     fn read_write_follows_here_strings_into_a_shell() {
