@@ -16,6 +16,8 @@
 //! Every bound fails closed, as an `Opaque` effect: nesting deeper than [`MAX_DEPTH`], more
 //! than [`MAX_TEXT`] characters of nested scripts, more than [`MAX_EFFECTS`] effects.
 
+use std::sync::Arc;
+
 use super::parse::{self, RedirectKind, ShellWord};
 use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_option};
 use super::{MAX_DEPTH, basename};
@@ -26,6 +28,9 @@ pub const MAX_EFFECTS: usize = 4096;
 pub const MAX_TEXT: usize = 1 << 20;
 /// Most working directories a script is tracked as possibly being in; past it, unknown.
 pub const MAX_CWDS: usize = 16;
+/// Most bytes of those directories together; past it, unknown (each path a write names is
+/// resolved against every one).
+pub const MAX_CWD_BYTES: usize = 16 * 1024;
 
 /// Where a command starts, as far as the caller knows (absolute paths).
 #[derive(Debug, Clone, Copy, Default)]
@@ -39,10 +44,12 @@ pub struct Start<'a> {
 /// Where an effect happens: the directories the script may be in by then (normalised; empty
 /// when that cannot be known) and the home directory for `~` (`None` when unknown or
 /// changed by the script).
+///
+/// Shared, not copied: every effect of a long script carries its place.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Place {
-    pub cwds: Vec<String>,
-    pub home: Option<String>,
+    pub cwds: Arc<[String]>,
+    pub home: Option<Arc<str>>,
 }
 
 impl Place {
@@ -89,19 +96,20 @@ pub enum Nesting {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// A program runs: its arguments as written (a wrapper and the command it runs are each
-    /// a program), and where.
+    /// a program), and where. `what`, in every effect, is the simple command it comes from,
+    /// as written (for messages), shared by all its effects.
     Program {
         argv: Vec<ShellWord>,
         at: Place,
         /// The simple command it comes from, as written (for messages).
-        what: String,
+        what: Arc<str>,
     },
     /// A file is written.
     Write {
         target: ShellWord,
         how: Written,
         at: Place,
-        what: String,
+        what: Arc<str>,
     },
     /// A nested script runs in `language` (a shell's or an interpreter's name). When it is
     /// a shell script with known code, its own effects follow this one.
@@ -110,18 +118,18 @@ pub enum Effect {
         how: Nesting,
         /// The code, when it is literal text.
         code: Option<String>,
-        what: String,
+        what: Arc<str>,
     },
     /// A redirection opens a network connection (`/dev/tcp/HOST/PORT`).
-    Network { target: String, what: String },
+    Network { target: String, what: Arc<str> },
     /// A descriptor is duplicated or closed (`2>&1`, `3>&-`).
     Duplicate {
         fd: Option<String>,
         target: ShellWord,
-        what: String,
+        what: Arc<str>,
     },
     /// Something the walk cannot see through, and why.
-    Opaque { what: String, why: String },
+    Opaque { what: Arc<str>, why: String },
 }
 
 /// The effects of `script`, in order, starting at `start`. Never fails: what cannot be read
@@ -132,8 +140,9 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
         cwds: start
             .cwd
             .map(|c| vec![normalise("/", c)])
-            .unwrap_or_default(),
-        home: start.home.map(str::to_owned),
+            .unwrap_or_default()
+            .into(),
+        home: start.home.map(Arc::from),
         cd_unknown: false,
         text: 0,
     };
@@ -145,8 +154,8 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
 /// The walk's state: the effects so far and where the script may be.
 struct Walk {
     out: Vec<Effect>,
-    cwds: Vec<String>,
-    home: Option<String>,
+    cwds: Arc<[String]>,
+    home: Option<Arc<str>>,
     /// Whether a relative `cd` goes somewhere unknown (the script sets `CDPATH` or `PWD`).
     cd_unknown: bool,
     /// Characters of script parsed so far.
@@ -165,16 +174,16 @@ impl Walk {
         match self.out.len() {
             n if n + 1 < MAX_EFFECTS => self.out.push(effect),
             n if n + 1 == MAX_EFFECTS => self.out.push(Effect::Opaque {
-                what: "the script".into(),
+                what: Arc::from("the script"),
                 why: format!("it does more than the {MAX_EFFECTS} things the analysis follows"),
             }),
             _ => {}
         }
     }
 
-    fn opaque(&mut self, what: &str, why: impl Into<String>) {
+    fn opaque(&mut self, what: impl Into<Arc<str>>, why: impl Into<String>) {
         self.push(Effect::Opaque {
-            what: what.to_owned(),
+            what: what.into(),
             why: why.into(),
         });
     }
@@ -221,7 +230,7 @@ impl Walk {
             if self.full() {
                 return;
             }
-            let what = c.render();
+            let what: Arc<str> = c.render().into();
             let mut stdin: Stdin = c.piped.then_some((Nesting::Pipe, None));
             for r in &c.redirects {
                 if r.kind != RedirectKind::HereString
@@ -267,29 +276,29 @@ impl Walk {
         }
     }
 
-    fn command(&mut self, words: &[ShellWord], what: &str, depth: usize, stdin: Stdin) {
+    fn command(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
         if depth > MAX_DEPTH {
-            return self.opaque(what, "it nests commands too deeply to be judged");
+            return self.opaque(what.clone(), "it nests commands too deeply to be judged");
         }
         let Some(first) = words.first() else {
             return;
         };
         let Some(name) = first.literal.as_deref() else {
             return self.opaque(
-                what,
+                what.clone(),
                 "its command name is known only when it runs, so it cannot be judged",
             );
         };
         self.push(Effect::Program {
             argv: words.to_vec(),
             at: self.place(),
-            what: what.to_owned(),
+            what: what.clone(),
         });
         let base = basename(name);
         let args = &words[1..];
         match base {
             "cd" => self.cd(args),
-            "pushd" | "popd" => self.cwds.clear(),
+            "pushd" | "popd" => self.cwds = Arc::from([]),
             "find" => self.find(args, what, depth),
             "xargs" => self.xargs(args, what, depth),
             "eval" => self.joined(args, what, depth),
@@ -297,7 +306,7 @@ impl Walk {
             "alias" => self.alias(args, what, depth),
             "trap" => match scan(args, "", &[], usize::MAX, false) {
                 Ok(s) => self.nested("sh", Nesting::Deferred, s.operands.first(), what, depth),
-                Err(why) => self.opaque(what, why),
+                Err(why) => self.opaque(what.clone(), why),
             },
             "runuser" => {
                 let as_user = args
@@ -328,32 +337,39 @@ impl Walk {
         language: &str,
         how: Nesting,
         script: Option<&ShellWord>,
-        what: &str,
+        what: &Arc<str>,
         depth: usize,
     ) {
         match script.map(|w| w.literal.as_deref()) {
             None => {}
             Some(Some(code)) => self.code(language, how, code, what, depth),
             Some(None) => self.opaque(
-                what,
+                what.clone(),
                 "it runs a script known only when it runs, so it cannot be judged",
             ),
         }
     }
 
     /// Known shell code: the script effect, then the script's own effects.
-    fn code(&mut self, language: &str, how: Nesting, code: &str, what: &str, depth: usize) {
+    fn code(&mut self, language: &str, how: Nesting, code: &str, what: &Arc<str>, depth: usize) {
         self.push(Effect::Script {
             language: language.to_owned(),
             how,
             code: Some(code.to_owned()),
-            what: what.to_owned(),
+            what: what.clone(),
         });
         self.script(code, depth + 1);
     }
 
     /// A shell or interpreter with no script operand reads its standard input.
-    fn reads_input(&mut self, language: &str, shell: bool, stdin: Stdin, what: &str, depth: usize) {
+    fn reads_input(
+        &mut self,
+        language: &str,
+        shell: bool,
+        stdin: Stdin,
+        what: &Arc<str>,
+        depth: usize,
+    ) {
         match stdin {
             Some((Nesting::HereString, Some(code))) if shell => {
                 self.code(language, Nesting::HereString, &code, what, depth);
@@ -362,7 +378,7 @@ impl Walk {
                 language: language.to_owned(),
                 how,
                 code,
-                what: what.to_owned(),
+                what: what.clone(),
             }),
             None => {}
         }
@@ -381,7 +397,7 @@ impl Walk {
             .filter(|w| w.literal.as_deref() != Some("--"))
             .collect();
         let target = match operands.first() {
-            None => self.home.clone(),
+            None => self.home.as_deref().map(str::to_owned),
             Some(w) => w.literal.clone(),
         };
         let new = match target.as_deref() {
@@ -390,23 +406,22 @@ impl Walk {
             Some(t) if self.cd_unknown && !t.starts_with('/') => None,
             Some(t) => resolve(t, &self.cwds, self.home.as_deref()),
         };
-        match new {
+        self.cwds = match new {
             Some(places) => {
+                let mut cwds = self.cwds.to_vec();
                 for p in places {
-                    if !self.cwds.contains(&p) {
-                        self.cwds.push(p);
+                    if !cwds.contains(&p) {
+                        cwds.push(p);
                     }
                 }
-                if self.cwds.len() > MAX_CWDS {
-                    self.cwds.clear();
-                }
+                bounded(cwds)
             }
-            None => self.cwds.clear(),
-        }
+            None => Arc::from([]),
+        };
     }
 
     /// `find … -exec CMD {} ;`: CMD runs, with `{}` unknown.
-    fn find(&mut self, args: &[ShellWord], what: &str, depth: usize) {
+    fn find(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         let mut i = 0;
         while let Some(w) = args.get(i) {
             i += 1;
@@ -436,13 +451,13 @@ impl Walk {
     }
 
     /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input, which are unknown.
-    fn xargs(&mut self, args: &[ShellWord], what: &str, depth: usize) {
+    fn xargs(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         let mut i = 0;
         let mut replace: Option<String> = None;
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
                 if maybe_option(w) {
-                    return self.opaque(what, unknown_option(w));
+                    return self.opaque(what.clone(), unknown_option(w));
                 }
                 break;
             };
@@ -520,7 +535,7 @@ impl Walk {
     }
 
     /// `eval ARGS`: the arguments joined, run as a script.
-    fn joined(&mut self, args: &[ShellWord], what: &str, depth: usize) {
+    fn joined(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         if args.is_empty() {
             return;
         }
@@ -541,11 +556,11 @@ impl Walk {
 
     /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`, or with `-x`
     /// run directly.
-    fn watch(&mut self, args: &[ShellWord], what: &str, depth: usize) {
+    fn watch(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         // Its options end at the first word that is not one (`watch find . -exec …`).
         let scanned = match scan(args, "n", &["interval"], 0, false) {
             Ok(s) => s,
-            Err(why) => return self.opaque(what, why),
+            Err(why) => return self.opaque(what.clone(), why),
         };
         let words = scanned.command.map_or(&[][..], |start| &args[start..]);
         if scanned.has("x", &["exec"]) {
@@ -555,7 +570,7 @@ impl Walk {
     }
 
     /// `alias NAME=VALUE`: the value runs wherever the name is used.
-    fn alias(&mut self, args: &[ShellWord], what: &str, depth: usize) {
+    fn alias(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         for w in args {
             match w.literal.as_deref() {
                 Some(l) => {
@@ -569,14 +584,21 @@ impl Walk {
     }
 
     /// `sh -c SCRIPT`, `sh FILE`, or a shell reading its input.
-    fn shell(&mut self, name: &str, args: &[ShellWord], what: &str, depth: usize, stdin: Stdin) {
+    fn shell(
+        &mut self,
+        name: &str,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        depth: usize,
+        stdin: Stdin,
+    ) {
         let mut i = 0;
         let mut c_flag = false;
         while let Some(w) = args.get(i) {
             i += 1;
             let Some(arg) = w.literal.as_deref() else {
                 if maybe_option(w) && !c_flag {
-                    return self.opaque(what, unknown_option(w));
+                    return self.opaque(what.clone(), unknown_option(w));
                 }
                 i -= 1;
                 break;
@@ -607,24 +629,31 @@ impl Walk {
                 language: name.to_owned(),
                 how: Nesting::File,
                 code: None,
-                what: what.to_owned(),
+                what: what.clone(),
             }),
             None => self.reads_input(name, true, stdin, what, depth),
         }
     }
 
     /// A wrapper: its own writes and scripts, then the command it runs, where it runs it.
-    fn wrapper(&mut self, w: &Wrapper, args: &[ShellWord], what: &str, depth: usize, stdin: Stdin) {
+    fn wrapper(
+        &mut self,
+        w: &Wrapper,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        depth: usize,
+        stdin: Stdin,
+    ) {
         let s = match scan(args, w.with_arg, w.long_with_arg, w.operands, w.assignments) {
             Ok(s) => s,
-            Err(why) => return self.opaque(what, why),
+            Err(why) => return self.opaque(what.clone(), why),
         };
         for file in s.values(w.dest).flatten() {
             self.push(Effect::Write {
                 target: file.clone(),
                 how: Written::ByOption,
                 at: self.place(),
-                what: what.to_owned(),
+                what: what.clone(),
             });
         }
         for script in s.values(w.script) {
@@ -637,13 +666,14 @@ impl Walk {
         let saved = self.cwds.clone();
         let chroot = w.elsewhere || s.has(w.chroot.0, w.chroot.1);
         if chroot {
-            self.cwds.clear();
+            self.cwds = Arc::from([]);
         }
         for dir in s.values(w.chdir).filter(|_| !chroot) {
             let dir = dir.and_then(|d| d.literal.as_deref());
-            self.cwds = dir
-                .and_then(|d| resolve(d, &self.cwds, self.home.as_deref()))
-                .unwrap_or_default();
+            self.cwds = bounded(
+                dir.and_then(|d| resolve(d, &self.cwds, self.home.as_deref()))
+                    .unwrap_or_default(),
+            );
         }
         match s.command {
             Some(start) => self.command(&args[start..], what, depth + 1, stdin),
@@ -655,7 +685,7 @@ impl Walk {
     }
 
     /// A program whose options run shell commands (`tar --to-command`, `rsync -e`).
-    fn runner(&mut self, r: &spec::Runner, args: &[ShellWord], what: &str, depth: usize) {
+    fn runner(&mut self, r: &spec::Runner, args: &[ShellWord], what: &Arc<str>, depth: usize) {
         let words = if r.old_style {
             spec::old_style(args, r.with_arg)
         } else {
@@ -663,7 +693,7 @@ impl Walk {
         };
         let s = match scan(&words, r.with_arg, r.long_with_arg, usize::MAX, false) {
             Ok(s) => s,
-            Err(why) => return self.opaque(what, why),
+            Err(why) => return self.opaque(what.clone(), why),
         };
         for script in s.values(r.script) {
             self.nested("sh", Nesting::Option, script, what, depth);
@@ -678,12 +708,18 @@ impl Walk {
 
     /// An interpreter: its inline code (`python -c`, `node --eval`), a script file, or its
     /// input. The code is not read further: it is another language.
-    fn interpreter(&mut self, i: &spec::Interpreter, args: &[ShellWord], what: &str, stdin: Stdin) {
+    fn interpreter(
+        &mut self,
+        i: &spec::Interpreter,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        stdin: Stdin,
+    ) {
         let script = |how, code: Option<&ShellWord>| Effect::Script {
             language: i.name.to_owned(),
             how,
             code: code.and_then(|c| c.literal.clone()),
-            what: what.to_owned(),
+            what: what.clone(),
         };
         let mut k = 0;
         while let Some(w) = args.get(k) {
@@ -730,6 +766,15 @@ impl Walk {
             None => self.reads_input(i.name, false, stdin, what, 0),
         }
     }
+}
+
+/// `cwds` as the places a script may be, or none known when they are too many or too long.
+fn bounded(cwds: Vec<String>) -> Arc<[String]> {
+    let bytes: usize = cwds.iter().map(String::len).sum();
+    if cwds.len() > MAX_CWDS || bytes > MAX_CWD_BYTES {
+        return Arc::from([]);
+    }
+    cwds.into()
 }
 
 /// Whether a script mentions a variable that changes what `~` or a relative `cd` means.
@@ -881,8 +926,8 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(at[0].cwds, ["/tmp"]);
-        assert_eq!(at[1].cwds, ["/srv/ws"]);
+        assert_eq!(*at[0].cwds, ["/tmp"]);
+        assert_eq!(*at[1].cwds, ["/srv/ws"]);
         // `chroot` runs it somewhere unknown.
         let chrooted = walk("chroot /mnt touch a", START);
         assert!(chrooted.iter().any(|e| matches!(e,
@@ -913,8 +958,10 @@ mod tests {
                 ]),
             ]
         );
-        // `cd "$X"` goes somewhere unknown; so does `cd ~` once the script sets HOME.
-        for script in ["cd \"$X\"; echo > f", "HOME=/x; cd; echo > f"] {
+        // `cd "$X"` goes somewhere unknown; so does `cd ~` once the script sets HOME, and a
+        // `cd` past the bound on the places tracked.
+        let long = format!("cd {}; echo > f", "a/".repeat(MAX_CWD_BYTES / 2));
+        for script in ["cd \"$X\"; echo > f", "HOME=/x; cd; echo > f", &long] {
             let w = walk(script, START);
             assert!(
                 w.iter()

@@ -9,6 +9,8 @@
 //! known only when it runs. It is a guard, not a sandbox (see `judge`), never runs anything
 //! and never touches the filesystem.
 
+use std::borrow::Cow;
+
 use crate::shell::effects::{self, Effect, Place, Start, is_pattern, normalise, resolve};
 use crate::shell::parse::ShellWord;
 use crate::shell::spec::{
@@ -313,7 +315,7 @@ pub(super) fn check(scope: &Scope<'_>, script: &str) -> Judged {
 struct ReadWrite<'a> {
     workspace: &'a str,
     /// Where the script may be; empty when that cannot be known.
-    cwds: Vec<String>,
+    cwds: Cow<'a, [String]>,
     /// The home directory for `~`, unless unknown or reassigned by the script.
     home: Option<&'a str>,
 }
@@ -324,7 +326,7 @@ impl<'a> ReadWrite<'a> {
     fn at(workspace: &'a str, place: &'a Place) -> ReadWrite<'a> {
         ReadWrite {
             workspace,
-            cwds: place.cwds.clone(),
+            cwds: Cow::Borrowed(&place.cwds),
             home: place.home.as_deref(),
         }
     }
@@ -458,7 +460,7 @@ impl<'a> ReadWrite<'a> {
             "--list-cmds",
         ];
         let mut i = 0;
-        let mut here = self.cwds.clone();
+        let mut here = self.cwds.to_vec();
         let mut repositories: Vec<ShellWord> = Vec::new();
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
@@ -511,7 +513,7 @@ impl<'a> ReadWrite<'a> {
         for repository in &repositories {
             there.write(repository, what)?;
         }
-        if here != self.cwds {
+        if here[..] != self.cwds[..] {
             there.write(&word("."), what)?;
         }
         let s = there.scan(rest, what, GIT_CLONE_OPTIONS)?;
@@ -533,7 +535,7 @@ impl<'a> ReadWrite<'a> {
     fn elsewhere(&self, cwds: &[String]) -> ReadWrite<'a> {
         ReadWrite {
             workspace: self.workspace,
-            cwds: cwds.to_vec(),
+            cwds: Cow::Owned(cwds.to_vec()),
             home: self.home,
         }
     }
@@ -625,7 +627,7 @@ impl<'a> ReadWrite<'a> {
             if s.has("P", &["absolute-names"]) {
                 return Err(self.deny(what, "it extracts absolute paths, which cannot be judged"));
             }
-            let mut dirs = self.cwds.clone();
+            let mut dirs = self.cwds.to_vec();
             for dir in s.values(("C", &["directory"])) {
                 let Some(d) = dir.and_then(|d| d.literal.as_deref()) else {
                     return Err(
