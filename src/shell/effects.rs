@@ -9,12 +9,14 @@
 //!
 //! It owns the order of things, `cd` and the wrappers' directory options (the places a
 //! script may be in), unwrapping wrappers, and following nested scripts, `xargs` and
-//! `find -exec`. It never decides anything: the workspace judge and the command guard are
-//! policies over the list it returns. It never runs anything and never touches the
-//! filesystem (paths are normalised lexically).
+//! `find -exec`. It never decides anything: a policy reads the list it returns (the workspace
+//! judge at `read-write` does; the command guard, which still walks expanded words itself,
+//! is to be the second). It never runs anything and never touches the filesystem (paths are
+//! normalised lexically).
 //!
-//! Every bound fails closed, as an `Opaque` effect: nesting deeper than [`MAX_DEPTH`], more
-//! than [`MAX_TEXT`] characters of nested scripts, more than [`MAX_EFFECTS`] effects.
+//! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_TEXT`]
+//! characters of nested scripts or more than [`MAX_EFFECTS`] effects is an `Opaque` effect;
+//! more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown place.
 
 use std::sync::Arc;
 
