@@ -251,7 +251,7 @@ mod tests {
         /// effects (what the judge's read-write policy judges) name every program the guard's
         /// own walk judges, whatever the command. Commands the guard refuses (its walk stops
         /// there) or that the walk cannot see through are not compared. The walk may see more
-        /// (an alias defined behind a wrapper, `tar --to-command`), until the guard judges the
+        /// (an alias defined behind a wrapper), until the guard judges the
         /// walk's effects too.
         #[test]
         fn the_guard_and_the_judge_see_the_same_programs(

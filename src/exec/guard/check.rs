@@ -17,7 +17,7 @@ use super::rules::{builtin_rules, shown, write_target};
 use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Refusal, abbreviate, too_deep};
 use crate::shell::basename;
 use crate::shell::parse::{
-    Lexer, Op, Part, Redir, RedirKind, Tok, TooDeep, Word, is_identifier, render_source,
+    Lexer, Op, Part, Redir, RedirKind, ShellWord, Tok, TooDeep, Word, is_identifier, render_source,
 };
 use crate::shell::spec::{self, SHELLS, is_assignment};
 
@@ -516,7 +516,12 @@ impl<'g> Checker<'g> {
                         }
                         _ => return Ok(None),
                     },
-                    None => break,
+                    None => {
+                        if let Some(r) = spec::runner(other) {
+                            self.runner(r, &args, env, depth)?;
+                        }
+                        break;
+                    }
                 },
             };
             args = next;
@@ -635,6 +640,52 @@ impl<'g> Checker<'g> {
         } else {
             cmd.to_vec()
         }))
+    }
+
+    /// A program whose options run a shell command (`tar --to-command=CMD`, `rsync -e CMD`):
+    /// each command is judged as a script; one known only when it runs, or a word that could
+    /// be such an option, asks a person.
+    fn runner(
+        &mut self,
+        r: &spec::Runner,
+        args: &[Field],
+        env: &Env,
+        depth: usize,
+    ) -> Result<(), Refusal> {
+        let words: Vec<ShellWord> = args[1..]
+            .iter()
+            .map(|f| ShellWord {
+                literal: f.value.clone(),
+                source: f.display.clone(),
+            })
+            .collect();
+        let words = if r.old_style {
+            spec::old_style(&words, r.with_arg)
+        } else {
+            words
+        };
+        let scanned = match spec::scan(&words, r.with_arg, r.long_with_arg, usize::MAX, false) {
+            Ok(s) => s,
+            Err(why) => {
+                let cmd = shown(args, 80);
+                self.note_ask(Refusal::ask("opaque", format!("in `{cmd}`, {why}")));
+                return Ok(());
+            }
+        };
+        let mut scripts: Vec<ShellWord> = scanned.values(r.script).flatten().cloned().collect();
+        for action in scanned.values(("", r.exec_action)).flatten() {
+            match action.literal.as_deref() {
+                Some(l) => scripts.extend(l.strip_prefix("exec=").map(spec::word)),
+                None => scripts.push(action.clone()),
+            }
+        }
+        for script in scripts {
+            match script.literal {
+                Some(code) => self.script(&code, &mut env.clone(), depth + 1)?,
+                None => self.note_ask(opaque_script(&Field::unknown(&script.source))),
+            }
+        }
+        Ok(())
     }
 
     fn shell(
@@ -1609,7 +1660,7 @@ mod tests {
 
 #[cfg(test)]
 mod bounds_and_wrappers {
-    use super::super::testing::{DELETE, assert_allowed, assert_refused};
+    use super::super::testing::{DELETE, assert_allowed, assert_asked, assert_refused};
     use super::super::{CPU_BUDGET, Context, Guard, MAX_WRAPPERS};
     use std::time::Duration;
 
@@ -1712,6 +1763,30 @@ mod bounds_and_wrappers {
         assert_allowed("watch -n 5 df -h");
         assert_allowed("script -q build.log");
         assert_allowed("flock /tmp/l -c 'cargo build'");
+    }
+
+    /// Programs whose options run a shell command: the command is judged like any script.
+    #[test]
+    fn commands_run_by_options_are_judged() {
+        for cmd in [
+            "tar --to-command='rm -rf /' -xf a.tar",
+            "tar -xf a.tar --to-command 'rm -rf /'",
+            "tar --to-comm='rm -rf /' -xf a.tar",
+            "tar xf a.tar --checkpoint-action=exec='rm -rf /'",
+            "tar -I 'rm -rf /' -xf a.tar",
+            "tar xIf 'rm -rf /' a.tar",
+            "rsync -e 'rm -rf /' a b:",
+            "rsync --rsh='rm -rf /' a b:",
+        ] {
+            assert_refused(cmd, DELETE);
+        }
+        assert_asked("tar --to-command=\"$X\" -xf a.tar", "opaque");
+        assert_asked("tar $OPTS -xf a.tar", "opaque");
+        assert_asked("tar --to-command \"$X\" -xf a.tar", "opaque-script");
+        assert_allowed("tar -xf a.tar -- --to-command=\"$X\"");
+        assert_allowed("tar --to-command='cat' -xf a.tar");
+        assert_allowed("tar czf /tmp/backup.tgz src");
+        assert_allowed("rsync -e 'ssh -p 2222' -a src/ host:dst/");
     }
 
     #[test]
