@@ -384,20 +384,7 @@ impl CwdStore {
     }
 }
 
-/// Quotes `s` for a POSIX shell: `'…'` with embedded quotes escaped.
-pub fn shell_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
-}
+pub use crate::shell::quote as shell_quote;
 
 #[cfg(test)]
 mod tests {

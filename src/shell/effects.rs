@@ -315,11 +315,13 @@ impl Walk {
                     .iter()
                     .filter_map(|w| w.literal.as_deref())
                     .any(|v| v == "-u" || v.starts_with("--user"));
-                match spec::wrapper("su").filter(|_| !as_user) {
-                    Some(su) => self.wrapper(su, args, what, depth, stdin),
-                    None => self.wrapper(&spec::RUNUSER_AS, args, what, depth, stdin),
+                if as_user {
+                    self.wrapper(&spec::RUNUSER_AS, args, what, depth, stdin);
+                } else {
+                    self.su(args, what, depth, stdin);
                 }
             }
+            "su" => self.su(args, what, depth, stdin),
             _ if SHELLS.contains(&base) => self.shell(base, args, what, depth, stdin),
             _ => {
                 if let Some(w) = spec::wrapper(base) {
@@ -383,6 +385,30 @@ impl Walk {
                 what: what.clone(),
             }),
             None => {}
+        }
+    }
+
+    /// `su [opts] [user] [args]`: each command it is given, or a login shell reading its
+    /// input.
+    fn su(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        // Any word may hold `-c` (the shell's arguments follow the user).
+        if let Some(w) = args.iter().find(|w| maybe_option(w)) {
+            return self.opaque(what.clone(), unknown_option(w));
+        }
+        let values: Vec<Option<&str>> = args.iter().map(|w| w.literal.as_deref()).collect();
+        let commands = spec::su_commands(&values);
+        if commands.is_empty() {
+            return self.reads_input("sh", true, stdin, what, depth);
+        }
+        for c in commands {
+            match c {
+                spec::SuCommand::Attached(code) => {
+                    self.code("sh", Nesting::Option, &code, what, depth);
+                }
+                spec::SuCommand::Word(k) => {
+                    self.nested("sh", Nesting::Option, args.get(k), what, depth);
+                }
+            }
         }
     }
 
@@ -657,6 +683,25 @@ impl Walk {
                 at: self.place(),
                 what: what.clone(),
             });
+        }
+        // `env -S 'A B' C` runs `A B C`, read as one script.
+        let split = (w.splits && s.has(w.script.0, w.script.1))
+            .then_some(s.command)
+            .flatten();
+        if let Some(start) = split {
+            let strings: Option<Vec<String>> = s
+                .values(w.script)
+                .map(|v| v.and_then(|v| v.literal.clone()))
+                .collect();
+            let command = args[start..].iter().map(|a| a.literal.as_deref());
+            let script = match strings {
+                Some(strings) => spec::word(&spec::split_command(&strings, command)),
+                None => ShellWord {
+                    literal: None,
+                    source: what.to_string(),
+                },
+            };
+            return self.nested("sh", Nesting::Option, Some(&script), what, depth);
         }
         for script in s.values(w.script) {
             self.nested("sh", Nesting::Option, script, what, depth);
@@ -981,6 +1026,9 @@ mod tests {
             ("eval 'rm x'", "rm"),
             ("eval rm x", "rm"),
             ("su -c 'rm x' bob", "rm"),
+            ("env -S 'rm -f' x", "rm"),
+            ("su --session-command='rm x' bob", "rm"),
+            ("runuser -u bob --session-command 'rm x'", "rm"),
             ("flock /tmp/l -c 'rm x'", "rm"),
             ("xargs rm < list", "rm"),
             ("find . -name '*.o' -exec rm {} +", "rm"),

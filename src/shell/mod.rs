@@ -64,3 +64,18 @@ pub fn abbreviate(s: &str, max: usize) -> String {
     out.push('…');
     out
 }
+
+/// Quotes `s` for a POSIX shell: `'…'` with embedded quotes escaped.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}

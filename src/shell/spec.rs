@@ -99,6 +99,9 @@ pub struct Wrapper {
     pub no_command: &'static str,
     /// Whether, given no command, it starts a shell that reads its input (`chroot DIR`).
     pub bare_shell: bool,
+    /// Whether the words of its script options come before the command's (`env -S 'A B' C`
+    /// runs `A B C`): the two are read as one script ([`split_command`]).
+    pub splits: bool,
 }
 
 const WRAPPER: Wrapper = Wrapper {
@@ -114,6 +117,7 @@ const WRAPPER: Wrapper = Wrapper {
     dest: ("", &[]),
     no_command: "",
     bare_shell: false,
+    splits: false,
 };
 
 /// Every wrapper, once.
@@ -157,6 +161,7 @@ pub const WRAPPERS: &[Wrapper] = &[
         assignments: true,
         chdir: ("C", &["chdir"]),
         script: ("S", &["split-string"]),
+        splits: true,
         ..WRAPPER
     },
     Wrapper {
@@ -341,13 +346,14 @@ pub const WRAPPERS: &[Wrapper] = &[
         with_arg: "cgGsw",
         long_with_arg: &[
             "command",
+            "session-command",
             "group",
             "supp-group",
             "shell",
             "whitelist-environment",
         ],
         operands: usize::MAX,
-        script: ("c", &["command"]),
+        script: ("c", &["command", "session-command"]),
         bare_shell: true,
         ..WRAPPER
     },
@@ -364,10 +370,114 @@ pub const RUNUSER_AS: Wrapper = Wrapper {
         "shell",
         "whitelist-environment",
         "command",
+        "session-command",
     ],
-    script: ("c", &["command"]),
+    script: ("c", &["command", "session-command"]),
     ..WRAPPER
 };
+
+/// The script `env -S 'A B' C` runs: the split strings, then the command's words (each
+/// quoted when literal, a variable that is never set when known only at run time). It is
+/// read as a shell script, which can only find more than `env` would run.
+pub fn split_command<'a>(
+    split: &[String],
+    command: impl Iterator<Item = Option<&'a str>>,
+) -> String {
+    let mut text = split.join(" ");
+    for literal in command {
+        text.push(' ');
+        match literal {
+            Some(l) => text.push_str(&super::quote(l)),
+            None => text.push_str("\"${__unknown_word}\""),
+        }
+    }
+    text
+}
+
+/// Where a command given to `su` or `runuser` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SuCommand {
+    /// Attached to its option (`-cCMD`, `--command=CMD`).
+    Attached(String),
+    /// The word at this index.
+    Word(usize),
+}
+
+/// The commands `su [opts] [-] [user] [args]` runs (`args` by their literal values, `None`
+/// when known only at run time): every `-c CMD`, `-lc CMD`, `-cCMD`, `--command=CMD`,
+/// `--comm CMD` and `--session-command CMD`; none means a login shell. Which one runs when
+/// several are given depends on the version, so all are returned. The arguments after the
+/// user go to the shell, so a `-c` there counts too — as does one inside any word that looks
+/// like clustered options.
+pub fn su_commands(args: &[Option<&str>]) -> Vec<SuCommand> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let Some(v) = args[i] else {
+            i += 1;
+            continue;
+        };
+        if let Some(long) = v.strip_prefix("--").filter(|l| !l.is_empty()) {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, a)) => (n, Some(a)),
+                None => (long, None),
+            };
+            if name.len() >= 2
+                && ("command".starts_with(name) || "session-command".starts_with(name))
+            {
+                match inline {
+                    Some(a) => out.push(SuCommand::Attached(a.to_owned())),
+                    None => {
+                        if i + 1 < args.len() {
+                            out.push(SuCommand::Word(i + 1));
+                        }
+                        i += 1;
+                    }
+                }
+            } else if inline.is_none()
+                && [
+                    "group",
+                    "supp-group",
+                    "shell",
+                    "whitelist-environment",
+                    "user",
+                ]
+                .contains(&name)
+            {
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        if v.starts_with('-') && v.len() > 1 && v != "--" {
+            for (k, c) in v.char_indices().skip(1) {
+                let attached = &v[k + c.len_utf8()..];
+                match c {
+                    'c' => {
+                        if attached.is_empty() {
+                            if i + 1 < args.len() {
+                                out.push(SuCommand::Word(i + 1));
+                            }
+                            i += 1;
+                        } else {
+                            out.push(SuCommand::Attached(attached.to_owned()));
+                        }
+                        break;
+                    }
+                    'g' | 'G' | 's' | 'w' | 'u' => {
+                        if attached.is_empty() {
+                            i += 1;
+                        }
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
 
 /// The wrapper named `name` (a basename), if it is one.
 pub fn wrapper(name: &str) -> Option<&'static Wrapper> {

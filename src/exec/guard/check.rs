@@ -314,7 +314,7 @@ impl<'g> Checker<'g> {
             }
             return Ok(None);
         }
-        self.declarations(rest, env, depth)?;
+        self.declarations(rest, env)?;
 
         let mut fields = Vec::new();
         for w in rest {
@@ -347,7 +347,7 @@ impl<'g> Checker<'g> {
     }
 
     /// `export X=…`, `unset X`, `read X`, `alias x='…'`: keep the variable table honest.
-    fn declarations(&mut self, rest: &[&Word], env: &mut Env, depth: usize) -> Result<(), Refusal> {
+    fn declarations(&mut self, rest: &[&Word], env: &mut Env) -> Result<(), Refusal> {
         let Some(first) = rest[0].bare() else {
             return Ok(());
         };
@@ -370,15 +370,6 @@ impl<'g> Checker<'g> {
                 for w in &rest[1..] {
                     if let Some(name) = w.literal().filter(|n| is_identifier(n)) {
                         env.set(name, None);
-                    }
-                }
-            }
-            "alias" => {
-                // An alias body runs later as a command; judge it now.
-                for w in &rest[1..] {
-                    if let Some((_, parts, _)) = w.assignment() {
-                        let f = self.expand_joined(&parts, env)?;
-                        self.script(f.text(), &mut env.clone(), depth + 1)?;
                     }
                 }
             }
@@ -441,7 +432,6 @@ impl<'g> Checker<'g> {
             }
             let rest = &args[1..];
             let next: Vec<Field> = match basename(name) {
-                "env" => self.env_args(rest, depth)?,
                 "watch" => {
                     let after = skip_options(rest, "n", &["interval"]);
                     let exec = rest[..rest.len() - after.len()]
@@ -470,31 +460,32 @@ impl<'g> Checker<'g> {
                     return Ok(None);
                 }
                 "su" | "runuser" => {
-                    if let Some(cmd) = su_command(rest) {
-                        self.script(cmd.text(), &mut env.clone(), depth + 1)?;
-                        return Ok(None);
-                    }
                     let as_user = rest
                         .iter()
                         .filter_map(Field::val)
                         .any(|v| v == "-u" || v.starts_with("--user"));
                     if basename(name) == "runuser" && as_user {
-                        // `runuser -u USER -- CMD …` runs CMD directly.
-                        skip_options(
-                            rest,
-                            "ugGsw",
-                            &[
-                                "user",
-                                "group",
-                                "supp-group",
-                                "shell",
-                                "whitelist-environment",
-                            ],
-                        )
-                        .to_vec()
+                        // `runuser -u USER [--] CMD …` runs CMD directly.
+                        match self.wrapped(&spec::RUNUSER_AS, rest, env, depth)? {
+                            Some(cmd) if !cmd.is_empty() => cmd,
+                            _ => return Ok(None),
+                        }
                     } else {
-                        // A login shell, which reads its input.
-                        self.shell(&[], env, depth, stdin)?;
+                        let values: Vec<Option<&str>> = rest.iter().map(Field::val).collect();
+                        let commands: Vec<Field> = spec::su_commands(&values)
+                            .into_iter()
+                            .map(|c| match c {
+                                spec::SuCommand::Attached(text) => Field::lit(&text),
+                                spec::SuCommand::Word(k) => rest[k].clone(),
+                            })
+                            .collect();
+                        if commands.is_empty() {
+                            // A login shell, which reads its input.
+                            self.shell(&[], env, depth, stdin)?;
+                        }
+                        for cmd in commands {
+                            self.script(cmd.text(), &mut env.clone(), depth + 1)?;
+                        }
                         return Ok(None);
                     }
                 }
@@ -539,6 +530,14 @@ impl<'g> Checker<'g> {
             && let Some(script) = args.get(1).filter(|f| f.val().is_none())
         {
             self.note_ask(opaque_script(script));
+        }
+        // An alias body runs later as a command (behind a wrapper too): judge it now.
+        if let Some("alias") = args[0].val().map(basename) {
+            for f in &args[1..] {
+                if let Some((_, body)) = f.text().split_once('=') {
+                    self.script(body, &mut env.clone(), depth + 1)?;
+                }
+            }
         }
         if let Some("cd" | "pushd") = args[0].val().map(basename) {
             change_directory(&args[1..], env);
@@ -628,18 +627,25 @@ impl<'g> Checker<'g> {
             operands += 1;
             i += 1;
         }
+        let cmd = rest.get(i..).unwrap_or_default();
+        let cmd = if w.assignments {
+            strip_assignments(cmd)
+        } else {
+            cmd.to_vec()
+        };
+        if w.splits && !scripts.is_empty() && !cmd.is_empty() && w.operands != usize::MAX {
+            // `env -S 'A B' C` runs `A B C`.
+            let text = spec::split_command(&scripts, cmd.iter().map(Field::val));
+            self.script(&text, &mut env.clone(), depth + 1)?;
+            return Ok(None);
+        }
         for script in scripts {
             self.script(&script, &mut env.clone(), depth + 1)?;
         }
         if w.operands == usize::MAX {
             return Ok(None);
         }
-        let cmd = rest.get(i..).unwrap_or_default();
-        Ok(Some(if w.assignments {
-            strip_assignments(cmd)
-        } else {
-            cmd.to_vec()
-        }))
+        Ok(Some(cmd))
     }
 
     /// A program whose options run a shell command (`tar --to-command=CMD`, `rsync -e CMD`):
@@ -746,66 +752,6 @@ impl<'g> Checker<'g> {
             }
         }
         Ok(())
-    }
-
-    fn env_args(&mut self, rest: &[Field], depth: usize) -> Result<Vec<Field>, Refusal> {
-        let mut split = Vec::new();
-        let mut i = 0;
-        while let Some(v) = rest.get(i).and_then(Field::val) {
-            if v == "--" {
-                i += 1;
-                break;
-            }
-            if let Some(long) = v.strip_prefix("--") {
-                let (name, inline) = match long.split_once('=') {
-                    Some((n, a)) => (n, Some(a)),
-                    None => (long, None),
-                };
-                let arg = match (name, inline) {
-                    ("split-string" | "unset" | "chdir", Some(a)) => Some(a.to_owned()),
-                    ("split-string" | "unset" | "chdir", None) => {
-                        i += 1;
-                        rest.get(i).map(|f| f.text().to_owned())
-                    }
-                    _ => None,
-                };
-                if name == "split-string"
-                    && let Some(s) = arg
-                {
-                    split.extend(self.split_words(&s, depth + 1)?);
-                }
-                i += 1;
-                continue;
-            }
-            if v.starts_with('-') && v.len() > 1 {
-                for (k, c) in v.char_indices().skip(1) {
-                    if matches!(c, 'u' | 'C' | 'S') {
-                        let attached = &v[k + c.len_utf8()..];
-                        let arg = if attached.is_empty() {
-                            i += 1;
-                            rest.get(i).map(|f| f.text().to_owned())
-                        } else {
-                            Some(attached.to_owned())
-                        };
-                        if c == 'S'
-                            && let Some(s) = arg
-                        {
-                            split.extend(self.split_words(&s, depth + 1)?);
-                        }
-                        break;
-                    }
-                }
-                i += 1;
-                continue;
-            }
-            if is_assignment(v) {
-                i += 1;
-                continue;
-            }
-            break;
-        }
-        split.extend(rest.get(i..).unwrap_or_default().iter().cloned());
-        Ok(split)
     }
 
     /// `find START… -exec CMD {} \;` runs CMD; `-delete` deletes recursively. When nothing
@@ -1163,74 +1109,18 @@ fn xargs(rest: &[Field], stdin: Option<String>) -> Vec<Field> {
             }
         }
         (Some(input), None) => cmd.extend(input.split_whitespace().map(Field::lit)),
-        (None, _) => {}
-    }
-    cmd
-}
-
-/// `su [opts] [user] -c CMD` / `--command=CMD`.
-///
-/// Also `-lc CMD`, `-cCMD`, `--command=CMD`, `--comm CMD` and `--session-command`; the
-/// same options for `runuser`. Arguments after `--` go to the shell, so `-c` there counts too.
-fn su_command(rest: &[Field]) -> Option<Field> {
-    let mut i = 0;
-    while let Some(f) = rest.get(i) {
-        let Some(v) = f.val() else {
-            i += 1;
-            continue;
-        };
-        if let Some(long) = v.strip_prefix("--").filter(|l| !l.is_empty()) {
-            let (name, inline) = match long.split_once('=') {
-                Some((n, a)) => (n, Some(a)),
-                None => (long, None),
-            };
-            if "command".starts_with(name) && name.len() >= 2
-                || "session-command".starts_with(name) && name.len() >= 2
-            {
-                return match inline {
-                    Some(a) => Some(Field::lit(a)),
-                    None => rest.get(i + 1).cloned(),
-                };
-            }
-            if inline.is_none()
-                && [
-                    "group",
-                    "supp-group",
-                    "shell",
-                    "whitelist-environment",
-                    "user",
-                ]
-                .contains(&name)
-            {
-                i += 1;
-            }
-            i += 1;
-            continue;
-        }
-        if v.starts_with('-') && v.len() > 1 && v != "--" {
-            for (k, c) in v.char_indices().skip(1) {
-                let attached = &v[k + c.len_utf8()..];
-                match c {
-                    'c' => {
-                        return if attached.is_empty() {
-                            rest.get(i + 1).cloned()
-                        } else {
-                            Some(Field::lit(attached))
-                        };
-                    }
-                    'g' | 'G' | 's' | 'w' | 'u' => {
-                        if attached.is_empty() {
-                            i += 1;
-                        }
-                        break;
-                    }
-                    _ => {}
+        // Input known only when it runs: the words it replaces, or adds, are unknown.
+        (None, Some(r)) if !r.is_empty() => {
+            for f in cmd.iter_mut().skip(1) {
+                if let Some(v) = f.value.take_if(|v| v.contains(r.as_str())) {
+                    f.if_empty = v.replace(r.as_str(), "");
                 }
             }
         }
-        i += 1;
+        (None, Some(_)) => {}
+        (None, None) => cmd.push(Field::unknown("(words read from the input)")),
     }
-    None
+    cmd
 }
 
 /// A command name that is a glob (`/bin/r?`): the shell runs whatever file it matches.
@@ -1480,6 +1370,9 @@ mod tests {
             ("env -i PATH=/bin rm -rf /", DELETE),
             ("env -u HOME rm -rf /", DELETE),
             ("env -S 'rm -rf /'", DELETE),
+            ("env -S 'rm -rf' /", DELETE),
+            ("env --split-str='rm -rf' /", DELETE),
+            ("xargs -I{} rm -rf /{}", DELETE),
             ("/usr/bin/env rm -rf /", DELETE),
             ("nice -n 5 rm -rf /", DELETE),
             ("nice -5 rm -rf /", DELETE),
@@ -1527,6 +1420,8 @@ mod tests {
             ("su root -c 'rm -rf /'", DELETE),
             ("trap 'rm -rf /' EXIT", DELETE),
             ("alias x='rm -rf /'", DELETE),
+            ("sudo alias x='rm -rf /'", DELETE),
+            ("command alias x='rm -rf /'", DELETE),
             ("find / -delete", DELETE),
             ("find / -exec rm -rf {} +", DELETE),
             ("find . -exec rm -rf / \\;", DELETE),
@@ -1728,6 +1623,9 @@ mod bounds_and_wrappers {
         ] {
             assert_refused(cmd, DELETE);
         }
+        // Given twice, each command is judged.
+        assert_refused("su -c ls -c 'rm -rf /'", DELETE);
+        assert_refused("su -c 'rm -rf /' -c ls", DELETE);
         assert_allowed("su -c 'ls /' root");
         assert_allowed("su - deploy");
     }
@@ -1798,6 +1696,7 @@ mod bounds_and_wrappers {
             "pkexec rm -rf /",
             "pkexec --user root rm -rf /",
             "runuser -u root -- rm -rf /",
+            "runuser -u root -c 'rm -rf /' -- ls",
             "runuser root -c 'rm -rf /'",
             "runuser -l root -c 'rm -rf /'",
             "chroot / rm -rf /",
@@ -1812,6 +1711,8 @@ mod bounds_and_wrappers {
             assert_refused(cmd, DELETE);
         }
         assert_allowed("coproc cat");
+        // The command after `--` is the program, not `su`'s options.
+        assert_allowed("runuser -u deploy -- ls -c 'rm -rf /'");
         assert_allowed("systemd-run --user --unit job ./build.sh");
         assert_allowed("chroot /srv/jail /bin/ls");
     }

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 use super::check::Checker;
-use super::{MAX_BRACE, MAX_VALUE, Refusal, abbreviate, too_deep};
-use crate::shell::parse::{Lexer, Part, Tok, TooDeep, Word};
+use super::{MAX_BRACE, MAX_VALUE, Refusal, abbreviate};
+use crate::shell::parse::{Part, Tok, Word};
 
 /// Most values of a `for` loop tracked; longer lists make the variable unknown.
 pub(super) const MAX_LOOP_VALUES: usize = 16;
@@ -357,21 +357,6 @@ impl Checker<'_> {
             f = Field::unknown("${…}");
         }
         Ok(f)
-    }
-
-    /// Expands script text into fields (for `env -S`).
-    pub(super) fn split_words(&mut self, text: &str, depth: usize) -> Result<Vec<Field>, Refusal> {
-        self.spend(text.len())?;
-        let toks = Lexer::new(text, depth)
-            .lex()
-            .map_err(|TooDeep| too_deep())?;
-        let mut out = Vec::new();
-        for t in &toks {
-            if let Tok::Word(w) = t {
-                out.extend(self.expand(w, &Env::default())?);
-            }
-        }
-        Ok(out)
     }
 
     /// Brace expansion (`/{etc,usr}` → `/etc /usr`) over the unquoted literal text of a
