@@ -27,7 +27,7 @@ use super::{MAX_DEPTH, basename};
 /// Most effects one walk lists; past it the walk stops with an `Opaque` effect.
 pub const MAX_EFFECTS: usize = 4096;
 /// Most characters of scripts (the command and every nested script) one walk parses.
-pub const MAX_TEXT: usize = 1 << 20;
+pub use super::expand::MAX_TEXT;
 /// Most working directories a script is tracked as possibly being in; past it, unknown.
 pub const MAX_CWDS: usize = 16;
 /// Most bytes of those directories together; past it, unknown (each path a write names is

@@ -12,10 +12,12 @@
 use std::time::Duration;
 
 use super::ask::risky_rules;
-use super::expand::{Env, Field, MAX_LOOP_VALUES, echo_output};
 use super::rules::{builtin_rules, shown, write_target};
 use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Refusal, abbreviate, too_deep};
 use crate::shell::basename;
+use crate::shell::expand::{
+    Bound, Env, Expander, Field, MAX_BRACE, MAX_LOOP_VALUES, MAX_TEXT, echo_output,
+};
 use crate::shell::parse::{
     Lexer, Op, Part, Redir, RedirKind, ShellWord, Tok, TooDeep, Word, is_identifier, render_source,
 };
@@ -24,13 +26,10 @@ use crate::shell::spec::{self, SHELLS, is_assignment};
 /// One check of one command: the guard's rules and what this check may still spend.
 pub(super) struct Checker<'g> {
     guard: &'g Guard,
-    /// Characters still allowed to be lexed or expanded in this check.
-    budget: usize,
-    /// CPU time this thread may spend on the check, and what it had used when it started.
-    cpu_limit: Duration,
-    cpu_start: Duration,
-    /// Spends since the CPU clock was last read (reading it is a system call).
-    since_clock: u32,
+    /// Expands words, and holds what this check may still spend (text and CPU time).
+    expander: Expander,
+    /// The workspace (absolute), when the caller names one: recursive deletes outside it ask.
+    workspace: Option<&'g str>,
     /// The first reason found to ask a person; the walk goes on, since a refusal later in
     /// the command outweighs it.
     ask: Option<Refusal>,
@@ -42,17 +41,16 @@ pub(super) struct Checker<'g> {
     pub(super) seen: Vec<String>,
 }
 
-/// How many spends pass between two readings of the CPU clock.
-const CLOCK_EVERY: u32 = 64;
-
 impl<'g> Checker<'g> {
-    pub(super) fn new(guard: &'g Guard, budget: usize, cpu_limit: Duration) -> Checker<'g> {
+    pub(super) fn new(
+        guard: &'g Guard,
+        workspace: Option<&'g str>,
+        cpu_limit: Duration,
+    ) -> Checker<'g> {
         Checker {
             guard,
-            budget,
-            cpu_limit,
-            cpu_start: thread_cpu_time(),
-            since_clock: 0,
+            expander: Expander::new(MAX_TEXT, cpu_limit),
+            workspace,
             ask: None,
             in_pipe: false,
             #[cfg(test)]
@@ -71,29 +69,17 @@ impl<'g> Checker<'g> {
 
     /// Charges `n` units of work; refuses once the text budget or the CPU budget is spent.
     pub(super) fn spend(&mut self, n: usize) -> Result<(), Refusal> {
-        self.budget = self.budget.checked_sub(n).ok_or_else(|| {
-            Refusal::new(
-                "too-complex",
-                "refused: the command expands to more text than the guard will examine; \
-                 simplify it or put it in a script file"
-                    .into(),
-            )
-        })?;
-        self.since_clock += 1;
-        if self.since_clock >= CLOCK_EVERY || self.cpu_limit.is_zero() {
-            self.since_clock = 0;
-            if thread_cpu_time().saturating_sub(self.cpu_start) >= self.cpu_limit {
-                return Err(Refusal::new(
-                    "too-complex",
-                    format!(
-                        "refused: checking the command took more than the guard's {} ms of CPU \
-                         time; simplify it or put it in a script file",
-                        self.cpu_limit.as_millis()
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        self.expander.spend(n).map_err(bound)
+    }
+
+    /// A word's arguments ([`Expander::expand`]).
+    fn expand(&mut self, w: &Word, env: &Env) -> Result<Vec<Field>, Refusal> {
+        self.expander.expand(w, env).map_err(bound)
+    }
+
+    /// A word as one argument, unsplit ([`Expander::expand_joined`]).
+    fn expand_joined(&mut self, parts: &[Part], env: &Env) -> Result<Field, Refusal> {
+        self.expander.expand_joined(parts, env).map_err(bound)
     }
 
     pub(super) fn script(&mut self, src: &str, env: &mut Env, depth: usize) -> Result<(), Refusal> {
@@ -209,7 +195,7 @@ impl<'g> Checker<'g> {
         }
         if let Some(name) = defaulted
             .into_iter()
-            .find(|n| !env.vars.contains_key(n) && self.lookup(n, env).is_none())
+            .find(|n| !env.vars.contains_key(n) && self.expander.lookup(n, env).is_none())
         {
             let mut unset = env.clone();
             unset.set(name, Some(String::new()));
@@ -522,7 +508,7 @@ impl<'g> Checker<'g> {
             return Ok(None);
         }
         builtin_rules(&args, env)?;
-        if let Some(r) = risky_rules(&args, env, self.in_pipe) {
+        if let Some(r) = risky_rules(&args, env, self.workspace, self.in_pipe) {
             self.note_ask(r);
         }
         // `source <(curl …)`, `. "$F"`: a script this shell reads, known only when it runs.
@@ -1204,6 +1190,41 @@ const KNOWN_NAMES: &[&str] = &[
     "tcsh",
 ];
 
+/// The refusal for a bound of the expansion: past it the command is not judged in part.
+fn bound(b: Bound) -> Refusal {
+    match b {
+        Bound::Text => Refusal::new(
+            "too-complex",
+            "refused: the command expands to more text than the guard will examine; \
+             simplify it or put it in a script file"
+                .into(),
+        ),
+        Bound::Cpu(limit) => Refusal::new(
+            "too-complex",
+            format!(
+                "refused: checking the command took more than the guard's {} ms of CPU \
+                 time; simplify it or put it in a script file",
+                limit.as_millis()
+            ),
+        ),
+        Bound::Braces { word } => Refusal::new(
+            "too-complex",
+            format!(
+                "refused: brace expansion in `{word}` produces more than {MAX_BRACE} \
+                 words, more than the guard will examine; list the paths explicitly"
+            ),
+        ),
+        Bound::UnknownIfs { value } => Refusal::new(
+            "unknown-ifs",
+            format!(
+                "refused: IFS is set to something known only when the command runs, so \
+                 how `{value}` splits into words cannot be checked; set IFS to literal text \
+                 or quote the expansion"
+            ),
+        ),
+    }
+}
+
 /// A script file named by something known only when it runs (`bash <(curl …)`).
 fn opaque_script(script: &Field) -> Refusal {
     Refusal::ask(
@@ -1291,24 +1312,6 @@ fn fork_bomb(
         }
     }
     Ok(None)
-}
-
-/// CPU time used by this thread so far.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        // No thread clock: count nothing, the text budget still bounds the work.
-        return Duration::ZERO;
-    }
-    Duration::new(
-        ts.tv_sec.max(0) as u64,
-        ts.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
 }
 
 #[cfg(test)]
@@ -1782,5 +1785,100 @@ mod bounds_and_wrappers {
         g.check_in("rm -rf \"$TARGET\"", &with_env).unwrap();
         // Knowing nothing, a relative path is not judged.
         assert_allowed("rm -rf *");
+    }
+}
+
+/// How words are expanded, as the guard judges them.
+#[cfg(test)]
+mod expansion {
+    use super::super::testing::{DELETE, assert_allowed, assert_refused};
+
+    #[test]
+    fn brace_expansion_in_mixed_words() {
+        for cmd in [
+            "rm -rf ''/{etc,usr}",
+            "rm -rf \"\"/{tmp,etc}",
+            "rm -rf '/'{tmp,usr}",
+            "rm -rf /{tmp/x,{a,b},etc}",
+            "X=/; rm -rf $X{tmp,etc}",
+        ] {
+            assert_refused(cmd, DELETE);
+        }
+        // Quoted braces stay literal.
+        assert_allowed("echo '{rm,-rf,/}'");
+        assert_allowed("rm -rf '/{etc,usr}'");
+        assert_allowed("rm -rf ''/{tmp/a,tmp/b}");
+    }
+
+    #[test]
+    fn a_long_word_of_braces_is_scanned_once() {
+        // Quadratic before: every `{` rescanned the rest of the word (1.7 s for 60 KB).
+        // The check's CPU budget would refuse this if the scan were slow again.
+        let word = "{".repeat(60 * 1024);
+        assert_allowed(&format!("echo {word}"));
+        let mixed = "{a,".repeat(20_000);
+        assert_allowed(&format!("echo {mixed}"));
+    }
+
+    #[test]
+    fn ifs_splitting() {
+        for cmd in [
+            "IFS=,; X=rm,-rf,/; $X",
+            "IFS=/; X=x/-rf/; rm $X /",
+            "IFS=:; for d in a:/; do rm -rf $d; done",
+            "IFS=:; D=/tmp:/etc; rm -rf $D",
+            "IFS=$(get); X=rm,-rf,/; $X",
+        ] {
+            assert!(
+                super::super::Guard::default().check(cmd).is_err(),
+                "allowed: {cmd}"
+            );
+        }
+        assert_allowed("IFS=,; X=a,b; echo $X");
+        assert_allowed("IFS=,; X='rm,-rf,/'; echo \"$X\"");
+    }
+
+    #[test]
+    fn appends_add_to_the_value() {
+        assert_refused("X=/; X+=etc; rm -rf $X", DELETE);
+        assert_refused("X=/u; X+=sr; rm -rf \"$X\"", DELETE);
+        assert_refused("export X=/; export X+=boot; rm -rf $X", DELETE);
+        assert_allowed("X=/tmp; X+=/build; rm -rf $X");
+    }
+
+    #[test]
+    fn interpreted_echo_and_printf_output_is_unknown() {
+        for cmd in [
+            "$(echo -e '\\x72\\x6d') -rf /",
+            "$(printf '\\x72\\x6d') -rf /",
+            "$(printf %s rm) -rf /",
+            "X=$(printf '\\162\\155'); $X -rf /",
+        ] {
+            assert_refused(cmd, "unresolved-command");
+        }
+        // Plain text is still followed.
+        assert_refused("$(echo rm) -rf /", DELETE);
+        assert_refused("printf 'rm -rf /' | bash", DELETE);
+    }
+
+    #[test]
+    fn unknown_values_may_be_empty() {
+        for cmd in [
+            "rm -rf \"$UNSET\"/*",
+            "rm -rf $UNSET/",
+            "rm -rf ${PREFIX}/usr",
+            "rm -rf \"$(get)\"/etc",
+            "rm -rf /$((0))",
+        ] {
+            assert_refused(cmd, DELETE);
+        }
+        let r = super::super::Guard::default()
+            .check("rm -rf \"$UNSET\"/*")
+            .unwrap_err();
+        assert!(r.message.contains("empty"), "{}", r.message);
+        assert_allowed("rm -rf \"$UNSET\"");
+        assert_allowed("rm -rf \"${DIR:?}\"/*");
+        assert_refused("rm -rf \"${DIR?}\"/*", DELETE);
+        assert_allowed("rm -rf \"$DIR\"/build");
     }
 }
