@@ -1105,6 +1105,10 @@ mod tests {
             "xargs $OPTS rm",
             "tar --to-command=\"$X\" -xf a",
             "trap \"$X\" EXIT",
+            // Any word given to `su` may be `-c`, or after the user, the shell's `-c`.
+            "su $U",
+            "su bob -- \"$ARGS\"",
+            "su --command=\"$X\"",
         ] {
             assert!(
                 !opaque(script).is_empty(),
@@ -1112,7 +1116,13 @@ mod tests {
                 walk(script, START)
             );
         }
-        for script in ["ls -la", "sh -c 'ls'", "sudo -- ls", "cd \"$X\"; ls"] {
+        for script in [
+            "ls -la",
+            "sh -c 'ls'",
+            "sudo -- ls",
+            "cd \"$X\"; ls",
+            "su - bob",
+        ] {
             assert_eq!(opaque(script), Vec::<String>::new(), "{script}");
         }
         // Bounds fail closed.
