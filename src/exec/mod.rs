@@ -20,8 +20,8 @@
 //! | `src/exec/ops.rs` | the task tools' operations written once over any backend: terminal (guard, cwd tracking, env, timeout, cancel), read (ranges, binary detection), write, patch, search (`rg`, else `grep`/`find`), execute_code | picking a backend |
 //! | `src/exec/local/` | local backend (see *Local tool isolation* below): `LocalHost` (one per app) hands each section a `LocalBackend` confined to `sections/<section>` and its tmp; `bash -c` (under root through the launcher, in a PID namespace of its own) in its own session and process group, killed (TERM then KILL) on timeout/cancel and KILLed when the command ends | running unisolated without the operator's opt-in; waiting unboundedly after a kill |
 //! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a session of its own (the server shell's where it leads one, as on OpenSSH, else one `setsid` makes), group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `registry` (the port through which the pool reads the target registry: `Endpoint`, the host-key check, sealed secrets), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only); jump hosts (a `direct-tcpip` tunnel on the jump host's pooled connection, outside its channel budget, never reaped while live; the SSH session over it checked as its own target) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
-//! | `src/shell/` | the shell-analysis core both policies read commands with: `parse` (bash syntax → tokens; `parse::simple_commands`), `spec` (the one table of shells, inline interpreters and wrappers: option letters and arities, operands, which options change directory, run a script or write a file), the shared bounds and `Verdict` | deciding anything; running or touching files |
-//! | `src/exec/guard/` | the command guard, the first policy over `shell` (verdicts `refuse`, `ask`, `allow`), in stages: `expand` (braces, parameters, `IFS`, possibly-empty unknowns), `check` (execution order, context, wrappers, nested scripts, budgets), `rules` (what is refused, and the messages), `ask` (what a person should decide) | running, touching files, or judging past a bound |
+//! | `src/shell/` | the shell-analysis core both policies read commands with: `parse` (bash syntax → tokens; `parse::simple_commands`), `spec` (the one table of shells, interpreters, wrappers and programs whose options run commands: option letters and arities, operands, which options change directory, run a script or write a file; option syntax), `expand` (words to arguments: braces, parameters, `IFS`, possibly-empty unknowns, within a budget of text and CPU time), `effects` (the one walk: a command's effects in order), the shared bounds and `Verdict` | deciding anything; running or touching files; importing `exec` or `workspace` |
+//! | `src/exec/guard/` | the command guard, the first policy over `shell` (verdicts `refuse`, `ask`, `allow`), in stages over the core's `expand`: `check` (execution order, context, wrappers, nested scripts, budgets), `rules` (what is refused, and the messages), `ask` (what a person should decide) | running, touching files, or judging past a bound |
 //! | `src/exec/truncate.rs` | head+tail output capture | — |
 //! | `src/target/` | the registry (Postgres `targets`: sealed secrets as bytea, status, seen/recorded/pinned host key), `approve` (pins the key), `rekey`, the re-seal of first-format records, with audit rows in the same transaction; `cli.rs`: `sshmode target …` | returning or logging a secret |
 //!
@@ -120,12 +120,18 @@
 //! neither posix-rename nor its raw session.
 //! **One shell core, two policies.**
 //! ```
-//! command ──▶ shell::parse (tokens, simple commands) + shell::spec (shells, interpreters, wrappers)
+//! command ──▶ shell::parse + shell::spec ──▶ shell::effects::walk: programs (argv, possible cwds),
+//!             writes, nested scripts, sockets, descriptors, opaque (unseen, too deep, too big)
 //!               ├─▶ workspace::judge  (permission: read ⊂ read-write ⊂ full)  ─┐ refuse
 //!               └─▶ exec::guard       (refuse | ask | allow, at every level)  ─┴▶ the strictest wins
 //! ```
-//! Both policies read commands with one parser and unwrap commands with one table, so they
-//! cannot drift; each decides only its own question. A permission refusal is never softened to
+//! `effects::walk` is the one walk: it tracks `cd`, unwraps wrappers and follows `sh -c`, `eval`,
+//! `xargs`, `find -exec`, here-strings and pipes into interpreters by the one table, and lists
+//! what it cannot see through as `Opaque`. The read-write judge is a policy over that list (an
+//! opaque effect is refused); `read` needs no walk (an allow-list over `parse::simple_commands`).
+//! The guard still walks expanded words itself (`check`, over `shell::expand`); moving it onto the list, with
+//! `Opaque` as `ask`, is the step left (first the walk must expand words with `shell::expand`:
+//! `X=ls; $X` is opaque to it, and its bounds must stay refusals). Each policy decides only its own question. A permission refusal is never softened to
 //! `ask`, so strictness only grows from `full` to `read-write` to `read` (a property test checks
 //! it). `ask` is refused until approvals in chat exist (`Refusal::verdict`, audited).
 //! `workspace::verdict` puts the two together; `sshmode guard check` (`workspace::cli`) prints it.
@@ -146,18 +152,16 @@
 //! quoting, wrappers and variables, so the guard reads a command the way bash would, in four
 //! stages: the core's `shell::parse` (quoting, substitutions, arithmetic — `((…))`, `$((…))`,
 //! `$[…]` are single tokens, so `<<` inside is a shift, not a here-document — redirections,
-//! here-documents), `expand` (brace expansion across quoted parts, variables assigned on the line
+//! here-documents), the core's `shell::expand` (brace expansion across quoted parts, variables assigned on the line
 //! or passed by the call, `+=`, `IFS` splitting, the output of `echo`/`printf` only when nothing
 //! in it is interpreted), `check` (execution order, `cd`, `for` values, every wrapper of `shell::spec` such as `sudo`,
 //! `env`, `nice`, `timeout`, `xargs`, `chroot`, `nsenter`, `systemd-run`, `pkexec`, `runuser`,
-//! `coproc`, `toybox`; nested scripts in `sh -c`, `su -c`/`-lc`/`--command=`, `flock -c`, `script -c`, `watch`, `eval`, `trap`,
+//! `coproc`, `toybox`; nested scripts in `sh -c`, `su -c`/`-lc`/`--command=`, `flock -c`, `script -c`, `tar --to-command`, `rsync -e`, `watch`, `eval`, `trap`,
 //! `alias`, `find -exec`, input piped into a shell; glob command names like `/bin/r?` judged as
 //! every known command they match) and `rules`. `Ops::terminal` passes its **context**: the
 //! section's working directory, the backend user's home and the call's variables, so `cd /` in
 //! one call and `rm -rf *` in the next is refused (`execute_code` passes the directory). **Unknown is possibly empty**: a value known
 //! only at run time is judged as empty too (`rm -rf "$UNSET"/*` is `rm -rf /*`).
-//! `shell::parse::simple_commands` gives the workspace judge every simple command a script would
-//! run, with its argv and redirections, from the same parser; wrappers come from the same table.
 //!
 //! *Bounds, all failing closed* (past one the command is refused, never judged in part): 64 KiB
 //! of input, nesting depth 8, 1 MiB of expanded text, 1024 words from one brace expansion, 32
@@ -574,20 +578,7 @@ impl CwdStore {
     }
 }
 
-/// Quotes `s` for a POSIX shell: `'…'` with embedded quotes escaped.
-pub fn shell_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
-}
+pub use crate::shell::quote as shell_quote;
 
 #[cfg(test)]
 mod tests {

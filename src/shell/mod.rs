@@ -1,16 +1,21 @@
-//! The shell-analysis core: what the command guard ([`crate::exec::guard`]) and the workspace
-//! permission judge ([`crate::workspace::judge`]) both need to read a command line the way a
-//! shell would, so that the two policies cannot drift apart.
+//! The shell-analysis core: what the command guard (`exec::guard`) and the workspace
+//! permission judge (`workspace::judge`) both need to read a command line the way a shell
+//! would, so that the two policies cannot drift apart.
 //!
 //! It owns the parser ([`parse`]: quoting, substitutions, here-documents, simple commands),
-//! the one table of command specs ([`spec`]: shells, inline interpreters, and the wrappers
-//! that run another command — their option letters and arities, operands, which options
-//! change directory, run a script or write a file), the bounds both policies share, and the
-//! [`Verdict`] a policy answers with.
+//! the one table of command specs ([`spec`]: shells, inline interpreters, the wrappers that
+//! run another command and the programs whose options do — their option letters and arities,
+//! operands, which options change directory, run a script or write a file — and option
+//! syntax), expansion ([`expand`]: words to the arguments the shell would pass, as far as
+//! they can be known, within a budget), the one walk ([`effects`]: a command's effects in order — programs and where they
+//! run, writes, nested scripts, sockets, descriptors, and what cannot be seen through), the
+//! bounds the policies share, and the [`Verdict`] a policy answers with.
 //!
-//! It never decides what is allowed (that is each policy's), never executes anything and
-//! never touches the filesystem.
+//! It never decides what is allowed (that is each policy's), never executes anything, never
+//! touches the filesystem, and imports nothing above it (`exec`, `workspace`).
 
+pub mod effects;
+pub mod expand;
 pub mod parse;
 pub mod spec;
 
@@ -59,5 +64,20 @@ pub fn abbreviate(s: &str, max: usize) -> String {
     }
     let mut out: String = s.chars().take(max).collect();
     out.push('…');
+    out
+}
+
+/// Quotes `s` for a POSIX shell: `'…'` with embedded quotes escaped.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
     out
 }

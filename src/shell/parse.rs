@@ -901,12 +901,33 @@ pub struct SimpleCommand {
     /// 0 for the script's own commands; 1 and more for commands inside command or process
     /// substitutions, arithmetic and here-documents, which run as well.
     pub depth: usize,
+    /// Whether its standard input is the output of the command before it (`… | this`).
+    pub piped: bool,
 }
 
 impl SimpleCommand {
     /// The command name when it is literal text.
     pub fn name(&self) -> Option<&str> {
         self.argv.first().and_then(|w| w.literal.as_deref())
+    }
+
+    /// The command as written: assignments, words, then redirections.
+    pub fn render(&self) -> String {
+        let mut out: Vec<String> = self.assignments.iter().map(|w| w.source.clone()).collect();
+        out.extend(self.argv.iter().map(|w| w.source.clone()));
+        for r in &self.redirects {
+            let op = match r.kind {
+                RedirectKind::Input => "<",
+                RedirectKind::Output => ">",
+                RedirectKind::Append => ">>",
+                RedirectKind::Duplicate => ">&",
+                RedirectKind::HereString => "<<<",
+                RedirectKind::HereDocument => "<<",
+            };
+            let fd = r.fd.as_deref().unwrap_or_default();
+            out.push(format!("{fd}{op} {}", r.target.source));
+        }
+        out.join(" ")
     }
 }
 
@@ -969,6 +990,8 @@ fn shell_word(w: &Word) -> ShellWord {
 fn collect(toks: &[Tok], depth: usize, out: &mut Script) {
     let mut words: Vec<&Word> = Vec::new();
     let mut redirs: Vec<&Redir> = Vec::new();
+    // Whether the next simple command reads the output of a pipe.
+    let mut piped = false;
     for (k, tok) in toks.iter().map(Some).chain([None]).enumerate() {
         match tok {
             Some(Tok::Word(w)) => words.push(w),
@@ -986,7 +1009,11 @@ fn collect(toks: &[Tok], depth: usize, out: &mut Script) {
                     });
                 }
                 if !words.is_empty() || !redirs.is_empty() {
-                    simple(&words, &redirs, depth, out);
+                    simple(&words, &redirs, depth, piped, out);
+                    piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                } else if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
+                    // `( a ) | b`: the pipe after a subshell feeds the next command too.
+                    piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
                 }
                 words.clear();
                 redirs.clear();
@@ -995,7 +1022,7 @@ fn collect(toks: &[Tok], depth: usize, out: &mut Script) {
     }
 }
 
-fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Script) {
+fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, piped: bool, out: &mut Script) {
     for w in words {
         collect_parts(&w.parts, depth + 1, out);
     }
@@ -1059,6 +1086,7 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, out: &mut Script) {
             })
             .collect(),
         depth,
+        piped,
     });
 }
 

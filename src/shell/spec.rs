@@ -7,7 +7,7 @@
 //! It owns option syntax too (`getopt_long`: abbreviated long options, `NAME+=value`
 //! assignments). It never judges a command.
 
-use super::parse::is_identifier;
+use super::parse::{ShellWord, is_identifier};
 
 /// Names that run their `-c` argument (or their standard input) as a shell script.
 pub const SHELLS: &[&str] = &[
@@ -99,6 +99,9 @@ pub struct Wrapper {
     pub no_command: &'static str,
     /// Whether, given no command, it starts a shell that reads its input (`chroot DIR`).
     pub bare_shell: bool,
+    /// Whether the words of its script options come before the command's (`env -S 'A B' C`
+    /// runs `A B C`): the two are read as one script ([`split_command`]).
+    pub splits: bool,
 }
 
 const WRAPPER: Wrapper = Wrapper {
@@ -114,6 +117,7 @@ const WRAPPER: Wrapper = Wrapper {
     dest: ("", &[]),
     no_command: "",
     bare_shell: false,
+    splits: false,
 };
 
 /// Every wrapper, once.
@@ -157,6 +161,7 @@ pub const WRAPPERS: &[Wrapper] = &[
         assignments: true,
         chdir: ("C", &["chdir"]),
         script: ("S", &["split-string"]),
+        splits: true,
         ..WRAPPER
     },
     Wrapper {
@@ -341,17 +346,138 @@ pub const WRAPPERS: &[Wrapper] = &[
         with_arg: "cgGsw",
         long_with_arg: &[
             "command",
+            "session-command",
             "group",
             "supp-group",
             "shell",
             "whitelist-environment",
         ],
         operands: usize::MAX,
-        script: ("c", &["command"]),
+        script: ("c", &["command", "session-command"]),
         bare_shell: true,
         ..WRAPPER
     },
 ];
+
+/// `runuser -u USER [--] CMD …` runs CMD directly; without `-u`, `runuser` reads like `su`.
+pub const RUNUSER_AS: Wrapper = Wrapper {
+    name: "runuser",
+    with_arg: "ugGswc",
+    long_with_arg: &[
+        "user",
+        "group",
+        "supp-group",
+        "shell",
+        "whitelist-environment",
+        "command",
+        "session-command",
+    ],
+    script: ("c", &["command", "session-command"]),
+    ..WRAPPER
+};
+
+/// The script `env -S 'A B' C` runs: the split strings, then the command's words (each
+/// quoted when literal, a variable that is never set when known only at run time). It is
+/// read as a shell script, which can only find more than `env` would run.
+pub fn split_command<'a>(
+    split: &[String],
+    command: impl Iterator<Item = Option<&'a str>>,
+) -> String {
+    let mut text = split.join(" ");
+    for literal in command {
+        text.push(' ');
+        match literal {
+            Some(l) => text.push_str(&super::quote(l)),
+            None => text.push_str("\"${__unknown_word}\""),
+        }
+    }
+    text
+}
+
+/// Where a command given to `su` or `runuser` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SuCommand {
+    /// Attached to its option (`-cCMD`, `--command=CMD`).
+    Attached(String),
+    /// The word at this index.
+    Word(usize),
+}
+
+/// The commands `su [opts] [-] [user] [args]` runs (`args` by their literal values, `None`
+/// when known only at run time): every `-c CMD`, `-lc CMD`, `-cCMD`, `--command=CMD`,
+/// `--comm CMD` and `--session-command CMD`; none means a login shell. Which one runs when
+/// several are given depends on the version, so all are returned. The arguments after the
+/// user go to the shell, so a `-c` there counts too — as does one inside any word that looks
+/// like clustered options.
+pub fn su_commands(args: &[Option<&str>]) -> Vec<SuCommand> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let Some(v) = args[i] else {
+            i += 1;
+            continue;
+        };
+        if let Some(long) = v.strip_prefix("--").filter(|l| !l.is_empty()) {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, a)) => (n, Some(a)),
+                None => (long, None),
+            };
+            if name.len() >= 2
+                && ("command".starts_with(name) || "session-command".starts_with(name))
+            {
+                match inline {
+                    Some(a) => out.push(SuCommand::Attached(a.to_owned())),
+                    None => {
+                        if i + 1 < args.len() {
+                            out.push(SuCommand::Word(i + 1));
+                        }
+                        i += 1;
+                    }
+                }
+            } else if inline.is_none()
+                && [
+                    "group",
+                    "supp-group",
+                    "shell",
+                    "whitelist-environment",
+                    "user",
+                ]
+                .contains(&name)
+            {
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        if v.starts_with('-') && v.len() > 1 && v != "--" {
+            for (k, c) in v.char_indices().skip(1) {
+                let attached = &v[k + c.len_utf8()..];
+                match c {
+                    'c' => {
+                        if attached.is_empty() {
+                            if i + 1 < args.len() {
+                                out.push(SuCommand::Word(i + 1));
+                            }
+                            i += 1;
+                        } else {
+                            out.push(SuCommand::Attached(attached.to_owned()));
+                        }
+                        break;
+                    }
+                    'g' | 'G' | 's' | 'w' | 'u' => {
+                        if attached.is_empty() {
+                            i += 1;
+                        }
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
 
 /// The wrapper named `name` (a basename), if it is one.
 pub fn wrapper(name: &str) -> Option<&'static Wrapper> {
@@ -372,6 +498,263 @@ pub fn is_assignment(word: &str) -> bool {
         .is_some_and(|(n, _)| is_identifier(n.strip_suffix('+').unwrap_or(n)))
 }
 
+/// A program, neither a shell nor a wrapper, with options whose argument is a shell command
+/// it runs (`tar --to-command=CMD`, `rsync -e CMD`).
+pub struct Runner {
+    pub name: &'static str,
+    /// Short options that take an argument.
+    pub with_arg: &'static str,
+    /// Long options that take an argument as the next word when not given `=`.
+    pub long_with_arg: &'static [&'static str],
+    /// Options (short, long) whose argument is a shell command.
+    pub script: (&'static str, &'static [&'static str]),
+    /// Long options whose argument, after `exec=`, is a shell command
+    /// (`--checkpoint-action=exec=CMD`).
+    pub exec_action: &'static [&'static str],
+    /// Whether it takes old-style clustered options first (`tar xzf a.tar`).
+    pub old_style: bool,
+}
+
+/// `tar`'s short options that take an argument.
+pub const TAR_WITH_ARG: &str = "bfgCFHIKLNTVX";
+/// `tar`'s long options that take an argument as the next word.
+pub const TAR_LONG_WITH_ARG: &[&str] = &[
+    "file",
+    "directory",
+    "listed-incremental",
+    "files-from",
+    "exclude-from",
+    "exclude",
+    "transform",
+    "xform",
+    "use-compress-program",
+    "info-script",
+    "new-volume-script",
+    "to-command",
+    "checkpoint-action",
+    "format",
+    "owner",
+    "group",
+    "mode",
+    "mtime",
+    "label",
+    "newer",
+    "after-date",
+    "starting-file",
+    "blocking-factor",
+    "record-size",
+    "tape-length",
+    "suffix",
+];
+/// `rsync`'s options that take an argument.
+pub const RSYNC_OPTIONS: (&str, &[&str]) = (
+    "eBfTM",
+    &["rsh", "filter", "exclude", "include", "rsync-path"],
+);
+
+/// Every program whose options run a shell command.
+pub const RUNNERS: &[Runner] = &[
+    Runner {
+        name: "tar",
+        with_arg: TAR_WITH_ARG,
+        long_with_arg: TAR_LONG_WITH_ARG,
+        script: (
+            "FI",
+            &[
+                "to-command",
+                "use-compress-program",
+                "info-script",
+                "new-volume-script",
+            ],
+        ),
+        exec_action: &["checkpoint-action"],
+        old_style: true,
+    },
+    Runner {
+        name: "rsync",
+        with_arg: RSYNC_OPTIONS.0,
+        long_with_arg: RSYNC_OPTIONS.1,
+        script: ("e", &["rsh"]),
+        exec_action: &[],
+        old_style: false,
+    },
+];
+
+/// The runner named `name` (a basename), if it is one.
+pub fn runner(name: &str) -> Option<&'static Runner> {
+    RUNNERS.iter().find(|r| r.name == name)
+}
+
+/// Old-style clustered options (`tar xzf a.tar` is `tar -x -z -f a.tar`): the first word,
+/// when it does not start with `-`, split into options, each of `with_arg` taking the next
+/// word.
+pub fn old_style(args: &[ShellWord], with_arg: &str) -> Vec<ShellWord> {
+    let Some(first) = args.first().and_then(|w| w.literal.as_deref()) else {
+        return args.to_vec();
+    };
+    if first.starts_with('-') || first.is_empty() {
+        return args.to_vec();
+    }
+    let mut expanded: Vec<ShellWord> = Vec::new();
+    let mut rest = args[1..].iter();
+    for c in first.chars() {
+        expanded.push(word(&format!("-{c}")));
+        if with_arg.contains(c)
+            && let Some(value) = rest.next()
+        {
+            expanded.push(value.clone());
+        }
+    }
+    expanded.extend(rest.cloned());
+    expanded
+}
+
+/// A literal word.
+pub fn word(text: &str) -> ShellWord {
+    ShellWord {
+        literal: Some(text.to_owned()),
+        source: text.to_owned(),
+    }
+}
+
+/// A command's arguments read the getopt way.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// Options as written (`-t`, `--target`), with their argument.
+    pub options: Vec<(String, Option<ShellWord>)>,
+    pub operands: Vec<ShellWord>,
+    /// Where the wrapped command starts, for a wrapper.
+    pub command: Option<usize>,
+}
+
+impl Scanned {
+    /// Arguments of the options named (short letters, long names or their abbreviations).
+    pub fn values<'s>(
+        &'s self,
+        (short, long): (&'s str, &'s [&'s str]),
+    ) -> impl Iterator<Item = Option<&'s ShellWord>> + 's {
+        self.options
+            .iter()
+            .filter(move |(name, _)| option_is(name, short, long))
+            .map(|(_, value)| value.as_ref())
+    }
+
+    pub fn has(&self, short: &str, long: &[&str]) -> bool {
+        self.options
+            .iter()
+            .any(|(name, _)| option_is(name, short, long))
+    }
+}
+
+/// Whether `name` (`-x` or `--long`, possibly abbreviated) is one of these options.
+pub fn option_is(name: &str, short: &str, long: &[&str]) -> bool {
+    if let Some(l) = name.strip_prefix("--") {
+        long_option_is(l, long)
+    } else {
+        name.strip_prefix('-')
+            .is_some_and(|c| !c.is_empty() && short.contains(c))
+    }
+}
+
+/// Whether a word whose value is known only at run time may start with `-`.
+pub fn maybe_option(w: &ShellWord) -> bool {
+    w.literal.is_none() && w.source.starts_with(['$', '`', '-', '<', '>', '~'])
+}
+
+/// Reads `args` as options and operands. `operands` is how many operands come before a
+/// wrapped command (`usize::MAX`: there is none); `assignments` skips `NAME=value` words.
+/// A word known only at run time where an option may stand is an error: it could be any
+/// option.
+pub fn scan(
+    args: &[ShellWord],
+    with_arg: &str,
+    long_with_arg: &[&str],
+    operands: usize,
+    assignments: bool,
+) -> Result<Scanned, String> {
+    let mut out = Scanned::default();
+    let mut i = 0;
+    let mut options_end = false;
+    while let Some(w) = args.get(i) {
+        if out.operands.len() == operands && operands != usize::MAX {
+            // The next operand is the wrapped command.
+            if options_end || !w.literal.as_deref().is_some_and(|l| l.starts_with('-')) {
+                if maybe_option(w) && !options_end {
+                    return Err(unknown_option(w));
+                }
+                let assignment = w.literal.as_deref().is_some_and(is_assignment);
+                if !(assignments && assignment) {
+                    out.command = Some(i);
+                    return Ok(out);
+                }
+                i += 1;
+                continue;
+            }
+        }
+        i += 1;
+        let Some(lit) = w.literal.as_deref() else {
+            if maybe_option(w) && !options_end {
+                return Err(unknown_option(w));
+            }
+            out.operands.push(w.clone());
+            continue;
+        };
+        if options_end || lit == "-" || !lit.starts_with('-') {
+            out.operands.push(w.clone());
+            continue;
+        }
+        if lit == "--" {
+            options_end = true;
+            continue;
+        }
+        if let Some(long) = lit.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(word(v))),
+                None if option_is(lit, "", long_with_arg) => {
+                    let value = args.get(i).cloned();
+                    i += 1;
+                    (long, value)
+                }
+                None => (long, None),
+            };
+            out.options.push((format!("--{name}"), value));
+            continue;
+        }
+        for (k, c) in lit.char_indices().skip(1) {
+            if with_arg.contains(c) {
+                let rest = &lit[k + c.len_utf8()..];
+                let value = if rest.is_empty() {
+                    i += 1;
+                    args.get(i - 1).cloned()
+                } else {
+                    Some(word(rest))
+                };
+                out.options.push((format!("-{c}"), value));
+                break;
+            }
+            out.options.push((format!("-{c}"), None));
+        }
+    }
+    Ok(out)
+}
+
+/// Why a word known only at run time cannot stand where an option may.
+pub fn unknown_option(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be an option, so it cannot be judged \
+         (put `--` before the operands)",
+        w.source
+    )
+}
+
+/// Why a word known only at run time cannot stand where a refused option may.
+pub fn unknown_argument(w: &ShellWord) -> String {
+    format!(
+        "`{}` is known only when it runs and could be a refused option",
+        w.source
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +764,7 @@ mod tests {
         let mut names: Vec<&str> = WRAPPERS.iter().map(|w| w.name).collect();
         names.extend(SHELLS);
         names.extend(INTERPRETERS.iter().map(|i| i.name));
+        names.extend(RUNNERS.iter().map(|r| r.name));
         let n = names.len();
         names.sort();
         names.dedup();

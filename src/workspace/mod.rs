@@ -33,9 +33,9 @@
 //!   of `section_cwds` for that backend, and the audit row (`workspace.set`, refusals too) are one
 //!   transaction.
 //! - `workspace::judge` is pure: `check_tool` (at `read`: no `write_file`, `patch`,
-//!   `execute_code`), `check_command` (the read-only allow-list and the read-write deletion and
-//!   destination rules, over `shell::parse::simple_commands` and the wrappers of `shell::spec`,
-//!   so the judge and the guard see the same commands; a parse error refuses), `check_write_path` (component-wise inside the
+//!   `execute_code`), `check_command` (the read-only allow-list over `shell::parse::simple_commands`;
+//!   the read-write deletion and destination rules over `shell::effects::walk`; what cannot be
+//!   parsed or seen through refuses), `check_write_path` (component-wise inside the
 //!   workspace) and `read_preamble` (the `git` function a `read` terminal runs behind).
 //!
 //! Enforcement lives in `agent::tools`, once for both backends, after the backend is resolved and

@@ -195,4 +195,95 @@ mod tests {
         let read = judge_command(&guard, Permission::Read, cmd, &SCOPE);
         assert_eq!((read.verdict, read.by), (Verdict::Refuse, "permission"));
     }
+
+    /// Literal words and operators (no variables, globs or known text piped into a shell,
+    /// which the guard expands and the walk does not).
+    const LITERAL_PIECES: &[&str] = &[
+        "ls ",
+        "rm x ",
+        "sudo ",
+        "sudo -u bob ",
+        "env X=1 ",
+        "env -C /x ",
+        "nice -n 5 ",
+        "timeout 5 ",
+        "taskset 1 ",
+        "nohup ",
+        "xargs ",
+        "xargs -I{} ",
+        "find . -exec ",
+        "\\; ",
+        "{} ",
+        "sh -c '",
+        "bash -c \"",
+        "'",
+        "\"",
+        "eval ",
+        "watch ",
+        "trap ",
+        "; ",
+        "&& ",
+        "| ",
+        "$(",
+        ")",
+        "cd /tmp ",
+        "> f ",
+        "chroot /m ",
+        "su -c ",
+        "flock l -c ",
+        "command ",
+        "command -v ",
+        "exec ",
+        "busybox ",
+        "cat ",
+        "git status ",
+        "touch a ",
+        "alias a=",
+        "\n",
+        "strace -o /x ",
+        "unshare -w /x ",
+        "tar --to-command=",
+        "tar xf a -I ",
+        "rsync -e ",
+        "runuser -u r -- ",
+        "runuser r -c ",
+        "su --session-command=",
+        "script -c ",
+        "env -S '",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// The workspace judge and the guard see the same programs: the one walk's program
+        /// effects (what the judge's read-write policy judges) name exactly the programs the
+        /// guard's own walk judges, whatever the command. Commands the guard refuses (its walk
+        /// stops there) or that the walk cannot see through are not compared.
+        #[test]
+        fn the_guard_and_the_judge_see_the_same_programs(
+            parts in proptest::collection::vec(proptest::sample::select(LITERAL_PIECES), 0..12)
+        ) {
+            use std::collections::BTreeSet;
+            use crate::shell::effects::{self, Effect, Start};
+            let script = parts.concat();
+            let context = Context { cwd: Some(SCOPE.cwd), home: SCOPE.home, env: &[], workspace: Some(SCOPE.workspace) };
+            let Some(guard) = Guard::default().programs_seen(&script, &context) else {
+                return Ok(());
+            };
+            let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
+            let walked = effects::walk(&script, start);
+            if walked.iter().any(|e| matches!(e, Effect::Opaque { .. })) {
+                return Ok(());
+            }
+            let walked: BTreeSet<String> = walked
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Program { argv, .. } => argv[0].literal.as_deref().map(|n| crate::shell::basename(n).to_owned()),
+                    _ => None,
+                })
+                .collect();
+            let guard: BTreeSet<String> = guard.into_iter().collect();
+            prop_assert_eq!(guard, walked, "{}", script);
+        }
+    }
 }

@@ -9,8 +9,8 @@
 //! is `rules`'.
 
 use super::Refusal;
-use super::expand::{Env, Field};
 use super::rules::shown;
+use crate::shell::expand::{Env, Field};
 use crate::shell::{basename, spec};
 
 /// Words in inline interpreter code that delete files or run programs.
@@ -93,11 +93,16 @@ const SYSTEM_PREFIXES: &[&str] = &[
 
 /// Whether a person should decide on this simple command, and why. `piped`: it reads the
 /// output of a pipe.
-pub(super) fn risky_rules(args: &[Field], env: &Env, piped: bool) -> Option<Refusal> {
+pub(super) fn risky_rules(
+    args: &[Field],
+    env: &Env,
+    workspace: Option<&str>,
+    piped: bool,
+) -> Option<Refusal> {
     let name = basename(args.first()?.val()?);
     let cmd = shown(args, 160);
     let rest = &args[1..];
-    if let Some(r) = delete_outside(name, rest, env, &cmd) {
+    if let Some(r) = delete_outside(name, rest, env, workspace, &cmd) {
         return Some(r);
     }
     let vals = || rest.iter().filter_map(Field::val);
@@ -165,8 +170,14 @@ fn mentions(text: &str, word: &str) -> bool {
 }
 
 /// `rm -r` of anything not inside the workspace, or whose place is known only when it runs.
-fn delete_outside(name: &str, rest: &[Field], env: &Env, cmd: &str) -> Option<Refusal> {
-    let workspace = env.workspace.as_deref()?;
+fn delete_outside(
+    name: &str,
+    rest: &[Field],
+    env: &Env,
+    workspace: Option<&str>,
+    cmd: &str,
+) -> Option<Refusal> {
+    let workspace = workspace?;
     if name != "rm" {
         return None;
     }

@@ -13,10 +13,10 @@
 //! part.
 //!
 //! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]): it
-//! reads commands with the core's parser and sees through wrappers with the core's command
-//! table. Its stages, one file each:
-//! - `expand`: words to arguments — braces, parameters, `IFS` splitting, known output of
-//!   `echo`/`printf`; unknown values are judged as possibly empty.
+//! reads commands with the core's parser, expands words with the core's expansion
+//! ([`crate::shell::expand`]: braces, parameters, `IFS` splitting, known output of
+//! `echo`/`printf`; unknown values are judged as possibly empty) and sees through wrappers
+//! with the core's command table. Its stages, one file each:
 //! - `check`: walks the command in execution order, tracks assignments and `cd` from the
 //!   caller's [`Context`], strips wrappers, follows nested scripts, spends the budget.
 //! - `rules`: what is refused, on one normalised command or write target.
@@ -42,23 +42,16 @@ use crate::shell::Verdict;
 
 mod ask;
 mod check;
-mod expand;
 mod rules;
 
 pub(crate) use crate::shell::abbreviate;
+use crate::shell::expand::Env;
 pub use crate::shell::{MAX_DEPTH, MAX_INPUT};
 use check::Checker;
-use expand::Env;
 
-/// Total characters lexed and expanded per check (all nesting levels together).
-const BUDGET: usize = 1 << 20;
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
 /// microseconds.
 pub const CPU_BUDGET: Duration = Duration::from_millis(250);
-/// Longest variable value tracked; longer values count as unknown.
-const MAX_VALUE: usize = 64 * 1024;
-/// Most words one brace expansion may produce.
-const MAX_BRACE: usize = 1024;
 /// Most wrapper commands (`sudo env nice …`) unwrapped in one simple command; more are
 /// refused.
 const MAX_WRAPPERS: usize = 32;
@@ -274,15 +267,37 @@ impl Guard {
         let mut env = Env {
             cwd: context.cwd.map(str::to_owned),
             home: context.home.map(str::to_owned),
-            workspace: context.workspace.map(str::to_owned),
             ..Env::default()
         };
         for (name, value) in context.env {
             env.set(name.clone(), Some(value.clone()));
         }
-        let mut checker = Checker::new(self, BUDGET, cpu);
+        let mut checker = Checker::new(self, context.workspace, cpu);
         checker.script(command, &mut env, 0)?;
         Ok(checker.into_ask())
+    }
+}
+
+#[cfg(test)]
+impl Guard {
+    /// The names of the programs the guard judges in `command` (each wrapper level
+    /// included), in order; `None` when it refuses the command, which ends its walk.
+    pub(crate) fn programs_seen(
+        &self,
+        command: &str,
+        context: &Context<'_>,
+    ) -> Option<Vec<String>> {
+        if command.len() > MAX_INPUT {
+            return None;
+        }
+        let mut env = Env {
+            cwd: context.cwd.map(str::to_owned),
+            home: context.home.map(str::to_owned),
+            ..Env::default()
+        };
+        let mut checker = Checker::new(self, context.workspace, CPU_BUDGET);
+        checker.script(command, &mut env, 0).ok()?;
+        Some(checker.seen)
     }
 }
 

@@ -7,8 +7,8 @@
 //! `..` is resolved and against globs (`/u*/b*`). An argument whose value is unknown is
 //! judged as if its unknown parts were empty. Rules never expand, parse or run anything.
 
-use super::expand::{Env, Field};
 use super::{Refusal, abbreviate};
+use crate::shell::expand::{Env, Field};
 
 /// Top-level directories whose recursive deletion or re-permissioning breaks the system.
 const SYSTEM_DIRS: &[&str] = &[

@@ -4,12 +4,13 @@
 //! says which permission blocked what, why, and how to ask for more.
 //!
 //! It owns the read-only allow-list (commands and their refused options, as tables), the
-//! read-write rules (deleting commands, writers and their destinations, wrappers and nested
-//! scripts) and the shell preamble that disarms a repository's own configuration for `git`
-//! at `read`. It is the second policy over the shell core: it reads scripts with
-//! [`crate::shell::parse`] and unwraps commands with the table of [`crate::shell::spec`], and
-//! fails closed: a script it cannot parse is refused, and so is any word a rule depends on
-//! whose value is only known when it runs.
+//! read-write rules (deleting commands, writers and their destinations) and the shell
+//! preamble that disarms a repository's own configuration for `git` at `read`. It is a policy
+//! over the shell core: `read` judges each simple command of [`crate::shell::parse`];
+//! `read-write` judges the effects the one walk lists ([`crate::shell::effects`]: programs
+//! unwrapped from wrappers and nested scripts, where they run, writes, sockets). It fails
+//! closed: a script it cannot parse is refused, so is whatever the walk cannot see through,
+//! and so is any word a rule depends on whose value is only known when it runs.
 //!
 //! It never runs anything, never touches the filesystem (paths are normalised lexically; the
 //! caller resolves symlinks for the file tools) and never rewrites a command. It does not
@@ -25,13 +26,12 @@
 //! network, since programs that reach it (`curl`, interpreters) are allowed there.
 //!
 //! The levels, one file each: `read` (the allow-list, the `git` rules and the preamble) and
-//! `read_write` (deleters, wrappers, writers and the walk through a script); this file holds
-//! the permissions, the refusals, the entry points, and the lexical paths and the rendering of
-//! commands both share. `hostile` tests the preamble against hostile repositories.
+//! `read_write` (deleters and writers, over the effects); this file holds the permissions, the
+//! refusals, the entry points, and what both share (inside the workspace, harmless devices). `hostile` tests the preamble against hostile repositories.
 
 use std::fmt;
 
-use crate::shell::parse::{RedirectKind, ShellWord, SimpleCommand};
+use crate::shell::effects::{normalise, resolve};
 
 #[cfg(test)]
 mod hostile;
@@ -41,7 +41,6 @@ mod read_write;
 pub use read::read_preamble;
 
 use read::check_read;
-use read_write::ReadWrite;
 
 // ---------------------------------------------------------------------------------------------
 // Permissions and refusals
@@ -183,9 +182,9 @@ pub fn check_tool(permission: Permission, tool: &str) -> Result<(), Denied> {
 pub fn check_command(permission: Permission, script: &str, scope: &Scope) -> Result<(), Denied> {
     match permission {
         Permission::Full => Ok(()),
-        Permission::ReadWrite => ReadWrite::new(scope, script)
-            .script(script, 0)
-            .map_err(|d| d.needing(Permission::Full)),
+        Permission::ReadWrite => {
+            read_write::check(scope, script).map_err(|d| d.needing(Permission::Full))
+        }
         Permission::Read => check_read(script).map_err(|d| {
             let needed = if check_command(Permission::ReadWrite, script, scope).is_ok() {
                 Permission::ReadWrite
@@ -228,45 +227,6 @@ pub fn check_write_path(permission: Permission, path: &str, scope: &Scope) -> Re
 // Paths (lexical only)
 // ---------------------------------------------------------------------------------------------
 
-/// `path` taken against the absolute directory `base`, with `.`, `..` and repeated slashes
-/// removed. Never touches the filesystem.
-fn normalise(base: &str, path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    let joined = if path.starts_with('/') {
-        path.to_owned()
-    } else {
-        format!("{base}/{path}")
-    };
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    format!("/{}", parts.join("/"))
-}
-
-/// Where `path` can be, for each possible working directory; `None` when it cannot be known
-/// (`~user`, `~` without a known home, a relative path with an unknown working directory).
-fn resolve(path: &str, cwds: &[String], home: Option<&str>) -> Option<Vec<String>> {
-    if path == "~" || path.starts_with("~/") {
-        return Some(vec![normalise("/", &format!("{}/{}", home?, &path[1..]))]);
-    }
-    if path.starts_with('~') {
-        return None;
-    }
-    if path.starts_with('/') {
-        return Some(vec![normalise("/", path)]);
-    }
-    if cwds.is_empty() {
-        return None;
-    }
-    Some(cwds.iter().map(|cwd| normalise(cwd, path)).collect())
-}
-
 /// Whether the normalised `path` is `workspace` or beneath it.
 fn inside(workspace: &str, path: &str) -> bool {
     workspace == "/"
@@ -276,54 +236,12 @@ fn inside(workspace: &str, path: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// Whether a redirection to `path` would open a network connection: bash (and ksh) read
-/// `/dev/tcp/HOST/PORT` and `/dev/udp/HOST/PORT` as sockets, in either direction. Matched
-/// loosely — any mention, in any case, before or after lexical normalisation — so that no
-/// spelling slips through; the price is refusing a real file of such a name.
-fn network_path(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    let normal = normalise("/", &lower);
-    [lower, normal]
-        .iter()
-        .any(|p| p.contains("dev/tcp") || p.contains("dev/udp"))
-}
-
 /// Devices a write to is no write to a file.
 fn harmless_device(path: &str) -> bool {
     matches!(path, "/dev/null" | "/dev/stdout" | "/dev/stderr")
         || path
             .strip_prefix("/dev/fd/")
             .is_some_and(|fd| !fd.is_empty() && fd.chars().all(|c| c.is_ascii_digit()))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rendering commands for messages
-// ---------------------------------------------------------------------------------------------
-
-fn render(c: &SimpleCommand) -> String {
-    let mut out: Vec<String> = c.assignments.iter().map(|w| w.source.clone()).collect();
-    out.extend(c.argv.iter().map(|w| w.source.clone()));
-    for r in &c.redirects {
-        let op = match r.kind {
-            RedirectKind::Input => "<",
-            RedirectKind::Output => ">",
-            RedirectKind::Append => ">>",
-            RedirectKind::Duplicate => ">&",
-            RedirectKind::HereString => "<<<",
-            RedirectKind::HereDocument => "<<",
-        };
-        let fd = r.fd.as_deref().unwrap_or_default();
-        out.push(format!("{fd}{op} {}", r.target.source));
-    }
-    out.join(" ")
-}
-
-fn render_words(words: &[ShellWord]) -> String {
-    words
-        .iter()
-        .map(|w| w.source.as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Helpers shared by the tests of every level.
@@ -549,6 +467,30 @@ mod tests {
             for p in Permission::ALL {
                 let _ = check_command(p, &script, &SCOPE);
                 let _ = check_write_path(p, &script, &SCOPE);
+            }
+        }
+
+        /// The read-write policy fails closed over the one walk: whatever the walk cannot see
+        /// through, a socket, or a program that deletes is refused.
+        #[test]
+        fn read_write_refuses_what_the_walk_cannot_see_through(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..16)
+        ) {
+            use crate::shell::effects::{self, Effect, Start};
+            let script = parts.concat();
+            let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
+            let blocked = effects::walk(&script, start).iter().any(|e| match e {
+                Effect::Opaque { .. } | Effect::Network { .. } => true,
+                Effect::Program { argv, .. } => {
+                    argv[0].literal.as_deref().map(crate::shell::basename) == Some("rm")
+                }
+                _ => false,
+            });
+            if blocked {
+                proptest::prop_assert!(
+                    check_command(Permission::ReadWrite, &script, &SCOPE).is_err(),
+                    "allowed: {script}"
+                );
             }
         }
     }

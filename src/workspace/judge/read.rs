@@ -13,7 +13,8 @@
 
 use crate::shell::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
 
-use super::{Denied, Permission, network_path, render};
+use super::{Denied, Permission};
+use crate::shell::effects::network_path;
 
 /// How a command on the read-only allow-list is judged.
 enum ReadRule {
@@ -255,7 +256,7 @@ pub(super) fn check_read(script: &str) -> Result<(), Denied> {
         return Err(deny(&what, why));
     }
     for c in &parsed.commands {
-        read_command(c).map_err(|why| deny(&render(c), &why))?;
+        read_command(c).map_err(|why| deny(&c.render(), &why))?;
     }
     Ok(())
 }

@@ -1,21 +1,23 @@
-//! ReadWrite: no deletion, no writes outside the workspace, as far as can be judged. Owns the
-//! commands that delete, the wrappers that run another command, the writers and which of
-//! their operands and options they write, and the walk through a script in order, following
-//! where `cd` may have taken it.
+//! ReadWrite: no deletion, no writes outside the workspace, as far as can be judged. A policy
+//! over the effects of [`crate::shell::effects::walk`]: it owns the commands that delete, the
+//! writers and which of their operands and options they write, and judges each program, file
+//! write and socket the walk lists, in order, where the walk says the script may be. It never
+//! walks the script itself.
 //!
-//! It fails closed: a command name, a destination or an option known only when it runs is
-//! refused, and so is a script nested too deeply. It is a guard, not a sandbox (see `judge`),
-//! never runs anything and never touches the filesystem.
+//! It fails closed: whatever the walk cannot see through (a command name, a script or an
+//! option known only when it runs, nesting too deep) is refused, and so is a destination
+//! known only when it runs. It is a guard, not a sandbox (see `judge`), never runs anything
+//! and never touches the filesystem.
 
-// Shells (the guard's list) have their `-c SCRIPT` judged as a script; run on a file or stdin,
-// they cannot be.
-use crate::shell::parse::{self, RedirectKind, ShellWord};
-use crate::shell::spec::{SHELLS, WRAPPERS, Wrapper};
+use std::borrow::Cow;
 
-use super::{
-    Denied, Permission, Scope, harmless_device, inside, network_path, normalise, render,
-    render_words, resolve,
+use crate::shell::effects::{self, Effect, Place, Start, is_pattern, normalise, resolve};
+use crate::shell::parse::ShellWord;
+use crate::shell::spec::{
+    self, Scanned, maybe_option, scan, unknown_argument, unknown_option, word,
 };
+
+use super::{Denied, Permission, Scope, harmless_device, inside};
 
 /// Commands that delete or empty files, refused at `read-write` wherever they appear.
 const DELETERS: &[(&str, &str)] = &[
@@ -27,12 +29,6 @@ const DELETERS: &[(&str, &str)] = &[
     ("srm", "deletes files"),
     ("wipe", "destroys files"),
 ];
-
-/// Deepest nesting of `sh -c`, `eval`, wrappers and `find -exec` followed.
-const MAX_NESTING: usize = crate::shell::MAX_DEPTH;
-
-/// Most working directories a script is tracked as possibly being in.
-const MAX_CWDS: usize = 16;
 
 /// Which operands of a [`Writer`] it writes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -285,236 +281,58 @@ const GIT_CLONE_OPTIONS: (&str, &[&str]) = (
     ],
 );
 
-/// A command's arguments read the getopt way.
-#[derive(Default)]
-struct Scanned {
-    /// Options as written (`-t`, `--target`), with their argument.
-    options: Vec<(String, Option<ShellWord>)>,
-    operands: Vec<ShellWord>,
-    /// Where the wrapped command starts, for a wrapper.
-    command: Option<usize>,
-}
-
-impl Scanned {
-    /// Arguments of the options named (short letters, long names or their abbreviations).
-    fn values<'s>(
-        &'s self,
-        (short, long): (&'s str, &'s [&'s str]),
-    ) -> impl Iterator<Item = Option<&'s ShellWord>> + 's {
-        self.options
-            .iter()
-            .filter(move |(name, _)| option_is(name, short, long))
-            .map(|(_, value)| value.as_ref())
-    }
-
-    fn has(&self, short: &str, long: &[&str]) -> bool {
-        self.options
-            .iter()
-            .any(|(name, _)| option_is(name, short, long))
-    }
-}
-
-/// Whether `name` (`-x` or `--long`, possibly abbreviated) is one of these options.
-fn option_is(name: &str, short: &str, long: &[&str]) -> bool {
-    if let Some(l) = name.strip_prefix("--") {
-        crate::shell::spec::long_option_is(l, long)
-    } else {
-        name.strip_prefix('-')
-            .is_some_and(|c| !c.is_empty() && short.contains(c))
-    }
-}
-
-/// Whether a word whose value is known only at run time may start with `-`.
-fn maybe_option(w: &ShellWord) -> bool {
-    w.literal.is_none() && w.source.starts_with(['$', '`', '-', '<', '>', '~'])
-}
-
-fn shell_word(text: &str) -> ShellWord {
-    ShellWord {
-        literal: Some(text.to_owned()),
-        source: text.to_owned(),
-    }
-}
-
-/// Reads `args` as options and operands. `operands` is how many operands come before a
-/// wrapped command (`usize::MAX`: there is none); `assignments` skips `NAME=value` words.
-fn scan(
-    args: &[ShellWord],
-    with_arg: &str,
-    long_with_arg: &[&str],
-    operands: usize,
-    assignments: bool,
-) -> Result<Scanned, String> {
-    let mut out = Scanned::default();
-    let mut i = 0;
-    let mut options_end = false;
-    while let Some(w) = args.get(i) {
-        if out.operands.len() == operands && operands != usize::MAX {
-            // The next operand is the wrapped command.
-            if options_end || !w.literal.as_deref().is_some_and(|l| l.starts_with('-')) {
-                if maybe_option(w) && !options_end {
-                    return Err(unknown_option(w));
-                }
-                let assignment = w.literal.as_deref().is_some_and(is_assignment);
-                if !(assignments && assignment) {
-                    out.command = Some(i);
-                    return Ok(out);
-                }
-                i += 1;
-                continue;
+/// The read-write policy over the effects of `script`: the first effect refused, in the
+/// order they happen, is the answer.
+pub(super) fn check(scope: &Scope<'_>, script: &str) -> Judged {
+    let workspace = normalise("/", scope.workspace);
+    let start = Start {
+        cwd: Some(scope.cwd),
+        home: scope.home,
+    };
+    let deny = |what: &str, why: String| Denied::new(Permission::ReadWrite, what, why);
+    for effect in effects::walk(script, start) {
+        match effect {
+            Effect::Opaque { what, why } => return Err(deny(&what, why)),
+            Effect::Network { target, what } => {
+                return Err(deny(
+                    &what,
+                    format!("`{target}` opens a network connection"),
+                ));
             }
-        }
-        i += 1;
-        let Some(lit) = w.literal.as_deref() else {
-            if maybe_option(w) && !options_end {
-                return Err(unknown_option(w));
+            Effect::Write {
+                target, at, what, ..
+            } => ReadWrite::at(&workspace, &at).write(&target, &what)?,
+            Effect::Program { argv, at, what } => {
+                ReadWrite::at(&workspace, &at).program(&argv, &what)?
             }
-            out.operands.push(w.clone());
-            continue;
-        };
-        if options_end || lit == "-" || !lit.starts_with('-') {
-            out.operands.push(w.clone());
-            continue;
-        }
-        if lit == "--" {
-            options_end = true;
-            continue;
-        }
-        if let Some(long) = lit.strip_prefix("--") {
-            let (name, value) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(shell_word(v))),
-                None if option_is(lit, "", long_with_arg) => {
-                    let value = args.get(i).cloned();
-                    i += 1;
-                    (long, value)
-                }
-                None => (long, None),
-            };
-            out.options.push((format!("--{name}"), value));
-            continue;
-        }
-        for (k, c) in lit.char_indices().skip(1) {
-            if with_arg.contains(c) {
-                let rest = &lit[k + c.len_utf8()..];
-                let value = if rest.is_empty() {
-                    i += 1;
-                    args.get(i - 1).cloned()
-                } else {
-                    Some(shell_word(rest))
-                };
-                out.options.push((format!("-{c}"), value));
-                break;
-            }
-            out.options.push((format!("-{c}"), None));
+            Effect::Script { .. } | Effect::Duplicate { .. } => {}
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-fn unknown_option(w: &ShellWord) -> String {
-    format!(
-        "`{}` is known only when it runs and could be an option, so it cannot be judged \
-         (put `--` before the operands)",
-        w.source
-    )
-}
-
-fn unknown_argument(w: &ShellWord) -> String {
-    format!(
-        "`{}` is known only when it runs and could be a refused option",
-        w.source
-    )
-}
-
-fn is_assignment(word: &str) -> bool {
-    crate::shell::spec::is_assignment(word)
-}
-
-/// Whether a literal path would be expanded by the shell into other paths (a glob, or a
-/// brace list): it cannot be judged as written.
-fn is_pattern(path: &str) -> bool {
-    path.contains(['*', '?', '['])
-        || (path.contains('{') && (path.contains(',') || path.contains("..")))
-}
-
-/// Whether a script mentions a variable that changes what `~` or a relative `cd` means.
-fn mentions(words: &[&str], name: &str) -> bool {
-    words.iter().any(|w| w.contains(name))
-}
-
-/// The read-write judge's state while it walks a script in order.
-pub(super) struct ReadWrite<'a> {
-    workspace: String,
-    /// Where the script may be by now; empty when that cannot be known.
-    cwds: Vec<String>,
+/// The read-write rules at one place of a script: the workspace, and where the script may be.
+struct ReadWrite<'a> {
+    workspace: &'a str,
+    /// Where the script may be; empty when that cannot be known.
+    cwds: Cow<'a, [String]>,
     /// The home directory for `~`, unless unknown or reassigned by the script.
     home: Option<&'a str>,
-    /// Whether a relative `cd` goes somewhere unknown (the script sets `CDPATH` or `PWD`).
-    cd_unknown: bool,
 }
 
 type Judged = Result<(), Denied>;
 
 impl<'a> ReadWrite<'a> {
-    pub(super) fn new(scope: &Scope<'a>, script: &str) -> ReadWrite<'a> {
-        let mut judge = ReadWrite {
-            workspace: normalise("/", scope.workspace),
-            cwds: vec![normalise("/", scope.cwd)],
-            home: scope.home,
-            cd_unknown: false,
-        };
-        judge.notice(&[script]);
-        judge
-    }
-
-    /// Forgets what the variables mentioned in `words` could change.
-    fn notice(&mut self, words: &[&str]) {
-        if mentions(words, "HOME") {
-            self.home = None;
-        }
-        if ["CDPATH", "PWD"].iter().any(|v| mentions(words, v)) {
-            self.cd_unknown = true;
+    fn at(workspace: &'a str, place: &'a Place) -> ReadWrite<'a> {
+        ReadWrite {
+            workspace,
+            cwds: Cow::Borrowed(&place.cwds),
+            home: place.home.as_deref(),
         }
     }
 
     fn deny(&self, what: &str, why: impl Into<String>) -> Denied {
         Denied::new(Permission::ReadWrite, what, why)
-    }
-
-    pub(super) fn script(&mut self, text: &str, depth: usize) -> Judged {
-        if depth > MAX_NESTING {
-            return Err(self.deny(text, "it nests scripts too deeply to be judged"));
-        }
-        let commands = parse::simple_commands(text)
-            .map_err(|e| self.deny("the script", format!("it cannot be judged: {e}")))?;
-        let words: Vec<&str> = commands
-            .iter()
-            .flat_map(|c| c.assignments.iter().chain(&c.argv))
-            .filter_map(|w| w.literal.as_deref())
-            .collect();
-        self.notice(&words);
-        for c in &commands {
-            let what = render(c);
-            for r in &c.redirects {
-                if r.kind != RedirectKind::HereString
-                    && r.kind != RedirectKind::HereDocument
-                    && (r.target.literal.as_deref().is_some_and(network_path)
-                        || network_path(&r.target.source))
-                {
-                    return Err(self.deny(
-                        &what,
-                        format!("`{}` opens a network connection", r.target.source),
-                    ));
-                }
-                if matches!(r.kind, RedirectKind::Output | RedirectKind::Append) {
-                    self.write(&r.target, &what)?;
-                }
-            }
-            if !c.argv.is_empty() {
-                self.command(&c.argv, &what, depth)?;
-            }
-        }
-        Ok(())
     }
 
     /// Judges a write to the file `target` names.
@@ -541,7 +359,7 @@ impl<'a> ReadWrite<'a> {
         };
         match all
             .iter()
-            .find(|p| !inside(&self.workspace, p) && !harmless_device(p))
+            .find(|p| !inside(self.workspace, p) && !harmless_device(p))
         {
             Some(outside) => Err(self.deny(
                 what,
@@ -554,18 +372,11 @@ impl<'a> ReadWrite<'a> {
         }
     }
 
-    fn command(&mut self, words: &[ShellWord], what: &str, depth: usize) -> Judged {
-        if depth > MAX_NESTING {
-            return Err(self.deny(what, "it nests commands too deeply to be judged"));
-        }
-        let Some(first) = words.first() else {
+    /// One program that runs (the walk has unwrapped wrappers and followed nested scripts,
+    /// so each is judged on its own): deleters, and what writers write.
+    fn program(&self, words: &[ShellWord], what: &str) -> Judged {
+        let Some(name) = words.first().and_then(|w| w.literal.as_deref()) else {
             return Ok(());
-        };
-        let Some(name) = first.literal.as_deref() else {
-            return Err(self.deny(
-                what,
-                "its command name is known only when it runs, so it cannot be judged",
-            ));
         };
         let base = crate::shell::basename(name);
         let args = &words[1..];
@@ -573,36 +384,17 @@ impl<'a> ReadWrite<'a> {
             return Err(self.deny(what, *why));
         }
         match base {
-            "cd" => {
-                self.cd(args);
-                Ok(())
-            }
-            "pushd" | "popd" => {
-                self.cwds.clear();
-                Ok(())
-            }
-            "find" => self.find(args, what, depth),
+            "find" => self.find(args, what),
             "git" => self.git(args, what),
-            "xargs" => self.xargs(args, what, depth),
-            "eval" => self.joined(args, what, depth),
-            "watch" => self.watch(args, what, depth),
-            "alias" => self.alias(args, what, depth),
-            "trap" => self.trap(args, what, depth),
             "dd" => self.dd(args, what),
             "chmod" | "chown" | "chgrp" => self.change_mode(base, args, what),
             "sed" => self.sed(args, what),
-            "tar" => self.tar(args, what, depth),
-            "rsync" => self.rsync(args, what, depth),
-            _ if SHELLS.contains(&base) => self.shell(args, what, depth),
-            _ => {
-                if let Some(w) = WRAPPERS.iter().find(|w| w.name == base) {
-                    self.wrapper(w, args, what, depth)
-                } else if let Some(w) = WRITERS.iter().find(|w| w.name == base) {
-                    self.writer(w, args, what)
-                } else {
-                    Ok(())
-                }
-            }
+            "tar" => self.tar(args, what),
+            "rsync" => self.rsync(args, what),
+            _ => match WRITERS.iter().find(|w| w.name == base) {
+                Some(w) => self.writer(w, args, what),
+                None => Ok(()),
+            },
         }
     }
 
@@ -612,11 +404,8 @@ impl<'a> ReadWrite<'a> {
         args: &[ShellWord],
         what: &str,
         (with_arg, long_with_arg): (&str, &[&str]),
-        operands: usize,
-        assignments: bool,
     ) -> Result<Scanned, Denied> {
-        scan(args, with_arg, long_with_arg, operands, assignments)
-            .map_err(|why| self.deny(what, why))
+        scan(args, with_arg, long_with_arg, usize::MAX, false).map_err(|why| self.deny(what, why))
     }
 
     fn write_value(&self, value: Option<&ShellWord>, what: &str) -> Judged {
@@ -626,58 +415,9 @@ impl<'a> ReadWrite<'a> {
         }
     }
 
-    /// A literal script (`sh -c`, `eval`, `su -c`, an alias or trap), judged as one.
-    fn nested(&mut self, script: Option<&ShellWord>, what: &str, depth: usize) -> Judged {
-        match script.map(|w| w.literal.as_deref()) {
-            None => Ok(()),
-            Some(Some(text)) => self.script(text, depth + 1),
-            Some(None) => Err(self.deny(
-                what,
-                "it runs a script known only when it runs, so it cannot be judged",
-            )),
-        }
-    }
-
-    /// `cd DIR`: where the script may be afterwards. A `cd` that fails leaves it where it was,
-    /// and one in a subshell is undone, so the old places stay possible.
-    fn cd(&mut self, args: &[ShellWord]) {
-        let operands: Vec<&ShellWord> = args
-            .iter()
-            .skip_while(|w| {
-                w.literal
-                    .as_deref()
-                    .is_some_and(|l| l.starts_with('-') && l.len() > 1 && l != "--")
-            })
-            .filter(|w| w.literal.as_deref() != Some("--"))
-            .collect();
-        let target = match operands.first() {
-            None => self.home.map(str::to_owned),
-            Some(w) => w.literal.clone(),
-        };
-        let new = match target.as_deref() {
-            None | Some("-") => None,
-            Some(t) if is_pattern(t) => None,
-            Some(t) if self.cd_unknown && !t.starts_with('/') => None,
-            Some(t) => resolve(t, &self.cwds, self.home),
-        };
-        match new {
-            Some(places) => {
-                for p in places {
-                    if !self.cwds.contains(&p) {
-                        self.cwds.push(p);
-                    }
-                }
-                if self.cwds.len() > MAX_CWDS {
-                    self.cwds.clear();
-                }
-            }
-            None => self.cwds.clear(),
-        }
-    }
-
-    /// `find`: no `-delete`; `-exec` and friends judged as commands; `-fprint` files judged
-    /// as writes. Every argument must be literal: `$X` could be `-delete`.
-    fn find(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
+    /// `find`: no `-delete`; `-fprint` files judged as writes (the walk follows `-exec`).
+    /// Every argument must be literal: `$X` could be `-delete`.
+    fn find(&self, args: &[ShellWord], what: &str) -> Judged {
         let mut i = 0;
         while let Some(w) = args.get(i) {
             i += 1;
@@ -691,17 +431,6 @@ impl<'a> ReadWrite<'a> {
                         .iter()
                         .position(|w| matches!(w.literal.as_deref(), Some(";" | "+")))
                         .map_or(args.len(), |k| i + k);
-                    let inner: Vec<ShellWord> = args[i..end]
-                        .iter()
-                        .map(|w| match &w.literal {
-                            Some(l) if l.contains("{}") => ShellWord {
-                                literal: None,
-                                source: w.source.clone(),
-                            },
-                            _ => w.clone(),
-                        })
-                        .collect();
-                    self.command(&inner, what, depth + 1)?;
                     i = end + 1;
                 }
                 "-fprint" | "-fprint0" | "-fprintf" | "-fls" => {
@@ -731,7 +460,7 @@ impl<'a> ReadWrite<'a> {
             "--list-cmds",
         ];
         let mut i = 0;
-        let mut here = self.cwds.clone();
+        let mut here = self.cwds.to_vec();
         let mut repositories: Vec<ShellWord> = Vec::new();
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
@@ -742,7 +471,7 @@ impl<'a> ReadWrite<'a> {
             }
             i += 1;
             let value = || match arg.split_once('=') {
-                Some((_, v)) => Some(shell_word(v)),
+                Some((_, v)) => Some(word(v)),
                 None => args.get(i).cloned(),
             };
             let config = match arg {
@@ -761,7 +490,7 @@ impl<'a> ReadWrite<'a> {
                 .iter()
                 .any(|n| arg.split('=').next() == Some(n))
             {
-                repositories.push(value().unwrap_or_else(|| shell_word("")));
+                repositories.push(value().unwrap_or_else(|| word("")));
             }
             if WITH_ARG.contains(&arg) {
                 i += 1;
@@ -784,16 +513,16 @@ impl<'a> ReadWrite<'a> {
         for repository in &repositories {
             there.write(repository, what)?;
         }
-        if here != self.cwds {
-            there.write(&shell_word("."), what)?;
+        if here[..] != self.cwds[..] {
+            there.write(&word("."), what)?;
         }
-        let s = there.scan(rest, what, GIT_CLONE_OPTIONS, usize::MAX, false)?;
+        let s = there.scan(rest, what, GIT_CLONE_OPTIONS)?;
         for dir in s.values(("", &["separate-git-dir"])) {
             there.write_value(dir, what)?;
         }
         let ops = &s.operands;
         match (sub, ops.as_slice()) {
-            ("clone", [_]) | ("init", []) => there.write(&shell_word("."), what),
+            ("clone", [_]) | ("init", []) => there.write(&word("."), what),
             ("clone", [.., dest]) | ("init", [dest, ..]) => there.write(dest, what),
             ("worktree", [add, path, ..]) if add.literal.as_deref() == Some("add") => {
                 there.write(path, what)
@@ -805,141 +534,10 @@ impl<'a> ReadWrite<'a> {
     /// The same judge, working in `cwds` (`git -C`, `tar -C`).
     fn elsewhere(&self, cwds: &[String]) -> ReadWrite<'a> {
         ReadWrite {
-            workspace: self.workspace.clone(),
-            cwds: cwds.to_vec(),
+            workspace: self.workspace,
+            cwds: Cow::Owned(cwds.to_vec()),
             home: self.home,
-            cd_unknown: self.cd_unknown,
         }
-    }
-
-    /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input, which are unknown.
-    fn xargs(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let mut i = 0;
-        let mut replace: Option<String> = None;
-        while let Some(w) = args.get(i) {
-            let Some(arg) = w.literal.as_deref() else {
-                if maybe_option(w) {
-                    return Err(self.deny(what, unknown_option(w)));
-                }
-                break;
-            };
-            if arg == "--" {
-                i += 1;
-                break;
-            }
-            if !arg.starts_with('-') || arg == "-" {
-                break;
-            }
-            i += 1;
-            if let Some(long) = arg.strip_prefix("--") {
-                let (name, value) = long.split_once('=').unwrap_or((long, ""));
-                if option_is(&format!("--{name}"), "", &["replace"]) {
-                    replace = Some(if value.is_empty() { "{}" } else { value }.to_owned());
-                } else if !long.contains('=')
-                    && option_is(
-                        arg,
-                        "",
-                        &[
-                            "arg-file",
-                            "delimiter",
-                            "max-args",
-                            "max-procs",
-                            "max-chars",
-                            "process-slot-var",
-                        ],
-                    )
-                {
-                    i += 1;
-                }
-                continue;
-            }
-            for (k, c) in arg.char_indices().skip(1) {
-                let rest = &arg[k + c.len_utf8()..];
-                if "adEILnPs".contains(c) {
-                    let value = if rest.is_empty() {
-                        i += 1;
-                        args.get(i - 1).and_then(|w| w.literal.clone())
-                    } else {
-                        Some(rest.to_owned())
-                    };
-                    if c == 'I' {
-                        replace = Some(value.unwrap_or_default());
-                    }
-                    break;
-                }
-                if "eil".contains(c) {
-                    if c == 'i' {
-                        replace = Some(if rest.is_empty() { "{}" } else { rest }.to_owned());
-                    }
-                    break;
-                }
-            }
-        }
-        let mut inner: Vec<ShellWord> = args[i.min(args.len())..].to_vec();
-        if inner.is_empty() {
-            return Ok(()); // `echo`
-        }
-        let input = |source: &str| ShellWord {
-            literal: None,
-            source: source.to_owned(),
-        };
-        match replace.filter(|r| !r.is_empty()) {
-            Some(r) => {
-                for w in inner.iter_mut().skip(1) {
-                    if w.literal.as_deref().is_some_and(|l| l.contains(r.as_str())) {
-                        *w = input(&w.source);
-                    }
-                }
-            }
-            None => inner.push(input("(words read from the input)")),
-        }
-        self.command(&inner, what, depth + 1)
-    }
-
-    /// `eval ARGS`: the arguments joined, judged as a script.
-    fn joined(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        if args.is_empty() {
-            return Ok(());
-        }
-        let text: Option<Vec<&str>> = args.iter().map(|w| w.literal.as_deref()).collect();
-        let script = match text {
-            Some(parts) => shell_word(&parts.join(" ")),
-            None => ShellWord {
-                literal: None,
-                source: render_words(args),
-            },
-        };
-        self.nested(Some(&script), what, depth)
-    }
-
-    /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`.
-    fn watch(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let scanned = self.scan(args, what, ("n", &["interval"]), usize::MAX, false)?;
-        if scanned.has("x", &["exec"]) {
-            return self.command(&scanned.operands, what, depth + 1);
-        }
-        self.joined(&scanned.operands, what, depth)
-    }
-
-    /// `alias NAME=VALUE`: the value runs wherever the name is used.
-    fn alias(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        for w in args {
-            match w.literal.as_deref() {
-                Some(l) => {
-                    if let Some((_, value)) = l.split_once('=') {
-                        self.script(value, depth + 1)?;
-                    }
-                }
-                None => self.nested(Some(w), what, depth)?,
-            }
-        }
-        Ok(())
-    }
-
-    /// `trap ACTION SIGNALS`: the action runs later.
-    fn trap(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let scanned = self.scan(args, what, ("", &[]), usize::MAX, false)?;
-        self.nested(scanned.operands.first(), what, depth)
     }
 
     /// `dd of=FILE`.
@@ -949,7 +547,7 @@ impl<'a> ReadWrite<'a> {
                 return Err(self.deny(what, unknown_argument(w)));
             };
             if let Some(file) = arg.strip_prefix("of=") {
-                self.write(&shell_word(file), what)?;
+                self.write(&word(file), what)?;
             }
         }
         Ok(())
@@ -982,13 +580,7 @@ impl<'a> ReadWrite<'a> {
 
     /// `sed -i`: the files edited in place.
     fn sed(&self, args: &[ShellWord], what: &str) -> Judged {
-        let scanned = self.scan(
-            args,
-            what,
-            ("efl", &["expression", "file", "line-length"]),
-            usize::MAX,
-            false,
-        )?;
+        let scanned = self.scan(args, what, ("efl", &["expression", "file", "line-length"]))?;
         // `-i` takes its suffix attached (`-i.bak`), so a cluster like `-ie` holds no `-e`;
         // reading it as `-i -e` still leaves the same operands as files.
         let in_place = scanned.has("i", &["in-place"]);
@@ -1004,77 +596,14 @@ impl<'a> ReadWrite<'a> {
 
     /// `tar`: creating writes the archive; extracting writes into `-C DIR` (or here);
     /// `--remove-files` deletes.
-    fn tar(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        const WITH_ARG: &str = "bfgCFHIKLNTVX";
-        const LONG_WITH_ARG: &[&str] = &[
-            "file",
-            "directory",
-            "listed-incremental",
-            "files-from",
-            "exclude-from",
-            "exclude",
-            "transform",
-            "xform",
-            "use-compress-program",
-            "info-script",
-            "new-volume-script",
-            "to-command",
-            "checkpoint-action",
-            "format",
-            "owner",
-            "group",
-            "mode",
-            "mtime",
-            "label",
-            "newer",
-            "after-date",
-            "starting-file",
-            "blocking-factor",
-            "record-size",
-            "tape-length",
-            "suffix",
-        ];
+    fn tar(&self, args: &[ShellWord], what: &str) -> Judged {
         // Old style: `tar xzf a.tar` is `tar -x -z -f a.tar`.
-        let mut words: Vec<ShellWord> = args.to_vec();
-        if let Some(first) = args.first().and_then(|w| w.literal.as_deref())
-            && !first.starts_with('-')
-            && !first.is_empty()
-        {
-            let mut expanded: Vec<ShellWord> = Vec::new();
-            let mut rest = args[1..].iter();
-            for c in first.chars() {
-                expanded.push(shell_word(&format!("-{c}")));
-                if WITH_ARG.contains(c)
-                    && let Some(value) = rest.next()
-                {
-                    expanded.push(value.clone());
-                }
-            }
-            expanded.extend(rest.cloned());
-            words = expanded;
-        }
-        let s = self.scan(&words, what, (WITH_ARG, LONG_WITH_ARG), usize::MAX, false)?;
+        let words = spec::old_style(args, spec::TAR_WITH_ARG);
+        let s = self.scan(&words, what, (spec::TAR_WITH_ARG, spec::TAR_LONG_WITH_ARG))?;
         if s.has("", &["remove-files"]) {
             return Err(self.deny(what, "`--remove-files` deletes files"));
         }
-        let programs = (
-            "FI",
-            &[
-                "to-command",
-                "use-compress-program",
-                "info-script",
-                "new-volume-script",
-            ][..],
-        );
-        for program in s.values(programs) {
-            self.nested(program, what, depth)?;
-        }
-        for action in s.values(("", &["checkpoint-action"])) {
-            let command = action.and_then(|a| a.literal.as_deref()?.strip_prefix("exec="));
-            if let Some(command) = command {
-                self.script(command, depth + 1)?;
-            }
-        }
+        // The programs its options run are the walk's (`spec::RUNNERS`).
         let creates = s.has(
             "cruA",
             &[
@@ -1098,7 +627,7 @@ impl<'a> ReadWrite<'a> {
             if s.has("P", &["absolute-names"]) {
                 return Err(self.deny(what, "it extracts absolute paths, which cannot be judged"));
             }
-            let mut dirs = self.cwds.clone();
+            let mut dirs = self.cwds.to_vec();
             for dir in s.values(("C", &["directory"])) {
                 let Some(d) = dir.and_then(|d| d.literal.as_deref()) else {
                     return Err(
@@ -1107,31 +636,19 @@ impl<'a> ReadWrite<'a> {
                 };
                 dirs = resolve(d, &dirs, self.home).unwrap_or_default();
             }
-            self.elsewhere(&dirs).write(&shell_word("."), what)?;
+            self.elsewhere(&dirs).write(&word("."), what)?;
         }
         Ok(())
     }
 
     /// `rsync`: `--delete…` and `--remove-source-files` delete; the destination is written.
-    fn rsync(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let s = self.scan(
-            args,
-            what,
-            (
-                "eBfTM",
-                &["rsh", "filter", "exclude", "include", "rsync-path"],
-            ),
-            usize::MAX,
-            false,
-        )?;
+    fn rsync(&self, args: &[ShellWord], what: &str) -> Judged {
+        let s = self.scan(args, what, spec::RSYNC_OPTIONS)?;
         if s.options
             .iter()
             .any(|(name, _)| name.starts_with("--del") || name.starts_with("--remove-s"))
         {
             return Err(self.deny(what, "it deletes files"));
-        }
-        for shell in s.values(("e", &["rsh"])) {
-            self.nested(shell, what, depth)?;
         }
         if s.operands.len() < 2 {
             return Ok(());
@@ -1147,84 +664,9 @@ impl<'a> ReadWrite<'a> {
         self.write(dest, what)
     }
 
-    /// `sh -c SCRIPT`: the script is judged; a script file or stdin cannot be.
-    fn shell(&mut self, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let mut i = 0;
-        let mut c_flag = false;
-        while let Some(w) = args.get(i) {
-            i += 1;
-            let Some(arg) = w.literal.as_deref() else {
-                if maybe_option(w) && !c_flag {
-                    return Err(self.deny(what, unknown_option(w)));
-                }
-                i -= 1;
-                break;
-            };
-            if arg == "--" || arg == "-" {
-                break;
-            }
-            if arg.starts_with("--") {
-                if matches!(arg, "--rcfile" | "--init-file") {
-                    i += 1;
-                }
-                continue;
-            }
-            if !(arg.starts_with('-') || arg.starts_with('+')) {
-                i -= 1;
-                break;
-            }
-            c_flag |= arg.starts_with('-') && arg.contains('c');
-            if arg.contains(['o', 'O']) {
-                i += 1;
-            }
-        }
-        if c_flag {
-            return self.nested(args.get(i), what, depth);
-        }
-        Ok(())
-    }
-
-    /// A wrapper: its own writes and scripts, then the command it runs.
-    fn wrapper(&mut self, w: &Wrapper, args: &[ShellWord], what: &str, depth: usize) -> Judged {
-        let s = self.scan(
-            args,
-            what,
-            (w.with_arg, w.long_with_arg),
-            w.operands,
-            w.assignments,
-        )?;
-        for file in s.values(w.dest) {
-            self.write_value(file, what)?;
-        }
-        for script in s.values(w.script) {
-            self.nested(script, what, depth)?;
-        }
-        if s.has(w.no_command, &[]) {
-            return Ok(());
-        }
-        let Some(start) = s.command else {
-            return Ok(());
-        };
-        // `env -C DIR`, `sudo -D DIR`: the command runs there; `chroot`: somewhere unknown.
-        let saved = self.cwds.clone();
-        let chroot = w.elsewhere || s.has(w.chroot.0, w.chroot.1);
-        if chroot {
-            self.cwds.clear();
-        }
-        for dir in s.values(w.chdir).filter(|_| !chroot) {
-            let dir = dir.and_then(|d| d.literal.as_deref());
-            self.cwds = dir
-                .and_then(|d| resolve(d, &self.cwds, self.home))
-                .unwrap_or_default();
-        }
-        let judged = self.command(&args[start..], what, depth + 1);
-        self.cwds = saved;
-        judged
-    }
-
     /// A writer: the operands and options it writes.
     fn writer(&self, w: &Writer, args: &[ShellWord], what: &str) -> Judged {
-        let s = self.scan(args, what, (w.with_arg, w.long_with_arg), usize::MAX, false)?;
+        let s = self.scan(args, what, (w.with_arg, w.long_with_arg))?;
         let mut from_options = false;
         for file in s.values(w.dest) {
             from_options = true;
@@ -1241,7 +683,7 @@ impl<'a> ReadWrite<'a> {
         };
         let here = (w.operands == Dest::Here && !from_options) || s.has(w.here.0, w.here.1);
         if here {
-            self.write(&shell_word("."), what)?;
+            self.write(&word("."), what)?;
         }
         written.iter().try_for_each(|f| self.write(f, what))
     }
@@ -1342,6 +784,48 @@ mod tests {
                 "git -C sub commit -m x",
                 "git -C /etc log",
                 "git --git-dir=/elsewhere/.git status",
+            ],
+        );
+    }
+
+    /// Programs the guard's walk saw and the judge's once missed (found by the property that
+    /// the judge sees every program the guard sees).
+    #[test]
+    fn read_write_sees_what_the_guard_sees() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "runuser -u bob -- rm x",
+                "runuser -u bob touch /etc/x",
+                "runuser bob -c 'rm x'",
+                "watch find . -exec rm {} \\;",
+                "watch -n 1 touch /etc/x",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &["runuser -u bob -- ls", "watch -n 1 ls -la", "ls | xargs"],
+        );
+    }
+
+    /// A here-string into a shell is a script the walk reads like `sh -c`.
+    #[test]
+    fn read_write_follows_here_strings_into_a_shell() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "bash <<< 'rm x'",
+                "sh -s <<< 'touch /etc/x'",
+                "sudo bash <<< 'echo > /etc/x'",
+                "chroot /mnt <<< 'echo x > f'",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "bash <<< 'ls -la'",
+                "python3 <<< 'print(1)'",
+                "sh ./build.sh",
             ],
         );
     }

@@ -1,0 +1,1253 @@
+//! The one walk through a command: parses it once ([`super::parse`]) and, driven by the
+//! command table ([`super::spec`]), lists its [`Effect`]s in the order they happen — a
+//! program runs (with its arguments and the directories it may run in), a file is written,
+//! a nested script runs (`sh -c`, `eval`, `su -c`, an alias or trap, a here-string or a pipe
+//! into a shell or an interpreter, an interpreter's inline code), a network endpoint is
+//! opened, a descriptor is duplicated — and an [`Effect::Opaque`] for whatever it cannot see
+//! through (a command name or a script known only when it runs, a word that could be any
+//! option, nesting too deep, too much text).
+//!
+//! It owns the order of things, `cd` and the wrappers' directory options (the places a
+//! script may be in), unwrapping wrappers, and following nested scripts, `xargs` and
+//! `find -exec`. It never decides anything: a policy reads the list it returns (the workspace
+//! judge at `read-write` does; the command guard, which still walks expanded words itself,
+//! is to be the second). It never runs anything and never touches the filesystem (paths are
+//! normalised lexically).
+//!
+//! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_TEXT`]
+//! characters of nested scripts or more than [`MAX_EFFECTS`] effects is an `Opaque` effect;
+//! more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown place.
+
+use std::sync::Arc;
+
+use super::parse::{self, RedirectKind, ShellWord};
+use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_option};
+use super::{MAX_DEPTH, basename};
+
+/// Most effects one walk lists; past it the walk stops with an `Opaque` effect.
+pub const MAX_EFFECTS: usize = 4096;
+/// Most characters of scripts (the command and every nested script) one walk parses.
+pub use super::expand::MAX_TEXT;
+/// Most working directories a script is tracked as possibly being in; past it, unknown.
+pub const MAX_CWDS: usize = 16;
+/// Most bytes of those directories together; past it, unknown (each path a write names is
+/// resolved against every one).
+pub const MAX_CWD_BYTES: usize = 16 * 1024;
+
+/// Where a command starts, as far as the caller knows (absolute paths).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Start<'a> {
+    /// The working directory; `None` when unknown.
+    pub cwd: Option<&'a str>,
+    /// The home directory of the account it runs as, for `~`; `None` when unknown.
+    pub home: Option<&'a str>,
+}
+
+/// Where an effect happens: the directories the script may be in by then (normalised; empty
+/// when that cannot be known) and the home directory for `~` (`None` when unknown or
+/// changed by the script).
+///
+/// Shared, not copied: every effect of a long script carries its place.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Place {
+    pub cwds: Arc<[String]>,
+    pub home: Option<Arc<str>>,
+}
+
+impl Place {
+    /// Where `path` can be, for each possible working directory; `None` when it cannot be
+    /// known.
+    pub fn resolve(&self, path: &str) -> Option<Vec<String>> {
+        resolve(path, &self.cwds, self.home.as_deref())
+    }
+}
+
+/// How a file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// `>`: truncated, then written.
+    Truncated,
+    /// `>>`, `<>`: written without truncating.
+    Appended,
+    /// Named by an option of the program (`time -o FILE`).
+    ByOption,
+}
+
+/// How a nested script reaches its interpreter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nesting {
+    /// `sh -c CODE`, `python -c CODE`, `perl -e CODE`.
+    Inline,
+    /// `eval WORDS`, `watch WORDS` (joined and run by a shell).
+    Eval,
+    /// `alias NAME=CODE`, `trap CODE SIGNALS`: run later, by the same shell.
+    Deferred,
+    /// An option of a wrapper or a program (`su -c`, `env -S`, `tar --to-command`).
+    Option,
+    /// `<<< CODE` into a shell or an interpreter.
+    HereString,
+    /// A here-document into a shell or an interpreter.
+    HereDocument,
+    /// `… | sh`: the output of the command before it.
+    Pipe,
+    /// A script file, named as an operand or redirected in with `<`.
+    File,
+}
+
+/// One thing a command does, in the order it happens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// A program runs: its arguments as written (a wrapper and the command it runs are each
+    /// a program), and where. `what`, in every effect, is the simple command it comes from,
+    /// as written (for messages), shared by all its effects.
+    Program {
+        argv: Vec<ShellWord>,
+        at: Place,
+        /// The simple command it comes from, as written (for messages).
+        what: Arc<str>,
+    },
+    /// A file is written.
+    Write {
+        target: ShellWord,
+        how: Written,
+        at: Place,
+        what: Arc<str>,
+    },
+    /// A nested script runs in `language` (a shell's or an interpreter's name). When it is
+    /// a shell script with known code, its own effects follow this one.
+    Script {
+        language: String,
+        how: Nesting,
+        /// The code, when it is literal text.
+        code: Option<String>,
+        what: Arc<str>,
+    },
+    /// A redirection opens a network connection (`/dev/tcp/HOST/PORT`).
+    Network { target: String, what: Arc<str> },
+    /// A descriptor is duplicated or closed (`2>&1`, `3>&-`).
+    Duplicate {
+        fd: Option<String>,
+        target: ShellWord,
+        what: Arc<str>,
+    },
+    /// Something the walk cannot see through, and why.
+    Opaque { what: Arc<str>, why: String },
+}
+
+/// The effects of `script`, in order, starting at `start`. Never fails: what cannot be read
+/// is an [`Effect::Opaque`].
+pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
+    let mut w = Walk {
+        out: Vec::new(),
+        cwds: start
+            .cwd
+            .map(|c| vec![normalise("/", c)])
+            .unwrap_or_default()
+            .into(),
+        home: start.home.map(Arc::from),
+        cd_unknown: false,
+        text: 0,
+    };
+    w.notice(&[script]);
+    w.script(script, 0);
+    w.out
+}
+
+/// The walk's state: the effects so far and where the script may be.
+struct Walk {
+    out: Vec<Effect>,
+    cwds: Arc<[String]>,
+    home: Option<Arc<str>>,
+    /// Whether a relative `cd` goes somewhere unknown (the script sets `CDPATH` or `PWD`).
+    cd_unknown: bool,
+    /// Characters of script parsed so far.
+    text: usize,
+}
+
+/// What a command's standard input is, when it matters (a shell or interpreter reads it).
+type Stdin = Option<(Nesting, Option<String>)>;
+
+impl Walk {
+    fn full(&self) -> bool {
+        self.out.len() >= MAX_EFFECTS
+    }
+
+    fn push(&mut self, effect: Effect) {
+        match self.out.len() {
+            n if n + 1 < MAX_EFFECTS => self.out.push(effect),
+            n if n + 1 == MAX_EFFECTS => self.out.push(Effect::Opaque {
+                what: Arc::from("the script"),
+                why: format!("it does more than the {MAX_EFFECTS} things the analysis follows"),
+            }),
+            _ => {}
+        }
+    }
+
+    fn opaque(&mut self, what: impl Into<Arc<str>>, why: impl Into<String>) {
+        self.push(Effect::Opaque {
+            what: what.into(),
+            why: why.into(),
+        });
+    }
+
+    fn place(&self) -> Place {
+        Place {
+            cwds: self.cwds.clone(),
+            home: self.home.clone(),
+        }
+    }
+
+    /// Forgets what the variables mentioned in `words` could change.
+    fn notice(&mut self, words: &[&str]) {
+        if mentions(words, "HOME") {
+            self.home = None;
+        }
+        if ["CDPATH", "PWD"].iter().any(|v| mentions(words, v)) {
+            self.cd_unknown = true;
+        }
+    }
+
+    fn script(&mut self, text: &str, depth: usize) {
+        if depth > MAX_DEPTH {
+            return self.opaque(text, "it nests scripts too deeply to be judged");
+        }
+        self.text = self.text.saturating_add(text.len());
+        if self.text > MAX_TEXT {
+            return self.opaque(
+                text,
+                format!("its scripts together are longer than the {MAX_TEXT} characters read"),
+            );
+        }
+        let commands = match parse::simple_commands(text) {
+            Ok(c) => c,
+            Err(e) => return self.opaque("the script", format!("it cannot be judged: {e}")),
+        };
+        let words: Vec<&str> = commands
+            .iter()
+            .flat_map(|c| c.assignments.iter().chain(&c.argv))
+            .filter_map(|w| w.literal.as_deref())
+            .collect();
+        self.notice(&words);
+        for c in &commands {
+            if self.full() {
+                return;
+            }
+            let what: Arc<str> = c.render().into();
+            let mut stdin: Stdin = c.piped.then_some((Nesting::Pipe, None));
+            for r in &c.redirects {
+                if r.kind != RedirectKind::HereString
+                    && r.kind != RedirectKind::HereDocument
+                    && (r.target.literal.as_deref().is_some_and(network_path)
+                        || network_path(&r.target.source))
+                {
+                    self.push(Effect::Network {
+                        target: r.target.source.clone(),
+                        what: what.clone(),
+                    });
+                }
+                let how = match r.kind {
+                    RedirectKind::Output => Some(Written::Truncated),
+                    RedirectKind::Append => Some(Written::Appended),
+                    _ => None,
+                };
+                if let Some(how) = how {
+                    self.push(Effect::Write {
+                        target: r.target.clone(),
+                        how,
+                        at: self.place(),
+                        what: what.clone(),
+                    });
+                }
+                match r.kind {
+                    RedirectKind::Output | RedirectKind::Append => {}
+                    RedirectKind::Duplicate => self.push(Effect::Duplicate {
+                        fd: r.fd.clone(),
+                        target: r.target.clone(),
+                        what: what.clone(),
+                    }),
+                    RedirectKind::HereString => {
+                        stdin = Some((Nesting::HereString, r.target.literal.clone()));
+                    }
+                    RedirectKind::HereDocument => stdin = Some((Nesting::HereDocument, None)),
+                    RedirectKind::Input => stdin = Some((Nesting::File, None)),
+                }
+            }
+            if !c.argv.is_empty() {
+                self.command(&c.argv, &what, depth, stdin);
+            }
+        }
+    }
+
+    fn command(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        if depth > MAX_DEPTH {
+            return self.opaque(what.clone(), "it nests commands too deeply to be judged");
+        }
+        let Some(first) = words.first() else {
+            return;
+        };
+        let Some(name) = first.literal.as_deref() else {
+            return self.opaque(
+                what.clone(),
+                "its command name is known only when it runs, so it cannot be judged",
+            );
+        };
+        self.push(Effect::Program {
+            argv: words.to_vec(),
+            at: self.place(),
+            what: what.clone(),
+        });
+        let base = basename(name);
+        let args = &words[1..];
+        match base {
+            "cd" => self.cd(args),
+            "pushd" | "popd" => self.cwds = Arc::from([]),
+            "find" => self.find(args, what, depth),
+            "xargs" => self.xargs(args, what, depth),
+            "eval" => self.joined(args, what, depth),
+            "watch" => self.watch(args, what, depth),
+            "alias" => self.alias(args, what, depth),
+            "trap" => match scan(args, "", &[], usize::MAX, false) {
+                Ok(s) => self.nested("sh", Nesting::Deferred, s.operands.first(), what, depth),
+                Err(why) => self.opaque(what.clone(), why),
+            },
+            "runuser" => {
+                let as_user = args
+                    .iter()
+                    .filter_map(|w| w.literal.as_deref())
+                    .any(|v| v == "-u" || v.starts_with("--user"));
+                if as_user {
+                    self.wrapper(&spec::RUNUSER_AS, args, what, depth, stdin);
+                } else {
+                    self.su(args, what, depth, stdin);
+                }
+            }
+            "su" => self.su(args, what, depth, stdin),
+            _ if SHELLS.contains(&base) => self.shell(base, args, what, depth, stdin),
+            _ => {
+                if let Some(w) = spec::wrapper(base) {
+                    self.wrapper(w, args, what, depth, stdin);
+                } else if let Some(r) = spec::runner(base) {
+                    self.runner(r, args, what, depth);
+                } else if let Some(i) = spec::interpreter(base) {
+                    self.interpreter(i, args, what, stdin);
+                }
+            }
+        }
+    }
+
+    /// A script in `language` given as a word (`sh -c WORD`, `su -c WORD`, a trap).
+    fn nested(
+        &mut self,
+        language: &str,
+        how: Nesting,
+        script: Option<&ShellWord>,
+        what: &Arc<str>,
+        depth: usize,
+    ) {
+        match script.map(|w| w.literal.as_deref()) {
+            None => {}
+            Some(Some(code)) => self.code(language, how, code, what, depth),
+            Some(None) => self.opaque(
+                what.clone(),
+                "it runs a script known only when it runs, so it cannot be judged",
+            ),
+        }
+    }
+
+    /// Known shell code: the script effect, then the script's own effects.
+    fn code(&mut self, language: &str, how: Nesting, code: &str, what: &Arc<str>, depth: usize) {
+        self.push(Effect::Script {
+            language: language.to_owned(),
+            how,
+            code: Some(code.to_owned()),
+            what: what.clone(),
+        });
+        self.script(code, depth + 1);
+    }
+
+    /// A shell or interpreter with no script operand reads its standard input.
+    fn reads_input(
+        &mut self,
+        language: &str,
+        shell: bool,
+        stdin: Stdin,
+        what: &Arc<str>,
+        depth: usize,
+    ) {
+        match stdin {
+            Some((Nesting::HereString, Some(code))) if shell => {
+                self.code(language, Nesting::HereString, &code, what, depth);
+            }
+            Some((how, code)) => self.push(Effect::Script {
+                language: language.to_owned(),
+                how,
+                code,
+                what: what.clone(),
+            }),
+            None => {}
+        }
+    }
+
+    /// `su [opts] [user] [args]`: each command it is given, or a login shell reading its
+    /// input.
+    fn su(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        // Any word may hold `-c` (the shell's arguments follow the user).
+        if let Some(w) = args.iter().find(|w| maybe_option(w)) {
+            return self.opaque(what.clone(), unknown_option(w));
+        }
+        let values: Vec<Option<&str>> = args.iter().map(|w| w.literal.as_deref()).collect();
+        let commands = spec::su_commands(&values);
+        if commands.is_empty() {
+            return self.reads_input("sh", true, stdin, what, depth);
+        }
+        for c in commands {
+            match c {
+                spec::SuCommand::Attached(code) => {
+                    self.code("sh", Nesting::Option, &code, what, depth);
+                }
+                spec::SuCommand::Word(k) => {
+                    self.nested("sh", Nesting::Option, args.get(k), what, depth);
+                }
+            }
+        }
+    }
+
+    /// `cd DIR`: where the script may be afterwards. A `cd` that fails leaves it where it was,
+    /// and one in a subshell is undone, so the old places stay possible.
+    fn cd(&mut self, args: &[ShellWord]) {
+        let operands: Vec<&ShellWord> = args
+            .iter()
+            .skip_while(|w| {
+                w.literal
+                    .as_deref()
+                    .is_some_and(|l| l.starts_with('-') && l.len() > 1 && l != "--")
+            })
+            .filter(|w| w.literal.as_deref() != Some("--"))
+            .collect();
+        let target = match operands.first() {
+            None => self.home.as_deref().map(str::to_owned),
+            Some(w) => w.literal.clone(),
+        };
+        let new = match target.as_deref() {
+            None | Some("-") => None,
+            Some(t) if is_pattern(t) => None,
+            Some(t) if self.cd_unknown && !t.starts_with('/') => None,
+            Some(t) => resolve(t, &self.cwds, self.home.as_deref()),
+        };
+        self.cwds = match new {
+            Some(places) => {
+                let mut cwds = self.cwds.to_vec();
+                for p in places {
+                    if !cwds.contains(&p) {
+                        cwds.push(p);
+                    }
+                }
+                bounded(cwds)
+            }
+            None => Arc::from([]),
+        };
+    }
+
+    /// `find … -exec CMD {} ;`: CMD runs, with `{}` unknown.
+    fn find(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        let mut i = 0;
+        while let Some(w) = args.get(i) {
+            i += 1;
+            match w.literal.as_deref() {
+                Some("-exec" | "-execdir" | "-ok" | "-okdir") => {
+                    let end = args[i..]
+                        .iter()
+                        .position(|w| matches!(w.literal.as_deref(), Some(";" | "+")))
+                        .map_or(args.len(), |k| i + k);
+                    let inner: Vec<ShellWord> = args[i..end]
+                        .iter()
+                        .map(|w| match &w.literal {
+                            Some(l) if l.contains("{}") => ShellWord {
+                                literal: None,
+                                source: w.source.clone(),
+                            },
+                            _ => w.clone(),
+                        })
+                        .collect();
+                    self.command(&inner, what, depth + 1, None);
+                    i = end + 1;
+                }
+                Some("-fprint" | "-fprint0" | "-fprintf" | "-fls") => i += 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input, which are unknown.
+    fn xargs(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        let mut i = 0;
+        let mut replace: Option<String> = None;
+        while let Some(w) = args.get(i) {
+            let Some(arg) = w.literal.as_deref() else {
+                if maybe_option(w) {
+                    return self.opaque(what.clone(), unknown_option(w));
+                }
+                break;
+            };
+            if arg == "--" {
+                i += 1;
+                break;
+            }
+            if !arg.starts_with('-') || arg == "-" {
+                break;
+            }
+            i += 1;
+            if let Some(long) = arg.strip_prefix("--") {
+                let (name, value) = long.split_once('=').unwrap_or((long, ""));
+                if option_is(&format!("--{name}"), "", &["replace"]) {
+                    replace = Some(if value.is_empty() { "{}" } else { value }.to_owned());
+                } else if !long.contains('=')
+                    && option_is(
+                        arg,
+                        "",
+                        &[
+                            "arg-file",
+                            "delimiter",
+                            "max-args",
+                            "max-procs",
+                            "max-chars",
+                            "process-slot-var",
+                        ],
+                    )
+                {
+                    i += 1;
+                }
+                continue;
+            }
+            for (k, c) in arg.char_indices().skip(1) {
+                let rest = &arg[k + c.len_utf8()..];
+                if "adEILnPs".contains(c) {
+                    let value = if rest.is_empty() {
+                        i += 1;
+                        args.get(i - 1).and_then(|w| w.literal.clone())
+                    } else {
+                        Some(rest.to_owned())
+                    };
+                    if c == 'I' {
+                        replace = Some(value.unwrap_or_default());
+                    }
+                    break;
+                }
+                if "eil".contains(c) {
+                    if c == 'i' {
+                        replace = Some(if rest.is_empty() { "{}" } else { rest }.to_owned());
+                    }
+                    break;
+                }
+            }
+        }
+        let mut inner: Vec<ShellWord> = args[i.min(args.len())..].to_vec();
+        if inner.is_empty() {
+            inner.push(spec::word("echo"));
+        }
+        let input = |source: &str| ShellWord {
+            literal: None,
+            source: source.to_owned(),
+        };
+        match replace.filter(|r| !r.is_empty()) {
+            Some(r) => {
+                for w in inner.iter_mut().skip(1) {
+                    if w.literal.as_deref().is_some_and(|l| l.contains(r.as_str())) {
+                        *w = input(&w.source);
+                    }
+                }
+            }
+            None => inner.push(input("(words read from the input)")),
+        }
+        self.command(&inner, what, depth + 1, None);
+    }
+
+    /// `eval ARGS`: the arguments joined, run as a script.
+    fn joined(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        if args.is_empty() {
+            return;
+        }
+        let text: Option<Vec<&str>> = args.iter().map(|w| w.literal.as_deref()).collect();
+        let script = match text {
+            Some(parts) => spec::word(&parts.join(" ")),
+            None => ShellWord {
+                literal: None,
+                source: args
+                    .iter()
+                    .map(|w| w.source.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            },
+        };
+        self.nested("sh", Nesting::Eval, Some(&script), what, depth);
+    }
+
+    /// `watch [-n SECS] COMMAND…`: the command words joined and run by `sh -c`, or with `-x`
+    /// run directly.
+    fn watch(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        // Its options end at the first word that is not one (`watch find . -exec …`).
+        let scanned = match scan(args, "n", &["interval"], 0, false) {
+            Ok(s) => s,
+            Err(why) => return self.opaque(what.clone(), why),
+        };
+        let words = scanned.command.map_or(&[][..], |start| &args[start..]);
+        if scanned.has("x", &["exec"]) {
+            return self.command(words, what, depth + 1, None);
+        }
+        self.joined(words, what, depth);
+    }
+
+    /// `alias NAME=VALUE`: the value runs wherever the name is used.
+    fn alias(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        for w in args {
+            match w.literal.as_deref() {
+                Some(l) => {
+                    if let Some((_, value)) = l.split_once('=') {
+                        self.code("sh", Nesting::Deferred, value, what, depth);
+                    }
+                }
+                None => self.nested("sh", Nesting::Deferred, Some(w), what, depth),
+            }
+        }
+    }
+
+    /// `sh -c SCRIPT`, `sh FILE`, or a shell reading its input.
+    fn shell(
+        &mut self,
+        name: &str,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        depth: usize,
+        stdin: Stdin,
+    ) {
+        let mut i = 0;
+        let mut c_flag = false;
+        while let Some(w) = args.get(i) {
+            i += 1;
+            let Some(arg) = w.literal.as_deref() else {
+                if maybe_option(w) && !c_flag {
+                    return self.opaque(what.clone(), unknown_option(w));
+                }
+                i -= 1;
+                break;
+            };
+            if arg == "--" || arg == "-" {
+                break;
+            }
+            if arg.starts_with("--") {
+                if matches!(arg, "--rcfile" | "--init-file") {
+                    i += 1;
+                }
+                continue;
+            }
+            if !(arg.starts_with('-') || arg.starts_with('+')) {
+                i -= 1;
+                break;
+            }
+            c_flag |= arg.starts_with('-') && arg.contains('c');
+            if arg.contains(['o', 'O']) {
+                i += 1;
+            }
+        }
+        if c_flag {
+            return self.nested(name, Nesting::Inline, args.get(i), what, depth);
+        }
+        match args.get(i) {
+            Some(_) => self.push(Effect::Script {
+                language: name.to_owned(),
+                how: Nesting::File,
+                code: None,
+                what: what.clone(),
+            }),
+            None => self.reads_input(name, true, stdin, what, depth),
+        }
+    }
+
+    /// A wrapper: its own writes and scripts, then the command it runs, where it runs it.
+    fn wrapper(
+        &mut self,
+        w: &Wrapper,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        depth: usize,
+        stdin: Stdin,
+    ) {
+        let s = match scan(args, w.with_arg, w.long_with_arg, w.operands, w.assignments) {
+            Ok(s) => s,
+            Err(why) => return self.opaque(what.clone(), why),
+        };
+        for file in s.values(w.dest).flatten() {
+            self.push(Effect::Write {
+                target: file.clone(),
+                how: Written::ByOption,
+                at: self.place(),
+                what: what.clone(),
+            });
+        }
+        // `env -S 'A B' C` runs `A B C`, read as one script.
+        let split = (w.splits && s.has(w.script.0, w.script.1))
+            .then_some(s.command)
+            .flatten();
+        if let Some(start) = split {
+            let strings: Option<Vec<String>> = s
+                .values(w.script)
+                .map(|v| v.and_then(|v| v.literal.clone()))
+                .collect();
+            let command = args[start..].iter().map(|a| a.literal.as_deref());
+            let script = match strings {
+                Some(strings) => spec::word(&spec::split_command(&strings, command)),
+                None => ShellWord {
+                    literal: None,
+                    source: what.to_string(),
+                },
+            };
+            return self.nested("sh", Nesting::Option, Some(&script), what, depth);
+        }
+        for script in s.values(w.script) {
+            self.nested("sh", Nesting::Option, script, what, depth);
+        }
+        if s.has(w.no_command, &[]) {
+            return;
+        }
+        // `env -C DIR`, `sudo -D DIR`: the command runs there; `chroot`: somewhere unknown.
+        let saved = self.cwds.clone();
+        let chroot = w.elsewhere || s.has(w.chroot.0, w.chroot.1);
+        if chroot {
+            self.cwds = Arc::from([]);
+        }
+        for dir in s.values(w.chdir).filter(|_| !chroot) {
+            let dir = dir.and_then(|d| d.literal.as_deref());
+            self.cwds = bounded(
+                dir.and_then(|d| resolve(d, &self.cwds, self.home.as_deref()))
+                    .unwrap_or_default(),
+            );
+        }
+        match s.command {
+            Some(start) => self.command(&args[start..], what, depth + 1, stdin),
+            // No command: it starts a shell, which reads its input.
+            None if w.bare_shell => self.reads_input("sh", true, stdin, what, depth),
+            None => {}
+        }
+        self.cwds = saved;
+    }
+
+    /// A program whose options run shell commands (`tar --to-command`, `rsync -e`).
+    fn runner(&mut self, r: &spec::Runner, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        let words = if r.old_style {
+            spec::old_style(args, r.with_arg)
+        } else {
+            args.to_vec()
+        };
+        let s = match scan(&words, r.with_arg, r.long_with_arg, usize::MAX, false) {
+            Ok(s) => s,
+            Err(why) => return self.opaque(what.clone(), why),
+        };
+        for script in s.values(r.script) {
+            self.nested("sh", Nesting::Option, script, what, depth);
+        }
+        for action in s.values(("", r.exec_action)) {
+            let command = action.and_then(|a| a.literal.as_deref()?.strip_prefix("exec="));
+            if let Some(command) = command {
+                self.code("sh", Nesting::Option, command, what, depth);
+            }
+        }
+    }
+
+    /// An interpreter: its inline code (`python -c`, `node --eval`), a script file, or its
+    /// input. The code is not read further: it is another language.
+    fn interpreter(
+        &mut self,
+        i: &spec::Interpreter,
+        args: &[ShellWord],
+        what: &Arc<str>,
+        stdin: Stdin,
+    ) {
+        let script = |how, code: Option<&ShellWord>| Effect::Script {
+            language: i.name.to_owned(),
+            how,
+            code: code.and_then(|c| c.literal.clone()),
+            what: what.clone(),
+        };
+        let mut k = 0;
+        while let Some(w) = args.get(k) {
+            k += 1;
+            let Some(arg) = w.literal.as_deref() else {
+                k -= 1;
+                break;
+            };
+            if arg == "-" {
+                return self.reads_input(i.name, false, stdin, what, 0);
+            }
+            if arg == "--" {
+                break;
+            }
+            if !arg.starts_with('-') {
+                k -= 1;
+                break;
+            }
+            if let Some(long) = arg.strip_prefix("--") {
+                let (name, value) = match long.split_once('=') {
+                    Some((n, v)) => (n, Some(spec::word(v))),
+                    None => (long, None),
+                };
+                if spec::long_option_is(name, i.long_inline) {
+                    let code = value.or_else(|| args.get(k).cloned());
+                    return self.push(script(Nesting::Inline, code.as_ref()));
+                }
+                continue;
+            }
+            for (at, c) in arg.char_indices().skip(1) {
+                if i.inline.contains(c) {
+                    let rest = &arg[at + c.len_utf8()..];
+                    let code = if rest.is_empty() {
+                        args.get(k).cloned()
+                    } else {
+                        Some(spec::word(rest))
+                    };
+                    return self.push(script(Nesting::Inline, code.as_ref()));
+                }
+            }
+        }
+        match args.get(k) {
+            Some(_) => self.push(script(Nesting::File, None)),
+            None => self.reads_input(i.name, false, stdin, what, 0),
+        }
+    }
+}
+
+/// `cwds` as the places a script may be, or none known when they are too many or too long.
+fn bounded(cwds: Vec<String>) -> Arc<[String]> {
+    let bytes: usize = cwds.iter().map(String::len).sum();
+    if cwds.len() > MAX_CWDS || bytes > MAX_CWD_BYTES {
+        return Arc::from([]);
+    }
+    cwds.into()
+}
+
+/// Whether a script mentions a variable that changes what `~` or a relative `cd` means.
+fn mentions(words: &[&str], name: &str) -> bool {
+    words.iter().any(|w| w.contains(name))
+}
+
+/// Whether a literal path would be expanded by the shell into other paths (a glob, or a
+/// brace list): it cannot be judged as written.
+pub fn is_pattern(path: &str) -> bool {
+    path.contains(['*', '?', '['])
+        || (path.contains('{') && (path.contains(',') || path.contains("..")))
+}
+
+/// `path` taken against the absolute directory `base`, with `.`, `..` and repeated slashes
+/// removed. Never touches the filesystem.
+pub fn normalise(base: &str, path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    let joined = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("{base}/{path}")
+    };
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Where `path` can be, for each possible working directory; `None` when it cannot be known
+/// (`~user`, `~` without a known home, a relative path with an unknown working directory).
+pub fn resolve(path: &str, cwds: &[String], home: Option<&str>) -> Option<Vec<String>> {
+    if path == "~" || path.starts_with("~/") {
+        return Some(vec![normalise("/", &format!("{}/{}", home?, &path[1..]))]);
+    }
+    if path.starts_with('~') {
+        return None;
+    }
+    if path.starts_with('/') {
+        return Some(vec![normalise("/", path)]);
+    }
+    if cwds.is_empty() {
+        return None;
+    }
+    Some(cwds.iter().map(|cwd| normalise(cwd, path)).collect())
+}
+
+/// Whether a redirection to `path` would open a network connection: bash (and ksh) read
+/// `/dev/tcp/HOST/PORT` and `/dev/udp/HOST/PORT` as sockets, in either direction. Matched
+/// loosely — any mention, in any case, before or after lexical normalisation — so that no
+/// spelling slips through; the price is taking a real file of such a name for a socket.
+pub fn network_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let normal = normalise("/", &lower);
+    [lower, normal]
+        .iter()
+        .any(|p| p.contains("dev/tcp") || p.contains("dev/udp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const START: Start<'static> = Start {
+        cwd: Some("/srv/ws"),
+        home: Some("/home/u"),
+    };
+
+    /// Every program's argv (as literal text, unknown words as written), in order.
+    fn programs(script: &str) -> Vec<Vec<String>> {
+        walk(script, START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Program { argv, .. } => Some(
+                    argv.iter()
+                        .map(|w| w.literal.clone().unwrap_or_else(|| w.source.clone()))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn names(script: &str) -> Vec<String> {
+        programs(script).into_iter().map(|a| a[0].clone()).collect()
+    }
+
+    fn scripts(script: &str) -> Vec<(String, Nesting, Option<String>)> {
+        walk(script, START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Script {
+                    language,
+                    how,
+                    code,
+                    ..
+                } => Some((language, how, code)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn opaque(script: &str) -> Vec<String> {
+        walk(script, START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Opaque { why, .. } => Some(why),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_wrapper_chain_yields_the_inner_program() {
+        assert_eq!(
+            programs("sudo -u bob env X=1 nice -n 5 timeout 10 taskset 1 rm -rf /x"),
+            [
+                vec![
+                    "sudo", "-u", "bob", "env", "X=1", "nice", "-n", "5", "timeout", "10"
+                ]
+                .into_iter()
+                .chain(["taskset", "1", "rm", "-rf", "/x"])
+                .collect::<Vec<_>>(),
+                vec![
+                    "env", "X=1", "nice", "-n", "5", "timeout", "10", "taskset", "1"
+                ]
+                .into_iter()
+                .chain(["rm", "-rf", "/x"])
+                .collect(),
+                vec![
+                    "nice", "-n", "5", "timeout", "10", "taskset", "1", "rm", "-rf", "/x"
+                ],
+                vec!["timeout", "10", "taskset", "1", "rm", "-rf", "/x"],
+                vec!["taskset", "1", "rm", "-rf", "/x"],
+                vec!["rm", "-rf", "/x"],
+            ]
+        );
+        // `env -C DIR` runs its command there, and only that command.
+        let at: Vec<Place> = walk("env -C /tmp touch a; touch b", START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Program { at, argv, .. } if argv[0].source == "touch" => Some(at),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(*at[0].cwds, ["/tmp"]);
+        assert_eq!(*at[1].cwds, ["/srv/ws"]);
+        // `chroot` runs it somewhere unknown.
+        let chrooted = walk("chroot /mnt touch a", START);
+        assert!(chrooted.iter().any(|e| matches!(e,
+            Effect::Program { at, argv, .. } if argv[0].source == "touch" && at.cwds.is_empty())));
+    }
+
+    #[test]
+    fn cd_then_a_relative_write_yields_the_right_paths() {
+        let writes: Vec<Option<Vec<String>>> = walk("cd sub && echo x > f; cd /etc; : >> g", START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Write {
+                    target, at, how, ..
+                } => Some(at.resolve(target.literal.as_deref()?))
+                    .filter(|_| how != Written::ByOption),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            writes,
+            [
+                // A `cd` that fails leaves the script where it was.
+                Some(vec!["/srv/ws/f".to_owned(), "/srv/ws/sub/f".to_owned()]),
+                Some(vec![
+                    "/srv/ws/g".to_owned(),
+                    "/srv/ws/sub/g".to_owned(),
+                    "/etc/g".to_owned()
+                ]),
+            ]
+        );
+        // `cd "$X"` goes somewhere unknown; so does `cd ~` once the script sets HOME, and a
+        // `cd` past the bound on the places tracked.
+        let long = format!("cd {}; echo > f", "a/".repeat(MAX_CWD_BYTES / 2));
+        for script in ["cd \"$X\"; echo > f", "HOME=/x; cd; echo > f", &long] {
+            let w = walk(script, START);
+            assert!(
+                w.iter()
+                    .any(|e| matches!(e, Effect::Write { at, .. } if at.resolve("f").is_none())),
+                "{script}: {w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn nested_scripts_are_followed() {
+        for (script, inner) in [
+            ("sh -c 'rm -rf /x'", "rm"),
+            ("bash -lc \"cd /; rm x\"", "rm"),
+            ("eval 'rm x'", "rm"),
+            ("eval rm x", "rm"),
+            ("su -c 'rm x' bob", "rm"),
+            ("env -S 'rm -f' x", "rm"),
+            ("su --session-command='rm x' bob", "rm"),
+            ("runuser -u bob --session-command 'rm x'", "rm"),
+            ("flock /tmp/l -c 'rm x'", "rm"),
+            ("xargs rm < list", "rm"),
+            ("find . -name '*.o' -exec rm {} +", "rm"),
+            ("watch 'rm x'", "rm"),
+            ("trap 'rm x' EXIT", "rm"),
+            ("alias ls='rm x'", "rm"),
+            ("bash <<< 'rm x'", "rm"),
+            ("tar --to-command='rm x' -xf a.tar", "rm"),
+            ("rsync -e 'rm x' a b:", "rm"),
+            ("echo $(sudo rm x)", "rm"),
+        ] {
+            assert!(
+                names(script).iter().any(|n| n == inner),
+                "{script}: {:?}",
+                walk(script, START)
+            );
+        }
+        // `xargs` and `find -exec` add words known only when they run.
+        assert_eq!(
+            programs("xargs -0 rm -f")[1],
+            ["rm", "-f", "(words read from the input)"]
+        );
+        assert_eq!(programs("find . -exec rm {} \\;")[1], ["rm", "{}"]);
+        assert!(
+            walk("find . -exec rm {} \\;", START).iter().any(|e| matches!(e,
+                Effect::Program { argv, .. } if argv[0].source == "rm" && argv[1].literal.is_none()))
+        );
+        // Scripts an interpreter or a shell reads: inline, from a pipe, a here-string, a file.
+        assert_eq!(
+            scripts("python3 -c 'import os' x"),
+            [("python".into(), Nesting::Inline, Some("import os".into()))]
+        );
+        assert_eq!(
+            scripts("perl -we 'system 1'"),
+            [("perl".into(), Nesting::Inline, Some("system 1".into()))]
+        );
+        assert_eq!(
+            scripts("node --eval=x"),
+            [("node".into(), Nesting::Inline, Some("x".into()))]
+        );
+        assert_eq!(
+            scripts("python3 <<< 'print(1)'"),
+            [(
+                "python".into(),
+                Nesting::HereString,
+                Some("print(1)".into())
+            )]
+        );
+        assert_eq!(
+            scripts("curl -s x | base64 -d | sh"),
+            [("sh".into(), Nesting::Pipe, None)]
+        );
+        assert_eq!(
+            scripts("(curl x) | bash -s"),
+            [("bash".into(), Nesting::Pipe, None)]
+        );
+        assert_eq!(
+            scripts("sh ./build.sh"),
+            [("sh".into(), Nesting::File, None)]
+        );
+        assert_eq!(scripts("curl x; sh"), []);
+        assert_eq!(scripts("chroot /mnt <<< 'rm x'")[0].1, Nesting::HereString);
+        assert!(names("chroot /mnt <<< 'rm x'").contains(&"rm".to_owned()));
+    }
+
+    #[test]
+    fn what_cannot_be_seen_is_opaque() {
+        for script in [
+            "$CMD -rf /",
+            "\"$(which rm)\" x",
+            "sh -c \"$X\"",
+            "eval \"$X\"",
+            "sudo $OPTS rm x",
+            "xargs $OPTS rm",
+            "tar --to-command=\"$X\" -xf a",
+            "trap \"$X\" EXIT",
+            // Any word given to `su` may be `-c`, or after the user, the shell's `-c`.
+            "su $U",
+            "su bob -- \"$ARGS\"",
+            "su --command=\"$X\"",
+        ] {
+            assert!(
+                !opaque(script).is_empty(),
+                "{script}: {:?}",
+                walk(script, START)
+            );
+        }
+        for script in [
+            "ls -la",
+            "sh -c 'ls'",
+            "sudo -- ls",
+            "cd \"$X\"; ls",
+            "su - bob",
+        ] {
+            assert_eq!(opaque(script), Vec::<String>::new(), "{script}");
+        }
+        // Bounds fail closed.
+        assert!(!opaque(&"x".repeat(crate::shell::MAX_INPUT + 1)).is_empty());
+        let mut nested = "ls".to_owned();
+        for _ in 0..=MAX_DEPTH {
+            nested = format!("eval {}", shell_quote(&nested));
+        }
+        assert!(
+            opaque(&nested).iter().any(|w| w.contains("too deeply")),
+            "{:?}",
+            opaque(&nested)
+        );
+        let many = "ls;".repeat(MAX_EFFECTS + 10);
+        let w = walk(&many, START);
+        assert_eq!(w.len(), MAX_EFFECTS);
+        assert!(matches!(w.last(), Some(Effect::Opaque { .. })));
+    }
+
+    fn shell_quote(s: &str) -> String {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+
+    #[test]
+    fn redirections_are_writes_sockets_and_duplicates() {
+        let w = walk("cat < in > out 2>&1 >> log 3<>/dev/tcp/h/80", START);
+        let kinds: Vec<&str> = w
+            .iter()
+            .map(|e| match e {
+                Effect::Program { .. } => "program",
+                Effect::Write {
+                    how: Written::Truncated,
+                    ..
+                } => "write",
+                Effect::Write {
+                    how: Written::Appended,
+                    ..
+                } => "append",
+                Effect::Write { .. } => "option",
+                Effect::Duplicate { .. } => "dup",
+                Effect::Network { .. } => "network",
+                Effect::Script { .. } => "script",
+                Effect::Opaque { .. } => "opaque",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["write", "dup", "append", "network", "append", "program"]
+        );
+        assert!(walk("strace -o /tmp/t ls", START).iter().any(|e| matches!(
+            e,
+            Effect::Write {
+                how: Written::ByOption,
+                ..
+            }
+        )));
+    }
+
+    /// Words and operators the walk has something to do with.
+    const PIECES: &[&str] = &[
+        "rm ",
+        "cd ",
+        "cd /tmp ",
+        "cd .. ",
+        "sudo ",
+        "env -C /x ",
+        "chroot /m ",
+        "nice ",
+        "xargs ",
+        "find . -exec ",
+        "\\; ",
+        "{} ",
+        "sh -c '",
+        "bash ",
+        "python3 -c ",
+        "eval ",
+        "trap ",
+        "alias a=",
+        "watch ",
+        "tar --to-command=",
+        "rsync -e ",
+        "'",
+        "\"",
+        "$X ",
+        "$(",
+        ")",
+        "`",
+        "<<< ",
+        "| ",
+        "; ",
+        "&& ",
+        "> f ",
+        ">> /etc/x ",
+        "2>&1 ",
+        "< /dev/tcp/h/1 ",
+        "-- ",
+        "-u ",
+        "\n",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// Any input gives a bounded list; a program always has a literal name (one whose name
+        /// is unknown is opaque instead), and every place it names is absolute.
+        #[test]
+        fn the_walk_is_bounded_and_names_every_program(
+            parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..24)
+        ) {
+            let script = parts.concat();
+            let effects = walk(&script, START);
+            proptest::prop_assert!(effects.len() <= MAX_EFFECTS);
+            for e in &effects {
+                match e {
+                    Effect::Program { argv, at, .. } => {
+                        proptest::prop_assert!(argv.first().is_some_and(|w| w.literal.is_some()));
+                        proptest::prop_assert!(at.cwds.len() <= MAX_CWDS);
+                        proptest::prop_assert!(at.cwds.iter().all(|c| c.starts_with('/')));
+                    }
+                    Effect::Write { at, .. } => {
+                        proptest::prop_assert!(at.cwds.iter().all(|c| c.starts_with('/')));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
