@@ -23,7 +23,7 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 use sshmode::agent::ChatOut;
-use sshmode::chat::ChatControl;
+use sshmode::chat::ChatSshMode;
 use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
@@ -248,12 +248,12 @@ async fn run() {
             llm: Some(router.clone()),
             model: config.model.clone(),
             // The service's own chat control: the binding read at every call and prompt.
-            control: Arc::new(ChatControl {
+            control: Arc::new(ChatSshMode {
                 db: db.clone(),
                 clock: Arc::new(sshmode::clock::SystemClock),
                 yolo_ttl: config.chat.yolo_ttl,
             }),
-            plane: Arc::new(sshmode::control::ControlPlane::new(
+            plane: Arc::new(sshmode::plane::ControlPlane::new(
                 &config,
                 db.clone(),
                 vault.clone(),
@@ -273,7 +273,7 @@ async fn run() {
                 poll: Duration::from_secs(1),
             },
             agent.clone(),
-            sshmode::turns::Scope::All,
+            sshmode::turns::SectionFilter::All,
         );
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

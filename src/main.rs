@@ -28,7 +28,7 @@ enum Cmd {
     Target(sshmode::target::cli::TargetCmd),
     /// Skills: list them with their scope, show one, promote one to every chat.
     #[command(subcommand)]
-    Skill(sshmode::control::cli::SkillCmd),
+    Skill(sshmode::plane::cli::SkillCmd),
     /// A terminal chat that is one local section, with the slash commands and the agent.
     /// Needs no Lark settings; with piped input it handles each line in order and exits.
     Chat {
@@ -130,7 +130,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
-        Cmd::Skill(cmd) => sshmode::control::cli::run(cmd, &config).await,
+        Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {

@@ -52,14 +52,14 @@ impl Field {
 /// Where a record belongs: one field of one target row. Its bytes are the record's associated
 /// data, so it opens only there.
 #[derive(Debug, Clone, Copy)]
-pub struct Place<'a> {
+pub struct Slot<'a> {
     pub alias: &'a str,
     /// The row's generation: a new one each time the alias is added.
     pub generation: i64,
     pub field: Field,
 }
 
-impl Place<'_> {
+impl Slot<'_> {
     /// `sshmode.vault.v2 NUL generation (8 bytes, big endian) field NUL alias`: unambiguous,
     /// since the field names and aliases contain no NUL.
     fn aad(&self) -> Vec<u8> {
@@ -242,14 +242,14 @@ impl Vault {
     }
 
     /// Encrypts `plaintext` for `place`: `version || nonce || ciphertext+tag`.
-    pub fn seal(&self, place: &Place<'_>, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
+    pub fn seal(&self, place: &Slot<'_>, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
         self.seal_with(VERSION, &place.aad(), place.alias, plaintext)
     }
 
     /// Decrypts a record sealed for `place`. A record of another place (another target,
     /// an earlier target with this alias, another field), a wrong key, a version 1 record, or
     /// any altered or missing byte fails.
-    pub fn open(&self, place: &Place<'_>, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
+    pub fn open(&self, place: &Slot<'_>, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
         self.open_with(VERSION, &place.aad(), place.alias, sealed)
     }
 
@@ -351,7 +351,7 @@ impl Vault {
 /// One sealed record and the place it was sealed for (a target row's field).
 #[derive(Debug, Clone, Copy)]
 pub struct SealedRecord<'a> {
-    pub place: Place<'a>,
+    pub place: Slot<'a>,
     pub sealed: &'a [u8],
 }
 
@@ -393,8 +393,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     /// The key field of generation 7 of `alias`.
-    fn at(alias: &str) -> Place<'_> {
-        Place {
+    fn at(alias: &str) -> Slot<'_> {
+        Slot {
             alias,
             generation: 7,
             field: Field::Key,
@@ -413,7 +413,7 @@ mod tests {
         let (_d, _p, v) = fresh();
         let pw = v
             .seal(
-                &Place {
+                &Slot {
                     alias: "db",
                     generation: 3,
                     field: Field::Password,
@@ -422,7 +422,7 @@ mod tests {
             )
             .unwrap();
         let rec = SealedRecord {
-            place: Place {
+            place: Slot {
                 alias: "db",
                 generation: 3,
                 field: Field::Password,
@@ -490,7 +490,7 @@ mod tests {
         let (_d, _p, v) = fresh();
         let sealed = v.seal(&at("db"), b"hunter2").unwrap();
         // The alias added again later (a new generation): refused.
-        let later = Place {
+        let later = Slot {
             generation: 8,
             ..at("db")
         };
@@ -500,7 +500,7 @@ mod tests {
         ));
         // Another field of the same row (a key moved into the certificate column): refused.
         for field in [Field::Cert, Field::Password] {
-            let other = Place { field, ..at("db") };
+            let other = Slot { field, ..at("db") };
             assert!(v.open(&other, &sealed).is_err(), "{field:?}");
         }
         assert_eq!(&v.open(&at("db"), &sealed).unwrap()[..], b"hunter2");

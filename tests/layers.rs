@@ -25,7 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("execution", &["exec"]),
     ("workspaces", &["workspace"]),
     ("targets", &["target"]),
-    ("control plane and turns", &["control", "turns"]),
+    ("control plane and turns", &["plane", "turns"]),
     ("agent", &["agent"]),
     ("progress", &["progress"]),
     ("chat", &["chat"]),

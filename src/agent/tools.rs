@@ -1,6 +1,6 @@
 //! The tools the model sees: JSON schemas, argument checking, and dispatch.
 //!
-//! Task tools resolve the section's backend through [`SectionControl::place`] at *each* call and
+//! Task tools resolve the section's backend through [`SshMode::place`] at *each* call and
 //! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached, or a
 //! binding that no longer passes its checks ([`BindingFails`]), fails the call with the reason. The section's working directory per backend is kept in Postgres
 //! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode`,
@@ -94,7 +94,7 @@ pub fn definitions() -> Vec<Tool> {
             }, "required": ["action"], "additionalProperties": false}),
         ),
     ];
-    tools.extend(crate::control::ControlPlane::definitions());
+    tools.extend(crate::plane::ControlPlane::definitions());
     tools
 }
 
@@ -273,8 +273,8 @@ async fn dispatch(
     if tool == "ssh_mode" {
         return ToolOutcome::control(ssh_mode(deps, section, chat_id, &args).await);
     }
-    if crate::control::ControlPlane::owns(tool) {
-        let caller = crate::control::Caller { section, chat_id };
+    if crate::plane::ControlPlane::owns(tool) {
+        let caller = crate::plane::Caller { section, chat_id };
         return ToolOutcome::control(deps.plane.call(tool, caller, &map).await);
     }
     if let Err(e) = check_task_args(tool, &args) {

@@ -10,14 +10,14 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::agent::{Agent, AgentDeps, ChatOut, SectionControl, StepSink};
-use crate::chat::{AdminChannel, ChatControl, Deps};
+use crate::agent::{Agent, AgentDeps, ChatOut, SshMode, StepSink};
+use crate::chat::{AdminChannel, ChatSshMode, Deps};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::exec::Executors;
 use crate::llm::Router;
 use crate::metrics::Metrics;
-use crate::turns::{Runner, RunnerConfig, Scope};
+use crate::turns::{Runner, RunnerConfig, SectionFilter};
 use crate::vault::Vault;
 use crate::workspace::LocalRules;
 
@@ -29,7 +29,7 @@ const RUNNER_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct Front {
     pub out: Arc<dyn ChatOut>,
     pub steps: Arc<dyn StepSink>,
-    pub scope: Scope,
+    pub scope: SectionFilter,
 }
 
 /// The core's handles. Cheap to clone.
@@ -52,14 +52,14 @@ pub struct Core {
 }
 
 impl Core {
-    /// Builds the core on an open, migrated pool. `section_control` replaces chat control as
+    /// Builds the core on an open, migrated pool. `ssh_mode` replaces chat control as
     /// the agent's view of bindings (tests); `None` is the real one.
     pub async fn build(
         config: Config,
         db: PgPool,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
-        section_control: Option<Arc<dyn SectionControl>>,
+        ssh_mode: Option<Arc<dyn SshMode>>,
         front: Front,
         tasks: &TaskTracker,
     ) -> anyhow::Result<Core> {
@@ -76,7 +76,7 @@ impl Core {
         crate::target::reseal_legacy(&db, &vault)
             .await
             .context("re-sealing vault records")?;
-        let plane = Arc::new(crate::control::ControlPlane::new(
+        let plane = Arc::new(crate::plane::ControlPlane::new(
             &config,
             db.clone(),
             vault.clone(),
@@ -90,8 +90,8 @@ impl Core {
         )?);
         exec.log_local_level();
         exec.warn_agent_targets(&db).await;
-        let control = section_control.unwrap_or_else(|| {
-            Arc::new(ChatControl {
+        let control = ssh_mode.unwrap_or_else(|| {
+            Arc::new(ChatSshMode {
                 db: db.clone(),
                 clock: clock.clone(),
                 yolo_ttl: config.chat.yolo_ttl,

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::console::{NoAdminChannel, Session, Terminal};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::turns::Scope;
+use crate::turns::SectionFilter;
 
 /// How long shutdown waits for background tasks.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -71,7 +71,7 @@ async fn session(
         Front {
             out: term.clone(),
             steps: term.clone(),
-            scope: Scope::Only(section.to_string()),
+            scope: SectionFilter::Only(section.to_string()),
         },
         tasks,
     )

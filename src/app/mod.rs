@@ -21,7 +21,7 @@ use crate::inbox::{Inbox, InboxDeps};
 use crate::lark::client::LarkClient;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::turns::Scope;
+use crate::turns::SectionFilter;
 use build::{Core, Front};
 
 /// How long shutdown waits for HTTP requests in flight, then again for background tasks,
@@ -32,14 +32,14 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct Overrides {
     pub clock: Arc<dyn Clock>,
     /// The agent's view of chat control (bindings, `ssh_mode`); `None` = chat control itself.
-    pub section_control: Option<Arc<dyn crate::agent::SectionControl>>,
+    pub ssh_mode: Option<Arc<dyn crate::agent::SshMode>>,
 }
 
 impl Default for Overrides {
     fn default() -> Self {
         Overrides {
             clock: Arc::new(SystemClock),
-            section_control: None,
+            ssh_mode: None,
         }
     }
 }
@@ -143,14 +143,14 @@ impl App {
         let front = Front {
             out: lark.clone(),
             steps: Arc::new(progress.clone()),
-            scope: Scope::Except(crate::console::SECTION_PREFIX.into()),
+            scope: SectionFilter::Except(crate::console::SECTION_PREFIX.into()),
         };
         let core = Core::build(
             config,
             db.clone(),
             overrides.clock.clone(),
             metrics.clone(),
-            overrides.section_control,
+            overrides.ssh_mode,
             front,
             tasks,
         )

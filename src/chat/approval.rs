@@ -2,7 +2,7 @@
 //! target becomes pending, decisions by card click or by `/ssh approve|reject`, and the cards
 //! rewritten afterwards to show who decided and when. Owns `approval_cards` and
 //! `card_decisions`. Who may decide is [`super::authz`]'s call, through
-//! [`control::decide`]. Never: answers a click synchronously with anything but a toast
+//! [`change::decide`]. Never: answers a click synchronously with anything but a toast
 //! (the platform's callback path makes no outbound call).
 
 use std::time::Duration;
@@ -12,8 +12,8 @@ use serde_json::Value;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::authz::{Actor, Refusal};
-use super::control::{self, Decision};
+use super::authz::{Actor, Denial};
+use super::change::{self, Decision};
 use super::dispatch::Deps;
 use super::port::{ApprovalView, CardState};
 use crate::target::{self, Status};
@@ -155,12 +155,12 @@ pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
         fingerprint: None,
     });
     let decided =
-        control::decide(&deps.db, actor, alias, pressed.decision, None, Some(&shown)).await;
+        change::decide(&deps.db, actor, alias, pressed.decision, None, Some(&shown)).await;
     let applied = match decided {
         // Decided: a failure to rewrite the cards is reported, but the click has acted and
         // is not applied again.
         Ok(Ok(_)) => return update_cards(deps, alias).await,
-        Ok(Err(Refusal::Expired(_))) => {
+        Ok(Err(Denial::Expired(_))) => {
             deps.admins
                 .update_approval(&click.message_id, &expired_view(&pressed))
                 .await

@@ -148,7 +148,7 @@ pub enum Permit<'a> {
 
 /// Why not, in words the asker can act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum Denial {
     #[error("There is no target named `{0}`.")]
     UnknownTarget(String),
     #[error("Target `{0}` is waiting for an admin's approval.")]
@@ -183,35 +183,35 @@ pub enum Refusal {
     Expired(String),
 }
 
-impl Refusal {
+impl Denial {
     /// A short word for the audit log.
     pub fn code(&self) -> &'static str {
         match self {
-            Refusal::UnknownTarget(_) => "unknown_target",
-            Refusal::Pending(_) => "pending",
-            Refusal::Disabled(_) => "disabled",
-            Refusal::NotAllowedHere(_) => "not_allowed_here",
-            Refusal::NoGrant(_) => "no_grant",
-            Refusal::StickyHeld { .. } => "sticky",
-            Refusal::NotOwner { .. } => "not_owner",
-            Refusal::GroupAdminsOnly => "group_admins_only",
-            Refusal::UsersOnly => "users_only",
-            Refusal::NotAdmin => "not_admin",
-            Refusal::Expired(_) => "expired",
+            Denial::UnknownTarget(_) => "unknown_target",
+            Denial::Pending(_) => "pending",
+            Denial::Disabled(_) => "disabled",
+            Denial::NotAllowedHere(_) => "not_allowed_here",
+            Denial::NoGrant(_) => "no_grant",
+            Denial::StickyHeld { .. } => "sticky",
+            Denial::NotOwner { .. } => "not_owner",
+            Denial::GroupAdminsOnly => "group_admins_only",
+            Denial::UsersOnly => "users_only",
+            Denial::NotAdmin => "not_admin",
+            Denial::Expired(_) => "expired",
         }
     }
 }
 
 /// The target, when `alias` is usable in this chat at all.
-fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Refusal> {
-    let t = target.ok_or_else(|| Refusal::UnknownTarget(alias.to_string()))?;
+fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Denial> {
+    let t = target.ok_or_else(|| Denial::UnknownTarget(alias.to_string()))?;
     match t.status {
-        Status::Pending => return Err(Refusal::Pending(alias.to_string())),
-        Status::Disabled => return Err(Refusal::Disabled(alias.to_string())),
+        Status::Pending => return Err(Denial::Pending(alias.to_string())),
+        Status::Disabled => return Err(Denial::Disabled(alias.to_string())),
         Status::Approved => {}
     }
     if !t.allowed_here {
-        return Err(Refusal::NotAllowedHere(alias.to_string()));
+        return Err(Denial::NotAllowedHere(alias.to_string()));
     }
     Ok(t)
 }
@@ -219,18 +219,18 @@ fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Refus
 /// Whether the user may bind (or switch, or open to the model) `section`: a thread's owner or
 /// an admin, anyone in a thread nobody owns yet or in a one-to-one chat, only an admin in a
 /// group chat itself. Bound or not makes no difference.
-fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Refusal> {
+fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Denial> {
     match section {
-        Section::Thread { owner: Some(o) } if o != open_id && !admin => Err(Refusal::NotOwner {
+        Section::Thread { owner: Some(o) } if o != open_id && !admin => Err(Denial::NotOwner {
             owner: o.to_string(),
         }),
-        Section::Group if !admin => Err(Refusal::GroupAdminsOnly),
+        Section::Group if !admin => Err(Denial::GroupAdminsOnly),
         _ => Ok(()),
     }
 }
 
 /// Decides whether `actor` may do `act`. The only place such a decision is made.
-pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refusal> {
+pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Denial> {
     match (actor, act) {
         (
             actor,
@@ -264,7 +264,7 @@ pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refus
                             return if b.is_for(t) {
                                 Ok(Permit::AlreadyBound { target: t })
                             } else {
-                                Err(Refusal::StickyHeld {
+                                Err(Denial::StickyHeld {
                                     alias: b.alias.clone(),
                                 })
                             };
@@ -278,7 +278,7 @@ pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refus
                         .iter()
                         .find(|g| g.alias.as_deref() == Some(alias))
                         .or_else(|| grants.iter().find(|g| g.covers(alias)))
-                        .ok_or_else(|| Refusal::NoGrant(alias.to_string()))?;
+                        .ok_or_else(|| Denial::NoGrant(alias.to_string()))?;
                     Ok(Permit::Bind {
                         target: t,
                         kind: Kind::Model,
@@ -293,11 +293,11 @@ pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refus
         }
         (Actor::Model, Act::Release { current: Some(b) }) => match b.kind {
             Kind::Model => Ok(Permit::Release { binding: b }),
-            Kind::Sticky => Err(Refusal::StickyHeld {
+            Kind::Sticky => Err(Denial::StickyHeld {
                 alias: b.alias.clone(),
             }),
         },
-        (Actor::Model, Act::GrantOn { .. } | Act::GrantOff) => Err(Refusal::UsersOnly),
+        (Actor::Model, Act::GrantOn { .. } | Act::GrantOff) => Err(Denial::UsersOnly),
         (
             Actor::User { open_id, admin },
             Act::GrantOn {
@@ -314,7 +314,7 @@ pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Refus
         }
         (Actor::User { .. }, Act::GrantOff) => Ok(Permit::Allowed),
         (Actor::User { admin: true, .. }, Act::Decide) => Ok(Permit::Allowed),
-        (_, Act::Decide) => Err(Refusal::NotAdmin),
+        (_, Act::Decide) => Err(Denial::NotAdmin),
     }
 }
 
@@ -405,19 +405,19 @@ mod tests {
             let g = [grant(1, None)];
             assert_eq!(
                 authorize(who, bind("web", None, None, &g)),
-                Err(Refusal::UnknownTarget("web".into()))
+                Err(Denial::UnknownTarget("web".into()))
             );
             assert_eq!(
                 authorize(who, bind("web", Some(&p), None, &g)),
-                Err(Refusal::Pending("web".into()))
+                Err(Denial::Pending("web".into()))
             );
             assert_eq!(
                 authorize(who, bind("web", Some(&d), None, &g)),
-                Err(Refusal::Disabled("web".into()))
+                Err(Denial::Disabled("web".into()))
             );
             assert_eq!(
                 authorize(who, bind("web", Some(&n), None, &g)),
-                Err(Refusal::NotAllowedHere("web".into()))
+                Err(Denial::NotAllowedHere("web".into()))
             );
         }
     }
@@ -442,7 +442,7 @@ mod tests {
         );
         assert!(matches!(
             authorize(BOB, bind("db", Some(&db), Some(&anns), &[])),
-            Err(Refusal::NotOwner { .. })
+            Err(Denial::NotOwner { .. })
         ));
         assert_eq!(
             authorize(ADMIN, bind("db", Some(&db), Some(&anns), &[])),
@@ -480,7 +480,7 @@ mod tests {
         for current in [None, Some(&model)] {
             assert_eq!(
                 authorize(BOB, bind("db", Some(&db), current, &[])),
-                Err(Refusal::NotOwner {
+                Err(Denial::NotOwner {
                     owner: "ou_ann".into()
                 })
             );
@@ -491,10 +491,7 @@ mod tests {
             );
         }
         // A group chat itself: admins only. A one-to-one chat: its user.
-        for (who, want) in [
-            (BOB, Err(Refusal::GroupAdminsOnly)),
-            (ADMIN, sticky.clone()),
-        ] {
+        for (who, want) in [(BOB, Err(Denial::GroupAdminsOnly)), (ADMIN, sticky.clone())] {
             assert_eq!(
                 authorize(who, in_section("db", Some(&db), Section::Group, None, &[])),
                 want
@@ -512,13 +509,13 @@ mod tests {
         };
         assert_eq!(
             authorize(BOB, grant_on(ANNS)),
-            Err(Refusal::NotOwner {
+            Err(Denial::NotOwner {
                 owner: "ou_ann".into()
             })
         );
         assert_eq!(
             authorize(BOB, grant_on(Section::Group)),
-            Err(Refusal::GroupAdminsOnly)
+            Err(Denial::GroupAdminsOnly)
         );
         assert_eq!(authorize(ANN, grant_on(ANNS)), Ok(Permit::Allowed));
     }
@@ -544,7 +541,7 @@ mod tests {
         let all = [grant(4, None)];
         assert!(matches!(
             authorize(Actor::Model, bind("web", Some(&web), Some(&anns), &all)),
-            Err(Refusal::StickyHeld { .. })
+            Err(Denial::StickyHeld { .. })
         ));
     }
 
@@ -555,7 +552,7 @@ mod tests {
         let m = Actor::Model;
         assert_eq!(
             authorize(m, bind("web", Some(&web), None, &[])),
-            Err(Refusal::NoGrant("web".into()))
+            Err(Denial::NoGrant("web".into()))
         );
         let only_web = [grant(3, Some("web"))];
         assert_eq!(
@@ -568,7 +565,7 @@ mod tests {
         );
         assert_eq!(
             authorize(m, bind("db", Some(&db), None, &only_web)),
-            Err(Refusal::NoGrant("db".into()))
+            Err(Denial::NoGrant("db".into()))
         );
         let all = [grant(4, None)];
         assert_eq!(
@@ -582,7 +579,7 @@ mod tests {
         let sticky = binding("web", Kind::Sticky, "ou_ann");
         assert!(matches!(
             authorize(m, bind("db", Some(&db), Some(&sticky), &all)),
-            Err(Refusal::StickyHeld { .. })
+            Err(Denial::StickyHeld { .. })
         ));
         assert!(matches!(
             authorize(
@@ -591,7 +588,7 @@ mod tests {
                     current: Some(&sticky)
                 }
             ),
-            Err(Refusal::StickyHeld { .. })
+            Err(Denial::StickyHeld { .. })
         ));
         let model = binding("web", Kind::Model, "model");
         assert_eq!(
@@ -612,16 +609,16 @@ mod tests {
                     section: ANNS,
                 }
             ),
-            Err(Refusal::UsersOnly)
+            Err(Denial::UsersOnly)
         );
-        let refusal = Refusal::NoGrant("web".into()).to_string();
+        let refusal = Denial::NoGrant("web".into()).to_string();
         assert!(refusal.contains("/ssh use web") && refusal.contains("/ssh yolo on web"));
     }
 
     #[test]
     fn only_admins_decide() {
         assert_eq!(authorize(ADMIN, Act::Decide), Ok(Permit::Allowed));
-        assert_eq!(authorize(ANN, Act::Decide), Err(Refusal::NotAdmin));
-        assert_eq!(authorize(Actor::Model, Act::Decide), Err(Refusal::NotAdmin));
+        assert_eq!(authorize(ANN, Act::Decide), Err(Denial::NotAdmin));
+        assert_eq!(authorize(Actor::Model, Act::Decide), Err(Denial::NotAdmin));
     }
 }

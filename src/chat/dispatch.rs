@@ -8,9 +8,9 @@ use sqlx::PgPool;
 
 use super::approval;
 use super::authz::Actor;
+use super::change::{self, Conversation, Ctl, Decision};
 use super::command::{self, Command, YoloScope};
-use super::control::{self, Conversation, Ctl, Decision};
-use super::port::{AdminChannel, AgentPort, Incoming, Reply, ThreadError, TurnRequest};
+use super::port::{AdminChannel, AgentPort, AgentRequest, Incoming, Reply, ThreadError};
 use super::{binding, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -51,11 +51,11 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
     // A message in a thread opened by `/ssh use` may arrive before the reply's answer was
     // processed: its root message names the pending binding.
     if let (Some(thread), Some(root)) = (&msg.thread_id, &msg.root_id) {
-        control::complete_pending(&deps.db, deps.clock.now(), thread, root).await?;
+        change::complete_pending(&deps.db, deps.clock.now(), thread, root).await?;
     }
     let cmd = match command::parse(&msg.text) {
         None if for_the_agent(deps, msg).await? => {
-            let req = TurnRequest {
+            let req = AgentRequest {
                 section: msg.section().to_string(),
                 chat_id: msg.chat_id.clone(),
                 message_id: msg.message_id.clone(),
@@ -85,7 +85,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
         }
         Command::Use { alias, .. } => {
             let conv = msg.conversation();
-            match control::bind(deps.ctl(), actor, section, conv, &msg.chat_id, &alias).await? {
+            match change::bind(deps.ctl(), actor, section, conv, &msg.chat_id, &alias).await? {
                 Ok(b) if b.unchanged => format!(
                     "Already on `{}` ({}). Send /ssh local to return to local.",
                     b.alias, b.destination
@@ -106,14 +106,14 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 Err(r) => refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?,
             }
         }
-        Command::Local => match control::release(deps.ctl(), actor, section).await? {
+        Command::Local => match change::release(deps.ctl(), actor, section).await? {
             Ok(Some(b)) => format!("Left `{}`. This thread runs locally again.", b.alias),
             Ok(None) => "This thread already runs locally.".into(),
             Err(r) => r.to_string(),
         },
         Command::Status => {
             let now = deps.clock.now();
-            let r = control::report(&deps.db, section, now).await?;
+            let r = change::report(&deps.db, section, now).await?;
             let mut s = render::status(&r, now);
             if let Err(fails) = binding::resolve_use(&deps.db, section, now).await? {
                 s.push('\n');
@@ -136,14 +136,14 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             }
             s
         }
-        Command::List => render::list(&control::visible(&deps.db, &msg.chat_id).await?),
+        Command::List => render::list(&change::visible(&deps.db, &msg.chat_id).await?),
         Command::YoloOn { scope } => {
             let alias = match &scope {
                 YoloScope::Target(a) => Some(a.as_str()),
                 YoloScope::All => None,
             };
             let conv = msg.conversation();
-            match control::grant_on(deps.ctl(), actor, section, conv, &msg.chat_id, alias).await? {
+            match change::grant_on(deps.ctl(), actor, section, conv, &msg.chat_id, alias).await? {
                 Ok(g) => format!(
                     "The model may now enter {} by itself in this thread, until {}. /ssh yolo off takes it back.",
                     alias
@@ -154,7 +154,7 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
                 Err(r) => refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?,
             }
         }
-        Command::YoloOff => match control::grant_off(deps.ctl(), actor, section).await? {
+        Command::YoloOff => match change::grant_off(deps.ctl(), actor, section).await? {
             Ok(r) => {
                 let mut s = format!(
                     "The model may no longer enter targets by itself here ({} grant{} revoked).",
@@ -170,11 +170,11 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             }
             Err(r) => r.to_string(),
         },
-        Command::MemoryList => crate::control::memory::render_for_user(
-            &crate::control::memory::list(&deps.db, &msg.chat_id).await?,
+        Command::MemoryList => crate::plane::memory::render_for_user(
+            &crate::plane::memory::list(&deps.db, &msg.chat_id).await?,
         ),
         Command::MemoryForget { id } => {
-            match crate::control::memory::remove(&deps.db, &msg.chat_id, section, &msg.sender, id)
+            match crate::plane::memory::remove(&deps.db, &msg.chat_id, section, &msg.sender, id)
                 .await?
             {
                 Ok(()) => format!("Forgot note [{id}]."),
@@ -273,7 +273,7 @@ async fn decide(
     section: Option<&str>,
 ) -> anyhow::Result<String> {
     Ok(
-        match control::decide(&deps.db, actor, alias, decision, section, None).await? {
+        match change::decide(&deps.db, actor, alias, decision, section, None).await? {
             Ok(_) => {
                 approval::update_cards(deps, alias).await?;
                 format!("Target `{alias}` is {}.", decision.word())
@@ -284,7 +284,7 @@ async fn decide(
 }
 
 async fn refusal_with_list(deps: &Deps, chat_id: &str, why: &str) -> anyhow::Result<String> {
-    let targets = control::visible(&deps.db, chat_id).await?;
+    let targets = change::visible(&deps.db, chat_id).await?;
     Ok(format!("{why} {}", render::available(&targets)))
 }
 
@@ -298,7 +298,7 @@ async fn open_bound_thread(
 ) -> anyhow::Result<()> {
     let actor = deps.actor(&msg.sender);
     let facts =
-        match control::check_use(deps.ctl(), actor, msg.section(), &msg.chat_id, alias).await? {
+        match change::check_use(deps.ctl(), actor, msg.section(), &msg.chat_id, alias).await? {
             Ok(f) => f,
             Err(r) => {
                 let text = refusal_with_list(deps, &msg.chat_id, &r.to_string()).await?;
@@ -319,7 +319,7 @@ async fn open_bound_thread(
     );
     match reply.open_thread(&text, "thread").await {
         Ok(Some(thread)) => {
-            control::complete_pending(&deps.db, deps.clock.now(), &thread, &msg.message_id).await?;
+            change::complete_pending(&deps.db, deps.clock.now(), &thread, &msg.message_id).await?;
             Ok(())
         }
         // The first event from the thread (its root_id) completes the binding.

@@ -13,11 +13,11 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `command.rs` | the typed `Command` enum; the `commands!` macro makes the enum, the help table and each usage line from one declaration; NFKC + lower-cased keywords; aliases by `target::valid_alias` (the one alias rule, also a database CHECK, reserved words included) | effects |
-//! | `port.rs` | the domain's edges: `Incoming`, `Reply`, `AdminChannel`, `AgentPort` + `TurnRequest`  | platform types |
+//! | `port.rs` | the domain's edges: `Incoming`, `Reply`, `AdminChannel`, `AgentPort` + `AgentRequest`  | platform types |
 //! | `dispatch.rs` | one message → its effects and answer; `/ssh use` from a parent chat (pending binding keyed by the message id = the thread's `root_id`, with the generation checked; reply opening the thread, then the sticky binding and the thread's owner; 230071 → suggest `--here`); **what starts a turn**: a message that is not a command and is addressed (an @mention of the bot, or a p2p chat) or is in a thread the bot is in | knowing the platform |
 //! | `threads.rs` | `bot_threads`: the threads the bot opened (recorded with the completed pending binding, in its transaction) or answered in (recorded when the dispatcher answers or queues a turn there) | deciding what a message means |
 //! | `authz.rs` | **the one authorisation function** `authorize(actor, act)`: user command, model request, admin decision → permit or a refusal worded for the asker; who may bind a section (`Section`: a thread's owner, a group chat's admins, a one-to-one chat's user) | I/O |
-//! | `control.rs` | the operations (bind, release, grant on/off, decide, report, complete pending): facts + state loaded in one transaction, `authorize`, change, audit row (refusals too) in that transaction | wording answers |
+//! | `change.rs` | the operations (bind, release, grant on/off, decide, report, complete pending): facts + state loaded in one transaction, `authorize`, change, audit row (refusals too) in that transaction | wording answers |
 //! | `binding.rs` | `bindings` (one per section, the primary key; each records its chat and target generation), `pending_bindings` and `section_owners`; `resolve_use(db, section, now)` — the backend at call time, an expired model-made binding released first, and in the same read the check that the target still exists in the bound generation and allows the bound chat (`BindingFails` otherwise) | falling back to local when a target fails or a binding no longer passes |
 //! | `grant.rs` | `grants` (one open grant per section and scope, a unique partial index); expiry closes them lazily with audit rows | deciding who may grant |
 //! | `approval.rs` | approval cards to each admin for pending targets (a notifier loop, one card per target generation and admin), clicks applied once per (message, operator, value) and only to what the card showed (pending, its generation, its host key), cards PATCHed with the decision or as expired | answering a click with more than a toast |
@@ -59,19 +59,19 @@
 pub mod approval;
 pub mod authz;
 pub mod binding;
+pub mod change;
 pub mod command;
-pub mod control;
 pub mod dispatch;
 pub mod grant;
 pub mod model_api;
 pub mod port;
 pub mod render;
-pub mod section_control;
+pub mod ssh_mode;
 pub mod threads;
 
 pub use crate::agent::{NO_MODEL, NOTHING_RUNNING};
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AdminChannel, AgentPort, ApprovalView, CardState, Incoming, Reply, ThreadError, TurnRequest,
+    AdminChannel, AgentPort, AgentRequest, ApprovalView, CardState, Incoming, Reply, ThreadError,
 };
-pub use section_control::ChatControl;
+pub use ssh_mode::ChatSshMode;

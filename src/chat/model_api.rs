@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::authz::Actor;
-use super::control::{self, Ctl};
+use super::change::{self, Ctl};
 use super::render;
 
 /// Where the model asks from.
@@ -19,13 +19,13 @@ pub struct Here<'a> {
 
 /// `status`: the section's backend and live grants.
 pub async fn status(db: &PgPool, now: DateTime<Utc>, here: Here<'_>) -> anyhow::Result<String> {
-    let r = control::report(db, here.section, now).await?;
+    let r = change::report(db, here.section, now).await?;
     Ok(render::status(&r, now))
 }
 
 /// `list_targets`: the targets this chat may use.
 pub async fn list_targets(db: &PgPool, here: Here<'_>) -> anyhow::Result<String> {
-    let targets = control::visible(db, here.chat_id).await?;
+    let targets = change::visible(db, here.chat_id).await?;
     Ok(render::list(&targets))
 }
 
@@ -47,9 +47,9 @@ pub async fn request_use(
     let ctl = Ctl { db, now, yolo_ttl };
     // Who may bind by the kind of section is a user's question; the model's binds rest on
     // grants, which only who may bind the section can give.
-    let conv = control::Conversation::Thread;
+    let conv = change::Conversation::Thread;
     Ok(
-        match control::bind(ctl, Actor::Model, here.section, conv, here.chat_id, alias).await? {
+        match change::bind(ctl, Actor::Model, here.section, conv, here.chat_id, alias).await? {
             Ok(b) if b.unchanged => format!(
                 "This thread already runs on `{}` ({}).",
                 b.alias, b.destination
@@ -75,7 +75,7 @@ pub async fn request_local(
         yolo_ttl: std::time::Duration::from_secs(1),
     };
     Ok(
-        match control::release(ctl, Actor::Model, here.section).await? {
+        match change::release(ctl, Actor::Model, here.section).await? {
             Ok(Some(b)) => format!("Left `{}`; this thread runs locally again.", b.alias),
             Ok(None) => "This thread already runs locally.".to_string(),
             Err(r) => r.to_string(),

@@ -32,8 +32,8 @@ impl Incoming {
     }
 
     /// What kind of conversation the section is, for who may bind it.
-    pub fn conversation(&self) -> super::control::Conversation {
-        use super::control::Conversation;
+    pub fn conversation(&self) -> super::change::Conversation {
+        use super::change::Conversation;
         match (&self.thread_id, self.direct) {
             (Some(_), _) => Conversation::Thread,
             (None, true) => Conversation::Direct,
@@ -109,7 +109,7 @@ pub trait AdminChannel: Send + Sync {
 
 /// A request for the agent, made from one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TurnRequest {
+pub struct AgentRequest {
     pub section: String,
     pub chat_id: String,
     pub message_id: String,
@@ -119,12 +119,12 @@ pub struct TurnRequest {
 }
 
 /// The agent, as the dispatcher reaches it: enqueue a turn, stop the running one
-/// ([`crate::agent::Agent`] implements it, in [`super::section_control`]).
+/// ([`crate::agent::Agent`] implements it, in [`super::ssh_mode`]).
 #[async_trait]
 pub trait AgentPort: Send + Sync {
     /// Queues a turn for the message (idempotent on its message id). `Some(text)` is an answer
     /// to send at once (e.g. no model configured); `None` when the agent answers later itself.
-    async fn enqueue(&self, req: &TurnRequest) -> anyhow::Result<Option<String>>;
+    async fn enqueue(&self, req: &AgentRequest) -> anyhow::Result<Option<String>>;
     /// Cancels the section's running turn; returns what to tell the user.
     async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String>;
     /// One line on running and queued turns for `/ssh status`, if there is anything to say.

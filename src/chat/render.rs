@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::authz::Kind;
-use super::control::Report;
+use super::change::Report;
 use crate::target::{Status, Target};
 
 fn when(t: DateTime<Utc>) -> String {

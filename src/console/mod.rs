@@ -15,7 +15,7 @@
 //! # In detail
 //!
 //! `sshmode chat` is a second front-end on the same core. It builds only what a section needs —
-//! store, model router, vault, executors, the agent with `ChatControl`, and a turn runner spawned
+//! store, model router, vault, executors, the agent with `ChatSshMode`, and a turn runner spawned
 //! in-process — and no HTTP listener, inbox or Lark client, so it needs no Lark settings. Each
 //! input line becomes an `Incoming` for the section `console:NAME` (used as chat id and thread id,
 //! so the section behaves like a thread and `/ssh use` binds in place) and goes through
@@ -29,7 +29,7 @@
 //!
 //! Because turns are rows in Postgres, a console section is resumable (`--section NAME`): an
 //! interrupted turn resumes when the section is opened again. Runners are scoped
-//! (`turns::Scope`): the console's claims only its own section, and the service's
+//! (`turns::SectionFilter`): the console's claims only its own section, and the service's
 //! (`app::App`) every section except `console:*`, whose answers only a console can print — so a
 //! console and `serve` may share one database.
 

@@ -133,7 +133,7 @@
 //! `Opaque` as `ask`, is the step left (first the walk must expand words with `shell::expand`:
 //! `X=ls; $X` is opaque to it, and its bounds must stay refusals). Each policy decides only its own question. A permission refusal is never softened to
 //! `ask`, so strictness only grows from `full` to `read-write` to `read` (a property test checks
-//! it). `ask` is refused until approvals in chat exist (`Refusal::verdict`, audited).
+//! it). `ask` is refused until approvals in chat exist (`Objection::verdict`, audited).
 //! `workspace::verdict` puts the two together; `sshmode guard check` (`workspace::cli`) prints it.
 //!
 //! **The guard** (`exec::guard`) is defence in depth, not the security boundary: what keeps a
@@ -193,7 +193,7 @@
 //! master key in `SSHMODE_MASTER_KEY_FILE` (created `0600` with `create_new`; a key file readable
 //! by group or others, or of the wrong length, is refused, never overwritten). A record is
 //! `version || nonce || ciphertext+tag` with a fresh random nonce. Its associated data is the
-//! record's place, `vault::Place`: the target's alias, the row's `generation` (a new one per
+//! record's place, `vault::Slot`: the target's alias, the row's `generation` (a new one per
 //! `add`, taken from the sequence before sealing) and the field (`key`, `cert`, `password`). So a
 //! record copied onto another target's row, kept from a removed target and put on a re-added
 //! alias, or moved into another field of its own row fails to open; `connect` also reads the
@@ -293,7 +293,7 @@ pub struct FileBytes {
 pub enum ExecError {
     /// The command guard refused the command; the message says why and what to do instead.
     #[error("{0}")]
-    Refused(guard::Refusal),
+    Refused(guard::Objection),
     /// The target cannot be used now (unknown, not approved, unreachable, authentication).
     #[error("target `{alias}` is unavailable: {reason}")]
     Unavailable { alias: String, reason: String },

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::chat::approval::button_value;
-use crate::chat::control::Decision;
+use crate::chat::change::Decision;
 use crate::chat::{ApprovalView, CardState};
 
 /// The approval card for a target: pending (with Approve and Reject buttons, whose values

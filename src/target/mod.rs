@@ -27,7 +27,7 @@ pub use crate::exec::ssh::registry::{
     AuthKind, Endpoint, HostKeyVerdict, MAX_HOPS, RegistryError, SealedSecrets, Status,
     TargetRegistry, Trust,
 };
-use crate::vault::{Field, Place, Vault};
+use crate::vault::{Field, Slot, Vault};
 
 /// Host-key policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -358,7 +358,7 @@ pub async fn add(
             .fetch_one(&mut *tx)
             .await?;
     let seal = |field: Field, data: &[u8]| {
-        let place = Place {
+        let place = Slot {
             alias: &new.alias,
             generation,
             field,
@@ -921,7 +921,7 @@ pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool
         .flat_map(|(alias, generation, sealed)| {
             sealed.iter().zip(fields).filter_map(move |(s, field)| {
                 s.as_deref().map(|sealed| crate::vault::SealedRecord {
-                    place: crate::vault::Place {
+                    place: crate::vault::Slot {
                         alias,
                         generation: *generation,
                         field,
@@ -962,7 +962,7 @@ pub async fn reseal_legacy(db: &PgPool, vault: &Vault) -> Result<usize, TargetEr
                 return Ok(None);
             };
             let plain = vault.open_legacy(&alias, &old).map_err(|_| ())?;
-            let place = Place {
+            let place = Slot {
                 alias: &alias,
                 generation,
                 field,

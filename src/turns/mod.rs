@@ -45,7 +45,7 @@ pub struct TurnRequest {
 /// Which sections a [`Runner`] claims. Front-ends whose answers only they can deliver (the
 /// terminal console) run their own runner for their sections, and the others leave them alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
+pub enum SectionFilter {
     All,
     /// Exactly this section.
     Only(String),

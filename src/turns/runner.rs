@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::store::{self, Fence, Fenced, Lease};
-use super::{ActiveTurn, CancelReason, Scope, TurnWork};
+use super::{ActiveTurn, CancelReason, SectionFilter, TurnWork};
 
 /// How often a running turn's lease is renewed and its stop flag read.
 const BEAT: Duration = Duration::from_millis(500);
@@ -43,7 +43,7 @@ pub struct Runner {
     config: RunnerConfig,
     work: Arc<dyn TurnWork>,
     /// The sections this runner claims.
-    scope: Scope,
+    scope: SectionFilter,
     /// Cancelled to make the runner vanish the way a killed process does: turns are dropped
     /// mid-step, nothing more is written, leases are left to expire. Tests use it to stand in
     /// for `kill -9`.
@@ -63,7 +63,7 @@ enum Driven {
 
 impl Runner {
     pub fn new(db: PgPool, config: RunnerConfig, work: Arc<dyn TurnWork>) -> Arc<Runner> {
-        Self::scoped(db, config, work, Scope::All)
+        Self::scoped(db, config, work, SectionFilter::All)
     }
 
     /// A runner that claims only the sections `scope` covers.
@@ -71,7 +71,7 @@ impl Runner {
         db: PgPool,
         config: RunnerConfig,
         work: Arc<dyn TurnWork>,
-        scope: Scope,
+        scope: SectionFilter,
     ) -> Arc<Runner> {
         Arc::new(Runner {
             id: format!("runner-{}", uuid::Uuid::new_v4().simple()),

@@ -127,12 +127,12 @@ pub(super) async fn claim(
     db: &PgPool,
     holder: &str,
     lease: Duration,
-    scope: &super::Scope,
+    scope: &super::SectionFilter,
 ) -> sqlx::Result<Option<Lease>> {
     let (only, except) = match scope {
-        super::Scope::All => (None, None),
-        super::Scope::Only(s) => (Some(s.as_str()), None),
-        super::Scope::Except(prefix) => (None, Some(prefix.as_str())),
+        super::SectionFilter::All => (None, None),
+        super::SectionFilter::Only(s) => (Some(s.as_str()), None),
+        super::SectionFilter::Except(prefix) => (None, Some(prefix.as_str())),
     };
     let row = sqlx::query(
         "UPDATE turn_sections s

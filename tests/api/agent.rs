@@ -1,7 +1,7 @@
 //! The agent end to end, below chat control: turn requests go in through `Agent::accept` (as the
 //! chat dispatcher will hand them over), the scripted fake model asks for tools, the tools act on
 //! the section's backend — local, or the real sshd — and the answer and reactions land on the
-//! fake Lark. Sections are bound by a test `SectionControl` the test moves at will.
+//! fake Lark. Sections are bound by a test `SshMode` the test moves at will.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Cursor;
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sshmode::agent::{SectionControl, SshModeAction};
+use sshmode::agent::{SshMode, SshModeAction};
 use sshmode::exec::Place;
 use sshmode::target::cli::{AddArgs, HostKeyPolicyArg, TargetCmd, run_with};
 use sshmode::turns::TurnRequest;
@@ -47,7 +47,7 @@ impl Control {
 }
 
 #[async_trait]
-impl SectionControl for Control {
+impl SshMode for Control {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
         Ok(self
             .places
@@ -236,7 +236,7 @@ pub(crate) fn builder(
         .var("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3")
         // These tests are about the agent; the progress card has its own (tests/api/progress.rs).
         .var("SSHMODE_PROGRESS", "false")
-        .section_control(control.clone())
+        .ssh_mode(control.clone())
 }
 
 async fn env(vars: &[(&str, &str)]) -> Env {

@@ -59,7 +59,7 @@ pub struct TestAppBuilder {
     vars: HashMap<String, String>,
     clock: Arc<dyn Clock>,
     db_url: Option<String>,
-    section_control: Option<Arc<dyn sshmode::agent::SectionControl>>,
+    ssh_mode: Option<Arc<dyn sshmode::agent::SshMode>>,
 }
 
 impl TestApp {
@@ -78,7 +78,7 @@ impl TestApp {
             vars,
             clock: Arc::new(SystemClock),
             db_url: None,
-            section_control: None,
+            ssh_mode: None,
         }
     }
 
@@ -122,8 +122,8 @@ impl TestAppBuilder {
     }
 
     /// The agent's view of chat control (bindings, `ssh_mode`).
-    pub fn section_control(mut self, c: Arc<dyn sshmode::agent::SectionControl>) -> Self {
-        self.section_control = Some(c);
+    pub fn ssh_mode(mut self, c: Arc<dyn sshmode::agent::SshMode>) -> Self {
+        self.ssh_mode = Some(c);
         self
     }
 
@@ -154,7 +154,7 @@ impl TestAppBuilder {
             shutdown.clone(),
             Overrides {
                 clock: self.clock,
-                section_control: self.section_control,
+                ssh_mode: self.ssh_mode,
             },
         )
         .await

@@ -8,7 +8,7 @@
 //! It judges one normalised simple command at a time and never refuses: what is catastrophic
 //! is `rules`'.
 
-use super::Refusal;
+use super::Objection;
 use super::rules::shown;
 use crate::shell::expand::{Env, Field};
 use crate::shell::{basename, spec};
@@ -98,7 +98,7 @@ pub(super) fn risky_rules(
     env: &Env,
     workspace: Option<&str>,
     piped: bool,
-) -> Option<Refusal> {
+) -> Option<Objection> {
     let name = basename(args.first()?.val()?);
     let cmd = shown(args, 160);
     let rest = &args[1..];
@@ -112,7 +112,7 @@ pub(super) fn risky_rules(
     {
         return Some(r);
     }
-    let ask = |rule: &str, why: String| Some(Refusal::ask(rule, format!("`{cmd}` {why}")));
+    let ask = |rule: &str, why: String| Some(Objection::ask(rule, format!("`{cmd}` {why}")));
     if PARTITIONERS.contains(&name) && !has(PARTITION_LISTING) {
         return ask("partitions", "changes a disk's partitions".into());
     }
@@ -176,7 +176,7 @@ fn delete_outside(
     env: &Env,
     workspace: Option<&str>,
     cmd: &str,
-) -> Option<Refusal> {
+) -> Option<Objection> {
     let workspace = workspace?;
     if name != "rm" {
         return None;
@@ -207,7 +207,7 @@ fn delete_outside(
             .filter(|p| inside(&workspace, p));
         if place.is_none() {
             let shown = f.val().unwrap_or(&f.display);
-            return Some(Refusal::ask(
+            return Some(Objection::ask(
                 "delete-outside",
                 format!(
                     "`{cmd}` deletes `{shown}` recursively, outside the workspace {workspace} \
@@ -276,7 +276,7 @@ fn interpreter(
     rest: &[Field],
     piped: bool,
     cmd: &str,
-) -> Option<Refusal> {
+) -> Option<Objection> {
     let mut code: Option<&Field> = None;
     let mut operand = false;
     let mut i = 0;
@@ -314,7 +314,7 @@ fn interpreter(
     if let Some(code) = code {
         let text = code.text().to_ascii_lowercase();
         let word = CODE_THAT_ACTS.iter().find(|w| mentions(&text, w))?;
-        return Some(Refusal::ask(
+        return Some(Objection::ask(
             "inline-code",
             format!(
                 "`{cmd}` runs inline {name} code that may delete files or run programs \
@@ -323,7 +323,7 @@ fn interpreter(
         ));
     }
     if piped && !operand {
-        return Some(Refusal::ask(
+        return Some(Objection::ask(
             "pipe-to-interpreter",
             format!(
                 "`{cmd}` runs text piped into {name} (fetched or decoded when it runs), so \

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::ask::risky_rules;
 use super::rules::{builtin_rules, shown, write_target};
-use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Refusal, abbreviate, too_deep};
+use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Objection, abbreviate, too_deep};
 use crate::shell::basename;
 use crate::shell::expand::{
     Bound, Env, Expander, Field, MAX_BRACE, MAX_LOOP_VALUES, MAX_TEXT, echo_output,
@@ -32,7 +32,7 @@ pub(super) struct Checker<'g> {
     workspace: Option<&'g str>,
     /// The first reason found to ask a person; the walk goes on, since a refusal later in
     /// the command outweighs it.
-    ask: Option<Refusal>,
+    ask: Option<Objection>,
     /// Whether the simple command being judged reads the output of a pipe.
     in_pipe: bool,
     /// The name of every program judged, each wrapper level included (for the test that the
@@ -59,30 +59,35 @@ impl<'g> Checker<'g> {
     }
 
     /// The first reason to ask found by the walk.
-    pub(super) fn into_ask(self) -> Option<Refusal> {
+    pub(super) fn into_ask(self) -> Option<Objection> {
         self.ask
     }
 
-    fn note_ask(&mut self, r: Refusal) {
+    fn note_ask(&mut self, r: Objection) {
         self.ask.get_or_insert(r);
     }
 
     /// Charges `n` units of work; refuses once the text budget or the CPU budget is spent.
-    pub(super) fn spend(&mut self, n: usize) -> Result<(), Refusal> {
+    pub(super) fn spend(&mut self, n: usize) -> Result<(), Objection> {
         self.expander.spend(n).map_err(bound)
     }
 
     /// A word's arguments ([`Expander::expand`]).
-    fn expand(&mut self, w: &Word, env: &Env) -> Result<Vec<Field>, Refusal> {
+    fn expand(&mut self, w: &Word, env: &Env) -> Result<Vec<Field>, Objection> {
         self.expander.expand(w, env).map_err(bound)
     }
 
     /// A word as one argument, unsplit ([`Expander::expand_joined`]).
-    fn expand_joined(&mut self, parts: &[Part], env: &Env) -> Result<Field, Refusal> {
+    fn expand_joined(&mut self, parts: &[Part], env: &Env) -> Result<Field, Objection> {
         self.expander.expand_joined(parts, env).map_err(bound)
     }
 
-    pub(super) fn script(&mut self, src: &str, env: &mut Env, depth: usize) -> Result<(), Refusal> {
+    pub(super) fn script(
+        &mut self,
+        src: &str,
+        env: &mut Env,
+        depth: usize,
+    ) -> Result<(), Objection> {
         if depth > MAX_DEPTH {
             return Err(too_deep());
         }
@@ -95,12 +100,12 @@ impl<'g> Checker<'g> {
         judged
     }
 
-    fn tokens(&mut self, toks: &[Tok], env: &mut Env, depth: usize) -> Result<(), Refusal> {
+    fn tokens(&mut self, toks: &[Tok], env: &mut Env, depth: usize) -> Result<(), Objection> {
         if depth > MAX_DEPTH {
             return Err(too_deep());
         }
         if let Some(name) = fork_bomb(toks, &mut |n| self.spend(n))? {
-            return Err(Refusal::new(
+            return Err(Objection::new(
                 "fork-bomb",
                 format!(
                     "refused: the function `{name}` starts copies of itself in a pipe or in the \
@@ -145,7 +150,7 @@ impl<'g> Checker<'g> {
     }
 
     /// Substitutions inside `parts` run before their command: check them first.
-    fn nested(&mut self, parts: &[Part], env: &Env, depth: usize) -> Result<(), Refusal> {
+    fn nested(&mut self, parts: &[Part], env: &Env, depth: usize) -> Result<(), Objection> {
         for p in parts {
             match p {
                 Part::Subst { toks, .. } => self.tokens(toks, &mut env.clone(), depth + 1)?,
@@ -165,7 +170,7 @@ impl<'g> Checker<'g> {
         env: &mut Env,
         depth: usize,
         mut stdin: Option<String>,
-    ) -> Result<Option<String>, Refusal> {
+    ) -> Result<Option<String>, Objection> {
         // Each judgement costs something, so repeated ones (loops, defaults) stay bounded.
         self.spend(64 + words.len() + redirs.len())?;
         // A `for` variable with known values: judge the command once per value, then once
@@ -316,7 +321,7 @@ impl<'g> Checker<'g> {
         parts: &[Part],
         append: bool,
         env: &mut Env,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Objection> {
         let f = self.expand_joined(parts, env)?;
         let value = if append {
             let before = match env.vars.get(&name) {
@@ -333,7 +338,7 @@ impl<'g> Checker<'g> {
     }
 
     /// `export X=…`, `unset X`, `read X`, `alias x='…'`: keep the variable table honest.
-    fn declarations(&mut self, rest: &[&Word], env: &mut Env) -> Result<(), Refusal> {
+    fn declarations(&mut self, rest: &[&Word], env: &mut Env) -> Result<(), Objection> {
         let Some(first) = rest[0].bare() else {
             return Ok(());
         };
@@ -372,7 +377,7 @@ impl<'g> Checker<'g> {
         env: &mut Env,
         depth: usize,
         mut stdin: Option<String>,
-    ) -> Result<Option<String>, Refusal> {
+    ) -> Result<Option<String>, Objection> {
         let mut unwrapped = 0usize;
         let original = shown(&args, 160);
         loop {
@@ -380,7 +385,7 @@ impl<'g> Checker<'g> {
                 return Ok(None);
             };
             if unwrapped > MAX_WRAPPERS {
-                return Err(Refusal::new(
+                return Err(Objection::new(
                     "too-complex",
                     format!(
                         "refused: `{original}` stacks more than {MAX_WRAPPERS} wrapper commands, \
@@ -548,7 +553,7 @@ impl<'g> Checker<'g> {
         rest: &[Field],
         env: &Env,
         depth: usize,
-    ) -> Result<Option<Vec<Field>>, Refusal> {
+    ) -> Result<Option<Vec<Field>>, Objection> {
         let mut scripts: Vec<String> = Vec::new();
         let mut i = 0;
         // Options may come before and between the operands (`flock FILE -c SCRIPT`).
@@ -643,7 +648,7 @@ impl<'g> Checker<'g> {
         args: &[Field],
         env: &Env,
         depth: usize,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Objection> {
         let words: Vec<ShellWord> = args[1..]
             .iter()
             .map(|f| ShellWord {
@@ -660,7 +665,7 @@ impl<'g> Checker<'g> {
             Ok(s) => s,
             Err(why) => {
                 let cmd = shown(args, 80);
-                self.note_ask(Refusal::ask("opaque", format!("in `{cmd}`, {why}")));
+                self.note_ask(Objection::ask("opaque", format!("in `{cmd}`, {why}")));
                 return Ok(());
             }
         };
@@ -686,7 +691,7 @@ impl<'g> Checker<'g> {
         env: &Env,
         depth: usize,
         stdin: Option<String>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Objection> {
         let mut i = 0;
         let mut has_c = false;
         while let Some(v) = rest.get(i).and_then(Field::val) {
@@ -728,7 +733,7 @@ impl<'g> Checker<'g> {
         } else {
             match stdin {
                 Some(input) => self.script(&input, &mut env.clone(), depth + 1)?,
-                None if self.in_pipe => self.note_ask(Refusal::ask(
+                None if self.in_pipe => self.note_ask(Objection::ask(
                     "pipe-to-shell",
                     "it pipes text known only when it runs (fetched or decoded) into a shell, \
                      so nobody can see what it will do"
@@ -742,7 +747,7 @@ impl<'g> Checker<'g> {
 
     /// `find START… -exec CMD {} \;` runs CMD; `-delete` deletes recursively. When nothing
     /// filters the walk, `{}` is first the start path itself, so judge CMD on that.
-    fn find(&mut self, args: &[Field], env: &mut Env, depth: usize) -> Result<(), Refusal> {
+    fn find(&mut self, args: &[Field], env: &mut Env, depth: usize) -> Result<(), Objection> {
         if depth + 1 > MAX_DEPTH {
             return Err(too_deep());
         }
@@ -823,7 +828,7 @@ impl<'g> Checker<'g> {
         if delete && unfiltered {
             let mut rm = vec![Field::lit("rm"), Field::lit("-r")];
             rm.extend(starts.iter().map(|f| (*f).clone()));
-            builtin_rules(&rm, env).map_err(|r| Refusal {
+            builtin_rules(&rm, env).map_err(|r| Objection {
                 message: r.message.replace(&shown(&rm, 160), &shown(args, 160)),
                 ..r
             })?;
@@ -850,7 +855,7 @@ impl<'g> Checker<'g> {
         if deletes && (widened || !narrowed) {
             for s in &starts {
                 if let Some(what) = super::rules::danger(&env.resolve(s.judged()), false) {
-                    return Err(Refusal::new(
+                    return Err(Objection::new(
                         "find-delete",
                         format!(
                             "refused: `{}` would delete files throughout {what}; narrow it \
@@ -871,7 +876,7 @@ impl<'g> Checker<'g> {
         env: &mut Env,
         depth: usize,
         stdin: Option<String>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Objection> {
         if depth + 1 > MAX_DEPTH {
             return Err(too_deep());
         }
@@ -884,7 +889,7 @@ impl<'g> Checker<'g> {
             let mut probe = args.to_vec();
             probe[0] = Field::lit(candidate);
             self.command(probe, &mut env.clone(), depth + 1, stdin.clone())
-                .map_err(|r| Refusal {
+                .map_err(|r| Objection {
                     message: format!(
                         "{} (the command name `{}` is a pattern that can match `{candidate}`; \
                          write the name literally)",
@@ -898,12 +903,12 @@ impl<'g> Checker<'g> {
 
     /// The command name is unknown until run time. Refuse when its arguments would be
     /// destructive for one of the commands the rules know.
-    fn unresolved(&self, args: &[Field], env: &Env) -> Result<(), Refusal> {
+    fn unresolved(&self, args: &[Field], env: &Env) -> Result<(), Objection> {
         for candidate in ["rm", "chmod", "chown", "chgrp", "dd"] {
             let mut probe = args.to_vec();
             probe[0] = Field::lit(candidate);
             if builtin_rules(&probe, env).is_err() {
-                return Err(Refusal::new(
+                return Err(Objection::new(
                     "unresolved-command",
                     format!(
                         "refused: the command name `{}` cannot be known before it runs, and \
@@ -918,10 +923,10 @@ impl<'g> Checker<'g> {
         Ok(())
     }
 
-    fn operator_rules(&self, text: &str) -> Result<(), Refusal> {
+    fn operator_rules(&self, text: &str) -> Result<(), Objection> {
         for rule in self.guard.extra.iter() {
             if rule.regex.is_match(text) {
-                return Err(Refusal::new(
+                return Err(Objection::new(
                     "operator",
                     format!(
                         "refused: `{}` matches the operator's guard rule `{}`, so it is not \
@@ -1191,15 +1196,15 @@ const KNOWN_NAMES: &[&str] = &[
 ];
 
 /// The refusal for a bound of the expansion: past it the command is not judged in part.
-fn bound(b: Bound) -> Refusal {
+fn bound(b: Bound) -> Objection {
     match b {
-        Bound::Text => Refusal::new(
+        Bound::Text => Objection::new(
             "too-complex",
             "refused: the command expands to more text than the guard will examine; \
              simplify it or put it in a script file"
                 .into(),
         ),
-        Bound::Cpu(limit) => Refusal::new(
+        Bound::Cpu(limit) => Objection::new(
             "too-complex",
             format!(
                 "refused: checking the command took more than the guard's {} ms of CPU \
@@ -1207,14 +1212,14 @@ fn bound(b: Bound) -> Refusal {
                 limit.as_millis()
             ),
         ),
-        Bound::Braces { word } => Refusal::new(
+        Bound::Braces { word } => Objection::new(
             "too-complex",
             format!(
                 "refused: brace expansion in `{word}` produces more than {MAX_BRACE} \
                  words, more than the guard will examine; list the paths explicitly"
             ),
         ),
-        Bound::UnknownIfs { value } => Refusal::new(
+        Bound::UnknownIfs { value } => Objection::new(
             "unknown-ifs",
             format!(
                 "refused: IFS is set to something known only when the command runs, so \
@@ -1226,8 +1231,8 @@ fn bound(b: Bound) -> Refusal {
 }
 
 /// A script file named by something known only when it runs (`bash <(curl …)`).
-fn opaque_script(script: &Field) -> Refusal {
-    Refusal::ask(
+fn opaque_script(script: &Field) -> Objection {
+    Objection::ask(
         "opaque-script",
         format!(
             "it runs the script `{}`, which exists or is named only when the command runs, so \
@@ -1240,8 +1245,8 @@ fn opaque_script(script: &Field) -> Refusal {
 /// Fork bomb: a function that calls itself in a pipeline or in the background.
 fn fork_bomb(
     toks: &[Tok],
-    spend: &mut impl FnMut(usize) -> Result<(), Refusal>,
-) -> Result<Option<String>, Refusal> {
+    spend: &mut impl FnMut(usize) -> Result<(), Objection>,
+) -> Result<Option<String>, Objection> {
     for i in 0..toks.len() {
         let word = |k: usize| match toks.get(k) {
             Some(Tok::Word(w)) => Some(w),

@@ -78,7 +78,7 @@ pub struct Context<'a> {
 /// for the model that asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub struct Refusal {
+pub struct Objection {
     /// Stable rule id (`recursive-delete`, `device-write`, `operator`, …) for metrics and logs.
     pub rule: String,
     /// [`Verdict::Refuse`] or [`Verdict::Ask`]; never [`Verdict::Allow`].
@@ -89,9 +89,9 @@ pub struct Refusal {
     pub message: String,
 }
 
-impl Refusal {
-    pub(super) fn new(rule: &str, message: String) -> Refusal {
-        Refusal {
+impl Objection {
+    pub(super) fn new(rule: &str, message: String) -> Objection {
+        Objection {
             rule: rule.to_owned(),
             verdict: Verdict::Refuse,
             reason: message.clone(),
@@ -101,8 +101,8 @@ impl Refusal {
 
     /// A command a person should decide on. Until approvals exist it is refused, with a
     /// message naming the reason.
-    pub(super) fn ask(rule: &str, reason: String) -> Refusal {
-        Refusal {
+    pub(super) fn ask(rule: &str, reason: String) -> Objection {
+        Objection {
             rule: rule.to_owned(),
             verdict: Verdict::Ask,
             message: format!(
@@ -119,7 +119,7 @@ impl Refusal {
 pub struct Assessment {
     pub verdict: Verdict,
     /// Present unless the verdict is `allow`.
-    pub refusal: Option<Refusal>,
+    pub refusal: Option<Objection>,
 }
 
 /// Problems building a guard from operator configuration.
@@ -209,13 +209,13 @@ impl Guard {
 
     /// Checks one command line as a shell would run it, knowing nothing of where it runs.
     /// `Err` says what was refused and why.
-    pub fn check(&self, command: &str) -> Result<(), Refusal> {
+    pub fn check(&self, command: &str) -> Result<(), Objection> {
         self.check_in(command, &Context::default())
     }
 
     /// Checks one command line as a shell would run it in `context`: starting in its
     /// working directory, with its home directory and variables.
-    pub fn check_in(&self, command: &str, context: &Context<'_>) -> Result<(), Refusal> {
+    pub fn check_in(&self, command: &str, context: &Context<'_>) -> Result<(), Objection> {
         self.check_with(command, context, CPU_BUDGET)
     }
 
@@ -240,7 +240,7 @@ impl Guard {
         command: &str,
         context: &Context<'_>,
         cpu: Duration,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Objection> {
         match self.assess_with(command, context, cpu)? {
             Some(ask) => Err(ask),
             None => Ok(()),
@@ -253,9 +253,9 @@ impl Guard {
         command: &str,
         context: &Context<'_>,
         cpu: Duration,
-    ) -> Result<Option<Refusal>, Refusal> {
+    ) -> Result<Option<Objection>, Objection> {
         if command.len() > MAX_INPUT {
-            return Err(Refusal::new(
+            return Err(Objection::new(
                 "too-long",
                 format!(
                     "refused: the command is {} bytes, over the guard's limit of {MAX_INPUT}; \
@@ -301,8 +301,8 @@ impl Guard {
     }
 }
 
-fn too_deep() -> Refusal {
-    Refusal::new(
+fn too_deep() -> Objection {
+    Objection::new(
         "too-deep",
         format!(
             "refused: the command nests shells, eval, substitutions or arithmetic more than \

@@ -7,7 +7,7 @@
 //! `..` is resolved and against globs (`/u*/b*`). An argument whose value is unknown is
 //! judged as if its unknown parts were empty. Rules never expand, parse or run anything.
 
-use super::{Refusal, abbreviate};
+use super::{Objection, abbreviate};
 use crate::shell::expand::{Env, Field};
 
 /// Top-level directories whose recursive deletion or re-permissioning breaks the system.
@@ -71,8 +71,8 @@ pub(super) fn shown(args: &[Field], max: usize) -> String {
     abbreviate(&words.join(" "), max)
 }
 
-pub(super) fn device_write(cmd: &str, dev: &str) -> Refusal {
-    Refusal::new(
+pub(super) fn device_write(cmd: &str, dev: &str) -> Objection {
+    Objection::new(
         "device-write",
         format!(
             "refused: `{}` would write onto the device {dev}, destroying what is on it; write \
@@ -88,12 +88,12 @@ pub(super) fn write_target(
     path: &str,
     append: bool,
     cmd: &dyn Fn() -> String,
-) -> Result<(), Refusal> {
+) -> Result<(), Objection> {
     if let Some(dev) = block_device(path) {
         return Err(device_write(&cmd(), &dev));
     }
     if normalize(path).as_deref() == Some(&["proc", "sysrq-trigger"][..]) {
-        return Err(Refusal::new(
+        return Err(Objection::new(
             "sysrq",
             format!(
                 "refused: `{}` writes to /proc/sysrq-trigger, which can crash, reboot or \
@@ -108,8 +108,8 @@ pub(super) fn write_target(
     Ok(())
 }
 
-pub(super) fn truncation(cmd: &str, file: &str) -> Refusal {
-    Refusal::new(
+pub(super) fn truncation(cmd: &str, file: &str) -> Objection {
+    Objection::new(
         "system-file",
         format!(
             "refused: `{}` would overwrite the system file {file}, which can stop logins or \
@@ -150,7 +150,7 @@ fn if_empty(f: &Field) -> String {
     }
 }
 
-pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
+pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> {
     let Some(name) = args
         .first()
         .and_then(Field::val)
@@ -167,7 +167,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
                 .iter()
                 .any(|o| o.len() >= 4 && long_is(o, "no-preserve-root"))
             {
-                return Err(Refusal::new(
+                return Err(Objection::new(
                     "no-preserve-root",
                     format!(
                         "refused: `{cmd}` uses --no-preserve-root, which removes the protection \
@@ -189,7 +189,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
                 if let Some(what) = danger(&path(p), name == "rm") {
                     let unknown = if_empty(p);
                     return Err(if name == "rm" {
-                        Refusal::new(
+                        Objection::new(
                             "recursive-delete",
                             format!(
                                 "refused: `{cmd}` would recursively delete {what}{unknown}; \
@@ -197,7 +197,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
                             ),
                         )
                     } else {
-                        Refusal::new(
+                        Objection::new(
                             "recursive-permissions",
                             format!(
                                 "refused: `{cmd}` would recursively change the ownership or \
@@ -214,7 +214,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
             || n.starts_with("mkfs.")
             || matches!(n, "mke2fs" | "wipefs" | "blkdiscard" | "mkswap") =>
         {
-            Err(Refusal::new(
+            Err(Objection::new(
                 "format-disk",
                 format!(
                     "refused: `{cmd}` would erase a filesystem, a disk's blocks or the \
@@ -230,7 +230,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
                 };
                 let target = env.resolve(target);
                 if let Some(dev) = block_device(&target) {
-                    return Err(Refusal::new(
+                    return Err(Objection::new(
                         "dd-device",
                         format!(
                             "refused: `{cmd}` would write raw data onto the device {dev}, \
@@ -288,7 +288,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
             if name == "mv" {
                 for f in operands.iter().rev().skip(1) {
                     if let Some(what) = danger(&path(f), true) {
-                        return Err(Refusal::new(
+                        return Err(Objection::new(
                             "recursive-delete",
                             format!(
                                 "refused: `{cmd}` would move away {what}{}; name the exact \
@@ -316,7 +316,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
                 let p = path(dest);
                 let remote = p.split('/').next().is_some_and(|h| h.contains(':'));
                 if let Some(what) = danger(&p, true).filter(|_| !remote) {
-                    return Err(Refusal::new(
+                    return Err(Objection::new(
                         "rsync-delete",
                         format!(
                             "refused: `{cmd}` would delete from {what}{} whatever the source \
@@ -365,7 +365,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Refusal> {
 }
 
 /// `kill` aimed at every process (`-1`) or at init (`1`).
-fn kill(args: &[Field], cmd: &str) -> Result<(), Refusal> {
+fn kill(args: &[Field], cmd: &str) -> Result<(), Objection> {
     let mut rest = &args[1..];
     // The signal: `-9`, `-KILL`, `-s KILL`, `-n 9`, `--signal KILL`; `-l` only lists.
     if let Some(first) = rest.first().map(Field::judged) {
@@ -388,7 +388,7 @@ fn kill(args: &[Field], cmd: &str) -> Result<(), Refusal> {
         .filter(|v| *v != "--")
         .any(|v| matches!(v.trim_start_matches('+'), "-1" | "1"));
     if everyone {
-        return Err(Refusal::new(
+        return Err(Objection::new(
             "kill-all",
             format!(
                 "refused: `{}` would signal every process you can reach (-1) or init (1), \
@@ -400,8 +400,8 @@ fn kill(args: &[Field], cmd: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn power(cmd: &str) -> Refusal {
-    Refusal::new(
+fn power(cmd: &str) -> Objection {
+    Objection::new(
         "power",
         format!(
             "refused: `{cmd}` would shut down, restart or cut off the machine, stopping \

@@ -20,7 +20,7 @@ use russh::keys::{Certificate, HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertif
 use super::registry::{AuthKind, Endpoint, HostKeyVerdict, TargetRegistry, Trust};
 use crate::config::ExecConfig;
 use crate::exec::ExecError;
-use crate::vault::{Field, Place, Vault};
+use crate::vault::{Field, Slot, Vault};
 
 /// What the host presented and what the registry said about it.
 #[derive(Debug, Clone, Default)]
@@ -557,7 +557,7 @@ async fn authenticate(
     let vault_failed = || unavailable(target, "its vaulted secret could not be opened".into());
     // Each record opens only for this target row (alias and generation) and its own field.
     let open = |sealed: &[u8], field: Field| {
-        let place = Place {
+        let place = Slot {
             alias: &target.alias,
             generation: target.generation,
             field,

@@ -1,5 +1,5 @@
-//! Where chat control meets the agent, in both directions: [`ChatControl`] is the agent's
-//! [`SectionControl`] (the section's binding and the model's side of SSH Mode, from
+//! Where chat control meets the agent, in both directions: [`ChatSshMode`] is the agent's
+//! [`SshMode`] (the section's binding and the model's side of SSH Mode, from
 //! [`super::binding`] and [`super::model_api`]), and [`Agent`] is the dispatcher's
 //! [`AgentPort`]. Translation only: no decisions are made here, so authorisation stays in
 //! [`super::authz`] and turn order in `turns`.
@@ -10,13 +10,13 @@ use async_trait::async_trait;
 use sqlx::PgPool;
 
 use super::model_api::{self, Here};
-use super::{AgentPort, TurnRequest, binding};
-use crate::agent::{Agent, BindingFails, SectionControl, SshModeAction};
+use super::{AgentPort, AgentRequest, binding};
+use crate::agent::{Agent, BindingFails, SshMode, SshModeAction};
 use crate::clock::Clock;
 use crate::exec::Place;
 
 /// Chat control as the agent sees it: bindings read from Postgres at every call.
-pub struct ChatControl {
+pub struct ChatSshMode {
     pub db: PgPool,
     pub clock: Arc<dyn Clock>,
     /// `SSHMODE_YOLO_TTL_HOURS`: how long a model-made binding may outlive nothing.
@@ -24,7 +24,7 @@ pub struct ChatControl {
 }
 
 #[async_trait]
-impl SectionControl for ChatControl {
+impl SshMode for ChatSshMode {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
         match binding::resolve_use(&self.db, section, self.clock.now()).await? {
             Ok(place) => Ok(place),
@@ -74,7 +74,7 @@ impl SectionControl for ChatControl {
 
 #[async_trait]
 impl AgentPort for Agent {
-    async fn enqueue(&self, req: &TurnRequest) -> anyhow::Result<Option<String>> {
+    async fn enqueue(&self, req: &AgentRequest) -> anyhow::Result<Option<String>> {
         if !self.has_model() {
             return Ok(Some(crate::agent::NO_MODEL.to_string()));
         }

@@ -36,7 +36,7 @@ pub const SKILLS_PER_CHAT: i64 = 50;
 
 /// Who can see a skill.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
+pub enum Visibility {
     /// Only the chat whose model wrote it.
     Chat(String),
     /// Every chat: the built-in skill, or one an admin promoted.
@@ -46,21 +46,21 @@ pub enum Scope {
     Hidden,
 }
 
-impl Scope {
-    fn of(chat_id: Option<String>, promoted: bool) -> Scope {
+impl Visibility {
+    fn of(chat_id: Option<String>, promoted: bool) -> Visibility {
         match (promoted, chat_id) {
-            (true, _) => Scope::Shared,
-            (false, Some(c)) => Scope::Chat(c),
-            (false, None) => Scope::Hidden,
+            (true, _) => Visibility::Shared,
+            (false, Some(c)) => Visibility::Chat(c),
+            (false, None) => Visibility::Hidden,
         }
     }
 
     /// `chat oc_…`, `all chats` or `hidden`.
     pub fn describe(&self) -> String {
         match self {
-            Scope::Chat(c) => format!("chat {c}"),
-            Scope::Shared => "all chats".into(),
-            Scope::Hidden => "hidden".into(),
+            Visibility::Chat(c) => format!("chat {c}"),
+            Visibility::Shared => "all chats".into(),
+            Visibility::Hidden => "hidden".into(),
         }
     }
 }
@@ -91,7 +91,7 @@ pub struct Summary {
     pub name: String,
     pub description: String,
     pub builtin: bool,
-    pub scope: Scope,
+    pub scope: Visibility,
 }
 
 /// A whole skill.
@@ -101,7 +101,7 @@ pub struct Skill {
     pub description: String,
     pub body: String,
     pub builtin: bool,
-    pub scope: Scope,
+    pub scope: Visibility,
     pub updated_by: String,
     pub updated_at: Option<DateTime<Utc>>,
     /// Who promoted it, when an admin did.
@@ -112,7 +112,7 @@ pub struct Skill {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Promoted {
     /// The scope the skill had before.
-    pub before: Scope,
+    pub before: Visibility,
 }
 
 /// What `manage` may do.
@@ -197,13 +197,13 @@ pub async fn list(db: &PgPool, viewer: Viewer<'_>) -> anyhow::Result<Vec<Summary
         name: BUILTIN_NAME.into(),
         description: BUILTIN_DESCRIPTION.into(),
         builtin: true,
-        scope: Scope::Shared,
+        scope: Visibility::Shared,
     }];
     out.extend(rows.iter().map(|r| Summary {
         name: r.get("name"),
         description: r.get("description"),
         builtin: false,
-        scope: Scope::of(r.get("chat_id"), r.get("promoted")),
+        scope: Visibility::of(r.get("chat_id"), r.get("promoted")),
     }));
     Ok(out)
 }
@@ -216,7 +216,7 @@ pub async fn view(db: &PgPool, viewer: Viewer<'_>, name: &str) -> anyhow::Result
             description: BUILTIN_DESCRIPTION.into(),
             body: BUILTIN_BODY.into(),
             builtin: true,
-            scope: Scope::Shared,
+            scope: Visibility::Shared,
             updated_by: "sshmode".into(),
             updated_at: None,
             promoted_by: None,
@@ -235,7 +235,7 @@ pub async fn view(db: &PgPool, viewer: Viewer<'_>, name: &str) -> anyhow::Result
         description: r.get("description"),
         body: r.get("body"),
         builtin: false,
-        scope: Scope::of(r.get("chat_id"), r.get("promoted")),
+        scope: Visibility::of(r.get("chat_id"), r.get("promoted")),
         updated_by: r.get("updated_by"),
         updated_at: Some(r.get("updated_at")),
         promoted_by: r.get("promoted_by"),
@@ -459,7 +459,7 @@ pub async fn promote(
     .await?;
     tx.commit().await?;
     Ok(Ok(Promoted {
-        before: Scope::of(chat_id, promoted),
+        before: Visibility::of(chat_id, promoted),
     }))
 }
 

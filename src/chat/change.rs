@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::authz::{self, Act, Actor, Binding, Grant, Kind, Permit, Refusal, Section};
+use super::authz::{self, Act, Actor, Binding, Denial, Grant, Kind, Permit, Section};
 use super::{binding, grant};
 use crate::audit;
 use crate::target::{self, Status, Target, allow};
@@ -72,7 +72,7 @@ async fn refuse(
     action: &str,
     section: Option<&str>,
     alias: Option<&str>,
-    r: &Refusal,
+    r: &Denial,
 ) -> sqlx::Result<()> {
     audit::record_chat(
         conn,
@@ -96,7 +96,7 @@ pub async fn check_use(
     section: &str,
     chat_id: &str,
     alias: &str,
-) -> anyhow::Result<Result<allow::Facts, Refusal>> {
+) -> anyhow::Result<Result<allow::Facts, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
     // The thread this opens is new: nobody owns it yet.
@@ -137,7 +137,7 @@ pub async fn bind(
     conv: Conversation,
     chat_id: &str,
     alias: &str,
-) -> anyhow::Result<Result<Bound, Refusal>> {
+) -> anyhow::Result<Result<Bound, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let current = binding::current(&mut tx, section, ctl.now).await?;
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
@@ -228,7 +228,7 @@ pub async fn release(
     ctl: Ctl<'_>,
     actor: Actor<'_>,
     section: &str,
-) -> anyhow::Result<Result<Option<Binding>, Refusal>> {
+) -> anyhow::Result<Result<Option<Binding>, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let current = binding::current(&mut tx, section, ctl.now).await?;
     let out = match authz::authorize(
@@ -273,7 +273,7 @@ pub async fn grant_on(
     conv: Conversation,
     chat_id: &str,
     alias: Option<&str>,
-) -> anyhow::Result<Result<Grant, Refusal>> {
+) -> anyhow::Result<Result<Grant, Denial>> {
     let mut tx = ctl.db.begin().await?;
     binding::current(&mut tx, section, ctl.now).await?;
     let facts = match alias {
@@ -329,7 +329,7 @@ pub async fn grant_off(
     ctl: Ctl<'_>,
     actor: Actor<'_>,
     section: &str,
-) -> anyhow::Result<Result<Revoked, Refusal>> {
+) -> anyhow::Result<Result<Revoked, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let before = binding::current(&mut tx, section, ctl.now).await?;
     let out = match authz::authorize(actor, Act::GrantOff) {
@@ -488,7 +488,7 @@ pub async fn decide(
     decision: Decision,
     section: Option<&str>,
     shown: Option<&target::Shown<'_>>,
-) -> anyhow::Result<Result<Status, Refusal>> {
+) -> anyhow::Result<Result<Status, Denial>> {
     if let Err(r) = authz::authorize(actor, Act::Decide) {
         let mut tx = db.begin().await?;
         refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
@@ -506,14 +506,14 @@ pub async fn decide(
     let prev = match changed {
         Ok(Some(prev)) => prev,
         Ok(None) => {
-            let r = Refusal::Expired(alias.to_string());
+            let r = Denial::Expired(alias.to_string());
             let mut tx = db.begin().await?;
             refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
             tx.commit().await?;
             return Ok(Err(r));
         }
         Err(target::TargetError::NotFound(_)) => {
-            let r = Refusal::UnknownTarget(alias.to_string());
+            let r = Denial::UnknownTarget(alias.to_string());
             let mut tx = db.begin().await?;
             refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
             tx.commit().await?;

@@ -53,7 +53,7 @@ use crate::llm::Tool;
 use crate::llm::args::Args;
 use crate::vault::Vault;
 
-pub use secrets::{Refusal, SecretFilter};
+pub use secrets::{Leak, SecretFilter};
 
 /// The control plane's handles: the database and the secret filter.
 pub struct ControlPlane {
@@ -262,10 +262,10 @@ impl ControlPlane {
 }
 
 /// How the `skills` tool marks a skill the model cannot change.
-fn label(scope: &skills::Scope, builtin: bool) -> &'static str {
+fn label(scope: &skills::Visibility, builtin: bool) -> &'static str {
     match (builtin, scope) {
         (true, _) => " (built-in, read-only)",
-        (false, skills::Scope::Shared) => " (shared with every chat by an admin, read-only)",
+        (false, skills::Visibility::Shared) => " (shared with every chat by an admin, read-only)",
         _ => "",
     }
 }

@@ -10,7 +10,7 @@ use std::io::Write;
 use clap::Subcommand;
 use sqlx::PgPool;
 
-use super::skills::{self, Scope, Viewer};
+use super::skills::{self, Viewer, Visibility};
 use crate::config::Config;
 
 /// Who CLI audit rows name.
@@ -84,7 +84,7 @@ pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow
         SkillCmd::Promote { name } => match skills::promote(db, &name, ACTOR).await? {
             Ok(p) => {
                 match p.before {
-                    Scope::Shared => {
+                    Visibility::Shared => {
                         writeln!(out, "skill `{name}` is already visible to every chat")?
                     }
                     before => writeln!(

@@ -17,7 +17,7 @@ use crate::vault::Vault;
 
 /// Why a text was refused. The message names the kind of secret, never the secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum Leak {
     #[error(
         "it holds a private key block; keys belong in the target vault (`sshmode target add`), never in notes or skills"
     )]
@@ -68,19 +68,19 @@ impl SecretFilter {
 
     /// Checks `text` (a note, or a skill's name, description and body joined). `Ok(Err(_))` is
     /// a refusal; `Err` is a failure to check at all (the text is then not stored either).
-    pub async fn check(&self, db: &PgPool, text: &str) -> anyhow::Result<Result<(), Refusal>> {
+    pub async fn check(&self, db: &PgPool, text: &str) -> anyhow::Result<Result<(), Leak>> {
         if has_private_key_block(text) {
-            return Ok(Err(Refusal::PrivateKey));
+            return Ok(Err(Leak::PrivateKey));
         }
         if self
             .own
             .iter()
             .any(|s| crate::vault::holds(text, s.expose_secret()))
         {
-            return Ok(Err(Refusal::ServiceKey));
+            return Ok(Err(Leak::ServiceKey));
         }
         if crate::target::holds_secret(db, &self.vault, text).await? {
-            return Ok(Err(Refusal::TargetSecret));
+            return Ok(Err(Leak::TargetSecret));
         }
         Ok(Ok(()))
     }
