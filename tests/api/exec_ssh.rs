@@ -80,6 +80,13 @@ fn add_args_pw(alias: &str, port: u16) -> AddArgs {
     a
 }
 
+/// Runs `cmd` with no input, asserts it succeeded, and returns what it printed.
+pub async fn cli_ok(app: &TestApp, cmd: TargetCmd) -> String {
+    let (r, out) = cli(app, cmd, "").await;
+    assert_eq!(r, Ok(0), "{out}");
+    out
+}
+
 pub async fn cli(app: &TestApp, cmd: TargetCmd, stdin: &str) -> (Result<i32, String>, String) {
     let mut out = Vec::new();
     let mut input = Cursor::new(stdin.as_bytes().to_vec());

@@ -13,7 +13,7 @@ use sshmode::exec::{ExecError, Place};
 use sshmode::target::cli::{SetArgs, TargetCmd};
 use tokio_util::sync::CancellationToken;
 
-use crate::exec_ssh::{add_args, cli};
+use crate::exec_ssh::{add_args, cli, cli_ok};
 use crate::helpers::TestApp;
 use crate::sshd::{self, Sshd};
 
@@ -433,16 +433,14 @@ async fn a_wrong_jump_host_key_is_refused_and_audited() {
     assert_eq!(r, Ok(0), "{out}");
     // The jump host's pinned key is not the one it presents (the target's key stands in for a
     // man in the middle's).
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Rekey {
             alias: "gate".into(),
             host_key: p.target.fingerprint(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     let e = run(&app, "behind", "true").await.unwrap_err().to_string();
     assert!(
         e.contains("target `behind` is unavailable")
@@ -463,26 +461,22 @@ async fn a_wrong_jump_host_key_is_refused_and_audited() {
     assert!(out.contains("host key of `gate` changed"), "{out}");
     // The target's own key is checked on its own: a wrong one is refused and audited with
     // the path it was seen through.
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Rekey {
             alias: "gate".into(),
             host_key: p.jump.fingerprint(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Rekey {
             alias: "behind".into(),
             host_key: p.jump.fingerprint(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     let e = run(&app, "behind", "true").await.unwrap_err();
     assert!(matches!(e, ExecError::HostKeyMismatch { .. }), "{e}");
     let via: serde_json::Value = sqlx::query_scalar(
@@ -557,8 +551,7 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
     let mut a = add_args("hub", p.jump.port);
     a.key = Some(p.key.clone());
     a.approve = false;
-    let (r, out) = cli(&app, TargetCmd::Add(a), "").await;
-    assert_eq!(r, Ok(0), "{out}");
+    cli_ok(&app, TargetCmd::Add(a)).await;
     let (r, out) = add(
         &app,
         "spoke",
@@ -575,27 +568,23 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
         e.contains("target `spoke` is unavailable: its jump host `hub` is pending"),
         "{e}"
     );
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Approve {
             alias: "hub".into(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     assert_eq!(run(&app, "spoke", "echo ok").await.unwrap(), "ok\n");
 
     // Disabled: the targets behind it fail at once (their pooled connection included).
-    let (r, out) = cli(
+    let out = cli_ok(
         &app,
         TargetCmd::Disable {
             alias: "hub".into(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     assert!(
         out.contains("now fail until it is approved again: spoke"),
         "{out}"
@@ -605,15 +594,13 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
         e.contains("target `spoke` is unavailable: its jump host `hub` is disabled"),
         "{e}"
     );
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Approve {
             alias: "hub".into(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     assert_eq!(run(&app, "spoke", "echo again").await.unwrap(), "again\n");
 
     // Removal is refused while a target depends on it, naming that target.
@@ -632,7 +619,7 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
     );
     assert!(sshmode::target::get(&app.state.db, "hub").await.is_ok());
     // Moved off it, the target is direct again and the jump host can go.
-    let (r, out) = cli(
+    let out = cli_ok(
         &app,
         TargetCmd::Set(SetArgs {
             alias: "spoke".into(),
@@ -641,20 +628,16 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
             jump: None,
             no_jump: true,
         }),
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     assert!(out.contains("reached directly"), "{out}");
-    let (r, out) = cli(
+    cli_ok(
         &app,
         TargetCmd::Remove {
             alias: "hub".into(),
         },
-        "",
     )
     .await;
-    assert_eq!(r, Ok(0), "{out}");
     assert_eq!(run(&app, "spoke", "echo direct").await.unwrap(), "direct\n");
     drop(p.dir);
 }
@@ -725,8 +708,7 @@ async fn a_loop_of_jump_hosts_is_refused_when_set_and_when_connecting() {
         TargetCmd::Add(a)
     };
     for (alias, jump) in [("ra", None), ("rb", Some("ra")), ("rc", Some("rb"))] {
-        let (r, out) = cli(&app, agent_target(alias, jump), "").await;
-        assert_eq!(r, Ok(0), "{out}");
+        cli_ok(&app, agent_target(alias, jump)).await;
     }
     let set_jump = |alias: &str, jump: &str| {
         TargetCmd::Set(SetArgs {
