@@ -239,35 +239,37 @@ fn serve(args: &[OsString]) -> Result<(), String> {
     }
 }
 
+/// Waits until one of `fds` can be read (or was closed): which ones, or `None` when a signal
+/// interrupted the wait.
+fn poll_in(fds: [i32; 2]) -> Result<Option<[bool; 2]>, String> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: two valid pollfds.
+    if unsafe { libc::poll(p.as_mut_ptr(), 2, -1) } < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(None);
+        }
+        return Err(format!("poll: {e}"));
+    }
+    Ok(Some(p.map(|p| p.revents != 0)))
+}
+
 /// Receives requests until the service closes its end; forks each into its namespace.
 fn serve_loop(sock: i32, sfd: i32, liveness: i32, max: usize) -> Result<(), String> {
     let mut buf = vec![0u8; MAX_REQUEST];
     let mut live = 0usize;
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: sock,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        if fds[1].revents != 0 {
+        let Some(ready) = poll_in([sock, sfd])? else {
+            continue;
+        };
+        if ready[1] {
             live = live.saturating_sub(reap(sfd));
         }
-        if fds[0].revents == 0 {
+        if !ready[0] {
             continue;
         }
         let (n, flags, received) = match recv_with_fds(sock, &mut buf) {
@@ -626,27 +628,10 @@ fn init(setup: &Setup, argv: &[String], env: &[(String, String)]) -> Result<i32,
         }
     }
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: CALL_FD,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        if fds[0].revents != 0 {
+        let Some(ready) = poll_in([sfd, CALL_FD])? else {
+            continue;
+        };
+        if ready[0] {
             // SAFETY: a zeroed siginfo is a valid buffer of its own size.
             let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
             let size = std::mem::size_of::<libc::signalfd_siginfo>();
@@ -676,7 +661,7 @@ fn init(setup: &Setup, argv: &[String], env: &[(String, String)]) -> Result<i32,
                 }
             }
         }
-        if fds[1].revents != 0 {
+        if ready[1] {
             let mut byte = [0u8; 16];
             // SAFETY: reading into our buffer (non-blocking).
             let n = unsafe {

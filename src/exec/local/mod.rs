@@ -562,19 +562,15 @@ impl LocalBackend {
         cancel: &CancellationToken,
         shell: &str,
     ) -> Result<Output, ExecError> {
+        let CallStdio {
+            stdin_r,
+            stdin_w,
+            stdout_r,
+            stdout_w,
+            stderr_r,
+            stderr_w,
+        } = CallStdio::open(cmd.stdin.is_some(), "a shell")?;
         let local = |e: std::io::Error| ExecError::Local(format!("cannot start a shell: {e}"));
-        let (stdin_r, stdin_w) = match cmd.stdin {
-            Some(_) => {
-                let (r, w) = pipe().map_err(local)?;
-                (r, Some(w))
-            }
-            None => (
-                OwnedFd::from(std::fs::File::open("/dev/null").map_err(local)?),
-                None,
-            ),
-        };
-        let (stdout_r, stdout_w) = pipe().map_err(local)?;
-        let (stderr_r, stderr_w) = pipe().map_err(local)?;
         let request = launch::Request {
             setup: prepared.launch_setup(),
             job: launch::Job::Run {
@@ -711,20 +707,16 @@ impl LocalBackend {
             setup: prepared.launch_setup(),
             ..request
         };
+        let CallStdio {
+            stdin_r,
+            stdin_w,
+            stdout_r,
+            stdout_w,
+            stderr_r,
+            stderr_w,
+        } = CallStdio::open(data.is_some(), "the file helper")?;
         let local =
             |e: std::io::Error| ExecError::Local(format!("cannot start the file helper: {e}"));
-        let (stdin_r, stdin_w) = match data {
-            Some(_) => {
-                let (r, w) = pipe().map_err(local)?;
-                (r, Some(w))
-            }
-            None => (
-                OwnedFd::from(std::fs::File::open("/dev/null").map_err(local)?),
-                None,
-            ),
-        };
-        let (stdout_r, stdout_w) = pipe().map_err(local)?;
-        let (stderr_r, stderr_w) = pipe().map_err(local)?;
         let call = {
             let mut fds = vec![stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
             fds.extend(prepared.launch_fds());
@@ -784,6 +776,42 @@ impl LocalBackend {
 }
 
 /// A pipe, both ends closed on exec: `(read, write)`.
+/// A launched call's standard descriptors: its ends and ours.
+struct CallStdio {
+    stdin_r: OwnedFd,
+    /// Ours, when the call reads input; else its stdin is `/dev/null`.
+    stdin_w: Option<OwnedFd>,
+    stdout_r: OwnedFd,
+    stdout_w: OwnedFd,
+    stderr_r: OwnedFd,
+    stderr_w: OwnedFd,
+}
+
+impl CallStdio {
+    fn open(input: bool, what: &str) -> Result<CallStdio, ExecError> {
+        let local = |e: std::io::Error| ExecError::Local(format!("cannot start {what}: {e}"));
+        let (stdin_r, stdin_w) = if input {
+            let (r, w) = pipe().map_err(local)?;
+            (r, Some(w))
+        } else {
+            (
+                OwnedFd::from(std::fs::File::open("/dev/null").map_err(local)?),
+                None,
+            )
+        };
+        let (stdout_r, stdout_w) = pipe().map_err(local)?;
+        let (stderr_r, stderr_w) = pipe().map_err(local)?;
+        Ok(CallStdio {
+            stdin_r,
+            stdin_w,
+            stdout_r,
+            stdout_w,
+            stderr_r,
+            stderr_w,
+        })
+    }
+}
+
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: a valid out-array of two.
