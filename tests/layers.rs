@@ -128,27 +128,34 @@ fn code_only(src: &str) -> String {
     out
 }
 
-/// The code without `#[cfg(test)]` items (the attribute and the item after it, to its
-/// closing brace or semicolon).
+/// The code without `#[cfg(test)]` items: the attribute and what it applies to — an item to
+/// its closing brace or semicolon, a field or match arm to its comma (or to the brace that
+/// closes what holds it, which is kept).
 fn without_test_items(code: &str) -> String {
     let mut out = String::new();
     let mut rest = code;
     while let Some(at) = rest.find("#[cfg(test)]") {
         out.push_str(&rest[..at]);
-        let item = &rest[at..];
-        let mut depth = 0usize;
+        let item = &rest[at + "#[cfg(test)]".len()..];
+        let (mut braces, mut parens) = (0usize, 0usize);
         let mut end = item.len();
         for (k, c) in item.char_indices() {
             match c {
-                '{' => depth += 1,
+                '(' | '[' => parens += 1,
+                ')' | ']' => parens = parens.saturating_sub(1),
+                '{' => braces += 1,
+                '}' if braces == 0 => {
+                    end = k;
+                    break;
+                }
                 '}' => {
-                    depth -= 1;
-                    if depth == 0 {
+                    braces -= 1;
+                    if braces == 0 && parens == 0 {
                         end = k + 1;
                         break;
                     }
                 }
-                ';' if depth == 0 => {
+                ';' | ',' if braces == 0 && parens == 0 => {
                     end = k + 1;
                     break;
                 }
@@ -394,7 +401,9 @@ fn only_config_reads_the_environment() {
 fn the_reader_sees_paths_and_skips_comments_strings_and_tests() {
     let code = code_only(
         "use crate::{agent::X, chat};\n// crate::lark\n/* crate::inbox */\nlet s = \"crate::http\";\n\
-         fn f() { super::super::store::open(); }\n#[cfg(test)]\nmod tests { use crate::app; }\n",
+         fn f() { super::super::store::open(); }\n#[cfg(test)]\nmod tests { use crate::app; }\n\
+         struct S { a: u8, #[cfg(test)] seen: crate::http::X }\nstruct T { #[cfg(test)] t: crate::inbox::Y, b: u8 }\n\
+         #[cfg(test)]\nfn g(a: crate::frontend::A, b: u8) { crate::console::x(); }\n",
     );
     let code = without_test_items(&code);
     let got = referenced(&code, 2);
