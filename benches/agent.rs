@@ -182,6 +182,7 @@ async fn run() {
             &config.exec,
             sshmode::target::registry(db.clone()),
             vault.clone(),
+            tokio_util::task::TaskTracker::new(),
         )
         .unwrap(),
     );

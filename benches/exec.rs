@@ -137,6 +137,7 @@ async fn run() {
         &config.exec,
         sshmode::target::registry(store.pool.clone()),
         vault,
+        tokio_util::task::TaskTracker::new(),
     )
     .unwrap();
     let never = CancellationToken::new();

@@ -54,7 +54,13 @@ async fn backend(
         .connect_lazy("postgres://unused@127.0.0.1:9/unused")
         .unwrap();
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
-    let exec = Executors::new(&config.exec, sshmode::target::registry(db), vault).unwrap();
+    let exec = Executors::new(
+        &config.exec,
+        sshmode::target::registry(db),
+        vault,
+        tokio_util::task::TaskTracker::new(),
+    )
+    .unwrap();
     let level = exec.local_level().to_string();
     let b = exec.backend("omt_bench", &Place::Local).await.unwrap();
     b.initial_dir("omt_bench").await.unwrap();

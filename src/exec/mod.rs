@@ -412,20 +412,15 @@ pub struct Executors {
 }
 
 impl Executors {
-    /// Builds the layer with metrics of its own (benchmarks, tools); the app uses
-    /// [`Executors::with_metrics`].
+    /// Builds the layer with metrics of its own (benchmarks, tests), its background work on
+    /// `tasks` (wait for it before the store closes); the app uses [`Executors::with_metrics`].
     pub fn new(
         config: &ExecConfig,
         registry: Arc<dyn ssh::registry::TargetRegistry>,
         vault: Arc<Vault>,
+        tasks: TaskTracker,
     ) -> anyhow::Result<Self> {
-        Self::with_metrics(
-            config,
-            registry,
-            vault,
-            Arc::new(Metrics::new()),
-            TaskTracker::new(),
-        )
+        Self::with_metrics(config, registry, vault, Arc::new(Metrics::new()), tasks)
     }
 
     /// Builds the layer, counting into `metrics`; the guard's extra patterns come from

@@ -15,11 +15,11 @@ pub use crate::database::fresh_database;
 
 /// Polls `check` every 20 ms until it holds; panics naming `what` once `within` has passed.
 /// The one way a test waits for something to happen.
-pub async fn eventually<F, Fut>(what: &str, within: std::time::Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
+pub async fn eventually(
+    what: &str,
+    within: std::time::Duration,
+    mut check: impl AsyncFnMut() -> bool,
+) {
     let deadline = tokio::time::Instant::now() + within;
     while !check().await {
         assert!(

@@ -12,7 +12,7 @@ use sshmode::exec::{ExecError, Executors, Exit, Place};
 use sshmode::store::Store;
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{TestApp, config_from};
+use crate::helpers::{TestApp, config_from, eventually};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -49,14 +49,8 @@ async fn run_for(ops: &Ops, cmd: &str, timeout: Duration) -> sshmode::exec::ops:
     .unwrap_or_else(|e| panic!("`{cmd}` could not run: {e}"))
 }
 
-/// Waits (bounded) until `check` holds.
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long a test here waits for a process to appear or go.
+const WAIT: Duration = Duration::from_secs(15);
 
 const SEEDED: &[(&str, &str)] = &[
     ("LARK_APP_SECRET", "seeded-lark-secret-7f3a"),
@@ -237,7 +231,7 @@ async fn a_symlink_to_the_master_key_is_not_followed() {
         );
         tokio::spawn(async move { run_for(&ops, &script, Duration::from_secs(6)).await })
     };
-    eventually("the swapping loop to start", async || {
+    eventually("the swapping loop to start", WAIT, async || {
         ops.read_bytes("s").await.is_ok()
     })
     .await;
@@ -313,7 +307,7 @@ async fn a_background_process_does_not_outlive_its_command() {
     )
     .await;
     assert!(r.output.exit.success(), "{r:?}");
-    eventually("the background process to die", async || {
+    eventually("the background process to die", WAIT, async || {
         processes_with(&m) == 0
     })
     .await;
@@ -339,7 +333,7 @@ async fn a_setsid_process_does_not_outlive_its_command() {
     .await;
     assert!(r.output.exit.success(), "{r:?}");
     assert_eq!(text(&r.output.stdout), "started\n");
-    eventually("the setsid process to die", async || {
+    eventually("the setsid process to die", WAIT, async || {
         processes_with(&m) == 0
     })
     .await;
@@ -369,7 +363,7 @@ async fn a_command_sees_only_its_own_processes() {
             .await
         })
     };
-    eventually("the other section's command to run", async || {
+    eventually("the other section's command to run", WAIT, async || {
         processes_with(&theirs) > 0
     })
     .await;
@@ -447,7 +441,7 @@ async fn timeouts_and_stop_end_everything() {
     );
     let r = run_for(&ops, &script, Duration::from_secs(2)).await;
     assert_eq!(r.output.exit, Exit::TimedOut);
-    eventually("a timed-out command's processes to die", async || {
+    eventually("a timed-out command's processes to die", WAIT, async || {
         processes_with(&m) == 0
     })
     .await;
@@ -469,14 +463,17 @@ async fn timeouts_and_stop_end_everything() {
             .unwrap()
         })
     };
-    eventually("the command to start", async || processes_with(&m) >= 2).await;
+    eventually("the command to start", WAIT, async || {
+        processes_with(&m) >= 2
+    })
+    .await;
     cancel.cancel();
     let r = tokio::time::timeout(Duration::from_secs(15), stopped)
         .await
         .expect("a stopped command ends")
         .unwrap();
     assert_eq!(r.output.exit, Exit::Cancelled);
-    eventually("a stopped command's processes to die", async || {
+    eventually("a stopped command's processes to die", WAIT, async || {
         processes_with(&m) == 0
     })
     .await;
@@ -623,7 +620,7 @@ async fn a_killed_launcher_fails_its_call_and_is_replaced() {
             .await
         })
     };
-    eventually("the command to run", async || processes_with(&m) > 0).await;
+    eventually("the command to run", WAIT, async || processes_with(&m) > 0).await;
     let server = launch_server_of(&m);
     // SAFETY: killing the launch server this test's service started.
     assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
@@ -633,7 +630,7 @@ async fn a_killed_launcher_fails_its_call_and_is_replaced() {
         .unwrap();
     let e = r.expect_err("a call whose launcher was killed succeeded");
     assert!(e.to_string().contains("launcher"), "{e}");
-    eventually("the command to die with its launcher", async || {
+    eventually("the command to die with its launcher", WAIT, async || {
         processes_with(&m) == 0
     })
     .await;
@@ -659,7 +656,7 @@ async fn a_killed_launcher_fails_its_call_and_is_replaced() {
             .await
         })
     };
-    eventually("the command to run", async || processes_with(&m2) > 0).await;
+    eventually("the command to run", WAIT, async || processes_with(&m2) > 0).await;
     assert_ne!(launch_server_of(&m2), server);
     assert_eq!(again.await.unwrap().output.exit, Exit::TimedOut);
 }
@@ -675,7 +672,7 @@ async fn the_launcher_holds_none_of_the_services_environment() {
     let m = marker("server-env");
     let script = format!("sh -c 'sleep 30; : {m}'");
     let running = tokio::spawn(async move { run_for(&ops, &script, Duration::from_secs(3)).await });
-    eventually("the command to run", async || processes_with(&m) > 0).await;
+    eventually("the command to run", WAIT, async || processes_with(&m) > 0).await;
     let server = launch_server_of(&m);
     let environ = std::fs::read(format!("/proc/{server}/environ")).unwrap();
     assert!(
@@ -708,6 +705,7 @@ async fn without_a_launcher_the_level_has_no_pidns() {
         &config.exec,
         sshmode::target::registry(app.state.db.clone()),
         vault,
+        tokio_util::task::TaskTracker::new(),
     )
     .unwrap();
     let level = exec.local_level();
@@ -834,6 +832,7 @@ async fn without_sandboxing_local_tools_are_refused_unless_opted_in() {
             &config.exec,
             sshmode::target::registry(app.state.db.clone()),
             vault,
+            tokio_util::task::TaskTracker::new(),
         )
         .unwrap();
         assert_eq!(exec.local_level().to_string(), "none");
@@ -897,7 +896,7 @@ async fn a_fork_loop_is_stopped_and_the_service_stays_healthy() {
     );
     assert!(err.contains("Resource temporarily unavailable"), "{err}");
     // Everything of the loop is gone, and the service and its database are fine.
-    eventually("the loop's processes to be gone", async || {
+    eventually("the loop's processes to be gone", WAIT, async || {
         let out = std::process::Command::new("pgrep")
             .args(["-u", "sshmode-forktest"])
             .output()
@@ -955,6 +954,7 @@ async fn the_embedded_cluster_needs_its_password() {
         &config.exec,
         sshmode::target::registry(store.pool.clone()),
         vault,
+        tokio_util::task::TaskTracker::new(),
     )
     .unwrap();
     let ops = exec.ops_for("omt_db", &Place::Local).await.unwrap();
@@ -1040,6 +1040,7 @@ async fn without_a_tools_account_landlock_alone_confines() {
         &config.exec,
         sshmode::target::registry(app.state.db.clone()),
         vault,
+        tokio_util::task::TaskTracker::new(),
     )
     .unwrap();
     let abi = sshmode::exec::local::sandbox::kernel_landlock_abi();
