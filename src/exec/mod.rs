@@ -127,11 +127,11 @@
 //! ```
 //! `effects::walk` is the one walk: it tracks `cd`, unwraps wrappers and follows `sh -c`, `eval`,
 //! `xargs`, `find -exec`, here-strings and pipes into interpreters by the one table, and lists
-//! what it cannot see through as `Opaque`. The read-write judge is a policy over that list (an
-//! opaque effect is refused); `read` needs no walk (an allow-list over `parse::simple_commands`).
+//! what it cannot see through as `Opaque`, where a bound stopped it as `Bound`. The read-write
+//! judge is a policy over that list (both are refused); `read` needs no walk (an allow-list over `parse::simple_commands`).
 //! The guard still walks expanded words itself (`check`, over `shell::expand`); moving it onto the list, with
-//! `Opaque` as `ask`, is the step left (first the walk must expand words with `shell::expand`:
-//! `X=ls; $X` is opaque to it, and its bounds must stay refusals). Each policy decides only its own question. A permission refusal is never softened to
+//! `Opaque` as `ask` and `Bound` (a bound hit, at the guard's limits) as a refusal, is the step
+//! left (first the walk must expand words with `shell::expand`: `X=ls; $X` is opaque to it). Each policy decides only its own question. A permission refusal is never softened to
 //! `ask`, so strictness only grows from `full` to `read-write` to `read` (a property test checks
 //! it). `ask` is refused until approvals in chat exist (`Objection::verdict`, audited).
 //! `workspace::verdict` puts the two together; `sshmode guard check` (`workspace::cli`) prints it.

@@ -5,7 +5,8 @@
 //! into a shell or an interpreter, an interpreter's inline code), a network endpoint is
 //! opened, a descriptor is duplicated — and an [`Effect::Opaque`] for whatever it cannot see
 //! through (a command name or a script known only when it runs, a word that could be any
-//! option, nesting too deep, too much text).
+//! option), and an [`Effect::Bound`] where one of the walk's bounds stopped it (nesting too
+//! deep, too many wrappers, too much text, too many effects).
 //!
 //! It owns the order of things, `cd` and the wrappers' directory options (the places a
 //! script may be in), unwrapping wrappers, and following nested scripts, `xargs` and
@@ -14,17 +15,19 @@
 //! is to be the second). It never runs anything and never touches the filesystem (paths are
 //! normalised lexically).
 //!
-//! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_TEXT`]
-//! characters of nested scripts or more than [`MAX_EFFECTS`] effects is an `Opaque` effect;
-//! more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown place.
+//! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_WRAPPERS`]
+//! wrappers unwrapped, more than [`MAX_TEXT`] characters of nested scripts or more than
+//! [`MAX_EFFECTS`] effects is a `Bound` effect, which a policy refuses (it is not a question
+//! for a person); more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown
+//! place.
 
 use std::sync::Arc;
 
 use super::parse::{self, RedirectKind, ShellWord};
 use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_option};
-use super::{MAX_DEPTH, basename};
+use super::{MAX_DEPTH, MAX_WRAPPERS, basename};
 
-/// Most effects one walk lists; past it the walk stops with an `Opaque` effect.
+/// Most effects one walk lists; past it the walk stops with a `Bound` effect.
 pub const MAX_EFFECTS: usize = 4096;
 /// Most characters of scripts (the command and every nested script) one walk parses.
 pub use super::expand::MAX_TEXT;
@@ -132,6 +135,9 @@ pub enum Effect {
     },
     /// Something the walk cannot see through, and why.
     Opaque { what: Arc<str>, why: String },
+    /// One of the walk's bounds stopped it here, and which: what follows is not listed.
+    /// Unlike [`Effect::Opaque`], never a question for a person: a policy refuses it.
+    Bound { what: Arc<str>, why: String },
 }
 
 /// The effects of `script`, in order, starting at `start`. Never fails: what cannot be read
@@ -147,6 +153,7 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
         home: start.home.map(Arc::from),
         cd_unknown: false,
         text: 0,
+        wrappers: 0,
     };
     w.notice(&[script]);
     w.script(script, 0);
@@ -162,6 +169,8 @@ struct Walk {
     cd_unknown: bool,
     /// Characters of script parsed so far.
     text: usize,
+    /// Wrappers unwrapped on the way to the command being walked.
+    wrappers: usize,
 }
 
 /// What a command's standard input is, when it matters (a shell or interpreter reads it).
@@ -175,7 +184,7 @@ impl Walk {
     fn push(&mut self, effect: Effect) {
         match self.out.len() {
             n if n + 1 < MAX_EFFECTS => self.out.push(effect),
-            n if n + 1 == MAX_EFFECTS => self.out.push(Effect::Opaque {
+            n if n + 1 == MAX_EFFECTS => self.out.push(Effect::Bound {
                 what: Arc::from("the script"),
                 why: format!("it does more than the {MAX_EFFECTS} things the analysis follows"),
             }),
@@ -185,6 +194,13 @@ impl Walk {
 
     fn opaque(&mut self, what: impl Into<Arc<str>>, why: impl Into<String>) {
         self.push(Effect::Opaque {
+            what: what.into(),
+            why: why.into(),
+        });
+    }
+
+    fn bound(&mut self, what: impl Into<Arc<str>>, why: impl Into<String>) {
+        self.push(Effect::Bound {
             what: what.into(),
             why: why.into(),
         });
@@ -209,18 +225,18 @@ impl Walk {
 
     fn script(&mut self, text: &str, depth: usize) {
         if depth > MAX_DEPTH {
-            return self.opaque(text, "it nests scripts too deeply to be judged");
+            return self.bound(text, "it nests scripts too deeply to be judged");
         }
         self.text = self.text.saturating_add(text.len());
         if self.text > MAX_TEXT {
-            return self.opaque(
+            return self.bound(
                 text,
                 format!("its scripts together are longer than the {MAX_TEXT} characters read"),
             );
         }
         let commands = match parse::simple_commands(text) {
             Ok(c) => c,
-            Err(e) => return self.opaque("the script", format!("it cannot be judged: {e}")),
+            Err(e) => return self.bound("the script", format!("it cannot be judged: {e}")),
         };
         let words: Vec<&str> = commands
             .iter()
@@ -280,7 +296,7 @@ impl Walk {
 
     fn command(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
         if depth > MAX_DEPTH {
-            return self.opaque(what.clone(), "it nests commands too deeply to be judged");
+            return self.bound(what.clone(), "it nests commands too deeply to be judged");
         }
         let Some(first) = words.first() else {
             return;
@@ -333,6 +349,22 @@ impl Walk {
                 }
             }
         }
+    }
+
+    /// The command a wrapper (or `xargs`, `find -exec`) runs. Wrappers unwrapped on the way
+    /// to a command are counted, nested scripts included; past [`MAX_WRAPPERS`], a bound.
+    fn unwrapped(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        if self.wrappers >= MAX_WRAPPERS {
+            return self.bound(
+                what.clone(),
+                format!(
+                    "it stacks more than {MAX_WRAPPERS} wrapper commands, more than are unwrapped"
+                ),
+            );
+        }
+        self.wrappers += 1;
+        self.command(words, what, depth, stdin);
+        self.wrappers -= 1;
     }
 
     /// A script in `language` given as a word (`sh -c WORD`, `su -c WORD`, a trap).
@@ -469,7 +501,7 @@ impl Walk {
                             _ => w.clone(),
                         })
                         .collect();
-                    self.command(&inner, what, depth + 1, None);
+                    self.unwrapped(&inner, what, depth, None);
                     i = end + 1;
                 }
                 Some("-fprint" | "-fprint0" | "-fprintf" | "-fls") => i += 1,
@@ -559,7 +591,7 @@ impl Walk {
             }
             None => inner.push(input("(words read from the input)")),
         }
-        self.command(&inner, what, depth + 1, None);
+        self.unwrapped(&inner, what, depth, None);
     }
 
     /// `eval ARGS`: the arguments joined, run as a script.
@@ -592,7 +624,7 @@ impl Walk {
         };
         let words = scanned.command.map_or(&[][..], |start| &args[start..]);
         if scanned.has("x", &["exec"]) {
-            return self.command(words, what, depth + 1, None);
+            return self.unwrapped(words, what, depth, None);
         }
         self.joined(words, what, depth);
     }
@@ -723,7 +755,7 @@ impl Walk {
             );
         }
         match s.command {
-            Some(start) => self.command(&args[start..], what, depth + 1, stdin),
+            Some(start) => self.unwrapped(&args[start..], what, depth, stdin),
             // No command: it starts a shell, which reads its input.
             None if w.bare_shell => self.reads_input("sh", true, stdin, what, depth),
             None => {}
@@ -890,6 +922,7 @@ pub fn network_path(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shell::abbreviate;
 
     const START: Start<'static> = Start {
         cwd: Some("/srv/ws"),
@@ -930,11 +963,23 @@ mod tests {
             .collect()
     }
 
+    /// Why the walk could not see through `script`: opaque effects and bounds alike.
     fn opaque(script: &str) -> Vec<String> {
         walk(script, START)
             .into_iter()
             .filter_map(|e| match e {
-                Effect::Opaque { why, .. } => Some(why),
+                Effect::Opaque { why, .. } | Effect::Bound { why, .. } => Some(why),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The bounds that stopped the walk through `script`.
+    fn bounds(script: &str) -> Vec<String> {
+        walk(script, START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Bound { why, .. } => Some(why),
                 _ => None,
             })
             .collect()
@@ -1139,7 +1184,58 @@ mod tests {
         let many = "ls;".repeat(MAX_EFFECTS + 10);
         let w = walk(&many, START);
         assert_eq!(w.len(), MAX_EFFECTS);
-        assert!(matches!(w.last(), Some(Effect::Opaque { .. })));
+        assert!(matches!(w.last(), Some(Effect::Bound { .. })));
+    }
+
+    #[test]
+    fn bounds_are_bounds_not_opaque_effects() {
+        let mut nested = "ls".to_owned();
+        for _ in 0..=MAX_DEPTH {
+            nested = format!("eval {}", shell_quote(&nested));
+        }
+        let long = "x".repeat(crate::shell::MAX_INPUT + 1);
+        let many = "ls;".repeat(MAX_EFFECTS + 10);
+        let deep = format!("echo {}", "$(".repeat(MAX_DEPTH + 2));
+        let stacked = format!("{}rm -rf /x", "nice ".repeat(MAX_WRAPPERS + 1));
+        for script in [&nested, &long, &many, &deep, &stacked] {
+            let w = walk(script, START);
+            assert!(
+                w.iter().any(|e| matches!(e, Effect::Bound { .. })),
+                "{}: {:?}",
+                abbreviate(script, 80),
+                w.last()
+            );
+            assert!(
+                !w.iter().any(|e| matches!(e, Effect::Opaque { .. })),
+                "{}",
+                abbreviate(script, 80)
+            );
+        }
+        assert!(
+            bounds(&stacked)[0].contains("wrapper"),
+            "{:?}",
+            bounds(&stacked)
+        );
+        // Up to the bound, the innermost program is seen, as by the guard.
+        let fits = format!("{}rm -rf /x", "nice ".repeat(MAX_WRAPPERS));
+        assert_eq!(bounds(&fits), Vec::<String>::new());
+        assert_eq!(names(&fits).last().map(String::as_str), Some("rm"));
+        assert_eq!(names(&fits).len(), MAX_WRAPPERS + 1);
+        // Wrappers are counted on the way to each command, not across the script.
+        let side_by_side = format!("{0}ls; {0}ls", "nice ".repeat(MAX_WRAPPERS));
+        assert_eq!(bounds(&side_by_side), Vec::<String>::new());
+        // Through a nested script, they add up: the walk never recurses further than
+        // MAX_DEPTH scripts of MAX_WRAPPERS wrappers.
+        let across = format!(
+            "{} sh -c '{}ls'",
+            "nice ".repeat(MAX_WRAPPERS / 2 + 1),
+            "nice ".repeat(MAX_WRAPPERS / 2)
+        );
+        assert!(!bounds(&across).is_empty(), "{:?}", walk(&across, START));
+        // What cannot be seen is opaque, never a bound.
+        for script in ["$CMD -rf /", "sh -c \"$X\"", "sudo $OPTS rm x"] {
+            assert_eq!(bounds(script), Vec::<String>::new(), "{script}");
+        }
     }
 
     fn shell_quote(s: &str) -> String {
@@ -1166,6 +1262,7 @@ mod tests {
                 Effect::Network { .. } => "network",
                 Effect::Script { .. } => "script",
                 Effect::Opaque { .. } => "opaque",
+                Effect::Bound { .. } => "bound",
             })
             .collect();
         assert_eq!(

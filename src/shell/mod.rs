@@ -23,6 +23,9 @@ pub mod spec;
 pub const MAX_INPUT: usize = 64 * 1024;
 /// Deepest nesting of shells, `eval`, substitutions and arithmetic followed.
 pub const MAX_DEPTH: usize = 8;
+/// Most wrapper commands (`sudo env nice …`) unwrapped on the way to one command; more are
+/// refused.
+pub const MAX_WRAPPERS: usize = 32;
 
 /// What a policy says about a command, ordered by strictness: `Allow < Ask < Refuse`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -272,7 +272,7 @@ mod tests {
             };
             let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
             let walked = effects::walk(&script, start);
-            if walked.iter().any(|e| matches!(e, Effect::Opaque { .. })) {
+            if walked.iter().any(|e| matches!(e, Effect::Opaque { .. } | Effect::Bound { .. })) {
                 return Ok(());
             }
             let walked: BTreeSet<String> = walked

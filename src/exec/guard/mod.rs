@@ -46,15 +46,12 @@ mod rules;
 
 pub(crate) use crate::shell::abbreviate;
 use crate::shell::expand::Env;
-pub use crate::shell::{MAX_DEPTH, MAX_INPUT};
+pub use crate::shell::{MAX_DEPTH, MAX_INPUT, MAX_WRAPPERS};
 use check::Checker;
 
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
 /// microseconds.
 pub const CPU_BUDGET: Duration = Duration::from_millis(250);
-/// Most wrapper commands (`sudo env nice …`) unwrapped in one simple command; more are
-/// refused.
-const MAX_WRAPPERS: usize = 32;
 /// Compiled size limit of one operator regex, so a pathological pattern cannot eat memory.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 

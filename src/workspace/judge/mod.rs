@@ -480,7 +480,7 @@ mod tests {
             let script = parts.concat();
             let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
             let blocked = effects::walk(&script, start).iter().any(|e| match e {
-                Effect::Opaque { .. } | Effect::Network { .. } => true,
+                Effect::Opaque { .. } | Effect::Bound { .. } | Effect::Network { .. } => true,
                 Effect::Program { argv, .. } => {
                     argv[0].literal.as_deref().map(crate::shell::basename) == Some("rm")
                 }

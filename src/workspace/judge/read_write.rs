@@ -292,7 +292,9 @@ pub(super) fn check(scope: &Scope<'_>, script: &str) -> Judged {
     let deny = |what: &str, why: String| Denied::new(Permission::ReadWrite, what, why);
     for effect in effects::walk(script, start) {
         match effect {
-            Effect::Opaque { what, why } => return Err(deny(&what, why)),
+            Effect::Opaque { what, why } | Effect::Bound { what, why } => {
+                return Err(deny(&what, why));
+            }
             Effect::Network { target, what } => {
                 return Err(deny(
                     &what,
