@@ -1,6 +1,6 @@
 //! The one walk through a command: parses it once ([`super::parse`]) and, driven by the
 //! command table ([`super::spec`]), lists its [`Effect`]s in the order they happen — a
-//! program runs (with its arguments and the directories it may run in), a file is written,
+//! program runs (with its arguments, expanded, and the directories it may run in), a file is written,
 //! a nested script runs (`sh -c`, `eval`, `su -c`, an alias or trap, a here-string or a pipe
 //! into a shell or an interpreter, an interpreter's inline code), a network endpoint is
 //! opened, a descriptor is duplicated — and an [`Effect::Opaque`] for whatever it cannot see
@@ -8,8 +8,11 @@
 //! option), and an [`Effect::Bound`] where one of the walk's bounds stopped it (nesting too
 //! deep, too many wrappers, too much text, too many effects).
 //!
-//! It owns the order of things, `cd` and the wrappers' directory options (the places a
-//! script may be in), unwrapping wrappers, and following nested scripts, `xargs` and
+//! It owns the order of things, the variables (assignments, `export`, `unset`, `read`, `for`
+//! values, each known value expanded by [`super::expand`]; a command using `${X:-default}`
+//! with X unknown is walked once more with X empty, one using a `for` variable once per
+//! value), `cd` and the wrappers' directory options (the places a script may be in),
+//! unwrapping wrappers, and following nested scripts, `xargs` and
 //! `find -exec`. It never decides anything: a policy reads the list it returns (the workspace
 //! judge at `read-write` does; the command guard, which still walks expanded words itself,
 //! is to be the second). It never runs anything and never touches the filesystem (paths are
@@ -17,13 +20,18 @@
 //!
 //! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_WRAPPERS`]
 //! wrappers unwrapped, more than [`MAX_TEXT`] characters of nested scripts or more than
-//! [`MAX_EFFECTS`] effects is a `Bound` effect, which a policy refuses (it is not a question
+//! [`MAX_EFFECTS`] effects, or an expansion past its budget of text or [`MAX_CPU`] (or past
+//! [`super::expand::MAX_BRACE`] words, or with an unknown `IFS`), is a `Bound` effect, which a policy refuses (it is not a question
 //! for a person); more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown
 //! place.
 
 use std::sync::Arc;
 
-use super::parse::{self, RedirectKind, ShellWord};
+use super::expand::{Bound, Env, Expander, Field, MAX_LOOP_VALUES, fallback_names, param_names};
+use super::parse::{
+    self, Lexer, Op, Part, Redir, RedirKind, RedirectKind, Redirection, ShellWord, Tok, Word,
+    is_identifier, render_source,
+};
 use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_option};
 use super::{MAX_DEPTH, MAX_WRAPPERS, basename};
 
@@ -31,6 +39,8 @@ use super::{MAX_DEPTH, MAX_WRAPPERS, basename};
 pub const MAX_EFFECTS: usize = 4096;
 /// Most characters of scripts (the command and every nested script) one walk parses.
 pub use super::expand::MAX_TEXT;
+/// CPU time one walk may spend expanding words; past it the walk stops with a `Bound`.
+pub const MAX_CPU: std::time::Duration = std::time::Duration::from_millis(250);
 /// Most working directories a script is tracked as possibly being in; past it, unknown.
 pub const MAX_CWDS: usize = 16;
 /// Most bytes of those directories together; past it, unknown (each path a write names is
@@ -100,8 +110,9 @@ pub enum Nesting {
 /// One thing a command does, in the order it happens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// A program runs: its arguments as written (a wrapper and the command it runs are each
-    /// a program), and where. `what`, in every effect, is the simple command it comes from,
+    /// A program runs: its arguments as expanded, each known, unknown, or unknown with a
+    /// value if its unknown parts are empty (a wrapper and the command it runs are each a
+    /// program), and where. `what`, in every effect, is the simple command it comes from,
     /// as written (for messages), shared by all its effects.
     Program {
         argv: Vec<ShellWord>,
@@ -154,6 +165,13 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
         cd_unknown: false,
         text: 0,
         wrappers: 0,
+        env: Env {
+            cwd: start.cwd.map(str::to_owned),
+            home: start.home.map(str::to_owned),
+            ..Env::default()
+        },
+        expander: Expander::new(MAX_TEXT, MAX_CPU),
+        stopped: false,
     };
     w.notice(&[script]);
     w.script(script, 0);
@@ -171,6 +189,22 @@ struct Walk {
     text: usize,
     /// Wrappers unwrapped on the way to the command being walked.
     wrappers: usize,
+    /// The variables as far as they are known here (assignments, `export`, `unset`, `read`,
+    /// `for` values).
+    env: Env,
+    /// Expands words, within the walk's budget of text and CPU time.
+    expander: Expander,
+    /// Whether a bound of expansion stopped the walk: nothing more is listed.
+    stopped: bool,
+}
+
+/// A field of an expanded word as a word of the walk: literal when its value is known.
+fn expanded(f: Field) -> ShellWord {
+    ShellWord {
+        if_empty: f.value.is_none().then_some(f.if_empty),
+        literal: f.value,
+        source: f.display,
+    }
 }
 
 /// What a command's standard input is, when it matters (a shell or interpreter reads it).
@@ -244,53 +278,329 @@ impl Walk {
             .filter_map(|w| w.literal.as_deref())
             .collect();
         self.notice(&words);
-        for c in &commands {
-            if self.full() {
+        let Ok(toks) = Lexer::new(text, 0).lex() else {
+            return self.bound("the script", "it nests too deeply to be judged");
+        };
+        if let Err(b) = self.expander.spend(text.len()) {
+            return self.expansion_bound("the script", b);
+        }
+        self.tokens(&toks, depth);
+    }
+
+    /// A bound of expansion (text, CPU time, braces, an unknown `IFS`) was hit: the walk stops.
+    fn expansion_bound(&mut self, what: impl Into<Arc<str>>, b: Bound) {
+        self.bound(what, format!("it cannot be judged whole: {b}"));
+        self.stopped = true;
+    }
+
+    /// The simple commands of a token list, in order, each with the variables as the
+    /// commands before it left them.
+    fn tokens(&mut self, toks: &[Tok], depth: usize) {
+        let mut words: Vec<&Word> = Vec::new();
+        let mut redirs: Vec<&Redir> = Vec::new();
+        // Whether the next simple command reads the output of a pipe.
+        let mut piped = false;
+        for tok in toks.iter().map(Some).chain([None]) {
+            if self.stopped || self.full() {
                 return;
             }
-            let what: Arc<str> = c.render().into();
-            let mut stdin: Stdin = c.piped.then_some((Nesting::Pipe, None));
-            for r in &c.redirects {
-                if r.kind != RedirectKind::HereString
-                    && r.kind != RedirectKind::HereDocument
-                    && (r.target.literal.as_deref().is_some_and(network_path)
-                        || network_path(&r.target.source))
-                {
-                    self.push(Effect::Network {
-                        target: r.target.source.clone(),
-                        what: what.clone(),
-                    });
-                }
-                let how = match r.kind {
-                    RedirectKind::Output => Some(Written::Truncated),
-                    RedirectKind::Append => Some(Written::Appended),
-                    _ => None,
-                };
-                if let Some(how) = how {
-                    self.push(Effect::Write {
-                        target: r.target.clone(),
-                        how,
-                        at: self.place(),
-                        what: what.clone(),
-                    });
-                }
-                match r.kind {
-                    RedirectKind::Output | RedirectKind::Append => {}
-                    RedirectKind::Duplicate => self.push(Effect::Duplicate {
-                        fd: r.fd.clone(),
-                        target: r.target.clone(),
-                        what: what.clone(),
-                    }),
-                    RedirectKind::HereString => {
-                        stdin = Some((Nesting::HereString, r.target.literal.clone()));
+            match tok {
+                Some(Tok::Word(w)) => words.push(w),
+                Some(Tok::Redir(r)) => redirs.push(r),
+                _ => {
+                    if let Some(Tok::Arith(w)) = tok {
+                        self.substitutions(&w.parts, depth);
                     }
-                    RedirectKind::HereDocument => stdin = Some((Nesting::HereDocument, None)),
-                    RedirectKind::Input => stdin = Some((Nesting::File, None)),
+                    if !words.is_empty() || !redirs.is_empty() {
+                        self.simple(&words, &redirs, depth, piped);
+                        piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                    } else if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
+                        // `( a ) | b`: the pipe after a subshell feeds the next command too.
+                        piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                    }
+                    words.clear();
+                    redirs.clear();
                 }
             }
-            if !c.argv.is_empty() {
-                self.command(&c.argv, &what, depth, stdin);
+        }
+    }
+
+    /// The commands inside a word's substitutions and arithmetic: they run first, in a
+    /// subshell (what they assign is not kept).
+    fn substitutions(&mut self, parts: &[Part], depth: usize) {
+        for p in parts {
+            match p {
+                Part::Subst { toks, .. } => {
+                    let saved = self.env.clone();
+                    self.tokens(toks, depth);
+                    self.env = saved;
+                }
+                Part::Opaque { inner, .. } => self.substitutions(inner, depth),
+                Part::Lit { .. } | Part::Param { .. } => {}
             }
+        }
+    }
+
+    /// A word's arguments, or `None` when a bound stopped the walk.
+    fn expand(&mut self, w: &Word) -> Option<Vec<ShellWord>> {
+        match self.expander.expand(w, &self.env) {
+            Ok(fields) => Some(fields.into_iter().map(expanded).collect()),
+            Err(b) => {
+                self.expansion_bound(render_source(w), b);
+                None
+            }
+        }
+    }
+
+    /// One simple command: reserved words, assignments and declarations (which the
+    /// variables follow), then its redirections and the program it runs, with its words
+    /// expanded. A `for` variable with known values is walked once per value, then once
+    /// unknown; `${X:-default}` with X unknown, once more with X empty.
+    fn simple(&mut self, words: &[&Word], redirs: &[&Redir], depth: usize, piped: bool) {
+        if let Err(b) = self.expander.spend(64 + words.len() + redirs.len()) {
+            return self.expansion_bound("the script", b);
+        }
+        let mut names = Vec::new();
+        for w in words {
+            param_names(&w.parts, &mut names);
+        }
+        for r in redirs {
+            param_names(&r.target.parts, &mut names);
+        }
+        if let Some((name, values)) = names
+            .iter()
+            .find_map(|n| self.env.loops.get(n).map(|v| (n.clone(), v.clone())))
+        {
+            for value in values {
+                let saved = self.env.clone();
+                self.env.set(name.clone(), Some(value));
+                self.simple(words, redirs, depth, piped);
+                self.env = saved;
+            }
+        }
+        let mut defaulted = Vec::new();
+        for w in words {
+            fallback_names(&w.parts, &mut defaulted);
+        }
+        if let Some(name) = defaulted.into_iter().find(|n| {
+            !self.env.vars.contains_key(n) && self.expander.lookup(n, &self.env).is_none()
+        }) {
+            let saved = self.env.clone();
+            self.env.set(name, Some(String::new()));
+            self.simple(words, redirs, depth, piped);
+            self.env = saved;
+        }
+        if self.stopped || self.full() {
+            return;
+        }
+        for w in words {
+            self.substitutions(&w.parts, depth);
+        }
+        for r in redirs {
+            self.substitutions(&r.target.parts, depth);
+            if let Some(body) = &r.body {
+                self.substitutions(&body.parts, depth);
+            }
+        }
+        if self.stopped || self.full() {
+            return;
+        }
+        let mut i = 0;
+        while let Some(w) = words.get(i) {
+            match w.bare() {
+                Some(
+                    "{" | "}" | "!" | "if" | "then" | "else" | "elif" | "fi" | "do" | "done"
+                    | "while" | "until" | "esac" | "in" | "time" | "coproc",
+                ) => i += 1,
+                Some("for" | "select") => return self.for_header(&words[i + 1..]),
+                Some("case") => return,
+                Some("function") => i += 2,
+                _ => break,
+            }
+        }
+        let rest = &words[i.min(words.len())..];
+        if rest.is_empty() && redirs.is_empty() {
+            return;
+        }
+        let n = rest.iter().take_while(|w| w.assignment().is_some()).count();
+        let (assignments, rest) = rest.split_at(n);
+        let what: Arc<str> = {
+            let mut shown: Vec<String> = words[i.min(words.len())..]
+                .iter()
+                .map(|w| render_source(w))
+                .collect();
+            for r in redirs {
+                let r = parse::redirection(r);
+                shown.push(r.render());
+            }
+            shown.join(" ").into()
+        };
+        let mut stdin: Stdin = piped.then_some((Nesting::Pipe, None));
+        for r in redirs {
+            let mut shown = parse::redirection(r);
+            // A redirection's target is one word: expanded when it makes exactly one.
+            if matches!(
+                r.kind,
+                RedirKind::Output | RedirKind::Append | RedirKind::Dup
+            ) {
+                let Some(fields) = self.expand(&r.target) else {
+                    return;
+                };
+                if let [one] = fields.as_slice() {
+                    shown.target = one.clone();
+                } else {
+                    shown.target.literal = None;
+                }
+            }
+            if r.kind == RedirKind::HereString {
+                match self.expander.expand_joined(&r.target.parts, &self.env) {
+                    Ok(f) => shown.target = expanded(f),
+                    Err(b) => return self.expansion_bound(what, b),
+                }
+            }
+            self.redirect(&shown, &what, &mut stdin);
+        }
+        if rest.is_empty() {
+            for w in assignments {
+                if let Some((name, parts, append)) = w.assignment()
+                    && !self.assign(name, &parts, append, &what)
+                {
+                    return;
+                }
+            }
+            return;
+        }
+        if !self.declarations(rest, &what) {
+            return;
+        }
+        let mut argv = Vec::new();
+        for w in rest {
+            let Some(fields) = self.expand(w) else {
+                return;
+            };
+            argv.extend(fields);
+        }
+        if argv.is_empty() {
+            return;
+        }
+        self.command(&argv, &what, depth, stdin);
+    }
+
+    /// `for NAME in WORDS`: NAME is unknown afterwards, and each of its values when they
+    /// are all known (and few).
+    fn for_header(&mut self, words: &[&Word]) {
+        let Some(var) = words.first().and_then(|w| w.literal()) else {
+            return;
+        };
+        let mut values = Vec::new();
+        if words.get(1).and_then(|w| w.bare()) == Some("in") {
+            for w in &words[2..] {
+                match self.expander.expand(w, &self.env) {
+                    Ok(f) => values.extend(f),
+                    Err(b) => return self.expansion_bound(render_source(w), b),
+                }
+            }
+        }
+        let known: Option<Vec<String>> = values.into_iter().map(|f| f.value).collect();
+        self.env.set(var.clone(), None);
+        if let Some(known) = known.filter(|k| (1..=MAX_LOOP_VALUES).contains(&k.len())) {
+            self.env.loops.insert(var, known);
+        }
+    }
+
+    /// `NAME=value`, or `NAME+=value`, which appends to what NAME held. False when a bound
+    /// stopped the walk.
+    fn assign(&mut self, name: String, parts: &[Part], append: bool, what: &Arc<str>) -> bool {
+        let f = match self.expander.expand_joined(parts, &self.env) {
+            Ok(f) => f,
+            Err(b) => {
+                self.expansion_bound(what.clone(), b);
+                return false;
+            }
+        };
+        let value = if append {
+            // Not set on this line: it may come from the environment.
+            let before = self.env.vars.get(&name).cloned().flatten();
+            before.zip(f.value).map(|(a, b)| a + &b)
+        } else {
+            f.value
+        };
+        self.env.set(name, value);
+        true
+    }
+
+    /// `export X=…`, `unset X`, `read X`: the variables follow. False when a bound stopped
+    /// the walk.
+    fn declarations(&mut self, rest: &[&Word], what: &Arc<str>) -> bool {
+        let Some(first) = rest[0].bare() else {
+            return true;
+        };
+        match first {
+            "export" | "declare" | "typeset" | "local" | "readonly" => {
+                for w in &rest[1..] {
+                    if let Some((name, parts, append)) = w.assignment()
+                        && !self.assign(name, &parts, append, what)
+                    {
+                        return false;
+                    }
+                }
+            }
+            "unset" => {
+                for w in &rest[1..] {
+                    if let Some(name) = w.literal() {
+                        self.env.unset(&name);
+                    }
+                }
+            }
+            "read" | "mapfile" | "readarray" | "getopts" | "printf" => {
+                for w in &rest[1..] {
+                    if let Some(name) = w.literal().filter(|n| is_identifier(n)) {
+                        self.env.set(name, None);
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
+    }
+
+    /// One redirection's effects; a here-string or an input file becomes the input.
+    fn redirect(&mut self, r: &Redirection, what: &Arc<str>, stdin: &mut Stdin) {
+        if r.kind != RedirectKind::HereString
+            && r.kind != RedirectKind::HereDocument
+            && (r.target.literal.as_deref().is_some_and(network_path)
+                || network_path(&r.target.source))
+        {
+            self.push(Effect::Network {
+                target: r.target.source.clone(),
+                what: what.clone(),
+            });
+        }
+        let how = match r.kind {
+            RedirectKind::Output => Some(Written::Truncated),
+            RedirectKind::Append => Some(Written::Appended),
+            _ => None,
+        };
+        if let Some(how) = how {
+            self.push(Effect::Write {
+                target: r.target.clone(),
+                how,
+                at: self.place(),
+                what: what.clone(),
+            });
+        }
+        match r.kind {
+            RedirectKind::Output | RedirectKind::Append => {}
+            RedirectKind::Duplicate => self.push(Effect::Duplicate {
+                fd: r.fd.clone(),
+                target: r.target.clone(),
+                what: what.clone(),
+            }),
+            RedirectKind::HereString => {
+                *stdin = Some((Nesting::HereString, r.target.literal.clone()));
+            }
+            RedirectKind::HereDocument => *stdin = Some((Nesting::HereDocument, None)),
+            RedirectKind::Input => *stdin = Some((Nesting::File, None)),
         }
     }
 
@@ -497,6 +807,7 @@ impl Walk {
                             Some(l) if l.contains("{}") => ShellWord {
                                 literal: None,
                                 source: w.source.clone(),
+                                if_empty: None,
                             },
                             _ => w.clone(),
                         })
@@ -580,6 +891,7 @@ impl Walk {
         let input = |source: &str| ShellWord {
             literal: None,
             source: source.to_owned(),
+            if_empty: None,
         };
         match replace.filter(|r| !r.is_empty()) {
             Some(r) => {
@@ -609,6 +921,7 @@ impl Walk {
                     .map(|w| w.source.as_str())
                     .collect::<Vec<_>>()
                     .join(" "),
+                if_empty: None,
             },
         };
         self.nested("sh", Nesting::Eval, Some(&script), what, depth);
@@ -731,6 +1044,7 @@ impl Walk {
                 None => ShellWord {
                     literal: None,
                     source: what.to_string(),
+                    if_empty: None,
                 },
             };
             return self.nested("sh", Nesting::Option, Some(&script), what, depth);
@@ -1185,6 +1499,71 @@ mod tests {
         let w = walk(&many, START);
         assert_eq!(w.len(), MAX_EFFECTS);
         assert!(matches!(w.last(), Some(Effect::Bound { .. })));
+    }
+
+    #[test]
+    fn words_are_expanded_with_the_variables_the_script_set() {
+        let argv = |s: &str| programs(s).into_iter().next().unwrap_or_default();
+        assert_eq!(argv("X=ls; $X -la /"), ["ls", "-la", "/"]);
+        assert_eq!(names("export C=rm; $C x"), ["export", "rm"]);
+        assert_eq!(argv("A=/e; A+=tc; rm -r $A"), ["rm", "-r", "/etc"]);
+        // Word splitting, and `echo` output.
+        assert_eq!(argv("X='rm -rf'; $X /"), ["rm", "-rf", "/"]);
+        assert_eq!(argv("$(echo rm) -r /"), ["echo", "rm"]);
+        assert_eq!(names("$(echo rm) -r /"), ["echo", "rm"]);
+        // A wrapper's command, a nested script's, a `cd`'s directory.
+        assert_eq!(names("W=sudo; P=rm; $W $P x"), ["sudo", "rm"]);
+        assert_eq!(names("S='rm x'; sh -c \"$S\""), ["sh", "rm"]);
+        let writes: Vec<Vec<String>> = walk("D=/tmp; cd $D; echo > f", START)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Write { at, .. } => Some(at.cwds.to_vec()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(writes, [vec!["/srv/ws".to_owned(), "/tmp".to_owned()]]);
+        // `for` values: once each, then once unknown.
+        assert_eq!(names("for c in ls cat; do $c; done"), ["ls", "cat"]);
+        assert_eq!(opaque("for c in ls cat; do $c; done").len(), 1);
+        // `${X:-default}` with X unknown: once with X empty, once unknown.
+        assert_eq!(argv("rm ${T:-/tmp}/x"), ["rm", "/tmp/x"]);
+        assert_eq!(programs("rm ${T:-/tmp}/x").len(), 2);
+        // What makes a variable unknown again: `unset`, `read`, a prefix assignment (for
+        // that command only), a substitution (a subshell).
+        for unknown in [
+            "X=ls; unset X; $X",
+            "X=ls; read X; $X",
+            "X=ls true; $X",
+            "echo $(X=ls); $X",
+        ] {
+            assert_eq!(
+                opaque(unknown),
+                ["its command name is known only when it runs, so it cannot be judged"],
+                "{unknown}"
+            );
+        }
+        // An unknown part may be empty: the argument says what it is then.
+        let quoted = walk("rm -rf \"$U\"/*", START);
+        let Some(Effect::Program { argv: words, .. }) = quoted.first() else {
+            panic!("{quoted:?}");
+        };
+        assert_eq!(words[2].literal, None);
+        assert_eq!(words[2].if_empty.as_deref(), Some("/*"));
+        assert_eq!(words[0].if_empty, None);
+        // A known empty word is no argument; a quoted one is.
+        assert_eq!(argv("E=; rm $E x \"$E\""), ["rm", "x", ""]);
+    }
+
+    #[test]
+    fn expansion_bounds_are_bounds() {
+        let braces = format!("echo {}", "{a,b}".repeat(11));
+        assert_eq!(bounds(&braces).len(), 1, "{braces}");
+        assert!(bounds(&braces)[0].contains("brace expansion"));
+        let ifs = "IFS=$Q; X='a b'; echo $X";
+        assert_eq!(bounds(ifs).len(), 1);
+        assert!(bounds(ifs)[0].contains("IFS"));
+        // Nothing after the bound is listed.
+        assert!(!names(&format!("{braces}; rm x")).contains(&"rm".to_owned()));
     }
 
     #[test]

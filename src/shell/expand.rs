@@ -526,6 +526,54 @@ fn to_word(atoms: &[Atom]) -> Word {
     w
 }
 
+/// Names of the parameters a word uses (not looking inside substitutions).
+pub(crate) fn param_names(parts: &[Part], out: &mut Vec<String>) {
+    for p in parts {
+        match p {
+            Part::Param { name, .. } => out.push(name.clone()),
+            Part::Opaque {
+                fallback: Some((name, _)),
+                ..
+            } => out.push(name.clone()),
+            _ => {}
+        }
+    }
+}
+
+/// Names used as `${NAME:-default}` in a word.
+pub(crate) fn fallback_names(parts: &[Part], out: &mut Vec<String>) {
+    for p in parts {
+        if let Part::Opaque {
+            fallback: Some((name, _)),
+            ..
+        } = p
+        {
+            out.push(name.clone());
+        }
+    }
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bound::Text => f.write_str("it expands to more text than is examined"),
+            Bound::Cpu(limit) => write!(
+                f,
+                "examining it took more than {} ms of CPU time",
+                limit.as_millis()
+            ),
+            Bound::Braces { word } => write!(
+                f,
+                "brace expansion in `{word}` makes more than {MAX_BRACE} words"
+            ),
+            Bound::UnknownIfs { value } => write!(
+                f,
+                "IFS is known only when it runs, so how `{value}` splits is unknown"
+            ),
+        }
+    }
+}
+
 /// Output of `echo`/`printf` when it is exactly their arguments: anything they would
 /// interpret (a backslash, a `printf` conversion) makes it unknown.
 pub fn echo_output(fields: &[Field]) -> Option<String> {

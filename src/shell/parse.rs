@@ -849,14 +849,18 @@ pub enum ParseError {
     TooDeep,
 }
 
-/// One word of a simple command.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One word of a simple command (or, after expansion, one argument).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShellWord {
     /// The word after quote removal, when it is literal text (no parameter, substitution or
-    /// arithmetic in it). `None` means its value is only known when it runs.
+    /// arithmetic in it) or, once expanded, its value when known. `None` means its value is
+    /// only known when it runs.
     pub literal: Option<String>,
     /// The word as written, with unknown parts shown as `${X}`, `$(…)`, `$((…))`.
     pub source: String,
+    /// For an expanded word whose value is unknown: its value if every unknown part is
+    /// empty (an unset variable, an empty output). `None` otherwise.
+    pub if_empty: Option<String>,
 }
 
 /// What a redirection does.
@@ -915,19 +919,24 @@ impl SimpleCommand {
     pub fn render(&self) -> String {
         let mut out: Vec<String> = self.assignments.iter().map(|w| w.source.clone()).collect();
         out.extend(self.argv.iter().map(|w| w.source.clone()));
-        for r in &self.redirects {
-            let op = match r.kind {
-                RedirectKind::Input => "<",
-                RedirectKind::Output => ">",
-                RedirectKind::Append => ">>",
-                RedirectKind::Duplicate => ">&",
-                RedirectKind::HereString => "<<<",
-                RedirectKind::HereDocument => "<<",
-            };
-            let fd = r.fd.as_deref().unwrap_or_default();
-            out.push(format!("{fd}{op} {}", r.target.source));
-        }
+        out.extend(self.redirects.iter().map(Redirection::render));
         out.join(" ")
+    }
+}
+
+impl Redirection {
+    /// The redirection as written (`2>&1` as `2>& 1`).
+    pub fn render(&self) -> String {
+        let op = match self.kind {
+            RedirectKind::Input => "<",
+            RedirectKind::Output => ">",
+            RedirectKind::Append => ">>",
+            RedirectKind::Duplicate => ">&",
+            RedirectKind::HereString => "<<<",
+            RedirectKind::HereDocument => "<<",
+        };
+        let fd = self.fd.as_deref().unwrap_or_default();
+        format!("{fd}{op} {}", self.target.source)
     }
 }
 
@@ -980,10 +989,28 @@ pub fn parse_script(script: &str) -> Result<Script, ParseError> {
     Ok(out)
 }
 
-fn shell_word(w: &Word) -> ShellWord {
+/// A word as written, unexpanded.
+pub(crate) fn shell_word(w: &Word) -> ShellWord {
     ShellWord {
         literal: w.literal(),
         source: render_source(w),
+        if_empty: None,
+    }
+}
+
+/// A redirection as written, unexpanded.
+pub(crate) fn redirection(r: &Redir) -> Redirection {
+    Redirection {
+        kind: match r.kind {
+            RedirKind::Input => RedirectKind::Input,
+            RedirKind::Output => RedirectKind::Output,
+            RedirKind::Append => RedirectKind::Append,
+            RedirKind::Dup => RedirectKind::Duplicate,
+            RedirKind::HereString => RedirectKind::HereString,
+            RedirKind::HereDoc => RedirectKind::HereDocument,
+        },
+        fd: r.fd.clone(),
+        target: shell_word(&r.target),
     }
 }
 
@@ -1070,21 +1097,7 @@ fn simple(words: &[&Word], redirs: &[&Redir], depth: usize, piped: bool, out: &m
     out.commands.push(SimpleCommand {
         assignments: rest[..assignments].iter().map(|w| shell_word(w)).collect(),
         argv: rest[assignments..].iter().map(|w| shell_word(w)).collect(),
-        redirects: redirs
-            .iter()
-            .map(|r| Redirection {
-                kind: match r.kind {
-                    RedirKind::Input => RedirectKind::Input,
-                    RedirKind::Output => RedirectKind::Output,
-                    RedirKind::Append => RedirectKind::Append,
-                    RedirKind::Dup => RedirectKind::Duplicate,
-                    RedirKind::HereString => RedirectKind::HereString,
-                    RedirKind::HereDoc => RedirectKind::HereDocument,
-                },
-                fd: r.fd.clone(),
-                target: shell_word(&r.target),
-            })
-            .collect(),
+        redirects: redirs.iter().map(|r| redirection(r)).collect(),
         depth,
         piped,
     });

@@ -614,6 +614,7 @@ pub fn word(text: &str) -> ShellWord {
     ShellWord {
         literal: Some(text.to_owned()),
         source: text.to_owned(),
+        if_empty: None,
     }
 }
 

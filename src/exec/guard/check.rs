@@ -16,7 +16,8 @@ use super::rules::{builtin_rules, shown, write_target};
 use super::{Guard, MAX_DEPTH, MAX_WRAPPERS, Objection, abbreviate, too_deep};
 use crate::shell::basename;
 use crate::shell::expand::{
-    Bound, Env, Expander, Field, MAX_BRACE, MAX_LOOP_VALUES, MAX_TEXT, echo_output,
+    Bound, Env, Expander, Field, MAX_BRACE, MAX_LOOP_VALUES, MAX_TEXT, echo_output, fallback_names,
+    param_names,
 };
 use crate::shell::parse::{
     Lexer, Op, Part, Redir, RedirKind, ShellWord, Tok, TooDeep, Word, is_identifier, render_source,
@@ -654,6 +655,7 @@ impl<'g> Checker<'g> {
             .map(|f| ShellWord {
                 literal: f.value.clone(),
                 source: f.display.clone(),
+                if_empty: f.value.is_none().then(|| f.if_empty.clone()),
             })
             .collect();
         let words = if r.old_style {
@@ -938,33 +940,6 @@ impl<'g> Checker<'g> {
             }
         }
         Ok(())
-    }
-}
-
-/// Names of the parameters a word uses (not looking inside substitutions).
-fn param_names(parts: &[Part], out: &mut Vec<String>) {
-    for p in parts {
-        match p {
-            Part::Param { name, .. } => out.push(name.clone()),
-            Part::Opaque {
-                fallback: Some((name, _)),
-                ..
-            } => out.push(name.clone()),
-            _ => {}
-        }
-    }
-}
-
-/// Names used as `${NAME:-default}` in a word.
-fn fallback_names(parts: &[Part], out: &mut Vec<String>) {
-    for p in parts {
-        if let Part::Opaque {
-            fallback: Some((name, _)),
-            ..
-        } = p
-        {
-            out.push(name.clone());
-        }
     }
 }
 
