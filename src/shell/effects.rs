@@ -405,27 +405,50 @@ impl Walk {
         if self.stopped || self.full() {
             return;
         }
+        // Reserved words and assignments at the start, read as the guard reads them.
         let mut i = 0;
+        let mut first = None;
+        let mut assignments = Vec::new();
         while let Some(w) = words.get(i) {
             match w.bare() {
                 Some(
                     "{" | "}" | "!" | "if" | "then" | "else" | "elif" | "fi" | "do" | "done"
-                    | "while" | "until" | "esac" | "in" | "time" | "coproc",
-                ) => i += 1,
+                    | "while" | "until" | "esac" | "in" | "time",
+                ) => {
+                    i += 1;
+                    continue;
+                }
+                Some("coproc") => {
+                    // `coproc NAME { …; }` names the coprocess; `coproc CMD …` runs CMD.
+                    let named = words.get(i + 1).and_then(|w| w.literal()).is_some_and(|n| {
+                        is_identifier(&n) && words.get(i + 2).and_then(|w| w.bare()) == Some("{")
+                    });
+                    i += if named { 2 } else { 1 };
+                    continue;
+                }
                 Some("for" | "select") => return self.for_header(&words[i + 1..]),
                 Some("case") => return,
-                Some("function") => i += 2,
-                _ => break,
+                Some("function") => {
+                    i += 2;
+                    continue;
+                }
+                _ => {}
             }
+            if w.assignment().is_some() {
+                first.get_or_insert(i);
+                assignments.push(*w);
+                i += 1;
+                continue;
+            }
+            break;
         }
         let rest = &words[i.min(words.len())..];
-        if rest.is_empty() && redirs.is_empty() {
+        if rest.is_empty() && assignments.is_empty() && redirs.is_empty() {
             return;
         }
-        let n = rest.iter().take_while(|w| w.assignment().is_some()).count();
-        let (assignments, rest) = rest.split_at(n);
+        let shown_from = first.unwrap_or(i).min(words.len());
         let what: Arc<str> = {
-            let mut shown: Vec<String> = words[i.min(words.len())..]
+            let mut shown: Vec<String> = words[shown_from..]
                 .iter()
                 .map(|w| render_source(w))
                 .collect();
@@ -461,7 +484,7 @@ impl Walk {
             self.redirect(&shown, &what, &mut stdin);
         }
         if rest.is_empty() {
-            for w in assignments {
+            for w in &assignments {
                 if let Some((name, parts, append)) = w.assignment()
                     && !self.assign(name, &parts, append, &what)
                 {
@@ -696,7 +719,9 @@ impl Walk {
         }
     }
 
-    /// Known shell code: the script effect, then the script's own effects.
+    /// Known shell code: the script effect, then the script's own effects. Only `eval`
+    /// runs it in this shell: what any other nested script assigns is not kept (`watch`,
+    /// joined like `eval`, restores the variables itself).
     fn code(&mut self, language: &str, how: Nesting, code: &str, what: &Arc<str>, depth: usize) {
         self.push(Effect::Script {
             language: language.to_owned(),
@@ -704,7 +729,12 @@ impl Walk {
             code: Some(code.to_owned()),
             what: what.clone(),
         });
+        if how == Nesting::Eval {
+            return self.script(code, depth + 1);
+        }
+        let saved = self.env.clone();
         self.script(code, depth + 1);
+        self.env = saved;
     }
 
     /// A shell or interpreter with no script operand reads its standard input.
@@ -939,7 +969,10 @@ impl Walk {
         if scanned.has("x", &["exec"]) {
             return self.unwrapped(words, what, depth, None);
         }
+        // Run by `sh -c`, unlike `eval`: what it assigns is not kept.
+        let saved = self.env.clone();
         self.joined(words, what, depth);
+        self.env = saved;
     }
 
     /// `alias NAME=VALUE`: the value runs wherever the name is used.
@@ -1542,6 +1575,18 @@ mod tests {
                 "{unknown}"
             );
         }
+        // Only `eval` assigns in this shell; other nested scripts run elsewhere or later.
+        assert_eq!(names("eval X=ls; $X"), ["eval", "ls"]);
+        for elsewhere in [
+            "sh -c X=ls; $X",
+            "alias a=X=ls; $X",
+            "watch X=ls; $X",
+            "trap X=ls EXIT; $X",
+        ] {
+            assert_eq!(opaque(elsewhere).len(), 1, "{elsewhere}");
+        }
+        // As the guard reads it, a reserved word after an assignment still starts a loop.
+        assert_eq!(names("X=ls for c in rm; do $c; done"), ["rm"]);
         // An unknown part may be empty: the argument says what it is then.
         let quoted = walk("rm -rf \"$U\"/*", START);
         let Some(Effect::Program { argv: words, .. }) = quoted.first() else {

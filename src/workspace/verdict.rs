@@ -196,8 +196,8 @@ mod tests {
         assert_eq!((read.verdict, read.by), (Verdict::Refuse, "permission"));
     }
 
-    /// Literal words and operators (no variables, globs or known text piped into a shell,
-    /// which the guard expands and the walk does not).
+    /// Literal words and operators (no globs or known text piped into a shell, which the
+    /// guard expands and the walk does not).
     const LITERAL_PIECES: &[&str] = &[
         "ls ",
         "rm x ",
@@ -252,16 +252,40 @@ mod tests {
         "env -S '",
     ];
 
+    /// Variables: assigned, exported, appended to, unset, read, looped over, defaulted and
+    /// used where a command name, an argument or a script stands.
+    const VARIABLE_PIECES: &[&str] = &[
+        "X=ls ",
+        "X=rm ",
+        "X='rm x' ",
+        "X=sudo ",
+        "X+=x ",
+        "export X=touch ",
+        "Y=$X ",
+        "unset X ",
+        "read X ",
+        "for X in ls cat; do ",
+        "done ",
+        "$X ",
+        "\"$X\" ",
+        "$Y ",
+        "${X:-ls} ",
+        "${Y:-rm} x ",
+    ];
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
 
         /// The workspace judge and the guard see the same programs: the one walk's program
         /// effects (what the judge's read-write policy judges) name exactly the programs the
-        /// guard's own walk judges, whatever the command. Commands the guard refuses (its walk
+        /// guard's own walk judges, whatever the command, variables included. Commands the guard refuses (its walk
         /// stops there) or that the walk cannot see through are not compared.
         #[test]
         fn the_guard_and_the_judge_see_the_same_programs(
-            parts in proptest::collection::vec(proptest::sample::select(LITERAL_PIECES), 0..12)
+            parts in proptest::collection::vec(
+                proptest::sample::select([LITERAL_PIECES, VARIABLE_PIECES].concat()),
+                0..12,
+            )
         ) {
             use std::collections::BTreeSet;
             use crate::shell::effects::{self, Effect, Start};

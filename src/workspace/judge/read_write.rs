@@ -790,6 +790,62 @@ mod tests {
         );
     }
 
+    /// The walk expands words with the variables the script set: where a value is known
+    /// the judge sees through `$X`. Each of these was refused only because the value could
+    /// not be seen (a write to `$F`, a `cd $D`, a command `$C`).
+    #[test]
+    fn read_write_sees_through_known_values() {
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "F=notes.txt; echo hi > $F",
+                "D=src; cd $D && touch x",
+                "C=touch; $C x",
+                "export C=mkdir; $C -p d",
+                "O=out; O+=.txt; sort -o \"$O\" in.txt",
+                "W=sudo; $W -u bob touch x",
+                "S='touch x'; sh -c \"$S\"",
+            ],
+        );
+    }
+
+    /// A known value outside the workspace is refused as such; a value that is unknown
+    /// again (`unset`, `read`, a `for` variable after its values, a substitution's
+    /// assignment, a prefix assignment) is refused as unknown, as before.
+    #[test]
+    fn read_write_refuses_what_known_values_reach() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "X=/etc/passwd; echo > $X",
+                "D=/etc; cd $D; touch x",
+                "C=rm; $C x",
+                "C='rm -rf'; $C src",
+                "W=sudo; P=rm; $W $P x",
+                "S='rm x'; sh -c \"$S\"",
+                "X=/etc; for d in src $X; do touch $d/a; done",
+                "F=notes.txt; unset F; echo > $F",
+                "F=notes.txt; read F; echo > $F",
+                "echo $(F=notes.txt) > $F",
+                "F=notes.txt true; echo > $F",
+                "for f in a b; do echo x > \"$f\"; done",
+                "echo x > ${OUT:-/etc/x}",
+                "echo {a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}",
+            ],
+        );
+        let denied = super::super::testing::at(Permission::ReadWrite, "X=/etc/passwd; echo > $X")
+            .unwrap_err()
+            .to_string();
+        assert!(denied.contains("outside the workspace"), "{denied}");
+        let bound = super::super::testing::at(
+            Permission::ReadWrite,
+            "echo {a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(bound.contains("brace expansion"), "{bound}");
+    }
+
     /// Programs the guard's walk saw and the judge's once missed (found by the property that
     /// the judge sees every program the guard sees).
     #[test]
