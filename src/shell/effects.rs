@@ -8,26 +8,29 @@
 //! option), and an [`Effect::Bound`] where one of the walk's bounds stopped it (nesting too
 //! deep, too many wrappers, too much text, too many effects).
 //!
-//! It owns the order of things, the variables (assignments, `export`, `unset`, `read`, `for`
-//! values, each known value expanded by [`super::expand`]; a command using `${X:-default}`
-//! with X unknown is walked once more with X empty, one using a `for` variable once per
-//! value), `cd` and the wrappers' directory options (the places a script may be in),
-//! unwrapping wrappers, and following nested scripts, `xargs` and
-//! `find -exec`. It never decides anything: a policy reads the list it returns (the workspace
-//! judge at `read-write` does; the command guard, which still walks expanded words itself,
-//! is to be the second). It never runs anything and never touches the filesystem (paths are
-//! normalised lexically).
+//! It owns the order of things; the variables (assignments, `export`, `unset`, `read`, `for`
+//! values, `sh -c`'s `$0`…), each known value expanded by [`super::expand`] — only `eval`
+//! keeps what a nested script assigns, a command using `${X:-default}` with X unknown is
+//! walked once more with X empty, one using a `for` variable once per value; `cd` and the
+//! wrappers' directory options (the places a script may be in); unwrapping wrappers; known
+//! text given to a shell (`echo … | sh`, here-documents); and following nested scripts,
+//! `xargs` and `find -exec`. It never decides anything: a policy reads the list it returns
+//! (the workspace judge at `read-write` does; the command guard, which still walks expanded
+//! words itself, is to be the second). It never runs anything and never touches the
+//! filesystem (paths are normalised lexically).
 //!
 //! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_WRAPPERS`]
-//! wrappers unwrapped, more than [`MAX_TEXT`] characters of nested scripts or more than
+//! wrappers unwrapped, more than [`MAX_TEXT`] characters of nested scripts, more than
 //! [`MAX_EFFECTS`] effects, or an expansion past its budget of text or [`MAX_CPU`] (or past
-//! [`super::expand::MAX_BRACE`] words, or with an unknown `IFS`), is a `Bound` effect, which a policy refuses (it is not a question
-//! for a person); more than [`MAX_CWDS`] places, or [`MAX_CWD_BYTES`] of them, is an unknown
-//! place.
+//! [`super::expand::MAX_BRACE`] words, or with an unknown `IFS`) is a `Bound` effect, which
+//! a policy refuses (it is not a question for a person); more than [`MAX_CWDS`] places, or
+//! [`MAX_CWD_BYTES`] of them, is an unknown place.
 
 use std::sync::Arc;
 
-use super::expand::{Bound, Env, Expander, Field, MAX_LOOP_VALUES, fallback_names, param_names};
+use super::expand::{
+    Bound, Env, Expander, Field, MAX_LOOP_VALUES, echo_output, fallback_names, param_names,
+};
 use super::parse::{
     self, Lexer, Op, Part, Redir, RedirKind, RedirectKind, Redirection, ShellWord, Tok, Word,
     is_identifier, render_source,
@@ -132,7 +135,8 @@ pub enum Effect {
     Script {
         language: String,
         how: Nesting,
-        /// The code, when it is literal text.
+        /// The code, when known: literal text, the known output piped in (`echo … | sh`), or
+        /// an expanded here-string or here-document (its unknown parts as `${X}`).
         code: Option<String>,
         what: Arc<str>,
     },
@@ -172,6 +176,7 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
         },
         expander: Expander::new(MAX_TEXT, MAX_CPU),
         stopped: false,
+        output: None,
     };
     w.notice(&[script]);
     w.script(script, 0);
@@ -196,6 +201,18 @@ struct Walk {
     expander: Expander,
     /// Whether a bound of expansion stopped the walk: nothing more is listed.
     stopped: bool,
+    /// The output of the program last walked, when it is known text (`echo`, `printf`,
+    /// `cat` passing on known input).
+    output: Option<String>,
+}
+
+/// A word of the walk as a field of an expanded word.
+fn field(w: &ShellWord) -> Field {
+    Field {
+        value: w.literal.clone(),
+        display: w.source.clone(),
+        if_empty: w.if_empty.clone().unwrap_or_default(),
+    }
 }
 
 /// A field of an expanded word as a word of the walk: literal when its value is known.
@@ -298,8 +315,10 @@ impl Walk {
     fn tokens(&mut self, toks: &[Tok], depth: usize) {
         let mut words: Vec<&Word> = Vec::new();
         let mut redirs: Vec<&Redir> = Vec::new();
-        // Whether the next simple command reads the output of a pipe.
+        // Whether the next simple command reads the output of a pipe, and that output when
+        // it is known text (`echo … | sh`).
         let mut piped = false;
+        let mut input: Option<String> = None;
         for tok in toks.iter().map(Some).chain([None]) {
             if self.stopped || self.full() {
                 return;
@@ -312,11 +331,13 @@ impl Walk {
                         self.substitutions(&w.parts, depth);
                     }
                     if !words.is_empty() || !redirs.is_empty() {
-                        self.simple(&words, &redirs, depth, piped);
+                        let output = self.simple(&words, &redirs, depth, piped, input.take());
                         piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                        input = output.filter(|_| piped);
                     } else if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
                         // `( a ) | b`: the pipe after a subshell feeds the next command too.
                         piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
+                        input = None;
                     }
                     words.clear();
                     redirs.clear();
@@ -356,9 +377,20 @@ impl Walk {
     /// variables follow), then its redirections and the program it runs, with its words
     /// expanded. A `for` variable with known values is walked once per value, then once
     /// unknown; `${X:-default}` with X unknown, once more with X empty.
-    fn simple(&mut self, words: &[&Word], redirs: &[&Redir], depth: usize, piped: bool) {
+    ///
+    /// Returns its output when that is known text (`echo`, `printf`, `cat` passing on known
+    /// input), for a shell it is piped into.
+    fn simple(
+        &mut self,
+        words: &[&Word],
+        redirs: &[&Redir],
+        depth: usize,
+        piped: bool,
+        input: Option<String>,
+    ) -> Option<String> {
         if let Err(b) = self.expander.spend(64 + words.len() + redirs.len()) {
-            return self.expansion_bound("the script", b);
+            self.expansion_bound("the script", b);
+            return None;
         }
         let mut names = Vec::new();
         for w in words {
@@ -374,7 +406,7 @@ impl Walk {
             for value in values {
                 let saved = self.env.clone();
                 self.env.set(name.clone(), Some(value));
-                self.simple(words, redirs, depth, piped);
+                self.simple(words, redirs, depth, piped, input.clone());
                 self.env = saved;
             }
         }
@@ -387,11 +419,11 @@ impl Walk {
         }) {
             let saved = self.env.clone();
             self.env.set(name, Some(String::new()));
-            self.simple(words, redirs, depth, piped);
+            self.simple(words, redirs, depth, piped, input.clone());
             self.env = saved;
         }
         if self.stopped || self.full() {
-            return;
+            return None;
         }
         for w in words {
             self.substitutions(&w.parts, depth);
@@ -403,7 +435,7 @@ impl Walk {
             }
         }
         if self.stopped || self.full() {
-            return;
+            return None;
         }
         // Reserved words and assignments at the start, read as the guard reads them.
         let mut i = 0;
@@ -426,8 +458,11 @@ impl Walk {
                     i += if named { 2 } else { 1 };
                     continue;
                 }
-                Some("for" | "select") => return self.for_header(&words[i + 1..]),
-                Some("case") => return,
+                Some("for" | "select") => {
+                    self.for_header(&words[i + 1..]);
+                    return None;
+                }
+                Some("case") => return None,
                 Some("function") => {
                     i += 2;
                     continue;
@@ -444,7 +479,7 @@ impl Walk {
         }
         let rest = &words[i.min(words.len())..];
         if rest.is_empty() && assignments.is_empty() && redirs.is_empty() {
-            return;
+            return None;
         }
         let shown_from = first.unwrap_or(i).min(words.len());
         let what: Arc<str> = {
@@ -458,7 +493,8 @@ impl Walk {
             }
             shown.join(" ").into()
         };
-        let mut stdin: Stdin = piped.then_some((Nesting::Pipe, None));
+        let mut stdin: Stdin = piped.then_some((Nesting::Pipe, input));
+        let mut here = None;
         for r in redirs {
             let mut shown = parse::redirection(r);
             // A redirection's target is one word: expanded when it makes exactly one.
@@ -466,9 +502,7 @@ impl Walk {
                 r.kind,
                 RedirKind::Output | RedirKind::Append | RedirKind::Dup
             ) {
-                let Some(fields) = self.expand(&r.target) else {
-                    return;
-                };
+                let fields = self.expand(&r.target)?;
                 if let [one] = fields.as_slice() {
                     shown.target = one.clone();
                 } else {
@@ -477,36 +511,56 @@ impl Walk {
             }
             if r.kind == RedirKind::HereString {
                 match self.expander.expand_joined(&r.target.parts, &self.env) {
-                    Ok(f) => shown.target = expanded(f),
-                    Err(b) => return self.expansion_bound(what, b),
+                    Ok(f) => {
+                        // What a shell reads: the known parts, the others as `${X}`.
+                        here = Some(f.text().to_owned());
+                        shown.target = expanded(f);
+                    }
+                    Err(b) => {
+                        self.expansion_bound(what, b);
+                        return None;
+                    }
                 }
             }
             self.redirect(&shown, &what, &mut stdin);
+            if let Some(text) = here.take() {
+                stdin = Some((Nesting::HereString, Some(text)));
+            }
+            // A here-document's text, its known parts expanded.
+            if let (RedirKind::HereDoc, Some(body)) = (r.kind, &r.body) {
+                match self.expander.expand_joined(&body.parts, &self.env) {
+                    Ok(f) => stdin = Some((Nesting::HereDocument, Some(f.text().to_owned()))),
+                    Err(b) => {
+                        self.expansion_bound(what, b);
+                        return None;
+                    }
+                }
+            }
         }
         if rest.is_empty() {
             for w in &assignments {
                 if let Some((name, parts, append)) = w.assignment()
                     && !self.assign(name, &parts, append, &what)
                 {
-                    return;
+                    return None;
                 }
             }
-            return;
+            return None;
         }
         if !self.declarations(rest, &what) {
-            return;
+            return None;
         }
         let mut argv = Vec::new();
         for w in rest {
-            let Some(fields) = self.expand(w) else {
-                return;
-            };
+            let fields = self.expand(w)?;
             argv.extend(fields);
         }
         if argv.is_empty() {
-            return;
+            return None;
         }
+        self.output = None;
         self.command(&argv, &what, depth, stdin);
+        self.output.take()
     }
 
     /// `for NAME in WORDS`: NAME is unknown afterwards, and each of its values when they
@@ -646,11 +700,27 @@ impl Walk {
             what: what.clone(),
         });
         let base = basename(name);
+        self.output = match base {
+            "echo" | "printf" => echo_output(&words.iter().map(field).collect::<Vec<_>>()),
+            // `cat` with options only passes its input on.
+            "cat"
+                if words[1..]
+                    .iter()
+                    .all(|w| w.literal.as_deref().is_some_and(|l| l.starts_with('-'))) =>
+            {
+                stdin.as_ref().and_then(|(_, code)| code.clone())
+            }
+            _ => None,
+        };
         let args = &words[1..];
         match base {
             "cd" => self.cd(args),
             "pushd" | "popd" => self.cwds = Arc::from([]),
-            "find" => self.find(args, what, depth),
+            "find" => {
+                self.find(args, what, depth);
+                // What `-exec` prints is not what the walk follows into a pipe.
+                self.output = None;
+            }
             "xargs" => self.xargs(args, what, depth),
             "eval" => self.joined(args, what, depth),
             "watch" => self.watch(args, what, depth),
@@ -729,11 +799,19 @@ impl Walk {
             code: Some(code.to_owned()),
             what: what.clone(),
         });
+        // A here-string ends with a newline, which ends an unterminated quote's word.
+        let read;
+        let text = if how == Nesting::HereString {
+            read = format!("{code}\n");
+            &read
+        } else {
+            code
+        };
         if how == Nesting::Eval {
-            return self.script(code, depth + 1);
+            return self.script(text, depth + 1);
         }
         let saved = self.env.clone();
-        self.script(code, depth + 1);
+        self.script(text, depth + 1);
         self.env = saved;
     }
 
@@ -747,9 +825,7 @@ impl Walk {
         depth: usize,
     ) {
         match stdin {
-            Some((Nesting::HereString, Some(code))) if shell => {
-                self.code(language, Nesting::HereString, &code, what, depth);
-            }
+            Some((how, Some(code))) if shell => self.code(language, how, &code, what, depth),
             Some((how, code)) => self.push(Effect::Script {
                 language: language.to_owned(),
                 how,
@@ -925,7 +1001,7 @@ impl Walk {
         };
         match replace.filter(|r| !r.is_empty()) {
             Some(r) => {
-                for w in inner.iter_mut().skip(1) {
+                for w in inner.iter_mut() {
                     if w.literal.as_deref().is_some_and(|l| l.contains(r.as_str())) {
                         *w = input(&w.source);
                     }
@@ -1028,7 +1104,14 @@ impl Walk {
             }
         }
         if c_flag {
-            return self.nested(name, Nesting::Inline, args.get(i), what, depth);
+            // Arguments after the script are its `$0`, `$1`, …
+            let saved = self.env.clone();
+            for (n, arg) in args.iter().skip(i + 1).take(10).enumerate() {
+                self.env.set(n.to_string(), arg.literal.clone());
+            }
+            self.nested(name, Nesting::Inline, args.get(i), what, depth);
+            self.env = saved;
+            return;
         }
         match args.get(i) {
             Some(_) => self.push(Effect::Script {
@@ -1597,6 +1680,34 @@ mod tests {
         assert_eq!(words[0].if_empty, None);
         // A known empty word is no argument; a quoted one is.
         assert_eq!(argv("E=; rm $E x \"$E\""), ["rm", "x", ""]);
+    }
+
+    #[test]
+    fn known_text_given_to_a_shell_is_followed() {
+        assert_eq!(names("echo 'rm x' | sh"), ["echo", "sh", "rm"]);
+        assert_eq!(
+            names("X=rm; printf \"$X x\" | cat | bash"),
+            ["printf", "cat", "bash", "rm"]
+        );
+        assert_eq!(names("sudo echo rm x | sh"), ["sudo", "echo", "sh", "rm"]);
+        assert_eq!(names("sh <<EOF\nrm x\nEOF"), ["sh", "rm"]);
+        assert_eq!(names("X=rm; sh <<< \"$X x\""), ["sh", "rm"]);
+        assert_eq!(names("sh -c '$0 x' rm"), ["sh", "rm"]);
+        // `xargs -I` replaces in the command name too: it is the input.
+        assert_eq!(opaque("echo rm x | xargs -I{} {}").len(), 1);
+        // Unknown parts stay unknown in the script the shell reads.
+        assert_eq!(opaque("sh <<< \"$X x\"").len(), 1);
+        // Output that is not known text: the pipe is a script of unknown code.
+        assert_eq!(names("echo -e 'rm\\tx' | sh"), ["echo", "sh"]);
+        assert_eq!(names("cat f | sh"), ["cat", "sh"]);
+        assert_eq!(
+            names("find . -exec echo rm \\; | sh"),
+            ["find", "echo", "sh"]
+        );
+        assert_eq!(
+            scripts("echo rm x; sh"),
+            Vec::<(String, Nesting, Option<String>)>::new()
+        );
     }
 
     #[test]

@@ -196,8 +196,8 @@ mod tests {
         assert_eq!((read.verdict, read.by), (Verdict::Refuse, "permission"));
     }
 
-    /// Literal words and operators (no globs or known text piped into a shell, which the
-    /// guard expands and the walk does not).
+    /// Literal words and operators (no globs, which the guard expands and the walk does
+    /// not).
     const LITERAL_PIECES: &[&str] = &[
         "ls ",
         "rm x ",
@@ -253,7 +253,8 @@ mod tests {
     ];
 
     /// Variables: assigned, exported, appended to, unset, read, looped over, defaulted and
-    /// used where a command name, an argument or a script stands.
+    /// used where a command name, an argument or a script stands; known text piped or
+    /// given to a shell.
     const VARIABLE_PIECES: &[&str] = &[
         "X=ls ",
         "X=rm ",
@@ -271,6 +272,12 @@ mod tests {
         "$Y ",
         "${X:-ls} ",
         "${Y:-rm} x ",
+        "echo ",
+        "printf ",
+        "| sh ",
+        "| cat ",
+        "sh <<< ",
+        "sh -c '$0 x' ",
     ];
 
     proptest! {

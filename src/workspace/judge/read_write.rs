@@ -846,6 +846,32 @@ mod tests {
         assert!(bound.contains("brace expansion"), "{bound}");
     }
 
+    /// Known text given to a shell is followed like any script. The refusals through a
+    /// pipe, a here-document or a here-string were allowed while the walk read that text
+    /// as code it could not see; `$0` of `sh -c` was unknown, so `touch` there was refused.
+    #[test]
+    fn read_write_follows_known_text_into_a_shell() {
+        refused(
+            Permission::ReadWrite,
+            &[
+                "echo 'rm x' | sh",
+                "printf 'rm -rf src' | cat | bash",
+                "sh <<EOF\nrm x\nEOF",
+                "X=rm; sh <<< \"$X x\"",
+                "sh <<< \"$X x\"",
+                "sh -c '$0 x' rm",
+            ],
+        );
+        allowed(
+            Permission::ReadWrite,
+            &[
+                "echo 'ls' | sh",
+                "sh <<EOF\ntouch x\nEOF",
+                "sh -c '$0 x' touch",
+            ],
+        );
+    }
+
     /// Programs the guard's walk saw and the judge's once missed (found by the property that
     /// the judge sees every program the guard sees).
     #[test]
