@@ -805,6 +805,9 @@ mod tests {
                 "O=out; O+=.txt; sort -o \"$O\" in.txt",
                 "W=sudo; $W -u bob touch x",
                 "S='touch x'; sh -c \"$S\"",
+                // A command name from `echo` output (the benchmark's mixed commands had it).
+                "$(echo touch) x",
+                "| $(echo find . -exec echo )",
             ],
         );
     }
@@ -820,6 +823,7 @@ mod tests {
                 "X=/etc/passwd; echo > $X",
                 "D=/etc; cd $D; touch x",
                 "C=rm; $C x",
+                "$(echo rm) x",
                 "C='rm -rf'; $C src",
                 "W=sudo; P=rm; $W $P x",
                 "S='rm x'; sh -c \"$S\"",
