@@ -808,6 +808,8 @@ mod tests {
                 // A command name from `echo` output (the benchmark's mixed commands had it).
                 "$(echo touch) x",
                 "| $(echo find . -exec echo )",
+                // Unclosed, as the guard reads it (bash runs none of it).
+                "$(echo cd / rm -r ",
             ],
         );
     }
