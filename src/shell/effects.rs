@@ -1718,6 +1718,14 @@ mod tests {
         let ifs = "IFS=$Q; X='a b'; echo $X";
         assert_eq!(bounds(ifs).len(), 1);
         assert!(bounds(ifs)[0].contains("IFS"));
+        // Loops over loops: each walk of a command is charged, so the budget stops them.
+        let values = (0..16).map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
+        let loops: String = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|v| format!("for {v} in {values}; do "))
+            .collect();
+        let nested = format!("{loops}echo $a$b$c$d$e; done; done; done; done; done");
+        assert_eq!(bounds(&nested).len(), 1, "{nested}");
         // Nothing after the bound is listed.
         assert!(!names(&format!("{braces}; rm x")).contains(&"rm".to_owned()));
     }
