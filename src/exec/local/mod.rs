@@ -444,11 +444,7 @@ impl Backend for LocalBackend {
         };
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
-        // Shared with the readers, so what was read survives if they must be stopped.
-        let out_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
-        let err_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
-        let mut out_task = tokio::spawn(drain(stdout, out_acc.clone()));
-        let mut err_task = tokio::spawn(drain(stderr, err_acc.clone()));
+        let mut drains = Drains::start(stdout, stderr, &cmd);
 
         let ended = tokio::select! {
             status = child.wait() => Ok(status),
@@ -475,19 +471,14 @@ impl Backend for LocalBackend {
             }
         };
         // A process that left the group (setsid) may still hold the pipes: bounded wait.
-        let collect = async { ((&mut out_task).await, (&mut err_task).await) };
-        if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
-            .await
-            .is_err()
-        {
+        if !drains.finished().await {
             if let Some(pgid) = pgid {
                 // SAFETY: signalling a process group id we created; no memory involved.
                 unsafe { libc::killpg(pgid, libc::SIGKILL) };
             }
             // A process that left the group may hold a pipe open for ever: stop reading
             // (keeping what was read) rather than leave the readers behind.
-            out_task.abort();
-            err_task.abort();
+            drains.stop();
         }
         if let Some(t) = stdin_task {
             t.abort();
@@ -498,8 +489,8 @@ impl Backend for LocalBackend {
             unsafe { libc::killpg(pgid, libc::SIGKILL) };
         }
         group.0 = None;
-        let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
-        let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
+        let (stdout, stdout_omitted) = take(&drains.out, cmd.stdout_limit);
+        let (stderr, stderr_omitted) = take(&drains.err, cmd.stderr_limit);
         Ok(Output {
             stdout,
             stderr,
@@ -603,10 +594,7 @@ impl LocalBackend {
         };
         let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(local)?;
         let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(local)?;
-        let out_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
-        let err_acc = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
-        let mut out_task = tokio::spawn(drain(stdout, out_acc.clone()));
-        let mut err_task = tokio::spawn(drain(stderr, err_acc.clone()));
+        let mut drains = Drains::start(stdout, stderr, cmd);
         let ended = tokio::select! {
             reply = call.wait() => Ok(reply),
             _ = tokio::time::sleep(cmd.timeout) => Err(Exit::TimedOut),
@@ -622,13 +610,8 @@ impl LocalBackend {
         };
         // The namespace ends with the call (if it has not already).
         drop(call);
-        let collect = async { ((&mut out_task).await, (&mut err_task).await) };
-        if tokio::time::timeout(DRAIN_AFTER_KILL, collect)
-            .await
-            .is_err()
-        {
-            out_task.abort();
-            err_task.abort();
+        if !drains.finished().await {
+            drains.stop();
         }
         if let Some(t) = stdin_task {
             t.abort();
@@ -654,8 +637,8 @@ impl LocalBackend {
                 ));
             }
         };
-        let (stdout, stdout_omitted) = take(&out_acc, cmd.stdout_limit);
-        let (stderr, stderr_omitted) = take(&err_acc, cmd.stderr_limit);
+        let (stdout, stdout_omitted) = take(&drains.out, cmd.stdout_limit);
+        let (stderr, stderr_omitted) = take(&drains.err, cmd.stderr_limit);
         Ok(Output {
             stdout,
             stderr,
@@ -833,6 +816,44 @@ async fn blocking_file_op<T: Send + 'static>(
         Err(_) => Err(ExecError::File(format!(
             "{path}: the file operation did not finish within {FILE_TIMEOUT:?}"
         ))),
+    }
+}
+
+/// A command's two output readers. What they read is shared with them, so it survives if
+/// they must be stopped.
+struct Drains {
+    out: Arc<Mutex<HeadTail>>,
+    err: Arc<Mutex<HeadTail>>,
+    out_task: tokio::task::JoinHandle<()>,
+    err_task: tokio::task::JoinHandle<()>,
+}
+
+impl Drains {
+    fn start<O, E>(stdout: O, stderr: E, cmd: &Command<'_>) -> Drains
+    where
+        O: AsyncRead + Unpin + Send + 'static,
+        E: AsyncRead + Unpin + Send + 'static,
+    {
+        let out = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
+        let err = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
+        Drains {
+            out_task: tokio::spawn(drain(stdout, out.clone())),
+            err_task: tokio::spawn(drain(stderr, err.clone())),
+            out,
+            err,
+        }
+    }
+
+    /// Waits, at most [`DRAIN_AFTER_KILL`], for both outputs to end; false if they did not.
+    async fn finished(&mut self) -> bool {
+        let both = async { ((&mut self.out_task).await, (&mut self.err_task).await) };
+        tokio::time::timeout(DRAIN_AFTER_KILL, both).await.is_ok()
+    }
+
+    /// Stops reading, keeping what was read.
+    fn stop(&self) {
+        self.out_task.abort();
+        self.err_task.abort();
     }
 }
 
