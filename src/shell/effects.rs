@@ -39,7 +39,7 @@ use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_
 use super::{MAX_DEPTH, MAX_WRAPPERS, basename};
 
 /// Most effects one walk lists; past it the walk stops with a `Bound` effect.
-pub const MAX_EFFECTS: usize = 4096;
+pub const MAX_EFFECTS: usize = 16 * 1024;
 /// Most characters of scripts (the command and every nested script) one walk parses.
 pub use super::expand::MAX_TEXT;
 /// CPU time one walk may spend expanding words; past it the walk stops with a `Bound`.
@@ -57,6 +57,8 @@ pub struct Start<'a> {
     pub cwd: Option<&'a str>,
     /// The home directory of the account it runs as, for `~`; `None` when unknown.
     pub home: Option<&'a str>,
+    /// Variables the caller sets for the command.
+    pub env: &'a [(String, String)],
 }
 
 /// Where an effect happens: the directories the script may be in by then (normalised; empty
@@ -120,6 +122,8 @@ pub enum Effect {
     Program {
         argv: Vec<ShellWord>,
         at: Place,
+        /// Whether it reads the output of a pipe (`curl … | python`).
+        piped: bool,
         /// The simple command it comes from, as written (for messages).
         what: Arc<str>,
     },
@@ -152,12 +156,45 @@ pub enum Effect {
     Opaque { what: Arc<str>, why: String },
     /// One of the walk's bounds stopped it here, and which: what follows is not listed.
     /// Unlike [`Effect::Opaque`], never a question for a person: a policy refuses it.
-    Bound { what: Arc<str>, why: String },
+    Bound {
+        what: Arc<str>,
+        why: String,
+        limit: Limit,
+    },
+    /// A function starts copies of itself in a pipe or in the background without end (a
+    /// fork bomb).
+    ForkBomb { function: String, what: Arc<str> },
+}
+
+/// Which bound stopped a walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Nesting deeper than [`MAX_DEPTH`], or a script that cannot be parsed.
+    Depth,
+    /// More than [`MAX_WRAPPERS`] wrappers on the way to one command.
+    Wrappers,
+    /// Too much text, CPU time, brace words or effects.
+    Size,
+    /// `IFS` set to something known only when the script runs.
+    Ifs,
 }
 
 /// The effects of `script`, in order, starting at `start`. Never fails: what cannot be read
 /// is an [`Effect::Opaque`].
 pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
+    walk_within(script, start, MAX_CPU)
+}
+
+/// [`walk`], with `cpu` in place of [`MAX_CPU`] as its budget of CPU time.
+pub fn walk_within(script: &str, start: Start<'_>, cpu: std::time::Duration) -> Vec<Effect> {
+    let mut env = Env {
+        cwd: start.cwd.map(str::to_owned),
+        home: start.home.map(str::to_owned),
+        ..Env::default()
+    };
+    for (name, value) in start.env {
+        env.set(name.clone(), Some(value.clone()));
+    }
     let mut w = Walk {
         out: Vec::new(),
         cwds: start
@@ -167,14 +204,11 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
             .into(),
         home: start.home.map(Arc::from),
         cd_unknown: false,
+        cd_to: None,
         text: 0,
         wrappers: 0,
-        env: Env {
-            cwd: start.cwd.map(str::to_owned),
-            home: start.home.map(str::to_owned),
-            ..Env::default()
-        },
-        expander: Expander::new(MAX_TEXT, MAX_CPU),
+        env,
+        expander: Expander::new(MAX_TEXT, cpu),
         stopped: false,
         output: None,
     };
@@ -190,6 +224,9 @@ struct Walk {
     home: Option<Arc<str>>,
     /// Whether a relative `cd` goes somewhere unknown (the script sets `CDPATH` or `PWD`).
     cd_unknown: bool,
+    /// Set by the `cd` just walked: the places before it, and those it leads to if it
+    /// succeeds.
+    cd_to: Option<CdTo>,
     /// Characters of script parsed so far.
     text: usize,
     /// Wrappers unwrapped on the way to the command being walked.
@@ -224,6 +261,10 @@ fn expanded(f: Field) -> ShellWord {
     }
 }
 
+/// Where a `cd` leaves the script: the places before it, and those it leads to if it
+/// succeeds.
+type CdTo = (Arc<[String]>, Arc<[String]>);
+
 /// What a command's standard input is, when it matters (a shell or interpreter reads it).
 type Stdin = Option<(Nesting, Option<String>)>;
 
@@ -238,6 +279,7 @@ impl Walk {
             n if n + 1 == MAX_EFFECTS => self.out.push(Effect::Bound {
                 what: Arc::from("the script"),
                 why: format!("it does more than the {MAX_EFFECTS} things the analysis follows"),
+                limit: Limit::Size,
             }),
             _ => {}
         }
@@ -250,8 +292,9 @@ impl Walk {
         });
     }
 
-    fn bound(&mut self, what: impl Into<Arc<str>>, why: impl Into<String>) {
+    fn bound(&mut self, limit: Limit, what: impl Into<Arc<str>>, why: impl Into<String>) {
         self.push(Effect::Bound {
+            limit,
             what: what.into(),
             why: why.into(),
         });
@@ -276,18 +319,29 @@ impl Walk {
 
     fn script(&mut self, text: &str, depth: usize) {
         if depth > MAX_DEPTH {
-            return self.bound(text, "it nests scripts too deeply to be judged");
+            return self.bound(
+                Limit::Depth,
+                text,
+                "it nests scripts too deeply to be judged",
+            );
         }
         self.text = self.text.saturating_add(text.len());
         if self.text > MAX_TEXT {
             return self.bound(
+                Limit::Size,
                 text,
                 format!("its scripts together are longer than the {MAX_TEXT} characters read"),
             );
         }
         let commands = match parse::simple_commands(text) {
             Ok(c) => c,
-            Err(e) => return self.bound("the script", format!("it cannot be judged: {e}")),
+            Err(e) => {
+                let limit = match e {
+                    parse::ParseError::TooLong { .. } => Limit::Size,
+                    parse::ParseError::TooDeep => Limit::Depth,
+                };
+                return self.bound(limit, "the script", format!("it cannot be judged: {e}"));
+            }
         };
         let words: Vec<&str> = commands
             .iter()
@@ -296,7 +350,11 @@ impl Walk {
             .collect();
         self.notice(&words);
         let Ok(toks) = Lexer::new(text, 0).lex() else {
-            return self.bound("the script", "it nests too deeply to be judged");
+            return self.bound(
+                Limit::Depth,
+                "the script",
+                "it nests too deeply to be judged",
+            );
         };
         if let Err(b) = self.expander.spend(text.len()) {
             return self.expansion_bound("the script", b);
@@ -306,13 +364,36 @@ impl Walk {
 
     /// A bound of expansion (text, CPU time, braces, an unknown `IFS`) was hit: the walk stops.
     fn expansion_bound(&mut self, what: impl Into<Arc<str>>, b: Bound) {
-        self.bound(what, format!("it cannot be judged whole: {b}"));
+        if self.stopped {
+            return;
+        }
+        let limit = match b {
+            Bound::UnknownIfs { .. } => Limit::Ifs,
+            Bound::Text | Bound::Cpu(_) | Bound::Braces { .. } => Limit::Size,
+        };
+        self.bound(limit, what, format!("it cannot be judged whole: {b}"));
         self.stopped = true;
     }
 
     /// The simple commands of a token list, in order, each with the variables as the
     /// commands before it left them.
     fn tokens(&mut self, toks: &[Tok], depth: usize) {
+        if self.stopped || self.full() {
+            return;
+        }
+        match fork_bomb(toks, &mut |n| self.expander.spend(n)) {
+            Ok(None) => {}
+            Ok(Some(function)) => {
+                return self.push(Effect::ForkBomb {
+                    what: Arc::from(format!("{function}(){{ … }}")),
+                    function,
+                });
+            }
+            Err(b) => return self.expansion_bound("the script", b),
+        }
+        // The places before the `cd … &&` that starts the and-list being walked: the list
+        // may stop at any of its commands, so they stay possible after it.
+        let mut before_and: Option<Arc<[String]>> = None;
         let mut words: Vec<&Word> = Vec::new();
         let mut redirs: Vec<&Redir> = Vec::new();
         // Whether the next simple command reads the output of a pipe, and that output when
@@ -334,6 +415,16 @@ impl Walk {
                         let output = self.simple(&words, &redirs, depth, piped, input.take());
                         piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
                         input = output.filter(|_| piped);
+                        // `cd DIR && …`: what follows runs only where the `cd` went.
+                        let cd = self.cd_to.take();
+                        if matches!(tok, Some(Tok::Op(Op::And))) {
+                            if let Some((before, after)) = cd {
+                                before_and.get_or_insert(before);
+                                self.cwds = after;
+                            }
+                        } else if let Some(before) = before_and.take() {
+                            self.cwds = union(&self.cwds, &before);
+                        }
                     } else if !matches!(tok, Some(Tok::Op(Op::LParen | Op::RParen))) {
                         // `( a ) | b`: the pipe after a subshell feeds the next command too.
                         piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
@@ -445,9 +536,17 @@ impl Walk {
             match w.bare() {
                 Some(
                     "{" | "}" | "!" | "if" | "then" | "else" | "elif" | "fi" | "do" | "done"
-                    | "while" | "until" | "esac" | "in" | "time",
+                    | "while" | "until" | "esac" | "in",
                 ) => {
                     i += 1;
+                    continue;
+                }
+                // The reserved word, and its options (`time -p CMD`).
+                Some("time") => {
+                    i += 1;
+                    while let Some("-p" | "--") = words.get(i).and_then(|w| w.bare()) {
+                        i += 1;
+                    }
                     continue;
                 }
                 Some("coproc") => {
@@ -683,23 +782,29 @@ impl Walk {
 
     fn command(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
         if depth > MAX_DEPTH {
-            return self.bound(what.clone(), "it nests commands too deeply to be judged");
+            return self.bound(
+                Limit::Depth,
+                what.clone(),
+                "it nests commands too deeply to be judged",
+            );
         }
         let Some(first) = words.first() else {
             return;
         };
+        let piped = matches!(stdin, Some((Nesting::Pipe, _)));
         let Some(name) = first.literal.as_deref() else {
-            return self.opaque(
-                what.clone(),
-                "its command name is known only when it runs, so it cannot be judged",
-            );
+            return self.unknown_name(words, what, depth, stdin);
         };
         self.push(Effect::Program {
             argv: words.to_vec(),
             at: self.place(),
+            piped,
             what: what.clone(),
         });
         let base = basename(name);
+        if spec::is_glob_name(base) {
+            return self.globbed(words, what, depth, stdin);
+        }
         self.output = match base {
             "echo" | "printf" => echo_output(&words.iter().map(field).collect::<Vec<_>>()),
             // `cat` with options only passes its input on.
@@ -721,7 +826,10 @@ impl Walk {
                 // What `-exec` prints is not what the walk follows into a pipe.
                 self.output = None;
             }
-            "xargs" => self.xargs(args, what, depth),
+            "xargs" => {
+                let input = stdin.and_then(|(_, text)| text);
+                self.xargs(args, what, depth, input);
+            }
             "eval" => self.joined(args, what, depth),
             "watch" => self.watch(args, what, depth),
             "alias" => self.alias(args, what, depth),
@@ -754,11 +862,63 @@ impl Walk {
         }
     }
 
+    /// A command whose name is known only when it runs (`$X -rf /`, `"$@"`): opaque, and a
+    /// program of unknown name with its arguments, for a policy that judges them as any
+    /// program's. The unknown word may also be a wrapper or empty (`$SUDO rm …`), so the rest
+    /// is walked as a command of its own, and `$SHELL -c CODE` as a shell's.
+    fn unknown_name(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        self.opaque(
+            what.clone(),
+            "its command name is known only when it runs, so it cannot be judged",
+        );
+        self.push(Effect::Program {
+            argv: words.to_vec(),
+            at: self.place(),
+            piped: matches!(stdin, Some((Nesting::Pipe, _))),
+            what: what.clone(),
+        });
+        let rest = &words[1..];
+        let Some(next) = rest.first() else {
+            return;
+        };
+        let c_flag = next
+            .literal
+            .as_deref()
+            .is_some_and(|v| v.starts_with('-') && !v.starts_with("--") && v.contains('c'));
+        if c_flag {
+            return self.shell("sh", rest, what, depth, stdin);
+        }
+        self.unwrapped(rest, what, depth, stdin);
+    }
+
+    /// `/bin/r? -rf /`: the shell runs whatever file the pattern matches, so the command is
+    /// walked as each known program ([`spec::known_names`]) the name can match, its name
+    /// word keeping the pattern as its source.
+    fn globbed(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        let pattern = basename(words[0].literal.as_deref().unwrap_or_default());
+        for candidate in spec::known_names() {
+            if self.stopped || self.full() {
+                return;
+            }
+            if candidate == pattern || !spec::glob_match(pattern, candidate) {
+                continue;
+            }
+            let mut probe = words.to_vec();
+            probe[0] = ShellWord {
+                literal: Some(candidate.to_owned()),
+                source: words[0].source.clone(),
+                if_empty: None,
+            };
+            self.command(&probe, what, depth + 1, stdin.clone());
+        }
+    }
+
     /// The command a wrapper (or `xargs`, `find -exec`) runs. Wrappers unwrapped on the way
     /// to a command are counted, nested scripts included; past [`MAX_WRAPPERS`], a bound.
     fn unwrapped(&mut self, words: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
         if self.wrappers >= MAX_WRAPPERS {
             return self.bound(
+                Limit::Wrappers,
                 what.clone(),
                 format!(
                     "it stacks more than {MAX_WRAPPERS} wrapper commands, more than are unwrapped"
@@ -882,22 +1042,22 @@ impl Walk {
             Some(t) if self.cd_unknown && !t.starts_with('/') => None,
             Some(t) => resolve(t, &self.cwds, self.home.as_deref()),
         };
-        self.cwds = match new {
-            Some(places) => {
-                let mut cwds = self.cwds.to_vec();
-                for p in places {
-                    if !cwds.contains(&p) {
-                        cwds.push(p);
-                    }
-                }
-                bounded(cwds)
-            }
-            None => Arc::from([]),
+        let before = self.cwds.clone();
+        let after = new.map_or_else(|| Arc::from([]), bounded);
+        // A `cd` that fails leaves the script where it was.
+        self.cwds = match after.is_empty() {
+            true => Arc::from([]),
+            false => bounded(joined(&before, &after)),
         };
+        self.cd_to = Some((before, after));
     }
 
-    /// `find … -exec CMD {} ;`: CMD runs, with `{}` unknown.
+    /// `find … -exec CMD {} ;`: CMD runs, with `{}` unknown — except when nothing filters
+    /// the walk, where `{}` is first the start path itself, and is that.
     fn find(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+        let start = spec::find_unfiltered(args)
+            .and_then(|start| start.literal.clone())
+            .filter(|s| !s.contains("{}"));
         let mut i = 0;
         while let Some(w) = args.get(i) {
             i += 1;
@@ -909,8 +1069,13 @@ impl Walk {
                         .map_or(args.len(), |k| i + k);
                     let inner: Vec<ShellWord> = args[i..end]
                         .iter()
-                        .map(|w| match &w.literal {
-                            Some(l) if l.contains("{}") => ShellWord {
+                        .map(|w| match (&w.literal, &start) {
+                            (Some(l), Some(start)) if l.contains("{}") => ShellWord {
+                                literal: Some(l.replace("{}", start)),
+                                source: w.source.replace("{}", start),
+                                if_empty: None,
+                            },
+                            (Some(l), None) if l.contains("{}") => ShellWord {
                                 literal: None,
                                 source: w.source.clone(),
                                 if_empty: None,
@@ -927,8 +1092,9 @@ impl Walk {
         }
     }
 
-    /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input, which are unknown.
-    fn xargs(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
+    /// `xargs CMD ARGS`: `CMD ARGS` plus words from the input — known when it is known text
+    /// (`echo a b | xargs rm`), else unknown; with `-I R`, the input replaces R.
+    fn xargs(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize, input: Option<String>) {
         let mut i = 0;
         let mut replace: Option<String> = None;
         while let Some(w) = args.get(i) {
@@ -994,20 +1160,31 @@ impl Walk {
         if inner.is_empty() {
             inner.push(spec::word("echo"));
         }
-        let input = |source: &str| ShellWord {
-            literal: None,
-            source: source.to_owned(),
-            if_empty: None,
-        };
-        match replace.filter(|r| !r.is_empty()) {
-            Some(r) => {
+        match (input, replace.filter(|r| !r.is_empty())) {
+            (Some(text), Some(r)) => {
+                let line = text.lines().next().unwrap_or("").trim().to_owned();
                 for w in inner.iter_mut() {
-                    if w.literal.as_deref().is_some_and(|l| l.contains(r.as_str())) {
-                        *w = input(&w.source);
+                    if let Some(l) = &mut w.literal {
+                        *l = l.replace(&r, &line);
+                    }
+                    w.source = w.source.replace(&r, &line);
+                }
+            }
+            (Some(text), None) => inner.extend(text.split_whitespace().map(spec::word)),
+            // The words it replaces are unknown; judged with the input empty, they keep the
+            // rest (`-I{} rm -rf /{}`).
+            (None, Some(r)) => {
+                for w in inner.iter_mut() {
+                    if let Some(l) = w.literal.take_if(|l| l.contains(r.as_str())) {
+                        w.if_empty = Some(l.replace(r.as_str(), ""));
                     }
                 }
             }
-            None => inner.push(input("(words read from the input)")),
+            (None, None) => inner.push(ShellWord {
+                literal: None,
+                source: "(words read from the input)".to_owned(),
+                if_empty: None,
+            }),
         }
         self.unwrapped(&inner, what, depth, None);
     }
@@ -1277,6 +1454,118 @@ impl Walk {
     }
 }
 
+/// Fork bomb: a function that calls itself in a pipeline or in the background.
+fn fork_bomb(
+    toks: &[Tok],
+    spend: &mut impl FnMut(usize) -> Result<(), Bound>,
+) -> Result<Option<String>, Bound> {
+    for i in 0..toks.len() {
+        let word = |k: usize| match toks.get(k) {
+            Some(Tok::Word(w)) => Some(w),
+            _ => None,
+        };
+        let op = |k: usize, o: Op| matches!(toks.get(k), Some(Tok::Op(x)) if *x == o);
+        let (name, mut j) = match word(i) {
+            Some(w) if w.bare() == Some("function") => match word(i + 1).and_then(Word::literal) {
+                Some(n) => {
+                    let j = if op(i + 2, Op::LParen) && op(i + 3, Op::RParen) {
+                        i + 4
+                    } else {
+                        i + 2
+                    };
+                    (n, j)
+                }
+                None => continue,
+            },
+            Some(w) if op(i + 1, Op::LParen) && op(i + 2, Op::RParen) => match w.literal() {
+                Some(n) if !n.is_empty() => (n, i + 3),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        while op(j, Op::Semi) {
+            j += 1;
+        }
+        // The body: `{ … }` or `( … )` up to its matching close.
+        let mut depth = 0i32;
+        let mut end = toks.len();
+        for (k, t) in toks.iter().enumerate().skip(j) {
+            let d = match t {
+                Tok::Word(w) if w.bare() == Some("{") => 1,
+                Tok::Word(w) if w.bare() == Some("}") => -1,
+                Tok::Op(Op::LParen) => 1,
+                Tok::Op(Op::RParen) => -1,
+                _ => 0,
+            };
+            depth += d;
+            if depth <= 0 {
+                end = k + 1;
+                break;
+            }
+        }
+        let body = &toks[j.min(end)..end];
+        // Nested definitions rescan the same tokens; charge for it.
+        spend(body.len())?;
+        let mut at_command = true;
+        let (mut calls_self, mut spawns) = (false, false);
+        for t in body {
+            match t {
+                Tok::Op(o) => {
+                    spawns |= matches!(o, Op::Pipe | Op::Amp);
+                    at_command = true;
+                }
+                Tok::Word(w) if at_command => {
+                    if matches!(w.bare(), Some("{" | "}" | "!" | "then" | "do" | "else")) {
+                        continue;
+                    }
+                    calls_self |= w.literal().as_deref() == Some(name.as_str());
+                    at_command = false;
+                }
+                _ => {}
+            }
+        }
+        if calls_self && spawns {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
+/// The places of `a`, then those of `b` not in `a`.
+fn joined(a: &[String], b: &[String]) -> Vec<String> {
+    let mut cwds = a.to_vec();
+    for p in b {
+        if !cwds.contains(p) {
+            cwds.push(p.clone());
+        }
+    }
+    cwds
+}
+
+/// Both sets of places; none known when either is unknown (empty), or the union is too big.
+fn union(a: &Arc<[String]>, b: &Arc<[String]>) -> Arc<[String]> {
+    if a.is_empty() || b.is_empty() {
+        return Arc::from([]);
+    }
+    bounded(joined(a, b))
+}
+
+impl Effect {
+    /// The simple command it comes from, as written (`the script` for a bound of the whole).
+    pub fn what(&self) -> &Arc<str> {
+        match self {
+            Effect::Program { what, .. }
+            | Effect::Write { what, .. }
+            | Effect::Script { what, .. }
+            | Effect::Network { what, .. }
+            | Effect::Duplicate { what, .. }
+            | Effect::Opaque { what, .. }
+            | Effect::Bound { what, .. }
+            | Effect::ForkBomb { what, .. } => what,
+        }
+    }
+}
+
 /// `cwds` as the places a script may be, or none known when they are too many or too long.
 fn bounded(cwds: Vec<String>) -> Arc<[String]> {
     let bytes: usize = cwds.iter().map(String::len).sum();
@@ -1357,6 +1646,7 @@ mod tests {
     const START: Start<'static> = Start {
         cwd: Some("/srv/ws"),
         home: Some("/home/u"),
+        env: &[],
     };
 
     /// Every program's argv (as literal text, unknown words as written), in order.
@@ -1471,11 +1761,12 @@ mod tests {
         assert_eq!(
             writes,
             [
-                // A `cd` that fails leaves the script where it was.
-                Some(vec!["/srv/ws/f".to_owned(), "/srv/ws/sub/f".to_owned()]),
+                // After `cd sub &&`, only where the `cd` went.
+                Some(vec!["/srv/ws/sub/f".to_owned()]),
+                // After the and-list, a `cd` that failed left the script where it was.
                 Some(vec![
-                    "/srv/ws/g".to_owned(),
                     "/srv/ws/sub/g".to_owned(),
+                    "/srv/ws/g".to_owned(),
                     "/etc/g".to_owned()
                 ]),
             ]
@@ -1526,9 +1817,11 @@ mod tests {
             programs("xargs -0 rm -f")[1],
             ["rm", "-f", "(words read from the input)"]
         );
-        assert_eq!(programs("find . -exec rm {} \\;")[1], ["rm", "{}"]);
+        assert_eq!(programs("find . -name x -exec rm {} \\;")[1], ["rm", "{}"]);
+        // With nothing filtering the walk, `{}` is first the start itself.
+        assert_eq!(programs("find . -exec rm {} \\;")[1], ["rm", "."]);
         assert!(
-            walk("find . -exec rm {} \\;", START).iter().any(|e| matches!(e,
+            walk("find . -name x -exec rm {} \\;", START).iter().any(|e| matches!(e,
                 Effect::Program { argv, .. } if argv[0].source == "rm" && argv[1].literal.is_none()))
         );
         // Scripts an interpreter or a shell reads: inline, from a pipe, a here-string, a file.
@@ -1611,9 +1904,9 @@ mod tests {
             "{:?}",
             opaque(&nested)
         );
-        let many = "ls;".repeat(MAX_EFFECTS + 10);
+        let many = "ls>a;".repeat(MAX_EFFECTS / 2 + 1);
         let w = walk(&many, START);
-        assert_eq!(w.len(), MAX_EFFECTS);
+        assert_eq!(w.len(), MAX_EFFECTS, "{:?}", w.first());
         assert!(matches!(w.last(), Some(Effect::Bound { .. })));
     }
 
@@ -1639,7 +1932,7 @@ mod tests {
             .collect();
         assert_eq!(writes, [vec!["/srv/ws".to_owned(), "/tmp".to_owned()]]);
         // `for` values: once each, then once unknown.
-        assert_eq!(names("for c in ls cat; do $c; done"), ["ls", "cat"]);
+        assert_eq!(names("for c in ls cat; do $c; done"), ["ls", "cat", "${c}"]);
         assert_eq!(opaque("for c in ls cat; do $c; done").len(), 1);
         // `${X:-default}` with X unknown: once with X empty, once unknown.
         assert_eq!(argv("rm ${T:-/tmp}/x"), ["rm", "/tmp/x"]);
@@ -1669,7 +1962,7 @@ mod tests {
             assert_eq!(opaque(elsewhere).len(), 1, "{elsewhere}");
         }
         // As the guard reads it, a reserved word after an assignment still starts a loop.
-        assert_eq!(names("X=ls for c in rm; do $c; done"), ["rm"]);
+        assert_eq!(names("X=ls for c in rm; do $c; done"), ["rm", "${c}"]);
         // An unknown part may be empty: the argument says what it is then.
         let quoted = walk("rm -rf \"$U\"/*", START);
         let Some(Effect::Program { argv: words, .. }) = quoted.first() else {
@@ -1693,8 +1986,10 @@ mod tests {
         assert_eq!(names("sh <<EOF\nrm x\nEOF"), ["sh", "rm"]);
         assert_eq!(names("X=rm; sh <<< \"$X x\""), ["sh", "rm"]);
         assert_eq!(names("sh -c '$0 x' rm"), ["sh", "rm"]);
-        // `xargs -I` replaces in the command name too: it is the input.
-        assert_eq!(opaque("echo rm x | xargs -I{} {}").len(), 1);
+        // `xargs -I` replaces in the command name too: it is the input, known or not.
+        assert_eq!(names("echo rm | xargs -I{} {} x"), ["echo", "xargs", "rm"]);
+        assert_eq!(programs("echo a b | xargs rm")[2], ["rm", "a", "b"]);
+        assert_eq!(opaque("cat f | xargs -I{} {}").len(), 1);
         // Unknown parts stay unknown in the script the shell reads.
         assert_eq!(opaque("sh <<< \"$X x\"").len(), 1);
         // Output that is not known text: the pipe is a script of unknown code.
@@ -1737,7 +2032,7 @@ mod tests {
             nested = format!("eval {}", shell_quote(&nested));
         }
         let long = "x".repeat(crate::shell::MAX_INPUT + 1);
-        let many = "ls;".repeat(MAX_EFFECTS + 10);
+        let many = "ls>a;".repeat(MAX_EFFECTS / 2 + 1);
         let deep = format!("echo {}", "$(".repeat(MAX_DEPTH + 2));
         let stacked = format!("{}rm -rf /x", "nice ".repeat(MAX_WRAPPERS + 1));
         for script in [&nested, &long, &many, &deep, &stacked] {
@@ -1806,6 +2101,7 @@ mod tests {
                 Effect::Script { .. } => "script",
                 Effect::Opaque { .. } => "opaque",
                 Effect::Bound { .. } => "bound",
+                Effect::ForkBomb { .. } => "fork bomb",
             })
             .collect();
         assert_eq!(
@@ -1866,8 +2162,8 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
 
-        /// Any input gives a bounded list; a program always has a literal name (one whose name
-        /// is unknown is opaque instead), and every place it names is absolute.
+        /// Any input gives a bounded list; a program whose name is unknown comes right after
+        /// the opaque effect saying so, and every place named is absolute.
         #[test]
         fn the_walk_is_bounded_and_names_every_program(
             parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..24)
@@ -1875,10 +2171,13 @@ mod tests {
             let script = parts.concat();
             let effects = walk(&script, START);
             proptest::prop_assert!(effects.len() <= MAX_EFFECTS);
-            for e in &effects {
+            for (k, e) in effects.iter().enumerate() {
                 match e {
                     Effect::Program { argv, at, .. } => {
-                        proptest::prop_assert!(argv.first().is_some_and(|w| w.literal.is_some()));
+                        let after_opaque =
+                            matches!(effects.get(k.wrapping_sub(1)), Some(Effect::Opaque { .. }));
+                        let named = argv.first().is_some_and(|w| w.literal.is_some());
+                        proptest::prop_assert!(named || after_opaque);
                         proptest::prop_assert!(at.cwds.len() <= MAX_CWDS);
                         proptest::prop_assert!(at.cwds.iter().all(|c| c.starts_with('/')));
                     }

@@ -756,6 +756,221 @@ pub fn unknown_argument(w: &ShellWord) -> String {
     )
 }
 
+/// Whether `s` holds a glob character (`*`, `?`, `[`).
+pub fn has_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// A command name that is a glob (`/bin/r?`): the shell runs whatever file it matches.
+pub fn is_glob_name(name: &str) -> bool {
+    !matches!(name, "[" | "[[") && has_glob(name)
+}
+
+/// Shell glob matching (`*`, `?`, `[…]`, `[!…]`) of a short name; dynamic programming, so no
+/// pattern can make it backtrack exponentially.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    enum Tokn {
+        Star,
+        Any,
+        Class(Vec<char>, bool),
+        Char(char),
+    }
+    let mut toks = Vec::new();
+    let mut it = pattern.chars().peekable();
+    while let Some(c) = it.next() {
+        toks.push(match c {
+            '*' => Tokn::Star,
+            '?' => Tokn::Any,
+            '[' => {
+                let negate = matches!(it.peek(), Some('!' | '^'));
+                if negate {
+                    it.next();
+                }
+                let mut set = Vec::new();
+                let mut prev: Option<char> = None;
+                while let Some(x) = it.next() {
+                    if x == ']' && !set.is_empty() {
+                        break;
+                    }
+                    if x == '-'
+                        && let (Some(lo), Some(&hi)) = (prev, it.peek())
+                        && hi != ']'
+                    {
+                        it.next();
+                        set.extend((lo..=hi).take(256));
+                        prev = None;
+                        continue;
+                    }
+                    set.push(x);
+                    prev = Some(x);
+                }
+                Tokn::Class(set, negate)
+            }
+            c => Tokn::Char(c),
+        });
+    }
+    let name: Vec<char> = name.chars().collect();
+    // reach[j]: the pattern so far can match the first j characters.
+    let mut reach = vec![false; name.len() + 1];
+    reach[0] = true;
+    for t in &toks {
+        let mut next = vec![false; name.len() + 1];
+        for j in 0..=name.len() {
+            match t {
+                Tokn::Star => next[j] = reach[j] || (j > 0 && next[j - 1]),
+                _ if j == 0 => {}
+                Tokn::Any => next[j] = reach[j - 1],
+                Tokn::Char(c) => next[j] = reach[j - 1] && name[j - 1] == *c,
+                Tokn::Class(set, negate) => {
+                    next[j] = reach[j - 1] && (set.contains(&name[j - 1]) != *negate)
+                }
+            }
+        }
+        reach = next;
+    }
+    reach[name.len()]
+}
+
+/// Programs a policy judges by name that are in none of the tables above. A command name
+/// that is a pattern is walked as each name these and the tables hold that it can match.
+const NAMED: &[&str] = &[
+    "rm",
+    "rmdir",
+    "unlink",
+    "shred",
+    "truncate",
+    "srm",
+    "wipe",
+    "chmod",
+    "chown",
+    "chgrp",
+    "dd",
+    "mkfs",
+    "mkfs.ext4",
+    "mkfs.ext3",
+    "mkfs.ext2",
+    "mkfs.xfs",
+    "mkfs.btrfs",
+    "mkfs.vfat",
+    "mke2fs",
+    "wipefs",
+    "blkdiscard",
+    "mkswap",
+    "shutdown",
+    "reboot",
+    "halt",
+    "poweroff",
+    "init",
+    "telinit",
+    "systemctl",
+    "loginctl",
+    "service",
+    "tee",
+    "cp",
+    "mv",
+    "install",
+    "ln",
+    "touch",
+    "mkdir",
+    "sed",
+    "git",
+    "kill",
+    "killall",
+    "pkill",
+    "find",
+    "xargs",
+    "eval",
+    "trap",
+    "alias",
+    "watch",
+    "su",
+    "runuser",
+    "cd",
+    "source",
+    "crontab",
+    "passwd",
+    "useradd",
+    "userdel",
+    "usermod",
+    "iptables",
+    "nft",
+    "ufw",
+    "fdisk",
+    "sfdisk",
+    "parted",
+    "gdisk",
+];
+
+/// Every program name the table knows: [`NAMED`], the shells, interpreters, wrappers and
+/// runners.
+pub fn known_names() -> impl Iterator<Item = &'static str> {
+    NAMED
+        .iter()
+        .copied()
+        .chain(SHELLS.iter().copied())
+        .chain(INTERPRETERS.iter().map(|i| i.name))
+        .chain(WRAPPERS.iter().map(|w| w.name))
+        .chain(RUNNERS.iter().map(|r| r.name))
+}
+
+/// `find`'s arguments (after its name): its start paths, and the expression's words.
+pub fn find_parts(args: &[ShellWord]) -> (&[ShellWord], &[ShellWord]) {
+    let lit = |w: &ShellWord| w.literal.clone();
+    let mut i = 0;
+    while let Some(v) = args.get(i).and_then(lit) {
+        if matches!(v.as_str(), "-H" | "-L" | "-P") || v.starts_with("-D") || v.starts_with("-O") {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    let starts = args[i..]
+        .iter()
+        .take_while(|w| {
+            w.literal
+                .as_deref()
+                .is_some_and(|v| !v.starts_with('-') && v != "(" && v != "!")
+        })
+        .count();
+    (&args[i..i + starts], &args[i + starts..])
+}
+
+/// `find`'s first start path when nothing in its expression filters what it visits (only
+/// actions and options that do not), so that `-exec`'s `{}` is first that path itself.
+pub fn find_unfiltered(args: &[ShellWord]) -> Option<&ShellWord> {
+    let (starts, expr) = find_parts(args);
+    let mut k = 0;
+    while let Some(w) = expr.get(k) {
+        match w.literal.as_deref() {
+            Some("-exec" | "-execdir" | "-ok" | "-okdir") => {
+                k += 1;
+                while let Some(w) = expr.get(k) {
+                    k += 1;
+                    if matches!(w.literal.as_deref(), Some(";" | "+")) {
+                        break;
+                    }
+                }
+                continue;
+            }
+            Some(
+                "-delete"
+                | "-depth"
+                | "-xdev"
+                | "-mount"
+                | "-follow"
+                | "-noleaf"
+                | "-print"
+                | "-print0"
+                | "-ignore_readdir_race",
+            ) => {}
+            Some("-maxdepth" | "-mindepth") => k += 1,
+            _ => return None,
+        }
+        k += 1;
+    }
+    starts.first()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,13 +12,12 @@
 //! expanded text, brace words, wrappers or CPU time the command is refused, never judged in
 //! part.
 //!
-//! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]): it
-//! reads commands with the core's parser, expands words with the core's expansion
-//! ([`crate::shell::expand`]: braces, parameters, `IFS` splitting, known output of
-//! `echo`/`printf`; unknown values are judged as possibly empty) and sees through wrappers
-//! with the core's command table. Its stages, one file each:
-//! - `check`: walks the command in execution order, tracks assignments and `cd` from the
-//!   caller's [`Context`], strips wrappers, follows nested scripts, spends the budget.
+//! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]):
+//! the core's walk lists what a command does — programs with their expanded arguments and
+//! the places they run in, writes, nested scripts, what it cannot see through — and the
+//! guard judges each effect. Its parts, one file each:
+//! - `policy`: from effects to verdicts (bounds and fork bombs refused, what cannot be seen
+//!   through asked, every program judged where it may run, operator patterns).
 //! - `rules`: what is refused, on one normalised command or write target.
 //! - `ask`: what a person should decide (risky or opaque, not catastrophic).
 //!
@@ -41,13 +40,13 @@ use regex::{Regex, RegexBuilder};
 use crate::shell::Verdict;
 
 mod ask;
-mod check;
+#[cfg(test)]
+mod cases;
+mod policy;
 mod rules;
 
 pub(crate) use crate::shell::abbreviate;
-use crate::shell::expand::Env;
 pub use crate::shell::{MAX_DEPTH, MAX_INPUT, MAX_WRAPPERS};
-use check::Checker;
 
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
 /// microseconds.
@@ -261,52 +260,8 @@ impl Guard {
                 ),
             ));
         }
-        let mut env = Env {
-            cwd: context.cwd.map(str::to_owned),
-            home: context.home.map(str::to_owned),
-            ..Env::default()
-        };
-        for (name, value) in context.env {
-            env.set(name.clone(), Some(value.clone()));
-        }
-        let mut checker = Checker::new(self, context.workspace, cpu);
-        checker.script(command, &mut env, 0)?;
-        Ok(checker.into_ask())
+        policy::judge(self, command, context, cpu)
     }
-}
-
-#[cfg(test)]
-impl Guard {
-    /// The names of the programs the guard judges in `command` (each wrapper level
-    /// included), in order; `None` when it refuses the command, which ends its walk.
-    pub(crate) fn programs_seen(
-        &self,
-        command: &str,
-        context: &Context<'_>,
-    ) -> Option<Vec<String>> {
-        if command.len() > MAX_INPUT {
-            return None;
-        }
-        let mut env = Env {
-            cwd: context.cwd.map(str::to_owned),
-            home: context.home.map(str::to_owned),
-            ..Env::default()
-        };
-        let mut checker = Checker::new(self, context.workspace, CPU_BUDGET);
-        checker.script(command, &mut env, 0).ok()?;
-        Some(checker.seen)
-    }
-}
-
-fn too_deep() -> Objection {
-    Objection::new(
-        "too-deep",
-        format!(
-            "refused: the command nests shells, eval, substitutions or arithmetic more than \
-             {MAX_DEPTH} levels deep (or opens more of them than it closes), too deep to \
-             check; flatten it"
-        ),
-    )
 }
 
 #[cfg(test)]

@@ -478,7 +478,7 @@ mod tests {
         ) {
             use crate::shell::effects::{self, Effect, Start};
             let script = parts.concat();
-            let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home };
+            let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home, env: &[] };
             let blocked = effects::walk(&script, start).iter().any(|e| match e {
                 Effect::Opaque { .. } | Effect::Bound { .. } | Effect::Network { .. } => true,
                 Effect::Program { argv, .. } => {

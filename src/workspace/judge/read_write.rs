@@ -288,11 +288,12 @@ pub(super) fn check(scope: &Scope<'_>, script: &str) -> Judged {
     let start = Start {
         cwd: Some(scope.cwd),
         home: scope.home,
+        env: &[],
     };
     let deny = |what: &str, why: String| Denied::new(Permission::ReadWrite, what, why);
     for effect in effects::walk(script, start) {
         match effect {
-            Effect::Opaque { what, why } | Effect::Bound { what, why } => {
+            Effect::Opaque { what, why } | Effect::Bound { what, why, .. } => {
                 return Err(deny(&what, why));
             }
             Effect::Network { target, what } => {
@@ -304,10 +305,10 @@ pub(super) fn check(scope: &Scope<'_>, script: &str) -> Judged {
             Effect::Write {
                 target, at, what, ..
             } => ReadWrite::at(&workspace, &at).write(&target, &what)?,
-            Effect::Program { argv, at, what } => {
+            Effect::Program { argv, at, what, .. } => {
                 ReadWrite::at(&workspace, &at).program(&argv, &what)?
             }
-            Effect::Script { .. } | Effect::Duplicate { .. } => {}
+            Effect::Script { .. } | Effect::Duplicate { .. } | Effect::ForkBomb { .. } => {}
         }
     }
     Ok(())
@@ -733,6 +734,8 @@ mod tests {
                 "cp -r a b && mv b c",
                 "touch x; tee y < x; ln -s x z",
                 "cd src && echo x > top.txt",
+                // After `cd src &&`, only src: `..` is the workspace.
+                "cd src && echo x > ../top.txt",
                 "cd /srv/ws/src; touch a",
                 "echo x > /srv/ws/a/../b",
                 "ls > /dev/null 2>&1; echo x > /dev/stderr; echo y >/dev/fd/3",
@@ -1052,7 +1055,7 @@ mod tests {
                 "cd; touch x",
                 "(cd sub); touch ../x",
                 // A `cd` may fail, so the old place stays possible: this is refused too.
-                "cd src && echo x > ../top.txt",
+                "cd src; echo x > ../top.txt",
                 "cd sub || true; touch ../x",
                 "cd src; cd ../..; touch x",
                 "pushd /tmp; touch x",
