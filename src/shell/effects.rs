@@ -1100,7 +1100,10 @@ impl Walk {
         while let Some(w) = args.get(i) {
             let Some(arg) = w.literal.as_deref() else {
                 if maybe_option(w) {
-                    return self.opaque(what.clone(), unknown_option(w));
+                    // Opaque; and as if it were empty, the words after it are the command.
+                    self.opaque(what.clone(), unknown_option(w));
+                    i += 1;
+                    continue;
                 }
                 break;
             };
@@ -1312,7 +1315,27 @@ impl Walk {
     ) {
         let s = match scan(args, w.with_arg, w.long_with_arg, w.operands, w.assignments) {
             Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+            Err(why) => {
+                // Opaque; and walked again with the words that could be any option gone (an
+                // unset variable, unquoted: `sudo $FLAGS rm -rf /` runs `rm -rf /`), then as
+                // empty arguments (quoted: `timeout "$T" rm -rf /` runs it too).
+                self.opaque(what.clone(), why);
+                let unknown = |a: &ShellWord| a.literal.is_none() && maybe_option(a);
+                let gone: Vec<ShellWord> = args.iter().filter(|a| !unknown(a)).cloned().collect();
+                let empty: Vec<ShellWord> = args
+                    .iter()
+                    .map(|a| match unknown(a) {
+                        true => ShellWord {
+                            literal: Some(String::new()),
+                            ..a.clone()
+                        },
+                        false => a.clone(),
+                    })
+                    .collect();
+                self.wrapper(w, &gone, what, depth, stdin.clone());
+                self.wrapper(w, &empty, what, depth, stdin);
+                return;
+            }
         };
         for file in s.values(w.dest).flatten() {
             self.push(Effect::Write {

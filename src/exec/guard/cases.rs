@@ -261,6 +261,23 @@ mod bounds_and_wrappers {
         assert_allowed(&format!("{fits}ls"));
     }
 
+    /// A word known only when it runs where an option may stand is opaque (asked), and the
+    /// rest is judged as if it were empty, as an unset variable is: what runs then is still
+    /// refused.
+    #[test]
+    fn an_unknown_option_word_hides_no_command() {
+        for cmd in [
+            "sudo $FLAGS rm -rf /",
+            "xargs $X rm -r /",
+            "env $OPTS rm -rf /etc",
+            "timeout $T rm -rf /",
+        ] {
+            assert_refused(cmd, DELETE);
+        }
+        assert_asked("sudo $FLAGS ls", "opaque");
+        assert_asked("xargs $X ls", "opaque");
+    }
+
     #[test]
     fn the_cpu_budget_fails_closed() {
         let g = Guard::default();
