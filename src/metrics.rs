@@ -55,6 +55,8 @@ pub struct Metrics {
     pub events_dead: Counter,
     /// Events recorded but not yet done; refreshed when `/metrics` is scraped.
     pub inbox_depth: Gauge,
+    /// Inbox workers woken by a write that made an event claimable.
+    pub inbox_wakeups: Counter,
     pub lark_api_calls: Family<LarkCallLabels, Counter>,
     pub llm_requests: Family<LlmLabels, Counter>,
     pub llm_latency_seconds: Histogram,
@@ -84,6 +86,7 @@ impl Metrics {
             events_failed: Counter::default(),
             events_dead: Counter::default(),
             inbox_depth: Gauge::default(),
+            inbox_wakeups: Counter::default(),
             lark_api_calls: Family::default(),
             llm_requests: Family::default(),
             llm_latency_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
@@ -129,6 +132,11 @@ impl Metrics {
             "inbox_depth",
             "Inbox events not yet done",
             m.inbox_depth.clone(),
+        );
+        registry.register(
+            "inbox_wakeups",
+            "Inbox workers woken by a recorded event that a claim could take at once",
+            m.inbox_wakeups.clone(),
         );
         registry.register(
             "lark_api_calls",
