@@ -67,6 +67,9 @@ pub struct Metrics {
     pub progress_card_ops: Family<CardOpLabels, Counter>,
     pub progress_fallbacks: Family<ReasonLabel, Counter>,
     pub progress_updates: Counter,
+    /// Lark calls one ended turn cost on the runner that ended it: receipts, replies,
+    /// reactions and its progress card's operations.
+    pub lark_calls_per_turn: Histogram,
 }
 
 impl Default for Metrics {
@@ -96,6 +99,9 @@ impl Metrics {
             progress_card_ops: Family::default(),
             progress_fallbacks: Family::default(),
             progress_updates: Counter::default(),
+            lark_calls_per_turn: Histogram::new([
+                1.0, 2.0, 3.0, 4.0, 6.0, 9.0, 15.0, 30.0, 60.0, 120.0,
+            ]),
             registry: Registry::default(),
         };
         registry.register(
@@ -172,6 +178,11 @@ impl Metrics {
             "progress_updates",
             "Progress card content updates sent (its rate is the update rate)",
             m.progress_updates.clone(),
+        );
+        registry.register(
+            "lark_calls_per_turn",
+            "Lark calls per ended turn: receipts, replies, reactions, progress card operations",
+            m.lark_calls_per_turn.clone(),
         );
         registry.register(
             "ssh_connects",
