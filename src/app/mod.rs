@@ -258,6 +258,7 @@ impl App {
                 "background tasks still running after the shutdown grace; leaving them"
             );
         }
+        state.inbox.worker_pool().close().await;
         drop(state);
         store.close().await;
         Ok(())

@@ -19,6 +19,14 @@
 //! a head is taken by the worker that finishes the head, and the one-second poll covers the
 //! rest (retries, leases, a head finished while the write was in flight).
 //!
+//! **Durability.** A recorded event is durable before it is acknowledged. The workers' own
+//! writes (claims, done and retry marks, hand-backs) commit without waiting for the WAL flush
+//! (`synchronous_commit = off` on the workers' connections): a crash can lose only their last
+//! fraction of a second, and each such loss is one the inbox already survives — a lost claim is
+//! a lease that ran out, a lost done mark an event handled again (handlers are at-least-once,
+//! as when marking it done fails). So a worker's commit costs no disk flush, and the workers do
+//! not compete with acknowledgements for them.
+//!
 //! A claim moves the row's `available_at` to the end of its lease; if the process dies, the
 //! lease runs out and the event is claimed again after restart. On shutdown a worker hands back
 //! what it holds at once.
@@ -128,6 +136,9 @@ pub trait Handler: Send + Sync {
 /// this.
 pub struct Inbox {
     deps: InboxDeps,
+    /// The workers' connections: the same database with `synchronous_commit = off` (see
+    /// the module's Durability).
+    worker_db: PgPool,
     /// Wakes an idle worker when a new event is recorded (polling covers retries and leases).
     wake: Notify,
     /// Admission of callback requests: bounds the requests (queued events, waiting tasks)
@@ -159,7 +170,14 @@ impl Inbox {
     /// An inbox admitting at most `admitted` callback requests at once, running its flush
     /// tasks (and, once [`Inbox::spawn_workers`] is called, its workers) on `tasks`.
     pub fn new(deps: InboxDeps, admitted: usize, tasks: TaskTracker) -> Arc<Inbox> {
+        let options = (*deps.db.connect_options())
+            .clone()
+            .options([("synchronous_commit", "off")]);
+        let worker_db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(deps.config.workers.clamp(1, 64) as u32 + 1)
+            .connect_lazy_with(options);
         Arc::new(Inbox {
+            worker_db,
             deps,
             wake: Notify::new(),
             admitted: tokio::sync::Semaphore::new(admitted),
@@ -207,6 +225,12 @@ impl Inbox {
             self.tasks.spawn(flush(self.clone(), self.deps.db.clone()));
         }
         settle(rx.await)
+    }
+
+    /// The workers' pool (commits without waiting for the WAL flush).
+    #[doc(hidden)]
+    pub fn worker_pool(&self) -> &PgPool {
+        &self.worker_db
     }
 
     /// Refreshes the inbox-depth gauge (called when metrics are scraped).
@@ -689,7 +713,8 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     let budget = lease.mul_f64(0.9);
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
-        let claimed = claim(&d.db, d.clock.now(), lease).await;
+        let db = &inbox.worker_db;
+        let claimed = claim(db, d.clock.now(), lease).await;
         let event = match claimed {
             Ok(Some(e)) => e,
             Ok(None) => {
@@ -717,10 +742,10 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
         };
         let now = d.clock.now();
         let stored = match outcome {
-            None => hand_back(&d.db, &event.event_id, now).await,
+            None => hand_back(db, &event.event_id, now).await,
             Some(Ok(())) => {
                 d.metrics.events_processed.inc();
-                complete(&d.db, &event.event_id, now).await
+                complete(db, &event.event_id, now).await
             }
             Some(Err(e)) => {
                 d.metrics.events_failed.inc();
@@ -730,7 +755,7 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
                 } else {
                     d.config.max_attempts
                 };
-                let r = fail(&d.db, &event, &text, now, max).await;
+                let r = fail(db, &event, &text, now, max).await;
                 match r {
                     Ok(Failed::Dead) => {
                         d.metrics.events_dead.inc();

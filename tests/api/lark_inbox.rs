@@ -379,3 +379,25 @@ async fn a_write_wakes_a_worker_only_when_it_made_an_event_claimable() {
     assert_eq!(wakeups(), 5, "a redelivery");
     app.stop().await;
 }
+
+/// Acknowledged events are durable before the answer; the workers' own writes (claims, done
+/// marks) commit without waiting for the WAL flush, on connections of their own.
+#[tokio::test]
+async fn recording_waits_for_the_flush_and_the_workers_do_not() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let show = |pool: &sqlx::PgPool| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(show(&app.state.db).await, "on");
+    assert_eq!(show(app.state.inbox.worker_pool()).await, "off");
+    app.stop().await;
+}
