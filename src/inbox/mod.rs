@@ -276,8 +276,7 @@ async fn flush(inbox: Arc<Inbox>, db: PgPool) {
             let n = q.pending.len().min(MAX_BATCH);
             q.pending.drain(..n).collect()
         };
-        let claimable = write_batch(&db, batch).await;
-        slot.inbox.woken(claimable);
+        write_batch(slot.inbox, &db, batch).await;
     }
 }
 
@@ -383,37 +382,28 @@ fn storable_json(text: &mut String) {
 
 /// Writes a batch with one INSERT; if the database refuses it, row by row, so that one row it
 /// refuses fails only its own request. (A batch that fails for want of a connection fails
-/// whole: one row at a time would not fare better, only slower.) Returns how many events it
-/// made claimable (see [`Inserted`]).
-async fn write_batch(db: &PgPool, batch: Vec<Pending>) -> usize {
+/// whole: one row at a time would not fare better, only slower.)
+async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     if batch.len() == 1 {
-        return insert(db, batch).await;
+        return insert(inbox, db, batch).await;
     }
     match try_insert(db, &batch).await {
-        Ok(rows) => answer(batch, rows),
+        Ok(rows) => answer(inbox, batch, rows),
         Err(e @ sqlx::Error::Database(_)) => {
             tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
-            let mut claimable = 0;
             for p in batch {
-                claimable += insert(db, vec![p]).await;
+                insert(inbox, db, vec![p]).await;
             }
-            claimable
         }
-        Err(e) => {
-            refuse(batch, &e);
-            0
-        }
+        Err(e) => refuse(batch, &e),
     }
 }
 
 /// One INSERT for `batch`, each request answered with its outcome.
-async fn insert(db: &PgPool, batch: Vec<Pending>) -> usize {
+async fn insert(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     match try_insert(db, &batch).await {
-        Ok(rows) => answer(batch, rows),
-        Err(e) => {
-            refuse(batch, &e);
-            0
-        }
+        Ok(rows) => answer(inbox, batch, rows),
+        Err(e) => refuse(batch, &e),
     }
 }
 
@@ -434,10 +424,11 @@ struct Inserted {
     claimable: bool,
 }
 
-/// Answers each request of `batch`; returns how many workers to wake: one per claimable free
-/// event and one per section whose head the batch wrote (the first of its rows). (The INSERT sees the table as it was
+/// Wakes a worker for each event of the batch a claim could take at once — each claimable free
+/// event, and each section whose head the batch wrote (the first of its rows) — then answers
+/// each request of `batch`. (The INSERT sees the table as it was
 /// before it, so every row of a section that had no unfinished event reads as its head.)
-fn answer(batch: Vec<Pending>, inserted: Vec<Inserted>) -> usize {
+fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     let mut sections = HashSet::new();
     let mut claimable = 0;
     // The first of several equal ids in one batch is the fresh one.
@@ -452,11 +443,11 @@ fn answer(batch: Vec<Pending>, inserted: Vec<Inserted>) -> usize {
         }
         fresh.insert(row.event_id);
     }
+    inbox.woken(claimable);
     for p in batch {
         let f = fresh.remove(&p.env.event_id);
         let _ = p.done.send(Ok(f));
     }
-    claimable
 }
 
 async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
