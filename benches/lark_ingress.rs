@@ -3,14 +3,19 @@
 //! client concurrency, default `synchronous_commit`) into a table shaped like the inbox.
 //!
 //! Run with `bash scripts/bench.sh lark_ingress` (it provides TEST_DATABASE_URL and PG_BIN).
-//! Optional arguments: `--clients N` (default 16), `--seconds S` (default 10).
+//! Optional arguments: `--clients N` (default 16), `--seconds S` (default 10), `--workers`
+//! (the service as deployed: inbox workers on; the events are then messages sent by another
+//! app, which need no answer, as a busy group with the all-messages scope produces), `--chats
+//! N` (default 1: every event in one chat; e.g. 200 spreads them round-robin).
 //!
 //! Four phases: (1) closed loop, N clients as fast as acks come back; (2) pgbench, N clients,
 //! one INSERT per transaction, the payload as a parameter (and once more as a literal, for
 //! comparison); (3) open loop at half the pgbench rate over N connections, latency measured
 //! from each request's scheduled send time (so a stall is not hidden by coordinated omission);
-//! (4) pgbench at that same rate (`-R`). Inbox workers are off: this measures the
-//! acknowledgement path (signature, decrypt, parse, token, freshness, durable insert).
+//! (4) pgbench at that same rate (`-R`). Without `--workers` the inbox workers are off: this
+//! measures the acknowledgement path alone (signature, decrypt, parse, token, freshness,
+//! durable insert). With `--workers` they run as deployed, and after phase 1 the backlog it
+//! left is timed until it is drained (before phase 2 starts).
 //!
 //! The service runs on this process's multi-threaded runtime; the load generator runs on a
 //! thread of its own with a single-threaded runtime, as pgbench runs in a process of its own.
@@ -42,8 +47,10 @@ struct Req {
     wire: Vec<u8>,
 }
 
-fn event(i: usize, now: i64) -> Req {
+fn event(i: usize, now: i64, opts: Opts) -> Req {
     let id = format!("ev_bench_{i:09}");
+    let chat = format!("oc_{:032}", i % opts.chats.max(1));
+    let sender_type = if opts.from_app { "app" } else { "user" };
     let text = "@_user_1 /ssh status please, and tell me what is running on the build box";
     let env = json!({
         "schema": "2.0",
@@ -53,9 +60,9 @@ fn event(i: usize, now: i64) -> Req {
         "event": {
             "sender": {"sender_id": {"open_id": "ou_0123456789abcdef0123456789abcdef",
                 "user_id": "u1", "union_id": "on_0123456789abcdef0123456789abcdef"},
-                "sender_type": "user", "tenant_key": "tk_bench"},
+                "sender_type": sender_type, "tenant_key": "tk_bench"},
             "message": {"message_id": format!("om_{i:032}"), "root_id": "", "parent_id": "",
-                "create_time": (now * 1000).to_string(), "chat_id": "oc_0123456789abcdef0123456789abcdef",
+                "create_time": (now * 1000).to_string(), "chat_id": chat,
                 "chat_type": "group", "message_type": "text",
                 "content": json!({"text": text}).to_string(),
                 "mentions": [{"key": "@_user_1", "id": {"open_id": "ou_bot0123456789abcdef0123456789ab",
@@ -292,10 +299,31 @@ async fn open_loop(
     (lat, late, failed, elapsed)
 }
 
+/// What the events look like.
+#[derive(Clone, Copy)]
+struct Opts {
+    chats: usize,
+    from_app: bool,
+}
+
+/// Events not yet done.
+async fn pending(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE state = 'pending'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let clients = arg("--clients", 16) as usize;
     let seconds = arg("--seconds", 10);
+    let workers = std::env::args().any(|a| a == "--workers");
+    let opts = Opts {
+        chats: arg("--chats", 1) as usize,
+        from_app: workers,
+    };
     let pg_bin = std::env::var("PG_BIN").expect("PG_BIN: run through scripts/bench.sh");
     let db = database::fresh_database().await;
 
@@ -308,7 +336,7 @@ async fn main() -> anyhow::Result<()> {
         ("LARK_VERIFICATION_TOKEN", TOKEN.into()),
         ("LARK_ENCRYPT_KEY", KEY.into()),
         ("LARK_BASE_URL", "http://127.0.0.1:9".into()),
-        ("SSHMODE_WORKERS_ENABLED", "false".into()),
+        ("SSHMODE_WORKERS_ENABLED", workers.to_string()),
     ]
     .into_iter()
     .collect();
@@ -323,7 +351,7 @@ async fn main() -> anyhow::Result<()> {
     let now = chrono::Utc::now().timestamp();
     let total = 150_000usize.min(clients * seconds as usize * 2000);
     eprintln!("preparing {total} signed, encrypted events …");
-    let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now)).collect());
+    let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now, opts)).collect());
     // Warm-up: connections, prepared statements.
     let warm = reqs.clone();
     on_generator(move || async move {
@@ -345,6 +373,21 @@ async fn main() -> anyhow::Result<()> {
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
         .fetch_one(&pool)
         .await?;
+    // With workers: what phase 1 left undone, and how fast it drains once the load stops
+    // (polled every 50 ms, for at most five minutes).
+    let backlog = pending(&pool).await?;
+    let drain_started = Instant::now();
+    let mut drained = backlog;
+    if workers {
+        while drain_started.elapsed() < Duration::from_secs(300) {
+            drained = backlog - pending(&pool).await?;
+            if drained >= backlog {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let drain_time = drain_started.elapsed();
 
     // Phase 2: pgbench, raw single-row INSERTs into an inbox-shaped table, the payload sent as
     // a parameter (as the service sends it), so PostgreSQL parses each row's jsonb as it does
@@ -419,7 +462,7 @@ async fn main() -> anyhow::Result<()> {
     let n = (target * seconds as f64) as usize;
     let now = chrono::Utc::now().timestamp();
     let base = total;
-    let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now)).collect());
+    let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now, opts)).collect());
     checkpoint(&pool).await?;
     let (mut paced, mut sent_late, paced_failed, paced_elapsed) =
         on_generator(move || open_loop(addr, paced_reqs, clients, target)).await;
@@ -455,7 +498,11 @@ async fn main() -> anyhow::Result<()> {
         .filter(|d| **d > Duration::from_millis(50))
         .count();
 
-    println!("## lark_ingress ({clients} clients, {seconds} s per phase)");
+    println!(
+        "## lark_ingress ({clients} clients, {seconds} s per phase, workers {}, {} chat(s))",
+        if workers { "on" } else { "off" },
+        opts.chats
+    );
     println!("| measure | value |");
     println!("|---|---|");
     println!("| acks/s, closed loop | {ack_rate:.0} |");
@@ -466,6 +513,18 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("| refused or failed requests | {failed} |");
     println!("| rows recorded | {stored} |");
+    if workers {
+        println!(
+            "| handled during phase 1 | {} ({:.0}/s) |",
+            stored - backlog,
+            (stored - backlog) as f64 / elapsed.as_secs_f64()
+        );
+        println!(
+            "| backlog after phase 1, drained | {drained} of {backlog} in {:.2} s ({:.0}/s) |",
+            drain_time.as_secs_f64(),
+            drained as f64 / drain_time.as_secs_f64().max(1e-9)
+        );
+    }
     println!("| raw INSERT tps (pgbench, payload as parameter) | {raw_rate:.0} |");
     println!("| acks / raw inserts | {:.2} |", ack_rate / raw_rate);
     println!("| raw INSERT tps, payload as a prepared literal | {literal_rate:.0} |");

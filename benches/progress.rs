@@ -169,6 +169,7 @@ async fn run() {
                 turn_id,
                 &StepEvent::Ended {
                     outcome: "done".into(),
+                    lark_calls: 0,
                 },
             );
         }));

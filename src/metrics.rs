@@ -55,6 +55,8 @@ pub struct Metrics {
     pub events_dead: Counter,
     /// Events recorded but not yet done; refreshed when `/metrics` is scraped.
     pub inbox_depth: Gauge,
+    /// Inbox workers woken by a write that made an event claimable.
+    pub inbox_wakeups: Counter,
     pub lark_api_calls: Family<LarkCallLabels, Counter>,
     pub llm_requests: Family<LlmLabels, Counter>,
     pub llm_latency_seconds: Histogram,
@@ -65,6 +67,9 @@ pub struct Metrics {
     pub progress_card_ops: Family<CardOpLabels, Counter>,
     pub progress_fallbacks: Family<ReasonLabel, Counter>,
     pub progress_updates: Counter,
+    /// Lark calls one ended turn cost on the runner that ended it: receipts, replies,
+    /// reactions and its progress card's operations.
+    pub lark_calls_per_turn: Histogram,
 }
 
 impl Default for Metrics {
@@ -84,6 +89,7 @@ impl Metrics {
             events_failed: Counter::default(),
             events_dead: Counter::default(),
             inbox_depth: Gauge::default(),
+            inbox_wakeups: Counter::default(),
             lark_api_calls: Family::default(),
             llm_requests: Family::default(),
             llm_latency_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
@@ -93,6 +99,9 @@ impl Metrics {
             progress_card_ops: Family::default(),
             progress_fallbacks: Family::default(),
             progress_updates: Counter::default(),
+            lark_calls_per_turn: Histogram::new([
+                1.0, 2.0, 3.0, 4.0, 6.0, 9.0, 15.0, 30.0, 60.0, 120.0,
+            ]),
             registry: Registry::default(),
         };
         registry.register(
@@ -131,6 +140,11 @@ impl Metrics {
             m.inbox_depth.clone(),
         );
         registry.register(
+            "inbox_wakeups",
+            "Inbox workers woken by a recorded event that a claim could take at once",
+            m.inbox_wakeups.clone(),
+        );
+        registry.register(
             "lark_api_calls",
             "Lark Open API calls by API and outcome",
             m.lark_api_calls.clone(),
@@ -164,6 +178,11 @@ impl Metrics {
             "progress_updates",
             "Progress card content updates sent (its rate is the update rate)",
             m.progress_updates.clone(),
+        );
+        registry.register(
+            "lark_calls_per_turn",
+            "Lark calls per ended turn: receipts, replies, reactions, progress card operations",
+            m.lark_calls_per_turn.clone(),
         );
         registry.register(
             "ssh_connects",

@@ -1,8 +1,9 @@
-//! Answers in the chat: the receipt reaction, the final reaction, and the final answer as
+//! Answers in the chat: the receipt reaction (which stays), `CrossMark` beside it when a turn
+//! did not answer normally, and the final answer as
 //! markdown chunks under Lark's 30 KB post limit, each with a deterministic `uuid`. The
 //! answer is the model's text: the front-end makes it inert before it is posted.
 
-use super::{AgentDeps, FAILURE, RECEIPT, SUCCESS};
+use super::{ANSWERED, AgentDeps, FAILURE, RECEIPT};
 use crate::lark::client::idempotency_key;
 use crate::turns::{ActiveTurn, Fenced};
 
@@ -62,8 +63,9 @@ pub fn markdown_chunks(text: &str) -> Vec<String> {
     chunks
 }
 
-/// Puts the receipt reaction on a queued message, once. If the turn already finished by the
-/// time the reaction exists, it is taken off again.
+/// Puts the receipt reaction on a queued message, once; not once its turn has finished (the
+/// answer is there already). If the turn finished while the reaction was on its way, it is
+/// taken off again, so a message's reactions never depend on that race.
 pub(super) async fn receipt(deps: &AgentDeps, message_id: &str) {
     let state: Option<(Option<String>, Option<String>)> = match sqlx::query_as(
         "SELECT receipt_reaction, final_reaction FROM turn_requests WHERE message_id = $1",
@@ -105,25 +107,23 @@ pub(super) async fn receipt(deps: &AgentDeps, message_id: &str) {
     }
 }
 
-/// A dropped request's receipt is replaced by the failure reaction (best effort).
+/// A dropped request gets the failure reaction beside its receipt (best effort).
 pub(super) async fn dropped(deps: &AgentDeps, d: &crate::turns::DroppedRequest) {
-    if let Some(r) = &d.receipt_reaction
-        && let Err(e) = deps.out.remove_reaction(&d.message_id, r).await
-    {
-        tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "removing the receipt reaction failed");
-    }
     if let Err(e) = deps.out.add_reaction(&d.message_id, FAILURE).await {
         tracing::warn!(lark.message_id = %d.message_id, error = %format!("{e:#}"), "final reaction failed");
     }
 }
 
-/// Replaces each message's receipt with the final reaction (once per message).
+/// Records each message's end (once per message) and, unless the turn answered normally, adds
+/// the failure reaction beside its receipt. Returns the Lark calls this turn's messages cost
+/// here: their receipts and the reactions added.
 pub(super) async fn finish_reactions(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     success: bool,
-) -> Result<(), Fenced> {
-    let emoji = if success { SUCCESS } else { FAILURE };
+) -> Result<u32, Fenced> {
+    let emoji = if success { ANSWERED } else { FAILURE };
+    let mut calls = 0;
     for m in &turn.messages {
         let mut tx = turn.fence.begin().await?;
         let receipt: Option<Option<String>> = sqlx::query_scalar(
@@ -136,24 +136,26 @@ pub(super) async fn finish_reactions(
         .await?;
         tx.commit().await?;
         let Some(receipt) = receipt else { continue };
-        if let Some(r) = receipt
-            && let Err(e) = deps.out.remove_reaction(&m.message_id, &r).await
-        {
-            tracing::warn!(lark.message_id = %m.message_id, error = %format!("{e:#}"), "removing the receipt reaction failed");
+        calls += u32::from(receipt.is_some());
+        if success {
+            continue;
         }
+        calls += 1;
         if let Err(e) = deps.out.add_reaction(&m.message_id, emoji).await {
             tracing::warn!(lark.message_id = %m.message_id, error = %format!("{e:#}"), "final reaction failed");
         }
     }
-    Ok(())
+    Ok(calls)
 }
 
 /// Sends `text` as the turn's answer: a reply to the turn's last message, in its thread when
 /// it was in one, else in place. The uuids derive from the turn, so a resend is dropped.
-pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> anyhow::Result<()> {
+/// Returns the replies sent.
+pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> anyhow::Result<u32> {
     let Some(last) = turn.messages.last() else {
-        return Ok(());
+        return Ok(0);
     };
+    let mut sent = 0;
     let key = format!("turn:{}", turn.id);
     for (i, chunk) in markdown_chunks(text).iter().enumerate() {
         let uuid = idempotency_key(&key, &format!("answer:{i}"));
@@ -166,7 +168,8 @@ pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> any
                 &uuid,
             )
             .await?;
+        sent += 1;
     }
     turn.fence.mark_answered(turn.id).await?;
-    Ok(())
+    Ok(sent)
 }

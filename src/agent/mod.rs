@@ -26,7 +26,7 @@
 //! ```
 //! chat control ──▶ Agent::accept(TurnRequest) ──▶ turns::enqueue (INSERT … ON CONFLICT (message_id) DO NOTHING,
 //!                  │                                turn_sections.pending = true, NOTIFY sshmode_turns)
-//!                  └─▶ receipt reaction `Typing` (its id stored; once per message; the Lark client's urgent lane)
+//!                  └─▶ receipt reaction `OnIt` (its id stored; once per message; the Lark client's urgent lane; it stays)
 //! (a turn: not a command, and an @mention, a p2p message, or any message in a `bot_threads` thread)
 //! Runner (every replica) ── claim: a pending section whose lease is free or expired,
 //!                           oldest waiting request first (FOR UPDATE SKIP LOCKED; generation += 1)
@@ -52,7 +52,7 @@
 //!                                 ∥ tools::resolve(next call), or after the last call the next
 //!                                   step's system prompt
 //!               final answer stored ── reply (post/md, < 30 KB chunks, uuid = f(turn, chunk)) ── answered_at
-//!               ── reactions DONE | CrossMark ── turn state done|stopped|bounded|failed
+//!               ── CrossMark added unless done ── turn state done|stopped|bounded|failed
 //!    └─ release: holder = NULL; pending recomputed under the row lock
 //! ```
 //!
@@ -148,12 +148,14 @@ Chat commands still work: send /help to see them.";
 /// The answer to `/stop` when no turn runs.
 pub const NOTHING_RUNNING: &str = "Nothing is running here.";
 
-/// The receipt reaction put on a message when its turn is queued.
-pub const RECEIPT: &str = "Typing";
-/// The reaction that replaces it when the turn answered.
-pub const SUCCESS: &str = "DONE";
-/// The reaction that replaces it when the turn failed, stopped or hit a bound.
+/// The receipt reaction put on a message when its turn is queued. It stays: "taken on", not
+/// "still working"; the answer itself says the work is done.
+pub const RECEIPT: &str = "OnIt";
+/// The reaction added beside the receipt when the turn failed, stopped or hit a bound.
 pub const FAILURE: &str = "CrossMark";
+/// What `turn_requests.final_reaction` records for a message whose turn answered: no
+/// reaction is added, the receipt stays.
+pub const ANSWERED: &str = "answered";
 
 /// A binding that no longer passes its checks (chat control's): the section stays bound to
 /// its target and every task-tool call fails with this, never running locally instead.
@@ -274,6 +276,9 @@ pub enum StepEvent {
     },
     Ended {
         outcome: String,
+        /// Lark calls the turn's chat side cost on this runner: the receipts of its messages,
+        /// its replies and the reactions added (a progress view adds its own).
+        lark_calls: u32,
     },
     /// This runner let go of the turn without ending it (a shutdown, a lost lease, an error);
     /// whoever resumes it starts again with `Started { resumed: true, .. }`. Also sent after

@@ -71,7 +71,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
     announce(deps, turn).await;
     if turn.answered {
         // The answer went out before the last runner died; only the ending is left.
-        return finish(deps, turn, TurnEnd::Done, "answered").await;
+        return finish(deps, turn, TurnEnd::Done, "answered", 0).await;
     }
     let mut t = match Turn::open(deps, turn).await? {
         Ok(t) => t,
@@ -751,8 +751,8 @@ async fn deliver(
     end: TurnEnd,
     text: &str,
 ) -> anyhow::Result<()> {
-    match answer::send(deps, turn, text).await {
-        Ok(()) => {}
+    let sent = match answer::send(deps, turn, text).await {
+        Ok(n) => n,
         Err(e)
             if e.downcast_ref::<Fenced>()
                 .is_some_and(|f| matches!(f, Fenced::Lost)) =>
@@ -760,21 +760,24 @@ async fn deliver(
             return Ok(());
         }
         Err(e) => return Err(e),
-    }
-    finish(deps, turn, end, &conversation::clip(text, 200)).await
+    };
+    finish(deps, turn, end, &conversation::clip(text, 200), sent).await
 }
 
+/// Ends the turn: reactions, the stored end, the log, and `Ended` with the Lark calls the
+/// turn's answer cost here (`replies` sent, receipts, reactions added).
 async fn finish(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     end: TurnEnd,
     outcome: &str,
+    replies: u32,
 ) -> anyhow::Result<()> {
-    match answer::finish_reactions(deps, turn, end == TurnEnd::Done).await {
-        Ok(()) => {}
+    let reactions = match answer::finish_reactions(deps, turn, end == TurnEnd::Done).await {
+        Ok(n) => n,
         Err(Fenced::Lost) => return Ok(()),
         Err(e) => return Err(e.into()),
-    }
+    };
     match turn.fence.finish_turn(turn.id, end, outcome).await {
         Ok(()) => {}
         Err(Fenced::Lost) => return Ok(()),
@@ -792,6 +795,7 @@ async fn finish(
         turn.id,
         &StepEvent::Ended {
             outcome: end.as_str().into(),
+            lark_calls: replies + reactions,
         },
     );
     Ok(())

@@ -125,12 +125,10 @@ impl App {
             Some(l) => (l.app_id.clone(), l.app_secret.clone()),
             None => (String::new(), secrecy::SecretString::from(String::new())),
         };
-        let lark = Arc::new(LarkClient::new(
-            &config.lark_base_url,
-            &app_id,
-            app_secret,
-            metrics.clone(),
-        )?);
+        let lark = Arc::new(
+            LarkClient::new(&config.lark_base_url, &app_id, app_secret, metrics.clone())?
+                .with_shared_budget(db.clone()),
+        );
         let progress = crate::progress::Progress::new(
             lark.clone(),
             db.clone(),
@@ -260,6 +258,7 @@ impl App {
                 "background tasks still running after the shutdown grace; leaving them"
             );
         }
+        state.inbox.worker_pool().close().await;
         drop(state);
         store.close().await;
         Ok(())

@@ -12,6 +12,21 @@
 //! holds its section for about a minute, not hours. A message redelivered under a new event id
 //! is recorded once (unique `message_id`).
 //!
+//! **Cost.** A claim reads the express and unsectioned events due now and one index probe per
+//! busy section (its head), never the events queued behind a head, so a backlog in one chat
+//! does not slow the claims of the others. A write wakes a worker only for an event a claim
+//! could take at once (express, unsectioned, or its section's new head); an event queued behind
+//! a head is taken by the worker that finishes the head, and the one-second poll covers the
+//! rest (retries, leases, a head finished while the write was in flight).
+//!
+//! **Durability.** A recorded event is durable before it is acknowledged. The workers' own
+//! writes (claims, done and retry marks, hand-backs) commit without waiting for the WAL flush
+//! (`synchronous_commit = off` on the workers' connections): a crash can lose only their last
+//! fraction of a second, and each such loss is one the inbox already survives — a lost claim is
+//! a lease that ran out, a lost done mark an event handled again (handlers are at-least-once,
+//! as when marking it done fails). So a worker's commit costs no disk flush, and the workers do
+//! not compete with acknowledgements for them.
+//!
 //! A claim moves the row's `available_at` to the end of its lease; if the process dies, the
 //! lease runs out and the event is claimed again after restart. On shutdown a worker hands back
 //! what it holds at once.
@@ -121,6 +136,9 @@ pub trait Handler: Send + Sync {
 /// this.
 pub struct Inbox {
     deps: InboxDeps,
+    /// The workers' connections: the same database with `synchronous_commit = off` (see
+    /// the module's Durability).
+    worker_db: PgPool,
     /// Wakes an idle worker when a new event is recorded (polling covers retries and leases).
     wake: Notify,
     /// Admission of callback requests: bounds the requests (queued events, waiting tasks)
@@ -152,7 +170,14 @@ impl Inbox {
     /// An inbox admitting at most `admitted` callback requests at once, running its flush
     /// tasks (and, once [`Inbox::spawn_workers`] is called, its workers) on `tasks`.
     pub fn new(deps: InboxDeps, admitted: usize, tasks: TaskTracker) -> Arc<Inbox> {
+        let options = (*deps.db.connect_options())
+            .clone()
+            .options([("synchronous_commit", "off")]);
+        let worker_db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(deps.config.workers.clamp(1, 64) as u32 + 1)
+            .connect_lazy_with(options);
         Arc::new(Inbox {
+            worker_db,
             deps,
             wake: Notify::new(),
             admitted: tokio::sync::Semaphore::new(admitted),
@@ -199,7 +224,13 @@ impl Inbox {
             // others' events; on the app's tracker, so that shutdown waits for it.
             self.tasks.spawn(flush(self.clone(), self.deps.db.clone()));
         }
-        settle(self, rx.await)
+        settle(rx.await)
+    }
+
+    /// The workers' pool (commits without waiting for the WAL flush).
+    #[doc(hidden)]
+    pub fn worker_pool(&self) -> &PgPool {
+        &self.worker_db
     }
 
     /// Refreshes the inbox-depth gauge (called when metrics are scraped).
@@ -245,7 +276,7 @@ async fn flush(inbox: Arc<Inbox>, db: PgPool) {
             let n = q.pending.len().min(MAX_BATCH);
             q.pending.drain(..n).collect()
         };
-        write_batch(&db, batch).await;
+        write_batch(slot.inbox, &db, batch).await;
     }
 }
 
@@ -264,18 +295,22 @@ impl Drop for FlusherSlot<'_> {
     }
 }
 
-/// Turns a flush result into `record`'s answer, waking a worker for a fresh event.
-fn settle(
-    inbox: &Inbox,
-    r: Result<Result<bool, String>, oneshot::error::RecvError>,
-) -> anyhow::Result<bool> {
-    let fresh = r
-        .map_err(|_| anyhow::anyhow!("the inbox write was abandoned"))?
-        .map_err(|e| anyhow::anyhow!("inserting into the inbox: {e}"))?;
-    if fresh {
-        inbox.wake.notify_one();
+/// Turns a flush result into `record`'s answer.
+fn settle(r: Result<Result<bool, String>, oneshot::error::RecvError>) -> anyhow::Result<bool> {
+    r.map_err(|_| anyhow::anyhow!("the inbox write was abandoned"))?
+        .map_err(|e| anyhow::anyhow!("inserting into the inbox: {e}"))
+}
+
+impl Inbox {
+    /// Wakes one idle worker per event a write made claimable (at most one per section), and
+    /// none for an event queued behind its section's head: that one is claimed after the head
+    /// is done, by the worker that finishes it.
+    fn woken(&self, claimable: usize) {
+        for _ in 0..claimable {
+            self.deps.metrics.inbox_wakeups.inc();
+            self.wake.notify_one();
+        }
     }
-    Ok(fresh)
 }
 
 /// PostgreSQL's `text` and `jsonb` cannot hold U+0000, which JSON may carry (`\u0000`), and
@@ -348,16 +383,16 @@ fn storable_json(text: &mut String) {
 /// Writes a batch with one INSERT; if the database refuses it, row by row, so that one row it
 /// refuses fails only its own request. (A batch that fails for want of a connection fails
 /// whole: one row at a time would not fare better, only slower.)
-async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
+async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     if batch.len() == 1 {
-        return insert(db, batch).await;
+        return insert(inbox, db, batch).await;
     }
     match try_insert(db, &batch).await {
-        Ok(ids) => answer(batch, ids),
+        Ok(rows) => answer(inbox, batch, rows),
         Err(e @ sqlx::Error::Database(_)) => {
             tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
             for p in batch {
-                insert(db, vec![p]).await;
+                insert(inbox, db, vec![p]).await;
             }
         }
         Err(e) => refuse(batch, &e),
@@ -365,9 +400,9 @@ async fn write_batch(db: &PgPool, batch: Vec<Pending>) {
 }
 
 /// One INSERT for `batch`, each request answered with its outcome.
-async fn insert(db: &PgPool, batch: Vec<Pending>) {
+async fn insert(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     match try_insert(db, &batch).await {
-        Ok(ids) => answer(batch, ids),
+        Ok(rows) => answer(inbox, batch, rows),
         Err(e) => refuse(batch, &e),
     }
 }
@@ -379,16 +414,43 @@ fn refuse(batch: Vec<Pending>, e: &sqlx::Error) {
     }
 }
 
-fn answer(batch: Vec<Pending>, inserted: Vec<String>) {
+/// A row an INSERT wrote, and whether a claim could take it at once: express or without a
+/// section, or the head of its section (no older unfinished ordered event of it).
+#[derive(sqlx::FromRow)]
+struct Inserted {
+    event_id: String,
+    /// The section, for an ordered event (not express).
+    ordered_in: Option<String>,
+    claimable: bool,
+}
+
+/// Wakes a worker for each event of the batch a claim could take at once — each claimable free
+/// event, and each section whose head the batch wrote (the first of its rows) — then answers
+/// each request of `batch`. (The INSERT sees the table as it was
+/// before it, so every row of a section that had no unfinished event reads as its head.)
+fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
+    let mut sections = HashSet::new();
+    let mut claimable = 0;
     // The first of several equal ids in one batch is the fresh one.
-    let mut fresh: HashSet<String> = inserted.into_iter().collect();
+    let mut fresh = HashSet::new();
+    for row in inserted {
+        let first = match row.ordered_in {
+            Some(s) => sections.insert(s),
+            None => true,
+        };
+        if row.claimable && first {
+            claimable += 1;
+        }
+        fresh.insert(row.event_id);
+    }
+    inbox.woken(claimable);
     for p in batch {
         let f = fresh.remove(&p.env.event_id);
         let _ = p.done.send(Ok(f));
     }
 }
 
-async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx::Error> {
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
@@ -399,15 +461,21 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx:
     // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
     // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
     // is the order the requests were queued. Any unique conflict (event id, or a message id seen before)
-    // is a redelivery.
-    sqlx::query_scalar(
-        "INSERT INTO inbox_events
+    // is a redelivery. Whether the row is claimable at once decides the wake-up: one index
+    // probe on `(section, seq)`, stopping at the section's head.
+    sqlx::query_as(
+        "INSERT INTO inbox_events AS n
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
          SELECT i, t, p::jsonb, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::text[],
              $4::timestamptz[], $5::text[], $6::text[], $7::bool[])
              WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
          ORDER BY n
-         ON CONFLICT DO NOTHING RETURNING event_id",
+         ON CONFLICT DO NOTHING
+         RETURNING n.event_id, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
+             n.express OR n.section IS NULL OR NOT EXISTS (
+             SELECT 1 FROM inbox_events o
+             WHERE o.section = n.section AND o.seq < n.seq
+               AND o.state = 'pending' AND NOT o.express) AS claimable",
     )
     .bind(&ids)
     .bind(&types)
@@ -424,40 +492,51 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<String>, sqlx:
 /// found by walking the partial index on (section, seq) one section at a time (a loose index
 /// scan), so its cost grows with the number of busy sections, not with the events queued
 /// behind a section's head (BENCHMARKS.md).
-const HEADS: &str = "WITH RECURSIVE heads(section, seq) AS (
-        (SELECT section, seq FROM inbox_events
+const HEADS: &str = "WITH RECURSIVE heads(section, seq, event_id, available_at) AS (
+        (SELECT section, seq, event_id, available_at FROM inbox_events
          WHERE state = 'pending' AND NOT express AND section IS NOT NULL
          ORDER BY section, seq LIMIT 1)
         UNION ALL
-        SELECT n.section, n.seq FROM heads h CROSS JOIN LATERAL (
-            SELECT section, seq FROM inbox_events
+        SELECT n.section, n.seq, n.event_id, n.available_at FROM heads h CROSS JOIN LATERAL (
+            SELECT section, seq, event_id, available_at FROM inbox_events
             WHERE state = 'pending' AND NOT express AND section > h.section
             ORDER BY section, seq LIMIT 1) n)";
 
+/// The claim: an express or unsectioned due event (oldest first) if there is one, else the
+/// oldest due section head, leased until `$2`. Same rule as "no older unfinished event of the
+/// same section exists" (see [`claim_not_exists`]). Each branch reads only its own candidates:
+/// the free events through `inbox_events_free`, the due heads that the walk of [`HEADS`] found
+/// by their primary key; neither passes the events queued behind a head, leased or not.
+/// `COALESCE` runs the second only when the first found nothing. The heads branch says
+/// "pending" as `NOT IN ('done', 'dead')` on purpose: no partial index on pending rows then
+/// applies, so the planner cannot walk `inbox_events_ready` (every queued event, in due order)
+/// and must fetch the heads by key.
+const CLAIM: &str = "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+    WHERE e.event_id = COALESCE(
+        (SELECT f.event_id FROM inbox_events f
+         WHERE f.state = 'pending' AND (f.express OR f.section IS NULL) AND f.available_at <= $1
+         ORDER BY f.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+        (SELECT c.event_id FROM inbox_events c
+         WHERE c.event_id = ANY (ARRAY(SELECT event_id FROM heads WHERE available_at <= $1))
+           AND c.state NOT IN ('done', 'dead') AND NOT c.express AND c.available_at <= $1
+         ORDER BY c.available_at LIMIT 1 FOR UPDATE SKIP LOCKED))
+    RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express";
+
 /// Claims the oldest due event whose section has no older unfinished event (express events
-/// never wait), leasing it until `now + lease`. Same rule as "no older unfinished event of the
-/// same section exists" (`NOT EXISTS`, see [`claim_not_exists`]), computed as the set of
-/// section heads; `SKIP LOCKED` lets workers and replicas claim side by side.
+/// never wait), leasing it until `now + lease`: [`CLAIM`]. Its cost grows with the busy
+/// sections (one index probe each), not with the events queued in them; `SKIP LOCKED` lets
+/// workers and replicas claim side by side.
 pub async fn claim(
     pool: &PgPool,
     now: DateTime<Utc>,
     lease: Duration,
 ) -> sqlx::Result<Option<InboxEvent>> {
     let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-    let row = sqlx::query(&format!(
-        "{HEADS}
-         UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
-         FROM (SELECT c.event_id FROM inbox_events c
-               WHERE c.state = 'pending' AND c.available_at <= $1
-                 AND (c.express OR c.section IS NULL OR c.seq IN (SELECT seq FROM heads))
-               ORDER BY c.available_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED) c
-         WHERE e.event_id = c.event_id
-         RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express"
-    ))
-    .bind(now)
-    .bind(until)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(&claim_sql())
+        .bind(now)
+        .bind(until)
+        .fetch_optional(pool)
+        .await?;
     row.map(|r| {
         Ok(InboxEvent {
             event_id: r.try_get("event_id")?,
@@ -469,6 +548,12 @@ pub async fn claim(
         })
     })
     .transpose()
+}
+
+/// The text of the claim's statement (`$1` now, `$2` the lease's end), for plans and benchmarks.
+#[doc(hidden)]
+pub fn claim_sql() -> String {
+    format!("{HEADS} {CLAIM}")
 }
 
 /// The same ordered claim written as `NOT EXISTS (an older unfinished event of the same
@@ -619,7 +704,8 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     let budget = lease.mul_f64(0.9);
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
-        let claimed = claim(&d.db, d.clock.now(), lease).await;
+        let db = &inbox.worker_db;
+        let claimed = claim(db, d.clock.now(), lease).await;
         let event = match claimed {
             Ok(Some(e)) => e,
             Ok(None) => {
@@ -647,10 +733,10 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
         };
         let now = d.clock.now();
         let stored = match outcome {
-            None => hand_back(&d.db, &event.event_id, now).await,
+            None => hand_back(db, &event.event_id, now).await,
             Some(Ok(())) => {
                 d.metrics.events_processed.inc();
-                complete(&d.db, &event.event_id, now).await
+                complete(db, &event.event_id, now).await
             }
             Some(Err(e)) => {
                 d.metrics.events_failed.inc();
@@ -660,7 +746,7 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
                 } else {
                     d.config.max_attempts
                 };
-                let r = fail(&d.db, &event, &text, now, max).await;
+                let r = fail(db, &event, &text, now, max).await;
                 match r {
                     Ok(Failed::Dead) => {
                         d.metrics.events_dead.inc();

@@ -1,6 +1,7 @@
 //! The Lark Open API client: one `reqwest::Client` (rustls on ring) against a configurable base
 //! URL, the tenant access token cache, outbound rate limits (per chat, then the app-wide budget
-//! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]), retries with
+//! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]; then, when given
+//! the database, the deployment's budgets shared by every replica, see [`super::budget`]), retries with
 //! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`.
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
@@ -19,6 +20,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 
+use super::budget::SharedBudget;
 use super::lane::{Kind, LaneConfig, Lanes, Overloaded, Priority};
 use crate::metrics::{LarkCallLabels, Metrics};
 
@@ -176,6 +178,8 @@ pub struct LarkClient {
     app_limit: Lanes,
     /// Keeps each chat under Lark's per-chat ceiling.
     chat_limit: DefaultKeyedRateLimiter<String>,
+    /// The deployment's budgets, when the client was given the database.
+    budget: Option<SharedBudget>,
     metrics: Arc<Metrics>,
 }
 
@@ -204,8 +208,16 @@ impl LarkClient {
             bot_open_id: OnceCell::new(),
             app_limit: Lanes::new(LANES),
             chat_limit: RateLimiter::keyed(per_sec(CHAT_RATE)),
+            budget: None,
             metrics,
         })
+    }
+
+    /// Keeps every call also within the deployment's budgets in `db`, which every replica
+    /// shares (the service does this; a client without it keeps its own limits only).
+    pub fn with_shared_budget(mut self, db: sqlx::PgPool) -> Self {
+        self.budget = Some(SharedBudget::new(db, &self.app_id));
+        self
     }
 
     /// The bot's own open_id, cached after the first successful call.
@@ -545,6 +557,16 @@ impl LarkClient {
             if let Err(why) = self.app_limit.acquire(priority, kind).await {
                 self.count(api, "overloaded");
                 return Err(LarkError::Overloaded { api, why });
+            }
+            if let Some(budget) = &self.budget {
+                let wait = match priority {
+                    Priority::Urgent => LANES.urgent_wait,
+                    Priority::Bulk => LANES.bulk_wait,
+                };
+                if let Err(why) = budget.take(priority, kind, chat_key, wait).await {
+                    self.count(api, "overloaded");
+                    return Err(LarkError::Overloaded { api, why });
+                }
             }
             let token = self.token().await?;
             let mut req = self

@@ -15,7 +15,10 @@
 //!
 //! `progress::Progress` is the agent's `StepSink`. `step()` never blocks: `Started` spawns one writer
 //! task per turn (at most 4096 live per replica) fed by a bounded queue (512 events; a full queue
-//! drops events). Only the replica running the turn has a writer, so only the turn's runner writes
+//! drops events). The card itself is created at the turn's first tool call (or at once when
+//! a resumed turn has one stored, or earlier calls to show): an answer without tools costs no
+//! card at all. At `Ended` the turn's Lark calls — the chat side's, which `Ended` carries,
+//! plus the card's — go to the `sshmode_lark_calls_per_turn` histogram. Only the replica running the turn has a writer, so only the turn's runner writes
 //! its card; `Left` (the runner let go without ending: shutdown, lost lease, error) ends the writer
 //! without closing the card, and whoever resumes the turn opens a new writer on the same card.
 //! A runner that resumes a turn reads the calls earlier runners finished from the turn's
@@ -139,6 +142,9 @@ impl Progress {
 impl StepSink for Progress {
     fn step(&self, section: &str, turn_id: i64, event: &StepEvent) {
         if !self.shared.config.enabled {
+            if let StepEvent::Ended { lark_calls, .. } = event {
+                self.shared.turn_calls(*lark_calls);
+            }
             return;
         }
         let now = Instant::now();
@@ -164,15 +170,30 @@ impl StepSink for Progress {
             });
             return;
         }
-        if let Some(tx) = self.sender(turn_id)
-            && tx.try_send(Msg::Step(event.clone(), now)).is_err()
-        {
-            tracing::debug!(turn_id, "progress queue full; a step event was dropped");
+        match self.sender(turn_id) {
+            Some(tx) => {
+                if tx.try_send(Msg::Step(event.clone(), now)).is_err() {
+                    tracing::debug!(turn_id, "progress queue full; a step event was dropped");
+                    if let StepEvent::Ended { lark_calls, .. } = event {
+                        self.shared.turn_calls(*lark_calls);
+                    }
+                }
+            }
+            None => {
+                if let StepEvent::Ended { lark_calls, .. } = event {
+                    self.shared.turn_calls(*lark_calls);
+                }
+            }
         }
     }
 }
 
 impl Shared {
+    /// Records the Lark calls of one ended turn (`sshmode_lark_calls_per_turn`).
+    fn turn_calls(&self, calls: u32) {
+        self.metrics.lark_calls_per_turn.observe(f64::from(calls));
+    }
+
     /// Logs the fallback in use once per chat, with the reason, and counts it.
     fn fallback(&self, chat_id: &str, to: &'static str, reason: &str) {
         self.metrics

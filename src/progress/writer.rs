@@ -83,6 +83,9 @@ struct Writer<'a> {
     backoff: Duration,
     /// The runner let go of the turn: whoever resumes it writes the card from then on.
     left: bool,
+    /// Lark calls this writer made, and those of the chat side once the turn ended.
+    calls: u32,
+    chat_calls: Option<u32>,
 }
 
 pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mpsc::Receiver<Msg>) {
@@ -130,17 +133,51 @@ pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mp
         not_before: now,
         backoff: Duration::ZERO,
         left: false,
+        calls: 0,
+        chat_calls: None,
     };
+    if !w.has_card().await {
+        // No card until the first tool call: an answer without tools costs none. The events
+        // before it only shape the view the card is created from.
+        loop {
+            let Some(m) = rx.recv().await else { return };
+            let first_call = match &m {
+                Msg::Step(StepEvent::ToolStarted { .. } | StepEvent::Earlier { .. }, _) => true,
+                Msg::Step(StepEvent::Ended { lark_calls, .. }, _) => {
+                    shared.turn_calls(*lark_calls);
+                    return;
+                }
+                Msg::Step(StepEvent::Left, _) => return,
+                _ => false,
+            };
+            w.apply(m).await;
+            if first_call {
+                break;
+            }
+        }
+    }
     if let Err(e) = w.open().await {
         tracing::warn!(turn_id, error = %e, "progress card state could not be stored");
         return;
     }
     if w.mode == Mode::None {
-        // Drain so the agent's events never wait on a full queue.
-        while rx.recv().await.is_some() {}
-        return;
+        // Drain so the agent's events never wait on a full queue, until the turn ends here.
+        while let Some(m) = rx.recv().await {
+            match m {
+                Msg::Step(StepEvent::Ended { lark_calls, .. }, _) => {
+                    w.chat_calls = Some(lark_calls);
+                    break;
+                }
+                Msg::Step(StepEvent::Left, _) => break,
+                _ => {}
+            }
+        }
+    } else {
+        w.serve(&mut rx).await;
     }
-    w.serve(&mut rx).await;
+    if let Some(chat) = w.chat_calls {
+        shared.turn_calls(chat + w.calls);
+    }
 }
 
 /// `local`, or `alias (user@host:port)`.
@@ -173,6 +210,23 @@ fn code_of(e: &LarkError) -> Option<i64> {
 }
 
 impl Writer<'_> {
+    /// Counts one card operation, in the metrics and in this turn's calls.
+    fn count(&mut self, op: &'static str, outcome: String) {
+        self.calls += 1;
+        self.shared.count(op, outcome);
+    }
+
+    /// Whether the turn has a card (or a decision for none) stored: a resumed turn.
+    async fn has_card(&self) -> bool {
+        sqlx::query_scalar::<_, bool>("SELECT progress_mode IS NOT NULL FROM turns WHERE id = $1")
+            .bind(self.turn_id)
+            .fetch_optional(&self.shared.db)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+    }
+
     /// Continues the card stored with the turn, or creates and sends a new one.
     async fn open(&mut self) -> sqlx::Result<()> {
         let row: Option<StoredCard> = sqlx::query_as(
@@ -245,7 +299,7 @@ impl Writer<'_> {
     async fn create_cardkit(&mut self) -> sqlx::Result<()> {
         let card = self.view.card(true, true);
         let created = self.shared.lark.cardkit_create(&card).await;
-        self.shared.count("create", outcome(&created));
+        self.count("create", outcome(&created));
         let card_id = match created {
             Ok(id) => id,
             Err(e) => return self.fall_back_to_patch(&e.to_string()).await,
@@ -260,7 +314,7 @@ impl Writer<'_> {
             .lark
             .reply(&self.reply_to, &content, self.in_thread, &uuid, None)
             .await;
-        self.shared.count("send", outcome(&sent));
+        self.count("send", outcome(&sent));
         match sent {
             Ok(s) => {
                 self.mode = Mode::CardKit;
@@ -288,7 +342,7 @@ impl Writer<'_> {
                 None,
             )
             .await;
-        self.shared.count("send", outcome(&sent));
+        self.count("send", outcome(&sent));
         match sent {
             Ok(s) => {
                 self.shared.fallback(&self.chat_id, "patch", reason);
@@ -345,7 +399,7 @@ impl Writer<'_> {
                 .lark
                 .cardkit_settings(&card_id, &config, seq, &uuid)
                 .await;
-            self.shared.count("settings", outcome(&r));
+            self.count("settings", outcome(&r));
             match r {
                 Ok(()) => {
                     if config.get("streaming_mode") == Some(&json!(true)) {
@@ -519,7 +573,11 @@ impl Writer<'_> {
                     });
                     false
                 }
-                StepEvent::Ended { outcome } => {
+                StepEvent::Ended {
+                    outcome,
+                    lark_calls,
+                } => {
+                    self.chat_calls = Some(lark_calls);
                     self.running_since = None;
                     self.view.running = None;
                     self.view.summary = Some(self.summary(&outcome).await);
@@ -591,7 +649,7 @@ impl Writer<'_> {
                     .lark
                     .edit(&message_id, &Content::Card(self.view.card(false, !ended)))
                     .await;
-                self.shared.count("patch", outcome(&r));
+                self.count("patch", outcome(&r));
                 self.last_write = Some(Instant::now());
                 match r {
                     Ok(()) => {
@@ -626,7 +684,7 @@ impl Writer<'_> {
                         .lark
                         .cardkit_content(&card_id, STEPS_ELEMENT, &text, seq, &uuid)
                         .await;
-                    self.shared.count("update", outcome(&r));
+                    self.count("update", outcome(&r));
                     self.last_write = Some(Instant::now());
                     match r {
                         Ok(()) => {

@@ -457,15 +457,15 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
     // The answer: a post with md, replying in place (a parent section).
     let replies = replies_to(&env.lark, &msg);
     assert_eq!(replies, vec![(false, "All **done**.".to_string())]);
-    assert_eq!(reactions(&env.lark, &msg), vec!["Typing", "DONE"]);
+    assert_eq!(reactions(&env.lark, &msg), vec!["OnIt"]);
     assert_eq!(
         env.lark
             .requests_to(&format!("/messages/{msg}/reactions/"))
             .iter()
             .filter(|r| r.method == "DELETE")
             .count(),
-        1,
-        "the receipt is removed"
+        0,
+        "the receipt stays"
     );
 
     // The working directory is stored per section and backend.
@@ -521,7 +521,7 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
         .await
         .unwrap();
     assert!(!again.new);
-    assert_eq!(reactions(&env.lark, &msg).len(), 2);
+    assert_eq!(reactions(&env.lark, &msg).len(), 1);
 }
 
 /// A target `web` on a fresh sshd, registered in `app`'s database.
@@ -804,7 +804,7 @@ async fn stop_from_another_instance_kills_the_remote_command_and_tells_the_user(
     assert_eq!(replies.len(), 1, "{replies:?}");
     assert!(replies[0].1.starts_with("Stopped by /stop"), "{replies:?}");
     assert!(replies[0].1.contains(&pattern), "{replies:?}");
-    assert_eq!(reactions(&env.lark, &msg), vec!["Typing", "CrossMark"]);
+    assert_eq!(reactions(&env.lark, &msg), vec!["OnIt", "CrossMark"]);
     // The queued message stays queued and runs next (the model now answers it) …
     wait_turns_ended(&env.app, &thread, 2).await;
     assert_eq!(replies_to(&env.lark, &queued).len(), 1);
@@ -890,7 +890,7 @@ async fn messages_during_a_turn_join_the_next_turn_in_order_and_sections_overlap
         vec![(true, "second and third done".to_string())]
     );
     assert!(replies_to(&env.lark, "om_a2").is_empty());
-    assert_eq!(reactions(&env.lark, "om_a2"), vec!["Typing", "DONE"]);
+    assert_eq!(reactions(&env.lark, "om_a2"), vec!["OnIt"]);
 }
 
 #[tokio::test]
@@ -1015,7 +1015,7 @@ async fn bounds_end_the_turn_and_say_which() {
     let r = replies_to(&env.lark, "om_iter");
     assert!(r[0].1.contains("limit of 3 model steps"), "{r:?}");
     assert!(r[0].1.contains("echo 2"), "{r:?}");
-    assert_eq!(reactions(&env.lark, "om_iter"), vec!["Typing", "CrossMark"]);
+    assert_eq!(reactions(&env.lark, "om_iter"), vec!["OnIt", "CrossMark"]);
 
     // Repetition, and the per-tool timeout.
     let s2 = unique("oc_repeat");
@@ -1324,7 +1324,7 @@ async fn a_second_stop_drops_the_waiting_messages() {
     let second = env.app.state.agent.stop(&s, "ou_user").await.unwrap();
     assert_eq!(second, "Dropped 1 waiting message.");
     assert_eq!(wait_turns_ended(&env.app, &s, 1).await, vec!["stopped"]);
-    assert_eq!(reactions(&env.lark, "om_d2"), vec!["Typing", "CrossMark"]);
+    assert_eq!(reactions(&env.lark, "om_d2"), vec!["OnIt", "CrossMark"]);
     assert!(replies_to(&env.lark, "om_d2").is_empty());
     assert_eq!(
         env.app.state.agent.stop(&s, "ou_user").await.unwrap(),

@@ -125,7 +125,7 @@ async fn a_thread_opened_by_ssh_use_runs_remotely_and_its_parent_locally() {
         replies_to(&env.lark, "om_t1"),
         vec![(true, "remote done".to_string())]
     );
-    assert_eq!(reactions(&env.lark, "om_t1"), vec!["Typing", "DONE"]);
+    assert_eq!(reactions(&env.lark, "om_t1"), vec!["OnIt"]);
 
     // The model cannot clear the user's (sticky) binding.
     env.llm
@@ -174,7 +174,7 @@ async fn a_thread_opened_by_ssh_use_runs_remotely_and_its_parent_locally() {
         replies_to(&env.lark, "om_p1"),
         vec![(false, "local done".to_string())]
     );
-    assert_eq!(reactions(&env.lark, "om_p1"), vec!["Typing", "DONE"]);
+    assert_eq!(reactions(&env.lark, "om_p1"), vec!["OnIt"]);
 }
 
 #[tokio::test]
@@ -345,7 +345,7 @@ async fn stop_sent_in_the_chat_kills_the_remote_command_and_tells_the_user() {
     assert!(told[0].0, "the answer stays in the thread");
     assert!(told[0].1.starts_with("Stopped by /stop"), "{told:?}");
     assert!(told[0].1.contains(&pattern), "{told:?}");
-    assert_eq!(reactions(&env.lark, "om_long"), vec!["Typing", "CrossMark"]);
+    assert_eq!(reactions(&env.lark, "om_long"), vec!["OnIt", "CrossMark"]);
     wait_state(app, "stop", "done").await;
     let said = command_replies(&env.lark, "om_stop").join("");
     assert!(said.contains("Stopping"), "{said}");
@@ -527,4 +527,99 @@ async fn a_re_added_alias_is_not_the_target_its_old_bindings_were_made_for() {
     )
     .await;
     fails_until_released(&env, "has been removed and added again", "replaced").await;
+}
+
+/// The calls the fake Lark received, but for those an app makes once (its token, its bot's
+/// identity).
+fn lark_calls(lark: &FakeLark) -> Vec<String> {
+    lark.requests()
+        .into_iter()
+        .filter(|r| !r.path.contains("/auth/") && !r.path.ends_with("/bot/v3/info"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+/// `sshmode_lark_calls_per_turn`'s count and sum, once `turns` turns were observed.
+async fn calls_per_turn(app: &TestApp, turns: u64) -> (u64, f64) {
+    let read = || {
+        let text = app.state.metrics.render();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (
+            value("sshmode_lark_calls_per_turn_count") as u64,
+            value("sshmode_lark_calls_per_turn_sum"),
+        )
+    };
+    eventually(
+        "the turn's calls observed",
+        Duration::from_secs(10),
+        || async { read().0 >= turns },
+    )
+    .await;
+    read()
+}
+
+/// A plain question (no tools) costs the receipt and the answer: no progress card, no
+/// reaction swap, at most three calls to Lark, and the histogram says so.
+#[tokio::test]
+async fn a_plain_question_costs_at_most_three_lark_calls_and_makes_no_card() {
+    let env = Env::builder().chat_control().progress().spawn().await;
+    let app = &env.app;
+    env.llm.push(MODEL, say("Paris."));
+    send(app, &group("q1", "capital of France?", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["done"]);
+    let (count, sum) = calls_per_turn(app, 1).await;
+    let calls = lark_calls(&env.lark);
+    assert!(calls.len() <= 3, "{calls:?}");
+    assert!(env.lark.cards().is_empty(), "{calls:?}");
+    assert!(!calls.iter().any(|c| c.contains("cardkit")), "{calls:?}");
+    assert_eq!(reactions(&env.lark, "om_q1"), vec!["OnIt"]);
+    assert_eq!(
+        replies_to(&env.lark, "om_q1"),
+        vec![(false, "Paris.".to_string())]
+    );
+    assert_eq!((count, sum), (1, calls.len() as f64), "{calls:?}");
+}
+
+/// A question whose answer needs a tool gets its progress card, made at the first call, and
+/// the card's calls count in the turn's.
+#[tokio::test]
+async fn a_question_with_a_tool_makes_a_progress_card() {
+    let env = Env::builder().chat_control().progress().spawn().await;
+    let app = &env.app;
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo hi"})))
+        .push(MODEL, say("It said hi."));
+    send(app, &group("q2", "run echo hi", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["done"]);
+    let (count, sum) = calls_per_turn(app, 1).await;
+    assert_eq!(env.lark.cards().len(), 1);
+    let calls = lark_calls(&env.lark);
+    assert!(calls.iter().any(|c| c.contains("cardkit")), "{calls:?}");
+    assert_eq!(count, 1);
+    assert!(sum > 3.0 && sum <= calls.len() as f64, "{sum} of {calls:?}");
+    assert_eq!(reactions(&env.lark, "om_q2"), vec!["OnIt"]);
+}
+
+/// A turn that fails keeps its receipt and adds `CrossMark` beside it; nothing is removed.
+#[tokio::test]
+async fn a_failed_turn_adds_crossmark_beside_the_receipt() {
+    let env = Env::builder().chat_control().spawn().await;
+    let app = &env.app;
+    env.llm.always(
+        MODEL,
+        crate::fake_llm::error(400, json!({"error": {"message": "bad request"}})),
+    );
+    send(app, &group("q3", "anything", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["failed"]);
+    eventually("the failure reaction", Duration::from_secs(10), || async {
+        reactions(&env.lark, "om_q3").len() == 2
+    })
+    .await;
+    assert_eq!(reactions(&env.lark, "om_q3"), vec!["OnIt", "CrossMark"]);
+    let calls = lark_calls(&env.lark);
+    assert!(!calls.iter().any(|c| c.starts_with("DELETE")), "{calls:?}");
 }

@@ -33,6 +33,8 @@ pub struct Recorded {
     /// `Authorization` header value.
     pub auth: Option<String>,
     pub body: Value,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 impl Recorded {
@@ -301,6 +303,7 @@ async fn handle(
         path: path.clone(),
         auth: auth.clone(),
         body: body.clone(),
+        at: Instant::now(),
     });
     shared.seen.send_modify(|n| *n += 1);
     let mut hold = shared.hold.subscribe();

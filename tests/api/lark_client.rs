@@ -283,3 +283,77 @@ async fn an_oversized_answer_is_not_read() {
         .unwrap();
     assert_eq!(sent.message_id, "om_huge");
 }
+
+/// The most of `times` (sorted) within any span shorter than `span`.
+fn busiest(times: &[std::time::Instant], span: std::time::Duration) -> usize {
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..times.len() {
+        while times[end].duration_since(times[start]) >= span {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+/// Two clients ("replicas") on one database under a burst: what the fake receives never
+/// exceeds the app's 50 calls in any second, nor a chat's 5, counted over sliding windows.
+/// Each client alone would send a burst of 50 at once.
+#[tokio::test]
+async fn two_replicas_on_one_database_keep_the_app_and_chat_budgets_together() {
+    use std::time::Duration;
+    let fake = FakeLark::start().await;
+    let url = crate::database::fresh_database().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sshmode::store::MIGRATOR.run(&pool).await.unwrap();
+    let replicas = [
+        Arc::new(client(&fake).with_shared_budget(pool.clone())),
+        Arc::new(client(&fake).with_shared_budget(pool.clone())),
+    ];
+    let mut tasks = Vec::new();
+    for (r, lark) in replicas.iter().enumerate() {
+        for i in 0..60 {
+            let lark = lark.clone();
+            tasks.push(tokio::spawn(async move {
+                lark.add_reaction(&format!("om_{r}_{i}"), "OK")
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        for i in 0..10 {
+            let lark = lark.clone();
+            tasks.push(tokio::spawn(async move {
+                lark.reply(
+                    &format!("om_q{r}_{i}"),
+                    &Content::Text("answer".into()),
+                    true,
+                    &format!("u_{r}_{i}"),
+                    Some("oc_busy"),
+                )
+                .await
+                .map(|_| ())
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let requests = fake.requests();
+    let mut all: Vec<_> = requests
+        .iter()
+        .filter(|r| !r.path.contains("/auth/"))
+        .map(|r| r.at)
+        .collect();
+    all.sort();
+    assert_eq!(all.len(), 140);
+    let mut chat: Vec<_> = requests
+        .iter()
+        .filter(|r| r.path.ends_with("/reply"))
+        .map(|r| r.at)
+        .collect();
+    chat.sort();
+    let second = Duration::from_secs(1);
+    assert!(busiest(&all, second) <= 50, "{}", busiest(&all, second));
+    assert!(busiest(&chat, second) <= 5, "{}", busiest(&chat, second));
+}

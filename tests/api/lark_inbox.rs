@@ -222,3 +222,182 @@ async fn a_flush_runs_on_the_apps_task_tracker() {
     assert_eq!(n, 1);
     app.stop().await;
 }
+
+fn in_section(id: &str, section: &str, express: bool) -> NewEvent {
+    NewEvent {
+        section: Some(section.into()),
+        message_id: Some(format!("om_{id}")),
+        express,
+        ..env(id)
+    }
+}
+
+/// Rows the claim's plan read from `inbox_events` (returned or filtered out, over all loops),
+/// from `EXPLAIN ANALYZE` in a transaction that is rolled back.
+async fn rows_read_by_claim(db: &sqlx::PgPool, now: chrono::DateTime<Utc>) -> (f64, String) {
+    let mut tx = db.begin().await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        inbox::claim_sql()
+    ))
+    .bind(now)
+    .bind(now + chrono::Duration::minutes(1))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    fn walk(node: &serde_json::Value) -> f64 {
+        let n = |k: &str| node.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let own = if node.get("Relation Name").and_then(|v| v.as_str()) == Some("inbox_events") {
+            (n("Actual Rows") + n("Rows Removed by Filter") + n("Rows Removed by Index Recheck"))
+                * n("Actual Loops")
+        } else {
+            0.0
+        };
+        let children: f64 = node
+            .get("Plans")
+            .and_then(|p| p.as_array())
+            .map(|a| a.iter().map(walk).sum())
+            .unwrap_or(0.0);
+        own + children
+    }
+    (walk(&plan[0]["Plan"]), plan.to_string())
+}
+
+/// A busy chat's backlog behind its leased head costs another section's claim nothing: the
+/// other section's event is claimed, and the claim reads as many rows with 3 000 events queued
+/// as with 10.
+#[tokio::test]
+async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let t0 = Utc::now() - chrono::Duration::minutes(10);
+    let lease = Duration::from_secs(3600);
+    let backlog = |from: i64, to: i64| {
+        sqlx::query(
+            "INSERT INTO inbox_events (event_id, event_type, payload, received_at, available_at, section, message_id)
+             SELECT 'big' || g, 'im.message.receive_v1', '{}'::jsonb, $1 + g * interval '1 ms',
+                    $1 + g * interval '1 ms', 'oc_big', 'om_big' || g
+             FROM generate_series($2::bigint, $3::bigint) g ORDER BY g",
+        )
+        .bind(t0)
+        .bind(from)
+        .bind(to)
+    };
+    backlog(1, 10).execute(db).await.unwrap();
+    // The chat's head is in progress; another section has one event, newer than the backlog.
+    let head = inbox::claim(db, Utc::now(), lease).await.unwrap().unwrap();
+    assert_eq!(head.event_id, "big1");
+    assert!(
+        app.state
+            .inbox
+            .record(in_section("other", "omt_other", false))
+            .await
+            .unwrap()
+    );
+    let (small, _) = rows_read_by_claim(db, Utc::now()).await;
+
+    backlog(11, 3000).execute(db).await.unwrap();
+    sqlx::query("ANALYZE inbox_events")
+        .execute(db)
+        .await
+        .unwrap();
+    let (big, plan) = rows_read_by_claim(db, Utc::now()).await;
+    assert!(
+        big < 50.0 && big <= small + 5.0,
+        "rows read: {small} with 10 queued, {big} with 3000: {plan}"
+    );
+    let got = inbox::claim(db, Utc::now(), lease).await.unwrap().unwrap();
+    assert_eq!(got.event_id, "other");
+    assert!(inbox::claim(db, Utc::now(), lease).await.unwrap().is_none());
+    app.stop().await;
+}
+
+/// A write wakes a worker only for an event a claim could take at once: its section's new
+/// head (once per section, however many of its events one batch holds), an express or an
+/// unsectioned event; never for an event queued behind an unfinished head.
+#[tokio::test]
+async fn a_write_wakes_a_worker_only_when_it_made_an_event_claimable() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let inbox = &app.state.inbox;
+    let wakeups = || app.state.metrics.inbox_wakeups.get();
+    assert!(
+        inbox
+            .record(in_section("s1", "omt_s", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(wakeups(), 1, "a section's first event is its head");
+    assert!(
+        inbox
+            .record(in_section("s2", "omt_s", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(wakeups(), 1, "queued behind s1");
+    let head = inbox::claim(&app.state.db, Utc::now(), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(head.event_id, "s1");
+    assert!(
+        inbox
+            .record(in_section("s3", "omt_s", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(wakeups(), 1, "queued behind the leased head");
+    assert!(
+        inbox
+            .record(in_section("t1", "omt_t", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(wakeups(), 2, "another section's head");
+    assert!(inbox.record(in_section("x1", "omt_s", true)).await.unwrap());
+    assert_eq!(wakeups(), 3, "express never waits");
+    assert!(inbox.record(env("free")).await.unwrap());
+    assert_eq!(wakeups(), 4, "no section");
+    let (u1, u2) = tokio::join!(
+        inbox.record(in_section("u1", "omt_u", false)),
+        inbox.record(in_section("u2", "omt_u", false))
+    );
+    assert!(u1.unwrap() && u2.unwrap());
+    assert_eq!(wakeups(), 5, "one head for a section written at once");
+    assert!(
+        !inbox
+            .record(in_section("t1", "omt_t", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(wakeups(), 5, "a redelivery");
+    app.stop().await;
+}
+
+/// Acknowledged events are durable before the answer; the workers' own writes (claims, done
+/// marks) commit without waiting for the WAL flush, on connections of their own.
+#[tokio::test]
+async fn recording_waits_for_the_flush_and_the_workers_do_not() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let show = |pool: &sqlx::PgPool| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(show(&app.state.db).await, "on");
+    assert_eq!(show(app.state.inbox.worker_pool()).await, "off");
+    app.stop().await;
+}
