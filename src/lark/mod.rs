@@ -8,7 +8,9 @@
 
 pub mod client;
 pub mod event;
+pub mod frame;
 pub mod json;
 pub mod lane;
 pub mod markup;
 pub mod webhook;
+pub mod ws;
