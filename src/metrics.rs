@@ -70,6 +70,15 @@ pub struct Metrics {
     /// Lark calls one ended turn cost on the runner that ended it: receipts, replies,
     /// reactions and its progress card's operations.
     pub lark_calls_per_turn: Histogram,
+    /// 1 while the long connection to Lark is open, else 0.
+    pub lark_ws_connected: Gauge,
+    /// Long-connection attempts after the first, by outcome.
+    pub lark_ws_reconnects: Family<ReasonLabel, Counter>,
+    /// Long-connection frames received, by type (`ping`, `pong`, `event`, `card`, …), and
+    /// messages dropped (`dropped:<why>`).
+    pub lark_ws_frames: Family<ReasonLabel, Counter>,
+    /// From a message's last frame to its acknowledgement.
+    pub lark_ws_ack_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -102,6 +111,10 @@ impl Metrics {
             lark_calls_per_turn: Histogram::new([
                 1.0, 2.0, 3.0, 4.0, 6.0, 9.0, 15.0, 30.0, 60.0, 120.0,
             ]),
+            lark_ws_connected: Gauge::default(),
+            lark_ws_reconnects: Family::default(),
+            lark_ws_frames: Family::default(),
+            lark_ws_ack_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registry: Registry::default(),
         };
         registry.register(
@@ -194,6 +207,26 @@ impl Metrics {
             "HTTP connections open",
             m.http_connections.clone(),
         );
+        registry.register(
+            "lark_ws_connected",
+            "1 while the long connection to Lark is open",
+            m.lark_ws_connected.clone(),
+        );
+        registry.register(
+            "lark_ws_reconnects",
+            "Long-connection attempts after the first, by outcome",
+            m.lark_ws_reconnects.clone(),
+        );
+        registry.register(
+            "lark_ws_frames",
+            "Long-connection frames received by type, and messages dropped",
+            m.lark_ws_frames.clone(),
+        );
+        registry.register(
+            "lark_ws_ack_seconds",
+            "Long connection: a message's last frame to its acknowledgement",
+            m.lark_ws_ack_seconds.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -210,6 +243,17 @@ impl Metrics {
         self.events_rejected
             .get_or_create(&ReasonLabel {
                 reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl Metrics {
+    /// Counts one long-connection frame (or dropped message) of kind `what`.
+    pub fn lark_ws_frame(&self, what: &str) {
+        self.lark_ws_frames
+            .get_or_create(&ReasonLabel {
+                reason: what.to_string(),
             })
             .inc();
     }

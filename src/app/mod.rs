@@ -176,6 +176,31 @@ impl App {
             tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
         }
         core.spawn(&shutdown, tasks);
+        let triage = Arc::new(LarkTriage {
+            config: core.config.clone(),
+        });
+        // The long connection: events and card callbacks over a WebSocket dialled out.
+        let lark_ws = match (&core.config.lark, core.config.lark_mode.websocket()) {
+            (Some(lark), true) => {
+                let client = Arc::new(crate::lark::ws::LongConnection::new(
+                    &core.config.lark_base_url,
+                    &lark.app_id,
+                    lark.app_secret.clone(),
+                    metrics.clone(),
+                )?);
+                let deliver = Arc::new(crate::frontend::long_connection::InboxDeliver {
+                    config: core.config.clone(),
+                    inbox: inbox.clone(),
+                    triage: triage.clone(),
+                    clock: core.clock.clone(),
+                    metrics: metrics.clone(),
+                });
+                let status = client.status();
+                tasks.spawn(client.run(deliver, shutdown.clone()));
+                Some(status)
+            }
+            _ => None,
+        };
         let http = HttpState {
             config: core.config.clone(),
             db: db.clone(),
@@ -183,10 +208,9 @@ impl App {
             clock: core.clock.clone(),
             llm: core.llm.clone(),
             inbox: inbox.clone(),
-            triage: Arc::new(LarkTriage {
-                config: core.config.clone(),
-            }),
+            triage,
             isolation: core.exec.local_level().clone(),
+            lark_ws,
         };
         Ok(AppState {
             config: core.config,

@@ -37,6 +37,49 @@ pub enum ConfigError {
     UnsignedEvents,
 }
 
+/// How Lark's events reach the service (`SSHMODE_LARK_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LarkMode {
+    /// `POST /lark/events` on a public URL (the default).
+    Webhook,
+    /// The long connection the service dials out; `POST /lark/events` is off.
+    Websocket,
+    /// Both at once (while moving from one to the other); each event is handled once.
+    Both,
+}
+
+impl LarkMode {
+    /// Whether `POST /lark/events` is served.
+    pub fn webhook(self) -> bool {
+        matches!(self, LarkMode::Webhook | LarkMode::Both)
+    }
+
+    /// Whether the long connection is held.
+    pub fn websocket(self) -> bool {
+        matches!(self, LarkMode::Websocket | LarkMode::Both)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LarkMode::Webhook => "webhook",
+            LarkMode::Websocket => "websocket",
+            LarkMode::Both => "both",
+        }
+    }
+}
+
+impl FromStr for LarkMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<LarkMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "webhook" => Ok(LarkMode::Webhook),
+            "websocket" => Ok(LarkMode::Websocket),
+            "both" => Ok(LarkMode::Both),
+            _ => Err("expected webhook, websocket or both".into()),
+        }
+    }
+}
+
 /// Log output format (`SSHMODE_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -63,6 +106,8 @@ pub struct Config {
     /// `LARK_BASE_URL`, without a trailing slash. Kept apart from [`LarkConfig`] so that the
     /// base is known even to commands that do not need credentials.
     pub lark_base_url: String,
+    /// `SSHMODE_LARK_MODE`: the webhook, the long connection, or both.
+    pub lark_mode: LarkMode,
     /// `SSHMODE_ADMINS`: open_ids of admins.
     pub admins: Vec<String>,
     /// Model access: a single provider, a router file, or nothing.
@@ -651,6 +696,11 @@ impl Config {
             lark,
             lark_missing,
             lark_base_url,
+            lark_mode: parse_or(
+                "SSHMODE_LARK_MODE",
+                var("SSHMODE_LARK_MODE"),
+                LarkMode::Webhook,
+            )?,
             admins,
             llm,
             router_file,
@@ -677,11 +727,13 @@ impl Config {
         })
     }
 
-    /// What `serve` needs: the Lark credentials, and an Encrypt Key unless unsigned events
-    /// are explicitly allowed (`SSHMODE_ALLOW_UNSIGNED_EVENTS=true`).
+    /// What `serve` needs: the Lark credentials, and — when it serves the webhook — an
+    /// Encrypt Key unless unsigned events are explicitly allowed
+    /// (`SSHMODE_ALLOW_UNSIGNED_EVENTS=true`). The long connection needs no key: nothing on it
+    /// is signed or encrypted, and the connection is opened with the app's secret.
     pub fn require_serve(&self) -> Result<&LarkConfig, ConfigError> {
         let lark = self.require_lark()?;
-        if lark.encrypt_key.is_none() && !lark.allow_unsigned_events {
+        if self.lark_mode.webhook() && lark.encrypt_key.is_none() && !lark.allow_unsigned_events {
             return Err(ConfigError::UnsignedEvents);
         }
         Ok(lark)
@@ -877,6 +929,19 @@ mod tests {
         opt_out.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "true"));
         let c = load(&opt_out).unwrap();
         assert!(c.require_serve().unwrap().allow_unsigned_events);
+        // The long connection alone needs no key; with the webhook too, it does.
+        let mut ws = creds.to_vec();
+        ws.push(("SSHMODE_LARK_MODE", "websocket"));
+        let c = load(&ws).unwrap();
+        assert_eq!(c.lark_mode, LarkMode::Websocket);
+        c.require_serve().unwrap();
+        let mut both = creds.to_vec();
+        both.push(("SSHMODE_LARK_MODE", "both"));
+        assert!(load(&both).unwrap().require_serve().is_err());
+        let mut bad = creds.to_vec();
+        bad.push(("SSHMODE_LARK_MODE", "carrier-pigeon"));
+        let e = load(&bad).unwrap_err().to_string();
+        assert!(e.contains("SSHMODE_LARK_MODE"), "{e}");
         let mut bad = creds.to_vec();
         bad.push(("SSHMODE_ALLOW_UNSIGNED_EVENTS", "yes please"));
         let e = load(&bad).unwrap_err().to_string();

@@ -5,6 +5,7 @@
 //! Never: decides what a message means (that is [`crate::chat`]).
 
 pub mod card;
+pub mod long_connection;
 
 use std::sync::Arc;
 
@@ -316,6 +317,18 @@ impl LarkTriage {
     }
 
     /// The synchronous answer to a card action (`{}` or a toast).
+    /// The inbox's event for a verified envelope.
+    pub fn inbox_event(&self, env: Envelope) -> crate::inbox::NewEvent {
+        crate::inbox::NewEvent {
+            express: self.express(&env),
+            event_id: env.event_id,
+            event_type: env.event_type,
+            payload: env.payload,
+            section: env.section,
+            message_id: env.message_id,
+        }
+    }
+
     pub fn card_answer(&self, env: &Envelope) -> Value {
         let Ok(a) = CardAction::from_envelope_text(&env.payload) else {
             return json!({});

@@ -19,10 +19,13 @@ pub fn routes() -> Router<HttpState> {
 /// that level leaves open (`local-isolation-open: …; …`).
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     let level = &state.isolation;
-    let isolation = format!(
+    let mut isolation = format!(
         "local-isolation: {level}\nlocal-isolation-open: {}",
         level.leaves_open().join("; ")
     );
+    if let Some(ws) = &state.lark_ws {
+        isolation.push_str(&format!("\nlark-long-connection: {}", ws.get().as_str()));
+    }
     if crate::store::is_ready(&state.db).await {
         (StatusCode::OK, format!("ready\n{isolation}\n"))
     } else {

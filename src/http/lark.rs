@@ -108,13 +108,10 @@ use serde_json::json;
 
 use super::HttpState;
 use super::body::BodyError;
-use crate::inbox::NewEvent;
 use crate::lark::event;
-use crate::lark::webhook::{self, Envelope, Rejection, SignatureHeaders, Verified};
+use crate::lark::webhook::{self, Rejection, SignatureHeaders, Verified};
 
-/// The `reason` label counted when a request is refused because [`crate::inbox::ADMITTED_MAX`]
-/// requests are already being recorded (answered 503: the platform retries).
-pub const SATURATED: &str = "saturated";
+pub use crate::inbox::SATURATED;
 
 /// `POST /lark/events`.
 pub fn routes() -> Router<HttpState> {
@@ -219,7 +216,7 @@ async fn receive_inner(
             let event_id = env.event_id.clone();
             let fresh = state
                 .inbox
-                .record(new_event(&state.triage, env))
+                .record(state.triage.inbox_event(env))
                 .await
                 .map_err(Failure::Unavailable)?;
             if fresh {
@@ -234,17 +231,5 @@ async fn receive_inner(
                 Ok(success())
             }
         }
-    }
-}
-
-/// The inbox's event for a verified envelope.
-fn new_event(triage: &crate::frontend::LarkTriage, env: Envelope) -> NewEvent {
-    NewEvent {
-        express: triage.express(&env),
-        event_id: env.event_id,
-        event_type: env.event_type,
-        payload: env.payload,
-        section: env.section,
-        message_id: env.message_id,
     }
 }

@@ -36,6 +36,8 @@ pub struct HttpState {
     pub triage: Arc<LarkTriage>,
     /// The local tools' isolation level, reported by `/readyz`.
     pub isolation: Level,
+    /// The long connection's state, reported by `/readyz`; `None` when it is not held.
+    pub lark_ws: Option<crate::lark::ws::Status>,
 }
 
 /// The whole HTTP surface.
@@ -43,6 +45,9 @@ pub fn router(state: HttpState) -> axum::Router {
     axum::Router::new()
         .merge(health::routes())
         .merge(router::routes())
-        .merge(lark::routes())
+        .merge(match state.config.lark_mode.webhook() {
+            true => lark::routes(),
+            false => axum::Router::new(),
+        })
         .with_state(state)
 }

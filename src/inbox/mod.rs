@@ -134,6 +134,10 @@ pub trait Handler: Send + Sync {
 /// tasks are running, starts one. A flush task writes whatever is queued, batch after batch,
 /// until the queue is empty, then ends. No crate coalesces requests into one statement like
 /// this.
+/// The `reason` label counted when an event is refused because [`ADMITTED_MAX`] events are
+/// already being recorded (the platform retries).
+pub const SATURATED: &str = "saturated";
+
 pub struct Inbox {
     deps: InboxDeps,
     /// The workers' connections: the same database with `synchronous_commit = off` (see

@@ -9,7 +9,9 @@
 pub mod budget;
 pub mod client;
 pub mod event;
+pub mod frame;
 pub mod json;
 pub mod lane;
 pub mod markup;
 pub mod webhook;
+pub mod ws;

@@ -214,20 +214,57 @@ pub fn verify(
         return Err(Rejection::BadSignature);
     }
 
+    // Freshness: the signed timestamp header where present, else the event's own time.
+    let sent_at = match headers.timestamp {
+        Some(ts) if signed => Some(parse_seconds(ts).ok_or(Rejection::MissingFields)?),
+        _ => parsed.created_at,
+    };
+    check(config, &parsed, sent_at, now, retention)?;
+    Ok(match parsed.kind {
+        Kind::Challenge(c) => Verified::Challenge(c),
+        Kind::Event(e) => Verified::Event(e),
+    })
+}
+
+/// The checks of [`verify`] that still apply to an event received over the long connection,
+/// which is neither signed nor encrypted (the connection itself was opened with the app's
+/// secret): size, JSON, envelope, token, app id and freshness (by the event's own time).
+pub fn verify_plain(
+    config: &LarkConfig,
+    body: &[u8],
+    now: DateTime<Utc>,
+    retention: Duration,
+) -> Result<Envelope, Rejection> {
+    if body.len() > MAX_BODY {
+        return Err(Rejection::TooLarge);
+    }
+    let members = Members::parse(body).map_err(|_| Rejection::NotJson)?;
+    if members.get("encrypt").is_some() {
+        return Err(Rejection::UnexpectedEncryption);
+    }
+    let parsed = parse_envelope(&members, body.len())?;
+    check(config, &parsed, parsed.created_at, now, retention)?;
+    match parsed.kind {
+        Kind::Event(e) => Ok(e),
+        Kind::Challenge(_) => Err(Rejection::MissingFields),
+    }
+}
+
+/// Token (constant time), app id, and freshness: too old could be a replay the inbox no
+/// longer remembers; too far ahead would stay "fresh" for longer than the inbox remembers it.
+fn check(
+    config: &LarkConfig,
+    parsed: &Parsed,
+    sent_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    retention: Duration,
+) -> Result<(), Rejection> {
     if !same_secret(&parsed.token, config.verification_token.expose_secret()) {
         return Err(Rejection::BadToken);
     }
     if parsed.app_id.as_ref().is_some_and(|a| *a != config.app_id) {
         return Err(Rejection::WrongApp);
     }
-
-    // Freshness: the signed timestamp header where present, else the event's own time. Too
-    // old could be a replay the inbox no longer remembers; too far ahead would stay "fresh"
-    // for longer than the inbox remembers it.
-    let sent_at = match headers.timestamp {
-        Some(ts) if signed => Some(parse_seconds(ts).ok_or(Rejection::MissingFields)?),
-        _ => parsed.created_at,
-    };
     if let Some(sent_at) = sent_at {
         let age = now.signed_duration_since(sent_at);
         let limit = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
@@ -239,11 +276,7 @@ pub fn verify(
             return Err(Rejection::Future);
         }
     }
-
-    Ok(match parsed.kind {
-        Kind::Challenge(c) => Verified::Challenge(c),
-        Kind::Event(e) => Verified::Event(e),
-    })
+    Ok(())
 }
 
 enum Kind {

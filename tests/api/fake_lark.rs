@@ -79,6 +79,8 @@ struct Inner {
     refuse_cards: bool,
     /// message id → the cards PATCHed into it, with when.
     patched: HashMap<String, Vec<(Instant, Value)>>,
+    /// The long connection's endpoint answer: the WebSocket URL and the client configuration.
+    ws_endpoint: Option<(String, Value)>,
 }
 
 /// A CardKit card as the fake holds it.
@@ -159,6 +161,7 @@ impl FakeLark {
                 cardkit_down: None,
                 refuse_cards: false,
                 patched: HashMap::new(),
+                ws_endpoint: None,
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -171,6 +174,11 @@ impl FakeLark {
             base: format!("http://{addr}"),
             shared,
         }
+    }
+
+    /// The long connection's endpoint answers `url` and `config` from now on.
+    pub fn set_ws_endpoint(&self, url: &str, config: Value) {
+        self.shared.inner.lock().unwrap().ws_endpoint = Some((url.to_owned(), config));
     }
 
     /// Every request so far, in order.
@@ -330,6 +338,18 @@ fn answer(
     body: &Value,
 ) -> Response {
     let path = path_and_query.split('?').next().unwrap_or("");
+    if path == "/callback/ws/endpoint" {
+        if method != Method::POST || body["AppID"] != APP_ID || body["AppSecret"] != APP_SECRET {
+            return code(StatusCode::OK, 1000040344, "app secret invalid");
+        }
+        return match &inner.ws_endpoint {
+            Some((url, config)) => {
+                axum::Json(json!({"code":0,"msg":"ok","data":{"URL":url,"ClientConfig":config}}))
+                    .into_response()
+            }
+            None => code(StatusCode::OK, 1, "system busy"),
+        };
+    }
     if path == "/open-apis/auth/v3/tenant_access_token/internal" {
         if method != Method::POST || body["app_id"] != APP_ID || body["app_secret"] != APP_SECRET {
             return code(StatusCode::OK, 10014, "app secret invalid");

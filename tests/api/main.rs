@@ -15,6 +15,7 @@ mod exec_ssh;
 mod fake_lark;
 #[allow(dead_code)]
 mod fake_llm;
+mod fake_ws;
 mod foundation;
 #[allow(dead_code)]
 mod helpers;
@@ -26,6 +27,7 @@ mod lark_http;
 mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
+mod lark_ws;
 mod llm;
 mod progress;
 mod ssh_files;

@@ -1,0 +1,81 @@
+//! The long connection's deliverer: a whole message received over Lark's WebSocket
+//! ([`crate::lark::ws`]) is checked as a webhook event is, less what does not apply there
+//! (no signature or encryption: the connection itself was opened with the app's secret) —
+//! token, app id, freshness ([`webhook::verify_plain`]) — and recorded in the same inbox, with
+//! the same de-duplication (event id, message id), ordering and express lane, before it is
+//! acknowledged. A card click is answered with the same toast the webhook returns.
+//!
+//! Never: handles an event itself (the inbox's workers do), or acknowledges an event it could
+//! not record (the platform then redelivers it).
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::inbox::Inbox;
+use crate::lark::event;
+use crate::lark::webhook;
+use crate::lark::ws::{Deliver, Kind};
+use crate::metrics::Metrics;
+
+use super::LarkTriage;
+
+/// Records what the long connection receives in the inbox.
+pub struct InboxDeliver {
+    pub config: Arc<Config>,
+    pub inbox: Arc<Inbox>,
+    pub triage: Arc<LarkTriage>,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Deliver for InboxDeliver {
+    async fn deliver(&self, kind: Kind, payload: Vec<u8>) -> Result<Option<Vec<u8>>, ()> {
+        let Some(lark) = self.config.lark.as_ref() else {
+            tracing::error!("a long-connection event arrived without LARK_* credentials");
+            return Err(());
+        };
+        let env = match webhook::verify_plain(
+            lark,
+            &payload,
+            self.clock.now(),
+            self.config.inbox.dedup_retention,
+        ) {
+            Ok(env) => env,
+            Err(r) => {
+                // Redelivering it would not make it valid: acknowledged, counted, dropped.
+                self.metrics.rejected(r.reason());
+                tracing::warn!(
+                    lark.reject = r.reason(),
+                    ?kind,
+                    "long-connection event refused"
+                );
+                return Ok(None);
+            }
+        };
+        let Some(_admitted) = self.inbox.admit() else {
+            self.metrics.rejected(crate::inbox::SATURATED);
+            return Err(());
+        };
+        let card = (env.event_type == event::CARD_ACTION).then(|| self.triage.card_answer(&env));
+        let event_id = env.event_id.clone();
+        let fresh = match self.inbox.record(self.triage.inbox_event(env)).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "recording a long-connection event failed"
+                );
+                return Err(());
+            }
+        };
+        if fresh {
+            self.metrics.events_received.inc();
+        } else {
+            self.metrics.events_duplicate.inc();
+        }
+        tracing::debug!(lark.event_id = %event_id, fresh, "long-connection event recorded");
+        Ok(card.map(|answer| answer.to_string().into_bytes()))
+    }
+}
