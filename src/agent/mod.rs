@@ -123,6 +123,7 @@
 //! card; `serve` installs `progress::Progress`.
 
 mod answer;
+pub mod approval;
 mod conversation;
 pub mod failing;
 pub mod prompt;
@@ -236,6 +237,19 @@ pub trait ChatOut: Send + Sync + 'static {
         in_thread: bool,
         uuid: &str,
     ) -> anyhow::Result<()>;
+    /// Whether this channel can show an approval card and take its answer. Without it a call
+    /// the guard asks about is refused.
+    fn can_ask(&self) -> bool {
+        false
+    }
+    /// Posts the approval card of a parked call (idempotent per turn and call), or rewrites
+    /// it when `card.parked.card_message_id` is set; returns the card's message id.
+    async fn show_approval(
+        &self,
+        _card: &approval::ApprovalCard,
+    ) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// A step of a turn, for a live progress view.

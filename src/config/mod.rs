@@ -391,6 +391,9 @@ pub struct AgentConfig {
     pub tool_result_limit: usize,
     /// `SSHMODE_CONTEXT_TOKENS`: the context budget of a section's conversation.
     pub context_tokens: usize,
+    /// `SSHMODE_APPROVAL_TIMEOUT_SECS`: how long a call the guard asks about waits for a
+    /// person before it is denied (default 600 s).
+    pub approval_timeout: Duration,
 }
 
 /// Live progress card tunables (`src/progress/`).
@@ -633,6 +636,8 @@ impl Config {
             tool_timeout: secs("SSHMODE_TOOL_TIMEOUT_SECS", 600)?,
             tool_result_limit: count("SSHMODE_TOOL_RESULT_LIMIT", 16 * 1024)?.max(256),
             context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
+            approval_timeout: secs("SSHMODE_APPROVAL_TIMEOUT_SECS", 600)?
+                .max(Duration::from_secs(1)),
         };
 
         let progress = ProgressConfig {
