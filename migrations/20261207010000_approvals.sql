@@ -14,6 +14,12 @@ CREATE TABLE call_approvals (
     -- thread's yolo TTL).
     scope            TEXT CHECK (scope IN ('once', 'thread')),
     command          TEXT NOT NULL,
+    -- The command's shape (`shell::shape`): what an allowance in this thread covers. NULL when
+    -- it has none (it then covers nothing but itself).
+    shape            TEXT,
+    -- For scope 'thread': the allowance holds until then (the yolo TTL; `/ssh yolo off` ends
+    -- it at once).
+    thread_until     TIMESTAMPTZ,
     reason           TEXT NOT NULL,
     -- Where it would run (`local`, `web · deploy@10.0.0.5`) and in which directory.
     location         TEXT NOT NULL,
@@ -33,6 +39,7 @@ CREATE TABLE call_approvals (
     PRIMARY KEY (turn_id, call_key)
 );
 CREATE INDEX call_approvals_waiting ON call_approvals (section_id) WHERE state = 'waiting';
+CREATE INDEX call_approvals_thread ON call_approvals (section_id, shape) WHERE scope = 'thread';
 
 -- Set when a turn parks a call; the claim that resumes it after the decision is not counted
 -- as another attempt.

@@ -203,3 +203,16 @@ async fn show(deps: &AgentDeps, turn: &ActiveTurn, key: &str) {
         }
     }
 }
+
+/// Who allowed commands of this one's shape in this thread, if an allowance covers it.
+pub(super) async fn covered(deps: &AgentDeps, turn: &ActiveTurn, asked: &Asked) -> Option<String> {
+    match parked::allowed_in_thread(&deps.db, &turn.section, &asked.location, &asked.command).await
+    {
+        Ok(by) => by,
+        Err(e) => {
+            // Not covered: the call is asked about, the safe way.
+            tracing::warn!(turn.section = %turn.section, error = %e, "reading thread allowances failed");
+            None
+        }
+    }
+}

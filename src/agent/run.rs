@@ -579,8 +579,29 @@ async fn run_calls(
         )
         .await;
         let mut result = result;
+        // Allowed in this thread: the same shape runs without asking (it did not run above).
+        let mut in_thread_by: Option<String> = None;
         if let Some(asked) = &result.asked
             && allowed_by.is_none()
+            && turn.cancel.reason().is_none()
+            && let Some(by) = approval::covered(deps, turn, asked).await
+        {
+            result = tools::run(
+                deps,
+                &turn.section,
+                &turn.chat_id,
+                call,
+                turn.cancel.token(),
+                None,
+                true,
+            )
+            .await;
+            result.text = format!("allowed in this thread by {by}:\n{}", result.text);
+            in_thread_by = Some(by);
+        }
+        if let Some(asked) = &result.asked
+            && allowed_by.is_none()
+            && in_thread_by.is_none()
             && turn.cancel.reason().is_none()
         {
             match approval::park(deps, turn, &key, asked, &result.text).await {

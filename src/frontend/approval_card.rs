@@ -104,6 +104,7 @@ pub async fn apply(
     operator: &str,
     is_admin: bool,
     card_message_id: &str,
+    thread_for: std::time::Duration,
 ) -> anyhow::Result<Applied> {
     let Some(p) = read(value) else {
         return Ok(Applied { rewrite: None });
@@ -116,7 +117,7 @@ pub async fn apply(
     let outcome = if !may {
         "refused"
     } else {
-        match parked::decide(db, p.turn_id, &p.call_key, p.scope, operator)
+        match parked::decide(db, p.turn_id, &p.call_key, p.scope, operator, thread_for)
             .await
             .context("recording an approval")?
         {

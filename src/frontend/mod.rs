@@ -179,6 +179,7 @@ impl LarkHandler {
             operator,
             self.deps.config.is_admin(operator),
             &a.context.open_message_id,
+            self.deps.config.chat.yolo_ttl,
         )
         .await?;
         if let Some((message_id, card)) = applied.rewrite

@@ -5,6 +5,9 @@
 //! worker and its wait is not charged to its budget, while the section stays occupied.
 //! A decision ([`decide`]) re-queues the section and wakes the runners; a passed deadline or
 //! a `/stop` makes the section claimable again, and the resumed turn settles the wait.
+//! "Allow in this thread" also covers later commands of the same shape
+//! ([`crate::shell::shape`]) at the same location in the section, until the thread's yolo
+//! TTL or `/ssh yolo off` ([`allowed_in_thread`], [`end_thread_allowances`]).
 //!
 //! Never: knows cards, chats or who is allowed to decide (the caller checks that first).
 
@@ -195,8 +198,8 @@ pub async fn park(
     let mut tx = fence.begin().await?;
     sqlx::query(
         "INSERT INTO call_approvals (turn_id, call_key, section_id, command, reason, location,
-                                     cwd, requester, approvers, deadline)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10))
+                                     cwd, requester, approvers, deadline, shape)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11)
          ON CONFLICT (turn_id, call_key) DO NOTHING",
     )
     .bind(turn_id)
@@ -209,6 +212,7 @@ pub async fn park(
     .bind(&ask.requester)
     .bind(ask.approvers.as_str())
     .bind(timeout.as_secs_f64())
+    .bind(crate::shell::shape::shape(&ask.command))
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE turns SET parked = true WHERE id = $1")
@@ -293,17 +297,20 @@ pub enum Decided {
 }
 
 /// Records a person's decision on a waiting call (`scope` `None` = deny), re-queues the
-/// section and wakes the runners. The caller has checked that `by` may decide.
+/// section and wakes the runners. An allowance in the thread holds for `thread_for` (the
+/// yolo TTL). The caller has checked that `by` may decide.
 pub async fn decide(
     db: &PgPool,
     turn_id: i64,
     key: &str,
     scope: Option<Scope>,
     by: &str,
+    thread_for: Duration,
 ) -> sqlx::Result<Decided> {
     let mut tx = db.begin().await?;
     let updated = sqlx::query(
-        "UPDATE call_approvals SET state = $3, scope = $4, decided_by = $5, decided_at = now()
+        "UPDATE call_approvals SET state = $3, scope = $4, decided_by = $5, decided_at = now(),
+                thread_until = CASE WHEN $4 = 'thread' THEN now() + make_interval(secs => $6) END
           WHERE turn_id = $1 AND call_key = $2 AND state = 'waiting' AND deadline > now()
           RETURNING section_id",
     )
@@ -312,6 +319,7 @@ pub async fn decide(
     .bind(if scope.is_some() { "allowed" } else { "denied" })
     .bind(scope.map(Scope::as_str))
     .bind(by)
+    .bind(thread_for.as_secs_f64())
     .fetch_optional(&mut *tx)
     .await?;
     if let Some(r) = &updated {
@@ -340,4 +348,43 @@ pub async fn decide(
         (Some(p), Some(_)) => Decided::Applied(p),
         (Some(p), None) => Decided::Already(p),
     })
+}
+
+/// Who allowed commands of this shape, at this location, in this section, while that
+/// allowance holds; `None` when nothing covers it (a command without a shape never is).
+pub async fn allowed_in_thread(
+    db: &PgPool,
+    section: &str,
+    location: &str,
+    command: &str,
+) -> sqlx::Result<Option<String>> {
+    let Some(shape) = crate::shell::shape::shape(command) else {
+        return Ok(None);
+    };
+    sqlx::query_scalar(
+        "SELECT decided_by FROM call_approvals
+          WHERE section_id = $1 AND shape = $2 AND location = $3 AND scope = 'thread'
+            AND state = 'allowed' AND thread_until > now()
+          ORDER BY decided_at DESC LIMIT 1",
+    )
+    .bind(section)
+    .bind(&shape)
+    .bind(location)
+    .fetch_optional(db)
+    .await
+}
+
+/// Ends every allowance in `section`'s thread (`/ssh yolo off`), in the caller's transaction.
+pub async fn end_thread_allowances(
+    conn: &mut sqlx::PgConnection,
+    section: &str,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE call_approvals SET thread_until = now()
+          WHERE section_id = $1 AND scope = 'thread' AND thread_until > now()",
+    )
+    .bind(section)
+    .execute(conn)
+    .await?
+    .rows_affected())
 }

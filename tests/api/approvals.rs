@@ -291,3 +291,60 @@ async fn parked_turns_hold_no_worker_and_other_sections_are_served() {
     }
     env.app.stop().await;
 }
+
+#[tokio::test]
+async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_asks() {
+    let env = env(&[]).await;
+    let (thread, msg, card) = risky_turn(&env).await;
+    env.llm
+        // The same shape: runs without a card.
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "touch second_marker && rm -rf \"$OTHER_DIR\""}),
+            ),
+        )
+        // Another shape: asks again.
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "touch third_marker && rm -r \"$OTHER_DIR\""}),
+            ),
+        );
+    let answer = press(&env.app, "ou_user", &card, "btn_thread").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    let dir = workdir(&env.app, &thread).await;
+    let lark = &env.lark;
+    eventually("a second card", Duration::from_secs(30), async || {
+        cards(lark, &msg).len() == 2
+    })
+    .await;
+    assert!(dir.join("ran_marker").exists() && dir.join("second_marker").exists());
+    assert!(!dir.join("third_marker").exists());
+    let results = tool_results(&env.llm);
+    assert!(
+        results[0].starts_with("allowed by ou_user:\n"),
+        "{results:?}"
+    );
+    assert!(
+        results[1].starts_with("allowed in this thread by ou_user:\n[local]"),
+        "{results:?}"
+    );
+    assert!(last_patch(&env.lark, &card.0).contains("Allowed in this thread"));
+
+    let second = cards(&env.lark, &msg)[1].clone();
+    let id: String = sqlx::query_scalar(
+        "SELECT card_message_id FROM call_approvals WHERE section_id = $1 AND state = 'waiting'",
+    )
+    .bind(&thread)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &(id, second), "btn_deny").await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(!dir.join("third_marker").exists());
+    env.app.stop().await;
+}
