@@ -244,7 +244,12 @@ async fn no_answer_before_the_timeout_denies() {
     assert!(last_patch(&env.lark, &card.0).contains("No answer"));
     // A click after the deadline changes nothing.
     press(&env.app, "ou_user", &card, "btn_once").await;
-    assert!(!workdir(&env.app, &thread).await.join("ran_marker").exists());
+    let state: String = sqlx::query_scalar("SELECT state FROM call_approvals WHERE section_id = $1")
+        .bind(&thread)
+        .fetch_one(&env.app.state.db)
+        .await
+        .unwrap();
+    assert_eq!(state, "expired");
     env.app.stop().await;
 }
 
