@@ -44,3 +44,9 @@ CREATE INDEX call_approvals_thread ON call_approvals (section_id, shape) WHERE s
 -- Set when a turn parks a call; the claim that resumes it after the decision is not counted
 -- as another attempt.
 ALTER TABLE turns ADD COLUMN parked BOOLEAN NOT NULL DEFAULT false;
+
+-- Per target: who answers its approval cards, and what a command the guard asks about does
+-- there ('ask' a person, 'refuse' it, 'allow' it without asking).
+ALTER TABLE targets
+    ADD COLUMN approvers TEXT NOT NULL DEFAULT 'admins' CHECK (approvers IN ('admins', 'requester')),
+    ADD COLUMN risky TEXT NOT NULL DEFAULT 'ask' CHECK (risky IN ('ask', 'refuse', 'allow'));

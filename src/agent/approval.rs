@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::AgentDeps;
 use super::tools::Asked;
+use crate::config::Risky;
 use crate::turns::approval::{self as parked, ApprovalState, Approvers, Ask, Parked};
 use crate::turns::{ActiveTurn, Fenced};
 
@@ -102,6 +103,8 @@ fn no_answer(deps: &AgentDeps) -> String {
 pub(super) enum Park {
     /// The call waits for a person; leave the turn.
     Waiting,
+    /// The backend's policy allows it without asking: run it.
+    Allowed,
     /// Nobody can be asked: the call stays refused, with this text.
     Refused(String),
 }
@@ -115,6 +118,31 @@ pub(super) async fn park(
     asked: &Asked,
     refused: &str,
 ) -> Result<Park, Fenced> {
+    // The backend's policy: local sections answer to their requester, targets to theirs.
+    let (risky, approvers) = match &asked.target {
+        None => (deps.config.local_risky, Approvers::Requester),
+        Some(alias) => match crate::target::policy::get(&deps.db, alias).await {
+            Ok(p) => (
+                p.risky,
+                Approvers::parse(&p.approvers).unwrap_or(Approvers::Admins),
+            ),
+            // Unreadable: asked, of admins (the strictest that still lets work go on).
+            Err(e) => {
+                tracing::warn!(turn.section = %turn.section, error = %e, "reading a target's approval policy failed");
+                (Risky::Ask, Approvers::Admins)
+            }
+        },
+    };
+    match risky {
+        Risky::Allow => return Ok(Park::Allowed),
+        Risky::Refuse => {
+            return Ok(Park::Refused(format!(
+                "refused: this needs a person's approval ({}), and this backend's policy                  refuses such commands instead of asking. Do it another way.",
+                asked.reason
+            )));
+        }
+        Risky::Ask => {}
+    }
     if !deps.out.can_ask() {
         return Ok(Park::Refused(refused.to_string()));
     }
@@ -136,11 +164,7 @@ pub(super) async fn park(
         location: asked.location.clone(),
         cwd: asked.cwd.clone(),
         requester: last.sender.clone(),
-        approvers: if asked.local {
-            Approvers::Requester
-        } else {
-            Approvers::Admins
-        },
+        approvers,
     };
     let p = parked::park(
         &turn.fence,

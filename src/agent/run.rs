@@ -606,6 +606,22 @@ async fn run_calls(
         {
             match approval::park(deps, turn, &key, asked, &result.text).await {
                 Ok(Park::Waiting) => return Ok(Some(Halt::Leave)),
+                Ok(Park::Allowed) => {
+                    result = tools::run(
+                        deps,
+                        &turn.section,
+                        &turn.chat_id,
+                        call,
+                        turn.cancel.token(),
+                        None,
+                        true,
+                    )
+                    .await;
+                    result.text = format!(
+                        "allowed by this backend's policy (risky: allow):\n{}",
+                        result.text
+                    );
+                }
                 Ok(Park::Refused(text)) => result.text = text,
                 Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
                 Err(e) => return Err(e.into()),

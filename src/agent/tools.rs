@@ -125,8 +125,8 @@ pub struct Asked {
     pub location: String,
     /// The directory it would start in.
     pub cwd: String,
-    /// Whether it ran (or would run) on the service's own machine.
-    pub local: bool,
+    /// The target's alias; `None` on the service's own machine.
+    pub target: Option<String>,
 }
 
 /// A short, log-safe description of a call (the command or path, clipped).
@@ -322,7 +322,10 @@ async fn dispatch(
     };
     let backend = at.place.name().to_string();
     let location = location_of(deps, &at).await;
-    let local = at.place == Place::Local;
+    let target = match &at.place {
+        Place::Local => None,
+        Place::Target(alias) => Some(alias.clone()),
+    };
     let (result, exit, asked) =
         task(deps, section, tool, &args, at, &location, cancel, approved).await;
     ToolOutcome {
@@ -332,7 +335,7 @@ async fn dispatch(
             reason,
             location: location.clone(),
             cwd,
-            local,
+            target,
         }),
         backend: Some(backend),
         location: Some(location),

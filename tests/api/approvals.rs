@@ -244,11 +244,12 @@ async fn no_answer_before_the_timeout_denies() {
     assert!(last_patch(&env.lark, &card.0).contains("No answer"));
     // A click after the deadline changes nothing.
     press(&env.app, "ou_user", &card, "btn_once").await;
-    let state: String = sqlx::query_scalar("SELECT state FROM call_approvals WHERE section_id = $1")
-        .bind(&thread)
-        .fetch_one(&env.app.state.db)
-        .await
-        .unwrap();
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM call_approvals WHERE section_id = $1")
+            .bind(&thread)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
     assert_eq!(state, "expired");
     env.app.stop().await;
 }
@@ -440,4 +441,86 @@ async fn on_a_target_admins_answer_and_a_restart_keeps_the_wait_for_the_other_re
         .unwrap();
     assert_eq!(attempts, 1, "the wait is not another attempt");
     let _ = std::fs::remove_file(home.join(&mark));
+}
+
+#[tokio::test]
+async fn sshmode_local_risky_refuses_or_allows_without_a_card() {
+    for (policy, ran) in [("refuse", false), ("allow", true)] {
+        let env = env(&[("SSHMODE_LOCAL_RISKY", policy)]).await;
+        let thread = unique("omt_policy");
+        let msg = unique("om_policy");
+        env.llm
+            .push(MODEL, call("terminal", json!({"command": RISKY})))
+            .push(MODEL, say("finished"));
+        accept(&env.app, &thread, &msg, "clean up").await;
+        assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+        assert!(cards(&env.lark, &msg).is_empty(), "{policy}: no card");
+        assert_eq!(
+            workdir(&env.app, &thread).await.join("ran_marker").exists(),
+            ran,
+            "{policy}"
+        );
+        let results = tool_results(&env.llm);
+        let expected = if ran {
+            "allowed by this backend's policy (risky: allow):\n[local]"
+        } else {
+            "refused: this needs a person's approval"
+        };
+        assert!(results[0].starts_with(expected), "{policy}: {results:?}");
+        env.app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_target_set_to_requester_approvers_takes_the_requesters_click() {
+    let env = Env::builder()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ])
+        .target("web")
+        .spawn()
+        .await;
+    let mut out = Vec::new();
+    let r = sshmode::target::cli::run_with(
+        sshmode::target::cli::TargetCmd::Set(sshmode::target::cli::SetArgs {
+            alias: "web".into(),
+            workspace: None,
+            permission: None,
+            jump: None,
+            no_jump: false,
+            approvers: Some("requester".into()),
+            risky: None,
+        }),
+        &env.app.state.config,
+        &env.app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        String::from_utf8_lossy(&out)
+            .contains("approvals answered by requester, risky commands: ask")
+    );
+
+    let thread = unique("omt_web");
+    env.control.bind(&thread, Place::Target("web".into()));
+    let home = PathBuf::from(format!("/home/{}", crate::sshd::USER));
+    let mark = unique("mark");
+    let msg = unique("om_web");
+    env.llm.push(
+        MODEL,
+        call("terminal", json!({"command": remote_risky(&mark)})),
+    );
+    accept(&env.app, &thread, &msg, "deploy").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    env.llm.push(MODEL, say("deployed"));
+    let answer = press(&env.app, "ou_user", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(home.join(&mark).exists());
+    let _ = std::fs::remove_file(home.join(&mark));
+    env.app.stop().await;
 }

@@ -379,6 +379,8 @@ async fn set_max(app: &TestApp, alias: &str, p: &str) {
             permission: Permission::parse(p),
             jump: None,
             no_jump: false,
+            approvers: None,
+            risky: None,
         }),
         &app.state.config,
         &app.state.db,
