@@ -388,3 +388,14 @@ pub async fn end_thread_allowances(
     .await?
     .rows_affected())
 }
+
+/// The call of `section` waiting for a person now, as (turn, call key), if any.
+pub async fn waiting_in(db: &PgPool, section: &str) -> sqlx::Result<Option<(i64, String)>> {
+    sqlx::query_as(
+        "SELECT turn_id, call_key FROM call_approvals
+          WHERE section_id = $1 AND state = 'waiting' AND deadline > now() LIMIT 1",
+    )
+    .bind(section)
+    .fetch_optional(db)
+    .await
+}
