@@ -88,7 +88,7 @@ const STOPPED: &str = "not run: /stop ended the wait for a person's approval.";
 
 fn no_answer(deps: &AgentDeps) -> String {
     let secs = deps.config.approval_timeout.as_secs();
-    let wait = if secs >= 60 && secs % 60 == 0 {
+    let wait = if secs >= 60 && secs.is_multiple_of(60) {
         format!("{} min", secs / 60)
     } else {
         format!("{secs} s")
