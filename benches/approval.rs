@@ -77,7 +77,14 @@ impl ChatOut for Cards {
     async fn remove_reaction(&self, _: &str, _: &str) -> anyhow::Result<()> {
         Ok(())
     }
-    async fn reply_markdown(&self, _: &str, _: &str, _: &str, _: bool, _: &str) -> anyhow::Result<()> {
+    async fn reply_markdown(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: bool,
+        _: &str,
+    ) -> anyhow::Result<()> {
         Ok(())
     }
     fn can_ask(&self) -> bool {
@@ -99,7 +106,10 @@ async fn run(turns: usize) {
     let dir = tmp.path();
     let mut vars = HashMap::new();
     vars.insert("DATABASE_URL".to_string(), db_url);
-    vars.insert("SSHMODE_DATA_DIR".to_string(), dir.join("data").display().to_string());
+    vars.insert(
+        "SSHMODE_DATA_DIR".to_string(),
+        dir.join("data").display().to_string(),
+    );
     vars.insert("LLM_BASE_URL".to_string(), llm_base);
     vars.insert("LLM_MODEL".to_string(), "m".to_string());
     let config = Config::from_vars(&|k| vars.get(k).cloned(), dir).unwrap();
@@ -135,7 +145,11 @@ async fn run(turns: usize) {
             clock: Arc::new(sshmode::clock::SystemClock),
             yolo_ttl: config.chat.yolo_ttl,
         }),
-        plane: Arc::new(sshmode::plane::ControlPlane::new(&config, db.clone(), vault.clone())),
+        plane: Arc::new(sshmode::plane::ControlPlane::new(
+            &config,
+            db.clone(),
+            vault.clone(),
+        )),
         out: Arc::new(Cards),
         steps: Arc::new(Cards),
         config: config.agent.clone(),
@@ -179,15 +193,26 @@ async fn run(turns: usize) {
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
         let backend = exec.backend(&section, &Place::Local).await.unwrap();
-        let mark = PathBuf::from(backend.initial_dir(&section).await.unwrap()).join("approval_mark");
+        let mark =
+            PathBuf::from(backend.initial_dir(&section).await.unwrap()).join("approval_mark");
         // The card is posted after the row commits; let the runner let go of the section.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let t0 = Instant::now();
-        approval::decide(&db, parked.0, &parked.1, Some(Scope::Once), "ou_bench", config.chat.yolo_ttl)
-            .await
-            .unwrap();
+        approval::decide(
+            &db,
+            parked.0,
+            &parked.1,
+            Some(Scope::Once),
+            "ou_bench",
+            config.chat.yolo_ttl,
+        )
+        .await
+        .unwrap();
         while !mark.exists() {
-            assert!(t0.elapsed() < Duration::from_secs(30), "the command never started");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the command never started"
+            );
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         if n >= warm {

@@ -133,10 +133,12 @@ pub(super) async fn park(
             }
         },
     };
+    // Headed like every task tool's error, with where it would have run.
+    let refuse = |why: String| Park::Refused(format!("[{}] error: {why}", asked.location));
     match risky {
         Risky::Allow => return Ok(Park::Allowed),
         Risky::Refuse => {
-            return Ok(Park::Refused(format!(
+            return Ok(refuse(format!(
                 "refused: this needs a person's approval ({}), and this backend's policy                  refuses such commands instead of asking. Do it another way.",
                 asked.reason
             )));
@@ -147,7 +149,7 @@ pub(super) async fn park(
         return Ok(Park::Refused(refused.to_string()));
     }
     if asked.command.len() > MAX_SHOWN_COMMAND {
-        return Ok(Park::Refused(format!(
+        return Ok(refuse(format!(
             "refused: this needs a person's approval ({}), and the command is too long \
              ({} bytes, at most {MAX_SHOWN_COMMAND}) to show whole on an approval card. \
              Split it into shorter commands.",

@@ -464,7 +464,7 @@ async fn sshmode_local_risky_refuses_or_allows_without_a_card() {
         let expected = if ran {
             "allowed by this backend's policy (risky: allow):\n[local]"
         } else {
-            "refused: this needs a person's approval"
+            "[local] error: refused: this needs a person's approval"
         };
         assert!(results[0].starts_with(expected), "{policy}: {results:?}");
         env.app.stop().await;
