@@ -524,3 +524,52 @@ async fn a_target_set_to_requester_approvers_takes_the_requesters_click() {
     let _ = std::fs::remove_file(home.join(&mark));
     env.app.stop().await;
 }
+
+#[tokio::test]
+async fn ssh_yolo_off_ends_what_was_allowed_in_the_thread() {
+    let env = env(&[]).await;
+    let (thread, _msg, card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &card, "btn_thread").await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+
+    let db = &env.app.state.db;
+    let ctl = sshmode::chat::change::Ctl {
+        db,
+        now: Utc::now(),
+        yolo_ttl: env.app.state.config.chat.yolo_ttl,
+    };
+    let actor = sshmode::chat::authz::Actor::User {
+        open_id: "ou_user",
+        admin: false,
+    };
+    sshmode::chat::change::grant_off(ctl, actor, &thread)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The same shape asks again.
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "touch again_marker && rm -rf \"$OTHER_DIR\""}),
+        ),
+    );
+    let msg = unique("om_again");
+    accept(&env.app, &thread, &msg, "once more").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    assert!(
+        !workdir(&env.app, &thread)
+            .await
+            .join("again_marker")
+            .exists()
+    );
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &card, "btn_deny").await;
+    assert_eq!(
+        wait_turns_ended(&env.app, &thread, 2).await,
+        vec!["done", "done"]
+    );
+    env.app.stop().await;
+}
