@@ -20,7 +20,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `src/turns/` | turn requests (idempotent on the message id), section leases with heartbeat and generation fencing, the `/stop` flag, the budget across resumes, the runner | models, tools or chats (the work is injected as `TurnWork`); a process-global registry |
-//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions | picking a backend (it asks `SshMode::place` at each call); falling back to local; re-running a call with an unknown outcome |
+//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`approval`) | picking a backend (it asks `SshMode::place` at each call); falling back to local; re-running a call with an unknown outcome |
 //!
 //! **A turn's path.**
 //! ```

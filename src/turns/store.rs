@@ -122,7 +122,8 @@ pub(super) struct Lease {
 }
 
 /// Claims the pending section with the oldest work whose lease is free or expired, among the
-/// sections `scope` covers.
+/// sections `scope` covers, leaving alone a section whose call waits for approval
+/// ([`super::approval::PARKED`]).
 pub(super) async fn claim(
     db: &PgPool,
     holder: &str,
