@@ -20,7 +20,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `src/turns/` | turn requests (idempotent on the message id), section leases with heartbeat and generation fencing, the `/stop` flag, the budget across resumes, the runner | models, tools or chats (the work is injected as `TurnWork`); a process-global registry |
-//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions | picking a backend (it asks `SshMode::place` at each call); falling back to local; re-running a call with an unknown outcome |
+//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`approval`) | picking a backend (it asks `SshMode::place` at each call); falling back to local; re-running a call with an unknown outcome |
 //!
 //! **A turn's path.**
 //! ```
@@ -123,6 +123,7 @@
 //! card; `serve` installs `progress::Progress`.
 
 mod answer;
+pub mod approval;
 mod conversation;
 pub mod failing;
 pub mod prompt;
@@ -238,6 +239,19 @@ pub trait ChatOut: Send + Sync + 'static {
         in_thread: bool,
         uuid: &str,
     ) -> anyhow::Result<()>;
+    /// Whether this channel can show an approval card and take its answer. Without it a call
+    /// the guard asks about is refused.
+    fn can_ask(&self) -> bool {
+        false
+    }
+    /// Posts the approval card of a parked call (idempotent per turn and call), or rewrites
+    /// it when `card.parked.card_message_id` is set; returns the card's message id.
+    async fn show_approval(
+        &self,
+        _card: &approval::ApprovalCard,
+    ) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 /// A step of a turn, for a live progress view.

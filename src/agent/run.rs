@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
+use super::approval::{self, Park, Resumed};
 use super::conversation::{self, Flush, Kind, Mark, Stored};
 use super::{AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepEvent, answer, prompt, tools};
 use crate::lark::client::idempotency_key;
@@ -499,10 +500,35 @@ async fn run_calls(
             Some(m) if m.key == key => (true, m.resolved),
             _ => (false, None),
         };
+        // Who allowed this call, when it waited for a person and was allowed.
+        let mut allowed_by: Option<String> = None;
         if has(stored, Kind::ToolStarted, &key) && !ours {
-            let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "interrupted": true});
-            store_result(turn, stored, &key, call, INTERRUPTED, event, None).await?;
-            continue;
+            let short = tools::short_form(call);
+            let settled = match approval::resumed(deps, turn, &key).await {
+                Ok(r) => r,
+                Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+                Err(e) => return Err(e.into()),
+            };
+            match settled {
+                Resumed::Run { by } => allowed_by = Some(by),
+                Resumed::Wait => return Ok(Some(Halt::Leave)),
+                Resumed::Result(text) => {
+                    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "not run"});
+                    store_result(turn, stored, &key, call, &text, event, None).await?;
+                    continue;
+                }
+                Resumed::Stopped(text) => {
+                    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "stopped"});
+                    store_result(turn, stored, &key, call, &text, event, None).await?;
+                    turn.cancel.cancel(CancelReason::Stop);
+                    return Ok(halted(turn, stored));
+                }
+                Resumed::NotParked | Resumed::Interrupted => {
+                    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
+                    store_result(turn, stored, &key, call, INTERRUPTED, event, None).await?;
+                    continue;
+                }
+            }
         }
         if let Some(h) = halted(turn, stored) {
             if ours && matches!(h, Halt::Leave) {
@@ -517,7 +543,7 @@ async fn run_calls(
             // An ending writes "not run" for every call without a result (`conclude`).
             return Ok(Some(h));
         }
-        if !ours {
+        if !ours && allowed_by.is_none() {
             let mark = conversation::start_mark();
             match conversation::append(&turn.fence, turn.id, Kind::ToolStarted, Some(&key), &mark)
                 .await
@@ -549,8 +575,61 @@ async fn run_calls(
             call,
             turn.cancel.token(),
             resolved,
+            allowed_by.is_some(),
         )
         .await;
+        let mut result = result;
+        // Allowed in this thread: the same shape runs without asking (it did not run above).
+        let mut in_thread_by: Option<String> = None;
+        if let Some(asked) = &result.asked
+            && allowed_by.is_none()
+            && turn.cancel.reason().is_none()
+            && let Some(by) = approval::covered(deps, turn, asked).await
+        {
+            result = tools::run(
+                deps,
+                &turn.section,
+                &turn.chat_id,
+                call,
+                turn.cancel.token(),
+                None,
+                true,
+            )
+            .await;
+            result.text = format!("allowed in this thread by {by}:\n{}", result.text);
+            in_thread_by = Some(by);
+        }
+        if let Some(asked) = &result.asked
+            && allowed_by.is_none()
+            && in_thread_by.is_none()
+            && turn.cancel.reason().is_none()
+        {
+            match approval::park(deps, turn, &key, asked, &result.text).await {
+                Ok(Park::Waiting) => return Ok(Some(Halt::Leave)),
+                Ok(Park::Allowed) => {
+                    result = tools::run(
+                        deps,
+                        &turn.section,
+                        &turn.chat_id,
+                        call,
+                        turn.cancel.token(),
+                        None,
+                        true,
+                    )
+                    .await;
+                    result.text = format!(
+                        "allowed by this backend's policy (risky: allow):\n{}",
+                        result.text
+                    );
+                }
+                Ok(Park::Refused(text)) => result.text = text,
+                Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(by) = &allowed_by {
+            result.text = format!("allowed by {by}:\n{}", result.text);
+        }
         if let Some(fails) = &result.binding_fails {
             binding_fails(deps, turn, fails, &call.function.name).await;
         }

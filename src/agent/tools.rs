@@ -112,6 +112,21 @@ pub struct ToolResult {
     pub millis: u64,
     /// Set when the call failed because the section's binding no longer passes its checks.
     pub binding_fails: Option<BindingFails>,
+    /// Set when nothing ran because the guard asks a person about this `terminal` command.
+    pub asked: Option<Asked>,
+}
+
+/// A command the guard asks a person about, as it would have run.
+#[derive(Debug, Clone)]
+pub struct Asked {
+    pub command: String,
+    pub reason: String,
+    /// `local` or the target's location (`web · deploy@10.0.0.5`).
+    pub location: String,
+    /// The directory it would start in.
+    pub cwd: String,
+    /// The target's alias; `None` on the service's own machine.
+    pub target: Option<String>,
 }
 
 /// A short, log-safe description of a call (the command or path, clipped).
@@ -191,9 +206,10 @@ pub async fn run(
     call: &ToolCall,
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
+    approved: bool,
 ) -> ToolResult {
     let started = Instant::now();
-    let o = dispatch(deps, section, chat_id, call, cancel, resolved).await;
+    let o = dispatch(deps, section, chat_id, call, cancel, resolved, approved).await;
     let (text, ok) = match o.result {
         Ok(t) => (t, true),
         Err(e) => (format!("error: {e}"), false),
@@ -210,6 +226,7 @@ pub async fn run(
         exit: o.exit,
         millis: started.elapsed().as_millis() as u64,
         binding_fails: o.binding_fails,
+        asked: o.asked,
     }
 }
 
@@ -225,6 +242,7 @@ struct ToolOutcome {
     exit: Option<String>,
     /// Set when the call failed because the section's binding no longer passes its checks.
     binding_fails: Option<BindingFails>,
+    asked: Option<Asked>,
 }
 
 impl ToolOutcome {
@@ -236,6 +254,7 @@ impl ToolOutcome {
             location: None,
             exit: None,
             binding_fails: None,
+            asked: None,
         }
     }
 
@@ -263,6 +282,7 @@ async fn dispatch(
     call: &ToolCall,
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
+    approved: bool,
 ) -> ToolOutcome {
     let tool = call.function.name.as_str();
     let map = match call.parsed_arguments() {
@@ -302,9 +322,21 @@ async fn dispatch(
     };
     let backend = at.place.name().to_string();
     let location = location_of(deps, &at).await;
-    let (result, exit) = task(deps, section, tool, &args, at, &location, cancel).await;
+    let target = match &at.place {
+        Place::Local => None,
+        Place::Target(alias) => Some(alias.clone()),
+    };
+    let (result, exit, asked) =
+        task(deps, section, tool, &args, at, &location, cancel, approved).await;
     ToolOutcome {
         result,
+        asked: asked.map(|(command, reason, cwd)| Asked {
+            command,
+            reason,
+            location: location.clone(),
+            cwd,
+            target,
+        }),
         backend: Some(backend),
         location: Some(location),
         exit,
@@ -383,7 +415,10 @@ async fn location_of(deps: &AgentDeps, at: &Where) -> String {
 
 /// Runs a task tool where `at` says: the workspace permission judged first, then the tool
 /// (its commands read by the judge and the guard), its working directory kept, a refusal
-/// audited. Returns the result and, when a command ran, how it ended.
+/// audited. Returns the result, how a command ended when one ran, and (command, reason,
+/// directory) when the guard asks a person about a `terminal` command, which then did not run.
+/// `approved`: a person allowed this call, so the guard's `ask` does not stop it.
+#[allow(clippy::too_many_arguments)]
 async fn task(
     deps: &AgentDeps,
     section: &str,
@@ -392,8 +427,14 @@ async fn task(
     at: Where,
     location: &str,
     cancel: &CancellationToken,
-) -> (Result<String, String>, Option<String>) {
+    approved: bool,
+) -> (
+    Result<String, String>,
+    Option<String>,
+    Option<(String, String, String)>,
+) {
     let mut exit_out: Option<String> = None;
+    let mut asked: Option<(String, String, String)> = None;
     let result: Result<String, String> = async {
         let Where {
             place,
@@ -428,6 +469,7 @@ async fn task(
         // (a new section, or a new workspace) the shell starts in the workspace.
         let seeded = ws.cwd.clone();
         let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
+        let start_dir = start.clone();
         deps.exec.cwds().set(&backend_name, section, start.clone());
         // What the judge needs: the workspace and the working directory on the backend's host.
         let scope_parts = if ws.permission < Permission::Full {
@@ -481,10 +523,23 @@ async fn task(
                         },
                         workspace: Some(workspace_dir.clone()),
                     };
-                    let r = ops
-                        .terminal(&command, opts, cancel)
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    let cwd_here = match &opts.workdir {
+                        Some(w) => ops.resolve(w).await.unwrap_or_else(|_| w.clone()),
+                        None => start_dir.clone(),
+                    };
+                    let ran = if approved {
+                        ops.terminal_approved(&command, opts, cancel).await
+                    } else {
+                        ops.terminal(&command, opts, cancel).await
+                    };
+                    let r = ran.map_err(|e| {
+                        if let ExecError::Refused(o) = &e
+                            && o.verdict == Verdict::Ask
+                        {
+                            asked = Some((command.clone(), o.reason.clone(), cwd_here.clone()));
+                        }
+                        guard_err(&mut refusal, e)
+                    })?;
                     exit_out = Some(exit_text(&r.output.exit));
                     Ok(format_output(&r.output, Some(&r.cwd)))
                 }
@@ -628,7 +683,7 @@ async fn task(
         }
     }
     .await;
-    (result, exit_out)
+    (result, exit_out, asked)
 }
 
 /// A refusal noted for the audit: by whom (`permission`, `guard`, `workspace`), the verdict

@@ -436,6 +436,46 @@ pub struct AgentConfig {
     pub tool_result_limit: usize,
     /// `SSHMODE_CONTEXT_TOKENS`: the context budget of a section's conversation.
     pub context_tokens: usize,
+    /// `SSHMODE_APPROVAL_TIMEOUT_SECS`: how long a call the guard asks about waits for a
+    /// person before it is denied (default 600 s).
+    pub approval_timeout: Duration,
+    /// `SSHMODE_LOCAL_RISKY`: what a command the guard asks about does in a local section:
+    /// `ask` (default), `refuse` or `allow`. (Targets: `sshmode target set --risky`.)
+    pub local_risky: Risky,
+}
+
+/// What a command the guard asks about does on a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Risky {
+    /// A person decides (an approval card).
+    #[default]
+    Ask,
+    Refuse,
+    /// It runs without asking (catastrophic commands and permission refusals still stop it).
+    Allow,
+}
+
+impl Risky {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risky::Ask => "ask",
+            Risky::Refuse => "refuse",
+            Risky::Allow => "allow",
+        }
+    }
+}
+
+impl FromStr for Risky {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Risky, String> {
+        match s {
+            "ask" => Ok(Risky::Ask),
+            "refuse" => Ok(Risky::Refuse),
+            "allow" => Ok(Risky::Allow),
+            other => Err(format!("`{other}` is not one of ask, refuse, allow")),
+        }
+    }
 }
 
 /// Live progress card tunables (`src/progress/`).
@@ -678,6 +718,13 @@ impl Config {
             tool_timeout: secs("SSHMODE_TOOL_TIMEOUT_SECS", 600)?,
             tool_result_limit: count("SSHMODE_TOOL_RESULT_LIMIT", 16 * 1024)?.max(256),
             context_tokens: count("SSHMODE_CONTEXT_TOKENS", 64_000)?.max(1000),
+            approval_timeout: secs("SSHMODE_APPROVAL_TIMEOUT_SECS", 600)?
+                .max(Duration::from_secs(1)),
+            local_risky: parse_or(
+                "SSHMODE_LOCAL_RISKY",
+                var("SSHMODE_LOCAL_RISKY"),
+                Risky::Ask,
+            )?,
         };
 
         let progress = ProgressConfig {

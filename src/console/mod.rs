@@ -21,6 +21,8 @@
 //! so the section behaves like a thread and `/ssh use` binds in place) and goes through
 //! `chat::dispatch`; requests for the agent are queued as durable turns like any other, and the
 //! console waits on `turns::request_settled` (a bounded poll) before reading the next line.
+//! While a call of the turn waits for approval, the next line answers it inline (`o`, `t`,
+//! `d`); any other line denies it and is then handled as the next message.
 //!
 //! | path | owns | never |
 //! |---|---|---|
@@ -44,6 +46,7 @@ use std::io::{BufRead, Read, Write};
 use crate::chat::{self, Deps, Incoming};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::turns::approval;
 use out::LineReply;
 pub use out::{NoAdminChannel, Terminal};
 
@@ -126,7 +129,13 @@ impl Session {
     /// Reads lines until end of input; each is one message of the section.
     pub async fn repl(&self, section: &str, actor: &str, interactive: bool) -> anyhow::Result<i32> {
         let mut lines = read_lines();
+        // A line read as the answer to an approval that was not one: the next message.
+        let mut carried: Option<String> = None;
         loop {
+            if let Some(text) = carried.take() {
+                carried = self.handle(section, actor, &text, &mut lines).await?;
+                continue;
+            }
             if interactive {
                 let mut err = std::io::stderr().lock();
                 let _ = err.write_all(b"> ");
@@ -153,12 +162,19 @@ impl Session {
             if text.is_empty() {
                 continue;
             }
-            self.handle(section, actor, text).await?;
+            carried = self.handle(section, actor, text, &mut lines).await?;
         }
     }
 
-    /// One message: dispatches it, then waits for the turn it queued (if any) to end.
-    async fn handle(&self, section: &str, actor: &str, text: &str) -> anyhow::Result<()> {
+    /// One message: dispatches it, then waits for the turn it queued (if any) to end. Returns
+    /// a line read as an approval's answer that was not one (to be handled next).
+    async fn handle(
+        &self,
+        section: &str,
+        actor: &str,
+        text: &str,
+        lines: &mut tokio::sync::mpsc::Receiver<Line>,
+    ) -> anyhow::Result<Option<String>> {
         let message_id = format!("{section}:{}", uuid::Uuid::new_v4().simple());
         let msg = Incoming {
             event_id: message_id.clone(),
@@ -176,23 +192,67 @@ impl Session {
             message_id: &message_id,
         };
         chat::dispatch(&self.deps, &msg, &reply).await?;
-        self.wait_turn(section, actor, &message_id).await
+        self.wait_turn(section, actor, &message_id, lines).await
+    }
+
+    /// Answers the call waiting in `section` from the next line: `o`, `t` or `d` (or `once`,
+    /// `thread`, `deny`). Any other line denies it and is returned, to be the next message.
+    async fn answer(
+        &self,
+        section: &str,
+        actor: &str,
+        lines: &mut tokio::sync::mpsc::Receiver<Line>,
+    ) -> anyhow::Result<Option<String>> {
+        let Some((turn_id, key)) = approval::waiting_in(&self.deps.db, section).await? else {
+            return Ok(None);
+        };
+        let line = match lines.recv().await {
+            Some(Line::Text(t)) => Some(t.trim().to_string()),
+            _ => None,
+        };
+        let (scope, carried) = match line.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            Some("o" | "once" | "allow once") => (Some(approval::Scope::Once), None),
+            Some("t" | "thread" | "allow in thread") => (Some(approval::Scope::Thread), None),
+            Some("d" | "deny") => (None, None),
+            // Not an answer (or the end of input): denied, and the line is the next message.
+            _ => (None, line.filter(|l| !l.is_empty())),
+        };
+        approval::decide(
+            &self.deps.db,
+            turn_id,
+            &key,
+            scope,
+            actor,
+            self.deps.config.chat.yolo_ttl,
+        )
+        .await?;
+        Ok(carried)
     }
 
     /// Waits until the turn that took `message_id` has ended (or the request was dropped).
     /// Ctrl-C meanwhile asks the turn to stop, as `/stop` does.
-    async fn wait_turn(&self, section: &str, actor: &str, message_id: &str) -> anyhow::Result<()> {
+    async fn wait_turn(
+        &self,
+        section: &str,
+        actor: &str,
+        message_id: &str,
+        lines: &mut tokio::sync::mpsc::Receiver<Line>,
+    ) -> anyhow::Result<Option<String>> {
         let deadline = tokio::time::Instant::now() + self.turn_wait;
+        let mut carried: Option<String> = None;
         loop {
             match crate::turns::request_settled(&self.deps.db, message_id).await? {
-                None | Some(true) => return Ok(()),
+                None | Some(true) => return Ok(carried),
                 Some(false) => {}
             }
             if tokio::time::Instant::now() >= deadline {
                 self.term.say(
                     "[the task is still running past its budget; going on with the next line]",
                 );
-                return Ok(());
+                return Ok(carried);
+            }
+            if carried.is_none() {
+                carried = self.answer(section, actor, lines).await?;
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}

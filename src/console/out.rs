@@ -1,7 +1,7 @@
 //! The terminal as a chat platform: the dispatcher's [`Reply`] and [`AdminChannel`], the
 //! agent's [`ChatOut`] and its [`StepSink`], all writing plain lines to standard output.
 //! Reactions become short status lines (or nothing); answers are printed once per idempotency
-//! key. Everything printed passes [`printable`]: what a tool or the model wrote cannot move
+//! key; an approval card is printed with its inline question (the read loop takes the answer). Everything printed passes [`printable`]: what a tool or the model wrote cannot move
 //! the cursor, set the title, write the clipboard (OSC 52) or reorder text on the operator's
 //! terminal. Never: reads input or decides anything.
 
@@ -155,6 +155,32 @@ impl ChatOut for Terminal {
     ) -> anyhow::Result<()> {
         self.say_once(uuid, markdown);
         Ok(())
+    }
+
+    fn can_ask(&self) -> bool {
+        true
+    }
+
+    /// The card as lines, with the inline question; the read loop takes the answer.
+    async fn show_approval(
+        &self,
+        card: &agent::approval::ApprovalCard,
+    ) -> anyhow::Result<Option<String>> {
+        let p = &card.parked;
+        let key = format!("approval:{}:{}", p.turn_id, p.call_key);
+        if p.card_message_id.is_some() {
+            let state = p.state.as_str();
+            self.say_once(&format!("{key}:{state}"), &format!("[approval {state}]"));
+        } else {
+            self.say_once(
+                &key,
+                &format!(
+                    "[approval needed: {}]\n  where: {}  directory: {}\n  $ {}\nallow [o]nce / allow in [t]hread / [d]eny?",
+                    p.ask.reason, p.ask.location, p.ask.cwd, p.ask.command
+                ),
+            );
+        }
+        Ok(Some(key))
     }
 }
 

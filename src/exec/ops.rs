@@ -257,6 +257,27 @@ impl Ops {
         opts: RunOptions,
         cancel: &CancellationToken,
     ) -> Result<TerminalResult, ExecError> {
+        self.terminal_as(command, opts, cancel, false).await
+    }
+
+    /// [`Ops::terminal`] for a command a person approved: the guard's `ask` no longer stops
+    /// it, its refusals still do.
+    pub async fn terminal_approved(
+        &self,
+        command: &str,
+        opts: RunOptions,
+        cancel: &CancellationToken,
+    ) -> Result<TerminalResult, ExecError> {
+        self.terminal_as(command, opts, cancel, true).await
+    }
+
+    async fn terminal_as(
+        &self,
+        command: &str,
+        opts: RunOptions,
+        cancel: &CancellationToken,
+        approved: bool,
+    ) -> Result<TerminalResult, ExecError> {
         let workdir = match &opts.workdir {
             Some(w) => Some(self.resolve(w).await?),
             None => None,
@@ -272,9 +293,11 @@ impl Ops {
             env: &opts.env,
             workspace: opts.workspace.as_deref(),
         };
-        self.guard
-            .check_in(command, &context)
-            .map_err(ExecError::Refused)?;
+        match self.guard.check_in(command, &context) {
+            Ok(()) => {}
+            Err(o) if approved && o.verdict == crate::shell::Verdict::Ask => {}
+            Err(o) => return Err(ExecError::Refused(o)),
+        }
         let marker = format!("__sshmode_cwd_{}__", uuid::Uuid::new_v4().simple());
         let mut script = String::with_capacity(command.len() + 256);
         // The EXIT trap reports the final directory on stdout behind a one-time marker that

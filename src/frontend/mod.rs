@@ -1,9 +1,10 @@
 //! The Lark front-end of the chat domain: the inbox [`Handler`] that turns Lark events into
-//! the domain's messages and clicks, the [`Reply`], [`AdminChannel`] and the agent's
+//! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
 //! [`ChatOut`] that answer through the Open API, and the [`LarkTriage`] the callback path asks
 //! (express lane, card toasts) without I/O.
 //! Never: decides what a message means (that is [`crate::chat`]).
 
+pub mod approval_card;
 pub mod card;
 pub mod long_connection;
 
@@ -76,6 +77,9 @@ impl Handler for LarkHandler {
                 };
                 if crate::progress::is_stop_click(&a.action.value) {
                     return self.stop_click(&a).await;
+                }
+                if approval_card::read(&a.action.value).is_some() {
+                    return self.call_click(&a).await;
                 }
                 approval::apply_click(
                     &self.deps,
@@ -164,6 +168,28 @@ impl LarkHandler {
             Some(Err(e)) => Err(e.context("stopping a turn from its progress card")),
             None => Ok(()),
         }
+    }
+
+    /// A click on a parked call's approval card: recorded (or refused) and audited, then the
+    /// card rewritten to show who decided and when.
+    async fn call_click(&self, a: &CardAction) -> anyhow::Result<()> {
+        let operator = a.operator.open_id.as_str();
+        let applied = approval_card::apply(
+            &self.deps.db,
+            &a.action.value,
+            operator,
+            self.deps.config.is_admin(operator),
+            &a.context.open_message_id,
+            self.deps.config.chat.yolo_ttl,
+        )
+        .await?;
+        if let Some((message_id, card)) = applied.rewrite
+            && let Err(e) = self.lark.edit(&message_id, &Content::Card(card)).await
+        {
+            // The decision stands; only the card shows it late.
+            tracing::warn!(lark.message_id = %message_id, error = %e, "updating an approval card failed");
+        }
+        Ok(())
     }
 
     /// The domain message of a message event; `None` for bots and unreadable bodies.
@@ -346,7 +372,11 @@ impl LarkTriage {
                 };
             return json!({ "toast": { "type": kind, "content": text } });
         }
-        match approval::click_toast(self.config.is_admin(&a.operator.open_id), &a.action.value) {
+        let is_admin = self.config.is_admin(&a.operator.open_id);
+        if let Some(t) = approval_card::toast(&a.action.value, &a.operator.open_id, is_admin) {
+            return json!({ "toast": { "type": t.kind, "content": t.text } });
+        }
+        match approval::click_toast(is_admin, &a.action.value) {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),
         }
@@ -386,6 +416,33 @@ impl ChatOut for LarkClient {
         self.reply(message_id, &content, in_thread, uuid, Some(chat_id))
             .await?;
         Ok(())
+    }
+
+    fn can_ask(&self) -> bool {
+        true
+    }
+
+    async fn show_approval(
+        &self,
+        c: &crate::agent::approval::ApprovalCard,
+    ) -> anyhow::Result<Option<String>> {
+        let content = Content::Card(approval_card::card(&c.parked));
+        if let Some(id) = &c.parked.card_message_id {
+            self.edit(id, &content).await?;
+            return Ok(Some(id.clone()));
+        }
+        // The uuid makes the post idempotent per (turn, call): a resumed runner posts nothing new.
+        let key = format!("turn:{}:{}", c.parked.turn_id, c.parked.call_key);
+        let sent = self
+            .reply(
+                &c.reply_to,
+                &content,
+                c.in_thread,
+                &idempotency_key(&key, "approval"),
+                Some(&c.chat_id),
+            )
+            .await?;
+        Ok(Some(sent.message_id))
     }
 }
 

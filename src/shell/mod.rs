@@ -17,6 +17,7 @@
 pub mod effects;
 pub mod expand;
 pub mod parse;
+pub mod shape;
 pub mod spec;
 
 /// Longest command either policy examines; longer ones are refused.

@@ -74,7 +74,7 @@ pub struct AllowArgs {
 /// `sshmode target set <alias> [--workspace DIR] [--permission read|read-write|full]
 /// [--jump ALIAS | --no-jump]`
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission", "jump", "no_jump"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission", "jump", "no_jump", "approvers", "risky"])))]
 pub struct SetArgs {
     pub alias: String,
     /// Where the target's sections start: an absolute directory or `~/…` on the target;
@@ -90,6 +90,17 @@ pub struct SetArgs {
     /// Reach the target directly again.
     #[arg(long)]
     pub no_jump: bool,
+    /// Who answers the target's approval cards: admins (default), or the requester too.
+    #[arg(long, value_name = "WHO", value_parser = ["admins", "requester"])]
+    pub approvers: Option<String>,
+    /// What a command the guard asks about does on the target: ask (default, an approval
+    /// card), refuse, or allow without asking.
+    #[arg(long, value_name = "POLICY", value_parser = parse_risky)]
+    pub risky: Option<crate::config::Risky>,
+}
+
+fn parse_risky(s: &str) -> Result<crate::config::Risky, String> {
+    s.parse()
 }
 
 fn parse_permission(s: &str) -> Result<crate::workspace::Permission, String> {
@@ -276,6 +287,22 @@ pub async fn run_with(
             Ok(0)
         }
         TargetCmd::Set(a) => {
+            if a.approvers.is_some() || a.risky.is_some() {
+                let p = super::policy::set(db, &a.alias, a.approvers.as_deref(), a.risky, ACTOR)
+                    .await
+                    .map_err(user_error)?;
+                writeln!(
+                    out,
+                    "target `{}`: approvals answered by {}, risky commands: {}",
+                    a.alias,
+                    p.approvers,
+                    p.risky.as_str()
+                )?;
+                if a.workspace.is_none() && a.permission.is_none() && a.jump.is_none() && !a.no_jump
+                {
+                    return Ok(0);
+                }
+            }
             let settings = super::Settings {
                 workspace: a
                     .workspace

@@ -15,6 +15,7 @@
 
 pub mod allow;
 pub mod cli;
+pub mod policy;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

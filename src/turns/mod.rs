@@ -11,9 +11,13 @@
 //! [`CancelReason`]. Every write the work makes goes through its [`Fence`], which refuses it
 //! once the section has been claimed by someone else.
 //!
+//! A call waiting for a person's approval parks its turn ([`approval`]): the runner lets go
+//! of the section, which no runner claims until the decision, the deadline or a `/stop`.
+//!
 //! Never: knows models, tools or chats (the work is injected); keeps a process-global registry
 //! of who runs what (replicas share only the database).
 
+pub mod approval;
 mod runner;
 mod store;
 

@@ -122,7 +122,8 @@ pub(super) struct Lease {
 }
 
 /// Claims the pending section with the oldest work whose lease is free or expired, among the
-/// sections `scope` covers.
+/// sections `scope` covers, leaving alone a section whose call waits for approval
+/// ([`super::approval::PARKED`]).
 pub(super) async fn claim(
     db: &PgPool,
     holder: &str,
@@ -134,7 +135,7 @@ pub(super) async fn claim(
         super::SectionFilter::Only(s) => (Some(s.as_str()), None),
         super::SectionFilter::Except(prefix) => (None, Some(prefix.as_str())),
     };
-    let row = sqlx::query(
+    let row = sqlx::query(&format!(
         "UPDATE turn_sections s
             SET generation = s.generation + 1, holder = $1,
                 lease_until = now() + make_interval(secs => $2)
@@ -143,12 +144,14 @@ pub(super) async fn claim(
                  WHERE c.pending AND (c.holder IS NULL OR c.lease_until < now())
                    AND ($3::text IS NULL OR c.section_id = $3)
                    AND ($4::text IS NULL OR NOT starts_with(c.section_id, $4))
+                   AND NOT {parked}
                  ORDER BY (SELECT min(r.id) FROM turn_requests r
                             WHERE r.section_id = c.section_id AND r.turn_id IS NULL
                               AND r.dropped_at IS NULL) NULLS FIRST
                  LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING s.section_id, s.generation",
-    )
+        parked = super::approval::PARKED
+    ))
     .bind(holder)
     .bind(lease.as_secs_f64())
     .bind(only)
@@ -239,8 +242,22 @@ pub(super) async fn open_turn(
     budget: Duration,
 ) -> Result<Option<ActiveTurn>, Fenced> {
     let mut tx = fence.begin().await?;
+    // A turn whose call waits for a person is left alone (the section stays occupied).
+    let parked: bool = sqlx::query_scalar(&format!(
+        "SELECT {} FROM (SELECT $1::text AS section_id) c",
+        super::approval::PARKED
+    ))
+    .bind(&fence.section)
+    .fetch_one(&mut *tx)
+    .await?;
+    if parked {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    // Resuming a parked turn after its decision is not another attempt.
     let running = sqlx::query(
-        "UPDATE turns SET attempts = attempts + 1
+        "UPDATE turns SET attempts = attempts + CASE WHEN parked THEN 0 ELSE 1 END,
+                          parked = false
           WHERE section_id = $1 AND state = 'running'
          RETURNING id, chat_id, attempts, spent_ms, answered_at IS NOT NULL",
     )

@@ -362,3 +362,57 @@ async fn console_sections_are_run_by_their_console_only() {
     );
     app.stop().await;
 }
+
+/// The console asks inline; with piped input the next line answers, and a line that is not
+/// an answer denies the call and is then the next message.
+#[tokio::test]
+async fn console_asks_inline_and_the_next_piped_line_answers() {
+    let env = Env {
+        db_url: fresh_database().await,
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: FakeProvider::start().await,
+    };
+    env.llm
+        .push(MODEL, terminal("echo first_ran && rm -rf \"$NOPE_DIR\""))
+        .push(MODEL, echo("first: "))
+        .push(MODEL, terminal("echo second_ran && rm -r \"$NOPE_DIR\""))
+        .push(MODEL, echo("second: "))
+        .push(MODEL, crate::fake_llm::text(MODEL, "third: an answer"));
+    let (code, out, err) = env
+        .chat(&[], &["run the first", "o", "run the second", "what now?"])
+        .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out.matches("allow [o]nce / allow in [t]hread / [d]eny?")
+            .count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        line(&out, "first: ").contains("allowed by console:"),
+        "{out}"
+    );
+    assert!(line(&out, "first: ").contains("first_ran"), "{out}");
+    let second = line(&out, "second: ");
+    assert!(
+        second.contains("denied by console:") && !second.contains("second_ran"),
+        "{out}"
+    );
+    assert!(out.contains("third: an answer"), "{out}");
+    let asked: Vec<String> = env
+        .llm
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r.body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .and_then(|m| m["content"].as_str().map(str::to_string))
+        })
+        .collect();
+    assert_eq!(
+        asked.last().map(String::as_str),
+        Some("what now?"),
+        "{asked:?}"
+    );
+}

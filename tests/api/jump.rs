@@ -627,6 +627,8 @@ async fn a_pending_disabled_or_removed_jump_host_fails_the_targets_behind_it() {
             permission: None,
             jump: None,
             no_jump: true,
+            approvers: None,
+            risky: None,
         }),
     )
     .await;
@@ -717,6 +719,8 @@ async fn a_loop_of_jump_hosts_is_refused_when_set_and_when_connecting() {
             permission: None,
             jump: Some(jump.into()),
             no_jump: false,
+            approvers: None,
+            risky: None,
         })
     };
     let (r, _) = cli(&app, set_jump("ra", "rc"), "").await;

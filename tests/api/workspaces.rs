@@ -59,7 +59,9 @@ struct Backend {
 
 /// The app with a fake model and chat control; with `remote`, a target `web` on a fresh sshd.
 async fn env(remote: bool) -> Env {
-    let b = Env::builder();
+    // These tests are about permissions: a command the guard asks about is refused here
+    // (approvals have their own tests).
+    let b = Env::builder().vars(&[("SSHMODE_LOCAL_RISKY", "refuse")]);
     if remote { b.target("web") } else { b }.spawn().await
 }
 
@@ -197,6 +199,7 @@ async fn setup(remote: bool, prefix: &str) -> (Env, String, Backend, PathBuf) {
     let (b, marker) = prepare(&env, &section, remote);
     if remote {
         set_max(&env.app, "web", "full").await;
+        refuse_risky(&env.app, "web").await;
     }
     (env, section, b, marker)
 }
@@ -370,6 +373,28 @@ async fn read_write_keeps_changes_inside_the_workspace_on_a_target() {
     read_write_stays_inside(true).await;
 }
 
+async fn refuse_risky(app: &TestApp, alias: &str) {
+    let mut out = Vec::new();
+    let r = run_with(
+        TargetCmd::Set(SetArgs {
+            alias: alias.into(),
+            workspace: None,
+            permission: None,
+            jump: None,
+            no_jump: false,
+            approvers: None,
+            risky: Some(sshmode::config::Risky::Refuse),
+        }),
+        &app.state.config,
+        &app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
 async fn set_max(app: &TestApp, alias: &str, p: &str) {
     let mut out = Vec::new();
     let r = run_with(
@@ -379,6 +404,8 @@ async fn set_max(app: &TestApp, alias: &str, p: &str) {
             permission: Permission::parse(p),
             jump: None,
             no_jump: false,
+            approvers: None,
+            risky: None,
         }),
         &app.state.config,
         &app.state.db,
@@ -403,7 +430,7 @@ async fn full_is_the_guard_alone(remote: bool) {
                 json!({"command": "rm f && rm -r d && echo gone"}),
             ),
             ("terminal", json!({"command": "rm -rf /"})),
-            // Risky: a person should decide, and until approvals exist it is refused.
+            // Risky: a person should decide; with the policy `refuse` it is refused.
             (
                 "terminal",
                 json!({"command": "echo touch asked | base64 -d | sh"}),

@@ -70,8 +70,8 @@ pub struct Context<'a> {
 }
 
 /// Why a command may not run now: refused outright, or (`verdict` [`Verdict::Ask`]) risky
-/// enough that a person should decide, which is refused too until approvals exist — written
-/// for the model that asked.
+/// enough that a person should decide (the agent parks the call for an approval where it
+/// can) — written for the model that asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Objection {
@@ -95,15 +95,15 @@ impl Objection {
         }
     }
 
-    /// A command a person should decide on. Until approvals exist it is refused, with a
-    /// message naming the reason.
+    /// A command a person should decide on. Where nobody can be asked (no approval card
+    /// here, or a command too long to show) it is refused, with a message naming the reason.
     pub(super) fn ask(rule: &str, reason: String) -> Objection {
         Objection {
             rule: rule.to_owned(),
             verdict: Verdict::Ask,
             message: format!(
-                "refused: this needs a person's approval, and approving commands is not \
-                 available yet: {reason}; do it another way or ask the user to run it"
+                "refused: this needs a person's approval, and nobody could be asked here: \
+                 {reason}; do it another way or ask the user to run it"
             ),
             reason,
         }

@@ -1,0 +1,244 @@
+//! A call the guard asks about, in a turn: parked for a person ([`park`]), and settled when
+//! the turn resumes ([`resumed`]): allowed (it runs, once, after its start is recorded),
+//! denied, unanswered past its deadline, or ended by `/stop`. The model reads one clear
+//! result for each ("allowed by …" and the output, "denied by …", "no answer in …").
+//!
+//! The card goes out through [`super::ChatOut::show_approval`]; where nobody can be asked (no card
+//! channel) or the command is too long to show whole, the call stays refused.
+
+use serde_json::json;
+
+use super::AgentDeps;
+use super::tools::Asked;
+use crate::config::Risky;
+use crate::turns::approval::{self as parked, ApprovalState, Approvers, Ask, Parked};
+use crate::turns::{ActiveTurn, Fenced};
+
+/// The longest command an approval card shows (bytes); a longer one is refused, not asked:
+/// nobody approves what they cannot read.
+pub const MAX_SHOWN_COMMAND: usize = 2000;
+
+/// What a card for a parked call needs: where to post it and what it shows.
+#[derive(Debug, Clone)]
+pub struct ApprovalCard {
+    pub chat_id: String,
+    /// The turn's latest message, which the card answers in its thread.
+    pub reply_to: String,
+    pub in_thread: bool,
+    pub parked: Parked,
+}
+
+/// What a parked call's resume comes to.
+pub(super) enum Resumed {
+    /// Never parked: a start mark without a result is an interrupted call.
+    NotParked,
+    /// Allowed and started before, with no result: its outcome is unknown.
+    Interrupted,
+    /// Still waiting (a claim raced the decision): leave the turn parked.
+    Wait,
+    /// Allowed by this person: run it now (its start is recorded).
+    Run { by: String },
+    /// Not run: the model receives this.
+    Result(String),
+    /// `/stop` ended the wait; the model receives this and the turn stops.
+    Stopped(String),
+}
+
+/// Settles the parked call `key` of a resumed turn, if it was parked.
+pub(super) async fn resumed(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    key: &str,
+) -> Result<Resumed, Fenced> {
+    let Some(p) = parked::get(turn.fence.db(), turn.id, key).await? else {
+        return Ok(Resumed::NotParked);
+    };
+    Ok(match p.state {
+        ApprovalState::Waiting if p.stop_requested => {
+            parked::settle(&turn.fence, turn.id, key, ApprovalState::Stopped).await?;
+            show(deps, turn, key).await;
+            Resumed::Stopped(STOPPED.into())
+        }
+        ApprovalState::Waiting if p.overdue => {
+            if !parked::settle(&turn.fence, turn.id, key, ApprovalState::Expired).await? {
+                // A decision landed between the read and the settle: read it again.
+                return Box::pin(resumed(deps, turn, key)).await;
+            }
+            show(deps, turn, key).await;
+            Resumed::Result(no_answer(deps))
+        }
+        ApprovalState::Waiting => Resumed::Wait,
+        ApprovalState::Allowed if p.started => Resumed::Interrupted,
+        ApprovalState::Allowed => {
+            parked::mark_started(&turn.fence, turn.id, key).await?;
+            Resumed::Run {
+                by: p.decided_by.unwrap_or_default(),
+            }
+        }
+        ApprovalState::Denied => Resumed::Result(format!(
+            "denied by {}: the command was not run. Do not retry it; do it another way or ask the user.",
+            p.decided_by.unwrap_or_default()
+        )),
+        ApprovalState::Expired => Resumed::Result(no_answer(deps)),
+        ApprovalState::Stopped => Resumed::Stopped(STOPPED.into()),
+    })
+}
+
+const STOPPED: &str = "not run: /stop ended the wait for a person's approval.";
+
+fn no_answer(deps: &AgentDeps) -> String {
+    let secs = deps.config.approval_timeout.as_secs();
+    let wait = if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
+    };
+    format!(
+        "denied: no answer in {wait} to the approval card, so the command was not run. \
+         Do it another way or ask the user."
+    )
+}
+
+/// What [`park`] did.
+pub(super) enum Park {
+    /// The call waits for a person; leave the turn.
+    Waiting,
+    /// The backend's policy allows it without asking: run it.
+    Allowed,
+    /// Nobody can be asked: the call stays refused, with this text.
+    Refused(String),
+}
+
+/// Parks a call the guard asks about: the row first (fenced), then its card (idempotent per
+/// turn and call). `refused` is the text the call would get without anyone to ask.
+pub(super) async fn park(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    key: &str,
+    asked: &Asked,
+    refused: &str,
+) -> Result<Park, Fenced> {
+    // The backend's policy: local sections answer to their requester, targets to theirs.
+    let (risky, approvers) = match &asked.target {
+        None => (deps.config.local_risky, Approvers::Requester),
+        Some(alias) => match crate::target::policy::get(&deps.db, alias).await {
+            Ok(p) => (
+                p.risky,
+                Approvers::parse(&p.approvers).unwrap_or(Approvers::Admins),
+            ),
+            // Unreadable: asked, of admins (the strictest that still lets work go on).
+            Err(e) => {
+                tracing::warn!(turn.section = %turn.section, error = %e, "reading a target's approval policy failed");
+                (Risky::Ask, Approvers::Admins)
+            }
+        },
+    };
+    // Headed like every task tool's error, with where it would have run.
+    let refuse = |why: String| Park::Refused(format!("[{}] error: {why}", asked.location));
+    match risky {
+        Risky::Allow => return Ok(Park::Allowed),
+        Risky::Refuse => {
+            return Ok(refuse(format!(
+                "refused: this needs a person's approval ({}), and this backend's policy                  refuses such commands instead of asking. Do it another way.",
+                asked.reason
+            )));
+        }
+        Risky::Ask => {}
+    }
+    if !deps.out.can_ask() {
+        return Ok(Park::Refused(refused.to_string()));
+    }
+    if asked.command.len() > MAX_SHOWN_COMMAND {
+        return Ok(refuse(format!(
+            "refused: this needs a person's approval ({}), and the command is too long \
+             ({} bytes, at most {MAX_SHOWN_COMMAND}) to show whole on an approval card. \
+             Split it into shorter commands.",
+            asked.reason,
+            asked.command.len()
+        )));
+    }
+    let Some(last) = turn.messages.last() else {
+        return Ok(Park::Refused(refused.to_string()));
+    };
+    let ask = Ask {
+        command: asked.command.clone(),
+        reason: asked.reason.clone(),
+        location: asked.location.clone(),
+        cwd: asked.cwd.clone(),
+        requester: last.sender.clone(),
+        approvers,
+    };
+    let p = parked::park(
+        &turn.fence,
+        turn.id,
+        key,
+        &ask,
+        deps.config.approval_timeout,
+    )
+    .await?;
+    if let Err(e) = crate::eventlog::append(
+        &deps.db,
+        &turn.section,
+        "agent.approval",
+        json!({"turn": turn.id, "call": key, "state": "waiting",
+               "reason": ask.reason, "approvers": ask.approvers.as_str()}),
+    )
+    .await
+    {
+        tracing::warn!(turn.section = %turn.section, error = %e, "event log append failed");
+    }
+    if p.card_message_id.is_none() {
+        post(deps, turn, p).await;
+    }
+    Ok(Park::Waiting)
+}
+
+fn card(turn: &ActiveTurn, parked: Parked) -> Option<ApprovalCard> {
+    let last = turn.messages.last()?;
+    Some(ApprovalCard {
+        chat_id: turn.chat_id.clone(),
+        reply_to: last.message_id.clone(),
+        in_thread: last.in_thread,
+        parked,
+    })
+}
+
+async fn post(deps: &AgentDeps, turn: &ActiveTurn, p: Parked) {
+    let Some(c) = card(turn, p) else { return };
+    match deps.out.show_approval(&c).await {
+        Ok(Some(id)) => {
+            if let Err(e) = parked::set_card(&deps.db, turn.id, &c.parked.call_key, &id).await {
+                tracing::warn!(turn.section = %turn.section, error = %e, "recording an approval card failed");
+            }
+        }
+        Ok(None) => {}
+        // The wait goes on; it ends at its deadline if nobody can answer.
+        Err(e) => {
+            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "posting an approval card failed")
+        }
+    }
+}
+
+/// Shows a settled wait on its card (expired, stopped).
+async fn show(deps: &AgentDeps, turn: &ActiveTurn, key: &str) {
+    match parked::get(&deps.db, turn.id, key).await {
+        Ok(Some(p)) if p.card_message_id.is_some() => post(deps, turn, p).await,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(turn.section = %turn.section, error = %e, "reading an approval failed")
+        }
+    }
+}
+
+/// Who allowed commands of this one's shape in this thread, if an allowance covers it.
+pub(super) async fn covered(deps: &AgentDeps, turn: &ActiveTurn, asked: &Asked) -> Option<String> {
+    match parked::allowed_in_thread(&deps.db, &turn.section, &asked.location, &asked.command).await
+    {
+        Ok(by) => by,
+        Err(e) => {
+            // Not covered: the call is asked about, the safe way.
+            tracing::warn!(turn.section = %turn.section, error = %e, "reading thread allowances failed");
+            None
+        }
+    }
+}

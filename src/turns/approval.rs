@@ -1,0 +1,401 @@
+//! Parked calls: a tool call the guard asks about waits in `call_approvals` for a person's
+//! decision. Owns that table. Parking writes the row (fenced) and marks the turn `parked`;
+//! while a row of a running turn is `waiting`, before its deadline and without a stop, no
+//! runner claims the section ([`PARKED`] in the claim), so the turn holds no lease and no
+//! worker and its wait is not charged to its budget, while the section stays occupied.
+//! A decision ([`decide`]) re-queues the section and wakes the runners; a passed deadline or
+//! a `/stop` makes the section claimable again, and the resumed turn settles the wait.
+//! "Allow in this thread" also covers later commands of the same shape
+//! ([`crate::shell::shape`]) at the same location in the section, until the thread's yolo
+//! TTL or `/ssh yolo off` ([`allowed_in_thread`], [`end_thread_allowances`]).
+//!
+//! Never: knows cards, chats or who is allowed to decide (the caller checks that first).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+
+use super::store::{CHANNEL, Fence, Fenced};
+
+/// The SQL condition, on a `turn_sections` row aliased `c`, that its section has a parked
+/// call still waiting: such a section is not claimed.
+pub(crate) const PARKED: &str =
+    "EXISTS (SELECT 1 FROM call_approvals a JOIN turns t ON t.id = a.turn_id
+     WHERE a.section_id = c.section_id AND a.state = 'waiting' AND t.state = 'running'
+       AND a.deadline > now() AND t.stop_requested_at IS NULL)";
+
+/// Who may answer a parked call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approvers {
+    /// Any admin (`SSHMODE_ADMINS`).
+    Admins,
+    /// The sender of the turn's latest message.
+    Requester,
+}
+
+impl Approvers {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approvers::Admins => "admins",
+            Approvers::Requester => "requester",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Approvers> {
+        match s {
+            "admins" => Some(Approvers::Admins),
+            "requester" => Some(Approvers::Requester),
+            _ => None,
+        }
+    }
+}
+
+/// Where a parked call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalState {
+    Waiting,
+    Allowed,
+    Denied,
+    /// Nobody answered before the deadline.
+    Expired,
+    /// `/stop` ended the wait.
+    Stopped,
+}
+
+impl ApprovalState {
+    fn parse(s: &str) -> ApprovalState {
+        match s {
+            "allowed" => ApprovalState::Allowed,
+            "denied" => ApprovalState::Denied,
+            "expired" => ApprovalState::Expired,
+            "stopped" => ApprovalState::Stopped,
+            _ => ApprovalState::Waiting,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Waiting => "waiting",
+            ApprovalState::Allowed => "allowed",
+            ApprovalState::Denied => "denied",
+            ApprovalState::Expired => "expired",
+            ApprovalState::Stopped => "stopped",
+        }
+    }
+}
+
+/// How far an allowance reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Once,
+    /// The same command shape in this thread, until its yolo TTL.
+    Thread,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Once => "once",
+            Scope::Thread => "thread",
+        }
+    }
+}
+
+/// What a parked call shows a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub command: String,
+    pub reason: String,
+    pub location: String,
+    pub cwd: String,
+    pub requester: String,
+    pub approvers: Approvers,
+}
+
+/// One parked call, as stored.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    pub turn_id: i64,
+    pub call_key: String,
+    pub section: String,
+    pub state: ApprovalState,
+    pub scope: Option<Scope>,
+    pub ask: Ask,
+    pub deadline: DateTime<Utc>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub started: bool,
+    pub card_message_id: Option<String>,
+    /// Whether the deadline has passed (read with the row, by the database's clock).
+    pub overdue: bool,
+    /// Whether a `/stop` is pending on the turn.
+    pub stop_requested: bool,
+}
+
+const COLUMNS: &str = "a.turn_id, a.call_key, a.section_id, a.state, a.scope, a.command, a.reason,
+    a.location, a.cwd, a.requester, a.approvers, a.deadline, a.decided_by, a.decided_at,
+    a.started_at IS NOT NULL, a.card_message_id, a.deadline <= now(),
+    t.stop_requested_at IS NOT NULL";
+
+fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
+    let scope: Option<String> = r.try_get(4)?;
+    let approvers: String = r.try_get(10)?;
+    Ok(Parked {
+        turn_id: r.try_get(0)?,
+        call_key: r.try_get(1)?,
+        section: r.try_get(2)?,
+        state: ApprovalState::parse(r.try_get::<&str, _>(3)?),
+        scope: scope.map(|s| {
+            if s == "thread" {
+                Scope::Thread
+            } else {
+                Scope::Once
+            }
+        }),
+        ask: Ask {
+            command: r.try_get(5)?,
+            reason: r.try_get(6)?,
+            location: r.try_get(7)?,
+            cwd: r.try_get(8)?,
+            requester: r.try_get(9)?,
+            approvers: Approvers::parse(&approvers).unwrap_or(Approvers::Admins),
+        },
+        deadline: r.try_get(11)?,
+        decided_by: r.try_get(12)?,
+        decided_at: r.try_get(13)?,
+        started: r.try_get(14)?,
+        card_message_id: r.try_get(15)?,
+        overdue: r.try_get(16)?,
+        stop_requested: r.try_get(17)?,
+    })
+}
+
+/// The parked call `key` of `turn_id`, if it was ever parked.
+pub async fn get(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<Option<Parked>> {
+    sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM call_approvals a JOIN turns t ON t.id = a.turn_id
+          WHERE a.turn_id = $1 AND a.call_key = $2"
+    ))
+    .bind(turn_id)
+    .bind(key)
+    .fetch_optional(db)
+    .await?
+    .as_ref()
+    .map(row)
+    .transpose()
+}
+
+/// Parks call `key` of `turn_id` (idempotent: a second park of the same call changes
+/// nothing) and marks the turn parked. Returns the stored row.
+pub async fn park(
+    fence: &Fence,
+    turn_id: i64,
+    key: &str,
+    ask: &Ask,
+    timeout: Duration,
+) -> Result<Parked, Fenced> {
+    let mut tx = fence.begin().await?;
+    sqlx::query(
+        "INSERT INTO call_approvals (turn_id, call_key, section_id, command, reason, location,
+                                     cwd, requester, approvers, deadline, shape)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11)
+         ON CONFLICT (turn_id, call_key) DO NOTHING",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .bind(fence.section())
+    .bind(&ask.command)
+    .bind(&ask.reason)
+    .bind(&ask.location)
+    .bind(&ask.cwd)
+    .bind(&ask.requester)
+    .bind(ask.approvers.as_str())
+    .bind(timeout.as_secs_f64())
+    .bind(crate::shell::shape::shape(&ask.command))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE turns SET parked = true WHERE id = $1")
+        .bind(turn_id)
+        .execute(&mut *tx)
+        .await?;
+    let parked = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM call_approvals a JOIN turns t ON t.id = a.turn_id
+          WHERE a.turn_id = $1 AND a.call_key = $2"
+    ))
+    .bind(turn_id)
+    .bind(key)
+    .fetch_one(&mut *tx)
+    .await?;
+    let parked = row(&parked)?;
+    tx.commit().await?;
+    Ok(parked)
+}
+
+/// Records the card posted for a parked call.
+pub async fn set_card(db: &PgPool, turn_id: i64, key: &str, message_id: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE call_approvals SET card_message_id = $3
+          WHERE turn_id = $1 AND call_key = $2 AND card_message_id IS NULL",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .bind(message_id)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Ends a wait that nobody answered: `state` is [`ApprovalState::Expired`] or
+/// [`ApprovalState::Stopped`]. Returns false when a decision got there first.
+pub async fn settle(
+    fence: &Fence,
+    turn_id: i64,
+    key: &str,
+    state: ApprovalState,
+) -> Result<bool, Fenced> {
+    let mut tx = fence.begin().await?;
+    let n = sqlx::query(
+        "UPDATE call_approvals SET state = $3, decided_at = now()
+          WHERE turn_id = $1 AND call_key = $2 AND state = 'waiting'",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .bind(state.as_str())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(n == 1)
+}
+
+/// Marks an allowed call started, before it runs: from here its outcome is unknown until
+/// its result is stored.
+pub async fn mark_started(fence: &Fence, turn_id: i64, key: &str) -> Result<(), Fenced> {
+    let mut tx = fence.begin().await?;
+    sqlx::query(
+        "UPDATE call_approvals SET started_at = now()
+          WHERE turn_id = $1 AND call_key = $2 AND state = 'allowed' AND started_at IS NULL",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// What [`decide`] did.
+#[derive(Debug, Clone)]
+pub enum Decided {
+    /// The decision was recorded; the section is re-queued.
+    Applied(Parked),
+    /// The call was decided (or its wait ended) before: nothing changed.
+    Already(Parked),
+    /// No such parked call.
+    Unknown,
+}
+
+/// Records a person's decision on a waiting call (`scope` `None` = deny), re-queues the
+/// section and wakes the runners. An allowance in the thread holds for `thread_for` (the
+/// yolo TTL). The caller has checked that `by` may decide.
+pub async fn decide(
+    db: &PgPool,
+    turn_id: i64,
+    key: &str,
+    scope: Option<Scope>,
+    by: &str,
+    thread_for: Duration,
+) -> sqlx::Result<Decided> {
+    let mut tx = db.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE call_approvals SET state = $3, scope = $4, decided_by = $5, decided_at = now(),
+                thread_until = CASE WHEN $4 = 'thread' THEN now() + make_interval(secs => $6) END
+          WHERE turn_id = $1 AND call_key = $2 AND state = 'waiting' AND deadline > now()
+          RETURNING section_id",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .bind(if scope.is_some() { "allowed" } else { "denied" })
+    .bind(scope.map(Scope::as_str))
+    .bind(by)
+    .bind(thread_for.as_secs_f64())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(r) = &updated {
+        let section: String = r.try_get(0)?;
+        sqlx::query("UPDATE turn_sections SET pending = true WHERE section_id = $1")
+            .bind(&section)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(&section)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let now = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM call_approvals a JOIN turns t ON t.id = a.turn_id
+          WHERE a.turn_id = $1 AND a.call_key = $2"
+    ))
+    .bind(turn_id)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(match (now.as_ref().map(row).transpose()?, updated) {
+        (None, _) => Decided::Unknown,
+        (Some(p), Some(_)) => Decided::Applied(p),
+        (Some(p), None) => Decided::Already(p),
+    })
+}
+
+/// Who allowed commands of this shape, at this location, in this section, while that
+/// allowance holds; `None` when nothing covers it (a command without a shape never is).
+pub async fn allowed_in_thread(
+    db: &PgPool,
+    section: &str,
+    location: &str,
+    command: &str,
+) -> sqlx::Result<Option<String>> {
+    let Some(shape) = crate::shell::shape::shape(command) else {
+        return Ok(None);
+    };
+    sqlx::query_scalar(
+        "SELECT decided_by FROM call_approvals
+          WHERE section_id = $1 AND shape = $2 AND location = $3 AND scope = 'thread'
+            AND state = 'allowed' AND thread_until > now()
+          ORDER BY decided_at DESC LIMIT 1",
+    )
+    .bind(section)
+    .bind(&shape)
+    .bind(location)
+    .fetch_optional(db)
+    .await
+}
+
+/// Ends every allowance in `section`'s thread (`/ssh yolo off`), in the caller's transaction.
+pub async fn end_thread_allowances(
+    conn: &mut sqlx::PgConnection,
+    section: &str,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE call_approvals SET thread_until = now()
+          WHERE section_id = $1 AND scope = 'thread' AND thread_until > now()",
+    )
+    .bind(section)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// The call of `section` waiting for a person now, as (turn, call key), if any.
+pub async fn waiting_in(db: &PgPool, section: &str) -> sqlx::Result<Option<(i64, String)>> {
+    sqlx::query_as(
+        "SELECT turn_id, call_key FROM call_approvals
+          WHERE section_id = $1 AND state = 'waiting' AND deadline > now() LIMIT 1",
+    )
+    .bind(section)
+    .fetch_optional(db)
+    .await
+}

@@ -1,0 +1,575 @@
+//! Approvals in chat: a command the guard asks about parks its call, an approval card goes
+//! out in the thread, and a signed card click (through the callback path and the inbox)
+//! decides it. Local sections (approvers: the requester, or an admin).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use sshmode::exec::Place;
+
+use crate::agent::{Env, MODEL, accept, call, say, tool_results, unique, wait_turns_ended};
+use crate::fake_lark::FakeLark;
+use crate::helpers::{TestApp, eventually};
+use crate::lark_support::{ENCRYPT_KEY, TOKEN, post, sealed_now, wait_state};
+
+/// Asks (a recursive delete of an unknown path) and leaves a mark in the working directory
+/// when it runs.
+const RISKY: &str = "touch ran_marker && rm -rf \"$NOPE_DIR\"";
+
+async fn env(vars: &[(&str, &str)]) -> Env {
+    Env::builder()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ])
+        .vars(vars)
+        .spawn()
+        .await
+}
+
+/// A card click as Lark sends it.
+fn click(event_id: &str, operator: &str, card_message: &str, value: &Value) -> Value {
+    json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "event_type": "card.action.trigger",
+            "create_time": Utc::now().timestamp_millis().to_string(), "token": TOKEN,
+            "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
+        "event": {
+            "operator": {"open_id": operator, "tenant_key": "tk"},
+            "token": "c-update-token",
+            "action": {"value": value, "tag": "button"},
+            "host": "im_message",
+            "context": {"open_message_id": card_message, "open_chat_id": "oc_chat"}
+        }
+    })
+}
+
+/// Clicks `button` of the card as `operator`; returns the synchronous answer once the click
+/// has been handled by a worker.
+async fn press(app: &TestApp, operator: &str, card: &(String, Value), button: &str) -> Value {
+    let value = button_value(&card.1, button);
+    let event_id = unique("ev_click");
+    let (status, answer) = post(
+        app,
+        sealed_now(&click(&event_id, operator, &card.0, &value)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    wait_state(app, &event_id, "done").await;
+    answer
+}
+
+fn button_value(card: &Value, id: &str) -> Value {
+    card["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["element_id"] == id)
+        .unwrap_or_else(|| panic!("no {id} on {card}"))["behaviors"][0]["value"]
+        .clone()
+}
+
+/// The approval cards posted in reply to `message_id`.
+fn cards(lark: &FakeLark, message_id: &str) -> Vec<Value> {
+    lark.requests_to(&format!("/messages/{message_id}/reply"))
+        .into_iter()
+        .filter(|r| r.body["msg_type"] == "interactive")
+        .map(|r| serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap())
+        .collect()
+}
+
+/// Waits for the call of `section` to be parked with its card posted: (card message id, card).
+async fn parked_card(env: &Env, section: &str, message_id: &str) -> (String, Value) {
+    let db = env.app.state.db.clone();
+    let mut id: Option<String> = None;
+    eventually("the approval card", Duration::from_secs(30), async || {
+        id = sqlx::query_scalar(
+            "SELECT card_message_id FROM call_approvals WHERE section_id = $1 AND state = 'waiting'",
+        )
+        .bind(section)
+        .fetch_optional(&db)
+        .await
+        .unwrap()
+        .flatten();
+        id.is_some()
+    })
+    .await;
+    let posted = cards(&env.lark, message_id);
+    assert_eq!(posted.len(), 1, "one card: {posted:#?}");
+    (id.unwrap(), posted[0].clone())
+}
+
+async fn workdir(app: &TestApp, section: &str) -> PathBuf {
+    let backend = app
+        .state
+        .exec
+        .backend(section, &Place::Local)
+        .await
+        .unwrap();
+    PathBuf::from(backend.initial_dir(section).await.unwrap())
+}
+
+/// Whether the section is claimed by a runner now.
+async fn held(app: &TestApp, section: &str) -> bool {
+    sqlx::query_scalar("SELECT holder IS NOT NULL FROM turn_sections WHERE section_id = $1")
+        .bind(section)
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap()
+}
+
+/// The card as last PATCHed.
+fn last_patch(lark: &FakeLark, message_id: &str) -> String {
+    lark.patched(message_id)
+        .last()
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default()
+}
+
+async fn risky_turn(env: &Env) -> (String, String, (String, Value)) {
+    let thread = unique("omt_ask");
+    let msg = unique("om_ask");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": RISKY})));
+    accept(&env.app, &thread, &msg, "clean up").await;
+    let card = parked_card(env, &thread, &msg).await;
+    (thread, msg, card)
+}
+
+#[tokio::test]
+async fn a_risky_command_waits_for_a_click_and_allow_once_runs_it() {
+    let env = env(&[]).await;
+    let (thread, _msg, card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+
+    // The card: where, the command whole, the reason, three buttons.
+    let shown = card.1.to_string();
+    assert!(shown.contains("touch ran_marker"), "{shown}");
+    assert!(
+        shown.contains("Allow once")
+            && shown.contains("Allow in this thread")
+            && shown.contains("Deny")
+    );
+    let buttons = card.1["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["tag"] == "button")
+        .count();
+    assert_eq!(buttons, 3);
+
+    // Parked: nothing ran, the section is not held by any runner, the turn still runs.
+    let dir = workdir(&env.app, &thread).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!dir.join("ran_marker").exists(), "ran before any click");
+    assert!(
+        !held(&env.app, &thread).await,
+        "a parked turn holds no lease"
+    );
+    assert_eq!(
+        crate::agent::turn_states(&env.app, &thread).await,
+        vec!["running"]
+    );
+
+    // A stranger's click is refused at once and changes nothing.
+    let answer = press(&env.app, "ou_stranger", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "error", "{answer}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !dir.join("ran_marker").exists(),
+        "a stranger's click ran it"
+    );
+    assert_eq!(
+        crate::agent::turn_states(&env.app, &thread).await,
+        vec!["running"]
+    );
+
+    // The requester allows it once: it runs, the model reads who allowed it, the card says so.
+    let answer = press(&env.app, "ou_user", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(dir.join("ran_marker").exists());
+    let results = tool_results(&env.llm);
+    assert!(
+        results[0].starts_with("allowed by ou_user:\n[local]"),
+        "{results:?}"
+    );
+    let patched = last_patch(&env.lark, &card.0);
+    assert!(
+        patched.contains("Allowed once") && patched.contains("ou_user"),
+        "{patched}"
+    );
+
+    // A second click changes nothing; the decision is audited once.
+    press(&env.app, "ou_user", &card, "btn_deny").await;
+    let audited: Vec<String> = sqlx::query_scalar(
+        "SELECT outcome FROM audit_log WHERE action = 'tool.approval' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(audited, vec!["refused", "ok", "already decided"]);
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn deny_refuses_the_command() {
+    let env = env(&[]).await;
+    let (thread, _msg, card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+    let answer = press(&env.app, "ou_admin", &card, "btn_deny").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let results = tool_results(&env.llm);
+    assert!(results[0].starts_with("denied by ou_admin"), "{results:?}");
+    assert!(!workdir(&env.app, &thread).await.join("ran_marker").exists());
+    assert!(last_patch(&env.lark, &card.0).contains("Denied"));
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn no_answer_before_the_timeout_denies() {
+    let env = env(&[("SSHMODE_APPROVAL_TIMEOUT_SECS", "2")]).await;
+    let (thread, _msg, card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let results = tool_results(&env.llm);
+    assert!(
+        results[0].starts_with("denied: no answer in 2 s"),
+        "{results:?}"
+    );
+    assert!(!workdir(&env.app, &thread).await.join("ran_marker").exists());
+    assert!(last_patch(&env.lark, &card.0).contains("No answer"));
+    // A click after the deadline changes nothing.
+    press(&env.app, "ou_user", &card, "btn_once").await;
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM call_approvals WHERE section_id = $1")
+            .bind(&thread)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(state, "expired");
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn stop_ends_the_wait() {
+    let env = env(&[]).await;
+    let (thread, _msg, _card) = risky_turn(&env).await;
+    sshmode::turns::request_stop(&env.app.state.db, &thread, "ou_user")
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_turns_ended(&env.app, &thread, 1).await,
+        vec!["stopped"]
+    );
+    let stored: Vec<String> = sqlx::query_scalar(
+        "SELECT message->>'content' FROM agent_messages WHERE section_id = $1 AND kind = 'tool'",
+    )
+    .bind(&thread)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        vec!["not run: /stop ended the wait for a person's approval."]
+    );
+    assert!(!workdir(&env.app, &thread).await.join("ran_marker").exists());
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn parked_turns_hold_no_worker_and_other_sections_are_served() {
+    let env = env(&[("SSHMODE_TURN_WORKERS", "1")]).await;
+    let (first, _, _) = risky_turn(&env).await;
+    let (second, _, _) = risky_turn(&env).await;
+    let other = unique("omt_other");
+    env.llm.push(MODEL, say("served"));
+    accept(&env.app, &other, &unique("om_other"), "hello").await;
+    assert_eq!(wait_turns_ended(&env.app, &other, 1).await, vec!["done"]);
+    for s in [&first, &second] {
+        assert_eq!(
+            crate::agent::turn_states(&env.app, s).await,
+            vec!["running"]
+        );
+    }
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_asks() {
+    let env = env(&[]).await;
+    let (thread, msg, card) = risky_turn(&env).await;
+    env.llm
+        // The same shape: runs without a card.
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "touch second_marker && rm -rf \"$OTHER_DIR\""}),
+            ),
+        )
+        // Another shape: asks again.
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "touch third_marker && rm -r \"$OTHER_DIR\""}),
+            ),
+        );
+    let answer = press(&env.app, "ou_user", &card, "btn_thread").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    let dir = workdir(&env.app, &thread).await;
+    let lark = &env.lark;
+    eventually("a second card", Duration::from_secs(30), async || {
+        cards(lark, &msg).len() == 2
+    })
+    .await;
+    assert!(dir.join("ran_marker").exists() && dir.join("second_marker").exists());
+    assert!(!dir.join("third_marker").exists());
+    let results = tool_results(&env.llm);
+    assert!(
+        results[0].starts_with("allowed by ou_user:\n"),
+        "{results:?}"
+    );
+    assert!(
+        results[1].starts_with("allowed in this thread by ou_user:\n[local]"),
+        "{results:?}"
+    );
+    assert!(last_patch(&env.lark, &card.0).contains("Allowed in this thread"));
+
+    let second = cards(&env.lark, &msg)[1].clone();
+    let id: String = sqlx::query_scalar(
+        "SELECT card_message_id FROM call_approvals WHERE section_id = $1 AND state = 'waiting'",
+    )
+    .bind(&thread)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &(id, second), "btn_deny").await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(!dir.join("third_marker").exists());
+    env.app.stop().await;
+}
+
+/// Asks on a target at `read-write` (text fetched at run time into a shell) and leaves a mark.
+fn remote_risky(mark: &str) -> String {
+    format!("touch {mark} && curl -s http://127.0.0.1:9/x | sh")
+}
+
+#[tokio::test]
+async fn on_a_target_admins_answer_and_a_restart_keeps_the_wait_for_the_other_replica() {
+    let env = Env::builder()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+            ("SSHMODE_TURN_LEASE_SECS", "2"),
+        ])
+        .target("web")
+        .spawn()
+        .await;
+    let thread = unique("omt_web");
+    env.control.bind(&thread, Place::Target("web".into()));
+    let home = PathBuf::from(format!("/home/{}", crate::sshd::USER));
+    let mark = unique("mark");
+    let msg = unique("om_web");
+    env.llm
+        // A permission refusal is final: never asked.
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "rm -rf \"$NOPE_DIR\""})),
+        )
+        .push(
+            MODEL,
+            call("terminal", json!({"command": remote_risky(&mark)})),
+        );
+    accept(&env.app, &thread, &msg, "deploy").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    let shown = card.1.to_string();
+    assert!(
+        shown.contains(&format!("{}@127.0.0.1", crate::sshd::USER)),
+        "{shown}"
+    );
+    assert!(shown.contains("pipes text"), "{shown}");
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT message->>'content' FROM agent_messages WHERE section_id = $1 AND kind = 'tool'",
+    )
+    .bind(&thread)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert!(
+        refused[0].contains("workspace permission `read-write` does not allow"),
+        "{refused:?}"
+    );
+
+    // On a target the requester alone cannot answer.
+    let answer = press(&env.app, "ou_user", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "error", "{answer}");
+
+    // This replica's runner dies; another replica takes the click and runs the call.
+    env.app.state.turns.halt_abruptly();
+    let other = crate::agent::builder(&env.llm, &env.lark, &env.control)
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .var("SSHMODE_ADMINS", "ou_admin")
+        .var("SSHMODE_TURN_LEASE_SECS", "2")
+        .database(&env.app.db_url)
+        .var(
+            "SSHMODE_MASTER_KEY_FILE",
+            &env.app.state.config.master_key_file.display().to_string(),
+        )
+        .spawn()
+        .await;
+    assert!(!home.join(&mark).exists(), "ran before the click");
+    env.llm.push(MODEL, say("deployed"));
+    let answer = press(&other, "ou_admin", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&other, &thread, 1).await, vec!["done"]);
+    assert!(home.join(&mark).exists());
+    let results = tool_results(&env.llm);
+    assert!(
+        results[1].starts_with("allowed by ou_admin:\n[web"),
+        "{results:?}"
+    );
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM turns WHERE section_id = $1")
+        .bind(&thread)
+        .fetch_one(&other.state.db)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1, "the wait is not another attempt");
+    let _ = std::fs::remove_file(home.join(&mark));
+}
+
+#[tokio::test]
+async fn sshmode_local_risky_refuses_or_allows_without_a_card() {
+    for (policy, ran) in [("refuse", false), ("allow", true)] {
+        let env = env(&[("SSHMODE_LOCAL_RISKY", policy)]).await;
+        let thread = unique("omt_policy");
+        let msg = unique("om_policy");
+        env.llm
+            .push(MODEL, call("terminal", json!({"command": RISKY})))
+            .push(MODEL, say("finished"));
+        accept(&env.app, &thread, &msg, "clean up").await;
+        assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+        assert!(cards(&env.lark, &msg).is_empty(), "{policy}: no card");
+        assert_eq!(
+            workdir(&env.app, &thread).await.join("ran_marker").exists(),
+            ran,
+            "{policy}"
+        );
+        let results = tool_results(&env.llm);
+        let expected = if ran {
+            "allowed by this backend's policy (risky: allow):\n[local]"
+        } else {
+            "[local] error: refused: this needs a person's approval"
+        };
+        assert!(results[0].starts_with(expected), "{policy}: {results:?}");
+        env.app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_target_set_to_requester_approvers_takes_the_requesters_click() {
+    let env = Env::builder()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ])
+        .target("web")
+        .spawn()
+        .await;
+    let mut out = Vec::new();
+    let r = sshmode::target::cli::run_with(
+        sshmode::target::cli::TargetCmd::Set(sshmode::target::cli::SetArgs {
+            alias: "web".into(),
+            workspace: None,
+            permission: None,
+            jump: None,
+            no_jump: false,
+            approvers: Some("requester".into()),
+            risky: None,
+        }),
+        &env.app.state.config,
+        &env.app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        String::from_utf8_lossy(&out)
+            .contains("approvals answered by requester, risky commands: ask")
+    );
+
+    let thread = unique("omt_web");
+    env.control.bind(&thread, Place::Target("web".into()));
+    let home = PathBuf::from(format!("/home/{}", crate::sshd::USER));
+    let mark = unique("mark");
+    let msg = unique("om_web");
+    env.llm.push(
+        MODEL,
+        call("terminal", json!({"command": remote_risky(&mark)})),
+    );
+    accept(&env.app, &thread, &msg, "deploy").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    env.llm.push(MODEL, say("deployed"));
+    let answer = press(&env.app, "ou_user", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(home.join(&mark).exists());
+    let _ = std::fs::remove_file(home.join(&mark));
+    env.app.stop().await;
+}
+
+#[tokio::test]
+async fn ssh_yolo_off_ends_what_was_allowed_in_the_thread() {
+    let env = env(&[]).await;
+    let (thread, _msg, card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &card, "btn_thread").await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+
+    let db = &env.app.state.db;
+    let ctl = sshmode::chat::change::Ctl {
+        db,
+        now: Utc::now(),
+        yolo_ttl: env.app.state.config.chat.yolo_ttl,
+    };
+    let actor = sshmode::chat::authz::Actor::User {
+        open_id: "ou_user",
+        admin: false,
+    };
+    sshmode::chat::change::grant_off(ctl, actor, &thread)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The same shape asks again.
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "touch again_marker && rm -rf \"$OTHER_DIR\""}),
+        ),
+    );
+    let msg = unique("om_again");
+    accept(&env.app, &thread, &msg, "once more").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    assert!(
+        !workdir(&env.app, &thread)
+            .await
+            .join("again_marker")
+            .exists()
+    );
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &card, "btn_deny").await;
+    assert_eq!(
+        wait_turns_ended(&env.app, &thread, 2).await,
+        vec!["done", "done"]
+    );
+    env.app.stop().await;
+}
