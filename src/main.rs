@@ -36,6 +36,9 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         section: Option<String>,
     },
+    /// The audit trail: every executed command, binding, grant, refusal and target change.
+    #[command(subcommand)]
+    Audit(sshmode::audit::cli::AuditCmd),
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
@@ -131,6 +134,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         }
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
+        Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {

@@ -177,6 +177,11 @@ impl App {
         if core.config.lark.is_some() {
             tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
         }
+        tasks.spawn(crate::audit::run_retention(
+            db.clone(),
+            core.config.audit_retention_days,
+            shutdown.clone(),
+        ));
         core.spawn(&shutdown, tasks);
         let http = HttpState {
             config: core.config.clone(),

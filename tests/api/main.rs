@@ -3,6 +3,7 @@
 
 mod agent;
 mod agent_chat;
+mod audit;
 mod chat_control;
 mod console;
 mod control_plane;
