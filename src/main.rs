@@ -39,6 +39,16 @@ enum Cmd {
     /// The audit trail: every executed command, binding, grant, refusal and target change.
     #[command(subcommand)]
     Audit(sshmode::audit::cli::AuditCmd),
+    /// Check the deployment: config, database, isolation, Lark, the model, every target. One
+    /// line per check with advice; exits 1 when anything failed.
+    Doctor {
+        /// The public event URL (`https://…/lark/events`): send it a signed url_verification.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
@@ -135,6 +145,13 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
+        Cmd::Doctor { url, json } => {
+            let checks =
+                sshmode::app::doctor::run(config, &sshmode::app::doctor::Options { url }).await;
+            let stdout = std::io::stdout();
+            sshmode::app::doctor::print(&checks, json, &mut stdout.lock())?;
+            Ok(sshmode::app::doctor::exit_code(&checks))
+        }
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {

@@ -5,6 +5,7 @@
 
 pub mod build;
 pub mod console;
+pub mod doctor;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -183,6 +184,7 @@ impl App {
             shutdown.clone(),
         ));
         core.spawn(&shutdown, tasks);
+        doctor::log_light(&core.config, core.exec.local_level());
         let http = HttpState {
             config: core.config.clone(),
             db: db.clone(),

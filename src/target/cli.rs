@@ -366,6 +366,24 @@ pub async fn run_with(
     }
 }
 
+/// `target test <alias>` for `sshmode doctor`: whether it succeeded, and the lines it printed.
+pub async fn check(
+    alias: &str,
+    config: &Config,
+    db: &PgPool,
+) -> anyhow::Result<(bool, Vec<String>)> {
+    crate::install_crypto_provider();
+    let vault = open_vault(config, db).await?;
+    let path = super::path(db, alias).await.map_err(user_error)?;
+    let mut out = Vec::new();
+    let code = test(&path, config, db, &vault, None, &mut out).await?;
+    let lines = String::from_utf8_lossy(&out)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    Ok((code == 0, lines))
+}
+
 /// Opens the vault and re-seals any records still in the first format (idempotent).
 async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
     let vault = Vault::open_or_create(&config.master_key_file).map_err(|e| {
