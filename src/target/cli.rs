@@ -166,6 +166,38 @@ pub async fn run(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
     result
 }
 
+/// `target list --json` (an array of targets) and `target show <alias> --json` (the target with
+/// its `path` of aliases and its allowed `chats`, empty = every chat). Never secrets or key
+/// paths: a [`Target`] holds neither.
+pub async fn run_json(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
+    let store = crate::store::Store::open(config).await?;
+    let stdout = std::io::stdout();
+    let result = json_with(cmd, &store.pool, &mut stdout.lock()).await;
+    store.close().await;
+    result
+}
+
+/// [`run_json`] on a given database and output.
+pub async fn json_with(cmd: TargetCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let value = match cmd {
+        TargetCmd::List => serde_json::to_value(super::list(db).await?)?,
+        TargetCmd::Show { alias } => {
+            let path = super::path(db, &alias).await.map_err(user_error)?;
+            let chats = super::allow::allowed_chats(db, &alias)
+                .await
+                .map_err(user_error)?;
+            let mut v = serde_json::to_value(&path[0])?;
+            v["path"] = path.iter().map(|t| t.alias.clone()).collect();
+            v["chats"] = serde_json::to_value(chats)?;
+            v
+        }
+        _ => bail!("--json goes with `target list` and `target show`"),
+    };
+    serde_json::to_writer_pretty(&mut *out, &value)?;
+    writeln!(out)?;
+    Ok(0)
+}
+
 /// [`run`] on a given database, input and output (tests call this directly).
 pub async fn run_with(
     cmd: TargetCmd,
@@ -230,6 +262,11 @@ pub async fn run_with(
             let targets = super::list(db).await?;
             if targets.is_empty() {
                 writeln!(out, "no targets")?;
+            } else {
+                writeln!(
+                    out,
+                    "ALIAS\tDESTINATION\tSTATUS\tAUTH\tHOST KEY POLICY\tHOST KEY"
+                )?;
             }
             for t in targets {
                 writeln!(
@@ -562,6 +599,44 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Terminal echo switched off on standard input while a secret is typed there; restored on drop.
+struct EchoOff(Option<libc::termios>);
+
+impl EchoOff {
+    /// Off when standard input is a terminal (with a prompt on stderr); nothing otherwise.
+    fn on_terminal_stdin(what: &str) -> EchoOff {
+        // SAFETY: isatty, tcgetattr and tcsetattr on fd 0 with a valid termios buffer.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return EchoOff(None);
+            }
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return EchoOff(None);
+            }
+            let saved = t;
+            t.c_lflag &= !libc::ECHO;
+            t.c_lflag |= libc::ECHONL;
+            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
+                return EchoOff(None);
+            }
+            eprint!("{what}: ");
+            EchoOff(Some(saved))
+        }
+    }
+}
+
+impl Drop for EchoOff {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            // SAFETY: restores the settings read from fd 0 above.
+            unsafe {
+                libc::tcsetattr(0, libc::TCSANOW, saved);
+            }
+        }
+    }
+}
+
 /// Largest key, certificate or secret line read: far above any real one (a 16384-bit RSA
 /// key is about 12 KiB), and a wrong path such as `/dev/zero` fails instead of filling memory.
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
@@ -588,6 +663,8 @@ fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>>
 
 /// Reads one line of standard input without its line ending.
 fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroizing<String>> {
+    // Typed at a terminal, the secret is not echoed (restored when `_quiet` drops).
+    let _quiet = EchoOff::on_terminal_stdin(what);
     let mut line = Zeroizing::new(String::new());
     (&mut *input)
         .take(MAX_SECRET_BYTES)

@@ -29,6 +29,7 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod llm;
+mod ops_cli;
 mod progress;
 mod ssh_files;
 mod ssh_kill;
