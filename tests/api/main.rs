@@ -8,6 +8,7 @@ mod chat_control;
 mod console;
 mod control_plane;
 mod database;
+mod deploy;
 mod doctor;
 #[allow(dead_code)]
 mod dropbear;
