@@ -48,6 +48,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The vault of target secrets.
+    #[command(subcommand)]
+    Vault(VaultCmd),
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
@@ -63,6 +66,13 @@ struct TargetArgs {
     json: bool,
     #[command(subcommand)]
     cmd: sshmode::target::cli::TargetCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum VaultCmd {
+    /// A new master key: every target's secrets re-sealed with it (audited); the previous
+    /// key is kept beside it as `<key>.old`. Stop every `serve` first.
+    RotateKey,
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,6 +176,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Target(TargetArgs { cmd, .. }) => sshmode::target::cli::run(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
+        Cmd::Vault(VaultCmd::RotateKey) => sshmode::target::cli::rotate_key(&config).await,
         Cmd::Doctor { url, json } => {
             let checks =
                 sshmode::app::doctor::run(config, &sshmode::app::doctor::Options { url }).await;

@@ -421,6 +421,74 @@ pub async fn check(
     Ok((code == 0, lines))
 }
 
+/// `sshmode vault rotate-key`: a new master key, written beside the current one
+/// (`<key>.new`), every target's records re-sealed with it in one transaction (audited as
+/// `vault.rotate`), then the files swapped: the current key becomes `<key>.old` and the new one
+/// takes its place. Stop every `serve` first: a running service holds the old key in memory.
+pub async fn rotate_key(config: &Config) -> anyhow::Result<i32> {
+    let store = crate::store::Store::open(config).await?;
+    let result = rotate_key_with(config, &store.pool).await;
+    store.close().await;
+    let (n, old) = result?;
+    println!(
+        "re-sealed the secrets of {n} target(s) with a new master key at {}; the previous key is \
+         {}: replace the key in your backups, then delete it",
+        config.master_key_file.display(),
+        old.display()
+    );
+    Ok(0)
+}
+
+async fn rotate_key_with(config: &Config, db: &PgPool) -> anyhow::Result<(usize, PathBuf)> {
+    let current = &config.master_key_file;
+    if !current.exists() {
+        bail!(
+            "no master key at {} (SSHMODE_MASTER_KEY_FILE): nothing to rotate",
+            current.display()
+        );
+    }
+    let with = |ext: &str| {
+        let mut s = current.clone().into_os_string();
+        s.push(ext);
+        PathBuf::from(s)
+    };
+    let (next_path, old_path) = (with(".new"), with(".old"));
+    for p in [&next_path, &old_path] {
+        if p.exists() {
+            bail!(
+                "{} exists: an earlier rotation left it; if `sshmode audit list --kind vault` shows \
+                 that rotation, the database is sealed with `.new` (move it over the key); \
+                 otherwise delete it and run this again",
+                p.display()
+            );
+        }
+    }
+    let old = open_vault(config, db).await?;
+    let next = Vault::create(&next_path)
+        .map_err(|e| anyhow::anyhow!("cannot write the new key {}: {e}", next_path.display()))?;
+    let n = match super::reseal_all(db, &old, &next, ACTOR).await {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&next_path);
+            return Err(user_error(e).context("nothing was changed"));
+        }
+    };
+    // The database is sealed with the new key from here: swap the files.
+    std::fs::rename(current, &old_path)
+        .and_then(|()| std::fs::rename(&next_path, current))
+        .with_context(|| {
+            format!(
+                "the records are sealed with {}, but it could not be moved to {}: move it there by hand",
+                next_path.display(),
+                current.display()
+            )
+        })?;
+    if let Some(dir) = current.parent() {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok((n, old_path))
+}
+
 /// Opens the vault and re-seals any records still in the first format (idempotent).
 async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
     let vault = Vault::open_or_create(&config.master_key_file).map_err(|e| {

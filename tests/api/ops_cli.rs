@@ -243,3 +243,69 @@ async fn a_password_typed_at_a_terminal_is_not_echoed() {
     let shown = read_until(&mut master, "\u{0}", Duration::from_millis(200));
     assert!(!shown.contains("typed-secret-42"), "echoed: {shown:?}");
 }
+
+#[tokio::test]
+async fn rotating_the_master_key_reseals_every_record_and_the_old_key_no_longer_opens_them() {
+    assert!(crate::sshd::available(), "needs root and /usr/sbin/sshd");
+    let state = tempfile::tempdir().unwrap();
+    let data = state.path().to_path_buf();
+    let app = crate::helpers::TestApp::builder()
+        .var("SSHMODE_DATA_DIR", &data.display().to_string())
+        .spawn()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sshd = crate::sshd::Sshd::start_below(dir.path());
+    crate::agent::add_target(&app, &sshd, dir.path(), "web").await;
+    // Stopped first, as the command asks.
+    let db = app.stop().await;
+    let key = data.join("master.key");
+    let before = std::fs::read(&key).unwrap();
+    let sealed = |pool: sqlx::PgPool| async move {
+        let v: Vec<u8> = sqlx::query_scalar("SELECT sealed_key FROM targets WHERE alias = 'web'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        v
+    };
+    let record_before = sealed(sqlx::PgPool::connect(&db).await.unwrap()).await;
+
+    let (code, out, err) = run(sshmode(&db, &data, &[]), &["vault", "rotate-key"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("re-sealed the secrets of 1 target(s)"),
+        "{out}"
+    );
+    let after = std::fs::read(&key).unwrap();
+    assert_ne!(after, before, "a new key");
+    assert_eq!(std::fs::read(data.join("master.key.old")).unwrap(), before);
+    assert!(!data.join("master.key.new").exists());
+    assert_ne!(
+        sealed(sqlx::PgPool::connect(&db).await.unwrap()).await,
+        record_before
+    );
+    // The target still authenticates: its key opens with the new master key.
+    let (code, out, err) = run(sshmode(&db, &data, &[]), &["target", "test", "web"], "");
+    assert_eq!(code, 0, "{out}{err}");
+    // With the old key it no longer does.
+    let old_key = data.join("master.key.old").display().to_string();
+    let (code, out, err) = run(
+        sshmode(&db, &data, &[("SSHMODE_MASTER_KEY_FILE", &old_key)]),
+        &["target", "test", "web"],
+        "",
+    );
+    assert_ne!(code, 0, "{out}{err}");
+    // Audited; and a second rotation refuses while the previous key is still beside it.
+    let (_, out, _) = run(
+        sshmode(&db, &data, &[]),
+        &["audit", "export", "--kind", "vault"],
+        "",
+    );
+    assert!(
+        out.contains("\"vault.rotate\"") && out.contains("\"targets\":1"),
+        "{out}"
+    );
+    let (code, _, err) = run(sshmode(&db, &data, &[]), &["vault", "rotate-key"], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("master.key.old exists"), "{err}");
+}
