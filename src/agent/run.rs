@@ -393,7 +393,7 @@ async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails
     let tell = match deps.control.refused_call(&turn.section, fails, tool).await {
         Ok(tell) => tell,
         Err(e) => {
-            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
+            tracing::warn!(section.id = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
             return;
         }
     };
@@ -420,7 +420,7 @@ async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails
         Err(e) => Err(e),
     };
     if let Err(e) = marked {
-        tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "telling the thread its binding fails went wrong");
+        tracing::warn!(section.id = %turn.section, error = %format!("{e:#}"), "telling the thread its binding fails went wrong");
     }
 }
 
@@ -443,7 +443,7 @@ async fn earlier_steps(deps: &AgentDeps, turn: &ActiveTurn) -> Vec<EarlierStep> 
     match rows {
         Ok(rows) => rows.iter().map(EarlierStep::from_entry).collect(),
         Err(e) => {
-            tracing::warn!(turn.section = %turn.section, error = %e, "reading the turn's earlier steps failed");
+            tracing::warn!(section.id = %turn.section, error = %e, "reading the turn's earlier steps failed");
             Vec::new()
         }
     }
@@ -942,6 +942,6 @@ impl Repeats {
 
 async fn log(deps: &AgentDeps, turn: &ActiveTurn, kind: &str, payload: serde_json::Value) {
     if let Err(e) = crate::eventlog::append(&deps.db, &turn.section, kind, payload).await {
-        tracing::warn!(turn.section = %turn.section, error = %e, "event log append failed");
+        tracing::warn!(section.id = %turn.section, error = %e, "event log append failed");
     }
 }
