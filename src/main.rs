@@ -26,8 +26,7 @@ enum Cmd {
     /// Manage SSH targets.
     Target(TargetArgs),
     /// Skills: list them with their scope, show one, promote one to every chat.
-    #[command(subcommand)]
-    Skill(sshmode::plane::cli::SkillCmd),
+    Skill(SkillArgs),
     /// A terminal chat that is one local section, with the slash commands and the agent.
     /// Needs no Lark settings; with piped input it handles each line in order and exits.
     Chat {
@@ -66,6 +65,15 @@ struct TargetArgs {
     json: bool,
     #[command(subcommand)]
     cmd: sshmode::target::cli::TargetCmd,
+}
+
+#[derive(Debug, clap::Args)]
+struct SkillArgs {
+    /// With `list` and `show`: JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: sshmode::plane::cli::SkillCmd,
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,7 +182,10 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             sshmode::target::cli::run_json(cmd, &config).await
         }
         Cmd::Target(TargetArgs { cmd, .. }) => sshmode::target::cli::run(cmd, &config).await,
-        Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
+        Cmd::Skill(SkillArgs { json: true, cmd }) => {
+            sshmode::plane::cli::run_json(cmd, &config).await
+        }
+        Cmd::Skill(SkillArgs { cmd, .. }) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
         Cmd::Vault(VaultCmd::RotateKey) => sshmode::target::cli::rotate_key(&config).await,
         Cmd::Doctor { url, json } => {

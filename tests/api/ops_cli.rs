@@ -127,6 +127,22 @@ async fn target_list_and_show_as_text_and_json_and_errors_on_one_line() {
     assert_eq!(show["path"], serde_json::json!(["box"]));
     assert_eq!(show["chats"], serde_json::json!([]));
     assert!(!out.contains("pw-secret-1"));
+    // Skills too.
+    let (code, out, _) = run(sshmode(&db, d, &[]), &["skill", "list", "--json"], "");
+    assert_eq!(code, 0);
+    let skills: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(skills[0]["name"], "ssh-mode");
+    assert_eq!(skills[0]["builtin"], true);
+    let (_, out, _) = run(
+        sshmode(&db, d, &[]),
+        &["skill", "show", "ssh-mode", "--json"],
+        "",
+    );
+    let skill: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        skill["body"].as_str().is_some_and(|b| !b.is_empty()),
+        "{skill}"
+    );
     // `--json` with another subcommand is an error, as one line.
     let (code, _, err) = run(
         sshmode(&db, d, &[]),
