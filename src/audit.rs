@@ -97,7 +97,9 @@ pub async fn record_chat(conn: &mut PgConnection, e: ChatEntry<'_>) -> sqlx::Res
 pub struct CommandRun {
     /// The sender of the turn's latest message (an open_id, or the console's user).
     pub actor: String,
-    /// The target alias; `None` for the service's own machine (subject `local`).
+    /// The target alias; `None` for the service's own machine (subject `local`), or for a
+    /// call interrupted by a runner's end, whose backend is not known any more (subject
+    /// `unknown`).
     pub target: Option<String>,
     /// `ok` (exit 0), or how it ended: `exit 2`, `signal 9`, `timed out`, `cancelled`,
     /// `interrupted`.

@@ -228,7 +228,9 @@ const APPEND_LOGGED: &str = "WITH l AS (
        RETURNING id),
      a AS (
        INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
-       SELECT $15, 'command.run', COALESCE($16, 'local'), $17, $1, $16, $18
+       SELECT $15, 'command.run',
+              COALESCE($16, CASE WHEN $18 = 'interrupted' THEN 'unknown' ELSE 'local' END),
+              $17, $1, $16, $18
          FROM m
         WHERE $15::text IS NOT NULL)
      SELECT m.id, (SELECT id FROM k) FROM m, e";
