@@ -1,8 +1,34 @@
 //! The audit trail: append-only rows of who did what to which subject. Written in the same
-//! transaction as the change it records; never updated or deleted (a trigger enforces it).
+//! transaction as the change it records; never updated, and deleted only by the retention purge
+//! (a trigger enforces both: see migration `20261206010000_audit_retention.sql`).
+//!
+//! **Executed commands are audit rows** (action [`COMMAND_RUN`]: target, section, the sender of
+//! the turn's latest message as actor, the command, its exit and duration). They are written by
+//! the agent's step statement (`agent::conversation::append_logged`) in the same commit as the
+//! call's result and its `agent.tool` event-log entry — no extra commit per step — rather than
+//! read back from the event log: the event log is per section and kept forever, while the audit
+//! trail is one table an operator filters across sections and that retention shortens
+//! (`SSHMODE_AUDIT_RETENTION_DAYS`, purged by [`run_retention`] in `serve`).
+//!
+//! Reading: [`list`] and [`export_jsonl`] with a [`Filter`]; `sshmode audit …` is [`cli`].
+//!
+//! Never: updates or deletes a row outside [`purge`]; records a secret (command text is
+//! redacted of secret-like words before it gets here).
 
+pub mod cli;
+
+use std::io::Write;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
+use serde::Serialize;
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool, Row as _};
+use tokio_util::sync::CancellationToken;
+
+/// The action of an executed command's row.
+pub const COMMAND_RUN: &str = "command.run";
 
 /// One audit entry to write.
 #[derive(Debug, Clone)]
@@ -63,4 +89,160 @@ pub async fn record_chat(conn: &mut PgConnection, e: ChatEntry<'_>) -> sqlx::Res
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// An executed command's row, written by the agent's step statement in the commit of the
+/// call's result (section: the turn's; action: [`COMMAND_RUN`]).
+#[derive(Debug, Clone)]
+pub struct CommandRun {
+    /// The sender of the turn's latest message (an open_id, or the console's user).
+    pub actor: String,
+    /// The target alias; `None` for the service's own machine (subject `local`), or for a
+    /// call interrupted by a runner's end, whose backend is not known any more (subject
+    /// `unknown`).
+    pub target: Option<String>,
+    /// `ok` (exit 0), or how it ended: `exit 2`, `signal 9`, `timed out`, `cancelled`,
+    /// `interrupted`.
+    pub outcome: String,
+    /// `tool`, `command` (redacted, clipped), `exit`, `duration_ms`, `turn`.
+    pub detail: Value,
+}
+
+/// Which rows to read. Every field narrows; `None` leaves it open.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Rows at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    pub target: Option<String>,
+    pub section: Option<String>,
+    pub actor: Option<String>,
+    /// An action (`command.run`) or a family of them (`binding` = `binding.*`).
+    pub kind: Option<String>,
+}
+
+/// One audit row as it is listed and exported.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Row {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub actor: String,
+    /// The action (`command.run`, `binding.set`, `target.add`, …).
+    pub kind: String,
+    pub subject: String,
+    pub section: Option<String>,
+    pub target: Option<String>,
+    pub outcome: Option<String>,
+    pub detail: Value,
+}
+
+const COLUMNS: &str = "id, at, actor, action, subject, section, target, outcome, detail";
+/// The filter: `$1` since, `$2` target, `$3` section, `$4` actor, `$5` kind.
+const MATCHING: &str = "FROM audit_log
+     WHERE ($1::timestamptz IS NULL OR at >= $1)
+       AND ($2::text IS NULL OR target = $2)
+       AND ($3::text IS NULL OR section = $3)
+       AND ($4::text IS NULL OR actor = $4)
+       AND ($5::text IS NULL OR action = $5 OR action LIKE $5 || '.%')";
+
+fn query<'q>(
+    f: &Filter,
+    sql: &'q str,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(f.since)
+        .bind(f.target.clone())
+        .bind(f.section.clone())
+        .bind(f.actor.clone())
+        .bind(f.kind.clone())
+}
+
+fn row(r: sqlx::postgres::PgRow) -> sqlx::Result<Row> {
+    Ok(Row {
+        id: r.try_get("id")?,
+        at: r.try_get("at")?,
+        actor: r.try_get("actor")?,
+        kind: r.try_get("action")?,
+        subject: r.try_get("subject")?,
+        section: r.try_get("section")?,
+        target: r.try_get("target")?,
+        outcome: r.try_get("outcome")?,
+        detail: r.try_get("detail")?,
+    })
+}
+
+/// The latest `limit` rows matching `filter`, oldest first.
+pub async fn list(db: &PgPool, filter: &Filter, limit: i64) -> sqlx::Result<Vec<Row>> {
+    let sql = format!(
+        "SELECT * FROM (SELECT {COLUMNS} {MATCHING} ORDER BY at DESC, id DESC LIMIT $6) latest
+          ORDER BY at, id"
+    );
+    let rows = query(filter, &sql).bind(limit).fetch_all(db).await?;
+    rows.into_iter().map(row).collect()
+}
+
+/// Writes every row matching `filter` as JSONL, oldest first, streaming (memory stays
+/// bounded). Returns the number of lines written.
+pub async fn export_jsonl(
+    db: &PgPool,
+    filter: &Filter,
+    out: &mut dyn Write,
+) -> anyhow::Result<u64> {
+    let sql = format!("SELECT {COLUMNS} {MATCHING} ORDER BY at, id");
+    let mut rows = query(filter, &sql).fetch(db);
+    let mut n = 0;
+    while let Some(r) = rows.try_next().await? {
+        serde_json::to_writer(&mut *out, &row(r)?)?;
+        out.write_all(b"\n")?;
+        n += 1;
+    }
+    out.flush()?;
+    Ok(n)
+}
+
+/// Rows deleted by one purge statement: a large backlog is cleared over several, each short.
+const PURGE_BATCH: i32 = 10_000;
+/// Statements of one purge run; the rest waits for the next run.
+const PURGE_BATCHES: usize = 100;
+
+/// Deletes rows older than `keep_days` days (at least 1), in bounded batches, through the one
+/// DELETE the audit trigger allows. Returns the number of rows deleted.
+pub async fn purge(db: &PgPool, keep_days: u32) -> sqlx::Result<u64> {
+    let mut total = 0u64;
+    for _ in 0..PURGE_BATCHES {
+        let n: i64 = sqlx::query_scalar("SELECT sshmode_audit_purge($1, $2)")
+            .bind(i32::try_from(keep_days).unwrap_or(i32::MAX))
+            .bind(PURGE_BATCH)
+            .fetch_one(db)
+            .await?;
+        total += n.max(0) as u64;
+        if n < i64::from(PURGE_BATCH) {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// How often `serve` purges the audit trail (and once at start).
+const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+
+/// The retention worker of `serve`: purges rows older than `keep_days` at start and then
+/// hourly, until `shutdown`. A failed purge is logged here and retried at the next run.
+pub async fn run_retention(db: PgPool, keep_days: u32, shutdown: CancellationToken) {
+    loop {
+        match purge(&db, keep_days).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                audit.purged = n,
+                audit.retention_days = keep_days,
+                "audit rows past retention deleted"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "audit retention purge failed; retrying in an hour")
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RETENTION_EVERY) => {}
+        }
+    }
 }

@@ -24,11 +24,9 @@ enum Cmd {
     /// Apply the database migrations and exit.
     Migrate,
     /// Manage SSH targets.
-    #[command(subcommand)]
-    Target(sshmode::target::cli::TargetCmd),
+    Target(TargetArgs),
     /// Skills: list them with their scope, show one, promote one to every chat.
-    #[command(subcommand)]
-    Skill(sshmode::plane::cli::SkillCmd),
+    Skill(SkillArgs),
     /// A terminal chat that is one local section, with the slash commands and the agent.
     /// Needs no Lark settings; with piped input it handles each line in order and exits.
     Chat {
@@ -36,12 +34,53 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         section: Option<String>,
     },
+    /// The audit trail: every executed command, binding, grant, refusal and target change.
+    #[command(subcommand)]
+    Audit(sshmode::audit::cli::AuditCmd),
+    /// Check the deployment: config, database, isolation, Lark, the model, every target. One
+    /// line per check with advice; exits 1 when anything failed.
+    Doctor {
+        /// The public event URL (`https://…/lark/events`): send it a signed url_verification.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The vault of target secrets.
+    #[command(subcommand)]
+    Vault(VaultCmd),
     /// Session event logs.
     #[command(name = "session-log", subcommand)]
     SessionLog(SessionLogCmd),
     /// The command guard: `check` prints the verdict on each command read.
     #[command(subcommand)]
     Guard(sshmode::workspace::cli::GuardCmd),
+}
+
+#[derive(Debug, clap::Args)]
+struct TargetArgs {
+    /// With `list` and `show`: JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: sshmode::target::cli::TargetCmd,
+}
+
+#[derive(Debug, clap::Args)]
+struct SkillArgs {
+    /// With `list` and `show`: JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: sshmode::plane::cli::SkillCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum VaultCmd {
+    /// A new master key: every target's secrets re-sealed with it (audited); the previous
+    /// key is kept beside it as `<key>.old`. Stop every `serve` first.
+    RotateKey,
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,17 +99,22 @@ fn main() -> ExitCode {
     let config = match Config::load() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("sshmode: configuration error: {e}");
+            eprintln!(
+                "sshmode: configuration error: {} (see .env.example for every variable)",
+                one_line(&e.to_string())
+            );
             return ExitCode::from(2);
         }
     };
-    // The console is a conversation on the terminal: routine log lines would drown it, so the
-    // default `info` becomes `warn` there (any other RUST_LOG is kept).
+    // `serve` logs at `info`; the console is a conversation on the terminal and the one-shot
+    // commands print their own result, so for them routine lines (the embedded cluster's start
+    // and stop, sqlx notices) would only be noise: `warn`, unless RUST_LOG says otherwise.
     let filter = match &cli.cmd {
-        Cmd::Chat { .. } if config.log_filter == "info" => "warn",
-        _ => config.log_filter.as_str(),
+        Cmd::Serve => config.log_filter.as_str(),
+        _ if config.log_filter_set => config.log_filter.as_str(),
+        _ => "warn",
     };
-    sshmode::telemetry::init(config.log_format, filter);
+    sshmode::telemetry::init(config.log_format, filter, config.log_file.as_ref());
     tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -85,10 +129,15 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli.cmd, config)) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("sshmode: {e:#}");
+            eprintln!("sshmode: {}", one_line(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error as one line on stderr (its causes joined by `: ` already).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
@@ -129,8 +178,23 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             println!("migrations applied");
             Ok(0)
         }
-        Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
-        Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
+        Cmd::Target(TargetArgs { json: true, cmd }) => {
+            sshmode::target::cli::run_json(cmd, &config).await
+        }
+        Cmd::Target(TargetArgs { cmd, .. }) => sshmode::target::cli::run(cmd, &config).await,
+        Cmd::Skill(SkillArgs { json: true, cmd }) => {
+            sshmode::plane::cli::run_json(cmd, &config).await
+        }
+        Cmd::Skill(SkillArgs { cmd, .. }) => sshmode::plane::cli::run(cmd, &config).await,
+        Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
+        Cmd::Vault(VaultCmd::RotateKey) => sshmode::target::cli::rotate_key(&config).await,
+        Cmd::Doctor { url, json } => {
+            let checks =
+                sshmode::app::doctor::run(config, &sshmode::app::doctor::Options { url }).await;
+            let stdout = std::io::stdout();
+            sshmode::app::doctor::print(&checks, json, &mut stdout.lock())?;
+            Ok(sshmode::app::doctor::exit_code(&checks))
+        }
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {

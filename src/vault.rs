@@ -152,11 +152,22 @@ impl Vault {
             }
             other => other?,
         };
-        let unbound =
-            UnboundKey::new(&AES_256_GCM, &key[..]).map_err(|_| VaultError::KeyLength {
-                path: path.to_owned(),
-                len: key.len() as u64,
-            })?;
+        Self::with_key(path, &key[..], rng)
+    }
+
+    /// Creates a new master key at `path`, which must not exist yet (`vault rotate-key`
+    /// writes the next key beside the current one this way), and opens it.
+    pub fn create(path: &Path) -> Result<Vault, VaultError> {
+        let rng = SystemRandom::new();
+        let key = Self::create_key(path, &rng)?;
+        Self::with_key(path, &key[..], rng)
+    }
+
+    fn with_key(path: &Path, key: &[u8], rng: SystemRandom) -> Result<Vault, VaultError> {
+        let unbound = UnboundKey::new(&AES_256_GCM, key).map_err(|_| VaultError::KeyLength {
+            path: path.to_owned(),
+            len: key.len() as u64,
+        })?;
         Ok(Vault {
             key: LessSafeKey::new(unbound),
             rng,

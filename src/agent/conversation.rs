@@ -150,6 +150,7 @@ pub async fn append_logged(
     event: (&str, Value),
     mark: Option<Mark<'_>>,
     flush: Flush,
+    audit: Option<&crate::audit::CommandRun>,
 ) -> Result<Appended, Fenced> {
     let value = serde_json::to_value(message).unwrap_or(Value::Null);
     let bytes = value.to_string().len() as i32;
@@ -177,6 +178,10 @@ pub async fn append_logged(
             .bind(&mark_value)
             .bind(mark_bytes)
             .bind(flush == Flush::Later)
+            .bind(audit.map(|a| a.actor.as_str()))
+            .bind(audit.and_then(|a| a.target.as_deref()))
+            .bind(audit.map(|a| &a.detail))
+            .bind(audit.map(|a| a.outcome.as_str()))
     };
     let ids = match bind(APPEND_LOGGED).fetch_optional(fence.db()).await {
         Err(e) if seq_taken(&e) => {
@@ -198,8 +203,8 @@ pub async fn append_logged(
 /// The statement of [`append_logged`]. `l` takes the section's log lock (re-entrant) and, for a
 /// `Flush::Later` commit, sets `synchronous_commit` for this transaction only
 /// (`set_config(…, true)` is `SET LOCAL`; it is read when the transaction commits). The row is
-/// inserted only after `l` and only if the fence holds; the entry and the mark only if the row
-/// was.
+/// inserted only after `l` and only if the fence holds; the entry, the mark and an executed
+/// command's audit row (`a`, when `$15` names an actor) only if the row was.
 const APPEND_LOGGED: &str = "WITH l AS (
        SELECT pg_advisory_xact_lock(hashtextextended($1, 0)),
               CASE WHEN $14 THEN set_config('synchronous_commit', 'off', true) END),
@@ -220,7 +225,14 @@ const APPEND_LOGGED: &str = "WITH l AS (
        SELECT $1, $2, 'tool_started', COALESCE($10, m.id::text || ':' || $11), $12, $13
          FROM m
         WHERE $10::text IS NOT NULL OR $11::text IS NOT NULL
-       RETURNING id)
+       RETURNING id),
+     a AS (
+       INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
+       SELECT $15, 'command.run',
+              COALESCE($16, CASE WHEN $18 = 'interrupted' THEN 'unknown' ELSE 'local' END),
+              $17, $1, $16, $18
+         FROM m
+        WHERE $15::text IS NOT NULL)
      SELECT m.id, (SELECT id FROM k) FROM m, e";
 
 /// The event log's `(section_id, seq)` key refused an entry.

@@ -313,6 +313,7 @@ impl<'a> Turn<'a> {
                 ("agent.step", event),
                 first_call.map(Mark::InThisRow),
                 Flush::Wait,
+                None,
             ),
             async {
                 match first {
@@ -393,7 +394,7 @@ async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails
     let tell = match deps.control.refused_call(&turn.section, fails, tool).await {
         Ok(tell) => tell,
         Err(e) => {
-            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
+            tracing::warn!(section.id = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
             return;
         }
     };
@@ -420,7 +421,7 @@ async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails
         Err(e) => Err(e),
     };
     if let Err(e) = marked {
-        tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "telling the thread its binding fails went wrong");
+        tracing::warn!(section.id = %turn.section, error = %format!("{e:#}"), "telling the thread its binding fails went wrong");
     }
 }
 
@@ -443,7 +444,7 @@ async fn earlier_steps(deps: &AgentDeps, turn: &ActiveTurn) -> Vec<EarlierStep> 
     match rows {
         Ok(rows) => rows.iter().map(EarlierStep::from_entry).collect(),
         Err(e) => {
-            tracing::warn!(turn.section = %turn.section, error = %e, "reading the turn's earlier steps failed");
+            tracing::warn!(section.id = %turn.section, error = %e, "reading the turn's earlier steps failed");
             Vec::new()
         }
     }
@@ -514,18 +515,30 @@ async fn run_calls(
                 Resumed::Wait => return Ok(Some(Halt::Leave)),
                 Resumed::Result(text) => {
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "not run"});
-                    store_result(turn, stored, &key, call, &text, event, None).await?;
+                    store_result(turn, stored, &key, call, &text, (event, None), None).await?;
                     continue;
                 }
                 Resumed::Stopped(text) => {
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "stopped"});
-                    store_result(turn, stored, &key, call, &text, event, None).await?;
+                    store_result(turn, stored, &key, call, &text, (event, None), None).await?;
                     turn.cancel.cancel(CancelReason::Stop);
                     return Ok(halted(turn, stored));
                 }
                 Resumed::NotParked | Resumed::Interrupted => {
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
-                    store_result(turn, stored, &key, call, INTERRUPTED, event, None).await?;
+                    // A command that was running when its runner went away ran, with an
+                    // unknown end.
+                    let audit = command_run(turn, call, None, "interrupted", None, 0);
+                    store_result(
+                        turn,
+                        stored,
+                        &key,
+                        call,
+                        INTERRUPTED,
+                        (event, audit.as_ref()),
+                        None,
+                    )
+                    .await?;
                     continue;
                 }
             }
@@ -535,7 +548,8 @@ async fn run_calls(
                 // Marked, but known not to have started: say so rather than leave it looking
                 // interrupted. (After a lost lease this write is refused, and it does look so.)
                 let event = json!({"turn": turn.id, "tool": call.function.name, "short": tools::short_form(call), "not_started": true});
-                match store_result(turn, stored, &key, call, NOT_STARTED, event, None).await {
+                match store_result(turn, stored, &key, call, NOT_STARTED, (event, None), None).await
+                {
                     Ok(()) | Err(Fenced::Lost) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -660,6 +674,11 @@ async fn run_calls(
             "ok": result.ok,
             "short": short,
         });
+        // A command that ran is audited in the same commit as its result.
+        let audit = result.exit.as_deref().and_then(|exit| {
+            let outcome = if exit == "exit 0" { "ok" } else { exit };
+            command_run(turn, call, target, outcome, Some(exit), result.millis)
+        });
         // The result and its event-log entry commit together, with the start mark of the next
         // call of this reply when there is one (so a step costs one commit, not two).
         let next = calls[i + 1..]
@@ -669,7 +688,15 @@ async fn run_calls(
             .filter(|_| reason.is_none());
         let next_key = next.as_ref().map(|(k, _)| k.as_str());
         let (written, ahead) = tokio::join!(
-            store_result(turn, stored, &key, call, &text, event, next_key),
+            store_result(
+                turn,
+                stored,
+                &key,
+                call,
+                &text,
+                (event, audit.as_ref()),
+                next_key
+            ),
             async {
                 match (&next, reason) {
                     (Some((_, c)), _) => Ahead::Call(tools::resolve(deps, &turn.section, c).await),
@@ -729,6 +756,50 @@ async fn run_calls(
     Ok(None)
 }
 
+/// The longest command text an audit row keeps.
+const AUDIT_COMMAND_CHARS: usize = 4096;
+
+/// The audit row of a command-running call (`terminal`, `execute_code`); `None` for other
+/// tools. The actor is the sender of the turn's latest message; the command text is redacted of
+/// secret-like words and clipped.
+fn command_run(
+    turn: &ActiveTurn,
+    call: &ToolCall,
+    target: Option<&str>,
+    outcome: &str,
+    exit: Option<&str>,
+    millis: u64,
+) -> Option<crate::audit::CommandRun> {
+    let key = match call.function.name.as_str() {
+        "terminal" => "command",
+        "execute_code" => "code",
+        _ => return None,
+    };
+    let args = call.parsed_arguments().unwrap_or_default();
+    let text = args.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+    let text: String = crate::llm::classify::redact(text)
+        .chars()
+        .take(AUDIT_COMMAND_CHARS)
+        .collect();
+    Some(crate::audit::CommandRun {
+        actor: turn
+            .messages
+            .last()
+            .map(|m| m.sender.clone())
+            .unwrap_or_else(|| "unknown".into()),
+        target: target.map(str::to_string),
+        outcome: outcome.to_string(),
+        detail: json!({
+            "tool": call.function.name,
+            "command": text,
+            "language": args.get("language"),
+            "exit": exit,
+            "duration_ms": millis,
+            "turn": turn.id,
+        }),
+    })
+}
+
 /// Stores a call's result and its event-log entry, with `next_mark` (the start mark of the
 /// next call to run) in the same commit.
 ///
@@ -745,7 +816,7 @@ async fn store_result(
     key: &str,
     call: &ToolCall,
     text: &str,
-    event: serde_json::Value,
+    (event, audit): (serde_json::Value, Option<&crate::audit::CommandRun>),
     next_mark: Option<&str>,
 ) -> Result<(), Fenced> {
     let msg = Message::tool(call.id.clone(), text);
@@ -762,6 +833,7 @@ async fn store_result(
         } else {
             Flush::Later
         },
+        audit,
     )
     .await?;
     stored.push(Stored {
@@ -954,6 +1026,6 @@ impl Repeats {
 
 async fn log(deps: &AgentDeps, turn: &ActiveTurn, kind: &str, payload: serde_json::Value) {
     if let Err(e) = crate::eventlog::append(&deps.db, &turn.section, kind, payload).await {
-        tracing::warn!(turn.section = %turn.section, error = %e, "event log append failed");
+        tracing::warn!(section.id = %turn.section, error = %e, "event log append failed");
     }
 }

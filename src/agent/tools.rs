@@ -781,7 +781,7 @@ async fn refused(
         crate::audit::record_chat(&mut conn, entry).await
     };
     if let Err(e) = audited.await {
-        tracing::warn!(turn.section = %section, error = %e, "auditing a refused tool call failed");
+        tracing::warn!(section.id = %section, error = %e, "auditing a refused tool call failed");
     }
     r.reason.clone()
 }
@@ -862,7 +862,7 @@ async fn store_cwd(deps: &AgentDeps, section: &str, backend: &str, dir: &str) {
     .execute(&deps.db)
     .await
     {
-        tracing::warn!(turn.section = %section, error = %e, "storing the working directory failed");
+        tracing::warn!(section.id = %section, error = %e, "storing the working directory failed");
     }
 }
 

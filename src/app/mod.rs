@@ -5,6 +5,7 @@
 
 pub mod build;
 pub mod console;
+pub mod doctor;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -175,7 +176,13 @@ impl App {
         if core.config.lark.is_some() {
             tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
         }
+        tasks.spawn(crate::audit::run_retention(
+            db.clone(),
+            core.config.audit_retention_days,
+            shutdown.clone(),
+        ));
         core.spawn(&shutdown, tasks);
+        doctor::log_light(&core.config, core.exec.local_level());
         let triage = Arc::new(LarkTriage {
             config: core.config.clone(),
         });

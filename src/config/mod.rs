@@ -87,6 +87,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// `SSHMODE_LOG_FILE`: the same log events also go to this file, rotated by size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogFileConfig {
+    /// Absolute; a relative `SSHMODE_LOG_FILE` is taken inside the data dir.
+    pub path: PathBuf,
+    /// `SSHMODE_LOG_MAX_MB` (default 50), in bytes: past it the file is rotated.
+    pub max_bytes: u64,
+    /// `SSHMODE_LOG_KEEP` (default 5): rotated files kept (`name.1` newest … `name.N`).
+    pub keep: usize,
+}
+
 /// The whole configuration. Built by [`Config::load`] (process environment + `.env`) or by
 /// [`Config::from_vars`] (any variable source; used by tests).
 #[derive(Debug, Clone)]
@@ -126,6 +137,12 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `RUST_LOG`: the tracing filter directives.
     pub log_filter: String,
+    /// Whether `RUST_LOG` was set (one-shot commands log at `warn` unless it was).
+    pub log_filter_set: bool,
+    /// `SSHMODE_LOG_FILE` and its rotation; `None` = standard error only.
+    pub log_file: Option<LogFileConfig>,
+    /// `SSHMODE_AUDIT_RETENTION_DAYS` (default 180): `serve` deletes older audit rows.
+    pub audit_retention_days: u32,
     /// Inbox (durable event queue) tunables.
     pub inbox: InboxConfig,
     /// Execution-layer tunables.
@@ -727,6 +744,22 @@ impl Config {
             )?,
         };
 
+        let log_file = match var("SSHMODE_LOG_FILE") {
+            None => None,
+            Some(p) => {
+                let p = PathBuf::from(p);
+                let path = if p.is_absolute() { p } else { data_dir.join(p) };
+                let mb = count("SSHMODE_LOG_MAX_MB", 50)? as u64;
+                Some(LogFileConfig {
+                    path: normalize(&path),
+                    max_bytes: mb.saturating_mul(1024 * 1024),
+                    keep: count("SSHMODE_LOG_KEEP", 5)?.min(100),
+                })
+            }
+        };
+        let audit_retention_days =
+            count("SSHMODE_AUDIT_RETENTION_DAYS", 180)?.min(100 * 365) as u32;
+
         let progress = ProgressConfig {
             enabled: parse_or("SSHMODE_PROGRESS", var("SSHMODE_PROGRESS"), true)?,
             interval: Duration::from_millis(count("SSHMODE_PROGRESS_INTERVAL_MS", 200)? as u64),
@@ -756,6 +789,9 @@ impl Config {
             master_key_file,
             log_format,
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
+            log_filter_set: var("RUST_LOG").is_some(),
+            log_file,
+            audit_retention_days,
             inbox,
             exec,
             chat,
@@ -880,6 +916,31 @@ mod tests {
     }
 
     #[test]
+    fn the_log_file_is_in_the_data_dir_and_the_audit_retention_is_read() {
+        let c = load(&[
+            ("SSHMODE_DATA_DIR", "/var/lib/sshmode"),
+            ("SSHMODE_LOG_FILE", "sshmode.log"),
+            ("SSHMODE_LOG_MAX_MB", "2"),
+            ("SSHMODE_AUDIT_RETENTION_DAYS", "30"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.log_file,
+            Some(LogFileConfig {
+                path: PathBuf::from("/var/lib/sshmode/sshmode.log"),
+                max_bytes: 2 * 1024 * 1024,
+                keep: 5,
+            })
+        );
+        assert_eq!(c.audit_retention_days, 30);
+        let e = load(&[("SSHMODE_AUDIT_RETENTION_DAYS", "0")]).unwrap_err();
+        assert!(
+            e.to_string().contains("SSHMODE_AUDIT_RETENTION_DAYS"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_launcher_is_an_absolute_path_or_the_running_sshmode() {
         let c = load(&[("SSHMODE_LAUNCHER", "/usr/local/bin/sshmode")]).unwrap();
         assert_eq!(
@@ -902,6 +963,8 @@ mod tests {
         assert!(c.lark.is_none() && c.database_url.is_none());
         assert!(matches!(c.llm, LlmConfig::None));
         assert_eq!(c.inbox.dedup_retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(c.audit_retention_days, 180);
+        assert_eq!(c.log_file, None);
         let c = load(&[("SSHMODE_DATA_DIR", "../state/./x")]).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/srv/state/x"));
     }

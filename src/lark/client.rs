@@ -220,6 +220,11 @@ impl LarkClient {
         self
     }
 
+    /// Obtains a tenant access token (`sshmode doctor`: the credentials work).
+    pub async fn check_token(&self) -> Result<(), LarkError> {
+        self.token().await.map(|_| ())
+    }
+
     /// The bot's own open_id, cached after the first successful call.
     pub async fn bot_open_id(&self) -> Result<String, LarkError> {
         self.bot_open_id

@@ -465,8 +465,9 @@ pub fn decrypt(encrypt_key: &str, b64: &str) -> Result<Vec<u8>, DecryptError> {
     Ok(data)
 }
 
-/// The inverse of [`decrypt`], as the platform does it. The service never encrypts; tests and
-/// the benchmark use this to build the requests Lark would send.
+/// The inverse of [`decrypt`], as the platform does it. The service never encrypts what it
+/// receives; `sshmode doctor --url`, the tests and the benchmark use this to build the requests
+/// Lark would send.
 pub fn encrypt(encrypt_key: &str, iv: [u8; 16], plaintext: &[u8]) -> String {
     let key = aes_key(encrypt_key);
     let enc = cbc::Encryptor::<aes::Aes256>::new_from_slices(key.as_slice(), &iv)

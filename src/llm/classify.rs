@@ -182,6 +182,12 @@ static SECRET_LIKE: LazyLock<Regex> = LazyLock::new(|| {
     .expect("valid regex")
 });
 
+/// `text` with secret-like words (bearer tokens, `sk-…` keys, `password=…`, long opaque
+/// strings) replaced by `[redacted]`; whitespace and length are kept as they are.
+pub fn redact(text: &str) -> String {
+    SECRET_LIKE.replace_all(text, "[redacted]").into_owned()
+}
+
 /// Makes a provider message safe to store and show: removes the key itself and anything shaped
 /// like a credential, collapses whitespace, and bounds the length.
 pub fn scrub(message: &str, key: Option<&str>) -> String {

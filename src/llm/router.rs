@@ -149,6 +149,15 @@ pub struct Router {
     tunables: RouterTunables,
 }
 
+/// One entry's answer to [`Router::check_each`]: nothing, or the failure's class and its
+/// message (scrubbed of the key).
+#[derive(Debug, Clone)]
+pub struct EntryCheck {
+    pub provider: String,
+    pub model: String,
+    pub result: Result<(), (FailureClass, String)>,
+}
+
 /// Health of one chain entry (`GET /router/health`).
 #[derive(Debug, Clone, Serialize)]
 pub struct EntryHealth {
@@ -579,6 +588,36 @@ impl Router {
             probed: results.len(),
             recovered: results.into_iter().filter(|ok| *ok).count(),
         }
+    }
+
+    /// Sends every entry one `max_tokens = 1` request, at once, and reports each answer
+    /// (`sshmode doctor`). Records nothing: an entry's state is the router's own business.
+    pub async fn check_each(&self) -> Vec<EntryCheck> {
+        let checks = self.entries.iter().map(|entry| async move {
+            let request = ChatRequest {
+                model: entry.model.clone(),
+                messages: vec![Message::user("ping")],
+                max_tokens: Some(1),
+                ..Default::default()
+            };
+            let result = match self
+                .client
+                .send(&entry.endpoint, &request, self.clock.now())
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(f) => {
+                    let class = classify(&f);
+                    Err((class, self.describe(entry, class, &f).message))
+                }
+            };
+            EntryCheck {
+                provider: entry.provider.clone(),
+                model: entry.model.clone(),
+                result,
+            }
+        });
+        futures_util::future::join_all(checks).await
     }
 
     async fn probe(&self, entry: &Entry) -> bool {

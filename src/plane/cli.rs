@@ -44,6 +44,52 @@ pub async fn run(cmd: SkillCmd, config: &Config) -> anyhow::Result<i32> {
     result
 }
 
+/// `skill list --json` (name, scope, built-in, description of each) and `skill show <name>
+/// --json` (the whole skill).
+pub async fn run_json(cmd: SkillCmd, config: &Config) -> anyhow::Result<i32> {
+    let store = crate::store::Store::open(config).await?;
+    let stdout = std::io::stdout();
+    let result = json_with(cmd, &store.pool, &mut stdout.lock()).await;
+    store.close().await;
+    result
+}
+
+/// [`run_json`] on a given database and output.
+pub async fn json_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let value = match cmd {
+        SkillCmd::List => skills::list(db, Viewer::Operator)
+            .await?
+            .into_iter()
+            .map(|k| {
+                serde_json::json!({
+                    "name": k.name,
+                    "scope": k.scope.describe(),
+                    "builtin": k.builtin,
+                    "description": k.description,
+                })
+            })
+            .collect(),
+        SkillCmd::Show { name } => {
+            let Some(k) = skills::view(db, Viewer::Operator, &name).await? else {
+                anyhow::bail!("{}", skills::SkillError::NotFound(clip(&name)));
+            };
+            serde_json::json!({
+                "name": k.name,
+                "scope": k.scope.describe(),
+                "promoted_by": k.promoted_by,
+                "updated_by": k.updated_by,
+                "updated_at": k.updated_at,
+                "description": k.description,
+                "body": k.body,
+            })
+        }
+        SkillCmd::Promote { .. } => anyhow::bail!("--json goes with `skill list` and `skill show`"),
+    };
+    serde_json::to_writer_pretty(&mut *out, &value)?;
+    writeln!(out)?;
+    Ok(0)
+}
+
 /// [`run`] on a given database and output (tests call this directly).
 pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
     match cmd {

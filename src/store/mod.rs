@@ -67,7 +67,12 @@ impl Store {
             })
             .connect_with(options)
             .await
-            .context("cannot connect to PostgreSQL")?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to PostgreSQL: {e}; check DATABASE_URL (unset: the embedded \
+                     cluster) and that the server accepts connections (`sshmode doctor`)"
+                )
+            })?;
         let store = Store { pool, embedded };
         if let Err(e) = MIGRATOR.run(&store.pool).await {
             store.close().await;

@@ -177,6 +177,38 @@ pub async fn run(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
     result
 }
 
+/// `target list --json` (an array of targets) and `target show <alias> --json` (the target with
+/// its `path` of aliases and its allowed `chats`, empty = every chat). Never secrets or key
+/// paths: a [`Target`] holds neither.
+pub async fn run_json(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
+    let store = crate::store::Store::open(config).await?;
+    let stdout = std::io::stdout();
+    let result = json_with(cmd, &store.pool, &mut stdout.lock()).await;
+    store.close().await;
+    result
+}
+
+/// [`run_json`] on a given database and output.
+pub async fn json_with(cmd: TargetCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let value = match cmd {
+        TargetCmd::List => serde_json::to_value(super::list(db).await?)?,
+        TargetCmd::Show { alias } => {
+            let path = super::path(db, &alias).await.map_err(user_error)?;
+            let chats = super::allow::allowed_chats(db, &alias)
+                .await
+                .map_err(user_error)?;
+            let mut v = serde_json::to_value(&path[0])?;
+            v["path"] = path.iter().map(|t| t.alias.clone()).collect();
+            v["chats"] = serde_json::to_value(chats)?;
+            v
+        }
+        _ => bail!("--json goes with `target list` and `target show`"),
+    };
+    serde_json::to_writer_pretty(&mut *out, &value)?;
+    writeln!(out)?;
+    Ok(0)
+}
+
 /// [`run`] on a given database, input and output (tests call this directly).
 pub async fn run_with(
     cmd: TargetCmd,
@@ -241,6 +273,11 @@ pub async fn run_with(
             let targets = super::list(db).await?;
             if targets.is_empty() {
                 writeln!(out, "no targets")?;
+            } else {
+                writeln!(
+                    out,
+                    "ALIAS\tDESTINATION\tSTATUS\tAUTH\tHOST KEY POLICY\tHOST KEY"
+                )?;
             }
             for t in targets {
                 writeln!(
@@ -391,6 +428,92 @@ pub async fn run_with(
             Ok(0)
         }
     }
+}
+
+/// `target test <alias>` for `sshmode doctor`: whether it succeeded, and the lines it printed.
+pub async fn check(
+    alias: &str,
+    config: &Config,
+    db: &PgPool,
+) -> anyhow::Result<(bool, Vec<String>)> {
+    crate::install_crypto_provider();
+    let vault = open_vault(config, db).await?;
+    let path = super::path(db, alias).await.map_err(user_error)?;
+    let mut out = Vec::new();
+    let code = test(&path, config, db, &vault, None, &mut out).await?;
+    let lines = String::from_utf8_lossy(&out)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    Ok((code == 0, lines))
+}
+
+/// `sshmode vault rotate-key`: a new master key, written beside the current one
+/// (`<key>.new`), every target's records re-sealed with it in one transaction (audited as
+/// `vault.rotate`), then the files swapped: the current key becomes `<key>.old` and the new one
+/// takes its place. Stop every `serve` first: a running service holds the old key in memory.
+pub async fn rotate_key(config: &Config) -> anyhow::Result<i32> {
+    let store = crate::store::Store::open(config).await?;
+    let result = rotate_key_with(config, &store.pool).await;
+    store.close().await;
+    let (n, old) = result?;
+    println!(
+        "re-sealed the secrets of {n} target(s) with a new master key at {}; the previous key is \
+         {}: replace the key in your backups, then delete it",
+        config.master_key_file.display(),
+        old.display()
+    );
+    Ok(0)
+}
+
+async fn rotate_key_with(config: &Config, db: &PgPool) -> anyhow::Result<(usize, PathBuf)> {
+    let current = &config.master_key_file;
+    if !current.exists() {
+        bail!(
+            "no master key at {} (SSHMODE_MASTER_KEY_FILE): nothing to rotate",
+            current.display()
+        );
+    }
+    let with = |ext: &str| {
+        let mut s = current.clone().into_os_string();
+        s.push(ext);
+        PathBuf::from(s)
+    };
+    let (next_path, old_path) = (with(".new"), with(".old"));
+    for p in [&next_path, &old_path] {
+        if p.exists() {
+            bail!(
+                "{} exists: an earlier rotation left it; if `sshmode audit list --kind vault` shows \
+                 that rotation, the database is sealed with `.new` (move it over the key); \
+                 otherwise delete it and run this again",
+                p.display()
+            );
+        }
+    }
+    let old = open_vault(config, db).await?;
+    let next = Vault::create(&next_path)
+        .map_err(|e| anyhow::anyhow!("cannot write the new key {}: {e}", next_path.display()))?;
+    let n = match super::reseal_all(db, &old, &next, ACTOR).await {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&next_path);
+            return Err(user_error(e).context("nothing was changed"));
+        }
+    };
+    // The database is sealed with the new key from here: swap the files.
+    std::fs::rename(current, &old_path)
+        .and_then(|()| std::fs::rename(&next_path, current))
+        .with_context(|| {
+            format!(
+                "the records are sealed with {}, but it could not be moved to {}: move it there by hand",
+                next_path.display(),
+                current.display()
+            )
+        })?;
+    if let Some(dir) = current.parent() {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok((n, old_path))
 }
 
 /// Opens the vault and re-seals any records still in the first format (idempotent).
@@ -571,6 +694,44 @@ fn show(t: &Target, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Terminal echo switched off on standard input while a secret is typed there; restored on drop.
+struct EchoOff(Option<libc::termios>);
+
+impl EchoOff {
+    /// Off when standard input is a terminal (with a prompt on stderr); nothing otherwise.
+    fn on_terminal_stdin(what: &str) -> EchoOff {
+        // SAFETY: isatty, tcgetattr and tcsetattr on fd 0 with a valid termios buffer.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return EchoOff(None);
+            }
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return EchoOff(None);
+            }
+            let saved = t;
+            t.c_lflag &= !libc::ECHO;
+            t.c_lflag |= libc::ECHONL;
+            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
+                return EchoOff(None);
+            }
+            eprint!("{what}: ");
+            EchoOff(Some(saved))
+        }
+    }
+}
+
+impl Drop for EchoOff {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            // SAFETY: restores the settings read from fd 0 above.
+            unsafe {
+                libc::tcsetattr(0, libc::TCSANOW, saved);
+            }
+        }
+    }
+}
+
 /// Largest key, certificate or secret line read: far above any real one (a 16384-bit RSA
 /// key is about 12 KiB), and a wrong path such as `/dev/zero` fails instead of filling memory.
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
@@ -597,6 +758,8 @@ fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>>
 
 /// Reads one line of standard input without its line ending.
 fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroizing<String>> {
+    // Typed at a terminal, the secret is not echoed (restored when `_quiet` drops).
+    let _quiet = EchoOff::on_terminal_stdin(what);
     let mut line = Zeroizing::new(String::new());
     (&mut *input)
         .take(MAX_SECRET_BYTES)

@@ -239,6 +239,9 @@ pub enum TargetError {
     JumpInUse { alias: String, dependents: String },
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// A vault record could not be opened or sealed again (`vault rotate-key`).
+    #[error("{0}")]
+    Sealed(#[from] crate::vault::VaultError),
 }
 
 /// Words that are never an alias (chat commands use them as keywords; any case).
@@ -1011,6 +1014,71 @@ pub async fn reseal_legacy(db: &PgPool, vault: &Vault) -> Result<usize, TargetEr
         );
     }
     Ok(done)
+}
+
+/// Most targets one key rotation re-seals.
+const MAX_RESEAL: i64 = 100_000;
+
+/// Re-seals every target's vault records, opened with `old`, under `new`, in one transaction
+/// with its audit row (`vault.rotate`): either every record moves to the new key or none does.
+/// A record `old` cannot open fails the whole rotation (nothing is lost by stopping).
+pub async fn reseal_all(
+    db: &PgPool,
+    old: &Vault,
+    new: &Vault,
+    actor: &str,
+) -> Result<usize, TargetError> {
+    let mut tx = db.begin().await?;
+    let rows = sqlx::query(
+        "SELECT alias, generation, sealed_key, sealed_cert, sealed_password FROM targets \
+          ORDER BY generation LIMIT $1 FOR UPDATE",
+    )
+    .bind(MAX_RESEAL)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in &rows {
+        let alias: String = row.get("alias");
+        let generation: i64 = row.get("generation");
+        let reseal = |field: Field, column: &str| -> Result<Option<Vec<u8>>, TargetError> {
+            let Some(sealed) = row.get::<Option<Vec<u8>>, _>(column) else {
+                return Ok(None);
+            };
+            let place = Slot {
+                alias: &alias,
+                generation,
+                field,
+            };
+            let plain = old.open(&place, &sealed)?;
+            Ok(Some(new.seal(&place, &plain)?))
+        };
+        let (key, cert, password) = (
+            reseal(Field::Key, "sealed_key")?,
+            reseal(Field::Cert, "sealed_cert")?,
+            reseal(Field::Password, "sealed_password")?,
+        );
+        sqlx::query(
+            "UPDATE targets SET sealed_key = $2, sealed_cert = $3, sealed_password = $4, \
+             updated_at = now() WHERE generation = $1",
+        )
+        .bind(generation)
+        .bind(key)
+        .bind(cert)
+        .bind(password)
+        .execute(&mut *tx)
+        .await?;
+    }
+    audit::record(
+        &mut tx,
+        audit::Entry {
+            actor,
+            action: "vault.rotate",
+            subject: "master-key",
+            detail: json!({ "targets": rows.len() }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(rows.len())
 }
 
 /// Checks `fingerprint` against the target's key in one transaction: records it on first use

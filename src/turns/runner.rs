@@ -107,7 +107,7 @@ impl Runner {
             };
             match store::claim(&self.db, &self.id, self.config.lease, &self.scope).await {
                 Ok(Some(lease)) => {
-                    tracing::debug!(turn.section = %lease.section, turn.generation = lease.generation, "section claimed");
+                    tracing::debug!(section.id = %lease.section, turn.generation = lease.generation, "section claimed");
                     let me = self.clone();
                     let shutdown = shutdown.clone();
                     self.held.fetch_add(1, Ordering::AcqRel);
@@ -144,7 +144,7 @@ impl Runner {
                     Ok(None) => return true,
                     Err(Fenced::Lost) => return false,
                     Err(Fenced::Db(e)) => {
-                        tracing::warn!(turn.section = %lease.section, error = %e, "opening a turn failed");
+                        tracing::warn!(section.id = %lease.section, error = %e, "opening a turn failed");
                         return true;
                     }
                 };
@@ -161,7 +161,7 @@ impl Runner {
         };
         if release && let Err(e) = store::release(&self.db, &lease).await {
             // The lease expires by itself; another runner takes over then.
-            tracing::warn!(turn.section = %lease.section, error = %e, "releasing a section failed");
+            tracing::warn!(section.id = %lease.section, error = %e, "releasing a section failed");
         }
     }
 
@@ -186,7 +186,7 @@ impl Runner {
                 biased;
                 r = &mut work => {
                     if let Err(e) = &r {
-                        tracing::warn!(turn.section = %lease.section, turn.id = turn.id, error = %format!("{e:#}"), "turn ended with an error; it resumes later");
+                        tracing::warn!(section.id = %lease.section, turn.id = turn.id, error = %format!("{e:#}"), "turn ended with an error; it resumes later");
                     }
                     return match (cancel.reason(), r) {
                         (Some(CancelReason::LeaseLost), _) => Driven::Lost,
@@ -226,7 +226,7 @@ impl Runner {
                 .await
             {
                 Ok(b) if !b.held => {
-                    tracing::warn!(turn.section = %lease.section, turn.id = turn.id, "lease lost to another runner; cancelling this turn's work");
+                    tracing::warn!(section.id = %lease.section, turn.id = turn.id, "lease lost to another runner; cancelling this turn's work");
                     cancel.cancel(CancelReason::LeaseLost);
                     return;
                 }
@@ -241,7 +241,7 @@ impl Runner {
                     // A runner that cannot renew must assume another takes over when the
                     // lease runs out, and stop its own tools before that.
                     if now - last_ok > self.config.lease * 2 / 3 {
-                        tracing::warn!(turn.section = %lease.section, error = %e, "lease renewals failing; cancelling this turn's work");
+                        tracing::warn!(section.id = %lease.section, error = %e, "lease renewals failing; cancelling this turn's work");
                         cancel.cancel(CancelReason::LeaseLost);
                         return;
                     }

@@ -952,6 +952,26 @@ async fn a_turn_resumes_on_another_instance_after_a_hard_stop_without_rerunning_
         .await
         .unwrap();
     assert_eq!(attempts, 2);
+    // The command ran, so it is audited, as interrupted on a backend no longer known.
+    let audited: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT subject, outcome, detail->>'command' FROM audit_log
+          WHERE action = 'command.run' AND section = $1",
+    )
+    .bind(&thread)
+    .fetch_all(&other.state.db)
+    .await
+    .unwrap();
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    let (subject, outcome, command) = &audited[0];
+    assert_eq!(
+        (subject.as_str(), outcome.as_str()),
+        ("unknown", "interrupted")
+    );
+    // (The counter's long random name reads as an opaque token and is redacted.)
+    assert!(
+        command.starts_with("echo run >> ") && command.ends_with("; sleep 60"),
+        "{command}"
+    );
     let _ = std::fs::remove_file(&counter);
 }
 

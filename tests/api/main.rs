@@ -4,10 +4,13 @@
 mod agent;
 mod agent_chat;
 mod approvals;
+mod audit;
 mod chat_control;
 mod console;
 mod control_plane;
 mod database;
+mod deploy;
+mod doctor;
 #[allow(dead_code)]
 mod dropbear;
 mod exec;
@@ -30,6 +33,7 @@ mod lark_support;
 mod lark_webhook;
 mod lark_ws;
 mod llm;
+mod ops_cli;
 mod progress;
 mod ssh_files;
 mod ssh_kill;

@@ -1,0 +1,605 @@
+//! `sshmode doctor`: checks a deployment the way its first user would find it broken, one
+//! [`Check`] per line with ✓ (fine), ! (works, with a caveat) or ✗ (broken) and one line of
+//! advice — the config, the database and its migrations, the local isolation level, Lark (a
+//! tenant token, the bot's info, the Encrypt Key, and with `--url` a signed `url_verification`
+//! round trip through the public event URL), one `max_tokens = 1` request per model entry, and
+//! every approved target (reachable, host key, `true`, SFTP or the shell fallback).
+//!
+//! [`light`] is the start-up form `serve` logs: what it knows without calling Lark, a model or
+//! a target.
+//!
+//! Never: prints a secret (errors from providers are scrubbed of their key; Lark and SSH
+//! errors carry none); changes anything but what `serve` would also do at start (migrations,
+//! the vault key, the tools account).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, LlmConfig};
+use crate::exec::Executors;
+use crate::exec::local::sandbox::Level;
+use crate::llm::FailureClass;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::target::Status as TargetStatus;
+use crate::vault::Vault;
+
+/// How long the database may take to answer before it counts as unreachable.
+const DATABASE_WAIT: Duration = Duration::from_secs(20);
+/// How long the event URL may take to answer.
+const URL_WAIT: Duration = Duration::from_secs(10);
+/// How long one target's check may take (connect, `true`, SFTP).
+const TARGET_WAIT: Duration = Duration::from_secs(30);
+/// Targets checked at once.
+const TARGETS_AT_ONCE: usize = 8;
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// Works, with a caveat the advice names.
+    Warn,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// `config`, `database`, `isolation`, `lark.token`, `lark.bot`, `lark.encrypt_key`,
+    /// `lark.url`, `model <provider>/<model>`, `target <alias>`.
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+    /// What to do about it; `None` when there is nothing to do.
+    pub advice: Option<String>,
+}
+
+impl Check {
+    fn ok(name: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            status: Status::Ok,
+            detail: detail.into(),
+            advice: None,
+        }
+    }
+
+    fn warn(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        advice: impl Into<String>,
+    ) -> Check {
+        Check {
+            name: name.into(),
+            status: Status::Warn,
+            detail: detail.into(),
+            advice: Some(advice.into()),
+        }
+    }
+
+    fn fail(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        advice: impl Into<String>,
+    ) -> Check {
+        Check {
+            name: name.into(),
+            status: Status::Fail,
+            detail: detail.into(),
+            advice: Some(advice.into()),
+        }
+    }
+}
+
+/// What `doctor` was asked.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The public event URL (`https://…/lark/events`) to send a signed `url_verification`.
+    pub url: Option<String>,
+}
+
+/// Runs every check (the config has loaded, or this would not run).
+pub async fn run(config: Config, opts: &Options) -> Vec<Check> {
+    crate::install_crypto_provider();
+    let mut checks = vec![Check::ok(
+        "config",
+        format!(
+            "loaded; data dir {}, database {}",
+            config.data_dir.display(),
+            if config.database_url.is_some() {
+                "DATABASE_URL"
+            } else {
+                "embedded"
+            }
+        ),
+    )];
+    let store = match tokio::time::timeout(DATABASE_WAIT, Store::open(&config)).await {
+        Ok(Ok(store)) => {
+            let n: Result<i64, _> =
+                sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+                    .fetch_one(&store.pool)
+                    .await;
+            checks.push(match n {
+                Ok(n) => Check::ok("database", format!("reachable; {n} migrations applied")),
+                Err(e) => Check::fail(
+                    "database",
+                    format!("migrations unreadable: {e}"),
+                    "run `sshmode migrate` and check the account may read _sqlx_migrations",
+                ),
+            });
+            Some(store)
+        }
+        Ok(Err(e)) => {
+            checks.push(database_failure(&config, &format!("{e:#}")));
+            None
+        }
+        Err(_) => {
+            checks.push(database_failure(
+                &config,
+                &format!("no answer within {} s", DATABASE_WAIT.as_secs()),
+            ));
+            None
+        }
+    };
+    let tasks = TaskTracker::new();
+    checks.push(isolation(&config, &tasks, store.as_ref().map(|s| &s.pool)));
+    checks.extend(lark(&config, opts).await);
+    match &store {
+        Some(store) => {
+            checks.extend(models(&config, &store.pool).await);
+            checks.extend(targets(&config, &store.pool).await);
+        }
+        None => checks.push(Check::fail(
+            "targets",
+            "not checked: the database is unreachable",
+            "fix the database first",
+        )),
+    }
+    tasks.close();
+    if let Some(store) = store {
+        store.close().await;
+    }
+    checks
+}
+
+fn database_failure(config: &Config, error: &str) -> Check {
+    let advice = if config.database_url.is_some() {
+        "check DATABASE_URL (host, port, user, password, database) and that PostgreSQL accepts \
+         connections from here"
+    } else {
+        "the embedded cluster needs the PostgreSQL server binaries (initdb, pg_ctl, postgres) \
+         and a writable SSHMODE_DATA_DIR; or set DATABASE_URL"
+    };
+    Check::fail("database", error.to_string(), advice)
+}
+
+/// The local isolation level, found as `serve` finds it.
+fn isolation(config: &Config, tasks: &TaskTracker, db: Option<&sqlx::PgPool>) -> Check {
+    let Some(db) = db else {
+        return Check::fail(
+            "isolation",
+            "not checked: the database is unreachable",
+            "fix the database first",
+        );
+    };
+    let vault = match Vault::open_or_create(&config.master_key_file) {
+        Ok(v) => Arc::new(v),
+        Err(e) => {
+            return Check::fail(
+                "vault",
+                format!(
+                    "cannot open the master key {}: {e}",
+                    config.master_key_file.display()
+                ),
+                "check SSHMODE_MASTER_KEY_FILE: the file must be readable by the service (mode 0600)",
+            );
+        }
+    };
+    let exec = Executors::with_metrics(
+        &config.exec,
+        crate::target::registry(db.clone()),
+        vault,
+        Arc::new(Metrics::new()),
+        tasks.clone(),
+    );
+    match exec {
+        Ok(exec) => level_check(exec.local_level(), config.exec.local.unsandboxed),
+        Err(e) => Check::fail(
+            "isolation",
+            format!("the local sandbox could not be prepared: {e:#}"),
+            "check SSHMODE_WORKSPACE_ROOT and SSHMODE_DATA_DIR are writable by the service",
+        ),
+    }
+}
+
+/// ✓ at the strongest level, ! below it (naming what is open), ✗ when local tools are refused.
+pub fn level_check(level: &Level, unsandboxed: bool) -> Check {
+    let strongest = level.separate_uid && level.pidns && level.landlock_abi.is_some();
+    if strongest {
+        return Check::ok("isolation", format!("{level} (the strongest)"));
+    }
+    if !level.is_enforced() && !unsandboxed {
+        return Check::fail(
+            "isolation",
+            format!("{level}: local tools are refused"),
+            "run the service as root (a separate tools account) or on a kernel with Landlock; \
+             or accept the risk with SSHMODE_LOCAL_UNSANDBOXED=true",
+        );
+    }
+    let mut missing = Vec::new();
+    if !level.separate_uid {
+        missing.push("a separate tools account (run as root)");
+    }
+    if !level.pidns {
+        missing.push("PID namespaces (root with CAP_SYS_ADMIN and the launcher, SSHMODE_LAUNCHER)");
+    }
+    if level.landlock_abi.is_none() {
+        missing.push("Landlock (a kernel with it enabled)");
+    }
+    Check::warn(
+        "isolation",
+        format!(
+            "{level}: local tools may reach {}",
+            level.leaves_open().join("; ")
+        ),
+        format!("for the strongest level add {}", missing.join(", ")),
+    )
+}
+
+/// Lark: the credentials, the bot, the Encrypt Key, and the event URL when given.
+async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
+    let lark = match config.require_lark() {
+        Ok(l) => l,
+        Err(e) => {
+            return vec![Check::fail(
+                "lark",
+                e.to_string(),
+                "set LARK_APP_ID, LARK_APP_SECRET and LARK_VERIFICATION_TOKEN from the developer \
+                 console (Credentials & Basic Info; Events & Callbacks)",
+            )];
+        }
+    };
+    let mut checks = Vec::new();
+    let client = crate::lark::client::LarkClient::new(
+        &config.lark_base_url,
+        &lark.app_id,
+        lark.app_secret.clone(),
+        Arc::new(Metrics::new()),
+    );
+    match client {
+        Err(e) => checks.push(Check::fail(
+            "lark.token",
+            format!("{e:#}"),
+            "check LARK_BASE_URL",
+        )),
+        Ok(client) => match client.check_token().await {
+            Err(e) => {
+                checks.push(Check::fail(
+                    "lark.token",
+                    e.to_string(),
+                    "check LARK_APP_ID and LARK_APP_SECRET (developer console → Credentials & \
+                     Basic Info) and LARK_BASE_URL (open.feishu.cn or open.larksuite.com)",
+                ));
+            }
+            Ok(()) => {
+                checks.push(Check::ok("lark.token", "tenant access token obtained"));
+                checks.push(match client.bot_open_id().await {
+                    Ok(id) => Check::ok("lark.bot", format!("bot info readable (open_id {id})")),
+                    Err(e) => Check::fail(
+                        "lark.bot",
+                        format!("bot info unreadable: {e}"),
+                        "enable the Bot capability of the app and publish a version (developer \
+                         console → Features → Bot)",
+                    ),
+                });
+            }
+        },
+    }
+    use secrecy::ExposeSecret;
+    match (&lark.encrypt_key, lark.allow_unsigned_events) {
+        (Some(_), _) => checks.push(Check::ok("lark.encrypt_key", "set: callbacks are signed and encrypted")),
+        (None, true) => checks.push(Check::warn(
+            "lark.encrypt_key",
+            "not set; SSHMODE_ALLOW_UNSIGNED_EVENTS=true accepts unsigned callbacks",
+            "set LARK_ENCRYPT_KEY (Events & Callbacks → Encryption Strategy) for any real deployment",
+        )),
+        (None, false) => checks.push(Check::fail(
+            "lark.encrypt_key",
+            "not set: `serve` refuses to start",
+            "set LARK_ENCRYPT_KEY (developer console → Events & Callbacks → Encryption Strategy)",
+        )),
+    }
+    if let Some(url) = &opts.url {
+        checks.push(
+            url_round_trip(
+                url,
+                lark.verification_token.expose_secret(),
+                lark.encrypt_key.as_ref().map(|k| k.expose_secret()),
+            )
+            .await,
+        );
+    }
+    checks
+}
+
+/// Sends the event URL what the developer console sends when it checks it: a
+/// `url_verification`, encrypted and signed when there is an Encrypt Key, and expects the
+/// challenge back.
+async fn url_round_trip(url: &str, token: &str, encrypt_key: Option<&str>) -> Check {
+    let challenge = uuid::Uuid::new_v4().to_string();
+    let plain = json!({"challenge": challenge, "token": token, "type": "url_verification"});
+    let ts = chrono::Utc::now().timestamp().to_string();
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let client = match reqwest::Client::builder().timeout(URL_WAIT).build() {
+        Ok(c) => c,
+        Err(e) => return Check::fail("lark.url", e.to_string(), "retry"),
+    };
+    let mut req = client.post(url).header("content-type", "application/json");
+    let body = match encrypt_key {
+        Some(key) => {
+            let mut iv = [0u8; 16];
+            iv.copy_from_slice(&uuid::Uuid::new_v4().into_bytes());
+            let sealed = crate::lark::webhook::encrypt(key, iv, plain.to_string().as_bytes());
+            let body = json!({"encrypt": sealed}).to_string().into_bytes();
+            let sig = crate::lark::webhook::signature(&ts, &nonce, key, &body);
+            req = req
+                .header("X-Lark-Request-Timestamp", &ts)
+                .header("X-Lark-Request-Nonce", &nonce)
+                .header("X-Lark-Signature", sig);
+            body
+        }
+        None => plain.to_string().into_bytes(),
+    };
+    let answer = match req.body(body).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::fail(
+                "lark.url",
+                format!("{url} did not answer: {}", without_url(&e)),
+                "check that `serve` runs and that the URL reaches it from outside (DNS, TLS, \
+                 reverse proxy to SSHMODE_LISTEN, path /lark/events)",
+            );
+        }
+    };
+    let status = answer.status();
+    let echoed = answer.json::<Value>().await.ok().and_then(|v| {
+        v.get("challenge")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    match (status.as_u16(), echoed) {
+        (200, Some(c)) if c == challenge => Check::ok(
+            "lark.url",
+            format!("{url} answered a signed url_verification with its challenge"),
+        ),
+        (401, _) => Check::fail(
+            "lark.url",
+            format!("{url} refused the signed request (401)"),
+            "the service behind the URL has another LARK_ENCRYPT_KEY or LARK_VERIFICATION_TOKEN \
+             than this configuration",
+        ),
+        (s, _) => Check::fail(
+            "lark.url",
+            format!("{url} answered HTTP {s} without the challenge"),
+            "the URL does not reach sshmode's POST /lark/events (check the path and the proxy)",
+        ),
+    }
+}
+
+/// A request error without the URL (it is printed beside it already).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(u) = e.url() {
+        s = s.replace(u.as_str(), "").replace(" ()", "");
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        s = format!("{s}: {inner}");
+        source = inner.source();
+    }
+    s
+}
+
+/// One `max_tokens = 1` request per router entry.
+async fn models(config: &Config, db: &sqlx::PgPool) -> Vec<Check> {
+    if matches!(config.llm, LlmConfig::None) {
+        return vec![no_model()];
+    }
+    let router = crate::llm::Router::from_config(
+        config,
+        db.clone(),
+        Arc::new(crate::clock::SystemClock),
+        Arc::new(Metrics::new()),
+    );
+    let router = match router {
+        Ok(Some(r)) => r,
+        Ok(None) => return vec![no_model()],
+        Err(e) => {
+            return vec![Check::fail(
+                "model",
+                format!("{e:#}"),
+                "check LLM_BASE_URL/LLM_MODEL or the router file (SSHMODE_ROUTER_CONFIG)",
+            )];
+        }
+    };
+    router
+        .check_each()
+        .await
+        .into_iter()
+        .map(|c| {
+            let name = format!("model {}/{}", c.provider, c.model);
+            match c.result {
+                Ok(()) => Check::ok(name, "answered a max_tokens=1 request"),
+                Err((class, message)) => Check::fail(name, message, model_advice(class)),
+            }
+        })
+        .collect()
+}
+
+fn no_model() -> Check {
+    Check::warn(
+        "model",
+        "none configured: chat commands work, the agent answers that it has no model",
+        "set LLM_BASE_URL, LLM_MODEL and LLM_API_KEY, or SSHMODE_ROUTER_CONFIG",
+    )
+}
+
+fn model_advice(class: FailureClass) -> &'static str {
+    match class {
+        FailureClass::Auth => {
+            "the provider refused the key: check LLM_API_KEY (or the router file's api_key_env variable)"
+        }
+        FailureClass::Quota => {
+            "the provider reports quota or billing exhausted: top it up, or add another entry to the chain"
+        }
+        FailureClass::RateLimited => {
+            "rate limited right now: retry in a minute; add another entry to the chain for load"
+        }
+        FailureClass::Transient => {
+            "no good answer: check the base URL (with its version path, e.g. /v1) and that the provider is reachable from here"
+        }
+        FailureClass::BadRequest => {
+            "the provider refused the request: check the model name for this provider"
+        }
+    }
+}
+
+/// Every approved target through `target test`; pending ones are named.
+async fn targets(config: &Config, db: &sqlx::PgPool) -> Vec<Check> {
+    use futures_util::StreamExt;
+    let list = match crate::target::list(db).await {
+        Ok(l) => l,
+        Err(e) => {
+            return vec![Check::fail(
+                "targets",
+                e.to_string(),
+                "run `sshmode migrate`",
+            )];
+        }
+    };
+    if list.is_empty() {
+        return vec![Check::ok(
+            "targets",
+            "none registered (`sshmode target add`)",
+        )];
+    }
+    let checks = list.into_iter().map(|t| async move {
+        let name = format!("target {}", t.alias);
+        match t.status {
+            TargetStatus::Approved => {}
+            TargetStatus::Pending => {
+                return Check::warn(
+                    name,
+                    "pending approval: no chat may use it",
+                    format!("`sshmode target approve {}` once the host key is checked", t.alias),
+                );
+            }
+            _ => {
+                return Check::ok(name, format!("{}: not checked", t.status.as_str()));
+            }
+        }
+        let checked =
+            tokio::time::timeout(TARGET_WAIT, crate::target::cli::check(&t.alias, config, db))
+                .await;
+        match checked {
+            Ok(Ok((true, lines))) => Check::ok(name, lines.join("; ")),
+            Ok(Ok((false, lines))) => {
+                let failed = lines
+                    .iter()
+                    .find(|l| l.starts_with("FAILED"))
+                    .cloned()
+                    .unwrap_or_else(|| lines.join("; "));
+                let advice = if failed.contains("host key") {
+                    format!(
+                        "the host presented another key: check it on the host (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub`), then `sshmode target rekey {} --host-key SHA256:…`",
+                        t.alias
+                    )
+                } else if failed.contains("auth") {
+                    format!(
+                        "the target refused the credentials: remove and add `{}` again with the right key or password",
+                        t.alias
+                    )
+                } else {
+                    format!(
+                        "check that {} is reachable from here (firewall, DNS, sshd running), then `sshmode target test {}`",
+                        t.destination(),
+                        t.alias
+                    )
+                };
+                Check::fail(name, failed, advice)
+            }
+            Ok(Err(e)) => Check::fail(name, format!("{e:#}"), format!("`sshmode target show {}`", t.alias)),
+            Err(_) => Check::fail(
+                name,
+                format!("no answer within {} s", TARGET_WAIT.as_secs()),
+                format!("check that {} is reachable from here", t.destination()),
+            ),
+        }
+    });
+    futures_util::stream::iter(checks)
+        .buffered(TARGETS_AT_ONCE)
+        .collect()
+        .await
+}
+
+/// The start-up form `serve` logs: no Lark, model or target calls.
+pub fn light(config: &Config, level: &Level) -> Vec<Check> {
+    let mut checks = vec![level_check(level, config.exec.local.unsandboxed)];
+    if let Some(lark) = &config.lark
+        && lark.encrypt_key.is_none()
+    {
+        checks.push(Check::warn(
+            "lark.encrypt_key",
+            "not set; unsigned callbacks are accepted",
+            "set LARK_ENCRYPT_KEY for any real deployment",
+        ));
+    }
+    if matches!(config.llm, LlmConfig::None) {
+        checks.push(no_model());
+    }
+    checks
+}
+
+/// Logs [`light`]'s checks: a warning for each that is not fine.
+pub fn log_light(config: &Config, level: &Level) {
+    for c in light(config, level) {
+        match c.status {
+            Status::Ok => {
+                tracing::info!(doctor.check = %c.name, "{}", c.detail);
+            }
+            _ => {
+                tracing::warn!(doctor.check = %c.name, advice = c.advice.as_deref().unwrap_or(""), "{}", c.detail);
+            }
+        }
+    }
+}
+
+/// Writes the report: one line per check, its advice on the next line when there is any.
+pub fn print(checks: &[Check], json: bool, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, checks)?;
+        return writeln!(out);
+    }
+    for c in checks {
+        let mark = match c.status {
+            Status::Ok => "✓",
+            Status::Warn => "!",
+            Status::Fail => "✗",
+        };
+        writeln!(out, "{mark} {}: {}", c.name, c.detail)?;
+        if let Some(a) = &c.advice {
+            writeln!(out, "    → {a}")?;
+        }
+    }
+    Ok(())
+}
+
+/// The exit code: 1 when anything failed.
+pub fn exit_code(checks: &[Check]) -> i32 {
+    i32::from(checks.iter().any(|c| c.status == Status::Fail))
+}
