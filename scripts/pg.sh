@@ -9,6 +9,8 @@ need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The SSH tests also run against Dropbear, the server of routers and small images.
 [ -x /usr/sbin/dropbear ] || need+=(dropbear-bin)
+# The deploy tests verify the systemd unit with systemd-analyze.
+command -v systemd-analyze >/dev/null || need+=(systemd)
 pg_bin=""
 for d in $(dirname "$(command -v pg_ctl 2>/dev/null || echo /nonexistent/x)") /usr/lib/postgresql/*/bin; do
   if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then pg_bin="$d"; fi

@@ -248,14 +248,11 @@ fn every_variable_named_in_deploy_is_in_env_example() {
 
 #[test]
 fn systemd_analyze_verifies_the_unit() {
-    let Ok(out) = std::process::Command::new("systemd-analyze")
+    // scripts/test.sh installs it (Debian's `systemd`): without it this test fails, never skips.
+    let out = std::process::Command::new("systemd-analyze")
         .arg("--version")
         .output()
-    else {
-        // No systemd tools on this machine: the parse test above still checks the unit.
-        eprintln!("systemd-analyze is not installed; the unit was not verified here");
-        return;
-    };
+        .expect("systemd-analyze (Debian's systemd package; scripts/test.sh installs it)");
     assert!(out.status.success());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sshmode.service");
