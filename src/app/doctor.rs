@@ -301,7 +301,14 @@ async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
         },
     }
     use secrecy::ExposeSecret;
+    if config.lark_mode.websocket() {
+        checks.push(long_connection(config, lark).await);
+    }
     match (&lark.encrypt_key, lark.allow_unsigned_events) {
+        (None, _) if !config.lark_mode.webhook() => checks.push(Check::ok(
+            "lark.encrypt_key",
+            "not needed: events arrive over the long connection only (SSHMODE_LARK_MODE=websocket)",
+        )),
         (Some(_), _) => checks.push(Check::ok("lark.encrypt_key", "set: callbacks are signed and encrypted")),
         (None, true) => checks.push(Check::warn(
             "lark.encrypt_key",
@@ -325,6 +332,32 @@ async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
         );
     }
     checks
+}
+
+/// The long connection's endpoint call: the credentials open a connection URL.
+async fn long_connection(config: &Config, lark: &crate::config::LarkConfig) -> Check {
+    let client = match crate::lark::ws::LongConnection::new(
+        &config.lark_base_url,
+        &lark.app_id,
+        lark.app_secret.clone(),
+        Arc::new(Metrics::new()),
+    ) {
+        Ok(c) => c,
+        Err(e) => return Check::fail("lark.long_connection", format!("{e:#}"), "check LARK_BASE_URL"),
+    };
+    match client.endpoint().await {
+        Ok((_, c)) => Check::ok(
+            "lark.long_connection",
+            format!("the endpoint gave a connection URL (ping every {} s)", c.ping_interval),
+        ),
+        Err(e) => Check::fail(
+            "lark.long_connection",
+            e,
+            "the long connection needs a self-built (enterprise) app with its event and callback \
+             subscriptions set to \"receive through a long connection\" (developer console → \
+             Events & Callbacks), and outbound HTTPS to LARK_BASE_URL",
+        ),
+    }
 }
 
 /// Sends the event URL what the developer console sends when it checks it: a

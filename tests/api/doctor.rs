@@ -291,3 +291,25 @@ async fn each_broken_part_is_a_cross_with_its_advice_and_a_failing_exit() {
     );
     s.app.stop().await;
 }
+
+/// In websocket mode the doctor checks the long connection's endpoint instead of asking for an
+/// Encrypt Key; an endpoint that refuses the app is a cross with advice.
+#[tokio::test]
+async fn the_long_connection_endpoint_is_checked_in_websocket_mode() {
+    let s = Setup::start().await;
+    let mut v = s.vars();
+    v.remove("LARK_ENCRYPT_KEY");
+    v.insert("SSHMODE_LARK_MODE", "websocket".into());
+    // No endpoint yet: the fake answers "system busy".
+    let (code, c) = doctor(&v, &[]).await;
+    assert_eq!((code, status(&c, "lark.long_connection").as_str()), (1, "fail"), "{c:#?}");
+    assert!(advice(&c, "lark.long_connection").contains("long connection"), "{c:#?}");
+    assert_eq!(status(&c, "lark.encrypt_key"), "ok", "{c:#?}");
+    s.lark.set_ws_endpoint(
+        "wss://example.invalid/ws/v2?device_id=1&service_id=2&ticket=t",
+        serde_json::json!({"PingInterval": 90}),
+    );
+    let (_, c) = doctor(&v, &[]).await;
+    assert_eq!(status(&c, "lark.long_connection"), "ok", "{c:#?}");
+    assert!(c["lark.long_connection"]["detail"].as_str().unwrap().contains("90 s"), "{c:#?}");
+}
