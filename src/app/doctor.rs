@@ -343,12 +343,21 @@ async fn long_connection(config: &Config, lark: &crate::config::LarkConfig) -> C
         Arc::new(Metrics::new()),
     ) {
         Ok(c) => c,
-        Err(e) => return Check::fail("lark.long_connection", format!("{e:#}"), "check LARK_BASE_URL"),
+        Err(e) => {
+            return Check::fail(
+                "lark.long_connection",
+                format!("{e:#}"),
+                "check LARK_BASE_URL",
+            );
+        }
     };
     match client.endpoint().await {
         Ok((_, c)) => Check::ok(
             "lark.long_connection",
-            format!("the endpoint gave a connection URL (ping every {} s)", c.ping_interval),
+            format!(
+                "the endpoint gave a connection URL (ping every {} s)",
+                c.ping_interval
+            ),
         ),
         Err(e) => Check::fail(
             "lark.long_connection",

@@ -223,11 +223,15 @@ impl LongConnection {
         let mut reported_final = false;
         loop {
             self.status.set(State::Connecting);
-            let failure = tokio::select! {
+            let (failure, connected) = tokio::select! {
                 _ = stop.cancelled() => break,
                 f = self.connect_once(&deliver, &mut config) => f,
             };
             self.metrics.lark_ws_connected.set(0);
+            // A connection that worked starts the schedule again: the random delay first.
+            if connected {
+                attempts = 0;
+            }
             attempts += 1;
             let wait = match &failure {
                 Failure::Retry(why) => {
@@ -266,19 +270,19 @@ impl LongConnection {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
             }
-            // A working connection resets the schedule: the next loss waits the random delay.
-            if self.status.get() == State::Connected {
-                attempts = 0;
-            }
         }
         self.metrics.lark_ws_connected.set(0);
     }
 
-    /// One endpoint call and one connection, until it ends.
-    async fn connect_once(&self, deliver: &Arc<dyn Deliver>, config: &mut ClientConfig) -> Failure {
+    /// One endpoint call and one connection, until it ends; and whether it was open.
+    async fn connect_once(
+        &self,
+        deliver: &Arc<dyn Deliver>,
+        config: &mut ClientConfig,
+    ) -> (Failure, bool) {
         let (url, fetched) = match self.fetch_endpoint().await {
             Ok(e) => e,
-            Err(f) => return f,
+            Err(f) => return (f, false),
         };
         *config = fetched;
         let service_id = query(url.expose_secret(), "service_id")
@@ -294,14 +298,19 @@ impl LongConnection {
             true,
         );
         let ws = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Err(_) => return Failure::Retry("the WebSocket handshake timed out".into()),
-            Ok(Err(e)) => return handshake_failure(e),
+            Err(_) => {
+                return (
+                    Failure::Retry("the WebSocket handshake timed out".into()),
+                    false,
+                );
+            }
+            Ok(Err(e)) => return (handshake_failure(e), false),
             Ok(Ok((ws, _))) => ws,
         };
         tracing::info!(lark.ws_connection = %connection_id, "Lark long connection open");
         self.status.set(State::Connected);
         self.metrics.lark_ws_connected.set(1);
-        self.session(ws, service_id, deliver, config).await
+        (self.session(ws, service_id, deliver, config).await, true)
     }
 
     /// Reads frames until the connection ends; pings, reassembles, delivers, acknowledges.

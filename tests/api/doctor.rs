@@ -302,8 +302,15 @@ async fn the_long_connection_endpoint_is_checked_in_websocket_mode() {
     v.insert("SSHMODE_LARK_MODE", "websocket".into());
     // No endpoint yet: the fake answers "system busy".
     let (code, c) = doctor(&v, &[]).await;
-    assert_eq!((code, status(&c, "lark.long_connection").as_str()), (1, "fail"), "{c:#?}");
-    assert!(advice(&c, "lark.long_connection").contains("long connection"), "{c:#?}");
+    assert_eq!(
+        (code, status(&c, "lark.long_connection").as_str()),
+        (1, "fail"),
+        "{c:#?}"
+    );
+    assert!(
+        advice(&c, "lark.long_connection").contains("long connection"),
+        "{c:#?}"
+    );
     assert_eq!(status(&c, "lark.encrypt_key"), "ok", "{c:#?}");
     s.lark.set_ws_endpoint(
         "wss://example.invalid/ws/v2?device_id=1&service_id=2&ticket=t",
@@ -311,5 +318,11 @@ async fn the_long_connection_endpoint_is_checked_in_websocket_mode() {
     );
     let (_, c) = doctor(&v, &[]).await;
     assert_eq!(status(&c, "lark.long_connection"), "ok", "{c:#?}");
-    assert!(c["lark.long_connection"]["detail"].as_str().unwrap().contains("90 s"), "{c:#?}");
+    assert!(
+        c["lark.long_connection"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("90 s"),
+        "{c:#?}"
+    );
 }
