@@ -22,6 +22,10 @@
 
 #[path = "../tests/api/database.rs"]
 mod database;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{arg, ms, on_generator, percentile};
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -145,47 +149,6 @@ async fn send(conn: &mut Conn, r: &Req) -> bool {
 async fn checkpoint(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     sqlx::query("CHECKPOINT").execute(pool).await?;
     Ok(())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Runs a load-generator phase on a thread of its own with a single-threaded runtime (as
-/// pgbench is a process of its own), so that it neither steals the service's worker threads
-/// nor waits behind the service's tasks to send or time a request.
-async fn on_generator<F, Fut, T>(phase: F) -> T
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-    T: Send + 'static,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("generator runtime");
-        let _ = tx.send(rt.block_on(phase()));
-    });
-    rx.await.expect("the load generator panicked")
 }
 
 /// Closed loop: `clients` connections, each sending the next request when its ack arrives.

@@ -12,6 +12,10 @@
 
 #[path = "../tests/api/database.rs"]
 mod database;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{arg, ms, on_generator, percentile};
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -45,44 +49,6 @@ fn envelope(id: &str, chat: usize) -> String {
         }
     })
     .to_string()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Runs `phase` on a thread of its own with a single-threaded runtime.
-async fn on_generator<F, Fut, T>(phase: F) -> T
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-    T: Send + 'static,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _ = tx.send(rt.block_on(phase()));
-    });
-    rx.await.unwrap()
 }
 
 /// The long connection: the service connects to `listener`; `window` messages stay in flight

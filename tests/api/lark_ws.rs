@@ -31,6 +31,11 @@ fn service(lark: &FakeLark, mode: &str) -> TestAppBuilder {
         .var("SSHMODE_LARK_MODE", mode)
 }
 
+async fn ready(app: &TestApp) -> String {
+    let r = app.http.get(app.url("/readyz")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
 async fn rows(app: &TestApp, event_id: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE event_id = $1")
         .bind(event_id)
@@ -119,16 +124,11 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
     assert_eq!(status, 404);
 
     // Readiness names the connection; metrics count frames; the ticket is nowhere to be seen.
-    let ready = app
-        .http
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(ready.contains("lark-long-connection: connected"), "{ready}");
+    let status = ready(&app).await;
+    assert!(
+        status.contains("lark-long-connection: connected"),
+        "{status}"
+    );
     let metrics = app.metrics().await;
     assert!(metrics.contains("sshmode_lark_ws_connected 1"), "{metrics}");
     assert!(metrics.contains("reason=\"event\""), "{metrics}");
@@ -213,16 +213,11 @@ async fn a_refused_upgrade_is_reported_and_a_retryable_one_retried() {
     .await;
     ws.accept();
     ws.wait_connections(1).await;
-    let ready = app
-        .http
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(ready.contains("lark-long-connection: connected"), "{ready}");
+    let status = ready(&app).await;
+    assert!(
+        status.contains("lark-long-connection: connected"),
+        "{status}"
+    );
 
     // Forbidden is final: the service says so and waits long before trying again.
     let (lark2, ws2) = lark_and_ws().await;
@@ -232,15 +227,7 @@ async fn a_refused_upgrade_is_reported_and_a_retryable_one_retried() {
         "the refusal to show in /readyz",
         Duration::from_secs(20),
         async || {
-            let r = app2
-                .http
-                .get(app2.url("/readyz"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let r = ready(&app2).await;
             r.contains("lark-long-connection: refused")
         },
     )
@@ -274,15 +261,7 @@ async fn one_event_over_both_transports_and_two_replicas_is_handled_once() {
         async || {
             let mut all = true;
             for a in [&first, &second] {
-                let r = a
-                    .http
-                    .get(a.url("/readyz"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap();
+                let r = ready(a).await;
                 all &= r.contains("lark-long-connection: connected");
             }
             all

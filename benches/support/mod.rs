@@ -1,0 +1,45 @@
+//! What the load benchmarks share: their arguments, percentiles, and the load generator's
+//! own thread.
+
+use std::time::Duration;
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs a load-generator phase on a thread of its own with a single-threaded runtime (as
+/// pgbench is a process of its own), so that it neither steals the service's worker threads
+/// nor waits behind the service's tasks to send or time a request.
+pub async fn on_generator<F, Fut, T>(phase: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("generator runtime");
+        let _ = tx.send(rt.block_on(phase()));
+    });
+    rx.await.expect("the load generator panicked")
+}
