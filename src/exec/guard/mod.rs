@@ -22,8 +22,9 @@
 //! - `ask`: what a person should decide (risky or opaque, not catastrophic).
 //!
 //! Its answer is a [`Verdict`] ([`Guard::assess`]): `refuse`, `ask` or `allow`; a refusal
-//! anywhere in a command outweighs every ask. Until approvals exist, [`Guard::check`] refuses
-//! an `ask` too, with a message naming the reason.
+//! anywhere in a command outweighs every ask. [`Guard::check`], for callers that cannot ask a
+//! person (the agent's approvals park the call instead: `agent::approval`), refuses an `ask`
+//! too, with a message naming the reason.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is
 //! matched against the raw text and against every normalised simple command.
@@ -286,7 +287,7 @@ pub(super) mod testing {
             .unwrap_or_else(|| panic!("allowed, expected to ask (`{rule}`): {cmd}"));
         assert_eq!(a.verdict, super::Verdict::Ask, "{cmd}: {}", r.message);
         assert_eq!(r.rule, rule, "wrong rule for {cmd}: {}", r.message);
-        // Until approvals exist, `check` refuses it, naming the reason.
+        // Where nobody can be asked, `check` refuses it, naming the reason.
         let refused = Guard::default().check(cmd).unwrap_err();
         assert!(refused.message.contains(&r.reason), "{}", refused.message);
         assert!(refused.message.contains("approval"), "{}", refused.message);
