@@ -559,10 +559,22 @@ async fn task(
                     {
                         return Err(deny(&mut refusal, "permission", d.to_string()));
                     }
-                    let out = ops
-                        .execute_code(&code, lang.as_deref(), Some(t), cancel)
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    let ws_dir = Some(workspace_dir.as_str());
+                    let ran = if approved {
+                        ops.execute_code_approved(&code, lang.as_deref(), Some(t), ws_dir, cancel)
+                            .await
+                    } else {
+                        ops.execute_code_in(&code, lang.as_deref(), Some(t), ws_dir, cancel)
+                            .await
+                    };
+                    // Shell code the guard asks about parks the call, as a command does.
+                    if let Err(ExecError::Refused(o)) = &ran
+                        && o.verdict == Verdict::Ask
+                    {
+                        let cwd = ops.cwd().await.unwrap_or_default();
+                        asked = Some((code.clone(), o.reason.clone(), cwd));
+                    }
+                    let out = ran.map_err(|e| guard_err(&mut refusal, e))?;
                     exit_out = Some(exit_text(&out.exit));
                     Ok(format_output(&out, None))
                 }

@@ -573,3 +573,33 @@ async fn ssh_yolo_off_ends_what_was_allowed_in_the_thread() {
     );
     env.app.stop().await;
 }
+
+/// Shell code for `execute_code` that the guard asks about (here a recursive delete of a path
+/// known only when it runs, judged against the workspace) parks its call as a command does:
+/// nothing runs before the click, Allow once runs it.
+#[tokio::test]
+async fn shell_code_the_guard_asks_about_is_parked_too() {
+    let env = env(&[]).await;
+    let thread = unique("omt_code");
+    let msg = unique("om_code");
+    env.llm.push(
+        MODEL,
+        call("execute_code", json!({"language": "bash", "code": RISKY})),
+    );
+    accept(&env.app, &thread, &msg, "clean up with a script").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    env.llm.push(MODEL, say("finished"));
+    assert!(
+        card.1.to_string().contains("touch ran_marker"),
+        "{}",
+        card.1
+    );
+    let dir = workdir(&env.app, &thread).await;
+    assert!(!dir.join("ran_marker").exists(), "ran before any click");
+    press(&env.app, "ou_user", &card, "btn_once").await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let results = tool_results(&env.llm);
+    assert!(results[0].starts_with("allowed by ou_user"), "{results:?}");
+    assert!(dir.join("ran_marker").exists());
+    env.app.stop().await;
+}
