@@ -135,6 +135,32 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
     assert!(!metrics.contains(TICKET));
 }
 
+/// An event that cannot be recorded is acknowledged as a failure (so the platform delivers
+/// it again), and is recorded when it comes again.
+#[tokio::test]
+async fn an_event_that_cannot_be_stored_is_not_acknowledged_as_received() {
+    let (lark, ws) = lark_and_ws().await;
+    let app = service(&lark, "websocket").spawn().await;
+    ws.wait_connections(1).await;
+    let db = &app.state.db;
+    sqlx::query("ALTER TABLE inbox_events RENAME TO inbox_events_away")
+        .execute(db)
+        .await
+        .unwrap();
+    let body = Msg::new("ev_unstored", "keep me")
+        .envelope(TOKEN)
+        .to_string();
+    ws.send(data_frame("event", "u1", 1, 0, body.as_bytes()));
+    assert_eq!(ack_code(&ws.ack("u1").await)["code"], 500);
+    sqlx::query("ALTER TABLE inbox_events_away RENAME TO inbox_events")
+        .execute(db)
+        .await
+        .unwrap();
+    ws.send(data_frame("event", "u2", 1, 0, body.as_bytes()));
+    assert_eq!(ack_code(&ws.ack("u2").await)["code"], 200);
+    assert_eq!(rows(&app, "ev_unstored").await, 1);
+}
+
 #[tokio::test]
 async fn card_clicks_are_answered_in_the_acknowledgement_as_event_or_card_frames() {
     let (lark, ws) = lark_and_ws().await;
