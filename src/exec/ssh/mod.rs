@@ -64,6 +64,8 @@ const OPEN_RETRY_WAIT: Duration = Duration::from_millis(200);
 const KILL_WAIT: Duration = Duration::from_secs(8);
 /// How long a command stopped before it reported its process group is still read for it.
 const PID_WAIT: Duration = Duration::from_secs(2);
+/// How long a stopped command's channel is read for output already on its way.
+const DRAIN_AFTER_STOP: Duration = Duration::from_millis(500);
 /// Runs of the remote kill when one ends without reporting (see [`kill_group`]).
 const KILL_ATTEMPTS: usize = 3;
 
@@ -941,6 +943,21 @@ impl TargetPool {
             }
             stop_note = self.kill(&lease, &tx, pid).await;
             exit = Some(how);
+            // What the command wrote before it was stopped may still be on its way: read it
+            // (bounded) until the channel closes, so a stopped command keeps its output.
+            let _ = tokio::time::timeout(DRAIN_AFTER_STOP, async {
+                while let Some(msg) = rx.wait().await {
+                    match msg {
+                        ChannelMsg::Data { data } => out.push(&data),
+                        ChannelMsg::ExtendedData { data, ext: 1 } => {
+                            let _ = pid_scan.push(&data, &mut err);
+                        }
+                        ChannelMsg::Close => break,
+                        _ => {}
+                    }
+                }
+            })
+            .await;
         }
         orphan.pid = None;
         pid_scan.flush(&mut err);
