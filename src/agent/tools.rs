@@ -559,14 +559,16 @@ async fn task(
                     {
                         return Err(deny(&mut refusal, "permission", d.to_string()));
                     }
-                    let ws_dir = Some(workspace_dir.as_str());
-                    let ran = if approved {
-                        ops.execute_code_approved(&code, lang.as_deref(), Some(t), ws_dir, cancel)
-                            .await
-                    } else {
-                        ops.execute_code_in(&code, lang.as_deref(), Some(t), ws_dir, cancel)
-                            .await
-                    };
+                    let ran = ops
+                        .execute_code_as(
+                            &code,
+                            lang.as_deref(),
+                            Some(t),
+                            Some(workspace_dir.as_str()),
+                            cancel,
+                            approved,
+                        )
+                        .await;
                     // Shell code the guard asks about parks the call, as a command does.
                     if let Err(ExecError::Refused(o)) = &ran
                         && o.verdict == Verdict::Ask

@@ -376,35 +376,10 @@ impl Ops {
             .await
     }
 
-    /// [`Ops::execute_code`] in a workspace (absolute): shell code deleting recursively
-    /// outside it is a question for a person, as a command's is.
-    pub async fn execute_code_in(
-        &self,
-        code: &str,
-        language: Option<&str>,
-        timeout: Option<Duration>,
-        workspace: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<Output, ExecError> {
-        self.execute_code_as(code, language, timeout, workspace, cancel, false)
-            .await
-    }
-
-    /// [`Ops::execute_code`] for shell code a person approved: the guard's `ask` no longer
-    /// stops it, its refusals still do.
-    pub async fn execute_code_approved(
-        &self,
-        code: &str,
-        language: Option<&str>,
-        timeout: Option<Duration>,
-        workspace: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<Output, ExecError> {
-        self.execute_code_as(code, language, timeout, workspace, cancel, true)
-            .await
-    }
-
-    async fn execute_code_as(
+    /// [`Ops::execute_code`] in a workspace (absolute), where shell code deleting recursively
+    /// outside it is a question for a person, as a command's is; `approved`: a person allowed
+    /// it, so the guard's `ask` no longer stops it (its refusals still do).
+    pub async fn execute_code_as(
         &self,
         code: &str,
         language: Option<&str>,
