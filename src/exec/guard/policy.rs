@@ -50,8 +50,7 @@ pub(super) fn judge(
     let mut deferred: Option<(std::sync::Arc<str>, Objection)> = None;
     for effect in effects::walk_within(command, start, cpu) {
         let what = effect.what().clone();
-        if let Some((find, r)) = deferred.take_if(|(find, _)| *find != what) {
-            let _ = find;
+        if let Some((_, r)) = deferred.take_if(|(from, _)| *from != what) {
             return Err(r);
         }
         match policy.effect(effect) {
