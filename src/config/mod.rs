@@ -225,6 +225,9 @@ pub struct InboxConfig {
 pub struct ChatConfig {
     /// `SSHMODE_YOLO_TTL_HOURS`: lifetime of a `/ssh yolo on` grant (default 12 h).
     pub yolo_ttl: Duration,
+    /// `SSHMODE_ATTACHMENT_MAX_MB` in bytes: the largest file or image a person may send the
+    /// bot (default 20 MB, at most Lark's own 100 MB); a larger one is refused with a message.
+    pub attachment_max_bytes: u64,
 }
 
 /// Execution tunables.
@@ -726,6 +729,16 @@ impl Config {
         };
         let chat = ChatConfig {
             yolo_ttl: secs("SSHMODE_YOLO_TTL_HOURS", 12)?.saturating_mul(3600),
+            attachment_max_bytes: {
+                let mb = count("SSHMODE_ATTACHMENT_MAX_MB", 20)?;
+                if mb > 100 {
+                    return Err(ConfigError::Invalid {
+                        name: "SSHMODE_ATTACHMENT_MAX_MB",
+                        reason: "at most 100: Lark serves no larger resource".into(),
+                    });
+                }
+                mb as u64 * 1024 * 1024
+            },
         };
         let agent = AgentConfig {
             turn_budget: secs("SSHMODE_TURN_BUDGET_SECS", 900)?,

@@ -191,12 +191,18 @@ pub struct Message {
     pub thread_id: Option<String>,
     /// The thread's root message (in a thread) or the quoted message (a reply).
     pub root_id: Option<String>,
+    /// The message this one replies to (in a thread without a quote: the thread's root).
+    pub parent_id: Option<String>,
     pub sender_open_id: String,
     /// Text with every `@_user_N` placeholder replaced by `@Name`.
     pub text: String,
     /// Text with a leading @mention of the bot removed (what commands are parsed from).
     pub addressed_text: String,
     pub mentions_bot: bool,
+    /// The files and images it carries (downloaded later, in the worker).
+    pub resources: Vec<Resource>,
+    /// A forwarded bundle (`merge_forward`), expanded later, in the worker.
+    pub forwarded: bool,
 }
 
 impl Message {
@@ -249,7 +255,11 @@ impl MessageReceive {
     /// The domain message; `bot_open_id` identifies mentions of this bot.
     pub fn into_message(self, event_id: &str, bot_open_id: &str) -> Message {
         let m = self.message;
-        let raw = plain_text(&m.message_type, &m.content);
+        let Body {
+            text: raw,
+            resources,
+            forwarded,
+        } = body(&m.message_type, &m.content);
         let is_bot = |mention: &Mention| mention.id.open_id.as_deref() == Some(bot_open_id);
         let mentions_bot = m.mentions.iter().any(is_bot);
 
@@ -271,52 +281,194 @@ impl MessageReceive {
             chat_type: m.chat_type,
             thread_id: m.thread_id.filter(|t| !t.is_empty()),
             root_id: m.root_id.filter(|t| !t.is_empty()),
+            parent_id: m.parent_id.filter(|t| !t.is_empty()),
             sender_open_id: self.sender.sender_id.open_id.unwrap_or_default(),
             text: resolve(&raw, &m.mentions).trim().to_string(),
             addressed_text: resolve(addressed_raw, &m.mentions).trim().to_string(),
             mentions_bot,
+            resources,
+            forwarded,
         }
     }
 }
 
-/// The text of a `text` message, or the text runs and mentions of a `post` (rich text) message,
-/// one line per paragraph. Other message types have no text.
-fn plain_text(message_type: &str, content: &str) -> String {
-    let Ok(v) = serde_json::from_str::<Value>(content) else {
-        return String::new();
+/// A file a message carries, named as the resource download needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    /// The `image_key` or `file_key`.
+    pub key: String,
+    /// What it is: `image`, `file`, `audio` or `media` (an image inside a post is an `image`).
+    pub kind: String,
+    /// The file name the sender's client gave it, when it gave one.
+    pub name: Option<String>,
+}
+
+impl Resource {
+    /// The `type` the resource download takes: `image` for images, `file` for the rest.
+    pub fn download_type(&self) -> &'static str {
+        if self.kind == "image" {
+            "image"
+        } else {
+            "file"
+        }
+    }
+}
+
+/// What a message's content says: its text (every element made readable), the files it
+/// carries, and whether it is a forwarded bundle whose messages must be fetched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Body {
+    pub text: String,
+    pub resources: Vec<Resource>,
+    /// A `merge_forward` bundle: its content names nothing; its messages are read by id.
+    pub forwarded: bool,
+}
+
+/// Reads a message's `content` (a JSON string) by its type. Nothing a person can send is
+/// silent: a type or a post element this does not know becomes a visible placeholder.
+pub fn body(message_type: &str, content: &str) -> Body {
+    let v = serde_json::from_str::<Value>(content).unwrap_or(Value::Null);
+    let str_of = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let resource = |kind: &str, key: &str| {
+        let key = str_of(key);
+        (!key.is_empty()).then(|| Resource {
+            key,
+            kind: kind.to_string(),
+            name: Some(str_of("file_name")).filter(|n| !n.is_empty()),
+        })
     };
     match message_type {
-        "text" => v
-            .get("text")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-        "post" => {
-            let paragraphs = v
-                .get("content")
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
-            let lines: Vec<String> = paragraphs
-                .iter()
-                .map(|p| {
-                    p.as_array()
-                        .map(Vec::as_slice)
-                        .unwrap_or(&[])
-                        .iter()
-                        .filter_map(|el| match el.get("tag").and_then(Value::as_str) {
-                            Some("text") | Some("a") => el.get("text").and_then(Value::as_str),
-                            Some("at") => el.get("user_id").and_then(Value::as_str),
-                            _ => None,
-                        })
-                        .collect::<Vec<_>>()
-                        .join("")
-                })
-                .collect();
-            lines.join("\n")
-        }
-        _ => String::new(),
+        "text" => Body {
+            text: str_of("text"),
+            ..Body::default()
+        },
+        "post" => post(&v),
+        "image" => Body {
+            resources: resource("image", "image_key").into_iter().collect(),
+            ..Body::default()
+        },
+        "file" | "audio" | "media" => Body {
+            resources: resource(message_type, "file_key").into_iter().collect(),
+            ..Body::default()
+        },
+        "sticker" => Body {
+            text: "[a sticker]".into(),
+            ..Body::default()
+        },
+        "merge_forward" => Body {
+            forwarded: true,
+            ..Body::default()
+        },
+        other => Body {
+            text: format!("[a message of type `{other}`, which cannot be read here]"),
+            ..Body::default()
+        },
     }
+}
+
+/// A `post` (rich text): its title, then one line per paragraph, every element as text.
+fn post(v: &Value) -> Body {
+    // Received posts are `{"title", "content"}`; a post as sent is wrapped in a locale.
+    let post = if v.get("content").is_some() {
+        v
+    } else {
+        v.as_object()
+            .and_then(|m| m.values().find(|x| x.get("content").is_some()))
+            .unwrap_or(v)
+    };
+    let mut out = Body::default();
+    let mut lines: Vec<String> = Vec::new();
+    if let Some(title) = post
+        .get("title")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+    {
+        lines.push(title.to_string());
+    }
+    let paragraphs = post
+        .get("content")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for p in paragraphs {
+        let mut line = String::new();
+        for el in p.as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            element(el, &mut line, &mut out.resources);
+        }
+        lines.push(line);
+    }
+    out.text = lines.join("\n");
+    out
+}
+
+/// One post element as text (and, for images and videos, a resource).
+fn element(el: &Value, line: &mut String, resources: &mut Vec<Resource>) {
+    let s = |k: &str| el.get(k).and_then(Value::as_str).unwrap_or("");
+    match s("tag") {
+        "text" => line.push_str(s("text")),
+        "md" => line.push_str(s("text")),
+        "a" => match (s("text"), s("href")) {
+            ("", href) => line.push_str(href),
+            (text, "") => line.push_str(text),
+            (text, href) if text == href => line.push_str(href),
+            (text, href) => line.push_str(&format!("[{text}]({href})")),
+        },
+        // Received posts name a mention by its `@_user_N` placeholder, resolved with the
+        // message's mentions like a text message's.
+        "at" => match (s("user_id"), s("user_name")) {
+            (id, _) if id.starts_with("@_") => line.push_str(id),
+            (_, name) if !name.is_empty() => line.push_str(&format!("@{name}")),
+            (id, _) => line.push_str(&format!("@{id}")),
+        },
+        "emotion" => line.push_str(&format!(":{}:", s("emoji_type"))),
+        "hr" => line.push_str("\n---\n"),
+        "code_block" => {
+            if !line.is_empty() && !line.ends_with('\n') {
+                line.push('\n');
+            }
+            let code = s("text");
+            line.push_str(&format!(
+                "```{}\n{}{}```\n",
+                s("language").to_lowercase(),
+                code,
+                if code.ends_with('\n') { "" } else { "\n" }
+            ));
+        }
+        "img" => {
+            line.push_str("[image]");
+            if !s("image_key").is_empty() {
+                resources.push(Resource {
+                    key: s("image_key").to_string(),
+                    kind: "image".into(),
+                    name: None,
+                });
+            }
+        }
+        "media" => {
+            line.push_str("[video]");
+            if !s("file_key").is_empty() {
+                resources.push(Resource {
+                    key: s("file_key").to_string(),
+                    kind: "media".into(),
+                    name: Some(s("file_name").to_string()).filter(|n| !n.is_empty()),
+                });
+            }
+        }
+        other => line.push_str(&format!("[unsupported element `{other}`]")),
+    }
+}
+
+/// [`body`] with `@_user_N` placeholders replaced by `@Name` from `mentions` (a fetched
+/// message's mentions, for example).
+pub fn readable(message_type: &str, content: &str, mentions: &[Mention]) -> Body {
+    let mut b = body(message_type, content);
+    b.text = resolve(&b.text, mentions);
+    b
+}
+
+/// The text of a message (see [`body`]).
+fn plain_text(message_type: &str, content: &str) -> String {
+    body(message_type, content).text
 }
 
 /// `text` starts with `key` as a whole placeholder (`@_user_1` is not a prefix of `@_user_10`).
@@ -406,8 +558,78 @@ mod tests {
         let m = MessageReceive::from_envelope(&env)
             .unwrap()
             .into_message("ev", "ou_bot");
-        assert_eq!(m.text, "@Bot /ssh status\nsecond");
-        assert_eq!(m.addressed_text, "/ssh status\nsecond");
+        assert_eq!(m.text, "@Bot /ssh status\n[image]second");
+        assert_eq!(m.addressed_text, "/ssh status\n[image]second");
+        assert_eq!(m.resources.len(), 1);
+    }
+
+    #[test]
+    fn every_post_element_becomes_text() {
+        let mut env = envelope("", None, "user");
+        env["event"]["message"]["message_type"] = json!("post");
+        env["event"]["message"]["content"] = json!(
+            json!({"title": "Help", "content": [
+                [{"tag": "at", "user_id": "@_user_1"}, {"tag": "text", "text": " what is"},
+                 {"tag": "code_block", "language": "SHELL", "text": "ls -la\n"}],
+                [{"tag": "a", "text": "the docs", "href": "https://example.com/d"},
+                 {"tag": "text", "text": " cc "}, {"tag": "at", "user_id": "@_user_2"},
+                 {"tag": "emotion", "emoji_type": "SMILE"}],
+                [{"tag": "hr"}],
+                [{"tag": "md", "text": "**bold** `x`"}, {"tag": "media", "file_key": "file_v",
+                  "image_key": "img_c"}, {"tag": "sparkle"}]
+            ]})
+            .to_string()
+        );
+        let m = MessageReceive::from_envelope(&env)
+            .unwrap()
+            .into_message("ev", "ou_bot");
+        assert_eq!(
+            m.text,
+            "Help\n@Bot what is\n```shell\nls -la\n```\n\n[the docs](https://example.com/d) cc @Ann:SMILE:\n\n---\n\n**bold** `x`[video][unsupported element `sparkle`]"
+        );
+        // The bot is mentioned after the title, so nothing leads: the text stays whole.
+        assert!(m.mentions_bot);
+        assert_eq!(
+            m.resources,
+            vec![Resource {
+                key: "file_v".into(),
+                kind: "media".into(),
+                name: None
+            }]
+        );
+    }
+
+    #[test]
+    fn files_stickers_bundles_and_unknown_types_are_never_silent() {
+        let b = body("file", r#"{"file_key":"file_1","file_name":"app.log"}"#);
+        assert_eq!(b.resources[0].name.as_deref(), Some("app.log"));
+        assert_eq!(b.resources[0].download_type(), "file");
+        let b = body("image", r#"{"image_key":"img_1"}"#);
+        assert_eq!(b.resources[0].download_type(), "image");
+        assert_eq!(
+            body("audio", r#"{"file_key":"file_a"}"#).resources[0].kind,
+            "audio"
+        );
+        assert_eq!(
+            body("sticker", r#"{"file_key":"file_s"}"#).text,
+            "[a sticker]"
+        );
+        assert!(
+            body("sticker", r#"{"file_key":"file_s"}"#)
+                .resources
+                .is_empty()
+        );
+        assert!(body("merge_forward", r#""Merged and Forwarded Message""#).forwarded);
+        assert!(body("location", "{}").text.contains("`location`"));
+        let mentions = vec![Mention {
+            key: "@_user_1".into(),
+            id: UserIds::default(),
+            name: "Ann".into(),
+        }];
+        assert_eq!(
+            readable("text", r#"{"text":"hi @_user_1"}"#, &mentions).text,
+            "hi @Ann"
+        );
     }
 
     /// The routing of an envelope given as a `Value`, through its raw `event` member.
