@@ -154,6 +154,7 @@ impl Core {
             agent: self.agent.clone(),
             admins,
             workspaces: self.workspaces.clone(),
+            exec: self.exec.clone(),
         }
     }
 }

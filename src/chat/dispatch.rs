@@ -11,7 +11,7 @@ use super::authz::Actor;
 use super::change::{self, Conversation, Ctl, Decision};
 use super::command::{self, Command, YoloScope};
 use super::port::{AdminChannel, AgentPort, AgentRequest, Incoming, Reply, ThreadError};
-use super::{binding, render, threads};
+use super::{binding, input, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::exec::Place;
@@ -27,6 +27,8 @@ pub struct Deps {
     pub admins: Arc<dyn AdminChannel>,
     /// Where local workspaces may be (the root resolved once, at start-up).
     pub workspaces: workspace::LocalRules,
+    /// The backends, for placing the files a message carries (`input`).
+    pub exec: Arc<crate::exec::Executors>,
 }
 
 impl Deps {
@@ -55,18 +57,29 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
     }
     let cmd = match command::parse(&msg.text) {
         None if for_the_agent(deps, msg).await? => {
+            // What it quotes, forwards and carries, read and placed here in the worker.
+            let input = input::prepare(deps, msg, reply.source()).await?;
+            for (i, notice) in input.notices.iter().enumerate() {
+                reply.answer(notice, &format!("input-{i}")).await?;
+            }
+            if input.is_empty() {
+                return Ok(());
+            }
             let req = AgentRequest {
                 section: msg.section().to_string(),
                 chat_id: msg.chat_id.clone(),
                 message_id: msg.message_id.clone(),
                 sender_open_id: msg.sender.clone(),
-                text: msg.text.clone(),
+                text: input.text,
                 in_thread: msg.thread_id.is_some(),
             };
             // The bot answers here, so it is in this thread from now on.
             joined_thread(deps, msg).await?;
             if let Some(text) = deps.agent.enqueue(&req).await? {
                 reply.answer(&text, "agent").await?;
+            }
+            if let Some(parent) = &input.quoted {
+                crate::turns::inputs::quoted(&deps.db, msg.section(), parent).await?;
             }
             return Ok(());
         }

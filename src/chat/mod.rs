@@ -15,6 +15,7 @@
 //! | `command.rs` | the typed `Command` enum; the `commands!` macro makes the enum, the help table and each usage line from one declaration; NFKC + lower-cased keywords; aliases by `target::valid_alias` (the one alias rule, also a database CHECK, reserved words included) | effects |
 //! | `port.rs` | the domain's edges: `Incoming`, `Reply`, `AdminChannel`, `AgentPort` + `AgentRequest`  | platform types |
 //! | `dispatch.rs` | one message → its effects and answer; `/ssh use` from a parent chat (pending binding keyed by the message id = the thread's `root_id`, with the generation checked; reply opening the thread, then the sticky binding and the thread's owner; 230071 → suggest `--here`); **what starts a turn**: a message that is not a command and is addressed (an @mention of the bot, or a p2p chat) or is in a thread the bot is in | knowing the platform |
+//! | `input.rs` | what a message quotes, forwards and carries, made whole before its turn is queued: the parent (once per section; not a thread's root) and a bundle's messages read through `Source` and bounded; files downloaded under `SSHMODE_ATTACHMENT_MAX_MB` and placed in `attachments/` of the section's workspace on its backend (at `read`: its tmp), the model told path, size and type; images kept for the turn | keeping anything over the cap; retrying 234043; falling back to local |
 //! | `threads.rs` | `bot_threads`: the threads the bot opened (recorded with the completed pending binding, in its transaction) or answered in (recorded when the dispatcher answers or queues a turn there) | deciding what a message means |
 //! | `authz.rs` | **the one authorisation function** `authorize(actor, act)`: user command, model request, admin decision → permit or a refusal worded for the asker; who may bind a section (`Section`: a thread's owner, a group chat's admins, a one-to-one chat's user) | I/O |
 //! | `change.rs` | the operations (bind, release, grant on/off, decide, report, complete pending): facts + state loaded in one transaction, `authorize`, change, audit row (refusals too) in that transaction | wording answers |
@@ -63,6 +64,7 @@ pub mod change;
 pub mod command;
 pub mod dispatch;
 pub mod grant;
+pub mod input;
 pub mod model_api;
 pub mod port;
 pub mod render;
@@ -72,6 +74,7 @@ pub mod threads;
 pub use crate::agent::{NO_MODEL, NOTHING_RUNNING};
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AdminChannel, AgentPort, AgentRequest, ApprovalView, CardState, Incoming, Reply, ThreadError,
+    AdminChannel, AgentPort, AgentRequest, ApprovalView, CardState, FileRef, Incoming, Quoted,
+    Reply, Source, ThreadError, Unavailable,
 };
 pub use ssh_mode::ChatSshMode;

@@ -1,5 +1,6 @@
 //! The chat domain's edges: what it receives ([`Incoming`]), how it answers ([`Reply`]), how
-//! it reaches admins ([`AdminChannel`]) and the agent ([`AgentPort`]). Lark implements the
+//! it reaches admins ([`AdminChannel`]) and the agent ([`AgentPort`]), and where what a
+//! message quotes or carries is read ([`Source`]). Lark implements the
 //! first two in `lark::reply`; a terminal console can implement them too. Nothing here knows
 //! a platform.
 
@@ -23,6 +24,62 @@ pub struct Incoming {
     pub addressed: bool,
     /// The chat is a one-to-one chat (its parent section is its one user's to bind).
     pub direct: bool,
+    /// The message this one replies to (in a thread without a quote: the thread's root).
+    pub parent_id: Option<String>,
+    /// The files and images it carries.
+    pub files: Vec<FileRef>,
+    /// A forwarded bundle: its messages are read through [`Source::messages`].
+    pub forwarded: bool,
+}
+
+/// A file or image a message carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRef {
+    /// The platform's key for it.
+    pub key: String,
+    /// `image`, `file`, `audio` or `media`.
+    pub kind: String,
+    /// The name the sender's client gave it, if any.
+    pub name: Option<String>,
+}
+
+/// A message read back by id: a quoted one, or one inside a forwarded bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quoted {
+    pub message_id: String,
+    /// Who sent it (an open_id, or `bot <app id>`).
+    pub sender: String,
+    /// Its text, every element readable.
+    pub text: String,
+    pub files: Vec<FileRef>,
+    /// Inside a forwarded bundle (whose files the platform does not hand out).
+    pub in_bundle: bool,
+}
+
+/// Why a message or a file could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// Larger than the cap; nothing of it was kept.
+    #[error("it is larger than the {limit_mb} MB limit")]
+    TooLarge { limit_mb: u64 },
+    /// The platform refused or failed; the text says why, in words for the user.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Reads what a received message refers to, on demand (in the worker, never on the callback
+/// path): the messages it quotes or forwards and the files it carries.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// The message `message_id`, and for a forwarded bundle the messages inside it (bounded).
+    async fn messages(&self, message_id: &str) -> Result<Vec<Quoted>, Unavailable>;
+    /// A file of message `message_id`, at most `max` bytes.
+    async fn download(
+        &self,
+        message_id: &str,
+        file: &FileRef,
+        max: u64,
+    ) -> Result<Vec<u8>, Unavailable>;
 }
 
 impl Incoming {
@@ -61,6 +118,11 @@ pub trait Reply: Send + Sync {
     /// Answers by opening a thread on the message; returns the new thread's id when the
     /// platform names it.
     async fn open_thread(&self, text: &str, purpose: &str) -> Result<Option<String>, ThreadError>;
+    /// Where the message's quoted messages and files are read from; `None` where the channel
+    /// has none (a terminal).
+    fn source(&self) -> Option<&dyn Source> {
+        None
+    }
 }
 
 /// A target awaiting (or given) an admin's decision, as an approval card shows it.

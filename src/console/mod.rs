@@ -186,6 +186,9 @@ impl Session {
             text: text.to_string(),
             addressed: true,
             direct: false,
+            parent_id: None,
+            files: Vec::new(),
+            forwarded: false,
         };
         let reply = LineReply {
             term: &self.term,

@@ -521,6 +521,11 @@ impl Executors {
         Ok(self.ops(section, Arc::new(backend)))
     }
 
+    /// The section's private temporary directory on this machine (its local tools' `TMPDIR`).
+    pub fn local_tmp(&self, section: &str) -> std::path::PathBuf {
+        self.local.tmp_of(section)
+    }
+
     /// Both together: `ops(section, backend(place)?)`.
     pub async fn ops_for(&self, section: &str, place: &Place) -> Result<ops::Ops, ExecError> {
         let backend = self.backend(section, place).await?;

@@ -17,16 +17,30 @@ use sqlx::PgPool;
 
 use crate::agent::ChatOut;
 use crate::chat::approval::{self, Click};
-use crate::chat::{self, AdminChannel, ApprovalView, Deps, Incoming, Reply, ThreadError};
+use crate::chat::{
+    self, AdminChannel, ApprovalView, Deps, FileRef, Incoming, Quoted, Reply, Source, ThreadError,
+    Unavailable,
+};
 use crate::config::Config;
 use crate::inbox::{Handler, InboxEvent};
-use crate::lark::client::{Content, LarkClient, LarkError, Sent, idempotency_key};
+use crate::lark::client::{
+    self as lark_client, Content, DownloadError, LarkClient, LarkError, Sent, idempotency_key,
+};
 use crate::lark::event::{self, CardAction, Message, MessageReceive};
 use crate::lark::markup;
 use crate::lark::webhook::Envelope;
 
 /// Lark refuses thread replies in this chat.
 const THREADS_NOT_ALLOWED: i64 = 230071;
+/// A resource inside a forwarded bundle's messages or a card: never downloadable.
+const IN_BUNDLE_OR_CARD: i64 = 234043;
+/// The app lacks a scope the API needs.
+const NO_SCOPE: i64 = 99991672;
+/// The message was deleted / recalled.
+const DELETED: i64 = 230110;
+const RECALLED: i64 = 230011;
+/// The bot is not in the message's chat.
+const NOT_IN_CHAT: i64 = 230002;
 
 /// The inbox handler for Lark events.
 pub struct LarkHandler {
@@ -224,6 +238,102 @@ fn incoming(m: &Message) -> Incoming {
         text: m.addressed_text.clone(),
         addressed: m.mentions_bot || m.is_p2p(),
         direct: m.is_p2p(),
+        parent_id: m.parent_id.clone(),
+        files: m.resources.iter().map(file_ref).collect(),
+        forwarded: m.forwarded,
+    }
+}
+
+fn file_ref(r: &event::Resource) -> FileRef {
+    FileRef {
+        key: r.key.clone(),
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+    }
+}
+
+/// Lark's refusals of a message read or a download, in words for the model and the user.
+fn unavailable(e: &LarkError) -> String {
+    match e {
+        LarkError::Api { code, .. } => match *code {
+            IN_BUNDLE_OR_CARD => "Lark does not let bots download files inside forwarded messages or cards (234043)".into(),
+            NO_SCOPE => "the bot lacks the permission to read messages (one of the scopes im:message, im:message:readonly or im:message.history:readonly)".into(),
+            DELETED | RECALLED => "it was deleted or recalled".into(),
+            NOT_IN_CHAT => "the bot is not in the chat it was sent in".into(),
+            code => format!("Lark refused it (code {code})"),
+        },
+        LarkError::Http { status: 404, .. } => "it does not exist (or no longer)".into(),
+        other => format!("Lark could not be asked: {other}"),
+    }
+}
+
+/// A fetched message as the chat layer reads it.
+fn quoted(f: lark_client::Fetched, app_id_hint: &str) -> Quoted {
+    let mentions: Vec<event::Mention> = f
+        .mentions
+        .iter()
+        .map(|(key, name)| event::Mention {
+            key: key.clone(),
+            id: Default::default(),
+            name: name.clone(),
+        })
+        .collect();
+    let body = event::readable(&f.msg_type, &f.content, &mentions);
+    let sender = if f.sender_type == "app" {
+        if f.sender_id == app_id_hint {
+            "this bot".to_string()
+        } else {
+            format!("a bot ({})", f.sender_id)
+        }
+    } else {
+        f.sender_id.clone()
+    };
+    let text = if f.deleted {
+        "[deleted]".to_string()
+    } else if f.msg_type == "merge_forward" {
+        "[forwarded messages]".to_string()
+    } else {
+        body.text
+    };
+    Quoted {
+        message_id: f.message_id,
+        sender,
+        text,
+        files: body.resources.iter().map(file_ref).collect(),
+        in_bundle: f.upper_message_id.is_some(),
+    }
+}
+
+#[async_trait]
+impl Source for LarkReply {
+    async fn messages(&self, message_id: &str) -> Result<Vec<Quoted>, Unavailable> {
+        match self.lark.get_message(message_id).await {
+            Ok(list) => Ok(list
+                .into_iter()
+                .map(|f| quoted(f, self.lark.app_id()))
+                .collect()),
+            Err(e) => Err(Unavailable::Refused(unavailable(&e))),
+        }
+    }
+
+    async fn download(
+        &self,
+        message_id: &str,
+        file: &FileRef,
+        max: u64,
+    ) -> Result<Vec<u8>, Unavailable> {
+        let kind = if file.kind == "image" {
+            "image"
+        } else {
+            "file"
+        };
+        match self.lark.download(message_id, &file.key, kind, max).await {
+            Ok(b) => Ok(b),
+            Err(DownloadError::TooLarge { limit }) => Err(Unavailable::TooLarge {
+                limit_mb: limit / (1024 * 1024),
+            }),
+            Err(DownloadError::Lark(e)) => Err(Unavailable::Refused(unavailable(&e))),
+        }
     }
 }
 
@@ -288,6 +398,10 @@ impl Reply for LarkReply {
                 anyhow::Error::new(e).context("opening a thread in Lark"),
             )),
         }
+    }
+
+    fn source(&self) -> Option<&dyn Source> {
+        Some(self)
     }
 }
 

@@ -60,6 +60,11 @@ const LANES: LaneConfig = LaneConfig {
     window_max: 1000,
     urgent_reserve: 100,
 };
+/// How long one resource download may take, the body included.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Most messages read from one `GET /messages/{id}` answer (a forwarded bundle lists its
+/// messages there); the rest are counted, not read.
+pub const MAX_FETCHED: usize = 50;
 /// `uuid` may be at most 50 characters.
 const UUID_LEN: usize = 40;
 /// Largest answer read from the Open API (its answers are a few kilobytes); a longer one is
@@ -124,6 +129,34 @@ pub struct Sent {
     pub chat_id: Option<String>,
     /// Set when the message is in a thread (always after `reply_in_thread`).
     pub thread_id: Option<String>,
+}
+
+/// A message read back by id (`GET /open-apis/im/v1/messages/{message_id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub message_id: String,
+    pub msg_type: String,
+    /// `body.content`: a JSON string, as in a received message.
+    pub content: String,
+    /// The sender's id (an open_id for people, an app id for bots).
+    pub sender_id: String,
+    /// `user` or `app`.
+    pub sender_type: String,
+    /// Set on the messages inside a forwarded bundle: the bundle's id.
+    pub upper_message_id: Option<String>,
+    pub deleted: bool,
+    /// `(placeholder, name)` of each mention.
+    pub mentions: Vec<(String, String)>,
+}
+
+/// Why a resource was not downloaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// Larger than the cap: refused before or while reading, nothing of it kept.
+    #[error("larger than {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error(transparent)]
+    Lark(#[from] LarkError),
 }
 
 /// Reads an answer as JSON, at most [`MAX_RESPONSE`] bytes of it; `None` when it is longer,
@@ -218,6 +251,11 @@ impl LarkClient {
     pub fn with_shared_budget(mut self, db: sqlx::PgPool) -> Self {
         self.budget = Some(SharedBudget::new(db, &self.app_id));
         self
+    }
+
+    /// The app's id (`LARK_APP_ID`): the sender id of the bot's own messages.
+    pub fn app_id(&self) -> &str {
+        &self.app_id
     }
 
     /// Obtains a tenant access token (`sshmode doctor`: the credentials work).
@@ -473,6 +511,203 @@ impl LarkClient {
             .inc();
     }
 
+    /// A message by id, and for a forwarded bundle the messages inside it (at most
+    /// [`MAX_FETCHED`] of all of them).
+    pub async fn get_message(&self, message_id: &str) -> Result<Vec<Fetched>, LarkError> {
+        let api = "message_get";
+        let path = format!("/open-apis/im/v1/messages/{}", path_segment(message_id));
+        let v = self.call(api, Method::GET, &path, None, None).await?;
+        let items = v
+            .pointer("/data/items")
+            .and_then(Value::as_array)
+            .ok_or(LarkError::Decode { api })?;
+        let s = |v: &Value, p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        Ok(items
+            .iter()
+            .take(MAX_FETCHED)
+            .map(|m| Fetched {
+                message_id: s(m, "/message_id"),
+                msg_type: s(m, "/msg_type"),
+                content: s(m, "/body/content"),
+                sender_id: s(m, "/sender/id"),
+                sender_type: s(m, "/sender/sender_type"),
+                upper_message_id: Some(s(m, "/upper_message_id")).filter(|u| !u.is_empty()),
+                deleted: m.get("deleted").and_then(Value::as_bool).unwrap_or(false),
+                mentions: m
+                    .get("mentions")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|x| (s(x, "/key"), s(x, "/name")))
+                    .collect(),
+            })
+            .collect())
+    }
+
+    /// Downloads a file or image of a message (`GET …/messages/{id}/resources/{key}?type=`),
+    /// streaming, at most `max` bytes: a larger one is refused by its declared length, or
+    /// as soon as what arrived passes `max`, and what was read is dropped.
+    pub async fn download(
+        &self,
+        message_id: &str,
+        key: &str,
+        download_type: &str,
+        max: u64,
+    ) -> Result<Vec<u8>, DownloadError> {
+        let api = "message_resource";
+        let path = format!(
+            "/open-apis/im/v1/messages/{}/resources/{}?type={}",
+            path_segment(message_id),
+            path_segment(key),
+            if download_type == "image" {
+                "image"
+            } else {
+                "file"
+            }
+        );
+        let url = format!("{}{}", self.base, path);
+        let mut token_refreshed = false;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let last = attempt >= MAX_ATTEMPTS;
+            self.admit(Priority::Bulk, api, Kind::Message, None).await?;
+            let token = self.token().await?;
+            let sent = self
+                .http
+                .get(&url)
+                .bearer_auth(token.expose_secret())
+                .timeout(DOWNLOAD_TIMEOUT)
+                .send()
+                .await;
+            let mut resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    self.count(api, "transport");
+                    if last {
+                        return Err(LarkError::Transport {
+                            api,
+                            reason: without_url(&e),
+                        }
+                        .into());
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+            };
+            let status = resp.status();
+            let json = resp
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|h| h.to_str().ok())
+                .is_some_and(|t| t.starts_with("application/json"));
+            if status.is_success() && !json {
+                if resp.content_length().is_some_and(|n| n > max) {
+                    self.count(api, "too_large");
+                    return Err(DownloadError::TooLarge { limit: max });
+                }
+                let mut out = Vec::new();
+                loop {
+                    let chunk = match resp.chunk().await {
+                        Ok(Some(c)) => c,
+                        Ok(None) => break,
+                        Err(e) => {
+                            self.count(api, "transport");
+                            return Err(LarkError::Transport {
+                                api,
+                                reason: without_url(&e),
+                            }
+                            .into());
+                        }
+                    };
+                    if (out.len() + chunk.len()) as u64 > max {
+                        self.count(api, "too_large");
+                        return Err(DownloadError::TooLarge { limit: max });
+                    }
+                    out.extend_from_slice(&chunk);
+                }
+                self.count(api, "ok");
+                return Ok(out);
+            }
+            // An error comes as the usual JSON answer.
+            let code = read_json(resp)
+                .await
+                .map(|v| (v.get("code").and_then(Value::as_i64), v));
+            let code_of = code.as_ref().and_then(|(c, _)| *c);
+            let retry = status == StatusCode::TOO_MANY_REQUESTS
+                || code_of == Some(RATE_LIMITED)
+                || status.is_server_error();
+            if retry && !last {
+                self.count(api, "retry");
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+            if let Some(c) = code_of
+                && TOKEN_INVALID.contains(&c)
+                && !token_refreshed
+            {
+                token_refreshed = true;
+                self.drop_token().await;
+                attempt -= 1;
+                continue;
+            }
+            self.count(api, "error");
+            return Err(match code {
+                Some((Some(code), v)) if code != 0 => LarkError::Api {
+                    api,
+                    code,
+                    msg: v
+                        .get("msg")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                },
+                _ => LarkError::Http {
+                    api,
+                    status: status.as_u16(),
+                },
+            }
+            .into());
+        }
+    }
+
+    /// Waits for the chat's limit, then a slot of the app's budget in `priority`'s lane, then
+    /// the deployment's budget.
+    async fn admit(
+        &self,
+        priority: Priority,
+        api: &'static str,
+        kind: Kind,
+        chat_key: Option<&str>,
+    ) -> Result<(), LarkError> {
+        if let Some(key) = chat_key {
+            if self.chat_limit.len() > MAX_CHAT_KEYS {
+                self.chat_limit.retain_recent();
+            }
+            self.chat_limit.until_key_ready(&key.to_string()).await;
+        }
+        if let Err(why) = self.app_limit.acquire(priority, kind).await {
+            self.count(api, "overloaded");
+            return Err(LarkError::Overloaded { api, why });
+        }
+        if let Some(budget) = &self.budget {
+            let wait = match priority {
+                Priority::Urgent => LANES.urgent_wait,
+                Priority::Bulk => LANES.bulk_wait,
+            };
+            if let Err(why) = budget.take(priority, kind, chat_key, wait).await {
+                self.count(api, "overloaded");
+                return Err(LarkError::Overloaded { api, why });
+            }
+        }
+        Ok(())
+    }
+
     /// A cached token, or a new one.
     async fn token(&self) -> Result<SecretString, LarkError> {
         let mut slot = self.token.lock().await;
@@ -553,26 +788,7 @@ impl LarkClient {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            if let Some(key) = chat_key {
-                if self.chat_limit.len() > MAX_CHAT_KEYS {
-                    self.chat_limit.retain_recent();
-                }
-                self.chat_limit.until_key_ready(&key.to_string()).await;
-            }
-            if let Err(why) = self.app_limit.acquire(priority, kind).await {
-                self.count(api, "overloaded");
-                return Err(LarkError::Overloaded { api, why });
-            }
-            if let Some(budget) = &self.budget {
-                let wait = match priority {
-                    Priority::Urgent => LANES.urgent_wait,
-                    Priority::Bulk => LANES.bulk_wait,
-                };
-                if let Err(why) = budget.take(priority, kind, chat_key, wait).await {
-                    self.count(api, "overloaded");
-                    return Err(LarkError::Overloaded { api, why });
-                }
-            }
+            self.admit(priority, api, kind, chat_key).await?;
             let token = self.token().await?;
             let mut req = self
                 .http

@@ -14,10 +14,14 @@
 //! A call waiting for a person's approval parks its turn ([`approval`]): the runner lets go
 //! of the section, which no runner claims until the decision, the deadline or a `/stop`.
 //!
+//! What a request brought besides its text — the messages it quoted, its images — is kept in
+//! [`inputs`].
+//!
 //! Never: knows models, tools or chats (the work is injected); keeps a process-global registry
 //! of who runs what (replicas share only the database).
 
 pub mod approval;
+pub mod inputs;
 mod runner;
 mod store;
 

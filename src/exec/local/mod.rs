@@ -187,6 +187,11 @@ impl LocalHost {
         }
     }
 
+    /// The section's private temporary directory.
+    pub fn tmp_of(self: &Arc<Self>, section: &str) -> PathBuf {
+        self.for_section(section).tmp
+    }
+
     /// The backend of a section that works in `workspace`, a directory beneath the workspace
     /// root (its own, or a shared one); the sandbox then grants that directory, not the
     /// section's own, and only for reading unless `writable`.
