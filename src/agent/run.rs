@@ -131,6 +131,8 @@ struct Turn<'a> {
     loaded: conversation::Loaded,
     /// The next step's system prompt, when it was read while the last result committed.
     prompt_ahead: Option<String>,
+    /// The images this turn's messages carried, read once at the first model call.
+    images: Option<Vec<crate::turns::inputs::Image>>,
 }
 
 impl<'a> Turn<'a> {
@@ -176,6 +178,7 @@ impl<'a> Turn<'a> {
             scale: 1.0,
             loaded: conversation::Loaded::default(),
             prompt_ahead: None,
+            images: None,
         }))
     }
 
@@ -207,6 +210,36 @@ impl<'a> Turn<'a> {
             };
         }
         Step::Ask
+    }
+
+    /// Gives each image of this turn's messages to the user message that names its path, as
+    /// image content (a route without `vision` gets the text alone: see `llm::Router`). An
+    /// image that cannot be read leaves its message as text, which names the path.
+    async fn with_images(&mut self, messages: &mut [Message]) {
+        let images = match &self.images {
+            Some(i) => i,
+            None => {
+                let ids: Vec<String> = self
+                    .turn
+                    .messages
+                    .iter()
+                    .map(|m| m.message_id.clone())
+                    .collect();
+                let read = crate::turns::inputs::images_of(self.turn.fence.db(), &ids).await;
+                self.images.insert(read.unwrap_or_else(|e| {
+                    tracing::warn!(section.id = %self.turn.section, error = %e, "reading a turn's images failed; they go as paths");
+                    Vec::new()
+                }))
+            }
+        };
+        for image in images {
+            if let Some(m) = messages
+                .iter_mut()
+                .find(|m| m.role == "user" && m.text_content().contains(&image.path))
+            {
+                m.add_image(&image.mime, &image.data);
+            }
+        }
     }
 
     /// Checks the bounds, asks the model, and stores its reply with the start mark of its
@@ -249,8 +282,10 @@ impl<'a> Turn<'a> {
             Err(e) => return Err(e.into()),
         };
         let estimate = context.bytes / 4;
+        let mut messages = context.messages;
+        self.with_images(&mut messages).await;
         let request = ChatRequest {
-            messages: context.messages,
+            messages,
             tools: Some(tools::definitions()),
             tool_choice: Some(json!("auto")),
             ..Default::default()

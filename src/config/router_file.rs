@@ -50,6 +50,9 @@ pub struct ChainSpec {
 pub struct EntrySpec {
     pub provider: String,
     pub model: String,
+    /// The model reads images (`vision = true`): a request's images go to it as image
+    /// content; to an entry without it they are described by their paths.
+    pub vision: bool,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +86,8 @@ struct RawEntry {
     provider: String,
     model: String,
     priority: Option<i64>,
+    #[serde(default)]
+    vision: bool,
 }
 
 impl RouterFile {
@@ -179,6 +184,7 @@ impl RouterFile {
                     EntrySpec {
                         provider: e.provider,
                         model: e.model,
+                        vision: e.vision,
                     },
                 ));
             }
@@ -208,6 +214,7 @@ impl RouterFile {
                 entries: vec![EntrySpec {
                     provider: "default".into(),
                     model: model.into(),
+                    vision: false,
                 }],
             }],
         }

@@ -112,6 +112,9 @@ struct Entry {
     provider: String,
     model: String,
     endpoint: Endpoint,
+    /// The model reads images (the router file's `vision`); without it a request's image
+    /// parts are sent as their text descriptions.
+    vision: bool,
 }
 
 /// In-memory counters of one chain entry (this process only).
@@ -302,10 +305,14 @@ impl Router {
                     p.api_key.as_ref().map(secrecy::ExposeSecret::expose_secret),
                 );
                 let i = match entries.iter().position(|x| x.key == key) {
-                    Some(i) => i,
+                    Some(i) => {
+                        entries[i].vision |= e.vision;
+                        i
+                    }
                     None => {
                         entries.push(Entry {
                             key,
+                            vision: e.vision,
                             provider: p.name.clone(),
                             model: e.model.clone(),
                             endpoint: Endpoint::new(&p.base_url, p.api_key.clone(), &p.headers)
@@ -444,9 +451,16 @@ impl Router {
         let stats = &chain.stats[pos];
         request.model.clone_from(&entry.model);
         let started = Instant::now();
+        let without_images;
+        let sent = if entry.vision || !crate::llm::wire::has_images(request) {
+            &*request
+        } else {
+            without_images = crate::llm::wire::images_as_text(request);
+            &without_images
+        };
         let result = self
             .client
-            .send(&entry.endpoint, request, self.clock.now())
+            .send(&entry.endpoint, sent, self.clock.now())
             .await;
         let latency = started.elapsed();
         stats.requests.fetch_add(1, Ordering::Relaxed);

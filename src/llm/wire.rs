@@ -105,6 +105,50 @@ impl Message {
     }
 }
 
+/// Whether any message of `request` carries an image part.
+pub fn has_images(request: &ChatRequest) -> bool {
+    request.messages.iter().any(|m| match &m.content {
+        Some(Content::Parts(parts)) => parts.iter().any(is_image_part),
+        _ => false,
+    })
+}
+
+/// `request` for a model that reads no images: each message with image parts keeps only its
+/// text (which names where each image is), as a plain string.
+pub fn images_as_text(request: &ChatRequest) -> ChatRequest {
+    let mut out = request.clone();
+    for m in &mut out.messages {
+        if let Some(Content::Parts(parts)) = &m.content
+            && parts.iter().any(is_image_part)
+        {
+            m.content = Some(Content::Text(m.text_content()));
+        }
+    }
+    out
+}
+
+fn is_image_part(p: &Value) -> bool {
+    p.get("type").and_then(Value::as_str) == Some("image_url")
+}
+
+impl Message {
+    /// Adds an image (`data:<mime>;base64,…`) to the message, after its text.
+    pub fn add_image(&mut self, mime: &str, data: &[u8]) {
+        use base64::Engine;
+        let url = format!(
+            "data:{mime};base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(data)
+        );
+        let mut parts = match self.content.take() {
+            Some(Content::Parts(p)) => p,
+            Some(Content::Text(t)) => vec![serde_json::json!({"type": "text", "text": t})],
+            None => Vec::new(),
+        };
+        parts.push(serde_json::json!({"type": "image_url", "image_url": {"url": url}}));
+        self.content = Some(Content::Parts(parts));
+    }
+}
+
 /// Message content.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
@@ -482,5 +526,29 @@ mod tests {
             "{}"
         );
         assert!(out.get("tools").is_none());
+    }
+
+    #[test]
+    fn images_are_parts_for_vision_and_text_otherwise() {
+        let mut m = Message::user("look at /w/attachments/a.png");
+        m.add_image("image/png", b"\x89PNG");
+        let req = ChatRequest {
+            messages: vec![Message::system("s"), m],
+            ..Default::default()
+        };
+        assert!(has_images(&req));
+        let v = serde_json::to_value(&req.messages[1]).unwrap();
+        assert_eq!(v["content"][0]["text"], "look at /w/attachments/a.png");
+        assert_eq!(v["content"][1]["type"], "image_url");
+        assert_eq!(
+            v["content"][1]["image_url"]["url"],
+            "data:image/png;base64,iVBORw=="
+        );
+        let plain = images_as_text(&req);
+        assert!(!has_images(&plain));
+        assert_eq!(
+            plain.messages[1].content,
+            Some(Content::Text("look at /w/attachments/a.png".into()))
+        );
     }
 }
