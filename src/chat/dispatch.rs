@@ -254,8 +254,11 @@ async fn for_the_agent(deps: &Deps, msg: &Incoming) -> anyhow::Result<bool> {
         return Ok(true);
     }
     match &msg.thread_id {
-        // A mention-free message without text (an image, a sticker) asks nothing.
-        Some(_) if msg.text.trim().is_empty() => Ok(false),
+        // A mention-free sticker (or anything else with no text, file or bundle) asks nothing;
+        // a file or an image sent into the bot's thread is for the agent.
+        Some(_) if msg.text.trim().is_empty() && msg.files.is_empty() && !msg.forwarded => {
+            Ok(false)
+        }
         Some(thread) => threads::joined(&deps.db, thread).await,
         None => Ok(false),
     }

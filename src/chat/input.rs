@@ -27,6 +27,8 @@ use crate::exec::Place;
 use crate::turns::inputs;
 use crate::workspace::{self, Permission};
 
+/// What a sticker reads as.
+pub const STICKER: &str = "[a sticker]";
 /// Longest text of one quoted or forwarded message given to the model.
 pub const MAX_QUOTED_CHARS: usize = 4_000;
 /// Most messages of a forwarded bundle given to the model.
@@ -66,6 +68,9 @@ pub async fn prepare(
     let mut parts: Vec<String> = Vec::new();
     if !msg.text.trim().is_empty() {
         parts.push(msg.text.clone());
+    } else if msg.sticker {
+        // Stickers cannot be downloaded: the model learns one was sent, never an empty turn.
+        parts.push(STICKER.into());
     }
     let mut out = Prepared::default();
     // (message the file belongs to, the file)
@@ -439,6 +444,7 @@ mod tests {
             parent_id: parent.map(str::to_string),
             files: vec![],
             forwarded: false,
+            sticker: false,
         }
     }
 

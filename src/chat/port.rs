@@ -30,6 +30,8 @@ pub struct Incoming {
     pub files: Vec<FileRef>,
     /// A forwarded bundle: its messages are read through [`Source::messages`].
     pub forwarded: bool,
+    /// A sticker (no text; it cannot be downloaded).
+    pub sticker: bool,
 }
 
 /// A file or image a message carries.

@@ -189,6 +189,7 @@ impl Session {
             parent_id: None,
             files: Vec::new(),
             forwarded: false,
+            sticker: false,
         };
         let reply = LineReply {
             term: &self.term,

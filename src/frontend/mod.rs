@@ -241,6 +241,7 @@ fn incoming(m: &Message) -> Incoming {
         parent_id: m.parent_id.clone(),
         files: m.resources.iter().map(file_ref).collect(),
         forwarded: m.forwarded,
+        sticker: m.sticker,
     }
 }
 

@@ -203,6 +203,8 @@ pub struct Message {
     pub resources: Vec<Resource>,
     /// A forwarded bundle (`merge_forward`), expanded later, in the worker.
     pub forwarded: bool,
+    /// A sticker: `text` is empty, the chat layer decides what it says.
+    pub sticker: bool,
 }
 
 impl Message {
@@ -259,7 +261,9 @@ impl MessageReceive {
             text: raw,
             resources,
             forwarded,
+            sticker,
         } = body(&m.message_type, &m.content);
+        let raw = if sticker { String::new() } else { raw };
         let is_bot = |mention: &Mention| mention.id.open_id.as_deref() == Some(bot_open_id);
         let mentions_bot = m.mentions.iter().any(is_bot);
 
@@ -288,6 +292,7 @@ impl MessageReceive {
             mentions_bot,
             resources,
             forwarded,
+            sticker,
         }
     }
 }
@@ -314,6 +319,9 @@ impl Resource {
     }
 }
 
+/// What a sticker reads as.
+pub const STICKER: &str = "[a sticker]";
+
 /// What a message's content says: its text (every element made readable), the files it
 /// carries, and whether it is a forwarded bundle whose messages must be fetched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -322,6 +330,8 @@ pub struct Body {
     pub resources: Vec<Resource>,
     /// A `merge_forward` bundle: its content names nothing; its messages are read by id.
     pub forwarded: bool,
+    /// A sticker (its text is a placeholder: stickers cannot be downloaded).
+    pub sticker: bool,
 }
 
 /// Reads a message's `content` (a JSON string) by its type. Nothing a person can send is
@@ -352,7 +362,8 @@ pub fn body(message_type: &str, content: &str) -> Body {
             ..Body::default()
         },
         "sticker" => Body {
-            text: "[a sticker]".into(),
+            text: STICKER.into(),
+            sticker: true,
             ..Body::default()
         },
         "merge_forward" => Body {

@@ -3,6 +3,10 @@
 //! can assert exactly what was sent, issues tenant tokens that can be invalidated, de-duplicates
 //! sends by `uuid` as Lark does, and can be told to fail the next calls to a path.
 //!
+//! Messages can be read back (`GET /im/v1/messages/{id}`, a forwarded bundle with its
+//! messages) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
+//! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
+//!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
 //! more than 10 operations per second on one card with 230020, and a card over 30 KB or 200
@@ -81,6 +85,13 @@ struct Inner {
     patched: HashMap<String, Vec<(Instant, Value)>>,
     /// The long connection's endpoint answer: the WebSocket URL and the client configuration.
     ws_endpoint: Option<(String, Value)>,
+    /// Messages `GET /im/v1/messages/{id}` reads, as its `items` hold them (a forwarded
+    /// bundle's messages name it in `upper_message_id`).
+    messages: Vec<Value>,
+    /// (message id, key) → the resource's bytes.
+    resources: HashMap<(String, String), Vec<u8>>,
+    /// The app lacks the message-reading scopes: both endpoints answer 99991672.
+    no_message_scope: bool,
 }
 
 /// A CardKit card as the fake holds it.
@@ -162,6 +173,9 @@ impl FakeLark {
                 refuse_cards: false,
                 patched: HashMap::new(),
                 ws_endpoint: None,
+                messages: Vec::new(),
+                resources: HashMap::new(),
+                no_message_scope: false,
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -174,6 +188,47 @@ impl FakeLark {
             base: format!("http://{addr}"),
             shared,
         }
+    }
+
+    /// A message the message API can read back: `id`, `msg_type`, its content (a JSON value,
+    /// stored as the string Lark uses), sent by `sender` (an open_id, or an app id when it
+    /// starts with `cli_`); `upper` names the bundle it is inside.
+    pub fn add_message(
+        &self,
+        id: &str,
+        msg_type: &str,
+        content: Value,
+        sender: &str,
+        upper: Option<&str>,
+    ) {
+        let mut item = json!({
+            "message_id": id, "root_id": "", "parent_id": "", "msg_type": msg_type,
+            "create_time": "1700000000000", "update_time": "1700000000000",
+            "deleted": false, "updated": false, "chat_id": "oc_chat",
+            "sender": {"id": sender, "id_type": if sender.starts_with("cli_") { "app_id" } else { "open_id" },
+                "sender_type": if sender.starts_with("cli_") { "app" } else { "user" }, "tenant_key": "tk"},
+            "body": {"content": content.to_string()},
+            "mentions": [],
+        });
+        if let Some(u) = upper {
+            item["upper_message_id"] = json!(u);
+        }
+        self.shared.inner.lock().unwrap().messages.push(item);
+    }
+
+    /// The bytes the resource download serves for `key` of message `message_id`.
+    pub fn add_resource(&self, message_id: &str, key: &str, bytes: Vec<u8>) {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .resources
+            .insert((message_id.to_string(), key.to_string()), bytes);
+    }
+
+    /// From now on the app lacks the scopes to read messages and their resources.
+    pub fn drop_message_scope(&self) {
+        self.shared.inner.lock().unwrap().no_message_scope = true;
     }
 
     /// The long connection's endpoint answers `url` and `config` from now on.
@@ -320,6 +375,14 @@ async fn handle(
         .await;
     let mut inner = shared.inner.lock().unwrap();
     answer(&mut inner, &method, &path, auth.as_deref(), &body)
+}
+
+fn no_scope() -> Response {
+    code(
+        StatusCode::BAD_REQUEST,
+        99991672,
+        "Access denied. One of the following scopes is required: [im:message, im:message:readonly, im:message.history:readonly].",
+    )
 }
 
 fn ok(data: Value) -> Response {
@@ -515,6 +578,64 @@ fn answer(
             )
         }
         ("DELETE", ["open-apis", "im", "v1", "messages", _, "reactions", _]) => ok(json!({})),
+        ("GET", ["open-apis", "im", "v1", "messages", id]) => {
+            if inner.no_message_scope {
+                return no_scope();
+            }
+            // The message, then (for a bundle) the messages inside it.
+            let Some(first) = inner
+                .messages
+                .iter()
+                .find(|m| m["message_id"] == *id)
+                .cloned()
+            else {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230110,
+                    "Action unavailable as the message has been deleted.",
+                );
+            };
+            let mut items = vec![first];
+            items.extend(
+                inner
+                    .messages
+                    .iter()
+                    .filter(|m| m["upper_message_id"] == *id)
+                    .cloned(),
+            );
+            ok(json!({"items": items}))
+        }
+        ("GET", ["open-apis", "im", "v1", "messages", id, "resources", key]) => {
+            if inner.no_message_scope {
+                return no_scope();
+            }
+            let kind = path_and_query
+                .split_once("type=")
+                .map(|(_, k)| k.split('&').next().unwrap_or(""));
+            let image_key = key.starts_with("img_");
+            if !matches!(
+                (kind, image_key),
+                (Some("image"), true) | (Some("file"), false)
+            ) {
+                return code(StatusCode::BAD_REQUEST, 234001, "Invalid request param.");
+            }
+            // Sub-messages of a forwarded bundle, and cards, hold nothing downloadable.
+            let message = inner.messages.iter().find(|m| m["message_id"] == *id);
+            if message.is_some_and(|m| {
+                m.get("upper_message_id").is_some() || m["msg_type"] == "interactive"
+            }) {
+                return code(StatusCode::BAD_REQUEST, 234043, "Unsupported message type.");
+            }
+            match inner.resources.get(&(id.to_string(), key.to_string())) {
+                Some(bytes) => (
+                    StatusCode::OK,
+                    [("content-type", "application/octet-stream")],
+                    bytes.clone(),
+                )
+                    .into_response(),
+                None => code(StatusCode::BAD_REQUEST, 234003, "File not in msg."),
+            }
+        }
         _ => code(StatusCode::NOT_FOUND, 404, "not found"),
     }
 }

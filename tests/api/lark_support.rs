@@ -49,6 +49,10 @@ pub struct Msg {
     pub root_id: Option<String>,
     pub sender: String,
     pub chat_id: String,
+    /// The message replied to; defaults to `root_id` (as a message in a thread names it).
+    pub parent_id: Option<String>,
+    /// `(message_type, content)` in place of a text message holding `text`.
+    pub body: Option<(&'static str, Value)>,
 }
 
 impl Msg {
@@ -65,6 +69,8 @@ impl Msg {
             root_id: None,
             sender: "ou_user".to_string(),
             chat_id: "oc_chat".to_string(),
+            parent_id: None,
+            body: None,
         }
     }
 
@@ -79,11 +85,15 @@ impl Msg {
         let mut message = json!({
             "message_id": self.message_id,
             "root_id": self.root_id.clone().unwrap_or_default(),
-            "parent_id": self.root_id.clone().unwrap_or_default(),
+            "parent_id": self.parent_id.clone().or(self.root_id.clone()).unwrap_or_default(),
             "create_time": self.create_ms.to_string(), "update_time": self.create_ms.to_string(),
             "chat_id": self.chat_id, "chat_type": self.chat_type, "message_type": "text",
             "content": json!({"text": self.text}).to_string(), "mentions": mentions,
         });
+        if let Some((kind, content)) = &self.body {
+            message["message_type"] = json!(kind);
+            message["content"] = json!(content.to_string());
+        }
         if let Some(t) = &self.thread_id {
             message["thread_id"] = json!(t);
         }

@@ -35,6 +35,7 @@ mod lark_ws;
 mod llm;
 mod ops_cli;
 mod progress;
+mod rich_input;
 mod ssh_files;
 mod ssh_kill;
 mod ssh_trust;

@@ -1,0 +1,378 @@
+//! Rich input, end to end through signed events, the fake Lark (its message and resource
+//! endpoints) and the fake model: every post element reaches the model, a reply brings the
+//! message it quotes (once, with its sender; an unreadable one is named), a file lands in the
+//! section's workspace locally and on a bound target, an image goes to a vision route as image
+//! content and to another as its path, an oversize file is refused with nothing written, and a
+//! sticker never makes an empty turn.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::agent::{Env, MODEL, say, turn_states, wait_turns_ended};
+use crate::fake_lark::FakeLark;
+use crate::fake_llm::FakeProvider;
+use crate::helpers::TestApp;
+use crate::lark_support::*;
+use crate::sshd;
+
+async fn send_env(app: &TestApp, env: &Value) {
+    let (status, body) = post(app, sealed(env, ENCRYPT_KEY, now_secs())).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn send(app: &TestApp, m: &Msg) {
+    send_env(app, &m.envelope(TOKEN)).await;
+}
+
+/// A one-to-one message of `kind` with `content`.
+fn rich(id: &str, kind: &'static str, content: Value) -> Msg {
+    let mut m = Msg::new(id, "");
+    m.body = Some((kind, content));
+    m
+}
+
+/// The user messages of every request the model received, as sent (a string, or parts).
+fn user_contents(llm: &FakeProvider) -> Vec<Value> {
+    let last = llm.requests().last().cloned().expect("a model request");
+    last.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].clone())
+        .collect()
+}
+
+/// The text of the last user message the model received.
+fn last_user_text(llm: &FakeProvider) -> String {
+    let c = user_contents(llm).pop().expect("a user message");
+    match c {
+        Value::String(s) => s,
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        other => panic!("unexpected content {other}"),
+    }
+}
+
+/// The path the model was told for an attachment, from `[Attachment (…): <path> on …`.
+fn told_path(text: &str) -> String {
+    let start = text.find("[Attachment (").expect("an attachment line") + 1;
+    let rest = &text[start..];
+    let after = &rest[rest.find("): ").unwrap() + 3..];
+    after[..after.find(" on ").unwrap()].to_string()
+}
+
+async fn chat_env() -> Env {
+    Env::builder().chat_control().spawn().await
+}
+
+#[tokio::test]
+async fn a_post_with_a_code_block_a_link_a_mention_and_an_emoji_reaches_the_model_whole() {
+    let env = chat_env().await;
+    env.llm.push(MODEL, say("it lists files"));
+    let mut env_json = rich(
+        "post1",
+        "post",
+        json!({"title": "", "content": [
+            [{"tag": "text", "text": "what is"}],
+            [{"tag": "code_block", "language": "SHELL", "text": "ls -la"}],
+            [{"tag": "text", "text": "see "}, {"tag": "a", "text": "the manual", "href": "https://man.example/ls"},
+             {"tag": "text", "text": ", cc "}, {"tag": "at", "user_id": "@_user_2", "user_name": "Ann"},
+             {"tag": "emotion", "emoji_type": "THUMBSUP"}]
+        ]}),
+    )
+    .envelope(TOKEN);
+    env_json["event"]["message"]["mentions"] = json!([{"key": "@_user_2",
+        "id": {"open_id": "ou_ann", "union_id": "on_ann"}, "name": "Ann", "tenant_key": "tk"}]);
+    send_env(&env.app, &env_json).await;
+    assert_eq!(wait_turns_ended(&env.app, "oc_chat", 1).await, vec!["done"]);
+    assert_eq!(
+        last_user_text(&env.llm),
+        "what is\n```shell\nls -la\n```\n\nsee [the manual](https://man.example/ls), cc @Ann:THUMBSUP:"
+    );
+}
+
+#[tokio::test]
+async fn a_reply_brings_the_quoted_message_and_its_sender_once() {
+    let env = chat_env().await;
+    env.lark.add_message(
+        "om_err",
+        "text",
+        json!({"text": "deploy failed: ENOSPC writing /var/lib/app"}),
+        "ou_colleague",
+        None,
+    );
+    env.llm.push(MODEL, say("the disk is full"));
+    let mut m = Msg::new("ask1", "what does this mean?");
+    m.parent_id = Some("om_err".into());
+    m.root_id = Some("om_err".into());
+    send(&env.app, &m).await;
+    assert_eq!(wait_turns_ended(&env.app, "oc_chat", 1).await, vec!["done"]);
+    assert_eq!(
+        last_user_text(&env.llm),
+        "what does this mean?\n\n[Quoted message from ou_colleague:]\n> deploy failed: ENOSPC writing /var/lib/app"
+    );
+    // A second reply to the same message: the quote is already in the conversation.
+    env.llm.push(MODEL, say("free some space"));
+    let mut m = Msg::new("ask2", "and how do I fix it?");
+    m.parent_id = Some("om_err".into());
+    m.root_id = Some("om_err".into());
+    send(&env.app, &m).await;
+    wait_turns_ended(&env.app, "oc_chat", 2).await;
+    assert_eq!(last_user_text(&env.llm), "and how do I fix it?");
+    let all = serde_json::to_string(&user_contents(&env.llm)).unwrap();
+    assert_eq!(all.matches("ENOSPC").count(), 1, "{all}");
+    assert_eq!(env.lark.requests_to("/messages/om_err").len(), 1);
+}
+
+#[tokio::test]
+async fn a_parent_that_cannot_be_read_is_named() {
+    let env = chat_env().await;
+    env.llm.push(MODEL, say("I cannot see it"));
+    let mut m = Msg::new("gone1", "what about this?");
+    m.parent_id = Some("om_gone".into());
+    m.root_id = Some("om_gone".into());
+    send(&env.app, &m).await;
+    wait_turns_ended(&env.app, "oc_chat", 1).await;
+    assert_eq!(
+        last_user_text(&env.llm),
+        "what about this?\n\n[This message replies to message om_gone, which cannot be read: it was deleted or recalled.]"
+    );
+    // Without the scope, the message says which scope is missing.
+    env.lark.drop_message_scope();
+    env.lark
+        .add_message("om_there", "text", json!({"text": "x"}), "ou_b", None);
+    env.llm.push(MODEL, say("no scope"));
+    let mut m = Msg::new("gone2", "and this?");
+    m.parent_id = Some("om_there".into());
+    m.root_id = Some("om_there".into());
+    send(&env.app, &m).await;
+    wait_turns_ended(&env.app, "oc_chat", 2).await;
+    let t = last_user_text(&env.llm);
+    assert!(t.contains("om_there, which cannot be read"), "{t}");
+    assert!(t.contains("im:message:readonly"), "{t}");
+}
+
+#[tokio::test]
+async fn a_file_lands_in_the_local_workspace_and_the_model_is_told_where() {
+    let env = chat_env().await;
+    let content = b"12:00 ERROR connection refused\n".to_vec();
+    env.lark
+        .add_resource("om_file1", "file_log1", content.clone());
+    env.llm.push(MODEL, say("the service is down"));
+    send(
+        &env.app,
+        &rich(
+            "file1",
+            "file",
+            json!({"file_key": "file_log1", "file_name": "app.log"}),
+        ),
+    )
+    .await;
+    wait_turns_ended(&env.app, "oc_chat", 1).await;
+    let text = last_user_text(&env.llm);
+    assert!(
+        text.starts_with("[Attachment (file \"app.log\"): "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(" on local — 31 bytes, text/plain.]"),
+        "{text}"
+    );
+    let path = told_path(&text);
+    assert!(path.ends_with("/attachments/om_file1-app.log"), "{path}");
+    assert!(path.starts_with(&env.app.data_dir.path().display().to_string()));
+    assert_eq!(std::fs::read(&path).unwrap(), content);
+    let download = env.lark.requests_to("/resources/file_log1");
+    assert_eq!(download.len(), 1);
+    assert!(
+        download[0].path.ends_with("?type=file"),
+        "{}",
+        download[0].path
+    );
+}
+
+#[tokio::test]
+async fn in_a_thread_bound_to_a_target_a_file_lands_on_the_target() {
+    let env = Env::builder().chat_control().target("web").spawn().await;
+    let app = &env.app;
+    let mut use_web = Msg::new("use", "@_user_1 /ssh use web");
+    use_web.chat_type = "group";
+    use_web.mention_bot = true;
+    send(app, &use_web).await;
+    wait_state(app, "use", "done").await;
+
+    let content = b"[server]\nport = 8080\n".to_vec();
+    env.lark.add_resource("om_cfg", "file_cfg", content.clone());
+    env.llm.push(MODEL, say("port 8080"));
+    let mut m = rich(
+        "cfg",
+        "file",
+        json!({"file_key": "file_cfg", "file_name": "app.toml"}),
+    );
+    m.chat_type = "group";
+    m.thread_id = Some("omt_use".into());
+    m.root_id = Some("om_use".into());
+    send(app, &m).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    let text = last_user_text(&env.llm);
+    let path = told_path(&text);
+    assert_eq!(
+        path,
+        format!("/home/{}/attachments/om_cfg-app.toml", sshd::USER)
+    );
+    assert!(text.contains(" on web — "), "{text}");
+    // The target is this machine's sshd: its user's home holds the file, owned by that user.
+    assert_eq!(std::fs::read(&path).unwrap(), content);
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(&path).unwrap().uid();
+    assert_ne!(uid, 0, "written by the target's user, not by the service");
+}
+
+/// An app whose one model entry is `vision` (or not), and its fakes.
+async fn router_app(vision: bool) -> (TestApp, FakeProvider, FakeLark, tempfile::NamedTempFile) {
+    let llm = FakeProvider::start().await;
+    let lark = FakeLark::start().await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        format!(
+            "[providers.p]\nbase_url = \"{}\"\n\n[[models]]\nname = \"{MODEL}\"\nentries = [{{ provider = \"p\", model = \"{MODEL}\", vision = {vision} }}]\n",
+            llm.base
+        ),
+    )
+    .unwrap();
+    let app = app_with(&lark)
+        .var("SSHMODE_ROUTER_CONFIG", &file.path().display().to_string())
+        .var("SSHMODE_PROGRESS", "false")
+        .spawn()
+        .await;
+    (app, llm, lark, file)
+}
+
+const PNG: &[u8] =
+    b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89";
+
+#[tokio::test]
+async fn an_image_reaches_a_vision_route_as_image_content_and_another_as_its_path() {
+    for vision in [true, false] {
+        let (app, llm, lark, _file) = router_app(vision).await;
+        lark.add_resource("om_img", "img_v3_shot", PNG.to_vec());
+        llm.push(MODEL, say("a screenshot"));
+        send(
+            &app,
+            &rich("img", "image", json!({"image_key": "img_v3_shot"})),
+        )
+        .await;
+        wait_turns_ended(&app, "oc_chat", 1).await;
+        let content = user_contents(&llm).pop().unwrap();
+        let text = last_user_text(&llm);
+        assert!(
+            text.contains("om_img-image-img_v3_shot.png on local"),
+            "{text}"
+        );
+        assert!(text.contains("image/png"), "{text}");
+        if vision {
+            let parts = content.as_array().expect("parts for a vision route");
+            assert_eq!(parts[1]["type"], "image_url");
+            let url = parts[1]["image_url"]["url"].as_str().unwrap();
+            use base64::Engine;
+            let expected = base64::engine::general_purpose::STANDARD.encode(PNG);
+            assert_eq!(url, format!("data:image/png;base64,{expected}"));
+        } else {
+            assert!(content.is_string(), "{content}");
+        }
+        assert_eq!(
+            lark.requests_to("/resources/img_v3_shot")[0].path,
+            "/open-apis/im/v1/messages/om_img/resources/img_v3_shot?type=image"
+        );
+    }
+}
+
+/// Every file below `dir` whose path has an `attachments` component.
+fn attachments_below(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(attachments_below(&p));
+        } else if p.components().any(|c| c.as_os_str() == "attachments") {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_oversize_file_is_refused_with_a_message_and_nothing_is_written() {
+    let env = Env::builder()
+        .chat_control()
+        .vars(&[("SSHMODE_ATTACHMENT_MAX_MB", "1")])
+        .spawn()
+        .await;
+    env.lark
+        .add_resource("om_big", "file_big", vec![b'x'; 1024 * 1024 + 1]);
+    // A file that fits, sent first, shows where a file would land.
+    env.lark
+        .add_resource("om_small", "file_small", b"ok".to_vec());
+    env.llm.push(MODEL, say("got it"));
+    send(
+        &env.app,
+        &rich(
+            "small",
+            "file",
+            json!({"file_key": "file_small", "file_name": "small.txt"}),
+        ),
+    )
+    .await;
+    wait_turns_ended(&env.app, "oc_chat", 1).await;
+    let data = env.app.data_dir.path();
+    assert_eq!(attachments_below(data).len(), 1);
+
+    send(
+        &env.app,
+        &rich(
+            "big",
+            "file",
+            json!({"file_key": "file_big", "file_name": "dump.bin"}),
+        ),
+    )
+    .await;
+    wait_state(&env.app, "big", "done").await;
+    let replies = env.lark.requests_to("/messages/om_big/reply");
+    assert_eq!(replies.len(), 1);
+    let said: Value = serde_json::from_str(replies[0].body["content"].as_str().unwrap()).unwrap();
+    let said = said["text"].as_str().unwrap();
+    assert!(said.contains("file \"dump.bin\""), "{said}");
+    assert!(said.contains("larger than the 1 MB limit"), "{said}");
+    // Nothing of it on disk, not even a temporary file; and no turn for a refused file alone.
+    assert_eq!(
+        attachments_below(data).len(),
+        1,
+        "{:?}",
+        attachments_below(data)
+    );
+    assert_eq!(turn_states(&env.app, "oc_chat").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_sticker_never_makes_an_empty_turn() {
+    let env = chat_env().await;
+    env.llm.push(MODEL, say("nice sticker"));
+    send(
+        &env.app,
+        &rich("st", "sticker", json!({"file_key": "file_sticker"})),
+    )
+    .await;
+    wait_turns_ended(&env.app, "oc_chat", 1).await;
+    assert_eq!(last_user_text(&env.llm), "[a sticker]");
+    // Stickers cannot be downloaded: nothing was asked of the resource endpoint.
+    assert!(env.lark.requests_to("/resources/").is_empty());
+}
