@@ -1,6 +1,7 @@
 //! The Lark front-end of the chat domain: the inbox [`Handler`] that turns Lark events into
 //! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
-//! [`ChatOut`] that answer through the Open API, and the [`LarkTriage`] the callback path asks
+//! [`ChatOut`] that answer through the Open API, the [`Source`] a message's quoted messages and
+//! files are read from (in the worker), and the [`LarkTriage`] the callback path asks
 //! (express lane, card toasts) without I/O.
 //! Never: decides what a message means (that is [`crate::chat`]).
 

@@ -2,7 +2,8 @@
 //! URL, the tenant access token cache, outbound rate limits (per chat, then the app-wide budget
 //! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]; then, when given
 //! the database, the deployment's budgets shared by every replica, see [`super::budget`]), retries with
-//! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`.
+//! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`. It also
+//! reads messages back by id and downloads a message's files, streaming under a byte cap.
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
 //! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
