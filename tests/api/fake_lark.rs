@@ -90,6 +90,8 @@ struct Inner {
     messages: Vec<Value>,
     /// (message id, key) → the resource's bytes.
     resources: HashMap<(String, String), Vec<u8>>,
+    /// Resources served in chunks without a `Content-Length` (as a proxy may).
+    streamed: HashSet<(String, String)>,
     /// The app lacks the message-reading scopes: both endpoints answer 99991672.
     no_message_scope: bool,
 }
@@ -175,6 +177,7 @@ impl FakeLark {
                 ws_endpoint: None,
                 messages: Vec::new(),
                 resources: HashMap::new(),
+                streamed: HashSet::new(),
                 no_message_scope: false,
             })),
             seen: Arc::new(watch::channel(0).0),
@@ -224,6 +227,17 @@ impl FakeLark {
             .unwrap()
             .resources
             .insert((message_id.to_string(), key.to_string()), bytes);
+    }
+
+    /// The same, served in 64 KiB chunks with no declared length.
+    pub fn add_resource_streamed(&self, message_id: &str, key: &str, bytes: Vec<u8>) {
+        self.add_resource(message_id, key, bytes);
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .streamed
+            .insert((message_id.to_string(), key.to_string()));
     }
 
     /// From now on the app lacks the scopes to read messages and their resources.
@@ -626,7 +640,20 @@ fn answer(
             }) {
                 return code(StatusCode::BAD_REQUEST, 234043, "Unsupported message type.");
             }
-            match inner.resources.get(&(id.to_string(), key.to_string())) {
+            let which = (id.to_string(), key.to_string());
+            match inner.resources.get(&which) {
+                Some(bytes) if inner.streamed.contains(&which) => {
+                    let chunks: Vec<Result<Bytes, std::io::Error>> = bytes
+                        .chunks(64 * 1024)
+                        .map(|c| Ok(Bytes::copy_from_slice(c)))
+                        .collect();
+                    (
+                        StatusCode::OK,
+                        [("content-type", "application/octet-stream")],
+                        axum::body::Body::from_stream(futures_util::stream::iter(chunks)),
+                    )
+                        .into_response()
+                }
                 Some(bytes) => (
                     StatusCode::OK,
                     [("content-type", "application/octet-stream")],

@@ -360,6 +360,35 @@ async fn an_oversize_file_is_refused_with_a_message_and_nothing_is_written() {
         attachments_below(data)
     );
     assert_eq!(turn_states(&env.app, "oc_chat").await.len(), 1);
+
+    // Served without a declared length, it is cut off as it streams past the limit.
+    env.lark
+        .add_resource_streamed("om_big2", "file_big2", vec![b'y'; 2 * 1024 * 1024]);
+    send(
+        &env.app,
+        &rich(
+            "big2",
+            "file",
+            json!({"file_key": "file_big2", "file_name": "dump2.bin"}),
+        ),
+    )
+    .await;
+    wait_state(&env.app, "big2", "done").await;
+    let replies = env.lark.requests_to("/messages/om_big2/reply");
+    assert_eq!(replies.len(), 1);
+    assert!(
+        replies[0].body["content"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the 1 MB limit")
+    );
+    assert_eq!(
+        attachments_below(data).len(),
+        1,
+        "{:?}",
+        attachments_below(data)
+    );
+    assert_eq!(turn_states(&env.app, "oc_chat").await.len(), 1);
 }
 
 #[tokio::test]
