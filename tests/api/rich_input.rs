@@ -404,4 +404,21 @@ async fn a_sticker_never_makes_an_empty_turn() {
     assert_eq!(last_user_text(&env.llm), "[a sticker]");
     // Stickers cannot be downloaded: nothing was asked of the resource endpoint.
     assert!(env.lark.requests_to("/resources/").is_empty());
+
+    // In a thread the bot is in, a sticker that mentions nobody asks nothing (as before).
+    env.llm.push(MODEL, say("hello"));
+    let mut hi = Msg::new("hi", "@_user_1 hi");
+    hi.chat_type = "group";
+    hi.mention_bot = true;
+    hi.thread_id = Some("omt_t".into());
+    hi.root_id = Some("om_t".into());
+    send(&env.app, &hi).await;
+    wait_turns_ended(&env.app, "omt_t", 1).await;
+    let mut st = rich("st2", "sticker", json!({"file_key": "file_sticker"}));
+    st.chat_type = "group";
+    st.thread_id = Some("omt_t".into());
+    st.root_id = Some("om_t".into());
+    send(&env.app, &st).await;
+    wait_state(&env.app, "st2", "done").await;
+    assert_eq!(turn_states(&env.app, "omt_t").await.len(), 1);
 }
