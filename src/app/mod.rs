@@ -181,6 +181,10 @@ impl App {
             core.config.audit_retention_days,
             shutdown.clone(),
         ));
+        tasks.spawn(crate::turns::inputs::run_image_purge(
+            db.clone(),
+            shutdown.clone(),
+        ));
         core.spawn(&shutdown, tasks);
         doctor::log_light(&core.config, core.exec.local_level());
         let triage = Arc::new(LarkTriage {

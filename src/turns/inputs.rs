@@ -3,13 +3,19 @@
 //! model sees images gets them as image content. Every query on `quoted_messages` and
 //! `message_images` lives here.
 //!
-//! Never: keeps an image past [`IMAGE_RETENTION_HOURS`]; decides what is quoted or where a
+//! Never: keeps an image past [`IMAGE_RETENTION_HOURS`] (removed when a new one is stored, and
+//! by [`run_image_purge`] in `serve`, at start and hourly); decides what is quoted or where a
 //! file goes (that is the chat layer's).
 
-use sqlx::PgPool;
+use std::time::Duration;
 
-/// Images older than this are removed whenever a new one is stored.
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Images older than this are removed: when a new one is stored, and by the hourly purge.
 pub const IMAGE_RETENTION_HOURS: i32 = 48;
+/// How often `serve` purges images past their retention (and once at start).
+const IMAGE_PURGE_EVERY: Duration = Duration::from_secs(3600);
 /// Most images read back for one turn.
 const MAX_IMAGES_PER_TURN: i64 = 16;
 
@@ -53,10 +59,7 @@ pub async fn quoted(db: &PgPool, section: &str, message_id: &str) -> sqlx::Resul
 /// replaces it), and removes images past their retention.
 pub async fn store_image(db: &PgPool, image: &Image) -> sqlx::Result<()> {
     let mut tx = db.begin().await?;
-    sqlx::query("DELETE FROM message_images WHERE created_at < now() - make_interval(hours => $1)")
-        .bind(IMAGE_RETENTION_HOURS)
-        .execute(&mut *tx)
-        .await?;
+    purge_images(&mut *tx).await?;
     sqlx::query(
         "INSERT INTO message_images (message_id, path, mime, data) VALUES ($1, $2, $3, $4)
          ON CONFLICT (message_id, path) DO UPDATE SET mime = $3, data = $4, created_at = now()",
@@ -83,4 +86,32 @@ pub async fn images_of(db: &PgPool, message_ids: &[String]) -> sqlx::Result<Vec<
     .bind(MAX_IMAGES_PER_TURN)
     .fetch_all(db)
     .await
+}
+
+/// Deletes the images past [`IMAGE_RETENTION_HOURS`]; returns how many. Images are few (a
+/// person sends them, and they last two days), so one statement clears them.
+pub async fn purge_images<'c>(db: impl sqlx::PgExecutor<'c>) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM message_images WHERE created_at < now() - make_interval(hours => $1)",
+    )
+    .bind(IMAGE_RETENTION_HOURS)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// The image purge of `serve`: at start and then hourly, until `shutdown`, so images past their
+/// retention go even when no new image comes. A failed purge is logged and retried next run.
+pub async fn run_image_purge(db: PgPool, shutdown: CancellationToken) {
+    loop {
+        match purge_images(&db).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(images.purged = n, "images past retention deleted"),
+            Err(e) => tracing::warn!(error = %e, "image purge failed; retrying in an hour"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(IMAGE_PURGE_EVERY) => {}
+        }
+    }
 }

@@ -403,7 +403,13 @@ async fn a_sticker_never_makes_an_empty_turn() {
     wait_turns_ended(&env.app, "oc_chat", 1).await;
     assert_eq!(last_user_text(&env.llm), "[a sticker]");
     // Stickers cannot be downloaded: nothing was asked of the resource endpoint.
-    assert!(env.lark.requests_to("/resources/").is_empty());
+    let downloads: Vec<String> = env
+        .lark
+        .requests_to("/resources/")
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert!(downloads.is_empty(), "{downloads:?}");
 
     // In a thread the bot is in, a sticker that mentions nobody asks nothing (as before).
     env.llm.push(MODEL, say("hello"));
@@ -421,4 +427,122 @@ async fn a_sticker_never_makes_an_empty_turn() {
     send(&env.app, &st).await;
     wait_state(&env.app, "st2", "done").await;
     assert_eq!(turn_states(&env.app, "omt_t").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_forwarded_bundle_reaches_the_model_expanded_and_bounded_and_its_file_is_named_once() {
+    let env = chat_env().await;
+    let bundle = "om_fwd1";
+    env.lark.add_message(
+        bundle,
+        "merge_forward",
+        json!("Merged and Forwarded Message"),
+        "ou_me",
+        None,
+    );
+    // 25 messages inside: the first far longer than a quoted message may be, one a file.
+    let long = "x".repeat(5_000);
+    for i in 0..25 {
+        let (kind, content) = match i {
+            0 => ("text", json!({ "text": long })),
+            1 => (
+                "file",
+                json!({"file_key": "file_inner", "file_name": "inner.log"}),
+            ),
+            _ => ("text", json!({ "text": format!("line {i}") })),
+        };
+        env.lark.add_message(
+            &format!("om_in{i}"),
+            kind,
+            content,
+            "ou_colleague",
+            Some(bundle),
+        );
+    }
+    env.lark
+        .add_resource("om_in1", "file_inner", b"never served".to_vec());
+    env.llm.push(MODEL, say("read them"));
+    send(
+        &env.app,
+        &rich(
+            "fwd1",
+            "merge_forward",
+            json!("Merged and Forwarded Message"),
+        ),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(&env.app, "oc_chat", 1).await, vec!["done"]);
+    let text = last_user_text(&env.llm);
+    assert!(
+        text.starts_with("[Forwarded messages (20 of 25, the rest left out):]\nou_colleague:\n> "),
+        "{text}"
+    );
+    // Each message cut at 4 000 characters; the first 20 given, the rest left out.
+    assert!(
+        text.contains(&format!("> {} […cut]", "x".repeat(4_000))),
+        "{text}"
+    );
+    assert!(!text.contains(&"x".repeat(4_001)), "{text}");
+    assert!(text.contains("> line 19"), "{text}");
+    assert!(!text.contains("> line 20"), "{text}");
+    assert!(
+        text.ends_with(
+            "[file \"inner.log\" inside the forwarded messages was not downloaded: Lark does not let bots download files inside forwarded messages (234043).]"
+        ),
+        "{text}"
+    );
+    // The bundle was read once, and the file inside never asked for, so never retried.
+    let reads = env
+        .lark
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == format!("/open-apis/im/v1/messages/{bundle}"))
+        .count();
+    assert_eq!(reads, 1);
+    let downloads: Vec<String> = env
+        .lark
+        .requests_to("/resources/")
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert!(downloads.is_empty(), "{downloads:?}");
+}
+
+async fn insert_image(db: &sqlx::PgPool, message_id: &str, hours_old: i32) {
+    sqlx::query(
+        "INSERT INTO message_images (message_id, path, mime, data, created_at)
+         VALUES ($1, '/p.png', 'image/png', '\\x00', now() - make_interval(hours => $2))",
+    )
+    .bind(message_id)
+    .bind(hours_old)
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn images_past_their_retention_are_purged_without_a_new_image() {
+    let app = TestApp::builder().spawn().await;
+    let url = app.stop().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    insert_image(&pool, "om_old", 49).await;
+    insert_image(&pool, "om_recent", 47).await;
+    pool.close().await;
+    // `serve` purges at start (and hourly), no image being stored.
+    let app = TestApp::builder().database(&url).spawn().await;
+    let db = app.state.db.clone();
+    crate::helpers::eventually(
+        "the image purge",
+        std::time::Duration::from_secs(30),
+        async || {
+            let left: Vec<String> =
+                sqlx::query_scalar("SELECT message_id FROM message_images ORDER BY message_id")
+                    .fetch_all(&db)
+                    .await
+                    .unwrap();
+            left == vec!["om_recent".to_string()]
+        },
+    )
+    .await;
+    app.stop().await;
 }
