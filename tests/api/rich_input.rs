@@ -2,8 +2,9 @@
 //! endpoints) and the fake model: every post element reaches the model, a reply brings the
 //! message it quotes (once, with its sender; an unreadable one is named), a file lands in the
 //! section's workspace locally and on a bound target, an image goes to a vision route as image
-//! content and to another as its path, an oversize file is refused with nothing written, and a
-//! sticker never makes an empty turn.
+//! content and to another as its path, an oversize file is refused with nothing written, a
+//! sticker never makes an empty turn, a forwarded bundle is expanded within its bounds (a file
+//! inside named, never fetched), and images past their retention go without a new image.
 
 use std::path::Path;
 
