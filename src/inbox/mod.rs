@@ -589,7 +589,9 @@ const HEADS: &str = "WITH RECURSIVE heads(section, seq, event_id, available_at) 
 ///
 /// Each branch reads only its own candidates: the free events through `inbox_events_free`,
 /// the due heads that the walk of [`HEADS`] found by their primary key, the run through
-/// `(section, seq)` from the head on; none passes the events queued behind another section's
+/// `(section, seq)` from the head on, stopping after `$3` (a `LATERAL` subquery, so that the
+/// limit stops the index scan instead of applying to all of the section's events, sorted);
+/// none passes the events queued behind another section's
 /// head, leased or not. The heads branch runs only when the first found nothing. It says
 /// "pending" as `NOT IN ('done', 'dead')` on purpose: no partial index on pending rows then
 /// applies, so the planner cannot walk `inbox_events_ready` (every queued event, in due order)
@@ -612,9 +614,10 @@ const CLAIM: &str = ",
         SELECT r.event_id, r.event_type, r.payload, GREATEST(r.attempts, h.attempts) + 1 AS attempts,
                r.section, r.express, r.seq,
                bool_and(r.available_at <= $1) OVER (ORDER BY r.seq) AS due
-        FROM head h JOIN inbox_events r ON r.section = h.section AND r.seq > h.seq
-        WHERE r.state = 'pending' AND NOT r.express
-        ORDER BY r.seq LIMIT $3) q
+        FROM head h CROSS JOIN LATERAL (
+            SELECT * FROM inbox_events b
+            WHERE b.section = h.section AND b.seq > h.seq AND b.state = 'pending' AND NOT b.express
+            ORDER BY b.seq LIMIT $3) r) q
     WHERE q.due
     ORDER BY seq";
 
