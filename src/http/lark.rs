@@ -39,8 +39,9 @@
 //! no `serde_json::Value` is built or serialised again on the way, and PostgreSQL parses the
 //! text once, into `jsonb`) and only then acknowledged; a redelivery inserts nothing and is
 //! acknowledged the same way. The insert wakes one worker (`Inbox::wake`); a 1 s poll
-//! catches retries and expired leases. A worker claims one row by moving its `available_at` to
-//! the end of the lease and bumping `attempts`; success marks it `done`, failure sets the next
+//! catches retries and expired leases. A worker claims a section's head by moving its
+//! `available_at` to the end of the lease and bumping `attempts`, and with it the events queued
+//! behind it (`inbox::claim_run`); success marks them `done`, failure sets the next
 //! `available_at` (2 s, 4 s, 8 s … ≤ 1 h) or, after `SSHMODE_INBOX_MAX_ATTEMPTS`, `dead`. A
 //! worker holding an event at shutdown hands it back (due at once; the attempt stays counted, so
 //! the re-run knows it is a retry and does not log the message twice); a process that dies leaves

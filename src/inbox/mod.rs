@@ -6,7 +6,10 @@
 //!
 //! **Order.** Events of one section are handled one at a time in recording order (`seq`, which
 //! the INSERT assigns), across workers and replicas: a claim takes an event only when no older
-//! unfinished event of its section exists, i.e. when it is its section's head (invariant 9). Express events (`/stop`, card
+//! unfinished event of its section exists, i.e. when it is its section's head (invariant 9).
+//! With the head it takes the events queued behind it (a **run**, at most [`RUN_MAX`]), which
+//! the same worker handles in order: only the head is leased, and while it is unfinished no one
+//! else can take the events behind it. Express events (`/stop`, card
 //! actions) neither wait nor hold others. An event of a section is retried on a short schedule
 //! only ([`SECTION_ATTEMPTS`]), then dead-lettered and the handler told, so a failing message
 //! holds its section for about a minute, not hours. A message redelivered under a new event id
@@ -14,10 +17,14 @@
 //!
 //! **Cost.** A claim reads the express and unsectioned events due now and one index probe per
 //! busy section (its head), never the events queued behind a head, so a backlog in one chat
-//! does not slow the claims of the others. A write wakes a worker only for an event a claim
-//! could take at once (express, unsectioned, or its section's new head); an event queued behind
-//! a head is taken by the worker that finishes the head, and the one-second poll covers the
-//! rest (retries, leases, a head finished while the write was in flight).
+//! does not slow the claims of the others; a backlog in a section is handled a run per claim,
+//! with one write for the head's lease and one statement marking the run done. A write wakes a
+//! worker only for an event a claim could take at once (express, unsectioned, or its section's
+//! new head); an event queued behind a head is taken by the worker that finishes the head, and
+//! the one-second poll covers the rest (retries, leases, a head finished while the write was in
+//! flight). The write's probe for an older unfinished event starts at the section's floor
+//! (the end of the last run this process finished there), not at the section's finished events,
+//! whose index entries stay until the table is vacuumed.
 //!
 //! **Durability.** A recorded event is durable before it is acknowledged. The workers' own
 //! writes (claims, done and retry marks, hand-backs) commit without waiting for the WAL flush
@@ -27,11 +34,13 @@
 //! as when marking it done fails). So a worker's commit costs no disk flush, and the workers do
 //! not compete with acknowledgements for them.
 //!
-//! A claim moves the row's `available_at` to the end of its lease; if the process dies, the
-//! lease runs out and the event is claimed again after restart. On shutdown a worker hands back
-//! what it holds at once.
+//! A claim moves the head's `available_at` to the end of its lease; if the process dies, the
+//! lease runs out and the run is claimed again from its head after restart (a run's events are
+//! marked done together, after the last of them: the ones already handled are handled again,
+//! told that they may be retries). On shutdown a worker hands back the event it is handling
+//! and marks done what it finished before it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,6 +123,8 @@ pub struct InboxEvent {
     pub section: Option<String>,
     /// Handled without waiting for its section.
     pub express: bool,
+    /// Recording order (assigned by the INSERT).
+    pub seq: i64,
 }
 
 /// What the inbox hands its events to.
@@ -155,7 +166,17 @@ pub struct Inbox {
     /// that "queue is empty, the flush task ends" and "event queued, a flush task is running"
     /// cannot interleave and strand an event.
     queue: std::sync::Mutex<Queue>,
+    /// Per section, a seq at or below which this process's workers saw every ordered event of
+    /// the section finished (the end of the last run they marked done there). A write's "is
+    /// there an older unfinished event?" probe starts above it, so it does not pass the
+    /// section's finished events, whose index entries stay until the table is vacuumed. Only
+    /// ever too low (another replica's runs, a section forgotten): then the probe reads more,
+    /// never answers wrongly. At most [`FLOORS_MAX`] sections; emptied when full.
+    floors: std::sync::Mutex<HashMap<String, i64>>,
 }
+
+/// Most sections [`Inbox::floors`] remembers.
+const FLOORS_MAX: usize = 4096;
 
 struct Queue {
     /// Bounded by the admitted requests: one entry per admitted request at most.
@@ -190,6 +211,7 @@ impl Inbox {
                 pending: Vec::new(),
                 flushers: 0,
             }),
+            floors: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -201,6 +223,40 @@ impl Inbox {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Raises a section's floor to `seq`: every ordered event of it up to `seq` is finished.
+    fn raise_floor(&self, section: &str, seq: i64) {
+        let mut floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+        if floors.len() >= FLOORS_MAX && !floors.contains_key(section) {
+            floors.clear();
+        }
+        let f = floors.entry(section.to_string()).or_insert(seq);
+        *f = (*f).max(seq);
+    }
+
+    /// The floor this process knows for `section` (see [`Inbox::floors`]).
+    #[doc(hidden)]
+    pub fn floor(&self, section: &str) -> Option<i64> {
+        let floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+        floors.get(section).copied()
+    }
+
+    /// The known floors of the sections `batch` writes to.
+    fn floors_of(&self, batch: &[Pending]) -> (Vec<String>, Vec<i64>) {
+        let floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = (Vec::new(), Vec::new());
+        let mut seen = HashSet::new();
+        for p in batch {
+            let Some(s) = p.env.section.as_deref() else {
+                continue;
+            };
+            if let Some(f) = floors.get(s).filter(|_| seen.insert(s)) {
+                out.0.push(s.to_string());
+                out.1.push(*f);
+            }
+        }
+        out
     }
 }
 
@@ -391,7 +447,7 @@ async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     if batch.len() == 1 {
         return insert(inbox, db, batch).await;
     }
-    match try_insert(db, &batch).await {
+    match try_insert(inbox, db, &batch).await {
         Ok(rows) => answer(inbox, batch, rows),
         Err(e @ sqlx::Error::Database(_)) => {
             tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
@@ -405,7 +461,7 @@ async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
 
 /// One INSERT for `batch`, each request answered with its outcome.
 async fn insert(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
-    match try_insert(db, &batch).await {
+    match try_insert(inbox, db, &batch).await {
         Ok(rows) => answer(inbox, batch, rows),
         Err(e) => refuse(batch, &e),
     }
@@ -419,7 +475,8 @@ fn refuse(batch: Vec<Pending>, e: &sqlx::Error) {
 }
 
 /// A row an INSERT wrote, and whether a claim could take it at once: express or without a
-/// section, or the head of its section (no older unfinished ordered event of it).
+/// section, or the head of its section (no older unfinished ordered event of it). Of a
+/// section's rows in one batch only the first can be its head, and only it is probed.
 #[derive(sqlx::FromRow)]
 struct Inserted {
     event_id: String,
@@ -429,20 +486,16 @@ struct Inserted {
 }
 
 /// Wakes a worker for each event of the batch a claim could take at once — each claimable free
-/// event, and each section whose head the batch wrote (the first of its rows) — then answers
-/// each request of `batch`. (The INSERT sees the table as it was
-/// before it, so every row of a section that had no unfinished event reads as its head.)
+/// event, and each section whose head the batch wrote — then answers each request of `batch`.
+/// (The INSERT sees the table as it was before it, so every row of a section that had no
+/// unfinished event reads as its head; only the first is probed.)
 fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     let mut sections = HashSet::new();
     let mut claimable = 0;
     // The first of several equal ids in one batch is the fresh one.
     let mut fresh = HashSet::new();
     for row in inserted {
-        let first = match row.ordered_in {
-            Some(s) => sections.insert(s),
-            None => true,
-        };
-        if row.claimable && first {
+        if row.claimable && row.ordered_in.is_none_or(|s| sections.insert(s)) {
             claimable += 1;
         }
         fresh.insert(row.event_id);
@@ -454,7 +507,11 @@ fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     }
 }
 
-async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
+async fn try_insert(
+    inbox: &Inbox,
+    db: &PgPool,
+    batch: &[Pending],
+) -> Result<Vec<Inserted>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
@@ -462,24 +519,36 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
     let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
     let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
+    let (floor_sections, floors) = inbox.floors_of(batch);
     // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
     // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
-    // is the order the requests were queued. Any unique conflict (event id, or a message id seen before)
-    // is a redelivery. Whether the row is claimable at once decides the wake-up: one index
-    // probe on `(section, seq)`, stopping at the section's head.
+    // is the order the requests were queued. Any unique conflict (event id, or a message id
+    // seen before) is a redelivery. Whether the row is claimable at once decides the wake-up:
+    // for the first ordered row of each section in the batch, one index probe on
+    // `(section, seq)` from the section's floor (see `Inbox::floors`) up, stopping at the first
+    // unfinished event. The probe sees the table as it was before this statement.
     sqlx::query_as(
-        "INSERT INTO inbox_events AS n
+        "WITH n AS (INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
          SELECT i, t, p::jsonb, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::text[],
              $4::timestamptz[], $5::text[], $6::text[], $7::bool[])
              WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
          ORDER BY n
          ON CONFLICT DO NOTHING
-         RETURNING n.event_id, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
-             n.express OR n.section IS NULL OR NOT EXISTS (
-             SELECT 1 FROM inbox_events o
-             WHERE o.section = n.section AND o.seq < n.seq
-               AND o.state = 'pending' AND NOT o.express) AS claimable",
+         RETURNING event_id, section, seq, express),
+         r AS (SELECT n.*, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
+                 n.seq = min(n.seq) OVER (PARTITION BY n.section, n.express) AS first
+               FROM n)
+         SELECT r.event_id, r.ordered_in,
+             CASE WHEN r.ordered_in IS NULL THEN true
+                  WHEN NOT r.first THEN false
+                  ELSE NOT EXISTS (
+                     SELECT 1 FROM inbox_events o
+                     WHERE o.section = r.section AND o.seq < r.seq
+                       AND o.seq > COALESCE((SELECT f.fl FROM UNNEST($8::text[], $9::bigint[])
+                                             AS f(section, fl) WHERE f.section = r.section), 0)
+                       AND o.state = 'pending' AND NOT o.express) END AS claimable
+         FROM r",
     )
     .bind(&ids)
     .bind(&types)
@@ -488,6 +557,8 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     .bind(&sections)
     .bind(&messages)
     .bind(&express)
+    .bind(&floor_sections)
+    .bind(&floors)
     .fetch_all(db)
     .await
 }
@@ -507,57 +578,105 @@ const HEADS: &str = "WITH RECURSIVE heads(section, seq, event_id, available_at) 
             ORDER BY section, seq LIMIT 1) n)";
 
 /// The claim: an express or unsectioned due event (oldest first) if there is one, else the
-/// oldest due section head, leased until `$2`. Same rule as "no older unfinished event of the
-/// same section exists" (see [`claim_not_exists`]). Each branch reads only its own candidates:
-/// the free events through `inbox_events_free`, the due heads that the walk of [`HEADS`] found
-/// by their primary key; neither passes the events queued behind a head, leased or not.
-/// `COALESCE` runs the second only when the first found nothing. The heads branch says
+/// oldest due section head and the events queued behind it (a **run**: at most `$3` behind it,
+/// in `seq` order, stopping before the first one not due). Only the head is leased (until `$2`,
+/// its `attempts` bumped): the events behind it cannot be claimed by anyone while it is
+/// unfinished, so they need no write of their own — the worker that holds the head handles
+/// them in order and marks the run done in one statement ([`complete_run`]). A follower's
+/// `attempts` is reported as one more than the larger of its own and its head's count: when
+/// the head is being retried (a lease that ran out, a hand-back), the events behind it may
+/// have been handled already, and the handler is told so.
+///
+/// Each branch reads only its own candidates: the free events through `inbox_events_free`,
+/// the due heads that the walk of [`HEADS`] found by their primary key, the run through
+/// `(section, seq)` from the head on, stopping after `$3` (a `LATERAL` subquery, so that the
+/// limit stops the index scan instead of applying to all of the section's events, sorted);
+/// none passes the events queued behind another section's
+/// head, leased or not. The heads branch runs only when the first found nothing. It says
 /// "pending" as `NOT IN ('done', 'dead')` on purpose: no partial index on pending rows then
 /// applies, so the planner cannot walk `inbox_events_ready` (every queued event, in due order)
 /// and must fetch the heads by key.
-const CLAIM: &str = "UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
-    WHERE e.event_id = COALESCE(
-        (SELECT f.event_id FROM inbox_events f
-         WHERE f.state = 'pending' AND (f.express OR f.section IS NULL) AND f.available_at <= $1
-         ORDER BY f.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
-        (SELECT c.event_id FROM inbox_events c
-         WHERE c.event_id = ANY (ARRAY(SELECT event_id FROM heads WHERE available_at <= $1))
-           AND c.state NOT IN ('done', 'dead') AND NOT c.express AND c.available_at <= $1
-         ORDER BY c.available_at LIMIT 1 FOR UPDATE SKIP LOCKED))
-    RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express";
+const CLAIM: &str = ",
+    free AS (SELECT f.event_id FROM inbox_events f
+        WHERE f.state = 'pending' AND (f.express OR f.section IS NULL) AND f.available_at <= $1
+        ORDER BY f.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+    head AS (SELECT c.event_id, c.section, c.seq, c.attempts FROM inbox_events c
+        WHERE NOT EXISTS (SELECT 1 FROM free)
+          AND c.event_id = ANY (ARRAY(SELECT event_id FROM heads WHERE available_at <= $1))
+          AND c.state NOT IN ('done', 'dead') AND NOT c.express AND c.available_at <= $1
+        ORDER BY c.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+    leased AS (UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
+        WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM free UNION ALL SELECT event_id FROM head))
+        RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express, e.seq)
+    SELECT event_id, event_type, payload, attempts, section, express, seq FROM leased
+    UNION ALL
+    SELECT q.event_id, q.event_type, q.payload, q.attempts, q.section, q.express, q.seq FROM (
+        SELECT r.event_id, r.event_type, r.payload, GREATEST(r.attempts, h.attempts) + 1 AS attempts,
+               r.section, r.express, r.seq,
+               bool_and(r.available_at <= $1) OVER (ORDER BY r.seq) AS due
+        FROM head h CROSS JOIN LATERAL (
+            SELECT * FROM inbox_events b
+            WHERE b.section = h.section AND b.seq > h.seq AND b.state = 'pending' AND NOT b.express
+            ORDER BY b.seq LIMIT $3) r) q
+    WHERE q.due
+    ORDER BY seq";
+
+/// Most events one claim takes: a section's head and up to this many minus one queued behind
+/// it. Bounds the rows a claim returns and the done marks one statement writes.
+pub const RUN_MAX: usize = 64;
+/// A run starts no further event once it has lasted this long (nor once the head's lease could
+/// run out within a handler's budget), so the done marks it holds wait no longer than this
+/// plus one handler.
+const RUN_TIME: Duration = Duration::from_millis(500);
 
 /// Claims the oldest due event whose section has no older unfinished event (express events
-/// never wait), leasing it until `now + lease`: [`CLAIM`]. Its cost grows with the busy
-/// sections (one index probe each), not with the events queued in them; `SKIP LOCKED` lets
-/// workers and replicas claim side by side.
+/// never wait), leasing it until `now + lease`: [`CLAIM`], for one event.
 pub async fn claim(
     pool: &PgPool,
     now: DateTime<Utc>,
     lease: Duration,
 ) -> sqlx::Result<Option<InboxEvent>> {
-    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-    let row = sqlx::query(&claim_sql())
-        .bind(now)
-        .bind(until)
-        .fetch_optional(pool)
-        .await?;
-    row.map(|r| {
-        Ok(InboxEvent {
-            event_id: r.try_get("event_id")?,
-            event_type: r.try_get("event_type")?,
-            payload: r.try_get("payload")?,
-            attempts: r.try_get("attempts")?,
-            section: r.try_get("section")?,
-            express: r.try_get("express")?,
-        })
-    })
-    .transpose()
+    Ok(claim_run(pool, now, lease, 1).await?.into_iter().next())
 }
 
-/// The text of the claim's statement (`$1` now, `$2` the lease's end), for plans and benchmarks.
+/// Claims a run: a free event alone, or a due section head (leased until `now + lease`) and up
+/// to `max - 1` events queued behind it, in order ([`CLAIM`]). Empty when nothing is due. Its
+/// cost grows with the busy sections (one index probe each) and the run, not with the events
+/// queued in other sections; `SKIP LOCKED` lets workers and replicas claim side by side.
+pub async fn claim_run(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    lease: Duration,
+    max: usize,
+) -> sqlx::Result<Vec<InboxEvent>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+    let behind = max.clamp(1, RUN_MAX) as i64 - 1;
+    let rows = sqlx::query(&claim_sql())
+        .bind(now)
+        .bind(until)
+        .bind(behind)
+        .fetch_all(pool)
+        .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(InboxEvent {
+                event_id: r.try_get("event_id")?,
+                event_type: r.try_get("event_type")?,
+                payload: r.try_get("payload")?,
+                attempts: r.try_get("attempts")?,
+                section: r.try_get("section")?,
+                express: r.try_get("express")?,
+                seq: r.try_get("seq")?,
+            })
+        })
+        .collect()
+}
+
+/// The text of the claim's statement (`$1` now, `$2` the lease's end, `$3` the most events
+/// taken behind a head), for plans and benchmarks.
 #[doc(hidden)]
 pub fn claim_sql() -> String {
-    format!("{HEADS} {CLAIM}")
+    format!("{HEADS}{CLAIM}")
 }
 
 /// The same ordered claim written as `NOT EXISTS (an older unfinished event of the same
@@ -621,6 +740,32 @@ pub async fn complete(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx
     Ok(())
 }
 
+/// Marks the handled events of a run done in one statement, each with the attempts it was
+/// handled as (a follower's count is written here: its claim wrote nothing).
+pub async fn complete_run(
+    pool: &PgPool,
+    handled: &[(String, i32)],
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    if handled.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = handled.iter().map(|(id, _)| id.as_str()).collect();
+    let attempts: Vec<i32> = handled.iter().map(|(_, n)| *n).collect();
+    sqlx::query(
+        "UPDATE inbox_events e SET state = 'done', finished_at = $3, last_error = NULL,
+                attempts = GREATEST(e.attempts, d.n)
+         FROM UNNEST($1::text[], $2::int[]) AS d(id, n)
+         WHERE e.event_id = d.id AND e.state = 'pending'",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// What became of a failed event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {
@@ -631,7 +776,8 @@ pub enum Failed {
 }
 
 /// Records a failed attempt: schedules a retry with exponential backoff, or dead-letters the
-/// event once `max_attempts` are used up.
+/// event once `max_attempts` are used up. The event's attempts are counted as it was handled
+/// (a run's follower was not counted when it was claimed).
 pub async fn fail(
     pool: &PgPool,
     event: &InboxEvent,
@@ -643,8 +789,9 @@ pub async fn fail(
     let error: String = error.chars().take(ERROR_TEXT_MAX).collect();
     let dead: bool = sqlx::query_scalar(
         "UPDATE inbox_events SET last_error = $2,
-                state = CASE WHEN attempts >= $3 THEN 'dead' ELSE 'pending' END,
-                finished_at = CASE WHEN attempts >= $3 THEN $5 ELSE NULL END,
+                attempts = GREATEST(attempts, $6),
+                state = CASE WHEN GREATEST(attempts, $6) >= $3 THEN 'dead' ELSE 'pending' END,
+                finished_at = CASE WHEN GREATEST(attempts, $6) >= $3 THEN $5 ELSE NULL END,
                 available_at = $4
          WHERE event_id = $1 RETURNING state = 'dead'",
     )
@@ -653,6 +800,7 @@ pub async fn fail(
     .bind(max_attempts)
     .bind(retry_at)
     .bind(now)
+    .bind(event.attempts)
     .fetch_optional(pool)
     .await?
     .unwrap_or(false);
@@ -666,12 +814,24 @@ pub async fn fail(
 /// Returns a claimed event unprocessed (shutdown): due at once. The attempt stays counted:
 /// the handler may have done part of its work, so the next run must know it is a retry.
 pub async fn hand_back(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx::Result<()> {
+    hand_back_counted(pool, event_id, 0, now).await
+}
+
+/// [`hand_back`], writing the attempts the event was handled as (a run's follower was not
+/// counted when it was claimed).
+async fn hand_back_counted(
+    pool: &PgPool,
+    event_id: &str,
+    attempts: i32,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
     sqlx::query(
-        "UPDATE inbox_events SET available_at = $2
+        "UPDATE inbox_events SET available_at = $2, attempts = GREATEST(attempts, $3)
          WHERE event_id = $1 AND state = 'pending'",
     )
     .bind(event_id)
     .bind(now)
+    .bind(attempts)
     .execute(pool)
     .await?;
     Ok(())
@@ -703,22 +863,17 @@ pub fn backoff(attempts: i32) -> Duration {
 async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     let d = &inbox.deps;
     let shutdown = d.shutdown.clone();
-    let lease = d.config.lease;
-    // A handler must finish well inside its lease, or another worker could take the event.
-    let budget = lease.mul_f64(0.9);
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
-        let db = &inbox.worker_db;
-        let claimed = claim(db, d.clock.now(), lease).await;
-        let event = match claimed {
-            Ok(Some(e)) => e,
-            Ok(None) => {
+        let claimed = claim_run(&inbox.worker_db, d.clock.now(), d.config.lease, RUN_MAX).await;
+        match claimed {
+            Ok(run) if !run.is_empty() => handle_run(&inbox, handler.as_ref(), run).await,
+            Ok(_) => {
                 tokio::select! {
                     _ = inbox.wake.notified() => {}
                     _ = tokio::time::sleep(POLL) => {}
                     _ = shutdown.cancelled() => {}
                 }
-                continue;
             }
             Err(e) => {
                 tracing::error!(error = %e, "claiming from the inbox failed");
@@ -726,51 +881,98 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
                     _ = tokio::time::sleep(ERROR_PAUSE) => {}
                     _ = shutdown.cancelled() => {}
                 }
-                continue;
             }
-        };
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(budget, handler.handle(&event)) => {
-                Some(r.unwrap_or_else(|_| Err(anyhow::anyhow!("handler ran out of time"))))
-            }
-            _ = shutdown.cancelled() => None,
-        };
-        let now = d.clock.now();
-        let stored = match outcome {
-            None => hand_back(db, &event.event_id, now).await,
-            Some(Ok(())) => {
-                d.metrics.events_processed.inc();
-                complete(db, &event.event_id, now).await
-            }
-            Some(Err(e)) => {
-                d.metrics.events_failed.inc();
-                let text = format!("{e:#}");
-                let max = if event.section.is_some() && !event.express {
-                    d.config.max_attempts.min(SECTION_ATTEMPTS)
-                } else {
-                    d.config.max_attempts
-                };
-                let r = fail(db, &event, &text, now, max).await;
-                match r {
-                    Ok(Failed::Dead) => {
-                        d.metrics.events_dead.inc();
-                        tracing::error!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, "event dead-lettered");
-                        handler.dead_lettered(&event, &text).await;
-                    }
-                    Ok(Failed::Retry(at)) => {
-                        tracing::warn!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, retry_at = %at, "event failed; will retry");
-                    }
-                    Err(_) => {}
-                }
-                r.map(|_| ())
-            }
-        };
-        if let Err(e) = stored {
-            // The lease runs out and the event is retried; nothing is lost.
-            tracing::error!(lark.event_id = %event.event_id, error = %e, "updating the inbox failed");
         }
     }
     tracing::debug!(inbox.worker = n, "inbox worker stopped");
+}
+
+/// Handles a claimed run in order, one event after another, and then marks the handled ones
+/// done in one statement. It stops early at a failure (that event is retried or dead-lettered,
+/// and the events behind it wait for it, as their section's head), at shutdown (that event is
+/// handed back), or when [`RUN_TIME`] has passed or the head's lease could run out within a
+/// handler's budget (the rest stay queued, for the next claim). A failed or handed-back event
+/// is written before the done marks, so the section's head stays unfinished, and its run held,
+/// until then; if the process dies first, the head's lease runs out and the run is handled
+/// again from its head, in order.
+async fn handle_run(inbox: &Inbox, handler: &dyn Handler, run: Vec<InboxEvent>) {
+    let d = &inbox.deps;
+    let db = &inbox.worker_db;
+    let lease = d.config.lease;
+    // A handler must finish well inside its lease, or another worker could take the event.
+    let budget = lease.mul_f64(0.9);
+    let last_start = RUN_TIME.min(lease.saturating_sub(budget));
+    let started = tokio::time::Instant::now();
+    let mut handled: Vec<(String, i32)> = Vec::with_capacity(run.len());
+    for (i, event) in run.iter().enumerate() {
+        if i > 0 && (started.elapsed() >= last_start || d.shutdown.is_cancelled()) {
+            break;
+        }
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(budget, handler.handle(event)) => {
+                Some(r.unwrap_or_else(|_| Err(anyhow::anyhow!("handler ran out of time"))))
+            }
+            _ = d.shutdown.cancelled() => None,
+        };
+        let now = d.clock.now();
+        let stored = match outcome {
+            Some(Ok(())) => {
+                d.metrics.events_processed.inc();
+                handled.push((event.event_id.clone(), event.attempts));
+                continue;
+            }
+            None => hand_back_counted(db, &event.event_id, event.attempts, now).await,
+            Some(Err(e)) => failed(inbox, handler, event, &format!("{e:#}"), now).await,
+        };
+        if let Err(e) = stored {
+            // The head's lease runs out and the run is retried; nothing is lost.
+            tracing::error!(lark.event_id = %event.event_id, error = %e, "updating the inbox failed");
+            return;
+        }
+        break;
+    }
+    match complete_run(db, &handled, d.clock.now()).await {
+        Ok(()) => {
+            // Everything of the section up to the run's last handled event is finished: the
+            // run began at the head and took the events behind it without a gap.
+            let last = run[..handled.len()].last().filter(|e| !e.express);
+            if let Some((section, seq)) = last.and_then(|e| Some((e.section.as_deref()?, e.seq))) {
+                inbox.raise_floor(section, seq);
+            }
+        }
+        // The head's lease runs out and the run is handled again; nothing is lost.
+        Err(e) => tracing::error!(events = handled.len(), error = %e, "marking events done failed"),
+    }
+}
+
+/// Records a failed attempt of `event`: a retry, or the dead letter (the handler told).
+async fn failed(
+    inbox: &Inbox,
+    handler: &dyn Handler,
+    event: &InboxEvent,
+    text: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    let d = &inbox.deps;
+    d.metrics.events_failed.inc();
+    let max = if event.section.is_some() && !event.express {
+        d.config.max_attempts.min(SECTION_ATTEMPTS)
+    } else {
+        d.config.max_attempts
+    };
+    let r = fail(&inbox.worker_db, event, text, now, max).await;
+    match r {
+        Ok(Failed::Dead) => {
+            d.metrics.events_dead.inc();
+            tracing::error!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, "event dead-lettered");
+            handler.dead_lettered(event, text).await;
+        }
+        Ok(Failed::Retry(at)) => {
+            tracing::warn!(lark.event_id = %event.event_id, error = %text, attempts = event.attempts, retry_at = %at, "event failed; will retry");
+        }
+        Err(_) => {}
+    }
+    r.map(|_| ())
 }
 
 async fn cleanup_loop(inbox: Arc<Inbox>) {

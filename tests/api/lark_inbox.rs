@@ -1,6 +1,7 @@
 //! The inbox's storage operations directly: claim order and leases, backoff, dead letter,
 //! and the bounded retention cleanup.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
@@ -242,6 +243,7 @@ async fn rows_read_by_claim(db: &sqlx::PgPool, now: chrono::DateTime<Utc>) -> (f
     ))
     .bind(now)
     .bind(now + chrono::Duration::minutes(1))
+    .bind(inbox::RUN_MAX as i64 - 1)
     .fetch_one(&mut *tx)
     .await
     .unwrap();
@@ -400,4 +402,278 @@ async fn recording_waits_for_the_flush_and_the_workers_do_not() {
     assert_eq!(show(&app.state.db).await, "on");
     assert_eq!(show(app.state.inbox.worker_pool()).await, "off");
     app.stop().await;
+}
+
+/// The transaction that last wrote each of `ids` (`xmin`), in order.
+async fn writers(db: &sqlx::PgPool, ids: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for id in ids {
+        let x: String =
+            sqlx::query_scalar("SELECT xmin::text FROM inbox_events WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(db)
+                .await
+                .unwrap();
+        out.push(x);
+    }
+    out
+}
+
+/// A claim takes a section's head and the events queued behind it, in order (at most `max`,
+/// stopping before one that is not due), and writes only the head: the others are held by
+/// it. `complete_run` marks a run done in one statement.
+#[tokio::test]
+async fn a_claim_takes_a_run_and_writes_only_its_head() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let inbox = &app.state.inbox;
+    for id in ["r1", "r2", "r3", "r4", "r5", "r6"] {
+        assert!(inbox.record(in_section(id, "omt_r", false)).await.unwrap());
+    }
+    assert!(
+        inbox
+            .record(in_section("o1", "omt_o", false))
+            .await
+            .unwrap()
+    );
+    // r5 waits for a retry: the run stops before it.
+    sqlx::query(
+        "UPDATE inbox_events SET available_at = now() + interval '1 hour' WHERE event_id = 'r5'",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+    let ids = ["r1", "r2", "r3", "r4"];
+    let before = writers(db, &ids).await;
+    let lease = Duration::from_secs(60);
+    let run = inbox::claim_run(db, Utc::now(), lease, 3).await.unwrap();
+    let got: Vec<(&str, i32)> = run
+        .iter()
+        .map(|e| (e.event_id.as_str(), e.attempts))
+        .collect();
+    assert_eq!(
+        got,
+        [("r1", 1), ("r2", 1), ("r3", 1)],
+        "at most 3, in order"
+    );
+    let after = writers(db, &ids).await;
+    assert_ne!(before[0], after[0], "the head is leased");
+    assert_eq!(
+        before[1..],
+        after[1..],
+        "the events behind it are not written"
+    );
+    // The section is held by its head: another claim takes the other section only.
+    let other = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+    let other: Vec<&str> = other.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(other, ["o1"]);
+    assert!(
+        inbox::claim_run(db, Utc::now(), lease, 64)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let handled: Vec<(String, i32)> = run
+        .iter()
+        .map(|e| (e.event_id.clone(), e.attempts))
+        .collect();
+    inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    let done = writers(db, &["r1", "r2", "r3"]).await;
+    assert!(
+        done[0] == done[1] && done[1] == done[2],
+        "one statement: {done:?}"
+    );
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT event_id, state, attempts FROM inbox_events WHERE section = 'omt_r' ORDER BY seq",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    let rows: Vec<(&str, &str, i32)> = rows
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), *c))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("r1", "done", 1),
+            ("r2", "done", 1),
+            ("r3", "done", 1),
+            ("r4", "pending", 0),
+            ("r5", "pending", 0),
+            ("r6", "pending", 0)
+        ]
+    );
+    // r4 is the head now; the run stops before r5, which is not due.
+    let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+    let got: Vec<&str> = run.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(got, ["r4"]);
+    app.stop().await;
+}
+
+/// A handler that records what it was given, fails each event named in `fail_once` the first
+/// time, and takes `pause` per event.
+struct Recorder {
+    seen: std::sync::Mutex<Vec<(String, i32)>>,
+    fail_once: std::sync::Mutex<Vec<String>>,
+    pause: Duration,
+}
+
+#[async_trait::async_trait]
+impl inbox::Handler for Recorder {
+    async fn handle(&self, e: &inbox::InboxEvent) -> anyhow::Result<()> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((e.event_id.clone(), e.attempts));
+        tokio::time::sleep(self.pause).await;
+        let mut fail = self.fail_once.lock().unwrap();
+        if let Some(i) = fail.iter().position(|f| *f == e.event_id) {
+            fail.remove(i);
+            anyhow::bail!("failing {} once", e.event_id);
+        }
+        Ok(())
+    }
+    async fn dead_lettered(&self, _: &inbox::InboxEvent, _: &str) {}
+}
+
+/// Runs the inbox's workers (two) over `ids`, all in one section, with `handler`, until every
+/// one is done; returns the transactions that marked them done. Checks on the way that the
+/// section's floor is then its last event, and that a new event, with nothing unfinished
+/// before it, still wakes a worker.
+async fn run_workers(ids: &[&str], handler: Arc<Recorder>) -> Vec<String> {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let mut config = app.state.config.inbox.clone();
+    config.workers_enabled = true;
+    config.workers = 2;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let tracker = tokio_util::task::TaskTracker::new();
+    let inbox = inbox::Inbox::new(
+        inbox::InboxDeps {
+            db: app.state.db.clone(),
+            clock: app.state.clock.clone(),
+            metrics: app.state.metrics.clone(),
+            config,
+            shutdown: shutdown.clone(),
+        },
+        64,
+        tracker.clone(),
+    );
+    // Recorded before any worker runs, so that each claim sees them all.
+    for id in ids {
+        assert!(inbox.record(in_section(id, "omt_w", false)).await.unwrap());
+    }
+    inbox.spawn_workers(handler);
+    let db = app.state.db.clone();
+    eventually("every event done", Duration::from_secs(30), || async {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE state <> 'done'")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        left == 0
+    })
+    .await;
+    let last: i64 = sqlx::query_scalar("SELECT max(seq) FROM inbox_events")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    eventually("the floor raised", Duration::from_secs(10), || async {
+        inbox.floor("omt_w") == Some(last)
+    })
+    .await;
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    let wakeups = app.state.metrics.inbox_wakeups.get();
+    assert!(
+        inbox
+            .record(in_section("next", "omt_w", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        app.state.metrics.inbox_wakeups.get(),
+        wakeups + 1,
+        "the new head"
+    );
+    assert!(
+        inbox
+            .record(in_section("next2", "omt_w", false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        app.state.metrics.inbox_wakeups.get(),
+        wakeups + 1,
+        "behind it"
+    );
+    let done = writers(&db, ids).await;
+    app.stop().await;
+    done
+}
+
+/// The workers handle a run in order and mark it done in one statement; a failure ends the run
+/// there: what was handled before it is done, it is retried as its section's head, and the
+/// events behind it wait for it.
+#[tokio::test]
+async fn workers_handle_a_run_in_order_and_mark_it_done_at_once() {
+    let handler = Arc::new(Recorder {
+        seen: Default::default(),
+        fail_once: std::sync::Mutex::new(vec!["w3".into()]),
+        pause: Duration::ZERO,
+    });
+    let ids = ["w1", "w2", "w3", "w4", "w5"];
+    let done = run_workers(&ids, handler.clone()).await;
+    let seen = handler.seen.lock().unwrap().clone();
+    let seen: Vec<(&str, i32)> = seen.iter().map(|(a, n)| (a.as_str(), *n)).collect();
+    assert_eq!(
+        seen,
+        [
+            ("w1", 1),
+            ("w2", 1),
+            ("w3", 1),
+            ("w3", 2),
+            ("w4", 2),
+            ("w5", 2)
+        ],
+        "in order; the run behind a retried head is told it may be a retry"
+    );
+    assert_eq!(done[0], done[1], "w1 and w2 done together: {done:?}");
+    assert!(
+        done[2] == done[3] && done[3] == done[4],
+        "w3..w5 together: {done:?}"
+    );
+    assert_ne!(done[1], done[2]);
+}
+
+/// A run starts no further event once half a second has passed: the slow events are marked
+/// done a few at a time, not held until the whole run is over.
+#[tokio::test]
+async fn a_slow_run_is_marked_done_a_part_at_a_time() {
+    let handler = Arc::new(Recorder {
+        seen: Default::default(),
+        fail_once: Default::default(),
+        pause: Duration::from_millis(300),
+    });
+    let ids = ["v1", "v2", "v3", "v4"];
+    let done = run_workers(&ids, handler.clone()).await;
+    let seen: Vec<String> = handler
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.0.clone())
+        .collect();
+    assert_eq!(seen, ids);
+    assert_eq!(done[0], done[1], "{done:?}");
+    assert_eq!(done[2], done[3], "{done:?}");
+    assert_ne!(done[1], done[2], "the run stopped after 0.6 s: {done:?}");
 }
