@@ -53,61 +53,7 @@ impl Terminal {
     }
 }
 
-/// `text` without terminal control: escape sequences (CSI, OSC, DCS, SOS, PM, APC and
-/// two-character ones) are dropped whole, as are C0 controls but newline and tab, DEL, C1
-/// controls (the 8-bit CSI and OSC among them) and the bidirectional overrides that make a
-/// line read differently from what it holds.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            '\u{1b}' => match chars.next() {
-                // CSI: parameters and intermediates up to a final byte.
-                Some('[') => {
-                    for c in chars.by_ref() {
-                        if ('\u{40}'..='\u{7e}').contains(&c) {
-                            break;
-                        }
-                    }
-                }
-                // Strings ended by BEL or ST (ESC \\).
-                Some(']' | 'P' | 'X' | '^' | '_') => skip_string(&mut chars),
-                // A two-character sequence (or a lone ESC at the end).
-                _ => {}
-            },
-            '\u{9b}' => {
-                for c in chars.by_ref() {
-                    if ('\u{40}'..='\u{7e}').contains(&c) {
-                        break;
-                    }
-                }
-            }
-            '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
-            c if c.is_control() => {}
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' => {}
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Skips a control string up to its terminator: BEL, ST (`ESC \\`) or the 8-bit ST.
-fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{7}' | '\u{9c}' => return,
-            '\u{1b}' => {
-                if chars.peek() == Some(&'\\') {
-                    chars.next();
-                }
-                return;
-            }
-            _ => {}
-        }
-    }
-}
+pub use crate::exec::live::printable;
 
 /// The answer to one typed line.
 pub struct LineReply<'a> {
@@ -218,32 +164,5 @@ impl AdminChannel for NoAdminChannel {
 
     async fn update_approval(&self, _: &str, _: &ApprovalView) -> anyhow::Result<()> {
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::printable;
-
-    #[test]
-    fn terminal_control_from_tools_and_the_model_is_removed() {
-        let cases = [
-            ("plain\ttext\nnext", "plain\ttext\nnext"),
-            ("\u{1b}[2J\u{1b}[1;1Hcleared", "cleared"),
-            ("red \u{1b}[31mword\u{1b}[0m", "red word"),
-            ("\u{1b}]0;owned title\u{7}after", "after"),
-            ("\u{1b}]52;c;cm0gLXJmIH4=\u{1b}\\clip", "clip"),
-            ("\u{1b}P1$qm\u{1b}\\dcs", "dcs"),
-            ("\u{9b}31mc1\u{9d}8;;x\u{9c}", "c1"),
-            ("over\rwrite\u{8}\u{7f}", "overwrite"),
-            ("a\u{202e}txt.exe", "atxt.exe"),
-            ("\u{1b}7\u{1b}8esc", "esc"),
-            ("end\u{1b}", "end"),
-            ("\u{1b}]unterminated", ""),
-            ("ünïcødé 中文", "ünïcødé 中文"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(printable(input), want, "{input:?}");
-        }
     }
 }

@@ -209,6 +209,7 @@
 //! and refused when used ("remove and add it again"); `connect` never opens a version 1 record.
 
 pub mod guard;
+pub mod live;
 pub mod local;
 pub mod ops;
 pub mod ssh;
@@ -262,6 +263,9 @@ pub struct Command<'a> {
     pub stdout_limit: usize,
     /// Head + tail bytes kept of stderr.
     pub stderr_limit: usize,
+    /// Where the output is also written as it arrives, for a live view of the running
+    /// command (both streams; never waits, see [`live`]). `None`: nobody watches.
+    pub live: Option<Arc<live::LiveTail>>,
 }
 
 /// What a command produced: bounded output and how it ended.
