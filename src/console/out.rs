@@ -22,17 +22,61 @@ const SEEN_MAX: usize = 4096;
 #[derive(Default)]
 pub struct Terminal {
     seen: Mutex<(HashSet<String>, VecDeque<String>)>,
+    /// Standard output is a terminal: a running step's output is redrawn in place.
+    tty: bool,
+    /// The running step's output as last printed, and the lines it takes on a terminal.
+    tail: Mutex<(Vec<String>, usize)>,
 }
 
+/// What a line of a running step's output starts with.
+const TAIL_PREFIX: &str = "  │ ";
+/// Longest output line redrawn in place (so that it takes one row of an 80-column terminal).
+const TTY_LINE_CHARS: usize = 76;
+
 impl Terminal {
+    /// `tty`: standard output is a terminal (tails are redrawn in place, not appended).
+    pub fn new(tty: bool) -> Terminal {
+        Terminal {
+            tty,
+            ..Terminal::default()
+        }
+    }
+
     /// Prints `text` as whole lines, control and escape sequences removed.
     pub fn say(&self, text: &str) {
         let text = printable(text);
+        // Anything printed ends the running step's output region: it is not redrawn over.
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        *tail = (Vec::new(), 0);
         let mut out = std::io::stdout().lock();
         let text = text.trim_end();
         // A closed stdout (a pipe whose reader left) must not take the session down.
         let _ = writeln!(out, "{text}");
         let _ = out.flush();
+    }
+
+    /// Shows the running step's latest output: on a terminal in place of the one before, else
+    /// as the lines not printed yet, appended.
+    fn show_tail(&self, tail: &str) {
+        let lines: Vec<String> = printable(tail).lines().map(str::to_string).collect();
+        let mut shown = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::io::stdout().lock();
+        if self.tty {
+            if shown.1 > 0 {
+                // Up to the first line of the last tail, and clear from there down.
+                let _ = write!(out, "\u{1b}[{}A\u{1b}[J", shown.1);
+            }
+            for l in &lines {
+                let _ = writeln!(out, "{TAIL_PREFIX}{}", clip(l, TTY_LINE_CHARS));
+            }
+            shown.1 = lines.len();
+        } else {
+            for l in new_lines(&shown.0, &lines) {
+                let _ = writeln!(out, "{TAIL_PREFIX}{l}");
+            }
+        }
+        let _ = out.flush();
+        shown.0 = lines;
     }
 
     /// Prints `text` unless `key` was printed before.
@@ -54,6 +98,27 @@ impl Terminal {
 }
 
 pub use crate::exec::live::printable;
+
+/// The lines of `now` after those it shares with the end of `before` (a tail that moved on by
+/// a few lines shows only those).
+fn new_lines<'a>(before: &[String], now: &'a [String]) -> &'a [String] {
+    let most = before.len().min(now.len());
+    let shared = (1..=most)
+        .rev()
+        .find(|k| before[before.len() - k..] == now[..*k])
+        .unwrap_or(0);
+    &now[shared..]
+}
+
+/// `s` cut to `chars` characters, with `…` when cut.
+fn clip(s: &str, chars: usize) -> String {
+    if s.chars().count() <= chars {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(chars - 1).collect();
+    out.push('…');
+    out
+}
 
 /// The answer to one typed line.
 pub struct LineReply<'a> {
@@ -140,6 +205,7 @@ impl StepSink for Terminal {
                 if steps.len() == 1 { "" } else { "s" }
             )),
             StepEvent::ToolStarted { tool, short } => self.say(&format!("· {tool}: {short}")),
+            StepEvent::ToolOutput { tail } => self.show_tail(tail),
             StepEvent::ToolFinished {
                 tool,
                 ok: false,
@@ -164,5 +230,26 @@ impl AdminChannel for NoAdminChannel {
 
     async fn update_approval(&self, _: &str, _: &ApprovalView) -> anyhow::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_lines;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn an_appended_tail_prints_only_its_new_lines() {
+        assert_eq!(new_lines(&[], &v(&["a", "b"])), v(&["a", "b"]));
+        assert_eq!(new_lines(&v(&["a", "b"]), &v(&["a", "b", "c"])), v(&["c"]));
+        assert_eq!(
+            new_lines(&v(&["a", "b", "c"]), &v(&["b", "c", "d", "e"])),
+            v(&["d", "e"])
+        );
+        assert_eq!(new_lines(&v(&["a", "b"]), &v(&["x", "y"])), v(&["x", "y"]));
+        assert!(new_lines(&v(&["a", "b"]), &v(&["a", "b"])).is_empty());
     }
 }
