@@ -3,7 +3,10 @@
 //! Reactions become short status lines (or nothing); answers are printed once per idempotency
 //! key; an approval card is printed with its inline question (the read loop takes the answer). Everything printed passes [`printable`]: what a tool or the model wrote cannot move
 //! the cursor, set the title, write the clipboard (OSC 52) or reorder text on the operator's
-//! terminal. Never: reads input or decides anything.
+//! terminal. A running command's output tail is shown under its step: on a terminal it is
+//! redrawn in place (the only control the console itself writes: cursor up and clear below, over
+//! the lines it drew last), when piped only its new lines are appended. Never: reads input or
+//! decides anything.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;

@@ -40,6 +40,15 @@
 //! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it writes the summary (outcome, step
 //! counts, the first lines of the stored answer) and closes streaming with it.
 //!
+//! **Live output.** `StepEvent::ToolOutput` (a running command's tail, from `agent::live`) does
+//! not go through the queue: `step()` puts it in the turn's one `watch` slot with the number of
+//! the step it belongs to (the `ToolStarted` events queued so far), so only the latest tail
+//! waits, whatever the card's pace. The writer shows it if that step is still its latest
+//! (running, or just finished: the finished step keeps its last lines) and writes it with the
+//! next update the interval allows; tails that came while a write was under way, refused or
+//! backing off are never seen. `card` renders it as a code block under its step (backticks made
+//! quotes, markup inert, at most 500 characters).
+//!
 //! **Errors by meaning.** 300317 → jump the sequence a block ahead and try once more; 200850/300309
 //! → re-enable streaming and try once more, or if that is refused rotate to a new card (≤ 50 per
 //! turn); 230020 (or the client's rate-limit error) → back off (0.5 s doubling to 8 s) and write the
