@@ -95,9 +95,11 @@ async fn fake(State(seen): State<Shared>, uri: Uri, body: Option<Json<Value>>) -
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
                 "function": {"name": "terminal", "arguments": json!({"command": command}).to_string()}}]})
         };
-        return Json(json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        return Json(
+            json!({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
             "choices": [{"index": 0, "message": message, "finish_reason": if ran {"stop"} else {"tool_calls"}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}));
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}),
+        );
     }
     if path.ends_with("/tenant_access_token/internal") {
         return Json(json!({"code":0,"msg":"ok","tenant_access_token":"t-1","expire":7200}));
@@ -121,7 +123,9 @@ async fn fake(State(seen): State<Shared>, uri: Uri, body: Option<Json<Value>>) -
             }
         }
     }
-    Json(json!({"code":0,"msg":"ok","data":{"message_id": format!("om_{n}"), "reaction_id": format!("r_{n}")}}))
+    Json(
+        json!({"code":0,"msg":"ok","data":{"message_id": format!("om_{n}"), "reaction_id": format!("r_{n}")}}),
+    )
 }
 
 async fn run() {
@@ -230,7 +234,10 @@ async fn run() {
                         .fetch_optional(&db)
                         .await
                         .unwrap();
-                if st.as_deref().is_some_and(|s| s != "running" && s != "queued") {
+                if st
+                    .as_deref()
+                    .is_some_and(|s| s != "running" && s != "queued")
+                {
                     break;
                 }
                 assert!(Instant::now() < deadline, "turn did not end");
@@ -255,9 +262,8 @@ async fn run() {
         "\n| backend | 50 MB, no live tail (median of {FLOOD_RUNS}) | with a live tail sampled every 200 ms | ratio |\n|---|---|---|---|"
     );
     let never = CancellationToken::new();
-    let command = format!(
-        "yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abc | head -c {FLOOD}"
-    );
+    let command =
+        format!("yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abc | head -c {FLOOD}");
     for (label, place) in [("local", Place::Local), ("ssh", Place::Target("t".into()))] {
         let (mut plain, mut live) = (Vec::new(), Vec::new());
         for i in 0..FLOOD_RUNS * 2 + 1 {
@@ -290,7 +296,10 @@ async fn run() {
                 })
             });
             let t0 = Instant::now();
-            let r = ops.terminal(&command, Default::default(), &never).await.unwrap();
+            let r = ops
+                .terminal(&command, Default::default(), &never)
+                .await
+                .unwrap();
             let took = t0.elapsed();
             done.cancel();
             if let Some(s) = sampler {

@@ -200,7 +200,9 @@ async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
 
 /// Runs one call. Never panics on the model's input; every failure is a result for the model.
 /// `resolved` is what [`resolve`] read for this very call, if the caller read it ahead; without
-/// it the call resolves its backend itself.
+/// it the call resolves its backend itself. `live`: where a command's output also goes as it
+/// runs.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     deps: &AgentDeps,
     section: &str,

@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 use crate::agent::{Env, MODEL, accept, add_target, call, say, unique, wait_turns_ended};
 use crate::fake_lark::FakeLark;
 use crate::progress::{busiest_second, closed_card};
-use crate::sshd::{self, Sshd};
+use crate::sshd::Sshd;
 
 const STEPS: &str = "for i in $(seq 5); do echo step-$i; sleep 1; done";
 
@@ -70,10 +70,6 @@ async fn five_steps_show_live(env: &Env, place: Place) {
         order.windows(2).all(|w| w[0] < w[1]),
         "in order: {order:?} {distinct:#?}"
     );
-    assert!(
-        *order.last().unwrap() < 5 || distinct.len() > 3,
-        "seen before the end: {order:?}"
-    );
     // The card's budget holds, and the finished step keeps its last lines.
     assert!(busiest_second(&card) <= 5, "{:?}", card.ops);
     assert!(card.refusals.is_empty(), "{:?}", card.refusals);
@@ -101,9 +97,6 @@ async fn a_local_command_s_output_shows_on_the_card_while_it_runs() {
 
 #[tokio::test]
 async fn a_remote_command_s_output_shows_on_the_card_while_it_runs() {
-    if !sshd::available() {
-        return;
-    }
     let env = env().await;
     let dir = tempfile::tempdir().unwrap();
     let sshd = Sshd::start_below(dir.path());
