@@ -15,7 +15,6 @@
 //!
 //! Never: holds more than [`TAIL_BYTES`]; blocks a writer on a reader.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
@@ -36,11 +35,38 @@ pub struct LiveTail {
     hidden: Mutex<Option<String>>,
 }
 
+/// A fixed ring of the latest [`TAIL_BYTES`] bytes, filled by slice copies (no per-byte work).
 #[derive(Default)]
 struct Ring {
-    bytes: VecDeque<u8>,
+    /// Grows to [`TAIL_BYTES`], then wraps.
+    buf: Vec<u8>,
+    /// Index of the oldest byte once full (0 while filling).
+    start: usize,
     /// Every byte pushed, kept or not.
     total: u64,
+}
+
+impl Ring {
+    fn push(&mut self, data: &[u8]) {
+        self.total += data.len() as u64;
+        let mut data = &data[data.len().saturating_sub(TAIL_BYTES)..];
+        if self.buf.len() < TAIL_BYTES {
+            let n = (TAIL_BYTES - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+        }
+        while !data.is_empty() {
+            let n = (TAIL_BYTES - self.start).min(data.len());
+            self.buf[self.start..self.start + n].copy_from_slice(&data[..n]);
+            self.start = (self.start + n) % TAIL_BYTES;
+            data = &data[n..];
+        }
+    }
+
+    /// The bytes in order, oldest first.
+    fn bytes(&self) -> Vec<u8> {
+        [&self.buf[self.start..], &self.buf[..self.start]].concat()
+    }
 }
 
 impl std::fmt::Debug for LiveTail {
@@ -65,14 +91,10 @@ impl LiveTail {
         if data.is_empty() {
             return;
         }
-        {
-            let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-            ring.total += data.len() as u64;
-            let keep = &data[data.len().saturating_sub(TAIL_BYTES)..];
-            let over = (ring.bytes.len() + keep.len()).saturating_sub(TAIL_BYTES);
-            ring.bytes.drain(..over);
-            ring.bytes.extend(keep);
-        }
+        self.ring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(data);
         self.changed.notify_one();
     }
 
@@ -96,8 +118,7 @@ impl LiveTail {
     pub fn snapshot(&self, ended: bool) -> Tail {
         let (bytes, wrapped) = {
             let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-            let (a, b) = ring.bytes.as_slices();
-            ([a, b].concat(), ring.total > ring.bytes.len() as u64)
+            (ring.bytes(), ring.total > ring.buf.len() as u64)
         };
         let is_end = |b: &u8| *b == b'\n' || *b == b'\r';
         let mut from = 0;
@@ -256,9 +277,30 @@ mod tests {
                 "line 99999"
             ]
         );
-        assert!(t.ring.lock().unwrap().bytes.len() <= TAIL_BYTES);
+        assert!(t.ring.lock().unwrap().buf.len() <= TAIL_BYTES);
         t.push(&vec![b'x'; 3 * TAIL_BYTES]);
-        assert!(t.ring.lock().unwrap().bytes.len() <= TAIL_BYTES);
+        assert!(t.ring.lock().unwrap().buf.len() <= TAIL_BYTES);
+    }
+
+    #[test]
+    fn the_ring_keeps_the_latest_bytes_in_order_across_wraps() {
+        let t = LiveTail::new();
+        let mut all = Vec::new();
+        for (i, n) in [1usize, 4095, 3, 5000, 17, 4096, 1, 9000, 2]
+            .iter()
+            .enumerate()
+        {
+            let chunk: Vec<u8> = (0..*n).map(|k| (k * 31 + i * 7) as u8).collect();
+            t.push(&chunk);
+            all.extend_from_slice(&chunk);
+            let ring = t.ring.lock().unwrap();
+            assert_eq!(
+                ring.bytes(),
+                all[all.len().saturating_sub(TAIL_BYTES)..],
+                "{i}"
+            );
+            assert_eq!(ring.total, all.len() as u64);
+        }
     }
 
     #[test]
