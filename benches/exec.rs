@@ -147,6 +147,7 @@ async fn run() {
         timeout: Duration::from_secs(30),
         stdout_limit: 32 * 1024,
         stderr_limit: 32 * 1024,
+        live: None,
     };
 
     // Memory with 20 targets connected.

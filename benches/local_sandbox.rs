@@ -78,6 +78,7 @@ async fn once(b: &Arc<dyn Backend>) -> Duration {
                 timeout: Duration::from_secs(30),
                 stdout_limit: 4096,
                 stderr_limit: 4096,
+                live: None,
             },
             &cancel,
         )

@@ -120,12 +120,15 @@
 //! `app::Overrides::ssh_mode`). `agent::ChatOut` is implemented by the front-ends
 //! (`frontend` for `LarkClient`, the console's `Terminal`). `agent::StepSink` receives
 //! `StepEvent`s (started, model, tool started/finished, ended, left) for the live progress
-//! card; `serve` installs `progress::Progress`.
+//! card; `serve` installs `progress::Progress`. While a `terminal` or `execute_code` call runs,
+//! `agent::live` forwards its output's latest lines as `ToolOutput` (screened by the secret
+//! filter, sampled at most every 200 ms, and once at its end).
 
 mod answer;
 pub mod approval;
 mod conversation;
 pub mod failing;
+mod live;
 pub mod prompt;
 mod run;
 mod tools;
@@ -278,6 +281,13 @@ pub enum StepEvent {
     ToolStarted {
         tool: String,
         short: String,
+    },
+    /// The latest lines the running step's command printed (a `terminal` or `execute_code`
+    /// call): printable, screened for secrets, at most a few hundred characters. Sent at most
+    /// every few hundred milliseconds while output changes, and once when the call ends, before
+    /// `ToolFinished`; each replaces the one before.
+    ToolOutput {
+        tail: String,
     },
     ToolFinished {
         tool: String,

@@ -9,7 +9,9 @@ use serde_json::json;
 
 use super::approval::{self, Park, Resumed};
 use super::conversation::{self, Flush, Kind, Mark, Stored};
-use super::{AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepEvent, answer, prompt, tools};
+use super::{
+    AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepEvent, answer, live, prompt, tools,
+};
 use crate::lark::client::idempotency_key;
 use crate::llm::{ChatRequest, Message, ToolCall};
 use crate::turns::{ActiveTurn, CancelReason, Fenced, TurnEnd};
@@ -617,16 +619,7 @@ async fn run_calls(
                 short: short.clone(),
             },
         );
-        let result = tools::run(
-            deps,
-            &turn.section,
-            &turn.chat_id,
-            call,
-            turn.cancel.token(),
-            resolved,
-            allowed_by.is_some(),
-        )
-        .await;
+        let result = run_call(deps, turn, call, resolved, allowed_by.is_some()).await;
         let mut result = result;
         // Allowed in this thread: the same shape runs without asking (it did not run above).
         let mut in_thread_by: Option<String> = None;
@@ -635,16 +628,7 @@ async fn run_calls(
             && turn.cancel.reason().is_none()
             && let Some(by) = approval::covered(deps, turn, asked).await
         {
-            result = tools::run(
-                deps,
-                &turn.section,
-                &turn.chat_id,
-                call,
-                turn.cancel.token(),
-                None,
-                true,
-            )
-            .await;
+            result = run_call(deps, turn, call, None, true).await;
             result.text = format!("allowed in this thread by {by}:\n{}", result.text);
             in_thread_by = Some(by);
         }
@@ -656,16 +640,7 @@ async fn run_calls(
             match approval::park(deps, turn, &key, asked, &result.text).await {
                 Ok(Park::Waiting) => return Ok(Some(Halt::Leave)),
                 Ok(Park::Allowed) => {
-                    result = tools::run(
-                        deps,
-                        &turn.section,
-                        &turn.chat_id,
-                        call,
-                        turn.cancel.token(),
-                        None,
-                        true,
-                    )
-                    .await;
+                    result = run_call(deps, turn, call, None, true).await;
                     result.text = format!(
                         "allowed by this backend's policy (risky: allow):\n{}",
                         result.text
@@ -789,6 +764,29 @@ async fn run_calls(
         }
     }
     Ok(None)
+}
+
+/// Runs one call with the turn's cancellation; a call that runs a command has its output
+/// forwarded to the progress view while it runs ([`live`]).
+async fn run_call(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    call: &ToolCall,
+    resolved: Option<tools::Resolved>,
+    approved: bool,
+) -> tools::ToolResult {
+    let tail = live::for_tool(&call.function.name);
+    let run = tools::run(
+        deps,
+        &turn.section,
+        &turn.chat_id,
+        call,
+        turn.cancel.token(),
+        resolved,
+        approved,
+        tail.clone(),
+    );
+    live::watched(deps, &turn.section, turn.id, tail.as_deref(), run).await
 }
 
 /// The longest command text an audit row keeps.

@@ -10,6 +10,7 @@
 //! it for a call once the model has asked for that call, alongside the commit that must precede
 //! the call, and hands the result to [`run`]. Either way they are read for that call alone.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::clip;
 use super::{AgentDeps, BindingFails, SshModeAction};
+use crate::exec::live::LiveTail;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
@@ -198,7 +200,9 @@ async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
 
 /// Runs one call. Never panics on the model's input; every failure is a result for the model.
 /// `resolved` is what [`resolve`] read for this very call, if the caller read it ahead; without
-/// it the call resolves its backend itself.
+/// it the call resolves its backend itself. `live`: where a command's output also goes as it
+/// runs.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     deps: &AgentDeps,
     section: &str,
@@ -207,9 +211,13 @@ pub async fn run(
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
     approved: bool,
+    live: Option<Arc<LiveTail>>,
 ) -> ToolResult {
     let started = Instant::now();
-    let o = dispatch(deps, section, chat_id, call, cancel, resolved, approved).await;
+    let o = dispatch(
+        deps, section, chat_id, call, cancel, resolved, approved, live,
+    )
+    .await;
     let (text, ok) = match o.result {
         Ok(t) => (t, true),
         Err(e) => (format!("error: {e}"), false),
@@ -275,6 +283,7 @@ impl ToolOutcome {
 
 /// Routes one call: `ssh_mode` and the control plane's tools to theirs, a task tool to its
 /// section's backend, resolved for this call.
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     deps: &AgentDeps,
     section: &str,
@@ -283,6 +292,7 @@ async fn dispatch(
     cancel: &CancellationToken,
     resolved: Option<Resolved>,
     approved: bool,
+    live: Option<Arc<LiveTail>>,
 ) -> ToolOutcome {
     let tool = call.function.name.as_str();
     let map = match call.parsed_arguments() {
@@ -326,8 +336,10 @@ async fn dispatch(
         Place::Local => None,
         Place::Target(alias) => Some(alias.clone()),
     };
-    let (result, exit, asked) =
-        task(deps, section, tool, &args, at, &location, cancel, approved).await;
+    let (result, exit, asked) = task(
+        deps, section, tool, &args, at, &location, cancel, approved, live,
+    )
+    .await;
     ToolOutcome {
         result,
         asked: asked.map(|(command, reason, cwd)| Asked {
@@ -428,6 +440,7 @@ async fn task(
     location: &str,
     cancel: &CancellationToken,
     approved: bool,
+    live: Option<Arc<LiveTail>>,
 ) -> (
     Result<String, String>,
     Option<String>,
@@ -461,7 +474,8 @@ async fn task(
             (Place::Target(_), Some(ops)) => ops,
             (Place::Target(_), None) => deps.exec.ops_for(section, &place).await,
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_live(live);
         let backend_name = ops.backend().name().to_string();
         // The workspace on the backend's host (`~` is that user's home there).
         let workspace_dir = ops.resolve(&ws.dir).await.map_err(exec_err)?;

@@ -60,7 +60,7 @@ async fn session(
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
 ) -> anyhow::Result<Session> {
-    let term = Arc::new(Terminal::default());
+    let term = Arc::new(Terminal::new(std::io::stdout().is_terminal()));
     // Only this section: another section's answers belong to its own front-end.
     let core = Core::build(
         config,

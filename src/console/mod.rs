@@ -27,7 +27,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `mod.rs` | section names, the actor `console:<os user>` (added to the admins for this process), wiring, the read loop, waiting for turns, Ctrl-C as `/stop` | reading the environment (config does), binding a port |
-//! | `out.rs` | `Terminal`: the dispatcher's `Reply` (no threads: `open_thread` says so), the agent's `ChatOut` (answers printed once per idempotency key; reactions ignored except the failure one) and `StepSink` (tool calls as `· tool: what`); `NoAdminChannel` | deciding anything |
+//! | `out.rs` | `Terminal`: the dispatcher's `Reply` (no threads: `open_thread` says so), the agent's `ChatOut` (answers printed once per idempotency key; reactions ignored except the failure one) and `StepSink` (tool calls as `· tool: what`; a running command's tail as `  │ ` lines, redrawn in place when standard output is a terminal, only the new lines appended when it is piped); `NoAdminChannel` | deciding anything |
 //!
 //! Because turns are rows in Postgres, a console section is resumable (`--section NAME`): an
 //! interrupted turn resumes when the section is opened again. Runners are scoped

@@ -3,7 +3,10 @@
 //! Reactions become short status lines (or nothing); answers are printed once per idempotency
 //! key; an approval card is printed with its inline question (the read loop takes the answer). Everything printed passes [`printable`]: what a tool or the model wrote cannot move
 //! the cursor, set the title, write the clipboard (OSC 52) or reorder text on the operator's
-//! terminal. Never: reads input or decides anything.
+//! terminal. A running command's output tail is shown under its step: on a terminal it is
+//! redrawn in place (the only control the console itself writes: cursor up and clear below, over
+//! the lines it drew last), when piped only its new lines are appended. Never: reads input or
+//! decides anything.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;
@@ -22,17 +25,61 @@ const SEEN_MAX: usize = 4096;
 #[derive(Default)]
 pub struct Terminal {
     seen: Mutex<(HashSet<String>, VecDeque<String>)>,
+    /// Standard output is a terminal: a running step's output is redrawn in place.
+    tty: bool,
+    /// The running step's output as last printed, and the lines it takes on a terminal.
+    tail: Mutex<(Vec<String>, usize)>,
 }
 
+/// What a line of a running step's output starts with.
+const TAIL_PREFIX: &str = "  │ ";
+/// Longest output line redrawn in place (so that it takes one row of an 80-column terminal).
+const TTY_LINE_CHARS: usize = 76;
+
 impl Terminal {
+    /// `tty`: standard output is a terminal (tails are redrawn in place, not appended).
+    pub fn new(tty: bool) -> Terminal {
+        Terminal {
+            tty,
+            ..Terminal::default()
+        }
+    }
+
     /// Prints `text` as whole lines, control and escape sequences removed.
     pub fn say(&self, text: &str) {
         let text = printable(text);
+        // Anything printed ends the running step's output region: it is not redrawn over.
+        let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        *tail = (Vec::new(), 0);
         let mut out = std::io::stdout().lock();
         let text = text.trim_end();
         // A closed stdout (a pipe whose reader left) must not take the session down.
         let _ = writeln!(out, "{text}");
         let _ = out.flush();
+    }
+
+    /// Shows the running step's latest output: on a terminal in place of the one before, else
+    /// as the lines not printed yet, appended.
+    fn show_tail(&self, tail: &str) {
+        let lines: Vec<String> = printable(tail).lines().map(str::to_string).collect();
+        let mut shown = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::io::stdout().lock();
+        if self.tty {
+            if shown.1 > 0 {
+                // Up to the first line of the last tail, and clear from there down.
+                let _ = write!(out, "\u{1b}[{}A\u{1b}[J", shown.1);
+            }
+            for l in &lines {
+                let _ = writeln!(out, "{TAIL_PREFIX}{}", clip(l, TTY_LINE_CHARS));
+            }
+            shown.1 = lines.len();
+        } else {
+            for l in new_lines(&shown.0, &lines) {
+                let _ = writeln!(out, "{TAIL_PREFIX}{l}");
+            }
+        }
+        let _ = out.flush();
+        shown.0 = lines;
     }
 
     /// Prints `text` unless `key` was printed before.
@@ -53,60 +100,27 @@ impl Terminal {
     }
 }
 
-/// `text` without terminal control: escape sequences (CSI, OSC, DCS, SOS, PM, APC and
-/// two-character ones) are dropped whole, as are C0 controls but newline and tab, DEL, C1
-/// controls (the 8-bit CSI and OSC among them) and the bidirectional overrides that make a
-/// line read differently from what it holds.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            '\u{1b}' => match chars.next() {
-                // CSI: parameters and intermediates up to a final byte.
-                Some('[') => {
-                    for c in chars.by_ref() {
-                        if ('\u{40}'..='\u{7e}').contains(&c) {
-                            break;
-                        }
-                    }
-                }
-                // Strings ended by BEL or ST (ESC \\).
-                Some(']' | 'P' | 'X' | '^' | '_') => skip_string(&mut chars),
-                // A two-character sequence (or a lone ESC at the end).
-                _ => {}
-            },
-            '\u{9b}' => {
-                for c in chars.by_ref() {
-                    if ('\u{40}'..='\u{7e}').contains(&c) {
-                        break;
-                    }
-                }
-            }
-            '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => skip_string(&mut chars),
-            c if c.is_control() => {}
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' => {}
-            c => out.push(c),
-        }
-    }
-    out
+pub use crate::exec::live::printable;
+
+/// The lines of `now` after those it shares with the end of `before` (a tail that moved on by
+/// a few lines shows only those).
+fn new_lines<'a>(before: &[String], now: &'a [String]) -> &'a [String] {
+    let most = before.len().min(now.len());
+    let shared = (1..=most)
+        .rev()
+        .find(|k| before[before.len() - k..] == now[..*k])
+        .unwrap_or(0);
+    &now[shared..]
 }
 
-/// Skips a control string up to its terminator: BEL, ST (`ESC \\`) or the 8-bit ST.
-fn skip_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{7}' | '\u{9c}' => return,
-            '\u{1b}' => {
-                if chars.peek() == Some(&'\\') {
-                    chars.next();
-                }
-                return;
-            }
-            _ => {}
-        }
+/// `s` cut to `chars` characters, with `…` when cut.
+fn clip(s: &str, chars: usize) -> String {
+    if s.chars().count() <= chars {
+        return s.to_string();
     }
+    let mut out: String = s.chars().take(chars - 1).collect();
+    out.push('…');
+    out
 }
 
 /// The answer to one typed line.
@@ -194,6 +208,7 @@ impl StepSink for Terminal {
                 if steps.len() == 1 { "" } else { "s" }
             )),
             StepEvent::ToolStarted { tool, short } => self.say(&format!("· {tool}: {short}")),
+            StepEvent::ToolOutput { tail } => self.show_tail(tail),
             StepEvent::ToolFinished {
                 tool,
                 ok: false,
@@ -223,27 +238,21 @@ impl AdminChannel for NoAdminChannel {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::new_lines;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
 
     #[test]
-    fn terminal_control_from_tools_and_the_model_is_removed() {
-        let cases = [
-            ("plain\ttext\nnext", "plain\ttext\nnext"),
-            ("\u{1b}[2J\u{1b}[1;1Hcleared", "cleared"),
-            ("red \u{1b}[31mword\u{1b}[0m", "red word"),
-            ("\u{1b}]0;owned title\u{7}after", "after"),
-            ("\u{1b}]52;c;cm0gLXJmIH4=\u{1b}\\clip", "clip"),
-            ("\u{1b}P1$qm\u{1b}\\dcs", "dcs"),
-            ("\u{9b}31mc1\u{9d}8;;x\u{9c}", "c1"),
-            ("over\rwrite\u{8}\u{7f}", "overwrite"),
-            ("a\u{202e}txt.exe", "atxt.exe"),
-            ("\u{1b}7\u{1b}8esc", "esc"),
-            ("end\u{1b}", "end"),
-            ("\u{1b}]unterminated", ""),
-            ("ünïcødé 中文", "ünïcødé 中文"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(printable(input), want, "{input:?}");
-        }
+    fn an_appended_tail_prints_only_its_new_lines() {
+        assert_eq!(new_lines(&[], &v(&["a", "b"])), v(&["a", "b"]));
+        assert_eq!(new_lines(&v(&["a", "b"]), &v(&["a", "b", "c"])), v(&["c"]));
+        assert_eq!(
+            new_lines(&v(&["a", "b", "c"]), &v(&["b", "c", "d", "e"])),
+            v(&["d", "e"])
+        );
+        assert_eq!(new_lines(&v(&["a", "b"]), &v(&["x", "y"])), v(&["x", "y"]));
+        assert!(new_lines(&v(&["a", "b"]), &v(&["a", "b"])).is_empty());
     }
 }

@@ -17,6 +17,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `src/exec/mod.rs` | the `Backend` trait (run a script, read bytes, write atomically, home, initial dir), `Place`, `Executors` (one per process, built by `app::build::Core`), per-(backend, section) working directories | chats, models, bindings |
+//! | `src/exec/live.rs` | a running command's live tail: the latest 4 KiB of its output, written by the capture path without waiting, read as the last whole printable lines; `printable` (terminal control removed) | holding more than 4 KiB; blocking the command on a reader |
 //! | `src/exec/ops.rs` | the task tools' operations written once over any backend: terminal (guard, cwd tracking, env, timeout, cancel), read (ranges, binary detection), write, patch, search (`rg`, else `grep`/`find`), execute_code | picking a backend |
 //! | `src/exec/local/` | local backend (see *Local tool isolation* below): `LocalHost` (one per app) hands each section a `LocalBackend` confined to `sections/<section>` and its tmp; `bash -c` (under root through the launcher, in a PID namespace of its own) in its own session and process group, killed (TERM then KILL) on timeout/cancel and KILLed when the command ends | running unisolated without the operator's opt-in; waiting unboundedly after a kill |
 //! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a session of its own (the server shell's where it leads one, as on OpenSSH, else one `setsid` makes), group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `registry` (the port through which the pool reads the target registry: `Endpoint`, the host-key check, sealed secrets), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only); jump hosts (a `direct-tcpip` tunnel on the jump host's pooled connection, outside its channel budget, never reaped while live; the SSH session over it checked as its own target) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
@@ -187,7 +188,11 @@
 //! **Output** (`exec::truncate::HeadTail`) keeps the first and last halves of the limit
 //! (`SSHMODE_OUTPUT_LIMIT_BYTES`, 64 KiB split between stdout and stderr) in a fixed buffer and a
 //! ring, and puts a marker with the omitted byte count between them; memory stays bounded however
-//! much a command prints.
+//! much a command prints. A `Command` may carry a `live` tail (`exec::live::LiveTail`, set by
+//! `Ops::with_live` for `terminal` and `execute_code`): both captures, local and SSH, also copy
+//! each chunk into its 4 KiB ring as it arrives and wake the sampler, without waiting on it; the
+//! sampler reads the last whole lines, printable (`exec::live::printable`), the wrapper's marker
+//! line left out.
 //!
 //! **The vault** (`src/vault.rs`) seals each secret with AES-256-GCM (ring) under the 32-byte
 //! master key in `SSHMODE_MASTER_KEY_FILE` (created `0600` with `create_new`; a key file readable
@@ -209,6 +214,7 @@
 //! and refused when used ("remove and add it again"); `connect` never opens a version 1 record.
 
 pub mod guard;
+pub mod live;
 pub mod local;
 pub mod ops;
 pub mod ssh;
@@ -262,6 +268,9 @@ pub struct Command<'a> {
     pub stdout_limit: usize,
     /// Head + tail bytes kept of stderr.
     pub stderr_limit: usize,
+    /// Where the output is also written as it arrives, for a live view of the running
+    /// command (both streams; never waits, see [`live`]). `None`: nobody watches.
+    pub live: Option<Arc<live::LiveTail>>,
 }
 
 /// What a command produced: bounded output and how it ended.

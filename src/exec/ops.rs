@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::guard::{Context, Guard};
+use super::live::LiveTail;
 use super::{Backend, Command, CwdStore, ExecError, Exit, Output, shell_quote};
 use crate::config::ExecConfig;
 use crate::metrics::{ExecLabels, Metrics};
@@ -152,6 +153,8 @@ pub struct Ops {
     limits: Limits,
     /// Counts every command run, by backend and outcome.
     metrics: Arc<Metrics>,
+    /// Where `terminal` and `execute_code` also write their output as it arrives.
+    live: Option<Arc<LiveTail>>,
 }
 
 impl Ops {
@@ -170,7 +173,15 @@ impl Ops {
             cwds,
             limits,
             metrics,
+            live: None,
         }
+    }
+
+    /// These operations, with `terminal` and `execute_code` also writing their output into
+    /// `live` as it arrives (the wrapper's own marker line left out of it).
+    pub fn with_live(mut self, live: Option<Arc<LiveTail>>) -> Ops {
+        self.live = live;
+        self
     }
 
     /// Runs `cmd` on the backend and counts how it ended.
@@ -332,6 +343,9 @@ impl Ops {
         script.push_str(command);
         script.push('\n');
         let (out_limit, err_limit) = self.halves();
+        if let Some(live) = &self.live {
+            live.hide_lines_starting_with(&marker);
+        }
         let mut output = self
             .run(
                 Command {
@@ -341,6 +355,7 @@ impl Ops {
                     // Room for the marker line, which is removed again.
                     stdout_limit: out_limit + marker.len() + 4096,
                     stderr_limit: err_limit,
+                    live: self.live.clone(),
                 },
                 cancel,
             )
@@ -429,6 +444,7 @@ impl Ops {
                 timeout: self.timeout(timeout),
                 stdout_limit: out_limit,
                 stderr_limit: err_limit,
+                live: self.live.clone(),
             },
             cancel,
         )
@@ -459,6 +475,7 @@ impl Ops {
                     timeout: self.limits.command_timeout.min(Duration::from_secs(30)),
                     stdout_limit: 64 * 1024,
                     stderr_limit: 1024,
+                    live: None,
                 },
                 cancel,
             )
@@ -629,6 +646,7 @@ impl Ops {
                     stdin: None,
                     timeout: self.limits.command_timeout,
                     stdout_limit: (max + 1) * (MAX_MATCH_LINE + 1024),
+                    live: None,
                     stderr_limit: 4096,
                 },
                 cancel,

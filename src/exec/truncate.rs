@@ -4,7 +4,12 @@
 //! began and how it ended, with an explicit marker saying how much was cut.
 //!
 //! This module never interprets the bytes beyond UTF-8 boundary repair at the two cut points,
-//! and never grows past its limit.
+//! and never grows past its limit. A capture may pass every byte on, as it arrives, to a
+//! [`LiveTail`] (a running command's live view).
+
+use std::sync::Arc;
+
+use super::live::LiveTail;
 
 /// The text placed between head and tail when bytes were dropped. The count is always in it,
 /// so a reader (or a model) knows the output is incomplete and by how much.
@@ -27,6 +32,8 @@ pub struct HeadTail {
     tail_start: usize,
     /// Every byte pushed, kept or not, for the omitted count.
     total: u64,
+    /// A live view the same bytes also go to, as they arrive.
+    live: Option<Arc<LiveTail>>,
 }
 
 impl HeadTail {
@@ -44,11 +51,21 @@ impl HeadTail {
             tail: Vec::with_capacity(tail_cap.min(4096)),
             tail_start: 0,
             total: 0,
+            live: None,
         }
+    }
+
+    /// The same capture, also writing every byte pushed into `live` (when given).
+    pub fn observed(mut self, live: Option<Arc<LiveTail>>) -> HeadTail {
+        self.live = live;
+        self
     }
 
     /// Adds output bytes; any number of calls, memory stays bounded.
     pub fn push(&mut self, mut bytes: &[u8]) {
+        if let Some(live) = &self.live {
+            live.push(bytes);
+        }
         self.total += bytes.len() as u64;
         if self.head.len() < self.head_cap {
             let n = (self.head_cap - self.head.len()).min(bytes.len());
@@ -273,6 +290,17 @@ mod tests {
         c.push(b"abc");
         assert_eq!(c.omitted(), 3);
         assert_eq!(c.into_string(), marker(3));
+    }
+
+    #[test]
+    fn an_observed_capture_passes_every_byte_on_and_keeps_its_own() {
+        let live = Arc::new(LiveTail::new());
+        let mut c = HeadTail::new(8).observed(Some(live.clone()));
+        c.push(b"one\ntwo\n");
+        c.push(b"three\n");
+        assert_eq!(live.total(), 14);
+        assert_eq!(live.snapshot(false).lines, ["one", "two", "three"]);
+        assert_eq!(c.into_string(), format!("one\n{}ree\n", marker(6)));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const STOP_ACT: &str = "progress_stop";
 pub const SHOWN_STEPS: usize = 30;
 /// Longest short form of a command or path on a line, in characters.
 const SHORT_CHARS: usize = 80;
+/// Most characters of a step's output shown (the sender cuts tails to this already).
+const TAIL_CHARS: usize = 500;
 
 /// One finished step.
 #[derive(Debug, Clone)]
@@ -68,6 +70,9 @@ pub struct View {
     pub earlier_failed: u64,
     /// The running step: tool, short form, elapsed.
     pub running: Option<(String, String, Duration)>,
+    /// The latest lines of the running step's output, or of the last step once it finished
+    /// (printable and screened for secrets; made inert here).
+    pub tail: Option<String>,
     /// Whether a previous runner started this turn (its finished steps are listed again).
     pub resumed: bool,
     /// Who pressed Stop (an open_id).
@@ -126,6 +131,12 @@ impl View {
                 human(Duration::from_millis(s.millis)),
             ));
         }
+        if self.running.is_none()
+            && !self.steps.is_empty()
+            && let Some(tail) = &self.tail
+        {
+            out.push_str(&output(tail));
+        }
         if let Some((tool, short, elapsed)) = &self.running {
             out.push_str(&format!(
                 "⏳ **{}** · {} · {} · running {}\n",
@@ -134,6 +145,9 @@ impl View {
                 code(short),
                 human(*elapsed)
             ));
+            if let Some(tail) = &self.tail {
+                out.push_str(&output(tail));
+            }
         }
         if self.total_steps() == 0 && self.running.is_none() && self.summary.is_none() {
             out.push_str("Thinking…\n");
@@ -236,6 +250,24 @@ fn code(s: &str) -> String {
     }
 }
 
+/// A command's output lines as a code block that cannot be closed from inside (backticks become
+/// quotes) and mentions no one.
+fn output(tail: &str) -> String {
+    let body = clip_chars(tail, TAIL_CHARS).replace('`', "'");
+    markup::inert(&format!("```\n{}\n```\n", body.trim_end()))
+}
+
+/// The last `chars` characters of `s`, behind `…` when cut.
+fn clip_chars(s: &str, chars: usize) -> String {
+    let n = s.chars().count();
+    if n <= chars {
+        return s.to_string();
+    }
+    let mut out = String::from("…");
+    out.extend(s.chars().skip(n - (chars - 1)));
+    out
+}
+
 /// Markdown-inert text (no emphasis, links or tags from a tool name or alias).
 fn escape(s: &str) -> String {
     markup::plain(s, 60)
@@ -295,5 +327,31 @@ mod tests {
         assert!(md.contains("`a'b c`"), "{md}");
         assert!(md.contains("1m01s"), "{md}");
         assert!(md.starts_with("❌"), "{md}");
+    }
+
+    #[test]
+    fn the_running_step_shows_its_output_and_the_finished_step_keeps_it() {
+        let mut v = View {
+            backend: "local".into(),
+            ..View::default()
+        };
+        v.push(step(1));
+        v.running = Some(("terminal".into(), "make".into(), Duration::from_secs(3)));
+        v.tail = Some("step-1\nstep-2 ```\n<at id=all></at> [x](y)".into());
+        let md = v.markdown();
+        let (before, after) = md.split_once("running 3.0s\n").expect("the running line");
+        assert!(!before.contains("step-1"), "{md}");
+        assert!(after.starts_with("```\nstep-1\nstep-2 '''\n"), "{md}");
+        assert_eq!(after.matches("```").count(), 2, "{md}");
+        assert!(!md.contains("<at"), "{md}");
+        // Finished: the output stays under the last step.
+        v.running = None;
+        v.push(step(2));
+        let md = v.markdown();
+        assert!(md.trim_end().ends_with("```"), "{md}");
+        assert!(md.contains("step-2"), "{md}");
+        // A very long tail is cut to its end.
+        v.tail = Some("z".repeat(5000));
+        assert!(v.markdown().chars().filter(|c| *c == 'z').count() < TAIL_CHARS);
     }
 }

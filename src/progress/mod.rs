@@ -40,6 +40,15 @@
 //! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it writes the summary (outcome, step
 //! counts, the first lines of the stored answer) and closes streaming with it.
 //!
+//! **Live output.** `StepEvent::ToolOutput` (a running command's tail, from `agent::live`) does
+//! not go through the queue: `step()` puts it in the turn's one `watch` slot with the number of
+//! the step it belongs to (the `ToolStarted` events queued so far), so only the latest tail
+//! waits, whatever the card's pace. The writer shows it if that step is still its latest
+//! (running, or just finished: the finished step keeps its last lines) and writes it with the
+//! next update the interval allows; tails that came while a write was under way, refused or
+//! backing off are never seen. `card` renders it as a code block under its step (backticks made
+//! quotes, markup inert, at most 500 characters).
+//!
 //! **Errors by meaning.** 300317 → jump the sequence a block ahead and try once more; 200850/300309
 //! → re-enable streaming and try once more, or if that is refused rotate to a new card (≤ 50 per
 //! turn); 230020 (or the client's rate-limit error) → back off (0.5 s doubling to 8 s) and write the
@@ -67,7 +76,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use sqlx::PgPool;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
@@ -91,12 +100,22 @@ enum Msg {
     StoppedBy(String),
 }
 
+/// A turn's writer, as `step()` reaches it.
+struct Live {
+    tx: mpsc::Sender<Msg>,
+    /// The running step's latest output tail, with the number of the step it belongs to:
+    /// one slot, each tail replacing the last (never queued).
+    tail: watch::Sender<(u64, String)>,
+    /// `ToolStarted` events queued to the writer so far (the writer counts the same).
+    started: u64,
+}
+
 struct Shared {
     lark: Arc<LarkClient>,
     db: PgPool,
     metrics: Arc<Metrics>,
     config: ProgressConfig,
-    live: Mutex<HashMap<i64, mpsc::Sender<Msg>>>,
+    live: Mutex<HashMap<i64, Live>>,
     logged: Mutex<HashSet<String>>,
 }
 
@@ -135,7 +154,7 @@ impl Progress {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&turn_id)
-            .cloned()
+            .map(|l| l.tx.clone())
     }
 }
 
@@ -150,24 +169,51 @@ impl StepSink for Progress {
         let now = Instant::now();
         if let StepEvent::Started { .. } = event {
             let (tx, rx) = mpsc::channel(QUEUE);
+            let (tail, tail_rx) = watch::channel((0, String::new()));
             {
                 let mut live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
                 if live.len() >= MAX_LIVE && !live.contains_key(&turn_id) {
                     tracing::warn!(turn_id, "too many live progress cards; this turn has none");
                     return;
                 }
-                live.insert(turn_id, tx.clone());
+                live.insert(
+                    turn_id,
+                    Live {
+                        tx: tx.clone(),
+                        tail,
+                        started: 0,
+                    },
+                );
             }
             let _ = tx.try_send(Msg::Step(event.clone(), now));
             let shared = self.shared.clone();
             let section = section.to_string();
             self.tasks.spawn(async move {
-                writer::run(&shared, &section, turn_id, rx).await;
+                writer::run(&shared, &section, turn_id, rx, tail_rx).await;
                 let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-                if live.get(&turn_id).is_some_and(|s| s.same_channel(&tx)) {
+                if live.get(&turn_id).is_some_and(|s| s.tx.same_channel(&tx)) {
                     live.remove(&turn_id);
                 }
             });
+            return;
+        }
+        if let StepEvent::ToolOutput { tail } = event {
+            // The latest tail replaces the one before; nothing queues behind a slow card.
+            let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(l) = live.get(&turn_id) {
+                l.tail.send_replace((l.started, tail.clone()));
+            }
+            return;
+        }
+        if let StepEvent::ToolStarted { .. } = event {
+            let mut live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(l) = live.get_mut(&turn_id) {
+                if l.tx.try_send(Msg::Step(event.clone(), now)).is_ok() {
+                    l.started += 1;
+                } else {
+                    tracing::debug!(turn_id, "progress queue full; a step event was dropped");
+                }
+            }
             return;
         }
         match self.sender(turn_id) {

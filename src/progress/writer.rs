@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::card::{STEPS_ELEMENT, Step, View};
@@ -86,9 +86,17 @@ struct Writer<'a> {
     /// Lark calls this writer made, and those of the chat side once the turn ended.
     calls: u32,
     chat_calls: Option<u32>,
+    /// `ToolStarted` events applied: the number of the step a tail must carry to be shown.
+    steps_started: u64,
 }
 
-pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mpsc::Receiver<Msg>) {
+pub(super) async fn run(
+    shared: &Shared,
+    section: &str,
+    turn_id: i64,
+    mut rx: mpsc::Receiver<Msg>,
+    mut tails: watch::Receiver<(u64, String)>,
+) {
     let Some(Msg::Step(
         StepEvent::Started {
             resumed,
@@ -135,6 +143,7 @@ pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mp
         left: false,
         calls: 0,
         chat_calls: None,
+        steps_started: 0,
     };
     if !w.has_card().await {
         // No card until the first tool call: an answer without tools costs none. The events
@@ -173,7 +182,7 @@ pub(super) async fn run(shared: &Shared, section: &str, turn_id: i64, mut rx: mp
             }
         }
     } else {
-        w.serve(&mut rx).await;
+        w.serve(&mut rx, &mut tails).await;
     }
     if let Some(chat) = w.chat_calls {
         shared.turn_calls(chat + w.calls);
@@ -422,14 +431,28 @@ impl Writer<'_> {
         let _ = self.store().await;
     }
 
-    async fn serve(&mut self, rx: &mut mpsc::Receiver<Msg>) {
+    async fn serve(
+        &mut self,
+        rx: &mut mpsc::Receiver<Msg>,
+        tails: &mut watch::Receiver<(u64, String)>,
+    ) {
         let mut ended = false;
+        let mut tails_open = true;
         loop {
             let wake = self.next_wake(ended);
             tokio::select! {
                 m = rx.recv() => match m {
                     Some(m) => ended |= self.apply(m).await,
                     None => ended = true,
+                },
+                // Only the latest tail is read: those that came while a write was under way
+                // (or refused, or backing off) are dropped, never queued.
+                r = tails.changed(), if tails_open => match r {
+                    Ok(()) => {
+                        let (step, tail) = tails.borrow_and_update().clone();
+                        self.show_tail(step, tail);
+                    }
+                    Err(_) => tails_open = false,
                 },
                 _ = tokio::time::sleep_until(wake) => {}
             }
@@ -463,6 +486,16 @@ impl Writer<'_> {
                 return;
             }
         }
+    }
+
+    /// Shows `tail` under step number `step` (1-based) if that is still the latest step,
+    /// running or just finished.
+    fn show_tail(&mut self, step: u64, tail: String) {
+        if step == 0 || step != self.steps_started || self.view.tail.as_deref() == Some(&tail) {
+            return;
+        }
+        self.view.tail = Some(tail);
+        self.dirty = true;
     }
 
     fn last_event_idle(&self, now: Instant) -> bool {
@@ -547,8 +580,12 @@ impl Writer<'_> {
                 StepEvent::ToolStarted { tool, short } => {
                     self.running_since = Some(at);
                     self.view.running = Some((tool, short, Duration::ZERO));
+                    self.view.tail = None;
+                    self.steps_started += 1;
                     false
                 }
+                // Tails come through their own slot (`show_tail`), never the queue.
+                StepEvent::ToolOutput { .. } => false,
                 StepEvent::ToolFinished {
                     tool,
                     ok,

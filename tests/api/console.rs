@@ -416,3 +416,38 @@ async fn console_asks_inline_and_the_next_piped_line_answers() {
         "{asked:?}"
     );
 }
+
+#[tokio::test]
+async fn console_piped_output_shows_a_running_command_s_lines_as_they_come() {
+    let env = Env {
+        db_url: fresh_database().await,
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: FakeProvider::start().await,
+    };
+    let section = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    env.llm
+        .push(
+            MODEL,
+            terminal(
+                "for i in $(seq 3); do printf '\\033[1mstep-%s\\033[0m\\n' $i; sleep 0.7; done",
+            ),
+        )
+        .push(MODEL, crate::fake_llm::text(MODEL, "counted"));
+    let (code, out, err) = env
+        .chat(&["--section", &section], &["count to three"])
+        .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    // Piped: each line once, appended below the step, without escape sequences, before the
+    // answer.
+    let tail: Vec<&str> = out.lines().filter(|l| l.starts_with("  │ ")).collect();
+    assert_eq!(
+        tail,
+        ["  │ step-1", "  │ step-2", "  │ step-3"],
+        "stdout:\n{out}"
+    );
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    let step = out.find("· terminal:").expect("the step line");
+    let first = out.find("  │ step-1").unwrap();
+    let answer = out.find("counted").expect("the answer");
+    assert!(step < first && first < answer, "{out}");
+}

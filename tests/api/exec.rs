@@ -233,6 +233,7 @@ pub async fn behaviour(app: &TestApp, place: Place, section: &str) {
                 timeout: Duration::from_secs(2),
                 stdout_limit: 4096,
                 stderr_limit: 4096,
+                live: None,
             },
             &never,
         )

@@ -32,6 +32,7 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod lark_ws;
+mod live_output;
 mod llm;
 mod ops_cli;
 mod progress;

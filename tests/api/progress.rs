@@ -22,7 +22,7 @@ async fn env(vars: &[(&str, &str)]) -> Env {
 }
 
 /// Waits until the only card of the test is closed (streaming off after the end) and returns it.
-async fn closed_card(lark: &FakeLark) -> FakeCard {
+pub(crate) async fn closed_card(lark: &FakeLark) -> FakeCard {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let cards = lark.cards();
@@ -51,7 +51,7 @@ async fn closed_card(lark: &FakeLark) -> FakeCard {
 }
 
 /// Content updates in the busiest one-second window.
-fn busiest_second(card: &FakeCard) -> usize {
+pub(crate) fn busiest_second(card: &FakeCard) -> usize {
     let times: Vec<Instant> = card
         .ops
         .iter()

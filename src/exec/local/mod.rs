@@ -839,8 +839,12 @@ impl Drains {
         O: AsyncRead + Unpin + Send + 'static,
         E: AsyncRead + Unpin + Send + 'static,
     {
-        let out = Arc::new(Mutex::new(HeadTail::new(cmd.stdout_limit)));
-        let err = Arc::new(Mutex::new(HeadTail::new(cmd.stderr_limit)));
+        let out = Arc::new(Mutex::new(
+            HeadTail::new(cmd.stdout_limit).observed(cmd.live.clone()),
+        ));
+        let err = Arc::new(Mutex::new(
+            HeadTail::new(cmd.stderr_limit).observed(cmd.live.clone()),
+        ));
         Drains {
             out_task: tokio::spawn(drain(stdout, out.clone())),
             err_task: tokio::spawn(drain(stderr, err.clone())),

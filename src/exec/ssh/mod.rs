@@ -877,8 +877,8 @@ impl TargetPool {
             tasks: self.tasks.clone(),
             freed: self.freed.clone(),
         };
-        let mut out = HeadTail::new(cmd.stdout_limit);
-        let mut err = HeadTail::new(cmd.stderr_limit);
+        let mut out = HeadTail::new(cmd.stdout_limit).observed(cmd.live.clone());
+        let mut err = HeadTail::new(cmd.stderr_limit).observed(cmd.live.clone());
         let mut pid: Option<u32> = None;
         let mut exit = None;
         let mut stop_note = None;
@@ -1014,6 +1014,7 @@ impl TargetPool {
                             timeout: self.config.ssh_connect_timeout,
                             stdout_limit: 8192,
                             stderr_limit: 1024,
+                            live: None,
                         },
                         &CancellationToken::new(),
                     )

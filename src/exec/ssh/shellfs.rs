@@ -123,6 +123,7 @@ pub(super) async fn read(
                 // Exactly the range asked, and no more is read.
                 stdout_limit: usize::try_from(len).unwrap_or(usize::MAX),
                 stderr_limit: ERR_LIMIT,
+                live: None,
             },
             &CancellationToken::new(),
         )
@@ -158,6 +159,7 @@ pub(super) async fn write(pool: &TargetPool, path: &str, data: &[u8]) -> Result<
                 stdin: Some(data),
                 timeout: pool.config.command_timeout,
                 stdout_limit: ERR_LIMIT,
+                live: None,
                 stderr_limit: ERR_LIMIT,
             },
             &CancellationToken::new(),
