@@ -157,6 +157,27 @@ pub struct Config {
     pub progress: ProgressConfig,
     /// HTTP server bounds.
     pub http: HttpConfig,
+    /// The MCP endpoint's own listener; `None` (the default) = off.
+    pub mcp: Option<McpConfig>,
+}
+
+/// The MCP endpoint (`SSHMODE_MCP_*`): its own address, never the public listener's.
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    /// `SSHMODE_MCP_LISTEN`.
+    pub listen: SocketAddr,
+    /// `SSHMODE_MCP_ALLOWED_HOSTS` (comma-separated): `Host` values accepted (the DNS-rebinding
+    /// guard); default the loopback names and the listen address's IP.
+    pub allowed_hosts: Vec<String>,
+    /// `SSHMODE_MCP_ALLOWED_ORIGINS` (comma-separated, with scheme): browser origins
+    /// accepted; default none, so a request carrying any `Origin` is refused.
+    pub allowed_origins: Vec<String>,
+    /// `SSHMODE_MCP_MAX_SESSIONS` (default 64): 2025-era sessions held at once.
+    pub max_sessions: usize,
+    /// `SSHMODE_MCP_MAX_CALLS` (default 32): tool calls running at once.
+    pub max_calls: usize,
+    /// Connection bounds of the MCP listener (the same variables as the public one's).
+    pub http: HttpConfig,
 }
 
 /// Bounds of the HTTP server: how long a client may take to send a request, and how many
@@ -796,6 +817,41 @@ impl Config {
             exec,
             chat,
             router,
+            mcp: match var("SSHMODE_MCP_LISTEN") {
+                None => None,
+                Some(addr) => {
+                    let listen: SocketAddr = parse_or("SSHMODE_MCP_LISTEN", Some(addr), listen)?;
+                    let csv = |v: Option<String>| -> Vec<String> {
+                        v.map(|l| {
+                            l.split(',')
+                                .map(|s| s.trim().to_string())
+                                .filter(|s| !s.is_empty())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                    };
+                    let mut allowed_hosts = csv(var("SSHMODE_MCP_ALLOWED_HOSTS"));
+                    if allowed_hosts.is_empty() {
+                        allowed_hosts = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+                        let ip = listen.ip();
+                        if !ip.is_unspecified() && !ip.is_loopback() {
+                            allowed_hosts.push(ip.to_string());
+                        }
+                    }
+                    Some(McpConfig {
+                        listen,
+                        allowed_hosts,
+                        allowed_origins: csv(var("SSHMODE_MCP_ALLOWED_ORIGINS")),
+                        max_sessions: parse_or(
+                            "SSHMODE_MCP_MAX_SESSIONS",
+                            var("SSHMODE_MCP_MAX_SESSIONS"),
+                            64,
+                        )?,
+                        max_calls: parse_or("SSHMODE_MCP_MAX_CALLS", var("SSHMODE_MCP_MAX_CALLS"), 32)?,
+                        http: http.clone(),
+                    })
+                }
+            },
             http,
             agent,
             progress,

@@ -33,6 +33,7 @@ mod lark_support;
 mod lark_webhook;
 mod lark_ws;
 mod llm;
+mod mcp;
 mod ops_cli;
 mod progress;
 mod ssh_files;
