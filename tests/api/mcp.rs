@@ -206,17 +206,31 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
     )
     .await
     .unwrap();
+    let http = reqwest::Client::new();
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
     for (what, token, origin, status) in [
-        ("revoked", revoked.as_str(), None, "401"),
-        ("expired", expired.as_str(), None, "401"),
-        ("bad origin", good.as_str(), Some("http://evil.example"), "403"),
+        ("revoked", revoked.as_str(), None, 401),
+        ("expired", expired.as_str(), None, 401),
+        ("bad origin", good.as_str(), Some("http://evil.example"), 403),
     ] {
+        // The official client cannot connect…
         let out = client(json!({
             "url": url(&env), "token": token, "mode": "legacy", "origin": origin, "steps": [],
         }))
         .await;
-        let error = out["error"].as_str().unwrap_or_else(|| panic!("{what}: {out}"));
-        assert!(error.contains(status), "{what}: {error}");
+        assert!(out["error"].is_string(), "{what}: {out}");
+        // …because the endpoint answers its first request with this status.
+        let mut req = http
+            .post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(&initialize);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        assert_eq!(req.send().await.unwrap().status(), status, "{what}");
     }
     // The good token works, in both eras.
     for mode in ["legacy", "2026-07-28"] {
@@ -224,7 +238,6 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         assert!(out.get("error").is_none(), "{mode}: {out}");
     }
     // No token: refused from the head alone, whatever the body (it is never parsed).
-    let http = reqwest::Client::new();
     for auth in [None, Some("Bearer smcp_0000000000000000_".to_string() + &"0".repeat(64))] {
         let mut req = http
             .post(url(&env))
@@ -322,4 +335,29 @@ async fn the_token_commands_print_a_token_once_and_keep_only_its_hash() {
     .await
     .unwrap();
     assert_eq!(actions, ["mcp.token.create", "mcp.token.revoke"]);
+}
+
+#[tokio::test]
+async fn a_result_holding_a_private_key_is_withheld() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "keys", &["web"]).await;
+    let key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAA\\n-----END OPENSSH PRIVATE KEY-----\\n";
+    let out = client(json!({
+        "url": url(&env),
+        "token": token,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "exec", "args": {"target": "web", "command": format!("printf '{key}' > leaked.pem; echo written")}},
+            {"tool": "exec", "args": {"target": "web", "command": "cat leaked.pem"}},
+            {"tool": "read_file", "args": {"target": "web", "path": "leaked.pem"}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(r[0]["structured"]["stdout"], "written\n", "{out}");
+    for withheld in [&r[1], &r[2]] {
+        assert_eq!(withheld["is_error"], true, "{out}");
+        let text = withheld["text"].as_str().unwrap();
+        assert!(text.contains("withheld") && !text.contains("b3BlbnNzaC1rZXktdjEAAAAA"), "{text}");
+    }
 }
