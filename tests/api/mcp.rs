@@ -157,7 +157,7 @@ async fn a_token_limited_to_another_target_and_local_without_its_flag_are_refuse
         "mode": "legacy",
         "steps": [
             {"tool": "host_list", "args": {}},
-            {"tool": "exec", "args": {"target": "web", "command": "touch /tmp/mcp-should-not-exist"}},
+            {"tool": "exec", "args": {"target": "web", "command": "echo should-not-run"}},
             {"tool": "exec", "args": {"target": "local", "command": "true"}},
             {"tool": "exec", "args": {"target": "db", "command": "echo fine"}},
         ],
@@ -347,7 +347,7 @@ async fn a_result_holding_a_private_key_is_withheld() {
         "token": token,
         "mode": "legacy",
         "steps": [
-            {"tool": "exec", "args": {"target": "web", "command": format!("printf '{key}' > leaked.pem; echo written")}},
+            {"tool": "exec", "args": {"target": "web", "command": format!("printf '%b' '{key}' > leaked.pem; echo written")}},
             {"tool": "exec", "args": {"target": "web", "command": "cat leaked.pem"}},
             {"tool": "read_file", "args": {"target": "web", "path": "leaked.pem"}},
         ],
@@ -355,6 +355,7 @@ async fn a_result_holding_a_private_key_is_withheld() {
     .await;
     let r = &out["results"];
     assert_eq!(r[0]["structured"]["stdout"], "written\n", "{out}");
+    assert_eq!(r[0]["structured"]["stderr"], "", "{out}");
     for withheld in [&r[1], &r[2]] {
         assert_eq!(withheld["is_error"], true, "{out}");
         let text = withheld["text"].as_str().unwrap();
