@@ -362,3 +362,94 @@ async fn a_result_holding_a_private_key_is_withheld() {
         assert!(text.contains("withheld") && !text.contains("b3BlbnNzaC1rZXktdjEAAAAA"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn a_cancelled_call_stops_its_command_in_both_eras() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "impatient", &["web"]).await;
+    for (n, mode) in ["legacy", "2026-07-28"].into_iter().enumerate() {
+        let out = client(json!({
+            "url": url(&env),
+            "token": token,
+            "mode": mode,
+            "steps": [
+                {"tool": "exec", "args": {"target": "web", "command": format!("sleep 20; echo {mode}")}, "cancel_after": 1.5},
+            ],
+        }))
+        .await;
+        assert_eq!(out["results"][0]["cancelled"], true, "{mode}: {out}");
+        // The command was stopped (not left to run out its 20 s) and audited so.
+        crate::helpers::eventually(
+            &format!("{mode}: the cancelled command's audit row"),
+            Duration::from_secs(10),
+            async || {
+                let outcomes: Vec<String> = sqlx::query_scalar(
+                    "SELECT outcome FROM audit_log WHERE action = 'command.run' ORDER BY id",
+                )
+                .fetch_all(&env.app.state.db)
+                .await
+                .unwrap();
+                outcomes.len() == n + 1 && outcomes[n] == "cancelled"
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn sessions_and_calls_running_at_once_are_bounded() {
+    let env = exec_ssh::env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
+        ("SSHMODE_MCP_MAX_SESSIONS", "1"),
+        ("SSHMODE_MCP_MAX_CALLS", "1"),
+    ])
+    .await
+    .expect("sshd is needed for the MCP tests");
+    env.add_key_target("web").await;
+    let token = new_token(&env, "busy", &["web"]).await;
+    // Past the session bound, a new session is refused until one closes.
+    let http = reqwest::Client::new();
+    let initialize = || {
+        http.post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(&token)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}))
+            .send()
+    };
+    let first = initialize().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let session = first.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    assert_eq!(initialize().await.unwrap().status(), 503);
+    let closed = http
+        .delete(url(&env))
+        .bearer_auth(&token)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    // Past the call bound, a call is refused while another runs.
+    let marker = format!("/home/{}/mcp-busy-started", crate::sshd::USER);
+    let _ = std::fs::remove_file(&marker);
+    let long = tokio::spawn(client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; sleep 4")}}],
+    })));
+    crate::helpers::eventually("the long call started", Duration::from_secs(30), async || {
+        std::path::Path::new(&marker).exists()
+    })
+    .await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "true"}}],
+    }))
+    .await;
+    let r = &out["results"][0];
+    assert_eq!(r["is_error"], true, "{out}");
+    assert!(r["text"].as_str().unwrap().contains("try again shortly"), "{r}");
+    let long = long.await.unwrap();
+    assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
+}

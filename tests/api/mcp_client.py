@@ -3,15 +3,16 @@ scripts/test.sh) for tests/api/mcp.rs.
 
 Reads a plan as JSON on stdin:
   {"url", "token", "mode": "legacy" | "2026-07-28", "origin"?: str,
-   "steps": [{"tool", "args", "progress"?: bool}]}
+   "steps": [{"tool", "args", "progress"?: bool, "cancel_after"?: seconds}]}
 and prints one JSON object: {"tools": [names], "results": [{"is_error", "structured", "text",
-"progress"}]}, or {"error": "..."} when the connection or a call failed outright.
+"progress"}] ({"cancelled": true} for a step the client cancelled)}, or {"error": "..."} when the connection or a call failed outright.
 """
 
 import asyncio
 import json
 import sys
 
+import anyio
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -38,11 +39,15 @@ async def main(plan):
                 async def on_progress(progress, total, message, seen=seen):
                     seen.append({"progress": progress, "message": message})
 
-                r = await client.call_tool(
-                    step["tool"],
-                    step.get("args", {}),
-                    progress_callback=on_progress if step.get("progress") else None,
-                )
+                with anyio.move_on_after(step.get("cancel_after", 3600)) as scope:
+                    r = await client.call_tool(
+                        step["tool"],
+                        step.get("args", {}),
+                        progress_callback=on_progress if step.get("progress") else None,
+                    )
+                if scope.cancelled_caught:
+                    out["results"].append({"cancelled": True})
+                    continue
                 text = "".join(getattr(c, "text", "") for c in r.content)
                 out["results"].append(
                     {
