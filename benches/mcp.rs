@@ -77,7 +77,10 @@ async fn run() {
         ("DATABASE_URL", db_url),
         ("SSHMODE_DATA_DIR", dir.join("data").display().to_string()),
         ("SSHMODE_MCP_LISTEN", "127.0.0.1:0".to_string()),
-        ("SSHMODE_LAUNCHER", env!("CARGO_BIN_EXE_sshmode").to_string()),
+        (
+            "SSHMODE_LAUNCHER",
+            env!("CARGO_BIN_EXE_sshmode").to_string(),
+        ),
     ]);
     let config = Config::from_vars(&|k| vars.get(k).cloned(), dir).unwrap();
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
@@ -128,9 +131,8 @@ async fn run() {
     );
     let client = ().serve(transport).await.expect("MCP client connects");
     let args = serde_json::json!({"target": "web", "command": "true"});
-    let call = || {
-        CallToolRequestParams::new("exec").with_arguments(args.as_object().unwrap().clone())
-    };
+    let call =
+        || CallToolRequestParams::new("exec").with_arguments(args.as_object().unwrap().clone());
 
     let never = CancellationToken::new();
     let ops = state
@@ -186,10 +188,16 @@ async fn run() {
             assert!(r.exit.success());
         }
     }
-    println!("\n## `exec true` over MCP vs the chat path (loopback sshd, user {})\n", sshd::USER);
+    println!(
+        "\n## `exec true` over MCP vs the chat path (loopback sshd, user {})\n",
+        sshd::USER
+    );
     println!("| path | runs | median | p99 |");
     println!("|---|---|---|---|");
-    let m = row("MCP `exec` (rmcp client, 2025-era session, HTTP/1 loopback)", mcp);
+    let m = row(
+        "MCP `exec` (rmcp client, 2025-era session, HTTP/1 loopback)",
+        mcp,
+    );
     let d = row("chat path's operations (`Ops::terminal`)", direct);
     let b = row("bare pooled backend (`Backend::exec`)", bare);
     println!(

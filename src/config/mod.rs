@@ -847,7 +847,11 @@ impl Config {
                             var("SSHMODE_MCP_MAX_SESSIONS"),
                             64,
                         )?,
-                        max_calls: parse_or("SSHMODE_MCP_MAX_CALLS", var("SSHMODE_MCP_MAX_CALLS"), 32)?,
+                        max_calls: parse_or(
+                            "SSHMODE_MCP_MAX_CALLS",
+                            var("SSHMODE_MCP_MAX_CALLS"),
+                            32,
+                        )?,
                         http: http.clone(),
                     })
                 }

@@ -28,8 +28,8 @@ use super::token::Token;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
 use crate::shell::Verdict;
-use crate::workspace::judge::{self, Scope};
 use crate::workspace::Permission;
+use crate::workspace::judge::{self, Scope};
 
 /// How often a long call reports progress, at most.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -147,7 +147,10 @@ impl Server {
     #[tool(
         description = "The hosts this token may use: each target's alias, where it is (user@host), and whether it is usable now (approved). `local` is the service's own machine, listed only for tokens made with --local."
     )]
-    async fn host_list(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    async fn host_list(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         done(self.tools.host_list(&ctx).await)
     }
 
@@ -235,7 +238,9 @@ impl Tools {
             .map_err(|e| format!("the target registry cannot be read now: {e}"))?;
         let mut hosts: Vec<serde_json::Value> = Vec::new();
         if token.local {
-            hosts.push(json!({"target": "local", "location": "the service's own machine", "usable": true}));
+            hosts.push(
+                json!({"target": "local", "location": "the service's own machine", "usable": true}),
+            );
         }
         for t in targets.into_iter().filter(|t| token.may_use(&t.alias)) {
             hosts.push(json!({
@@ -325,8 +330,15 @@ impl Tools {
             for c in judged {
                 if let Err(d) = judge::check_command(here.permission, &c, &scope) {
                     let text = d.to_string();
-                    self.refused(&token, &here.place, "exec", "permission", Verdict::Refuse, &text)
-                        .await;
+                    self.refused(
+                        &token,
+                        &here.place,
+                        "exec",
+                        "permission",
+                        Verdict::Refuse,
+                        &text,
+                    )
+                    .await;
                     return Err(text);
                 }
             }
@@ -350,7 +362,12 @@ impl Tools {
         };
         let started = Instant::now();
         let cancel = ctx.ct.child_token();
-        let ran = with_progress(ctx, &cancel, here.ops.terminal(&args.command, opts, &cancel)).await;
+        let ran = with_progress(
+            ctx,
+            &cancel,
+            here.ops.terminal(&args.command, opts, &cancel),
+        )
+        .await;
         let r = match ran {
             Ok(r) => r,
             Err(ExecError::Refused(o)) => {
@@ -371,7 +388,14 @@ impl Tools {
         };
         let out = &r.output;
         let (exit_code, outcome) = match &out.exit {
-            Exit::Code(c) => (Some(*c), if *c == 0 { "ok".to_string() } else { format!("exit {c}") }),
+            Exit::Code(c) => (
+                Some(*c),
+                if *c == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("exit {c}")
+                },
+            ),
             Exit::Signal(s) => (None, format!("signal {s}")),
             Exit::TimedOut => (None, "timed out".into()),
             Exit::Cancelled => (None, "cancelled".into()),
@@ -440,7 +464,11 @@ impl Tools {
         let here = self.here(&token, &args.target, "write_file").await?;
         if here.permission < Permission::Full {
             let cancel = ctx.ct.child_token();
-            let resolved = here.ops.resolve(&args.path).await.map_err(|e| e.to_string())?;
+            let resolved = here
+                .ops
+                .resolve(&args.path)
+                .await
+                .map_err(|e| e.to_string())?;
             let real = here
                 .ops
                 .real_paths(&[&here.workspace_dir, &resolved], &cancel)
@@ -454,13 +482,23 @@ impl Tools {
             };
             if let Err(d) = judge::check_write_path(here.permission, &real[1], &scope) {
                 let text = d.to_string();
-                self.refused(&token, &here.place, "write_file", "permission", Verdict::Refuse, &text)
-                    .await;
+                self.refused(
+                    &token,
+                    &here.place,
+                    "write_file",
+                    "permission",
+                    Verdict::Refuse,
+                    &text,
+                )
+                .await;
                 return Err(text);
             }
         }
         let path = self
-            .bounded(ctx, here.ops.write_file(&args.path, args.content.as_bytes()))
+            .bounded(
+                ctx,
+                here.ops.write_file(&args.path, args.content.as_bytes()),
+            )
             .await?
             .map_err(|e| e.to_string())?;
         Ok(CallToolResult::structured(json!({
@@ -491,7 +529,11 @@ impl Tools {
             max_results: args.max_results.unwrap_or(100) as usize,
         };
         let cancel = ctx.ct.child_token();
-        let r = here.ops.search(&req, &cancel).await.map_err(|e| e.to_string())?;
+        let r = here
+            .ops
+            .search(&req, &cancel)
+            .await
+            .map_err(|e| e.to_string())?;
         let joined = r.matches.join("\n");
         self.no_secret(&joined).await?;
         Ok(CallToolResult::structured(json!({
@@ -620,10 +662,8 @@ async fn with_progress<T>(
         return op.await;
     };
     let started = Instant::now();
-    let mut ticks = tokio::time::interval_at(
-        tokio::time::Instant::now() + PROGRESS_EVERY,
-        PROGRESS_EVERY,
-    );
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tokio::pin!(op);
     loop {

@@ -112,11 +112,20 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
         assert!(out.get("error").is_none(), "{mode}: {out}");
         assert_eq!(
             out["tools"],
-            json!(["exec", "host_list", "read_file", "search_files", "write_file"]),
+            json!([
+                "exec",
+                "host_list",
+                "read_file",
+                "search_files",
+                "write_file"
+            ]),
             "{mode}"
         );
         let r = &out["results"];
-        assert_eq!(r[0]["structured"]["hosts"][0]["target"], "web", "{mode}: {r}");
+        assert_eq!(
+            r[0]["structured"]["hosts"][0]["target"], "web",
+            "{mode}: {r}"
+        );
         let ran = &r[1]["structured"];
         assert_eq!(r[1]["is_error"], false, "{mode}: {r}");
         assert_eq!(ran["exit_code"], 3, "{mode}: {ran}");
@@ -124,7 +133,10 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
         assert_eq!(ran["stderr"], "err\n");
         assert!(ran["host"].as_str().unwrap().starts_with("web"), "{ran}");
         assert_eq!(r[2]["is_error"], false, "{mode}: {r}");
-        assert_eq!(r[3]["structured"]["text"], "line one\nline two\n", "{mode}: {r}");
+        assert_eq!(
+            r[3]["structured"]["text"], "line one\nline two\n",
+            "{mode}: {r}"
+        );
         let slept = &r[4];
         assert_eq!(slept["structured"]["stdout"], "slept\n", "{mode}: {slept}");
         assert!(
@@ -142,7 +154,12 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
     assert_eq!(rows.len(), 4, "{rows:?}");
     assert_eq!(
         rows[0],
-        ("ide".into(), "mcp:ide".into(), Some("web".into()), "exit 3".into())
+        (
+            "ide".into(),
+            "mcp:ide".into(),
+            Some("web".into()),
+            "exit 3".into()
+        )
     );
 }
 
@@ -164,7 +181,11 @@ async fn a_token_limited_to_another_target_and_local_without_its_flag_are_refuse
     }))
     .await;
     let r = &out["results"];
-    assert_eq!(r[0]["structured"]["hosts"].as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(
+        r[0]["structured"]["hosts"].as_array().unwrap().len(),
+        1,
+        "{out}"
+    );
     assert_eq!(r[0]["structured"]["hosts"][0]["target"], "db");
     for refused in [&r[1], &r[2]] {
         assert_eq!(refused["is_error"], true, "{out}");
@@ -213,7 +234,12 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
     for (what, token, origin, status) in [
         ("revoked", revoked.as_str(), None, 401),
         ("expired", expired.as_str(), None, 401),
-        ("bad origin", good.as_str(), Some("http://evil.example"), 403),
+        (
+            "bad origin",
+            good.as_str(),
+            Some("http://evil.example"),
+            403,
+        ),
     ] {
         // The official client cannot connect…
         let out = client(json!({
@@ -238,7 +264,10 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         assert!(out.get("error").is_none(), "{mode}: {out}");
     }
     // No token: refused from the head alone, whatever the body (it is never parsed).
-    for auth in [None, Some("Bearer smcp_0000000000000000_".to_string() + &"0".repeat(64))] {
+    for auth in [
+        None,
+        Some("Bearer smcp_0000000000000000_".to_string() + &"0".repeat(64)),
+    ] {
         let mut req = http
             .post(url(&env))
             .header("content-type", "application/json")
@@ -306,14 +335,28 @@ async fn the_token_commands_print_a_token_once_and_keep_only_its_hash() {
     let (code, out) = sshmode_bin(
         &db,
         data.path(),
-        &["mcp", "token", "create", "--name", "laptop", "--local", "--permission", "read", "--expires", "30d"],
+        &[
+            "mcp",
+            "token",
+            "create",
+            "--name",
+            "laptop",
+            "--local",
+            "--permission",
+            "read",
+            "--expires",
+            "30d",
+        ],
     );
     assert_eq!(code, 0, "{out}");
     let token = out.lines().next().unwrap().to_string();
     assert!(token.starts_with("smcp_"), "{out}");
     let (code, listed) = sshmode_bin(&db, data.path(), &["mcp", "token", "list"]);
     assert_eq!(code, 0);
-    assert!(listed.contains("laptop") && listed.contains("local") && listed.contains("read"), "{listed}");
+    assert!(
+        listed.contains("laptop") && listed.contains("local") && listed.contains("read"),
+        "{listed}"
+    );
     assert!(listed.contains("expires"), "{listed}");
     assert!(!listed.contains(&token));
     let pool = sqlx::PgPool::connect(&db).await.unwrap();
@@ -322,12 +365,25 @@ async fn the_token_commands_print_a_token_once_and_keep_only_its_hash() {
         .await
         .unwrap();
     let secret = token.rsplit('_').next().unwrap();
-    assert!(!stored.contains(secret), "the token's secret is stored: {stored}");
+    assert!(
+        !stored.contains(secret),
+        "the token's secret is stored: {stored}"
+    );
     // A second token of the same name is refused; revoking twice says there is none.
-    let (code, _) = sshmode_bin(&db, data.path(), &["mcp", "token", "create", "--name", "laptop"]);
+    let (code, _) = sshmode_bin(
+        &db,
+        data.path(),
+        &["mcp", "token", "create", "--name", "laptop"],
+    );
     assert_ne!(code, 0);
-    assert_eq!(sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0, 0);
-    assert_eq!(sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0, 1);
+    assert_eq!(
+        sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0,
+        0
+    );
+    assert_eq!(
+        sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0,
+        1
+    );
     let actions: Vec<String> = sqlx::query_scalar(
         "SELECT action FROM audit_log WHERE action LIKE 'mcp.token.%' ORDER BY id",
     )
@@ -359,7 +415,10 @@ async fn a_result_holding_a_private_key_is_withheld() {
     for withheld in [&r[1], &r[2]] {
         assert_eq!(withheld["is_error"], true, "{out}");
         let text = withheld["text"].as_str().unwrap();
-        assert!(text.contains("withheld") && !text.contains("b3BlbnNzaC1rZXktdjEAAAAA"), "{text}");
+        assert!(
+            text.contains("withheld") && !text.contains("b3BlbnNzaC1rZXktdjEAAAAA"),
+            "{text}"
+        );
     }
 }
 
@@ -414,14 +473,19 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
         http.post(url(&env))
             .header("accept", "application/json, text/event-stream")
             .bearer_auth(&token)
-            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "1"}}}))
+                "clientInfo": {"name": "raw", "version": "1"}}}),
+            )
             .send()
     };
     let first = initialize().await.unwrap();
     assert_eq!(first.status(), 200);
-    let session = first.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert_eq!(initialize().await.unwrap().status(), 503);
     let closed = http
         .delete(url(&env))
@@ -438,9 +502,11 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
         "url": url(&env), "token": token, "mode": "2026-07-28",
         "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; sleep 4")}}],
     })));
-    crate::helpers::eventually("the long call started", Duration::from_secs(30), async || {
-        std::path::Path::new(&marker).exists()
-    })
+    crate::helpers::eventually(
+        "the long call started",
+        Duration::from_secs(30),
+        async || std::path::Path::new(&marker).exists(),
+    )
     .await;
     let out = client(json!({
         "url": url(&env), "token": token, "mode": "2026-07-28",
@@ -449,7 +515,10 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
     .await;
     let r = &out["results"][0];
     assert_eq!(r["is_error"], true, "{out}");
-    assert!(r["text"].as_str().unwrap().contains("try again shortly"), "{r}");
+    assert!(
+        r["text"].as_str().unwrap().contains("try again shortly"),
+        "{r}"
+    );
     let long = long.await.unwrap();
     assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
 }
