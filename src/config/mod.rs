@@ -1030,6 +1030,42 @@ mod tests {
     }
 
     #[test]
+    fn the_mcp_endpoint_is_off_until_its_address_is_set() {
+        assert!(load(&[]).unwrap().mcp.is_none());
+        let m = load(&[("SSHMODE_MCP_LISTEN", "127.0.0.1:8090")])
+            .unwrap()
+            .mcp
+            .unwrap();
+        assert_eq!(m.listen, "127.0.0.1:8090".parse().unwrap());
+        assert_eq!(m.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+        assert!(m.allowed_origins.is_empty());
+        assert_eq!((m.max_sessions, m.max_calls), (64, 32));
+        // A non-loopback address is a host clients may name; an explicit list replaces all.
+        let m = load(&[("SSHMODE_MCP_LISTEN", "10.0.0.5:8090")])
+            .unwrap()
+            .mcp
+            .unwrap();
+        assert!(m.allowed_hosts.contains(&"10.0.0.5".to_string()));
+        let m = load(&[
+            ("SSHMODE_MCP_LISTEN", "0.0.0.0:8090"),
+            (
+                "SSHMODE_MCP_ALLOWED_HOSTS",
+                "mcp.example.com, mcp.example.com:8090",
+            ),
+            ("SSHMODE_MCP_ALLOWED_ORIGINS", "https://app.example.com:443"),
+        ])
+        .unwrap()
+        .mcp
+        .unwrap();
+        assert_eq!(m.allowed_hosts, ["mcp.example.com", "mcp.example.com:8090"]);
+        assert_eq!(m.allowed_origins, ["https://app.example.com:443"]);
+        let e = load(&[("SSHMODE_MCP_LISTEN", "nope")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_MCP_LISTEN"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_variable() {
         // An incomplete LARK_* set loads (other commands need none of it); `serve` names the
         // missing variable.

@@ -258,6 +258,17 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         }
         assert_eq!(req.send().await.unwrap().status(), status, "{what}");
     }
+    // A `Host` outside the allowed ones (DNS rebinding) is refused, even with a good token.
+    let rebound = http
+        .post(url(&env))
+        .header("host", "attacker.example")
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(&good)
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
     // The good token works, in both eras.
     for mode in ["legacy", "2026-07-28"] {
         let out = client(json!({"url": url(&env), "token": good, "mode": mode, "steps": []})).await;
