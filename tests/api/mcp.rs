@@ -258,6 +258,16 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         }
         assert_eq!(req.send().await.unwrap().status(), status, "{what}");
     }
+    // The public listener (Lark's) has no `/mcp`, whatever the token.
+    let public = http
+        .post(env.app.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(&good)
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(public.status(), 404);
     // A `Host` outside the allowed ones (DNS rebinding) is refused, even with a good token.
     let rebound = http
         .post(url(&env))
@@ -506,12 +516,13 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
         .await
         .unwrap();
     assert!(closed.status().is_success(), "{}", closed.status());
-    // Past the call bound, a call is refused while another runs.
+    // Past the call bound, a call is refused while another runs (the first runs until the test
+    // removes its marker, at most 60 s).
     let marker = format!("/home/{}/mcp-busy-started", crate::sshd::USER);
     let _ = std::fs::remove_file(&marker);
     let long = tokio::spawn(client(json!({
         "url": url(&env), "token": token, "mode": "2026-07-28",
-        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; sleep 4")}}],
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; for i in $(seq 600); do [ -e {marker} ] || break; sleep 0.1; done")}}],
     })));
     crate::helpers::eventually(
         "the long call started",
@@ -530,6 +541,7 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
         r["text"].as_str().unwrap().contains("try again shortly"),
         "{r}"
     );
+    std::fs::remove_file(&marker).unwrap();
     let long = long.await.unwrap();
     assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
 }
