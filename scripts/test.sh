@@ -24,6 +24,23 @@ if [ "${SSHMODE_TEST_SKIP_SSH:-}" != 1 ] && [ ! -x /usr/sbin/dropbear ]; then
   exit 1
 fi
 
+# The MCP tests (tests/api/mcp.rs) drive the endpoint with the official MCP Python SDK, pinned,
+# in a virtualenv beside the build (made once, remade when the pin changes); without it they
+# fail.
+mcp_pin="2.3.0"
+mcp_venv="${CARGO_TARGET_DIR:-$PWD/target}/mcp-venv"
+if ! "$mcp_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$mcp_pin')" 2>/dev/null; then
+  if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    log "installing python3-venv"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq python3 python3-venv >/dev/null
+  fi
+  rm -rf "$mcp_venv"
+  python3 -m venv "$mcp_venv"
+  "$mcp_venv/bin/pip" install --quiet --disable-pip-version-check "mcp==$mcp_pin"
+fi
+export SSHMODE_TEST_MCP_PYTHON="$mcp_venv/bin/python"
+
 export RUST_BACKTRACE=1
 # Benchmarks are compiled (so they cannot rot) but not run here; see BENCHMARKS.md.
 cargo test --locked --benches --no-run

@@ -108,6 +108,28 @@ pub struct CommandRun {
     pub detail: Value,
 }
 
+/// Appends an executed command's row outside a turn (the MCP endpoint's calls): subject and
+/// target as the agent's rows have them (`local` for the service's own machine).
+pub async fn record_command(
+    conn: &mut PgConnection,
+    section: &str,
+    run: &CommandRun,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
+         VALUES ($1, $2, COALESCE($3, 'local'), $4, $5, $3, $6)",
+    )
+    .bind(&run.actor)
+    .bind(COMMAND_RUN)
+    .bind(run.target.as_deref())
+    .bind(&run.detail)
+    .bind(section)
+    .bind(&run.outcome)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Which rows to read. Every field narrows; `None` leaves it open.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {

@@ -5,8 +5,8 @@
 //! parses it, [`inbox`] makes it durable and hands it to a worker, [`frontend`] turns it into
 //! a chat message, [`chat`] decides what it means, [`turns`] and [`agent`] run the turn, and
 //! the task tools act through [`exec`] on the thread's backend. [`llm`] is model access;
-//! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`app`] builds
-//! it all. ARCHITECTURE.md has the layers, the map and the invariants.
+//! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`mcp`] is a
+//! second door to the same tools for MCP clients; [`app`] builds it all. ARCHITECTURE.md has the layers, the map and the invariants.
 
 pub mod agent;
 pub mod app;
@@ -22,6 +22,7 @@ pub mod http;
 pub mod inbox;
 pub mod lark;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
 pub mod plane;
 pub mod progress;

@@ -56,6 +56,9 @@ enum Cmd {
     /// The command guard: `check` prints the verdict on each command read.
     #[command(subcommand)]
     Guard(sshmode::workspace::cli::GuardCmd),
+    /// The MCP endpoint (`SSHMODE_MCP_LISTEN`): `token create|list|revoke`.
+    #[command(subcommand)]
+    Mcp(sshmode::mcp::cli::McpCmd),
 }
 
 #[derive(Debug, clap::Args)]
@@ -197,6 +200,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         }
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
+        Cmd::Mcp(cmd) => sshmode::mcp::cli::run(cmd, &config).await,
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;
             let stdout = std::io::stdout();

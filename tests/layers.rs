@@ -30,7 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("progress", &["progress"]),
     ("chat", &["chat"]),
     ("inbox", &["inbox"]),
-    ("front-ends", &["frontend", "console"]),
+    ("front-ends", &["frontend", "console", "mcp"]),
     ("http", &["http"]),
     ("composition", &["app"]),
 ];

@@ -1,7 +1,8 @@
-//! The core both front-ends run on, built in one place: the store's pool, the vault (records
+//! The core every front-end runs on, built in one place: the store's pool, the vault (records
 //! re-sealed), the model router, the control plane, the executors, chat control as the agent
 //! sees it, the agent and a turn runner. `serve` adds HTTP and Lark around it
-//! ([`super::App`]); `sshmode chat` adds its terminal ([`crate::console`]).
+//! ([`super::App`]), and the MCP endpoint when it is configured ([`Core::mcp`]); `sshmode chat`
+//! adds its terminal ([`crate::console`]).
 
 use std::sync::Arc;
 
@@ -49,6 +50,8 @@ pub struct Core {
     pub turns: Arc<Runner>,
     /// Where local workspaces may be.
     pub workspaces: LocalRules,
+    /// What never goes back to an MCP client (private keys, service keys, target secrets).
+    pub secrets: Arc<crate::plane::SecretFilter>,
 }
 
 impl Core {
@@ -81,6 +84,7 @@ impl Core {
             db.clone(),
             vault.clone(),
         ));
+        let secrets = Arc::new(crate::plane::SecretFilter::new(&config, vault.clone()));
         let exec = Arc::new(Executors::with_metrics(
             &config.exec,
             crate::target::registry(db.clone()),
@@ -132,6 +136,22 @@ impl Core {
             agent,
             turns,
             workspaces,
+            secrets,
+        })
+    }
+
+    /// The MCP endpoint's dependencies, when `SSHMODE_MCP_LISTEN` turns it on: the same
+    /// executors, workspaces and secret filter as the chat's tools.
+    pub fn mcp(&self) -> Option<crate::mcp::McpDeps> {
+        let config = self.config.mcp.clone()?;
+        Some(crate::mcp::McpDeps {
+            db: self.db.clone(),
+            clock: self.clock.clone(),
+            exec: self.exec.clone(),
+            workspaces: self.workspaces.clone(),
+            secrets: self.secrets.clone(),
+            tool_timeout: self.config.agent.tool_timeout,
+            config,
         })
     }
 

@@ -1,6 +1,7 @@
 //! The composition root of `serve`: builds the service from a config, a bound listener and a
-//! shutdown token — the [`build::Core`] both front-ends share, with the Lark front-end, the
-//! inbox and HTTP around it — runs it, and shuts it down in order. Used by `main` and by the
+//! shutdown token — the [`build::Core`] the front-ends share, with the Lark front-end, the
+//! inbox and HTTP around it, and the MCP endpoint on its own listener when
+//! `SSHMODE_MCP_LISTEN` is set — runs it, and shuts it down in order. Used by `main` and by the
 //! tests alike. No business rules.
 
 pub mod build;
@@ -67,11 +68,15 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// What the HTTP handlers share.
     pub http: HttpState,
+    /// The MCP endpoint's address; `None` when it is off.
+    pub mcp_addr: Option<SocketAddr>,
 }
 
 /// A built, not yet running, service.
 pub struct App {
     listener: TcpListener,
+    /// The MCP endpoint: its own listener and routes.
+    mcp: Option<(TcpListener, axum::Router)>,
     state: AppState,
     store: Store,
     tasks: TaskTracker,
@@ -96,15 +101,27 @@ impl App {
         overrides: Overrides,
     ) -> anyhow::Result<App> {
         crate::install_crypto_provider();
+        // The MCP endpoint's own listener, bound first so a taken address fails at once.
+        let mcp_listener = match config.mcp.as_ref().map(|m| m.listen) {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on {addr} (SSHMODE_MCP_LISTEN): {e}")
+            })?),
+            None => None,
+        };
         let store = Store::open(&config).await?;
         let tasks = TaskTracker::new();
         match Self::wire(config, &store, shutdown, overrides, &tasks).await {
-            Ok(state) => Ok(App {
-                listener,
-                state,
-                store,
-                tasks,
-            }),
+            Ok((mut state, mcp_router)) => {
+                let mcp = mcp_listener.zip(mcp_router);
+                state.mcp_addr = mcp.as_ref().and_then(|(l, _)| l.local_addr().ok());
+                Ok(App {
+                    listener,
+                    mcp,
+                    state,
+                    store,
+                    tasks,
+                })
+            }
             Err(e) => {
                 store.close().await;
                 Err(e)
@@ -118,7 +135,7 @@ impl App {
         shutdown: CancellationToken,
         overrides: Overrides,
         tasks: &TaskTracker,
-    ) -> anyhow::Result<AppState> {
+    ) -> anyhow::Result<(AppState, Option<axum::Router>)> {
         let db = store.pool.clone();
         let metrics = Arc::new(Metrics::new());
         // Without credentials (commands other than `serve`) calls fail with a token error.
@@ -186,6 +203,7 @@ impl App {
             shutdown.clone(),
         ));
         core.spawn(&shutdown, tasks);
+        let mcp = core.mcp().map(|deps| crate::mcp::router(deps, &shutdown));
         doctor::log_light(&core.config, core.exec.local_level());
         let triage = Arc::new(LarkTriage {
             config: core.config.clone(),
@@ -223,7 +241,7 @@ impl App {
             isolation: core.exec.local_level().clone(),
             lark_ws,
         };
-        Ok(AppState {
+        let state = AppState {
             config: core.config,
             db,
             metrics,
@@ -237,7 +255,9 @@ impl App {
             progress,
             shutdown,
             http,
-        })
+            mcp_addr: None,
+        };
+        Ok((state, mcp))
     }
 
     /// The address the HTTP server listens on.
@@ -257,6 +277,7 @@ impl App {
     pub async fn run(self) -> anyhow::Result<()> {
         let App {
             listener,
+            mcp,
             state,
             store,
             tasks,
@@ -269,15 +290,37 @@ impl App {
             router,
             state.config.http.clone(),
             state.metrics.clone(),
-            shutdown,
+            shutdown.clone(),
         );
+        // The MCP endpoint: the same server loop and bounds, its own connection slots.
+        let mcp = async {
+            if let Some((listener, router)) = mcp {
+                tracing::info!(mcp.addr = %listener.local_addr()?, "MCP endpoint listening");
+                let limits = state.config.mcp.as_ref().map(|m| m.http.clone());
+                crate::http::serve::serve(
+                    listener,
+                    router,
+                    limits.unwrap_or_else(|| state.config.http.clone()),
+                    state.metrics.clone(),
+                    shutdown,
+                )
+                .await;
+            }
+            anyhow::Ok(())
+        };
+        let serve = async {
+            let (_, mcp) = tokio::join!(serve, mcp);
+            mcp
+        };
         // Once shutdown begins, requests in flight get a bounded grace, not forever.
         let overdue = async {
             state.shutdown.cancelled().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         };
         tokio::select! {
-            () = serve => {}
+            r = serve => if let Err(e) = r {
+                tracing::warn!(error = %e, "the MCP endpoint could not be served");
+            },
             _ = overdue => {
                 tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "HTTP requests still running after the shutdown grace; dropping them");
             }

@@ -157,6 +157,27 @@ pub struct Config {
     pub progress: ProgressConfig,
     /// HTTP server bounds.
     pub http: HttpConfig,
+    /// The MCP endpoint's own listener; `None` (the default) = off.
+    pub mcp: Option<McpConfig>,
+}
+
+/// The MCP endpoint (`SSHMODE_MCP_*`): its own address, never the public listener's.
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    /// `SSHMODE_MCP_LISTEN`.
+    pub listen: SocketAddr,
+    /// `SSHMODE_MCP_ALLOWED_HOSTS` (comma-separated): `Host` values accepted (the DNS-rebinding
+    /// guard); default the loopback names and the listen address's IP.
+    pub allowed_hosts: Vec<String>,
+    /// `SSHMODE_MCP_ALLOWED_ORIGINS` (comma-separated, with scheme): browser origins
+    /// accepted; default none, so a request carrying any `Origin` is refused.
+    pub allowed_origins: Vec<String>,
+    /// `SSHMODE_MCP_MAX_SESSIONS` (default 64): 2025-era sessions held at once.
+    pub max_sessions: usize,
+    /// `SSHMODE_MCP_MAX_CALLS` (default 32): tool calls running at once.
+    pub max_calls: usize,
+    /// Connection bounds of the MCP listener (the same variables as the public one's).
+    pub http: HttpConfig,
 }
 
 /// Bounds of the HTTP server: how long a client may take to send a request, and how many
@@ -809,6 +830,45 @@ impl Config {
             exec,
             chat,
             router,
+            mcp: match var("SSHMODE_MCP_LISTEN") {
+                None => None,
+                Some(addr) => {
+                    let listen: SocketAddr = parse_or("SSHMODE_MCP_LISTEN", Some(addr), listen)?;
+                    let csv = |v: Option<String>| -> Vec<String> {
+                        v.map(|l| {
+                            l.split(',')
+                                .map(|s| s.trim().to_string())
+                                .filter(|s| !s.is_empty())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                    };
+                    let mut allowed_hosts = csv(var("SSHMODE_MCP_ALLOWED_HOSTS"));
+                    if allowed_hosts.is_empty() {
+                        allowed_hosts = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+                        let ip = listen.ip();
+                        if !ip.is_unspecified() && !ip.is_loopback() {
+                            allowed_hosts.push(ip.to_string());
+                        }
+                    }
+                    Some(McpConfig {
+                        listen,
+                        allowed_hosts,
+                        allowed_origins: csv(var("SSHMODE_MCP_ALLOWED_ORIGINS")),
+                        max_sessions: parse_or(
+                            "SSHMODE_MCP_MAX_SESSIONS",
+                            var("SSHMODE_MCP_MAX_SESSIONS"),
+                            64,
+                        )?,
+                        max_calls: parse_or(
+                            "SSHMODE_MCP_MAX_CALLS",
+                            var("SSHMODE_MCP_MAX_CALLS"),
+                            32,
+                        )?,
+                        http: http.clone(),
+                    })
+                }
+            },
             http,
             agent,
             progress,
@@ -980,6 +1040,42 @@ mod tests {
         assert_eq!(c.log_file, None);
         let c = load(&[("SSHMODE_DATA_DIR", "../state/./x")]).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/srv/state/x"));
+    }
+
+    #[test]
+    fn the_mcp_endpoint_is_off_until_its_address_is_set() {
+        assert!(load(&[]).unwrap().mcp.is_none());
+        let m = load(&[("SSHMODE_MCP_LISTEN", "127.0.0.1:8090")])
+            .unwrap()
+            .mcp
+            .unwrap();
+        assert_eq!(m.listen, "127.0.0.1:8090".parse().unwrap());
+        assert_eq!(m.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+        assert!(m.allowed_origins.is_empty());
+        assert_eq!((m.max_sessions, m.max_calls), (64, 32));
+        // A non-loopback address is a host clients may name; an explicit list replaces all.
+        let m = load(&[("SSHMODE_MCP_LISTEN", "10.0.0.5:8090")])
+            .unwrap()
+            .mcp
+            .unwrap();
+        assert!(m.allowed_hosts.contains(&"10.0.0.5".to_string()));
+        let m = load(&[
+            ("SSHMODE_MCP_LISTEN", "0.0.0.0:8090"),
+            (
+                "SSHMODE_MCP_ALLOWED_HOSTS",
+                "mcp.example.com, mcp.example.com:8090",
+            ),
+            ("SSHMODE_MCP_ALLOWED_ORIGINS", "https://app.example.com:443"),
+        ])
+        .unwrap()
+        .mcp
+        .unwrap();
+        assert_eq!(m.allowed_hosts, ["mcp.example.com", "mcp.example.com:8090"]);
+        assert_eq!(m.allowed_origins, ["https://app.example.com:443"]);
+        let e = load(&[("SSHMODE_MCP_LISTEN", "nope")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SSHMODE_MCP_LISTEN"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,681 @@
+//! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`. Every call
+//! names its target (explicit handles, no session state), is checked against the caller's
+//! token, and runs through [`Ops`] in the token's section, as the chat's task tools do: the
+//! workspace permission (the token's highest one caps the section's), the judge, the guard,
+//! the secret filter on what comes back, and an audit row with the token's name as actor.
+//!
+//! A failure is a tool result with `isError` and a sentence saying what to do, never an
+//! internal dump.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::McpDeps;
+use super::token::Token;
+use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
+use crate::exec::{ExecError, Exit, Place};
+use crate::shell::Verdict;
+use crate::workspace::Permission;
+use crate::workspace::judge::{self, Scope};
+
+/// How often a long call reports progress, at most.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Most variables one `exec` may set.
+const MAX_ENV: usize = 32;
+/// Command text kept in an audit row.
+const AUDIT_COMMAND_CHARS: usize = 4096;
+
+/// The tools' shared state, built once: the core's handles, the bound on calls running at
+/// once, and the tool table.
+pub struct Tools {
+    deps: McpDeps,
+    calls: Semaphore,
+    router: ToolRouter<Server>,
+}
+
+impl Tools {
+    pub fn new(deps: McpDeps) -> Tools {
+        let calls = Semaphore::new(deps.config.max_calls.max(1));
+        Tools {
+            deps,
+            calls,
+            router: Server::tool_router(),
+        }
+    }
+}
+
+/// One MCP service instance (one per session, or per stateless request) over the shared
+/// [`Tools`].
+#[derive(Clone)]
+pub struct Server {
+    tools: Arc<Tools>,
+}
+
+impl Server {
+    pub fn new(tools: Arc<Tools>) -> Server {
+        Server { tools }
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct ExecArgs {
+    /// A target alias from host_list (`local` only where the token allows it).
+    pub target: String,
+    /// The shell command (bash), run in the token's working directory on that target.
+    pub command: String,
+    /// A directory to run in for this call only.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Extra environment variables for this command.
+    #[serde(default)]
+    pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// Timeout in milliseconds (capped by the service's tool timeout).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct ReadArgs {
+    pub target: String,
+    /// Absolute, `~/…`, or relative to the working directory.
+    pub path: String,
+    /// First line to read (1-based).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Lines to read.
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct WriteArgs {
+    pub target: String,
+    pub path: String,
+    /// The whole new content (the file is replaced atomically).
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct SearchArgs {
+    pub target: String,
+    /// A regex (content search) or a glob (file-name search).
+    pub pattern: String,
+    /// Where to search; default the working directory.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// `content` (default) or `files`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Only files whose name matches this glob (content search).
+    #[serde(default)]
+    pub file_glob: Option<String>,
+    /// Most results (default 100, at most 1000).
+    #[serde(default)]
+    pub max_results: Option<u64>,
+}
+
+/// A tool's failure: the text the client gets (`isError`).
+type Fail = String;
+
+fn fail(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text.into())])
+}
+
+fn done(r: Result<CallToolResult, Fail>) -> Result<CallToolResult, ErrorData> {
+    Ok(r.unwrap_or_else(fail))
+}
+
+#[tool_router]
+impl Server {
+    #[tool(
+        description = "The hosts this token may use: each target's alias, where it is (user@host), and whether it is usable now (approved). `local` is the service's own machine, listed only for tokens made with --local."
+    )]
+    async fn host_list(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.host_list(&ctx).await)
+    }
+
+    #[tool(
+        description = "Runs a shell command on a target and returns {host, exit_code, stdout, stderr} (long output keeps its head and tail). Passes the command guard and the workspace permission; a command the guard would ask a person about is refused with the approval it needs. Sends progress notifications while it runs when the request has a progress token; cancellation stops the command."
+    )]
+    async fn exec(
+        &self,
+        Parameters(args): Parameters<ExecArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.exec(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Reads a text file on a target (optionally `limit` lines from line `offset`); says so when it is binary."
+    )]
+    async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.read_file(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Writes a whole file on a target (atomically, parent directories created), inside the workspace unless the permission is full."
+    )]
+    async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.write_file(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Searches a target: lines matching a regex (`kind` content, default) as path:line:text, or file names matching a glob (`kind` files)."
+    )]
+    async fn search_files(
+        &self,
+        Parameters(args): Parameters<SearchArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.search_files(&ctx, args).await)
+    }
+}
+
+#[tool_handler(router = self.tools.router)]
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sshmode", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "sshmode runs commands and file operations on the SSH targets its admins approved. \
+                 Call host_list first; every other tool names its target. The command guard, the \
+                 workspace permission and the audit trail apply to every call.",
+            )
+    }
+}
+
+/// Where one call runs: the backend's operations, the workspace, and the permission enforced.
+struct Here {
+    place: Place,
+    ops: Ops,
+    /// The workspace on the backend's host (absolute).
+    workspace_dir: String,
+    permission: Permission,
+}
+
+impl Tools {
+    /// The caller: the token the bearer check put on the request.
+    fn caller(ctx: &RequestContext<RoleServer>) -> Result<Token, Fail> {
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Token>())
+            .cloned()
+            .ok_or_else(|| "this request carries no token".to_string())
+    }
+
+    async fn host_list(&self, ctx: &RequestContext<RoleServer>) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let targets = crate::target::list(&self.deps.db)
+            .await
+            .map_err(|e| format!("the target registry cannot be read now: {e}"))?;
+        let mut hosts: Vec<serde_json::Value> = Vec::new();
+        if token.local {
+            hosts.push(
+                json!({"target": "local", "location": "the service's own machine", "usable": true}),
+            );
+        }
+        for t in targets.into_iter().filter(|t| token.may_use(&t.alias)) {
+            hosts.push(json!({
+                "target": t.alias,
+                "location": t.location(),
+                "description": t.description,
+                "usable": t.status == crate::target::Status::Approved,
+            }));
+        }
+        Ok(CallToolResult::structured(json!({ "hosts": hosts })))
+    }
+
+    /// Checks the token's right to `target`, reads the section's workspace there, judges
+    /// `tool` at the permission enforced, and makes the backend's operations.
+    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+        let deps = &self.deps;
+        if !token.may_use(target) {
+            return Err(format!(
+                "the token `{}` may not use `{target}`; host_list shows the targets it may use",
+                token.name
+            ));
+        }
+        let place = match target {
+            "local" => Place::Local,
+            alias => Place::Target(alias.to_string()),
+        };
+        let section = token.section();
+        let ws = crate::workspace::current(&deps.db, &deps.workspaces, &section, &place)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let permission = ws.permission.min(token.permission);
+        if let Err(d) = judge::check_tool(permission, tool) {
+            let text = d.to_string();
+            self.refused(token, &place, tool, "permission", Verdict::Refuse, &text)
+                .await;
+            return Err(text);
+        }
+        let ops = match &place {
+            Place::Local => deps.exec.local_ops_in(
+                &section,
+                std::path::Path::new(&ws.dir),
+                permission > Permission::Read,
+            ),
+            Place::Target(_) => deps.exec.ops_for(&section, &place).await,
+        }
+        .map_err(|e| e.to_string())?;
+        let workspace_dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
+        // A section's first call here starts in the workspace.
+        let backend = ops.backend().name().to_string();
+        if deps.exec.cwds().get(&backend, &section).is_none() {
+            let start = ws.cwd.clone().unwrap_or_else(|| workspace_dir.clone());
+            deps.exec.cwds().set(&backend, &section, start);
+        }
+        Ok(Here {
+            place,
+            ops,
+            workspace_dir,
+            permission,
+        })
+    }
+
+    async fn exec(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: ExecArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let here = self.here(&token, &args.target, "terminal").await?;
+        let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
+        if env.len() > MAX_ENV {
+            return Err(format!("at most {MAX_ENV} variables in `env`"));
+        }
+        if here.permission < Permission::Full {
+            let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
+            let home = here.ops.backend().home().await.ok();
+            let scope = Scope {
+                workspace: &here.workspace_dir,
+                cwd: &cwd,
+                home: home.as_deref(),
+            };
+            let mut judged = vec![args.command.clone()];
+            if let Some(w) = &args.workdir {
+                // The workdir is judged as the `cd` into it would be.
+                judged.insert(0, format!("cd -- {}", crate::exec::shell_quote(w)));
+            }
+            for c in judged {
+                if let Err(d) = judge::check_command(here.permission, &c, &scope) {
+                    let text = d.to_string();
+                    self.refused(
+                        &token,
+                        &here.place,
+                        "exec",
+                        "permission",
+                        Verdict::Refuse,
+                        &text,
+                    )
+                    .await;
+                    return Err(text);
+                }
+            }
+        }
+        let limit = self.deps.tool_timeout;
+        let timeout = args
+            .timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(limit)
+            .min(limit);
+        let opts = RunOptions {
+            timeout: Some(timeout),
+            env,
+            workdir: args.workdir.clone(),
+            prelude: if here.permission == Permission::Read {
+                judge::read_preamble()
+            } else {
+                ""
+            },
+            workspace: Some(here.workspace_dir.clone()),
+        };
+        let started = Instant::now();
+        let cancel = ctx.ct.child_token();
+        let ran = with_progress(
+            ctx,
+            &cancel,
+            here.ops.terminal(&args.command, opts, &cancel),
+        )
+        .await;
+        let r = match ran {
+            Ok(r) => r,
+            Err(ExecError::Refused(o)) => {
+                let text = match o.verdict {
+                    Verdict::Ask => format!(
+                        "approval needed: the command guard asks a person before this runs on `{}` ({}). An MCP call cannot wait for that approval: run it from a chat where an admin can approve it, or have an operator change the target's policy (`sshmode target set {} --risky …`).",
+                        here.place.name(),
+                        o.reason,
+                        here.place.name()
+                    ),
+                    _ => o.to_string(),
+                };
+                self.refused(&token, &here.place, "exec", "guard", o.verdict, &o.reason)
+                    .await;
+                return Err(text);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let out = &r.output;
+        let (exit_code, outcome) = match &out.exit {
+            Exit::Code(c) => (
+                Some(*c),
+                if *c == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("exit {c}")
+                },
+            ),
+            Exit::Signal(s) => (None, format!("signal {s}")),
+            Exit::TimedOut => (None, "timed out".into()),
+            Exit::Cancelled => (None, "cancelled".into()),
+        };
+        self.audit_command(&token, &here.place, &args.command, &outcome, started)
+            .await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        self.no_secret(&stdout).await?;
+        self.no_secret(&stderr).await?;
+        let mut result = json!({
+            "host": here.ops.backend().location(),
+            "exit_code": exit_code,
+            "stdout": stdout,
+            "stderr": stderr,
+            "cwd": r.cwd,
+        });
+        if exit_code.is_none() {
+            result["ended"] = json!(outcome);
+            if let Some(note) = &out.stop_note {
+                result["stop_note"] = json!(note);
+            }
+        }
+        Ok(CallToolResult::structured(result))
+    }
+
+    async fn read_file(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: ReadArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let here = self.here(&token, &args.target, "read_file").await?;
+        let range = match (args.offset, args.limit) {
+            (None, None) => ReadRange::Whole,
+            (start, count) => ReadRange::Lines {
+                start: start.unwrap_or(1),
+                count: count.unwrap_or(2000),
+            },
+        };
+        let r = self
+            .bounded(ctx, here.ops.read_file(&args.path, range))
+            .await?
+            .map_err(|e| e.to_string())?;
+        if let Some(t) = &r.text {
+            self.no_secret(t).await?;
+        }
+        Ok(CallToolResult::structured(json!({
+            "host": here.ops.backend().location(),
+            "path": r.path,
+            "size": r.size,
+            "binary": r.binary,
+            "truncated": r.truncated,
+            "text": r.text,
+        })))
+    }
+
+    async fn write_file(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: WriteArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let here = self.here(&token, &args.target, "write_file").await?;
+        if here.permission < Permission::Full {
+            let cancel = ctx.ct.child_token();
+            let resolved = here
+                .ops
+                .resolve(&args.path)
+                .await
+                .map_err(|e| e.to_string())?;
+            let real = here
+                .ops
+                .real_paths(&[&here.workspace_dir, &resolved], &cancel)
+                .await
+                .map_err(|e| e.to_string())?;
+            let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
+            let scope = Scope {
+                workspace: &real[0],
+                cwd: &cwd,
+                home: None,
+            };
+            if let Err(d) = judge::check_write_path(here.permission, &real[1], &scope) {
+                let text = d.to_string();
+                self.refused(
+                    &token,
+                    &here.place,
+                    "write_file",
+                    "permission",
+                    Verdict::Refuse,
+                    &text,
+                )
+                .await;
+                return Err(text);
+            }
+        }
+        let path = self
+            .bounded(
+                ctx,
+                here.ops.write_file(&args.path, args.content.as_bytes()),
+            )
+            .await?
+            .map_err(|e| e.to_string())?;
+        Ok(CallToolResult::structured(json!({
+            "host": here.ops.backend().location(),
+            "path": path,
+            "bytes": args.content.len(),
+        })))
+    }
+
+    async fn search_files(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: SearchArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let here = self.here(&token, &args.target, "search_files").await?;
+        let target = match args.kind.as_deref() {
+            None | Some("content") => SearchTarget::Content,
+            Some("files") => SearchTarget::Files,
+            Some(_) => return Err("`kind` is content or files".into()),
+        };
+        let req = SearchRequest {
+            pattern: args.pattern,
+            path: args.path,
+            target,
+            file_glob: args.file_glob,
+            max_results: args.max_results.unwrap_or(100) as usize,
+        };
+        let cancel = ctx.ct.child_token();
+        let r = here
+            .ops
+            .search(&req, &cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        let joined = r.matches.join("\n");
+        self.no_secret(&joined).await?;
+        Ok(CallToolResult::structured(json!({
+            "host": here.ops.backend().location(),
+            "matches": r.matches,
+            "truncated": r.truncated,
+        })))
+    }
+
+    /// A place among the calls running at once, or a clear "busy".
+    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Fail> {
+        self.calls.try_acquire().map_err(|_| {
+            format!(
+                "sshmode is running {} MCP calls already; try again shortly",
+                self.deps.config.max_calls
+            )
+        })
+    }
+
+    /// A file operation within the tool timeout (plus a margin), dropped on cancellation.
+    async fn bounded<T>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        op: impl Future<Output = T>,
+    ) -> Result<T, Fail> {
+        let outer = self.deps.tool_timeout + Duration::from_secs(15);
+        tokio::select! {
+            r = tokio::time::timeout(outer, op) => r.map_err(|_| format!("the call did not finish within {} s and was abandoned", outer.as_secs())),
+            _ = ctx.ct.cancelled() => Err("cancelled".into()),
+        }
+    }
+
+    /// Refuses to hand back a text holding a secret (a private key, a service key, a target's
+    /// credential); the refusal names only the kind.
+    async fn no_secret(&self, text: &str) -> Result<(), Fail> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        match self.deps.secrets.check(&self.deps.db, text).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(leak)) => Err(format!("the result is withheld: {leak}")),
+            Err(e) => {
+                tracing::warn!(error = %e, "the secret filter failed; withholding an MCP result");
+                Err("the result is withheld: it could not be checked for secrets now".into())
+            }
+        }
+    }
+
+    async fn audit_command(
+        &self,
+        token: &Token,
+        place: &Place,
+        command: &str,
+        outcome: &str,
+        started: Instant,
+    ) {
+        let text: String = crate::llm::classify::redact(command)
+            .chars()
+            .take(AUDIT_COMMAND_CHARS)
+            .collect();
+        let run = crate::audit::CommandRun {
+            actor: token.name.clone(),
+            target: place.target().map(str::to_string),
+            outcome: outcome.to_string(),
+            detail: json!({
+                "tool": "exec",
+                "via": "mcp",
+                "command": text,
+                "duration_ms": started.elapsed().as_millis() as u64,
+            }),
+        };
+        let section = token.section();
+        let audited = async {
+            let mut conn = self.deps.db.acquire().await?;
+            crate::audit::record_command(&mut conn, &section, &run).await
+        };
+        if let Err(e) = audited.await {
+            tracing::warn!(section.id = %section, error = %e, "auditing an MCP command failed");
+        }
+    }
+
+    /// Audits a refused call (by the workspace permission or the guard).
+    async fn refused(
+        &self,
+        token: &Token,
+        place: &Place,
+        tool: &str,
+        by: &str,
+        verdict: Verdict,
+        reason: &str,
+    ) {
+        let section = token.section();
+        let entry = crate::audit::ChatEntry {
+            actor: &token.name,
+            action: "tool.refused",
+            section: Some(&section),
+            target: place.target(),
+            outcome: "refused",
+            detail: json!({
+                "tool": tool,
+                "via": "mcp",
+                "by": by,
+                "verdict": verdict.as_str(),
+                "reason": reason.chars().take(500).collect::<String>(),
+            }),
+        };
+        let audited = async {
+            let mut conn = self.deps.db.acquire().await?;
+            crate::audit::record_chat(&mut conn, entry).await
+        };
+        if let Err(e) = audited.await {
+            tracing::warn!(section.id = %section, error = %e, "auditing a refused MCP call failed");
+        }
+    }
+}
+
+/// Runs `op`, sending a progress notification at most every [`PROGRESS_EVERY`] while it runs
+/// when the client asked for progress; a cancelled request cancels `cancel`, which the
+/// operation honours.
+async fn with_progress<T>(
+    ctx: &RequestContext<RoleServer>,
+    cancel: &CancellationToken,
+    op: impl Future<Output = T>,
+) -> T {
+    let Some(progress) = ctx.meta.get_progress_token() else {
+        return op.await;
+    };
+    let started = Instant::now();
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(op);
+    loop {
+        tokio::select! {
+            r = &mut op => return r,
+            _ = ticks.tick(), if !cancel.is_cancelled() => {
+                let secs = started.elapsed().as_secs();
+                let note = ProgressNotificationParam::new(progress.clone(), secs as f64)
+                    .with_message(format!("running for {secs} s"));
+                // A client that went away is no reason to stop the command: its cancellation is.
+                let _ = ctx.peer.notify_progress(note).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! The MCP endpoint, driven by the official MCP Python client (both protocol eras: the 2025
+//! handshake with its session, and the stateless 2026-07-28 revision) against a real sshd:
+//! tools listed, `exec` with its exit code and progress, a file round trip, the audit trail;
+//! tokens limited to their targets, revoked or expired tokens, bad origins and a missing token
+//! refused; the token CLI of the binary.
+//!
+//! The client runs from the virtualenv `scripts/test.sh` makes (`SSHMODE_TEST_MCP_PYTHON`); a
+//! test fails, never skips, when it is missing.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sshmode::mcp::token::{self, NewToken};
+use sshmode::workspace::Permission;
+
+use crate::exec_ssh::{self, Env};
+
+/// The SDK pin (also in scripts/test.sh).
+const PY_MCP: &str = "mcp==2.3.0";
+
+fn python() -> String {
+    std::env::var("SSHMODE_TEST_MCP_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "SSHMODE_TEST_MCP_PYTHON is unset: it names the python of a virtualenv with `{PY_MCP}` \
+             (scripts/test.sh makes it)"
+        )
+    })
+}
+
+/// Runs the Python client with `plan`; its JSON answer.
+async fn client(plan: Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api/mcp_client.py");
+    let mut child = tokio::process::Command::new(python())
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the MCP Python client");
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+        .await
+        .expect("the MCP client finished within 90 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "the MCP client printed no JSON: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+async fn mcp_env() -> Env {
+    let env = exec_ssh::env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
+    ])
+    .await
+    .expect("sshd is needed for the MCP tests");
+    env.add_key_target("web").await;
+    env
+}
+
+fn url(env: &Env) -> String {
+    format!(
+        "http://{}/mcp",
+        env.app.state.mcp_addr.expect("the MCP endpoint listens")
+    )
+}
+
+async fn new_token(env: &Env, name: &str, targets: &[&str]) -> String {
+    token::create(
+        &env.app.state.db,
+        &NewToken {
+            name: name.into(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            all_targets: false,
+            local: false,
+            permission: Permission::ReadWrite,
+            expires_at: None,
+        },
+        "operator",
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "ide", &["web"]).await;
+    for mode in ["legacy", "2026-07-28"] {
+        let file = format!("mcp-notes/{}.txt", mode.replace('-', ""));
+        let out = client(json!({
+            "url": url(&env),
+            "token": token,
+            "mode": mode,
+            "steps": [
+                {"tool": "host_list", "args": {}},
+                {"tool": "exec", "args": {"target": "web", "command": "echo out; echo err >&2; exit 3"}},
+                {"tool": "write_file", "args": {"target": "web", "path": file, "content": "line one\nline two\n"}},
+                {"tool": "read_file", "args": {"target": "web", "path": file}},
+                {"tool": "exec", "args": {"target": "web", "command": "sleep 2.5; echo slept"}, "progress": true},
+            ],
+        }))
+        .await;
+        assert!(out.get("error").is_none(), "{mode}: {out}");
+        assert_eq!(
+            out["tools"],
+            json!([
+                "exec",
+                "host_list",
+                "read_file",
+                "search_files",
+                "write_file"
+            ]),
+            "{mode}"
+        );
+        let r = &out["results"];
+        assert_eq!(
+            r[0]["structured"]["hosts"][0]["target"], "web",
+            "{mode}: {r}"
+        );
+        let ran = &r[1]["structured"];
+        assert_eq!(r[1]["is_error"], false, "{mode}: {r}");
+        assert_eq!(ran["exit_code"], 3, "{mode}: {ran}");
+        assert_eq!(ran["stdout"], "out\n");
+        assert_eq!(ran["stderr"], "err\n");
+        assert!(ran["host"].as_str().unwrap().starts_with("web"), "{ran}");
+        assert_eq!(r[2]["is_error"], false, "{mode}: {r}");
+        assert_eq!(
+            r[3]["structured"]["text"], "line one\nline two\n",
+            "{mode}: {r}"
+        );
+        let slept = &r[4];
+        assert_eq!(slept["structured"]["stdout"], "slept\n", "{mode}: {slept}");
+        assert!(
+            !slept["progress"].as_array().unwrap().is_empty(),
+            "{mode}: no progress notification during a 2.5 s exec: {slept}"
+        );
+    }
+    // Each command is audited with the token's name as actor, in the token's section.
+    let rows: Vec<(String, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT actor, section, target, outcome FROM audit_log WHERE action = 'command.run' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(
+        rows[0],
+        (
+            "ide".into(),
+            "mcp:ide".into(),
+            Some("web".into()),
+            "exit 3".into()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_token_limited_to_another_target_and_local_without_its_flag_are_refused() {
+    let env = mcp_env().await;
+    env.add_key_target("db").await;
+    let token = new_token(&env, "dbonly", &["db"]).await;
+    let out = client(json!({
+        "url": url(&env),
+        "token": token,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "host_list", "args": {}},
+            {"tool": "exec", "args": {"target": "web", "command": "echo should-not-run"}},
+            {"tool": "exec", "args": {"target": "local", "command": "true"}},
+            {"tool": "exec", "args": {"target": "db", "command": "echo fine"}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(
+        r[0]["structured"]["hosts"].as_array().unwrap().len(),
+        1,
+        "{out}"
+    );
+    assert_eq!(r[0]["structured"]["hosts"][0]["target"], "db");
+    for refused in [&r[1], &r[2]] {
+        assert_eq!(refused["is_error"], true, "{out}");
+        assert!(
+            refused["text"].as_str().unwrap().contains("may not use"),
+            "{refused}"
+        );
+    }
+    assert_eq!(r[3]["structured"]["stdout"], "fine\n", "{out}");
+    let ran: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'command.run'")
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(ran, 1);
+}
+
+#[tokio::test]
+async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
+    let env = mcp_env().await;
+    let good = new_token(&env, "good", &["web"]).await;
+    let revoked = new_token(&env, "gone", &["web"]).await;
+    assert!(
+        token::revoke(&env.app.state.db, "gone", "operator")
+            .await
+            .unwrap()
+    );
+    let expired = token::create(
+        &env.app.state.db,
+        &NewToken {
+            name: "old".into(),
+            targets: vec!["web".into()],
+            all_targets: false,
+            local: false,
+            permission: Permission::ReadWrite,
+            expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+        },
+        "operator",
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    for (what, token, origin, status) in [
+        ("revoked", revoked.as_str(), None, 401),
+        ("expired", expired.as_str(), None, 401),
+        (
+            "bad origin",
+            good.as_str(),
+            Some("http://evil.example"),
+            403,
+        ),
+    ] {
+        // The official client cannot connect…
+        let out = client(json!({
+            "url": url(&env), "token": token, "mode": "legacy", "origin": origin, "steps": [],
+        }))
+        .await;
+        assert!(out["error"].is_string(), "{what}: {out}");
+        // …because the endpoint answers its first request with this status.
+        let mut req = http
+            .post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(&initialize);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        assert_eq!(req.send().await.unwrap().status(), status, "{what}");
+    }
+    // The public listener (Lark's) has no `/mcp`, whatever the token.
+    let public = http
+        .post(env.app.url("/mcp"))
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(&good)
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(public.status(), 404);
+    // A `Host` outside the allowed ones (DNS rebinding) is refused, even with a good token.
+    let rebound = http
+        .post(url(&env))
+        .header("host", "attacker.example")
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(&good)
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    // The good token works, in both eras.
+    for mode in ["legacy", "2026-07-28"] {
+        let out = client(json!({"url": url(&env), "token": good, "mode": mode, "steps": []})).await;
+        assert!(out.get("error").is_none(), "{mode}: {out}");
+    }
+    // No token: refused from the head alone, whatever the body (it is never parsed).
+    for auth in [
+        None,
+        Some("Bearer smcp_0000000000000000_".to_string() + &"0".repeat(64)),
+    ] {
+        let mut req = http
+            .post(url(&env))
+            .header("content-type", "application/json")
+            .body("{not json");
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        assert!(r.headers().get("www-authenticate").is_some());
+    }
+}
+
+#[tokio::test]
+async fn a_command_the_guard_asks_about_is_an_error_naming_the_approval() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "careful", &["web"]).await;
+    let out = client(json!({
+        "url": url(&env),
+        "token": token,
+        "mode": "2026-07-28",
+        "steps": [
+            {"tool": "exec", "args": {"target": "web", "command": "systemctl stop sshmode-mcp-test"}},
+        ],
+    }))
+    .await;
+    let r = &out["results"][0];
+    assert_eq!(r["is_error"], true, "{out}");
+    assert!(
+        r["text"].as_str().unwrap().starts_with("approval needed"),
+        "{r}"
+    );
+    let refused: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT actor, detail FROM audit_log WHERE action = 'tool.refused' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, "careful");
+    assert_eq!(refused[0].1["verdict"], "ask");
+}
+
+/// Runs the real `sshmode` binary: (exit code, stdout).
+fn sshmode_bin(db_url: &str, data: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(args)
+        .current_dir(data)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db_url)
+        .env("SSHMODE_DATA_DIR", data)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_token_commands_print_a_token_once_and_keep_only_its_hash() {
+    let db = crate::helpers::fresh_database().await;
+    let data = tempfile::tempdir().unwrap();
+    let (code, out) = sshmode_bin(
+        &db,
+        data.path(),
+        &[
+            "mcp",
+            "token",
+            "create",
+            "--name",
+            "laptop",
+            "--local",
+            "--permission",
+            "read",
+            "--expires",
+            "30d",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let token = out.lines().next().unwrap().to_string();
+    assert!(token.starts_with("smcp_"), "{out}");
+    let (code, listed) = sshmode_bin(&db, data.path(), &["mcp", "token", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains("laptop") && listed.contains("local") && listed.contains("read"),
+        "{listed}"
+    );
+    assert!(listed.contains("expires"), "{listed}");
+    assert!(!listed.contains(&token));
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    let stored: String = sqlx::query_scalar("SELECT row_to_json(t)::text FROM mcp_tokens t")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let secret = token.rsplit('_').next().unwrap();
+    assert!(
+        !stored.contains(secret),
+        "the token's secret is stored: {stored}"
+    );
+    // A second token of the same name is refused; revoking twice says there is none.
+    let (code, _) = sshmode_bin(
+        &db,
+        data.path(),
+        &["mcp", "token", "create", "--name", "laptop"],
+    );
+    assert_ne!(code, 0);
+    assert_eq!(
+        sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0,
+        0
+    );
+    assert_eq!(
+        sshmode_bin(&db, data.path(), &["mcp", "token", "revoke", "laptop"]).0,
+        1
+    );
+    let actions: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM audit_log WHERE action LIKE 'mcp.token.%' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actions, ["mcp.token.create", "mcp.token.revoke"]);
+}
+
+#[tokio::test]
+async fn a_result_holding_a_private_key_is_withheld() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "keys", &["web"]).await;
+    let key = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAA\\n-----END OPENSSH PRIVATE KEY-----\\n";
+    let out = client(json!({
+        "url": url(&env),
+        "token": token,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "exec", "args": {"target": "web", "command": format!("printf '%b' '{key}' > leaked.pem; echo written")}},
+            {"tool": "exec", "args": {"target": "web", "command": "cat leaked.pem"}},
+            {"tool": "read_file", "args": {"target": "web", "path": "leaked.pem"}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(r[0]["structured"]["stdout"], "written\n", "{out}");
+    assert_eq!(r[0]["structured"]["stderr"], "", "{out}");
+    for withheld in [&r[1], &r[2]] {
+        assert_eq!(withheld["is_error"], true, "{out}");
+        let text = withheld["text"].as_str().unwrap();
+        assert!(
+            text.contains("withheld") && !text.contains("b3BlbnNzaC1rZXktdjEAAAAA"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_its_command_in_both_eras() {
+    let env = mcp_env().await;
+    let token = new_token(&env, "impatient", &["web"]).await;
+    for (n, mode) in ["legacy", "2026-07-28"].into_iter().enumerate() {
+        let out = client(json!({
+            "url": url(&env),
+            "token": token,
+            "mode": mode,
+            "steps": [
+                {"tool": "exec", "args": {"target": "web", "command": format!("sleep 20; echo {mode}")}, "cancel_after": 1.5},
+            ],
+        }))
+        .await;
+        assert_eq!(out["results"][0]["cancelled"], true, "{mode}: {out}");
+        // The command was stopped (not left to run out its 20 s) and audited so.
+        crate::helpers::eventually(
+            &format!("{mode}: the cancelled command's audit row"),
+            Duration::from_secs(10),
+            async || {
+                let outcomes: Vec<String> = sqlx::query_scalar(
+                    "SELECT outcome FROM audit_log WHERE action = 'command.run' ORDER BY id",
+                )
+                .fetch_all(&env.app.state.db)
+                .await
+                .unwrap();
+                outcomes.len() == n + 1 && outcomes[n] == "cancelled"
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn sessions_and_calls_running_at_once_are_bounded() {
+    let env = exec_ssh::env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
+        ("SSHMODE_MCP_MAX_SESSIONS", "1"),
+        ("SSHMODE_MCP_MAX_CALLS", "1"),
+    ])
+    .await
+    .expect("sshd is needed for the MCP tests");
+    env.add_key_target("web").await;
+    let token = new_token(&env, "busy", &["web"]).await;
+    // Past the session bound, a new session is refused until one closes.
+    let http = reqwest::Client::new();
+    let initialize = || {
+        http.post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(&token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}),
+            )
+            .send()
+    };
+    let first = initialize().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(initialize().await.unwrap().status(), 503);
+    let closed = http
+        .delete(url(&env))
+        .bearer_auth(&token)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    // Past the call bound, a call is refused while another runs (the first runs until the test
+    // removes its marker, at most 60 s).
+    let marker = format!("/home/{}/mcp-busy-started", crate::sshd::USER);
+    let _ = std::fs::remove_file(&marker);
+    let long = tokio::spawn(client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; for i in $(seq 600); do [ -e {marker} ] || break; sleep 0.1; done")}}],
+    })));
+    crate::helpers::eventually(
+        "the long call started",
+        Duration::from_secs(30),
+        async || std::path::Path::new(&marker).exists(),
+    )
+    .await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "true"}}],
+    }))
+    .await;
+    let r = &out["results"][0];
+    assert_eq!(r["is_error"], true, "{out}");
+    assert!(
+        r["text"].as_str().unwrap().contains("try again shortly"),
+        "{r}"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    let long = long.await.unwrap();
+    assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
+}
