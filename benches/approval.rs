@@ -167,7 +167,10 @@ async fn run(turns: usize, ssh: bool) {
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
     // On a target: a loopback sshd, its account's home holding the mark.
     let sshd = ssh.then(|| {
-        assert!(sshd::available(), "the ssh benchmark needs an OpenSSH server");
+        assert!(
+            sshd::available(),
+            "the ssh benchmark needs an OpenSSH server"
+        );
         sshd::Sshd::start_below(dir)
     });
     if let Some(sshd) = &sshd {

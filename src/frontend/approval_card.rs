@@ -350,7 +350,11 @@ mod tests {
         p.scope = Some(Scope::Once);
         p.decided_by = Some("ou_admin".into());
         let note = |p: &Parked| card(p)["body"]["elements"][1]["content"].to_string();
-        assert!(note(&p).contains("by <at id=ou_admin></at>"), "{}", note(&p));
+        assert!(
+            note(&p).contains("by <at id=ou_admin></at>"),
+            "{}",
+            note(&p)
+        );
         p.decided_by = Some("<at id=all></at>".into());
         assert!(!note(&p).contains("<at"), "{}", note(&p));
         p.state = ApprovalState::Waiting;
