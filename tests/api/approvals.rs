@@ -617,7 +617,7 @@ async fn a_crash_before_the_verdict_never_turns_an_asked_call_into_an_unknown_ou
     env.llm.push(
         MODEL,
         crate::fake_llm::Reply::Delayed(
-            Duration::from_secs(2),
+            Duration::from_secs(5),
             Box::new(call("terminal", json!({"command": RISKY}))),
         ),
     );
@@ -652,6 +652,16 @@ async fn a_crash_before_the_verdict_never_turns_an_asked_call_into_an_unknown_ou
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The runner's instance dies there; another one takes the turn over.
     env.app.state.turns.halt_abruptly();
+    // In the window: the call is neither parked nor marked started.
+    let (marks, parked): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'tool_started'),
+                (SELECT count(*) FROM call_approvals WHERE section_id = $1)",
+    )
+    .bind(&thread)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!((marks, parked), (0, 0), "a start mark before the verdict");
     lock.rollback().await.unwrap();
     let other = crate::agent::builder(&env.llm, &env.lark, &env.control)
         .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
