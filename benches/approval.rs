@@ -9,10 +9,18 @@
 //! wait settled, the start recorded, the command spawned in the sandbox. The callback's
 //! acknowledgement and the inbox hand-off before it are measured by `lark_ingress`.
 //!
-//! Run as root: `bash scripts/bench.sh approval [TURNS]` (default 200 turns).
+//! With `ssh` among the arguments the sections are bound to a target on a loopback sshd
+//! (`tests/api/sshd.rs`) and the command is `touch approval_mark && curl … | sh` (what a
+//! `read-write` workspace asks about there): the clock then also covers the SSH channel's
+//! open and the remote shell's start, on the pooled connection.
+//!
+//! Run as root: `bash scripts/bench.sh approval [TURNS] [ssh]` (default 200 turns, local).
 
 #[path = "../tests/api/database.rs"]
 mod database;
+#[path = "../tests/api/sshd.rs"]
+#[allow(dead_code)]
+mod sshd;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,23 +45,35 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .and_then(|a| a.parse().ok())
         .unwrap_or(200);
+    let ssh = std::env::args().any(|a| a == "ssh");
     sshmode::install_crypto_provider();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run(turns));
+        .block_on(run(turns, ssh));
 }
+
+/// The command a turn's model asks for on a target: text fetched into a shell is asked about.
+const REMOTE: &str = "touch approval_mark && curl -s http://127.0.0.1:9/x | sh";
 
 /// The command on the first request of a turn; "done" once a tool result came back.
 async fn model(body: axum::body::Bytes) -> Json<Value> {
+    model_for(body, "touch approval_mark && rm -rf \"$NOPE_DIR\"")
+}
+
+async fn model_remote(body: axum::body::Bytes) -> Json<Value> {
+    model_for(body, REMOTE)
+}
+
+fn model_for(body: axum::body::Bytes, command: &str) -> Json<Value> {
     let has_result = body.windows(13).any(|w| w == br#""role":"tool""#);
     let message = if has_result {
         json!({"role": "assistant", "content": "done"})
     } else {
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c0",
                "type": "function", "function": {"name": "terminal",
-               "arguments": json!({"command": "touch approval_mark && rm -rf \"$NOPE_DIR\""}).to_string()}}]})
+               "arguments": json!({"command": command}).to_string()}}]})
     };
     Json(
         json!({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
@@ -95,11 +115,40 @@ impl ChatOut for Cards {
     }
 }
 
-async fn run(turns: usize) {
+/// Every section bound to one target (or none: local).
+struct Bound(Option<String>);
+
+#[async_trait]
+impl sshmode::agent::SshMode for Bound {
+    async fn place(&self, _: &str) -> anyhow::Result<Place> {
+        Ok(match &self.0 {
+            Some(alias) => Place::Target(alias.clone()),
+            None => Place::Local,
+        })
+    }
+    async fn ssh_mode(
+        &self,
+        _: &str,
+        _: &str,
+        _: sshmode::agent::SshModeAction,
+        _: Option<&str>,
+    ) -> anyhow::Result<String> {
+        Ok("not in this benchmark".into())
+    }
+}
+
+async fn run(turns: usize, ssh: bool) {
     let db_url = database::fresh_database().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let llm_base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let fake = axum::Router::new().route("/v1/chat/completions", axum::routing::post(model));
+    let fake = axum::Router::new().route(
+        "/v1/chat/completions",
+        if ssh {
+            axum::routing::post(model_remote)
+        } else {
+            axum::routing::post(model)
+        },
+    );
     tokio::spawn(async move { axum::serve(listener, fake).await });
 
     let tmp = tempfile::tempdir().unwrap();
@@ -116,6 +165,38 @@ async fn run(turns: usize) {
     let store = sshmode::store::Store::open(&config).await.unwrap();
     let db = store.pool.clone();
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
+    // On a target: a loopback sshd, its account's home holding the mark.
+    let sshd = ssh.then(|| {
+        assert!(
+            sshd::available(),
+            "the ssh benchmark needs an OpenSSH server"
+        );
+        sshd::Sshd::start_below(dir)
+    });
+    if let Some(sshd) = &sshd {
+        let key = dir.join("bench_key");
+        sshd::new_key(&key, "ed25519", "");
+        sshd.authorize(&dir.join("bench_key.pub"));
+        let new = sshmode::target::NewTarget {
+            alias: "web".into(),
+            host: "127.0.0.1".into(),
+            port: sshd.port,
+            user: sshd::USER.into(),
+            description: None,
+            secrets: sshmode::target::NewSecrets::Key {
+                key: zeroize::Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
+                cert: None,
+            },
+            host_key_policy: sshmode::target::HostKeyPolicy::Tofu,
+            host_key: None,
+            approve: true,
+            jump: None,
+        };
+        sshmode::target::add(&db, &vault, new, "bench")
+            .await
+            .unwrap();
+    }
+    let remote_mark = PathBuf::from(format!("/home/{}/approval_mark", sshd::USER));
     let exec = Arc::new(
         Executors::new(
             &config.exec,
@@ -140,11 +221,7 @@ async fn run(turns: usize) {
         exec: exec.clone(),
         llm: Some(router),
         model: config.model.clone(),
-        control: Arc::new(sshmode::chat::ChatSshMode {
-            db: db.clone(),
-            clock: Arc::new(sshmode::clock::SystemClock),
-            yolo_ttl: config.chat.yolo_ttl,
-        }),
+        control: Arc::new(Bound(ssh.then(|| "web".to_string()))),
         plane: Arc::new(sshmode::plane::ControlPlane::new(
             &config,
             db.clone(),
@@ -192,9 +269,13 @@ async fn run(turns: usize) {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        let backend = exec.backend(&section, &Place::Local).await.unwrap();
-        let mark =
-            PathBuf::from(backend.initial_dir(&section).await.unwrap()).join("approval_mark");
+        let mark = if ssh {
+            let _ = std::fs::remove_file(&remote_mark);
+            remote_mark.clone()
+        } else {
+            let backend = exec.backend(&section, &Place::Local).await.unwrap();
+            PathBuf::from(backend.initial_dir(&section).await.unwrap()).join("approval_mark")
+        };
         // The card is posted after the row commits; let the runner let go of the section.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let t0 = Instant::now();
@@ -231,10 +312,17 @@ async fn run(turns: usize) {
         }
     }
     shutdown.cancel();
+    let _ = std::fs::remove_file(&remote_mark);
+    drop(sshd);
     samples.sort();
     let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
-    println!("\n## Decision → command started ({turns} turns, local, after {warm} warm-up)\n");
+    let place = if ssh {
+        format!("a target on a loopback sshd ({}@127.0.0.1)", sshd::USER)
+    } else {
+        "local".to_string()
+    };
+    println!("\n## Decision → command started ({turns} turns, {place}, after {warm} warm-up)\n");
     println!("| median | p90 | p99 | max |");
     println!("|---|---|---|---|");
     println!(

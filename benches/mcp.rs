@@ -179,6 +179,7 @@ async fn run() {
                         timeout: Duration::from_secs(30),
                         stdout_limit: 32 * 1024,
                         stderr_limit: 32 * 1024,
+                        live: None,
                     },
                     &never,
                 )

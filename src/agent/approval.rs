@@ -30,7 +30,8 @@ pub struct ApprovalCard {
 
 /// What a parked call's resume comes to.
 pub(super) enum Resumed {
-    /// Never parked: a start mark without a result is an interrupted call.
+    /// Never parked: a start mark without a result is an interrupted call; without a mark
+    /// the call never started (a command's mark follows the guard's verdict).
     NotParked,
     /// Allowed and started before, with no result: its outcome is unknown.
     Interrupted,

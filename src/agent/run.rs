@@ -28,11 +28,13 @@ The service stopped while this call ran; it may or may not have taken effect, an
 const NOT_STARTED: &str = "not run: the service stopped before this call started. \
 Run it again if it is still needed.";
 
-/// The call this runner marked started in its last commit and has not started yet, with what
-/// was resolved for it while that commit was in flight.
+/// The call this runner takes next, named in its last commit, with what was resolved for it
+/// while that commit was in flight: `marked` when that commit also marked it started (a call
+/// that runs no command; a command's mark waits for the guard's verdict, [`tools::StartMark`]).
 struct Next {
     key: String,
     resolved: Option<tools::Resolved>,
+    marked: bool,
 }
 
 /// What was read while a result committed.
@@ -335,11 +337,16 @@ impl<'a> Turn<'a> {
         // The reply, its event-log entry and the start mark of its first call commit together:
         // the mark must be durable before the call runs, and the reply is what names the call.
         // (A crash right after this commit leaves the first call marked though it never ran; the
-        // resumed turn then calls it interrupted — wrong in the safe direction.)
+        // resumed turn then calls it interrupted — wrong in the safe direction.) A command's
+        // mark is not written here: the guard may ask a person about it, and a call that only
+        // waited must never look started, so its mark follows the guard's verdict.
         // While it commits, the first call's backend and workspace are read: after the model
         // asked for the call, and before the call starts, which waits for the commit.
         let first = reply.tool_calls.first();
         let first_call = first.map(|c| c.id.as_str());
+        let first_mark = first
+            .filter(|c| !tools::runs_a_command(c))
+            .map(|c| c.id.as_str());
         let (appended, resolved) = tokio::join!(
             conversation::append_logged(
                 &turn.fence,
@@ -348,7 +355,7 @@ impl<'a> Turn<'a> {
                 None,
                 &reply,
                 ("agent.step", event),
-                first_call.map(Mark::InThisRow),
+                first_mark.map(Mark::InThisRow),
                 Flush::Wait,
                 None,
             ),
@@ -372,9 +379,9 @@ impl<'a> Turn<'a> {
             message: reply.clone(),
         };
         self.stored.push(row.clone());
-        let marked = match (appended.mark, first_call) {
-            (Some(mark), Some(call)) => {
-                let key = format!("{}:{call}", appended.id);
+        let marked = first_call.map(|call| {
+            let key = format!("{}:{call}", appended.id);
+            if let Some(mark) = appended.mark {
                 self.stored.push(Stored {
                     id: mark,
                     turn_id: turn.id,
@@ -382,10 +389,13 @@ impl<'a> Turn<'a> {
                     call_id: Some(key.clone()),
                     message: conversation::start_mark(),
                 });
-                Some(Next { key, resolved })
             }
-            _ => None,
-        };
+            Next {
+                key,
+                resolved,
+                marked: appended.mark.is_some(),
+            }
+        });
         deps.steps.step(
             &turn.section,
             turn.id,
@@ -515,7 +525,9 @@ fn has(stored: &[Stored], kind: Kind, key: &str) -> bool {
 /// Runs the calls of `assistant` that have no stored result, in order. A call with a start
 /// mark but no result is not run again: the model gets [`INTERRUPTED`] — unless this runner
 /// wrote that mark itself (`marked`, in the commit of the reply or of the previous result) and
-/// has not started the call yet.
+/// has not started the call yet. A command call that this runner did not name in its last
+/// commit (a resumed turn's) may be parked: its wait is settled first ([`approval::resumed`]);
+/// without a mark or a wait it never started, and runs now.
 ///
 /// Each result's commit overlaps the read that follows it: the next call's backend and
 /// workspace, or after the last call the next step's system prompt (`prompt_ahead`).
@@ -534,13 +546,16 @@ async fn run_calls(
         if has(stored, Kind::Tool, &key) {
             continue;
         }
-        let (ours, resolved) = match marked.take() {
-            Some(m) if m.key == key => (true, m.resolved),
-            _ => (false, None),
+        // `fresh`: named in this runner's last commit, so never parked nor started before.
+        let (fresh, ours, resolved) = match marked.take() {
+            Some(m) if m.key == key => (true, m.marked, m.resolved),
+            _ => (false, false, None),
         };
+        let command = tools::runs_a_command(call);
+        let started = has(stored, Kind::ToolStarted, &key);
         // Who allowed this call, when it waited for a person and was allowed.
         let mut allowed_by: Option<String> = None;
-        if has(stored, Kind::ToolStarted, &key) && !ours {
+        if !fresh && (started || command) {
             let short = tools::short_form(call);
             let settled = match approval::resumed(deps, turn, &key).await {
                 Ok(r) => r,
@@ -561,6 +576,8 @@ async fn run_calls(
                     turn.cancel.cancel(CancelReason::Stop);
                     return Ok(halted(turn, stored));
                 }
+                // Neither marked nor parked: it never started (its verdict was not known yet).
+                Resumed::NotParked if !started => {}
                 Resumed::NotParked | Resumed::Interrupted => {
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
                     // A command that was running when its runner went away ran, with an
@@ -594,7 +611,7 @@ async fn run_calls(
             // An ending writes "not run" for every call without a result (`conclude`).
             return Ok(Some(h));
         }
-        if !ours && allowed_by.is_none() {
+        if !ours && allowed_by.is_none() && !command {
             let mark = conversation::start_mark();
             match conversation::append(&turn.fence, turn.id, Kind::ToolStarted, Some(&key), &mark)
                 .await
@@ -619,8 +636,19 @@ async fn run_calls(
                 short: short.clone(),
             },
         );
-        let result = run_call(deps, turn, call, resolved, allowed_by.is_some()).await;
-        let mut result = result;
+        // A command's start mark, written once the guard let it through (an allowed call's
+        // start is on its approval row, [`approval::resumed`]).
+        let mut start = (command && !ours && allowed_by.is_none())
+            .then(|| tools::StartMark::new(&turn.fence, turn.id, &key));
+        let mut result = run_call(
+            deps,
+            turn,
+            call,
+            resolved,
+            allowed_by.is_some(),
+            start.as_mut(),
+        )
+        .await;
         // Allowed in this thread: the same shape runs without asking (it did not run above).
         let mut in_thread_by: Option<String> = None;
         if let Some(asked) = &result.asked
@@ -628,7 +656,7 @@ async fn run_calls(
             && turn.cancel.reason().is_none()
             && let Some(by) = approval::covered(deps, turn, asked).await
         {
-            result = run_call(deps, turn, call, None, true).await;
+            result = run_call(deps, turn, call, None, true, start.as_mut()).await;
             result.text = format!("allowed in this thread by {by}:\n{}", result.text);
             in_thread_by = Some(by);
         }
@@ -640,7 +668,7 @@ async fn run_calls(
             match approval::park(deps, turn, &key, asked, &result.text).await {
                 Ok(Park::Waiting) => return Ok(Some(Halt::Leave)),
                 Ok(Park::Allowed) => {
-                    result = run_call(deps, turn, call, None, true).await;
+                    result = run_call(deps, turn, call, None, true, start.as_mut()).await;
                     result.text = format!(
                         "allowed by this backend's policy (risky: allow):\n{}",
                         result.text
@@ -650,6 +678,18 @@ async fn run_calls(
                 Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
                 Err(e) => return Err(e.into()),
             }
+        }
+        match start.and_then(|m| m.written) {
+            Some(Ok(id)) => stored.push(Stored {
+                id,
+                turn_id: turn.id,
+                kind: Kind::ToolStarted,
+                call_id: Some(key.clone()),
+                message: conversation::start_mark(),
+            }),
+            Some(Err(Fenced::Lost)) => return Ok(Some(Halt::Leave)),
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
         }
         if let Some(by) = &allowed_by {
             result.text = format!("allowed by {by}:\n{}", result.text);
@@ -690,13 +730,18 @@ async fn run_calls(
             command_run(turn, call, target, outcome, Some(exit), result.millis)
         });
         // The result and its event-log entry commit together, with the start mark of the next
-        // call of this reply when there is one (so a step costs one commit, not two).
+        // call of this reply when there is one (so a step costs one commit, not two) — unless
+        // that call runs a command, whose mark follows the guard's verdict.
         let next = calls[i + 1..]
             .iter()
             .map(|c| (format!("{}:{}", assistant.id, c.id), c))
             .find(|(k, _)| !has(stored, Kind::Tool, k) && !has(stored, Kind::ToolStarted, k))
             .filter(|_| reason.is_none());
-        let next_key = next.as_ref().map(|(k, _)| k.as_str());
+        let next_key = next
+            .as_ref()
+            .filter(|(_, c)| !tools::runs_a_command(c))
+            .map(|(k, _)| k.as_str());
+        let next_marked = next_key.is_some();
         let (written, ahead) = tokio::join!(
             store_result(
                 turn,
@@ -723,7 +768,11 @@ async fn run_calls(
             Err(e) => return Err(e.into()),
         }
         marked = match ahead {
-            Ahead::Call(resolved) => next.map(|(key, _)| Next { key, resolved }),
+            Ahead::Call(resolved) => next.map(|(key, _)| Next {
+                key,
+                resolved,
+                marked: next_marked,
+            }),
             Ahead::Prompt(p) => {
                 *prompt_ahead = Some(p);
                 None
@@ -774,6 +823,7 @@ async fn run_call(
     call: &ToolCall,
     resolved: Option<tools::Resolved>,
     approved: bool,
+    mark: Option<&mut tools::StartMark<'_>>,
 ) -> tools::ToolResult {
     let tail = live::for_tool(&call.function.name);
     let run = tools::run(
@@ -785,6 +835,7 @@ async fn run_call(
         resolved,
         approved,
         tail.clone(),
+        mark,
     );
     live::watched(deps, &turn.section, turn.id, tail.as_deref(), run).await
 }

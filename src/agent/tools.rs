@@ -25,6 +25,7 @@ use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
 use crate::shell::Verdict;
+use crate::turns::{Fence, Fenced};
 use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
 /// The tool definitions sent with every model call.
@@ -131,6 +132,56 @@ pub struct Asked {
     pub target: Option<String>,
 }
 
+/// Whether `call` runs a command (`terminal`, `execute_code`): the guard may ask a person
+/// about it, so its start mark is written only once the guard let it through
+/// ([`StartMark`]), never ahead.
+pub fn runs_a_command(call: &ToolCall) -> bool {
+    matches!(call.function.name.as_str(), "terminal" | "execute_code")
+}
+
+/// The start mark of a command call, written by [`run`] after the guard's verdict let the
+/// command through and right before it starts: a call that only waits for a person (or is
+/// refused) never has one, so no resumed runner takes it for interrupted.
+pub struct StartMark<'a> {
+    fence: &'a Fence,
+    turn_id: i64,
+    key: &'a str,
+    /// The mark's row once written, or why it could not be (the command then did not run).
+    pub written: Option<Result<i64, Fenced>>,
+}
+
+impl<'a> StartMark<'a> {
+    pub fn new(fence: &'a Fence, turn_id: i64, key: &'a str) -> StartMark<'a> {
+        StartMark {
+            fence,
+            turn_id,
+            key,
+            written: None,
+        }
+    }
+
+    /// Writes the mark once; `Err` (the text for the model) when it could not be written.
+    async fn write(&mut self) -> Result<(), String> {
+        if self.written.is_none() {
+            let mark = super::conversation::start_mark();
+            self.written = Some(
+                super::conversation::append(
+                    self.fence,
+                    self.turn_id,
+                    super::conversation::Kind::ToolStarted,
+                    Some(self.key),
+                    &mark,
+                )
+                .await,
+            );
+        }
+        match &self.written {
+            Some(Ok(_)) => Ok(()),
+            _ => Err("not run: its start could not be recorded".into()),
+        }
+    }
+}
+
 /// A short, log-safe description of a call (the command or path, clipped).
 pub fn short_form(call: &ToolCall) -> String {
     let args = call.parsed_arguments().unwrap_or_default();
@@ -201,7 +252,8 @@ async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
 /// Runs one call. Never panics on the model's input; every failure is a result for the model.
 /// `resolved` is what [`resolve`] read for this very call, if the caller read it ahead; without
 /// it the call resolves its backend itself. `live`: where a command's output also goes as it
-/// runs.
+/// runs. `mark`: the start mark a command writes once the guard let it through, before it
+/// runs (`None`: nothing to write here).
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     deps: &AgentDeps,
@@ -212,10 +264,11 @@ pub async fn run(
     resolved: Option<Resolved>,
     approved: bool,
     live: Option<Arc<LiveTail>>,
+    mark: Option<&mut StartMark<'_>>,
 ) -> ToolResult {
     let started = Instant::now();
     let o = dispatch(
-        deps, section, chat_id, call, cancel, resolved, approved, live,
+        deps, section, chat_id, call, cancel, resolved, approved, live, mark,
     )
     .await;
     let (text, ok) = match o.result {
@@ -293,6 +346,7 @@ async fn dispatch(
     resolved: Option<Resolved>,
     approved: bool,
     live: Option<Arc<LiveTail>>,
+    mark: Option<&mut StartMark<'_>>,
 ) -> ToolOutcome {
     let tool = call.function.name.as_str();
     let map = match call.parsed_arguments() {
@@ -337,7 +391,7 @@ async fn dispatch(
         Place::Target(alias) => Some(alias.clone()),
     };
     let (result, exit, asked) = task(
-        deps, section, tool, &args, at, &location, cancel, approved, live,
+        deps, section, tool, &args, at, &location, cancel, approved, live, mark,
     )
     .await;
     ToolOutcome {
@@ -429,7 +483,8 @@ async fn location_of(deps: &AgentDeps, at: &Where) -> String {
 /// (its commands read by the judge and the guard), its working directory kept, a refusal
 /// audited. Returns the result, how a command ended when one ran, and (command, reason,
 /// directory) when the guard asks a person about a `terminal` command, which then did not run.
-/// `approved`: a person allowed this call, so the guard's `ask` does not stop it.
+/// `approved`: a person allowed this call, so the guard's `ask` does not stop it. A command is
+/// judged by the guard before `mark` (its start mark) is written, and runs only after.
 #[allow(clippy::too_many_arguments)]
 async fn task(
     deps: &AgentDeps,
@@ -441,6 +496,7 @@ async fn task(
     cancel: &CancellationToken,
     approved: bool,
     live: Option<Arc<LiveTail>>,
+    mut mark: Option<&mut StartMark<'_>>,
 ) -> (
     Result<String, String>,
     Option<String>,
@@ -541,19 +597,28 @@ async fn task(
                         Some(w) => ops.resolve(w).await.unwrap_or_else(|_| w.clone()),
                         None => start_dir.clone(),
                     };
+                    // The verdict first: an `ask` parks the call before any start is recorded.
+                    let objection = ops
+                        .judge_terminal(&command, &opts)
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    if let Some(o) = objection
+                        && !(approved && o.verdict == Verdict::Ask)
+                    {
+                        if o.verdict == Verdict::Ask {
+                            asked = Some((command.clone(), o.reason.clone(), cwd_here.clone()));
+                        }
+                        return Err(guard_err(&mut refusal, ExecError::Refused(o)));
+                    }
+                    if let Some(m) = mark.as_deref_mut() {
+                        m.write().await?;
+                    }
                     let ran = if approved {
                         ops.terminal_approved(&command, opts, cancel).await
                     } else {
                         ops.terminal(&command, opts, cancel).await
                     };
-                    let r = ran.map_err(|e| {
-                        if let ExecError::Refused(o) = &e
-                            && o.verdict == Verdict::Ask
-                        {
-                            asked = Some((command.clone(), o.reason.clone(), cwd_here.clone()));
-                        }
-                        guard_err(&mut refusal, e)
-                    })?;
+                    let r = ran.map_err(|e| guard_err(&mut refusal, e))?;
                     exit_out = Some(exit_text(&r.output.exit));
                     Ok(format_output(&r.output, Some(&r.cwd)))
                 }
@@ -573,6 +638,24 @@ async fn task(
                     {
                         return Err(deny(&mut refusal, "permission", d.to_string()));
                     }
+                    // Shell code the guard asks about parks the call, as a command does: judged
+                    // before its start is recorded.
+                    let objection = ops
+                        .judge_code(&code, lang.as_deref(), Some(workspace_dir.as_str()))
+                        .await
+                        .map_err(|e| guard_err(&mut refusal, e))?;
+                    if let Some(o) = objection
+                        && !(approved && o.verdict == Verdict::Ask)
+                    {
+                        if o.verdict == Verdict::Ask {
+                            let cwd = ops.cwd().await.unwrap_or_default();
+                            asked = Some((code.clone(), o.reason.clone(), cwd));
+                        }
+                        return Err(guard_err(&mut refusal, ExecError::Refused(o)));
+                    }
+                    if let Some(m) = mark.as_deref_mut() {
+                        m.write().await?;
+                    }
                     let ran = ops
                         .execute_code_as(
                             &code,
@@ -583,13 +666,6 @@ async fn task(
                             approved,
                         )
                         .await;
-                    // Shell code the guard asks about parks the call, as a command does.
-                    if let Err(ExecError::Refused(o)) = &ran
-                        && o.verdict == Verdict::Ask
-                    {
-                        let cwd = ops.cwd().await.unwrap_or_default();
-                        asked = Some((code.clone(), o.reason.clone(), cwd));
-                    }
                     let out = ran.map_err(|e| guard_err(&mut refusal, e))?;
                     exit_out = Some(exit_text(&out.exit));
                     Ok(format_output(&out, None))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::guard::{Context, Guard};
+use super::guard::{Context, Guard, Objection};
 use super::live::LiveTail;
 use super::{Backend, Command, CwdStore, ExecError, Exit, Output, shell_quote};
 use crate::config::ExecConfig;
@@ -282,13 +282,29 @@ impl Ops {
         self.terminal_as(command, opts, cancel, true).await
     }
 
-    async fn terminal_as(
+    /// The guard's objection to `command` as [`Ops::terminal`] would judge it with `opts`, if
+    /// any, without running anything (the caller learns an `ask` before it records a start).
+    pub async fn judge_terminal(
         &self,
         command: &str,
-        opts: RunOptions,
-        cancel: &CancellationToken,
-        approved: bool,
-    ) -> Result<TerminalResult, ExecError> {
+        opts: &RunOptions,
+    ) -> Result<Option<Objection>, ExecError> {
+        let (_, cwd, home) = self.terminal_places(opts).await?;
+        let context = Context {
+            cwd: Some(&cwd),
+            home: home.as_deref(),
+            env: &opts.env,
+            workspace: opts.workspace.as_deref(),
+        };
+        Ok(self.guard.check_in(command, &context).err())
+    }
+
+    /// Where a terminal command runs: its own workdir (resolved) if it has one, the directory
+    /// it starts in, and the account's home when known.
+    async fn terminal_places(
+        &self,
+        opts: &RunOptions,
+    ) -> Result<(Option<String>, String, Option<String>), ExecError> {
         let workdir = match &opts.workdir {
             Some(w) => Some(self.resolve(w).await?),
             None => None,
@@ -298,6 +314,17 @@ impl Ops {
             None => self.cwd().await?,
         };
         let home = self.backend.home().await.ok();
+        Ok((workdir, cwd, home))
+    }
+
+    async fn terminal_as(
+        &self,
+        command: &str,
+        opts: RunOptions,
+        cancel: &CancellationToken,
+        approved: bool,
+    ) -> Result<TerminalResult, ExecError> {
+        let (workdir, cwd, home) = self.terminal_places(&opts).await?;
         let context = Context {
             cwd: Some(&cwd),
             home: home.as_deref(),
@@ -418,19 +445,10 @@ impl Ops {
             }
         };
         let cwd = self.cwd().await?;
-        if matches!(lang.as_str(), "bash" | "sh" | "shell") {
-            let home = self.backend.home().await.ok();
-            let context = Context {
-                cwd: Some(&cwd),
-                home: home.as_deref(),
-                workspace,
-                ..Context::default()
-            };
-            match self.guard.check_in(code, &context) {
-                Ok(()) => {}
-                Err(o) if approved && o.verdict == crate::shell::Verdict::Ask => {}
-                Err(o) => return Err(ExecError::Refused(o)),
-            }
+        match self.judge_code_in(code, &lang, workspace, &cwd).await {
+            None => {}
+            Some(o) if approved && o.verdict == crate::shell::Verdict::Ask => {}
+            Some(o) => return Err(ExecError::Refused(o)),
         }
         let script = format!(
             "cd -- {} 2>/dev/null || cd\nexec {interpreter}",
@@ -449,6 +467,42 @@ impl Ops {
             cancel,
         )
         .await
+    }
+
+    /// The guard's objection to `code` as [`Ops::execute_code_as`] would judge it, if any,
+    /// without running anything: only shell code is judged.
+    pub async fn judge_code(
+        &self,
+        code: &str,
+        language: Option<&str>,
+        workspace: Option<&str>,
+    ) -> Result<Option<Objection>, ExecError> {
+        let lang = language.unwrap_or("python").trim().to_ascii_lowercase();
+        if !matches!(lang.as_str(), "bash" | "sh" | "shell") {
+            return Ok(None);
+        }
+        let cwd = self.cwd().await?;
+        Ok(self.judge_code_in(code, &lang, workspace, &cwd).await)
+    }
+
+    async fn judge_code_in(
+        &self,
+        code: &str,
+        lang: &str,
+        workspace: Option<&str>,
+        cwd: &str,
+    ) -> Option<Objection> {
+        if !matches!(lang, "bash" | "sh" | "shell") {
+            return None;
+        }
+        let home = self.backend.home().await.ok();
+        let context = Context {
+            cwd: Some(cwd),
+            home: home.as_deref(),
+            workspace,
+            ..Context::default()
+        };
+        self.guard.check_in(code, &context).err()
     }
 
     /// `paths` (absolute) with every symlink resolved on the backend's host, as `realpath -m`

@@ -195,7 +195,7 @@ pub fn card(p: &Parked) -> Value {
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
             .unwrap_or_default()
     };
-    let by = markup::plain(p.decided_by.as_deref().unwrap_or_default(), 80);
+    let by = person(p.decided_by.as_deref().unwrap_or_default());
     let (title, template, note) = match p.state {
         ApprovalState::Waiting => {
             for (label, kind, d, id) in [
@@ -211,8 +211,11 @@ pub fn card(p: &Parked) -> Value {
                 }));
             }
             let who = match p.ask.approvers {
-                Approvers::Admins => "an admin",
-                Approvers::Requester => "the person who asked, or an admin",
+                Approvers::Admins => "an admin".to_string(),
+                Approvers::Requester => format!(
+                    "the person who asked ({}), or an admin",
+                    person(&p.ask.requester)
+                ),
             };
             (
                 "Run this command?",
@@ -258,6 +261,20 @@ pub fn card(p: &Parked) -> Value {
         "header": {"title": {"tag": "plain_text", "content": title}, "template": template},
         "body": {"elements": elements},
     })
+}
+
+/// A person on the card, by name: a mention of their open_id, which Lark shows as their name;
+/// anything that is not an id stays plain text.
+fn person(open_id: &str) -> String {
+    if !open_id.is_empty()
+        && open_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        format!("<at id={open_id}></at>")
+    } else {
+        markup::plain(open_id, 80)
+    }
 }
 
 fn longest_backtick_run(s: &str) -> usize {
@@ -324,6 +341,26 @@ mod tests {
                 .iter()
                 .all(|v| v.turn_id == 7 && v.call_key == "12:call_0")
         );
+    }
+
+    #[test]
+    fn the_decided_card_names_the_approver_by_a_mention_and_never_renders_other_markup() {
+        let mut p = parked("rm -rf /x");
+        p.state = ApprovalState::Allowed;
+        p.scope = Some(Scope::Once);
+        p.decided_by = Some("ou_admin".into());
+        let note = |p: &Parked| card(p)["body"]["elements"][1]["content"].to_string();
+        assert!(
+            note(&p).contains("by <at id=ou_admin></at>"),
+            "{}",
+            note(&p)
+        );
+        p.decided_by = Some("<at id=all></at>".into());
+        assert!(!note(&p).contains("<at"), "{}", note(&p));
+        p.state = ApprovalState::Waiting;
+        p.ask.approvers = Approvers::Requester;
+        let waiting = card(&p).to_string();
+        assert!(waiting.contains("asked (<at id=ou_req></at>)"), "{waiting}");
     }
 
     #[test]

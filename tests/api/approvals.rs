@@ -603,3 +603,88 @@ async fn shell_code_the_guard_asks_about_is_parked_too() {
     assert!(dir.join("ran_marker").exists());
     env.app.stop().await;
 }
+
+/// The service dies after the model's reply was stored and before the guard's verdict on its
+/// call is known (the call's backend is still being read: a table it reads is locked). No start
+/// mark may exist yet, so the runner that takes over judges the call afresh and parks it —
+/// never reports it "interrupted, outcome unknown" — and the click on its card runs it.
+#[tokio::test]
+async fn a_crash_before_the_verdict_never_turns_an_asked_call_into_an_unknown_outcome() {
+    let lease = ("SSHMODE_TURN_LEASE_SECS", "2");
+    let env = env(&[lease]).await;
+    let thread = unique("omt_crash");
+    let msg = unique("om_crash");
+    env.llm.push(
+        MODEL,
+        crate::fake_llm::Reply::Delayed(
+            Duration::from_secs(5),
+            Box::new(call("terminal", json!({"command": RISKY}))),
+        ),
+    );
+    accept(&env.app, &thread, &msg, "clean up").await;
+    let db = env.app.state.db.clone();
+    eventually("the model request", Duration::from_secs(20), async || {
+        env.llm.count(MODEL) == 1
+    })
+    .await;
+    // While the model answers, the working directories are locked: the reply is stored, and
+    // the read of the call's workspace (before any verdict) waits.
+    let mut lock = db.begin().await.unwrap();
+    sqlx::query("LOCK TABLE section_cwds IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    eventually(
+        "the model's reply stored",
+        Duration::from_secs(20),
+        async || {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'assistant'",
+            )
+            .bind(&thread)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The runner's instance dies there; another one takes the turn over.
+    env.app.state.turns.halt_abruptly();
+    // In the window: the call is neither parked nor marked started.
+    let (marks, parked): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM agent_messages WHERE section_id = $1 AND kind = 'tool_started'),
+                (SELECT count(*) FROM call_approvals WHERE section_id = $1)",
+    )
+    .bind(&thread)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!((marks, parked), (0, 0), "a start mark before the verdict");
+    lock.rollback().await.unwrap();
+    let other = crate::agent::builder(&env.llm, &env.lark, &env.control)
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .var("SSHMODE_ADMINS", "ou_admin")
+        .var(lease.0, lease.1)
+        .database(&env.app.db_url)
+        .spawn()
+        .await;
+    let card = parked_card(&env, &thread, &msg).await;
+    let results = tool_results(&env.llm);
+    assert!(
+        results.iter().all(|r| !r.contains("outcome unknown")),
+        "{results:?}"
+    );
+    let dir = workdir(&other, &thread).await;
+    assert!(!dir.join("ran_marker").exists(), "ran before the click");
+    env.llm.push(MODEL, say("cleaned"));
+    let answer = press(&other, "ou_user", &card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&other, &thread, 1).await, vec!["done"]);
+    assert!(dir.join("ran_marker").exists());
+    let results = tool_results(&env.llm);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].starts_with("allowed by "), "{results:?}");
+    other.stop().await;
+}

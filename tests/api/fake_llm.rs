@@ -22,6 +22,8 @@ pub enum Reply {
     },
     /// Never answers (for timeouts).
     Hang,
+    /// Answers with the inner reply after a pause (a test acts while the request is open).
+    Delayed(std::time::Duration, Box<Reply>),
     /// A text answer that repeats the last tool result of the conversation on one line
     /// (newlines become ` | `), prefixed with `prefix` (a model reporting what a command printed).
     EchoTool { prefix: String },
@@ -120,8 +122,14 @@ async fn handle(
             .or_else(|| g.defaults.get(&model).cloned())
             .unwrap_or_else(|| text(&model, &format!("hello from {model}")))
     };
+    let mut reply = reply;
+    while let Reply::Delayed(pause, inner) = reply {
+        tokio::time::sleep(pause).await;
+        reply = *inner;
+    }
     match reply {
         Reply::Hang => std::future::pending().await,
+        Reply::Delayed(..) => unreachable!("unwrapped above"),
         Reply::EchoTool { prefix } => {
             let last = body["messages"]
                 .as_array()
