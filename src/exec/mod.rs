@@ -211,6 +211,7 @@
 pub mod guard;
 pub mod local;
 pub mod ops;
+pub mod pty;
 pub mod ssh;
 pub mod truncate;
 
@@ -409,6 +410,8 @@ pub struct Executors {
     cwds: Arc<CwdStore>,
     /// The app's metrics: commands by backend and outcome, SSH connects by outcome.
     metrics: Arc<Metrics>,
+    /// Interactive shells (PTYs) of every section, on any backend.
+    pub shells: Arc<pty::Shells>,
 }
 
 impl Executors {
@@ -441,10 +444,17 @@ impl Executors {
                 config.workspace_root.clone(),
                 &config.local,
             )?),
-            ssh: ssh::SshPool::new(config.clone(), registry, vault, metrics.clone(), tasks),
+            ssh: ssh::SshPool::new(
+                config.clone(),
+                registry,
+                vault,
+                metrics.clone(),
+                tasks.clone(),
+            ),
             guard: Arc::new(guard),
             cwds: Arc::new(CwdStore::default()),
             metrics,
+            shells: Arc::new(pty::Shells::new(tasks)),
         })
     }
 
@@ -532,9 +542,25 @@ impl Executors {
         &self.cwds
     }
 
-    /// Closes idle SSH connections until `shutdown`; spawn it on the app's task tracker.
+    /// Where `section` opens an interactive shell on `place`: a PTY channel on a target's
+    /// pooled connection. An error is the caller's answer; nothing falls back to local.
+    pub async fn pty_host(&self, place: &Place) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
+        match place {
+            Place::Local => Err(ExecError::Invalid(
+                "interactive shells are not available on the local backend yet; use terminal"
+                    .into(),
+            )),
+            Place::Target(alias) => Ok(self.ssh.backend(alias).await?),
+        }
+    }
+
+    /// Closes idle SSH connections until `shutdown`, then every interactive shell; spawn it
+    /// on the app's task tracker.
     pub async fn run_reaper(self: Arc<Self>, shutdown: CancellationToken) {
-        self.ssh.clone().run_reaper(shutdown).await;
+        tokio::join!(
+            self.ssh.clone().run_reaper(shutdown.clone()),
+            self.shells.clone().run(shutdown)
+        );
     }
 }
 
