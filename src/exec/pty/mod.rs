@@ -391,11 +391,14 @@ impl Shells {
             last_used: StdMutex::new(Instant::now()),
             read_mark: StdMutex::new(0),
         });
-        {
-            let mut s = self.registry.shells.lock().expect("shells lock");
-            s.open.insert(shell.id.clone(), shell.clone());
-            drop(place);
-        }
+        self.registry
+            .shells
+            .lock()
+            .expect("shells lock")
+            .open
+            .insert(shell.id.clone(), shell.clone());
+        // The open place is given back (it takes the lock itself) once the shell counts.
+        drop(place);
         self.tasks.spawn(drain(
             shell.clone(),
             io.output,
