@@ -96,7 +96,7 @@ async fn run() {
     .unwrap();
     let place = Place::Target("web".into());
     let backend = exec.backend("bench", &place).await.unwrap();
-    let host = exec.pty_host(&place).await.unwrap();
+    let host = exec.pty_host("bench", &place).await.unwrap();
     let shells = exec.shells.clone();
     let info = shells
         .open(host, "bench", OpenOpts::default())

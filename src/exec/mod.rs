@@ -544,15 +544,30 @@ impl Executors {
     }
 
     /// Where `section` opens an interactive shell on `place`: a PTY channel on a target's
-    /// pooled connection. An error is the caller's answer; nothing falls back to local.
-    pub async fn pty_host(&self, place: &Place) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
+    /// pooled connection, or locally a PTY whose shell the launch server starts in the
+    /// section's own workspace. An error is the caller's answer; nothing falls back to local.
+    pub async fn pty_host(
+        &self,
+        section: &str,
+        place: &Place,
+    ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
         match place {
-            Place::Local => Err(ExecError::Invalid(
-                "interactive shells are not available on the local backend yet; use terminal"
-                    .into(),
-            )),
+            Place::Local => Ok(Arc::new(self.local.for_section(section))),
             Place::Target(alias) => Ok(self.ssh.backend(alias).await?),
         }
+    }
+
+    /// A local shell's host for `section` working in `workspace` (as [`Executors::local_ops_in`]:
+    /// the sandbox grants that directory, for reading only unless `writable`).
+    pub fn local_pty_host_in(
+        &self,
+        section: &str,
+        workspace: &std::path::Path,
+        writable: bool,
+    ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
+        Ok(Arc::new(
+            self.local.for_section_in(section, workspace, writable)?,
+        ))
     }
 
     /// Closes idle SSH connections until `shutdown`, then every interactive shell; spawn it

@@ -70,27 +70,57 @@ async fn bind(env: &Env, section: &str, permission: Permission) {
     .unwrap_or_else(|why| panic!("workspace refused: {why}"));
 }
 
-async fn host(env: &Env) -> Arc<dyn PtyHost> {
-    env.app
-        .state
-        .exec
-        .pty_host(&Place::Target("web".into()))
-        .await
-        .unwrap()
+async fn host(env: &Env, section: &str, place: &Place) -> Arc<dyn PtyHost> {
+    env.app.state.exec.pty_host(section, place).await.unwrap()
 }
 
 /// Opens a shell of `section` on `web` directly (as the tool does).
 async fn open(env: &Env, section: &str) -> String {
+    open_on(env, section, &web()).await
+}
+
+/// Opens a shell of `section` on `place` directly (as the tool does).
+async fn open_on(env: &Env, section: &str, place: &Place) -> String {
     let info = env
         .app
         .state
         .exec
         .shells
-        .open(host(env).await, section, OpenOpts::default())
+        .open(
+            host(env, section, place).await,
+            section,
+            OpenOpts::default(),
+        )
         .await
         .unwrap();
-    assert!(info.location.starts_with("web · "), "{}", info.location);
+    match place {
+        Place::Local => assert_eq!(info.location, "local"),
+        Place::Target(_) => assert!(info.location.starts_with("web · "), "{}", info.location),
+    }
     info.shell_id
+}
+
+/// An app for shells on `place`: with the target `web` for a target.
+async fn env_for(place: &Place) -> Env {
+    match place {
+        Place::Local => Env::builder().spawn().await,
+        Place::Target(_) => env_with(&[]).await,
+    }
+}
+
+fn web() -> Place {
+    Place::Target("web".into())
+}
+
+/// Whether a process whose command line matches `pattern` runs on this machine (where the
+/// test sshd and the local shells both run).
+fn running(pattern: &str) -> bool {
+    std::process::Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .unwrap()
+        .status
+        .success()
 }
 
 async fn typed(env: &Env, section: &str, id: &str, data: &str) {
@@ -138,12 +168,21 @@ async fn a_shell_keeps_its_directory_and_variables_and_answers_a_prompt() {
     if !sshd::available() {
         return;
     }
-    let env = env_with(&[]).await;
+    keeps_state_and_answers_a_prompt(web()).await;
+}
+
+#[tokio::test]
+async fn a_local_shell_keeps_its_directory_and_variables_and_answers_a_prompt() {
+    keeps_state_and_answers_a_prompt(Place::Local).await;
+}
+
+async fn keeps_state_and_answers_a_prompt(place: Place) {
+    let env = env_for(&place).await;
     let s = unique("omt_sh");
-    let id = open(&env, &s).await;
-    typed(&env, &s, &id, "cd /tmp && SHELLVAR=forty-two\r").await;
+    let id = open_on(&env, &s, &place).await;
+    typed(&env, &s, &id, "cd /usr && SHELLVAR=forty-two\r").await;
     typed(&env, &s, &id, "echo \"$SHELLVAR at $PWD\"\r").await;
-    until(&env, &s, &id, ReadMode::Raw, "forty-two at /tmp").await;
+    until(&env, &s, &id, ReadMode::Raw, "forty-two at /usr").await;
     // A prompt waiting for input, answered by typing.
     typed(
         &env,
@@ -157,7 +196,7 @@ async fn a_shell_keeps_its_directory_and_variables_and_answers_a_prompt() {
     until(&env, &s, &id, ReadMode::Raw, r"got \[yes\]").await;
     // A later call finds the same shell, still there.
     typed(&env, &s, &id, "echo \"$SHELLVAR again in $(pwd)\"\r").await;
-    until(&env, &s, &id, ReadMode::Raw, "forty-two again in /tmp").await;
+    until(&env, &s, &id, ReadMode::Raw, "forty-two again in /usr").await;
 }
 
 #[tokio::test]
@@ -165,9 +204,18 @@ async fn top_and_less_read_as_a_screen() {
     if !sshd::available() {
         return;
     }
-    let env = env_with(&[]).await;
+    top_and_less(web()).await;
+}
+
+#[tokio::test]
+async fn top_and_less_read_as_a_screen_locally() {
+    top_and_less(Place::Local).await;
+}
+
+async fn top_and_less(place: Place) {
+    let env = env_for(&place).await;
     let s = unique("omt_screen");
-    let id = open(&env, &s).await;
+    let id = open_on(&env, &s, &place).await;
     typed(&env, &s, &id, "top -b -n1 | head -12\r").await;
     let r = until(&env, &s, &id, ReadMode::Screen, r"(?m)^\s*PID\s+USER").await;
     let v = r.screen.unwrap();
@@ -178,7 +226,7 @@ async fn top_and_less_read_as_a_screen() {
         &env,
         &s,
         &id,
-        "clear; seq -f 'line %g' 1 200 > /tmp/sshmode-less-$$; less /tmp/sshmode-less-$$\r",
+        "clear; f=\"${TMPDIR:-/tmp}/less-$$\"; seq -f 'line %g' 1 200 > \"$f\"; less \"$f\"\r",
     )
     .await;
     let r = until(&env, &s, &id, ReadMode::Screen, r"(?m)^line 23$").await;
@@ -220,23 +268,30 @@ async fn ctrl_c_stops_a_running_command_and_cursor_queries_are_answered() {
     if !sshd::available() {
         return;
     }
-    let env = env_with(&[]).await;
+    ctrl_c_and_cursor_queries(web()).await;
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_a_running_command_and_cursor_queries_are_answered_locally() {
+    ctrl_c_and_cursor_queries(Place::Local).await;
+}
+
+async fn ctrl_c_and_cursor_queries(place: Place) {
+    let env = env_for(&place).await;
     let s = unique("omt_ctrlc");
-    let id = open(&env, &s).await;
+    let id = open_on(&env, &s, &place).await;
     let secs = 4000 + crate::agent::rand_u16() as u32;
     typed(&env, &s, &id, &format!("sleep {secs}\r")).await;
-    let pattern = format!("sleep {secs}");
+    let pattern = format!("^sleep {secs}$");
     eventually("the sleep", Duration::from_secs(10), || {
-        remote_pgrep(&env.app, &pattern)
+        let p = pattern.clone();
+        async move { running(&p) }
     })
     .await;
     typed(&env, &s, &id, "\x03").await;
     typed(&env, &s, &id, "echo \"rc=$?\"\r").await;
     until(&env, &s, &id, ReadMode::Raw, "rc=130").await;
-    assert!(
-        !remote_pgrep(&env.app, &pattern).await,
-        "Ctrl-C ended the sleep"
-    );
+    assert!(!running(&pattern), "Ctrl-C ended the sleep");
     // A program that asks where the cursor is gets an answer (or it would wait forever).
     typed(
         &env,

@@ -184,7 +184,21 @@ async fn run(
                 cols: small(args.opt_u64("cols")?, d.cols),
                 term: args.opt_str("term")?.unwrap_or(d.term),
             };
-            let host = deps.exec.pty_host(place).await.map_err(|e| e.to_string())?;
+            let host = match place {
+                // Locally the shell works in the section's workspace, as commands do.
+                Place::Local => {
+                    let ws = workspace::current(&deps.db, &deps.workspaces, section, place)
+                        .await
+                        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+                    deps.exec.local_pty_host_in(
+                        section,
+                        std::path::Path::new(&ws.dir),
+                        ws.permission > Permission::Read,
+                    )
+                }
+                Place::Target(_) => deps.exec.pty_host(section, place).await,
+            }
+            .map_err(|e| e.to_string())?;
             let info = shells
                 .open(host, section, opts)
                 .await
