@@ -300,7 +300,34 @@ async fn ctrl_c_and_cursor_queries(place: Place) {
         "clear; printf 'abc\\033[6n'; IFS= read -rsd R pos; echo \" at ${pos#*[}\"\r",
     )
     .await;
-    until(&env, &s, &id, ReadMode::Raw, r"abc at 1;4\b").await;
+    until(&env, &s, &id, ReadMode::Raw, r"abc.* at 1;4\b").await;
+    // Closing the shell ends what it started, a background job too.
+    let bg = format!("^sleep {}$", secs + 1);
+    typed(&env, &s, &id, &format!("sleep {} &\r", secs + 1)).await;
+    eventually("the background sleep", Duration::from_secs(10), || {
+        let p = bg.clone();
+        async move { running(&p) }
+    })
+    .await;
+    env.app.state.exec.shells.close(&s, &id).unwrap();
+    eventually(
+        "the background sleep to end with its shell",
+        Duration::from_secs(10),
+        || {
+            let p = bg.clone();
+            async move { !running(&p) }
+        },
+    )
+    .await;
+    let gone = env
+        .app
+        .state
+        .exec
+        .shells
+        .write(&s, &id, b"x")
+        .await
+        .unwrap_err();
+    assert!(gone.to_string().contains("closed by shell_close"), "{gone}");
 }
 
 #[tokio::test]

@@ -19,7 +19,8 @@
 //! numbers and closes every other one, enters a mount namespace of its own, makes every mount
 //! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock
 //! rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]). For a
-//! command it then forks the shell ([`init`]), which calls `setsid`, applies limits, drops the
+//! command it then forks the shell ([`init`]), which calls `setsid` (and for an interactive shell
+//! takes its standard input, a PTY's slave end, as controlling terminal), applies limits, drops the
 //! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
 //! itself with the ruleset, closes every descriptor above 2 and execs with the environment the
 //! backend built; it is not PID 1, so signals act on it as anywhere (`kill $$` works). PID 1

@@ -4,7 +4,8 @@
 //! shell id, with its bounds: shells per section, per host (below the SSH connection's channel
 //! budget, so shells never starve commands) and in all, an idle timeout, scrollback, bytes per
 //! read, the longest wait. A backend opens a PTY through [`PtyHost`]: over SSH a PTY channel
-//! on the target's pooled connection (`exec::ssh::pty`).
+//! on the target's pooled connection (`exec::ssh::pty`), locally a PTY whose shell the launch
+//! server starts as it starts a command (`exec::local::pty`).
 //!
 //! Every shell has a task (on the app's tracker) that reads its output whether or not anyone
 //! reads the shell — an undrained SSH channel would stall the whole pooled connection — feeds it
