@@ -857,6 +857,8 @@ fn command_run(
     let key = match call.function.name.as_str() {
         "terminal" => "command",
         "execute_code" => "code",
+        // What is typed into an interactive shell is audited as a command is.
+        "shell_write" => "data",
         _ => return None,
     };
     let args = call.parsed_arguments().unwrap_or_default();

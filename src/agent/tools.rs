@@ -10,6 +10,8 @@
 //! it for a call once the model has asked for that call, alongside the commit that must precede
 //! the call, and hands the result to [`run`]. Either way they are read for that call alone.
 
+mod shells;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,6 +99,7 @@ pub fn definitions() -> Vec<Tool> {
             }, "required": ["action"], "additionalProperties": false}),
         ),
     ];
+    tools.extend(shells::definitions());
     tools.extend(crate::plane::ControlPlane::definitions());
     tools
 }
@@ -189,6 +192,7 @@ pub fn short_form(call: &ToolCall) -> String {
         "terminal" => "command",
         "execute_code" => "code",
         "search_files" => "pattern",
+        "shell_write" | "shell_read" | "shell_close" => "shell_id",
         "ssh_mode" | "memory" | "skills" => "action",
         _ => "path",
     };
@@ -361,6 +365,9 @@ async fn dispatch(
         let caller = crate::plane::Caller { section, chat_id };
         return ToolOutcome::control(deps.plane.call(tool, caller, &map).await);
     }
+    if shells::TOOLS.contains(&tool) {
+        return shells::call(deps, section, tool, &args, cancel).await;
+    }
     if let Err(e) = check_task_args(tool, &args) {
         return ToolOutcome::failed(e);
     }
@@ -385,6 +392,8 @@ async fn dispatch(
         }
     };
     let backend = at.place.name().to_string();
+    // Shells the section still has on another backend close now that its binding moved.
+    deps.exec.shells.follow(section, &backend);
     let location = location_of(deps, &at).await;
     let target = match &at.place {
         Place::Local => None,
@@ -436,7 +445,7 @@ async fn ssh_mode(
 fn check_task_args(tool: &str, args: &Args<'_>) -> Result<(), String> {
     if !TASK_TOOLS.contains(&tool) {
         return Err(format!(
-            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, ssh_mode, memory or skills"
+            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, shell_open, shell_write, shell_read, shell_close, shell_list, ssh_mode, memory or skills"
         ));
     }
     // Check the arguments before anything is resolved or run.
@@ -1025,5 +1034,11 @@ mod tests {
         assert_eq!(find("read_file"), json!(["path"]));
         assert_eq!(find("memory"), json!(["action"]));
         assert_eq!(find("skills"), json!(["action"]));
+        assert_eq!(find("shell_write"), json!(["shell_id", "data"]));
+        assert_eq!(find("shell_read"), json!(["shell_id"]));
+        assert_eq!(find("shell_close"), json!(["shell_id"]));
+        for open in ["shell_open", "shell_list"] {
+            assert_eq!(find(open), Value::Null, "{open} takes no required argument");
+        }
     }
 }

@@ -23,6 +23,7 @@
 //! | `src/exec/ssh/` | `SshPool` (per target: connections × channels as semaphore permits, bounded wait queue, backoff, idle reaper, each command in a session of its own (the server shell's where it leads one, as on OpenSSH, else one `setsid` makes), group kill by the marked pid of its leader, reporting a group it could not end), `connect` (TCP_NODELAY, host-key check against the registry, key / key+cert / password / agent auth, the `target add` host-key probe), `registry` (the port through which the pool reads the target registry: `Endpoint`, the host-key check, sealed secrets), `sftp` (pipelined reads and writes, `posix-rename@openssh.com`; whether the server has SFTP at all, learned once per connection), `shellfs` (files through the shell where there is no SFTP: `head -c`/`tail -c` reads, `cat` + `mv` atomic writes, POSIX/BusyBox tools only); jump hosts (a `direct-tcpip` tunnel on the jump host's pooled connection, outside its channel budget, never reaped while live; the SSH session over it checked as its own target) | accepting an unrecorded or changed host key; signalling a pid it did not read from its marker; falling back to local |
 //! | `src/shell/` | the shell-analysis core both policies read commands with: `parse` (bash syntax → tokens; `parse::simple_commands`), `spec` (the one table of shells, interpreters, wrappers and programs whose options run commands: option letters and arities, operands, which options change directory, run a script or write a file; option syntax), `expand` (words to arguments: braces, parameters, `IFS`, possibly-empty unknowns, within a budget of text and CPU time), `effects` (the one walk: a command's effects in order), the shared bounds and `Verdict` | deciding anything; running or touching files; importing `exec` or `workspace` |
 //! | `src/exec/guard/` | the command guard, the first policy over `shell` (verdicts `refuse`, `ask`, `allow`), in stages over the core's `expand`: `check` (execution order, context, wrappers, nested scripts, budgets), `rules` (what is refused, and the messages), `ask` (what a person should decide) | running, touching files, or judging past a bound |
+//! | `src/exec/pty/` | interactive shells: `Shells` (per process, keyed by section and shell id; bounds per section, per host below the pool's channels, in all; idle timeout; closed when the section's backend moves, `follow`), a drain task per shell, `screen` (the `vt100` emulator, its answers to cursor-position and device-attribute queries, the raw output ring behind a byte cursor, ANSI stripping), the `PtyHost` port a backend opens a PTY through (`ssh::pty`: `pty-req` with full modes and `shell`, both confirmed, on a pooled channel; `local::pty`: `openpty` here, the shell started by the launch server on the slave end, which it makes its controlling terminal) | chats, models; typing text at a password prompt; an undrained PTY |
 //! | `src/exec/truncate.rs` | head+tail output capture | — |
 //! | `src/target/` | the registry (Postgres `targets`: sealed secrets as bytea, status, seen/recorded/pinned host key), `approve` (pins the key), `rekey`, the re-seal of first-format records, with audit rows in the same transaction; `cli.rs`: `sshmode target …` | returning or logging a secret |
 //!
@@ -217,6 +218,7 @@ pub mod guard;
 pub mod live;
 pub mod local;
 pub mod ops;
+pub mod pty;
 pub mod ssh;
 pub mod truncate;
 
@@ -418,6 +420,8 @@ pub struct Executors {
     cwds: Arc<CwdStore>,
     /// The app's metrics: commands by backend and outcome, SSH connects by outcome.
     metrics: Arc<Metrics>,
+    /// Interactive shells (PTYs) of every section, on any backend.
+    pub shells: Arc<pty::Shells>,
 }
 
 impl Executors {
@@ -450,10 +454,17 @@ impl Executors {
                 config.workspace_root.clone(),
                 &config.local,
             )?),
-            ssh: ssh::SshPool::new(config.clone(), registry, vault, metrics.clone(), tasks),
+            ssh: ssh::SshPool::new(
+                config.clone(),
+                registry,
+                vault,
+                metrics.clone(),
+                tasks.clone(),
+            ),
             guard: Arc::new(guard),
             cwds: Arc::new(CwdStore::default()),
             metrics,
+            shells: Arc::new(pty::Shells::new(tasks)),
         })
     }
 
@@ -546,9 +557,40 @@ impl Executors {
         &self.cwds
     }
 
-    /// Closes idle SSH connections until `shutdown`; spawn it on the app's task tracker.
+    /// Where `section` opens an interactive shell on `place`: a PTY channel on a target's
+    /// pooled connection, or locally a PTY whose shell the launch server starts in the
+    /// section's own workspace. An error is the caller's answer; nothing falls back to local.
+    pub async fn pty_host(
+        &self,
+        section: &str,
+        place: &Place,
+    ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
+        match place {
+            Place::Local => Ok(Arc::new(self.local.for_section(section))),
+            Place::Target(alias) => Ok(self.ssh.backend(alias).await?),
+        }
+    }
+
+    /// A local shell's host for `section` working in `workspace` (as [`Executors::local_ops_in`]:
+    /// the sandbox grants that directory, for reading only unless `writable`).
+    pub fn local_pty_host_in(
+        &self,
+        section: &str,
+        workspace: &std::path::Path,
+        writable: bool,
+    ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
+        Ok(Arc::new(
+            self.local.for_section_in(section, workspace, writable)?,
+        ))
+    }
+
+    /// Closes idle SSH connections until `shutdown`, then every interactive shell; spawn it
+    /// on the app's task tracker.
     pub async fn run_reaper(self: Arc<Self>, shutdown: CancellationToken) {
-        self.ssh.clone().run_reaper(shutdown).await;
+        tokio::join!(
+            self.ssh.clone().run_reaper(shutdown.clone()),
+            self.shells.clone().run(shutdown)
+        );
     }
 }
 

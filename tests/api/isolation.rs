@@ -545,6 +545,7 @@ async fn a_launcher_that_cannot_set_up_does_not_run_the_command() {
                 format!("touch {}", flag.display()),
             ],
             env: Vec::new(),
+            tty: false,
         },
     };
     let fds = [

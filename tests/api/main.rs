@@ -43,4 +43,5 @@ mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]
 mod sshd;
+mod terminals;
 mod workspaces;

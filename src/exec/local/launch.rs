@@ -19,7 +19,8 @@
 //! numbers and closes every other one, enters a mount namespace of its own, makes every mount
 //! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock
 //! rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]). For a
-//! command it then forks the shell ([`init`]), which calls `setsid`, applies limits, drops the
+//! command it then forks the shell ([`init`]), which calls `setsid` (and for an interactive shell
+//! takes its standard input, a PTY's slave end, as controlling terminal), applies limits, drops the
 //! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
 //! itself with the ruleset, closes every descriptor above 2 and execs with the environment the
 //! backend built; it is not PID 1, so signals act on it as anywhere (`kill $$` works). PID 1
@@ -100,10 +101,14 @@ pub struct Request {
 pub enum Job {
     /// The namespace steps only: does this machine allow them?
     Probe,
-    /// `argv[0]` (absolute) with `argv`, in the workspace, with exactly `env`.
+    /// `argv[0]` (absolute) with `argv`, in the workspace, with exactly `env`. With `tty`
+    /// its standard input is a terminal (a PTY's slave end) that the command makes its
+    /// controlling terminal, after `setsid` (an interactive shell).
     Run {
         argv: Vec<String>,
         env: Vec<(String, String)>,
+        #[serde(default)]
+        tty: bool,
     },
     /// One file operation.
     File(FileRequest),
@@ -497,14 +502,14 @@ fn child_main(request: &Request, received: &[i32], liveness: i32) -> ! {
             // SAFETY: getpid has no preconditions.
             if unsafe { libc::getpid() } == 1 { 0 } else { 1 }
         }),
-        Job::Run { argv, env } => {
+        Job::Run { argv, env, tty } => {
             // SAFETY: a plain system call on a descriptor placed above.
             if unsafe { libc::fchdir(WORKSPACE_FD) } != 0 {
                 Err(os_err("cannot enter the workspace"))
             } else {
                 enter_namespace()
                     .and_then(|()| grant_new_proc(&request.setup))
-                    .and_then(|()| init(&request.setup, argv, env))
+                    .and_then(|()| init(&request.setup, argv, env, *tty))
             }
         }
         Job::File(req) => enter_namespace()
@@ -586,7 +591,12 @@ fn pass_status(status: i32, code: i32) -> ! {
 /// every orphan, and when the command ends sends its wait status and exits, which ends
 /// everything else in the namespace. When the service closes the call's socket it exits at
 /// once.
-fn init(setup: &Setup, argv: &[String], env: &[(String, String)]) -> Result<i32, String> {
+fn init(
+    setup: &Setup,
+    argv: &[String],
+    env: &[(String, String)],
+    tty: bool,
+) -> Result<i32, String> {
     let program: Vec<CString> = argv
         .iter()
         .map(|a| CString::new(a.as_bytes()).map_err(|_| "NUL in an argument".to_string()))
@@ -615,6 +625,9 @@ fn init(setup: &Setup, argv: &[String], env: &[(String, String)]) -> Result<i32,
         // SAFETY: a plain system call.
         let r = if unsafe { libc::setsid() } < 0 {
             Err(os_err("setsid"))
+        } else if tty && unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+            // SAFETY (above): a plain system call on standard input, the PTY's slave end.
+            Err(os_err("cannot take the terminal (TIOCSCTTY)"))
         } else {
             apply(setup).and_then(|()| exec(&program, &env))
         };
@@ -949,6 +962,7 @@ mod tests {
             job: Job::Run {
                 argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
                 env: vec![("PATH".into(), "/bin".into())],
+                tty: false,
             },
         };
         let back: Request = serde_json::from_slice(&serde_json::to_vec(&r).unwrap()).unwrap();

@@ -97,6 +97,7 @@
 
 pub mod files;
 pub mod launch;
+mod pty;
 pub mod sandbox;
 pub mod server;
 
@@ -575,6 +576,7 @@ impl LocalBackend {
                     .host
                     .sandbox
                     .environment(&self.workspace, &self.tmp, shell),
+                tty: false,
             },
         };
         let call = {

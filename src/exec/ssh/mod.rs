@@ -27,6 +27,7 @@
 //! local execution.
 
 pub mod connect;
+mod pty;
 pub mod registry;
 mod sftp;
 mod shellfs;

@@ -1,0 +1,359 @@
+//! The interactive-shell tools (`shell_open`, `shell_write`, `shell_read`, `shell_close`,
+//! `shell_list`): schemas, argument checks, the rules of where a shell may run, and the text
+//! the model reads. The shells themselves are `exec::pty::Shells`, keyed by section.
+//!
+//! A call resolves the section's backend like any task tool; shells the section has on another
+//! backend (its binding changed) are closed first, with a note in the result. On a target a
+//! shell needs the workspace permission `full` (what is typed into a REPL or an editor cannot
+//! be judged line by line) and is refused where the target's `risky` policy is `refuse`.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{Refused, ToolOutcome, refused};
+use crate::agent::{AgentDeps, BindingFails};
+use crate::config::Risky;
+use crate::exec::Place;
+use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellRead};
+use crate::llm::Tool;
+use crate::llm::args::Args;
+use crate::shell::Verdict;
+use crate::workspace::{self, Permission};
+
+/// The tool names.
+pub const TOOLS: [&str; 5] = [
+    "shell_open",
+    "shell_write",
+    "shell_read",
+    "shell_close",
+    "shell_list",
+];
+
+/// Longest `expect` pattern.
+const MAX_EXPECT: usize = 1024;
+
+pub fn definitions() -> Vec<Tool> {
+    vec![
+        Tool::function(
+            "shell_open",
+            "Open an interactive shell (a terminal) on this thread's backend; it keeps its directory and variables across calls until closed. Returns its shell_id and first screen.",
+            json!({"type": "object", "properties": {
+                "rows": {"type": "integer", "minimum": 2, "maximum": 200},
+                "cols": {"type": "integer", "minimum": 10, "maximum": 500},
+                "term": {"type": "string", "description": "TERM, default xterm."}
+            }, "additionalProperties": false}),
+        ),
+        Tool::function(
+            "shell_write",
+            "Type into a shell: raw input, `\\r` for Enter, `\\x03` for Ctrl-C, `\\x04` for Ctrl-D. Never type a password: at a password prompt only Enter, Ctrl-C or Ctrl-D are sent.",
+            json!({"type": "object", "properties": {
+                "shell_id": {"type": "string"},
+                "data": {"type": "string"}
+            }, "required": ["shell_id", "data"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "shell_read",
+            "Read a shell: mode `screen` (default) shows the visible screen, the cursor and whether a full-screen program is on; `raw` the output since a cursor (`since`, default where the last raw read stopped), escapes stripped. With `wait_ms` it waits until `expect` (a regex) matches, or without one until new output settles.",
+            json!({"type": "object", "properties": {
+                "shell_id": {"type": "string"},
+                "mode": {"type": "string", "enum": ["screen", "raw"]},
+                "since": {"type": "integer", "minimum": 0},
+                "wait_ms": {"type": "integer", "minimum": 0, "maximum": 120000},
+                "expect": {"type": "string"}
+            }, "required": ["shell_id"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "shell_close",
+            "Close a shell (its programs get a hangup).",
+            json!({"type": "object", "properties": {
+                "shell_id": {"type": "string"}
+            }, "required": ["shell_id"], "additionalProperties": false}),
+        ),
+        Tool::function(
+            "shell_list",
+            "List this thread's open shells.",
+            json!({"type": "object", "properties": {}, "additionalProperties": false}),
+        ),
+    ]
+}
+
+/// Runs one shell tool call for `section`.
+pub(super) async fn call(
+    deps: &AgentDeps,
+    section: &str,
+    tool: &str,
+    args: &Args<'_>,
+    cancel: &CancellationToken,
+) -> ToolOutcome {
+    let allowed: &[&str] = match tool {
+        "shell_open" => &["rows", "cols", "term"],
+        "shell_write" => &["shell_id", "data"],
+        "shell_read" => &["shell_id", "mode", "since", "wait_ms", "expect"],
+        "shell_close" => &["shell_id"],
+        _ => &[],
+    };
+    if let Err(e) = args.only(allowed) {
+        return ToolOutcome::failed(e);
+    }
+    let place = match deps.control.place(section).await {
+        Ok(p) => p,
+        Err(e) => {
+            return match e.downcast::<BindingFails>() {
+                Ok(fails) => ToolOutcome {
+                    binding_fails: Some(fails.clone()),
+                    ..ToolOutcome::failed(fails.to_string())
+                },
+                Err(e) => ToolOutcome::failed(format!(
+                    "this thread's backend cannot be determined: {e:#}"
+                )),
+            };
+        }
+    };
+    let shells = &deps.exec.shells;
+    shells.follow(section, place.name());
+    let note = shells.take_note(section);
+    let location = match &place {
+        Place::Local => "local".to_string(),
+        Place::Target(alias) => match crate::target::get(&deps.db, alias).await {
+            Ok(t) => t.location(),
+            Err(_) => alias.clone(),
+        },
+    };
+    let result = run(deps, section, tool, args, &place, &location, cancel).await;
+    let result = match note {
+        Some(n) => result
+            .map(|t| format!("note: {n}\n{t}"))
+            .map_err(|e| format!("{e}\n(note: {n})")),
+        None => result,
+    };
+    ToolOutcome {
+        result,
+        backend: Some(place.name().to_string()),
+        location: Some(location),
+        exit: None,
+        binding_fails: None,
+        asked: None,
+    }
+}
+
+async fn run(
+    deps: &AgentDeps,
+    section: &str,
+    tool: &str,
+    args: &Args<'_>,
+    place: &Place,
+    location: &str,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
+    let shells = &deps.exec.shells;
+    if tool == "shell_list" {
+        let list = shells.list(section);
+        if list.is_empty() {
+            return Ok("no shells open in this thread".into());
+        }
+        return Ok(list
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} · {} · {}x{} · idle {} s · at: {}",
+                    s.shell_id,
+                    s.location,
+                    s.size.0,
+                    s.size.1,
+                    s.idle.as_secs(),
+                    s.prompt.trim_end()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"));
+    }
+    if tool == "shell_close" {
+        let id = args.str("shell_id")?;
+        shells.close(section, &id).map_err(|e| e.to_string())?;
+        return Ok(format!("closed shell {id}"));
+    }
+    // Opening, typing and reading: allowed where the rules allow a shell now.
+    allowed(deps, section, tool, place, location).await?;
+    match tool {
+        "shell_open" => {
+            let d = OpenOpts::default();
+            let opts = OpenOpts {
+                rows: small(args.opt_u64("rows")?, d.rows),
+                cols: small(args.opt_u64("cols")?, d.cols),
+                term: args.opt_str("term")?.unwrap_or(d.term),
+            };
+            let host = match place {
+                // Locally the shell works in the section's workspace, as commands do.
+                Place::Local => {
+                    let ws = workspace::current(&deps.db, &deps.workspaces, section, place)
+                        .await
+                        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+                    deps.exec.local_pty_host_in(
+                        section,
+                        std::path::Path::new(&ws.dir),
+                        ws.permission > Permission::Read,
+                    )
+                }
+                Place::Target(_) => deps.exec.pty_host(section, place).await,
+            }
+            .map_err(|e| e.to_string())?;
+            let info = shells
+                .open(host, section, opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{}",
+                info.shell_id,
+                info.location,
+                info.end,
+                screen_text(&info.screen)
+            ))
+        }
+        "shell_write" => {
+            let id = args.str("shell_id")?;
+            let data = args.str("data")?;
+            shells
+                .write(section, &id, data.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "sent {} bytes to {id}; read it with shell_read",
+                data.len()
+            ))
+        }
+        _ => {
+            let id = args.str("shell_id")?;
+            let mode = match args.opt_str("mode")?.as_deref() {
+                None | Some("screen") => ReadMode::Screen,
+                Some("raw") => ReadMode::Raw,
+                Some(_) => return Err(args.bad("`mode` must be screen or raw".into())),
+            };
+            let expect = match args.opt_str("expect")? {
+                None => None,
+                Some(p) if p.len() > MAX_EXPECT => {
+                    return Err(args.bad(format!("`expect` is longer than {MAX_EXPECT} bytes")));
+                }
+                Some(p) => Some(
+                    regex::RegexBuilder::new(&p)
+                        .size_limit(1 << 20)
+                        .build()
+                        .map_err(|e| args.bad(format!("`expect` is not a valid regex: {e}")))?,
+                ),
+            };
+            let wait = Duration::from_millis(args.opt_u64("wait_ms")?.unwrap_or(0))
+                .min(deps.config.tool_timeout);
+            let opts = ReadOpts {
+                mode,
+                since: args.opt_u64("since")?,
+                wait,
+                expect,
+            };
+            let r = shells
+                .read(section, &id, opts, cancel)
+                .await
+                .map_err(|e| e.to_string())?;
+            if r.cancelled {
+                return Err("cancelled: the wait ended by /stop".into());
+            }
+            Ok(read_text(&id, &r))
+        }
+    }
+}
+
+/// Whether `section` may open, type into or read a shell on `place` now; a refusal is audited.
+async fn allowed(
+    deps: &AgentDeps,
+    section: &str,
+    tool: &str,
+    place: &Place,
+    location: &str,
+) -> Result<(), String> {
+    let Place::Target(alias) = place else {
+        return Ok(());
+    };
+    let why = match workspace::current(&deps.db, &deps.workspaces, section, place).await {
+        Err(e) => return Err(format!("this thread's workspace cannot be read: {e:#}")),
+        Ok(ws) if ws.permission < Permission::Full => Some(format!(
+            "interactive shells on a target need the workspace permission `full` (what is typed into a shell cannot be judged line by line), and this thread's is `{}`; a user can raise it with `/workspace set {} full`",
+            ws.permission, ws.dir
+        )),
+        Ok(_) => match crate::target::policy::get(&deps.db, alias).await {
+            Ok(p) if p.risky == Risky::Refuse => Some(format!(
+                "interactive shells are disabled on `{alias}`: its policy refuses risky commands, and what is typed into a shell cannot be judged"
+            )),
+            Ok(_) => None,
+            Err(e) => Some(format!("the policy of `{alias}` cannot be read: {e}")),
+        },
+    };
+    match why {
+        None => Ok(()),
+        Some(reason) => {
+            let r = Refused {
+                by: "permission",
+                verdict: Verdict::Refuse,
+                reason,
+            };
+            Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
+        }
+    }
+}
+
+fn small(v: Option<u64>, default: u16) -> u16 {
+    v.map(|n| n.min(u16::MAX as u64) as u16).unwrap_or(default)
+}
+
+fn screen_text(v: &ScreenView) -> String {
+    format!(
+        "screen {}x{}, cursor at row {} col {}, alternate screen {}:\n{}",
+        v.size.0,
+        v.size.1,
+        v.cursor.0 + 1,
+        v.cursor.1 + 1,
+        if v.alternate { "on" } else { "off" },
+        v.text()
+    )
+}
+
+fn read_text(id: &str, r: &ShellRead) -> String {
+    let mut s = String::new();
+    if let Some(m) = r.matched {
+        s.push_str(if m {
+            "expect: matched\n"
+        } else {
+            "expect: not matched within the wait\n"
+        });
+    }
+    if let Some(v) = &r.screen {
+        s.push_str(&screen_text(v));
+        s.push('\n');
+    }
+    if let Some(raw) = &r.raw {
+        if raw.dropped > 0 {
+            s.push_str(&format!(
+                "({} earlier bytes are no longer kept)\n",
+                raw.dropped
+            ));
+        }
+        s.push_str(&format!(
+            "output up to {}{}:\n{}",
+            raw.next,
+            if raw.more {
+                " (more follows: read again)"
+            } else {
+                ""
+            },
+            raw.text
+        ));
+        if !raw.text.ends_with('\n') {
+            s.push('\n');
+        }
+    } else {
+        s.push_str(&format!("raw output ends at {}\n", r.end));
+    }
+    if let Some(why) = &r.ended {
+        s.push_str(&format!("shell {id} has ended: {why}\n"));
+    }
+    s
+}

@@ -1,0 +1,537 @@
+//! Interactive shells (`shell_*` tools, `exec::pty`) against the real sshd: a PTY channel on
+//! the target's pooled connection, read as a screen or as text, driven by typed input; the
+//! rules of where a shell may run and when it is closed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sshmode::exec::Place;
+use sshmode::exec::pty::{OpenOpts, PtyHost, ReadMode, ReadOpts, ShellRead};
+use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+use sshmode::workspace::{self, Choice, LocalRules, Permission};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{
+    Env, MODEL, accept, call, remote_pgrep, say, tool_results, unique, wait_turns_ended,
+};
+use crate::helpers::eventually;
+use crate::sshd;
+
+/// An app with the approved target `web` (workspace maximum `full`), and `vars`.
+async fn env_with(vars: &[(&str, &str)]) -> Env {
+    let env = Env::builder().vars(vars).target("web").spawn().await;
+    target_set(&env, Some(Permission::Full), None).await;
+    env
+}
+
+async fn target_set(env: &Env, max: Option<Permission>, risky: Option<sshmode::config::Risky>) {
+    let mut out = Vec::new();
+    let r = run_with(
+        TargetCmd::Set(SetArgs {
+            alias: "web".into(),
+            workspace: None,
+            permission: max,
+            jump: None,
+            no_jump: false,
+            approvers: None,
+            risky,
+        }),
+        &env.app.state.config,
+        &env.app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
+/// `section` bound to `web` with its workspace (the remote home) at `permission`.
+async fn bind(env: &Env, section: &str, permission: Permission) {
+    env.control.bind(section, Place::Target("web".into()));
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    let choice = Choice {
+        dir: "~".into(),
+        permission: Some(permission),
+        mode: None,
+    };
+    let place = Place::Target("web".into());
+    workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        section,
+        &place,
+        &choice,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+}
+
+async fn host(env: &Env, section: &str, place: &Place) -> Arc<dyn PtyHost> {
+    env.app.state.exec.pty_host(section, place).await.unwrap()
+}
+
+/// Opens a shell of `section` on `web` directly (as the tool does).
+async fn open(env: &Env, section: &str) -> String {
+    open_on(env, section, &web()).await
+}
+
+/// Opens a shell of `section` on `place` directly (as the tool does).
+async fn open_on(env: &Env, section: &str, place: &Place) -> String {
+    let info = env
+        .app
+        .state
+        .exec
+        .shells
+        .open(
+            host(env, section, place).await,
+            section,
+            OpenOpts::default(),
+        )
+        .await
+        .unwrap();
+    match place {
+        Place::Local => assert_eq!(info.location, "local"),
+        Place::Target(_) => assert!(info.location.starts_with("web · "), "{}", info.location),
+    }
+    info.shell_id
+}
+
+/// An app for shells on `place`: with the target `web` for a target.
+async fn env_for(place: &Place) -> Env {
+    match place {
+        Place::Local => Env::builder().spawn().await,
+        Place::Target(_) => env_with(&[]).await,
+    }
+}
+
+fn web() -> Place {
+    Place::Target("web".into())
+}
+
+/// Whether a process whose command line matches `pattern` runs on this machine (where the
+/// test sshd and the local shells both run).
+fn running(pattern: &str) -> bool {
+    std::process::Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+async fn typed(env: &Env, section: &str, id: &str, data: &str) {
+    env.app
+        .state
+        .exec
+        .shells
+        .write(section, id, data.as_bytes())
+        .await
+        .unwrap();
+}
+
+/// Reads until `pattern` matches (at most 15 s) and asserts it did.
+async fn until(env: &Env, section: &str, id: &str, mode: ReadMode, pattern: &str) -> ShellRead {
+    let r = env
+        .app
+        .state
+        .exec
+        .shells
+        .read(
+            section,
+            id,
+            ReadOpts {
+                mode,
+                since: None,
+                wait: Duration::from_secs(15),
+                expect: Some(regex::Regex::new(pattern).unwrap()),
+            },
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.matched,
+        Some(true),
+        "`{pattern}` not seen: {:?} {:?}",
+        r.screen.as_ref().map(|s| s.text()),
+        r.raw
+    );
+    r
+}
+
+#[tokio::test]
+async fn a_shell_keeps_its_directory_and_variables_and_answers_a_prompt() {
+    if !sshd::available() {
+        return;
+    }
+    keeps_state_and_answers_a_prompt(web()).await;
+}
+
+#[tokio::test]
+async fn a_local_shell_keeps_its_directory_and_variables_and_answers_a_prompt() {
+    keeps_state_and_answers_a_prompt(Place::Local).await;
+}
+
+async fn keeps_state_and_answers_a_prompt(place: Place) {
+    let env = env_for(&place).await;
+    let s = unique("omt_sh");
+    let id = open_on(&env, &s, &place).await;
+    typed(&env, &s, &id, "cd /usr && SHELLVAR=forty-two\r").await;
+    typed(&env, &s, &id, "echo \"$SHELLVAR at $PWD\"\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "forty-two at /usr").await;
+    // A prompt waiting for input, answered by typing.
+    typed(
+        &env,
+        &s,
+        &id,
+        "read -p 'go? ' answer; echo \"got [$answer]\"\r",
+    )
+    .await;
+    until(&env, &s, &id, ReadMode::Screen, r"(?m)^go\?$").await;
+    typed(&env, &s, &id, "yes\r").await;
+    until(&env, &s, &id, ReadMode::Raw, r"got \[yes\]").await;
+    // A later call finds the same shell, still there.
+    typed(&env, &s, &id, "echo \"$SHELLVAR again in $(pwd)\"\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "forty-two again in /usr").await;
+}
+
+#[tokio::test]
+async fn top_and_less_read_as_a_screen() {
+    if !sshd::available() {
+        return;
+    }
+    top_and_less(web()).await;
+}
+
+#[tokio::test]
+async fn top_and_less_read_as_a_screen_locally() {
+    top_and_less(Place::Local).await;
+}
+
+async fn top_and_less(place: Place) {
+    let env = env_for(&place).await;
+    let s = unique("omt_screen");
+    let id = open_on(&env, &s, &place).await;
+    typed(&env, &s, &id, "top -b -n1 | head -12\r").await;
+    let r = until(&env, &s, &id, ReadMode::Screen, r"(?m)^\s*PID\s+USER").await;
+    let v = r.screen.unwrap();
+    assert!(!v.alternate);
+    assert!(v.rows.iter().any(|row| row.starts_with("top - ")), "{v:?}");
+    // A full-screen program: the alternate screen, its rows from the top, its prompt below.
+    typed(
+        &env,
+        &s,
+        &id,
+        "clear; f=\"${TMPDIR:-/tmp}/less-$$\"; seq -f 'line %g' 1 200 > \"$f\"; less \"$f\"\r",
+    )
+    .await;
+    let r = until(&env, &s, &id, ReadMode::Screen, r"(?m)^line 23$").await;
+    let v = r.screen.unwrap();
+    assert!(v.alternate, "less runs on the alternate screen: {v:?}");
+    assert_eq!(v.size, (24, 80));
+    assert_eq!(v.rows[0], "line 1");
+    assert_eq!(v.rows[22], "line 23");
+    assert_eq!(v.cursor.0, 23, "the cursor on less's prompt line");
+    typed(&env, &s, &id, " ").await;
+    until(&env, &s, &id, ReadMode::Screen, r"(?m)^line 46$").await;
+    typed(&env, &s, &id, "q").await;
+    let r = env
+        .app
+        .state
+        .exec
+        .shells
+        .read(
+            &s,
+            &id,
+            ReadOpts {
+                mode: ReadMode::Screen,
+                since: None,
+                wait: Duration::from_secs(2),
+                expect: None,
+            },
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        !r.screen.unwrap().alternate,
+        "less has left the alternate screen"
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_a_running_command_and_cursor_queries_are_answered() {
+    if !sshd::available() {
+        return;
+    }
+    ctrl_c_and_cursor_queries(web()).await;
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_a_running_command_and_cursor_queries_are_answered_locally() {
+    ctrl_c_and_cursor_queries(Place::Local).await;
+}
+
+async fn ctrl_c_and_cursor_queries(place: Place) {
+    let env = env_for(&place).await;
+    let s = unique("omt_ctrlc");
+    let id = open_on(&env, &s, &place).await;
+    let secs = 4000 + crate::agent::rand_u16() as u32;
+    typed(&env, &s, &id, &format!("sleep {secs}\r")).await;
+    let pattern = format!("^sleep {secs}$");
+    eventually("the sleep", Duration::from_secs(10), || {
+        let p = pattern.clone();
+        async move { running(&p) }
+    })
+    .await;
+    typed(&env, &s, &id, "\x03").await;
+    typed(&env, &s, &id, "echo \"rc=$?\"\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "rc=130").await;
+    assert!(!running(&pattern), "Ctrl-C ended the sleep");
+    // A program that asks where the cursor is gets an answer (or it would wait forever).
+    typed(
+        &env,
+        &s,
+        &id,
+        "clear; printf 'abc\\033[6n'; IFS= read -rsd R pos; echo \" at ${pos#*[}\"\r",
+    )
+    .await;
+    until(&env, &s, &id, ReadMode::Raw, r"abc.* at 1;4\b").await;
+    // Closing the shell ends what it started, a background job too.
+    let bg = format!("^sleep {}$", secs + 1);
+    typed(&env, &s, &id, &format!("sleep {} &\r", secs + 1)).await;
+    eventually("the background sleep", Duration::from_secs(10), || {
+        let p = bg.clone();
+        async move { running(&p) }
+    })
+    .await;
+    env.app.state.exec.shells.close(&s, &id).unwrap();
+    eventually(
+        "the background sleep to end with its shell",
+        Duration::from_secs(10),
+        || {
+            let p = bg.clone();
+            async move { !running(&p) }
+        },
+    )
+    .await;
+    let gone = env
+        .app
+        .state
+        .exec
+        .shells
+        .write(&s, &id, b"x")
+        .await
+        .unwrap_err();
+    assert!(gone.to_string().contains("closed by shell_close"), "{gone}");
+}
+
+#[tokio::test]
+async fn an_undrained_shell_does_not_stall_commands_on_its_connection() {
+    if !sshd::available() {
+        return;
+    }
+    // One connection, so the shell and the commands share it.
+    let env = env_with(&[("SSHMODE_SSH_MAX_CONNECTIONS", "1")]).await;
+    let s = unique("omt_flood");
+    let id = open(&env, &s).await;
+    // Floods its output, and nobody reads the shell.
+    typed(&env, &s, &id, "yes 'flooding the terminal'\r").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ops = env
+        .app
+        .state
+        .exec
+        .ops_for(&unique("omt_other"), &Place::Target("web".into()))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            ops.terminal(
+                &format!("echo still-here-{i}"),
+                Default::default(),
+                &Default::default(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("command {i} stalled behind the undrained shell"))
+        .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.output.stdout).contains(&format!("still-here-{i}")),
+            "{:?} after {:?}",
+            out.output,
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        env.app.state.exec.ssh.connection_counts().await.get("web"),
+        Some(&1)
+    );
+    typed(&env, &s, &id, "\x03").await;
+}
+
+#[tokio::test]
+async fn a_password_prompt_takes_no_typed_secret() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env_with(&[]).await;
+    let s = unique("omt_pw");
+    let id = open(&env, &s).await;
+    typed(
+        &env,
+        &s,
+        &id,
+        "read -rs -p 'Password: ' pw; echo \"len=${#pw}\"\r",
+    )
+    .await;
+    until(&env, &s, &id, ReadMode::Screen, r"(?m)^Password:$").await;
+    let refused = env
+        .app
+        .state
+        .exec
+        .shells
+        .write(&s, &id, b"hunter2\r")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("password prompt"), "{refused}");
+    // Going on without one is allowed.
+    typed(&env, &s, &id, "\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "len=0").await;
+}
+
+#[tokio::test]
+async fn shells_need_full_on_a_target_and_are_disabled_where_risky_is_refused() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env_with(&[]).await;
+    let s = unique("omt_perm");
+    bind(&env, &s, Permission::ReadWrite).await;
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(MODEL, say("refused"));
+    accept(&env.app, &s, &unique("om_perm"), "open a shell").await;
+    wait_turns_ended(&env.app, &s, 1).await;
+    let r = tool_results(&env.llm);
+    assert!(
+        r[0].contains("error:") && r[0].contains("`full`") && r[0].contains("`read-write`"),
+        "{r:?}"
+    );
+    assert!(env.app.state.exec.shells.list(&s).is_empty());
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'tool.refused' AND section = $1 AND detail->>'tool' = 'shell_open'",
+    )
+    .bind(&s)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1);
+
+    // At `full` it opens; with `risky` = refuse on the target it is refused again.
+    bind(&env, &s, Permission::Full).await;
+    env.llm
+        .push(MODEL, call("shell_open", json!({"rows": 10, "cols": 40})))
+        .push(MODEL, say("opened"));
+    accept(&env.app, &s, &unique("om_full"), "open a shell").await;
+    wait_turns_ended(&env.app, &s, 2).await;
+    let r = tool_results(&env.llm);
+    assert!(r.last().unwrap().contains("opened shell sh_"), "{r:?}");
+    assert!(r.last().unwrap().contains("screen 10x40"), "{r:?}");
+    assert_eq!(env.app.state.exec.shells.list(&s).len(), 1);
+    target_set(&env, None, Some(sshmode::config::Risky::Refuse)).await;
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(MODEL, say("refused"));
+    accept(&env.app, &s, &unique("om_risky"), "open another").await;
+    wait_turns_ended(&env.app, &s, 3).await;
+    let r = tool_results(&env.llm);
+    assert!(
+        r.last().unwrap().contains("error:") && r.last().unwrap().contains("disabled on `web`"),
+        "{r:?}"
+    );
+    assert_eq!(env.app.state.exec.shells.list(&s).len(), 1);
+}
+
+#[tokio::test]
+async fn a_binding_change_closes_the_shells_with_a_note() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env_with(&[]).await;
+    let s = unique("omt_rebind");
+    bind(&env, &s, Permission::Full).await;
+    let id = open(&env, &s).await;
+    let secs = 4000 + crate::agent::rand_u16() as u32;
+    typed(&env, &s, &id, &format!("sleep {secs}\r")).await;
+    let pattern = format!("sleep {secs}");
+    eventually("the sleep", Duration::from_secs(10), || {
+        remote_pgrep(&env.app, &pattern)
+    })
+    .await;
+    // The thread goes back to local; its next shell call finds the shell closed.
+    env.control.bind(&s, Place::Local);
+    env.llm
+        .push(MODEL, call("shell_read", json!({"shell_id": id})))
+        .push(MODEL, call("shell_list", json!({})))
+        .push(MODEL, say("closed"));
+    accept(&env.app, &s, &unique("om_rebind"), "read it").await;
+    wait_turns_ended(&env.app, &s, 1).await;
+    let r = tool_results(&env.llm);
+    assert!(
+        r[0].contains("error:") && r[0].contains("backend changed from `web` to `local`"),
+        "{r:?}"
+    );
+    assert!(r[1].contains("no shells open"), "{r:?}");
+    eventually(
+        "the remote sleep to end with its shell",
+        Duration::from_secs(10),
+        || async { !remote_pgrep(&env.app, &pattern).await },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn stop_ends_a_waiting_read() {
+    if !sshd::available() {
+        return;
+    }
+    let env = env_with(&[]).await;
+    let s = unique("omt_wait");
+    bind(&env, &s, Permission::Full).await;
+    let id = open(&env, &s).await;
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "shell_read",
+                json!({"shell_id": id, "wait_ms": 110000, "expect": "never-printed-\\d{9}"}),
+            ),
+        )
+        .push(MODEL, say("never reached"));
+    accept(&env.app, &s, &unique("om_wait"), "wait for it").await;
+    eventually(
+        "the model to ask for the read",
+        Duration::from_secs(10),
+        || async { !env.llm.requests().is_empty() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped_at = Instant::now();
+    env.app.state.agent.stop(&s, "ou_user").await.unwrap();
+    let states = wait_turns_ended(&env.app, &s, 1).await;
+    assert_eq!(states, vec!["stopped"]);
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(60),
+        "the wait ended with the stop, not at its end"
+    );
+    // The shell itself stays open for a later call.
+    assert_eq!(env.app.state.exec.shells.list(&s).len(), 1);
+}
