@@ -225,6 +225,41 @@ fn describe(f: &FileRef) -> String {
     }
 }
 
+/// Where a target keeps the attachments of a section whose workspace is read-only: under the
+/// target user's own home (never the shared `/tmp`, where another user of the host could make
+/// the directory first or read it), in `~/.sshmode-attachments`, made private (0700) and checked
+/// to be a real directory of that user before anything is written into it.
+async fn private_dir(ops: &crate::exec::ops::Ops, section: &str) -> Result<String, String> {
+    let home = ops.backend().home().await.map_err(|e| e.to_string())?;
+    let top = format!("{}/.sshmode-attachments", home.trim_end_matches('/'));
+    let dir = format!("{top}/{}", safe_name(section));
+    let script = format!(
+        "umask 077 && mkdir -p -- {d} && chmod 700 -- {t} && [ -d {t} ] && [ ! -L {t} ] && [ -O {t} ] && [ -d {d} ] && [ ! -L {d} ] && [ -O {d} ]",
+        d = crate::exec::shell_quote(&dir),
+        t = crate::exec::shell_quote(&top),
+    );
+    let cmd = crate::exec::Command {
+        script: &script,
+        stdin: None,
+        timeout: FILE_TIMEOUT,
+        stdout_limit: 1024,
+        stderr_limit: 1024,
+        live: None,
+    };
+    let out = ops
+        .backend()
+        .exec(cmd, &tokio_util::sync::CancellationToken::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    if out.exit.success() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "{top} is not a private directory of the target's user"
+        ))
+    }
+}
+
 /// Downloads each file and writes it where the section's tools will find it.
 async fn place_files(
     deps: &Deps,
@@ -238,16 +273,32 @@ async fn place_files(
     let place = binding::resolve_place(&deps.db, section, deps.clock.now()).await?;
     let ws = workspace::current(&deps.db, &deps.workspaces, section, &place).await?;
     let writable = ws.permission > Permission::Read;
-    let dir = match (&place, writable) {
-        (_, true) => format!("{}/attachments", ws.dir.trim_end_matches('/')),
-        (Place::Local, false) => format!("{}/attachments", deps.exec.local_tmp(section).display()),
-        (Place::Target(_), false) => format!("/tmp/sshmode-{}/attachments", safe_name(section)),
-    };
     let ops = match &place {
         Place::Local => deps
             .exec
             .local_ops_in(section, Path::new(&ws.dir), writable),
         Place::Target(_) => deps.exec.ops_for(section, &place).await,
+    };
+    let dir = match (&place, writable, &ops) {
+        (_, true, _) => format!("{}/attachments", ws.dir.trim_end_matches('/')),
+        (Place::Local, false, _) => {
+            format!("{}/attachments", deps.exec.local_tmp(section).display())
+        }
+        (Place::Target(_), false, Ok(o)) => match private_dir(o, section).await {
+            Ok(d) => d,
+            Err(e) => {
+                for (_, f) in files {
+                    notes.push(format!(
+                        "[{} could not be placed on {}: {e}.]",
+                        describe(f),
+                        place.name()
+                    ));
+                }
+                return Ok(());
+            }
+        },
+        // The write below reports the backend's error for each file.
+        (Place::Target(_), false, Err(_)) => String::new(),
     };
     let max = deps.config.chat.attachment_max_bytes;
     for (message_id, f) in files {

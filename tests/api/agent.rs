@@ -451,8 +451,23 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .unwrap()
             .contains("local backend")
     );
-    // Seven task and chat-control tools, plus memory and skills.
-    assert_eq!(reqs[0].body["tools"].as_array().unwrap().len(), 9);
+    // Seven task and chat-control tools, the five interactive shell tools, memory and skills.
+    let names: Vec<&str> = reqs[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 14, "{names:?}");
+    for shell in [
+        "shell_open",
+        "shell_write",
+        "shell_read",
+        "shell_close",
+        "shell_list",
+    ] {
+        assert!(names.contains(&shell), "{names:?}");
+    }
 
     // The answer: a post with md, replying in place (a parent section).
     let replies = replies_to(&env.lark, &msg);

@@ -234,6 +234,57 @@ async fn in_a_thread_bound_to_a_target_a_file_lands_on_the_target() {
     assert_ne!(uid, 0, "written by the target's user, not by the service");
 }
 
+#[tokio::test]
+async fn at_read_permission_a_target_keeps_the_file_in_a_private_directory_of_its_user() {
+    let env = Env::builder().chat_control().target("web").spawn().await;
+    let app = &env.app;
+    let mut use_web = Msg::new("use", "@_user_1 /ssh use web");
+    use_web.chat_type = "group";
+    use_web.mention_bot = true;
+    send(app, &use_web).await;
+    wait_state(app, "use", "done").await;
+    let home = format!("/home/{}", sshd::USER);
+    let mut ws = Msg::new("ws", &format!("@_user_1 /workspace set {home} read"));
+    ws.chat_type = "group";
+    ws.mention_bot = true;
+    ws.thread_id = Some("omt_use".into());
+    ws.root_id = Some("om_use".into());
+    send(app, &ws).await;
+    wait_state(app, "ws", "done").await;
+
+    env.lark
+        .add_resource("om_ro", "file_ro", b"read only\n".to_vec());
+    env.llm.push(MODEL, say("noted"));
+    let mut m = rich(
+        "ro",
+        "file",
+        json!({"file_key": "file_ro", "file_name": "notes.txt"}),
+    );
+    m.chat_type = "group";
+    m.thread_id = Some("omt_use".into());
+    m.root_id = Some("om_use".into());
+    send(app, &m).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    let text = last_user_text(&env.llm);
+    let path = told_path(&text);
+    // Not in the read-only workspace, and not in the shared /tmp: under the user's own home.
+    assert!(
+        path.starts_with(&format!("{home}/.sshmode-attachments/")),
+        "{path}"
+    );
+    assert!(!std::path::Path::new(&format!("{home}/attachments/om_ro-notes.txt")).exists());
+    assert_eq!(std::fs::read(&path).unwrap(), b"read only\n");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let top = std::fs::symlink_metadata(format!("{home}/.sshmode-attachments")).unwrap();
+    assert!(top.is_dir());
+    assert_eq!(
+        top.permissions().mode() & 0o777,
+        0o700,
+        "private to the user"
+    );
+    assert_ne!(top.uid(), 0, "made by the target's user");
+}
+
 /// An app whose one model entry is `vision` (or not), and its fakes.
 async fn router_app(vision: bool) -> (TestApp, FakeProvider, FakeLark, tempfile::NamedTempFile) {
     let llm = FakeProvider::start().await;
