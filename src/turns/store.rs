@@ -219,18 +219,30 @@ pub(super) async fn release(db: &PgPool, lease: &Lease) -> sqlx::Result<()> {
     .fetch_optional(&mut *tx)
     .await?;
     if held.is_some() {
-        sqlx::query(
-            "UPDATE turn_sections SET holder = NULL, lease_until = NULL,
+        // Claimable at once (pending, not parked): tell the runners now rather than at their
+        // next poll — a decision on a parked call that arrived while this runner still held
+        // the section found nothing to claim then.
+        let claimable: bool = sqlx::query_scalar(&format!(
+            "UPDATE turn_sections c SET holder = NULL, lease_until = NULL,
                     pending = EXISTS (SELECT 1 FROM turn_requests r WHERE r.section_id = $1
                                        AND r.turn_id IS NULL AND r.dropped_at IS NULL)
                            OR EXISTS (SELECT 1 FROM turns t WHERE t.section_id = $1
                                        AND t.state = 'running')
-              WHERE section_id = $1 AND generation = $2",
-        )
+              WHERE c.section_id = $1 AND c.generation = $2
+              RETURNING c.pending AND NOT {parked}",
+            parked = super::approval::PARKED
+        ))
         .bind(&lease.section)
         .bind(lease.generation)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
+        if claimable {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(&lease.section)
+                .execute(&mut *tx)
+                .await?;
+        }
     }
     tx.commit().await
 }
