@@ -207,7 +207,15 @@ pub fn printable(text: &str) -> String {
                 }
                 // Strings ended by BEL or ST (ESC \\).
                 Some(']' | 'P' | 'X' | '^' | '_') => skip_string(&mut chars),
-                // A two-character sequence (or a lone ESC at the end).
+                // Intermediates (`ESC ( B`), then a final byte; a two-character sequence; or
+                // a lone ESC at the end.
+                Some(c) if ('\u{20}'..='\u{2f}').contains(&c) => {
+                    for c in chars.by_ref() {
+                        if !('\u{20}'..='\u{2f}').contains(&c) {
+                            break;
+                        }
+                    }
+                }
                 _ => {}
             },
             '\u{9b}' => {
@@ -380,6 +388,7 @@ mod tests {
             ("over\rwrite\u{8}\u{7f}", "overwrite"),
             ("a\u{202e}txt.exe", "atxt.exe"),
             ("\u{1b}7\u{1b}8esc", "esc"),
+            ("\u{1b}(B\u{1b}[mreset", "reset"),
             ("end\u{1b}", "end"),
             ("\u{1b}]unterminated", ""),
             ("ünïcødé 中文", "ünïcødé 中文"),

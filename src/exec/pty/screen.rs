@@ -153,7 +153,7 @@ impl Emulator {
         let take = (self.raw.len() - skip).min(limit);
         let bytes: Vec<u8> = self.raw.range(skip..skip + take).copied().collect();
         RawChunk {
-            text: strip_ansi(&bytes),
+            text: crate::exec::live::printable(&String::from_utf8_lossy(&bytes)),
             next: from + take as u64,
             dropped: from - since.min(from),
             more: from + (take as u64) < self.end(),
@@ -172,58 +172,6 @@ pub struct RawChunk {
     pub dropped: u64,
     /// Whether more output follows `next` already.
     pub more: bool,
-}
-
-/// Terminal output as plain text: CSI, OSC, DCS and other escape sequences removed, carriage
-/// returns and other control bytes except newline and tab dropped.
-pub fn strip_ansi(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == 0x1b {
-            i += 1;
-            match bytes.get(i) {
-                // CSI: parameters and intermediates, then one final byte.
-                Some(b'[') => {
-                    i += 1;
-                    while i < bytes.len() && !(0x40..=0x7e).contains(&bytes[i]) {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                // OSC, DCS, SOS, PM, APC: up to BEL or ST.
-                Some(b']' | b'P' | b'X' | b'^' | b'_') => {
-                    i += 1;
-                    while i < bytes.len() {
-                        if bytes[i] == 0x07 {
-                            i += 1;
-                            break;
-                        }
-                        if bytes[i] == 0x1b && bytes.get(i + 1) == Some(&b'\\') {
-                            i += 2;
-                            break;
-                        }
-                        i += 1;
-                    }
-                }
-                // Intermediates (`ESC ( B`), then a final byte.
-                Some(_) => {
-                    while i < bytes.len() && (0x20..=0x2f).contains(&bytes[i]) {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                None => {}
-            }
-            continue;
-        }
-        if b >= 0x20 || b == b'\n' || b == b'\t' {
-            out.push(b);
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
