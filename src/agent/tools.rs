@@ -118,7 +118,8 @@ pub struct ToolResult {
     pub millis: u64,
     /// Set when the call failed because the section's binding no longer passes its checks.
     pub binding_fails: Option<BindingFails>,
-    /// Set when nothing ran because the guard asks a person about this `terminal` command.
+    /// Set when nothing ran because a person is asked about this call (a command the guard
+    /// asks about, a shell on a target whose policy asks, a line typed into a shell).
     pub asked: Option<Asked>,
 }
 
@@ -135,11 +136,14 @@ pub struct Asked {
     pub target: Option<String>,
 }
 
-/// Whether `call` runs a command (`terminal`, `execute_code`): the guard may ask a person
-/// about it, so its start mark is written only once the guard let it through
-/// ([`StartMark`]), never ahead.
+/// Whether `call` runs a command (`terminal`, `execute_code`) or acts in an interactive shell
+/// (`shell_open`, `shell_write`): a person may be asked about it, so its start mark is written
+/// only once the guard and the policy let it through ([`StartMark`]), never ahead.
 pub fn runs_a_command(call: &ToolCall) -> bool {
-    matches!(call.function.name.as_str(), "terminal" | "execute_code")
+    matches!(
+        call.function.name.as_str(),
+        "terminal" | "execute_code" | "shell_open" | "shell_write"
+    )
 }
 
 /// The start mark of a command call, written by [`run`] after the guard's verdict let the
@@ -366,7 +370,7 @@ async fn dispatch(
         return ToolOutcome::control(deps.plane.call(tool, caller, &map).await);
     }
     if shells::TOOLS.contains(&tool) {
-        return shells::call(deps, section, tool, &args, cancel).await;
+        return shells::call(deps, section, tool, &args, cancel, approved, mark).await;
     }
     if let Err(e) = check_task_args(tool, &args) {
         return ToolOutcome::failed(e);

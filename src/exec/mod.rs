@@ -557,6 +557,12 @@ impl Executors {
         &self.cwds
     }
 
+    /// The guard's objection to a line typed into an interactive shell, judged as a command on
+    /// its own: the shell's directory and variables are its own, so nothing of them is assumed.
+    pub fn judge_typed(&self, line: &str) -> Option<guard::Objection> {
+        self.guard.check(line).err()
+    }
+
     /// Where `section` opens an interactive shell on `place`: a PTY channel on a target's
     /// pooled connection, or locally a PTY whose shell the launch server starts in the
     /// section's own workspace. An error is the caller's answer; nothing falls back to local.

@@ -48,7 +48,12 @@ fn click(event_id: &str, operator: &str, card_message: &str, value: &Value) -> V
 
 /// Clicks `button` of the card as `operator`; returns the synchronous answer once the click
 /// has been handled by a worker.
-async fn press(app: &TestApp, operator: &str, card: &(String, Value), button: &str) -> Value {
+pub(crate) async fn press(
+    app: &TestApp,
+    operator: &str,
+    card: &(String, Value),
+    button: &str,
+) -> Value {
     let value = button_value(&card.1, button);
     let event_id = unique("ev_click");
     let (status, answer) = post(
@@ -81,7 +86,7 @@ fn cards(lark: &FakeLark, message_id: &str) -> Vec<Value> {
 }
 
 /// Waits for the call of `section` to be parked with its card posted: (card message id, card).
-async fn parked_card(env: &Env, section: &str, message_id: &str) -> (String, Value) {
+pub(crate) async fn parked_card(env: &Env, section: &str, message_id: &str) -> (String, Value) {
     let db = env.app.state.db.clone();
     let mut id: Option<String> = None;
     eventually("the approval card", Duration::from_secs(30), async || {

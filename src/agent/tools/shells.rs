@@ -5,14 +5,22 @@
 //! A call resolves the section's backend like any task tool; shells the section has on another
 //! backend (its binding changed) are closed first, with a note in the result. On a target a
 //! shell needs the workspace permission `full` (what is typed into a REPL or an editor cannot
-//! be judged line by line) and is refused where the target's `risky` policy is `refuse`.
+//! be judged line by line) and is refused where the target's `risky` policy is `refuse`; where
+//! it is `ask`, opening one is asked of a person like a risky command (the card shows
+//! `shell_open`).
+//!
+//! Every line a `shell_write` submits at the shell's prompt (not to a full-screen program) is
+//! judged by the command guard first: a line it refuses is never sent; a line it would ask
+//! about is asked of a person, unless a person (or the backend's policy) allowed the shell
+//! itself. Both are refusals nothing was sent for, audited. A shell is a stateful interpreter,
+//! so this reads each line on its own — defence in depth behind the permission and the policy.
 
 use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Refused, ToolOutcome, refused};
+use super::{Asked, Refused, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
 use crate::config::Risky;
 use crate::exec::Place;
@@ -33,6 +41,9 @@ pub const TOOLS: [&str; 5] = [
 
 /// Longest `expect` pattern.
 const MAX_EXPECT: usize = 1024;
+
+/// Why opening a shell on a target whose policy is `ask` is asked of a person.
+const OPEN_ASKED: &str = "an interactive shell: lines typed at its prompt are judged one by one, but what is typed into a program it runs (a REPL, an editor) cannot be";
 
 pub fn definitions() -> Vec<Tool> {
     vec![
@@ -79,13 +90,17 @@ pub fn definitions() -> Vec<Tool> {
     ]
 }
 
-/// Runs one shell tool call for `section`.
+/// Runs one shell tool call for `section`. `approved`: a person allowed this call (what the
+/// guard or the policy would ask about goes ahead). `mark`: the start mark `shell_open` and
+/// `shell_write` write once they are let through, before they act.
 pub(super) async fn call(
     deps: &AgentDeps,
     section: &str,
     tool: &str,
     args: &Args<'_>,
     cancel: &CancellationToken,
+    approved: bool,
+    mark: Option<&mut StartMark<'_>>,
 ) -> ToolOutcome {
     let allowed: &[&str] = match tool {
         "shell_open" => &["rows", "cols", "term"],
@@ -121,7 +136,13 @@ pub(super) async fn call(
             Err(_) => alias.clone(),
         },
     };
-    let result = run(deps, section, tool, args, &place, &location, cancel).await;
+    let mut asked = None;
+    let at = Here {
+        section,
+        place: &place,
+        location: &location,
+    };
+    let result = run(deps, &at, tool, args, cancel, (approved, mark), &mut asked).await;
     let result = match note {
         Some(n) => result
             .map(|t| format!("note: {n}\n{t}"))
@@ -134,19 +155,31 @@ pub(super) async fn call(
         location: Some(location),
         exit: None,
         binding_fails: None,
-        asked: None,
+        asked,
     }
+}
+
+/// Where a shell call acts.
+struct Here<'a> {
+    section: &'a str,
+    place: &'a Place,
+    location: &'a str,
 }
 
 async fn run(
     deps: &AgentDeps,
-    section: &str,
+    at: &Here<'_>,
     tool: &str,
     args: &Args<'_>,
-    place: &Place,
-    location: &str,
     cancel: &CancellationToken,
+    (approved, mark): (bool, Option<&mut StartMark<'_>>),
+    asked: &mut Option<Asked>,
 ) -> Result<String, String> {
+    let Here {
+        section,
+        place,
+        location,
+    } = *at;
     let shells = &deps.exec.shells;
     if tool == "shell_list" {
         let list = shells.list(section);
@@ -175,7 +208,7 @@ async fn run(
         return Ok(format!("closed shell {id}"));
     }
     // Opening, typing and reading: allowed where the rules allow a shell now.
-    allowed(deps, section, tool, place, location).await?;
+    let risky = allowed(deps, section, tool, place, location).await?;
     match tool {
         "shell_open" => {
             let d = OpenOpts::default();
@@ -183,7 +216,26 @@ async fn run(
                 rows: small(args.opt_u64("rows")?, d.rows),
                 cols: small(args.opt_u64("cols")?, d.cols),
                 term: args.opt_str("term")?.unwrap_or(d.term),
+                risky_allowed: approved || risky == Risky::Allow,
             };
+            // On a target whose policy asks, a person allows the shell first.
+            if let Place::Target(alias) = place
+                && !opts.risky_allowed
+            {
+                *asked = Some(Asked {
+                    command: "shell_open".into(),
+                    reason: OPEN_ASKED.into(),
+                    location: location.to_string(),
+                    cwd: "~".into(),
+                    target: Some(alias.clone()),
+                });
+                return Err(format!(
+                    "not opened: a shell on `{alias}` needs a person's approval ({OPEN_ASKED})"
+                ));
+            }
+            if let Some(m) = mark {
+                m.write().await?;
+            }
             let host = match place {
                 // Locally the shell works in the section's workspace, as commands do.
                 Place::Local => {
@@ -214,6 +266,48 @@ async fn run(
         "shell_write" => {
             let id = args.str("shell_id")?;
             let data = args.str("data")?;
+            let entering = shells
+                .entering(section, &id, data.as_bytes())
+                .map_err(|e| e.to_string())?;
+            if !entering.full_screen {
+                for line in &entering.lines {
+                    let text = line.text.trim();
+                    let Some(o) = deps.exec.judge_typed(text) else {
+                        continue;
+                    };
+                    let ask_ok = approved || entering.risky_allowed;
+                    if o.verdict == Verdict::Ask && ask_ok {
+                        continue;
+                    }
+                    if o.verdict == Verdict::Ask {
+                        *asked = Some(Asked {
+                            command: text.to_string(),
+                            reason: o.reason.clone(),
+                            location: location.to_string(),
+                            cwd: format!("(the directory of shell {id})"),
+                            target: match place {
+                                Place::Target(alias) => Some(alias.clone()),
+                                Place::Local => None,
+                            },
+                        });
+                    }
+                    let r = Refused {
+                        by: "guard",
+                        verdict: o.verdict,
+                        reason: format!(
+                            "nothing was sent to {id}: the line `{}` it would submit {}",
+                            crate::agent::conversation::clip(text, 200),
+                            o.message
+                        ),
+                    };
+                    return Err(
+                        refused(deps, section, place.name(), Some(location), tool, &r).await,
+                    );
+                }
+            }
+            if let Some(m) = mark {
+                m.write().await?;
+            }
             shells
                 .write(section, &id, data.as_bytes())
                 .await
@@ -262,17 +356,19 @@ async fn run(
     }
 }
 
-/// Whether `section` may open, type into or read a shell on `place` now; a refusal is audited.
+/// Whether `section` may open, type into or read a shell on `place` now, and if so the
+/// backend's `risky` policy; a refusal is audited.
 async fn allowed(
     deps: &AgentDeps,
     section: &str,
     tool: &str,
     place: &Place,
     location: &str,
-) -> Result<(), String> {
+) -> Result<Risky, String> {
     let Place::Target(alias) = place else {
-        return Ok(());
+        return Ok(deps.config.local_risky);
     };
+    let mut risky = Risky::Ask;
     let why = match workspace::current(&deps.db, &deps.workspaces, section, place).await {
         Err(e) => return Err(format!("this thread's workspace cannot be read: {e:#}")),
         Ok(ws) if ws.permission < Permission::Full => Some(format!(
@@ -283,12 +379,15 @@ async fn allowed(
             Ok(p) if p.risky == Risky::Refuse => Some(format!(
                 "interactive shells are disabled on `{alias}`: its policy refuses risky commands, and what is typed into a shell cannot be judged"
             )),
-            Ok(_) => None,
+            Ok(p) => {
+                risky = p.risky;
+                None
+            }
             Err(e) => Some(format!("the policy of `{alias}` cannot be read: {e}")),
         },
     };
     match why {
-        None => Ok(()),
+        None => Ok(risky),
         Some(reason) => {
             let r = Refused {
                 by: "permission",

@@ -14,13 +14,16 @@
 //! another process (a restart, another replica) is reported closed.
 //!
 //! At a password prompt (on the cursor's line) a shell takes only control input — Enter,
-//! Ctrl-C, Ctrl-D — never text: a secret is never typed by the agent.
+//! Ctrl-C, Ctrl-D — never text: a secret is never typed by the agent. Each shell keeps the line
+//! being typed ([`typed`]), so a caller can judge the lines a write would submit
+//! ([`Shells::entering`]) before it sends it.
 //!
 //! Never: knows chats, models or bindings (a caller tells it the section's backend changed,
 //! [`Shells::follow`]); falls back from a remote backend to the local one; keeps anything
 //! unbounded.
 
 pub mod screen;
+mod typed;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -34,6 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use super::ExecError;
 pub use screen::{RawChunk, ScreenView};
+pub use typed::EnteredLine;
 
 /// Most shells open at once in one section.
 pub const PER_SECTION: usize = 4;
@@ -68,6 +72,9 @@ pub struct OpenOpts {
     pub cols: u16,
     /// `TERM` for the program (letters, digits, `.`, `-`, `_`).
     pub term: String,
+    /// A person (or the backend's policy) allowed this shell, so lines the guard would ask
+    /// about may be typed into it ([`Entering::risky_allowed`]).
+    pub risky_allowed: bool,
 }
 
 impl Default for OpenOpts {
@@ -76,6 +83,7 @@ impl Default for OpenOpts {
             rows: 24,
             cols: 80,
             term: "xterm".into(),
+            risky_allowed: false,
         }
     }
 }
@@ -192,6 +200,18 @@ pub struct ShellRead {
     pub cancelled: bool,
 }
 
+/// What a write would submit to a shell, for its caller to judge.
+#[derive(Debug, Clone)]
+pub struct Entering {
+    /// The lines its Enters submit.
+    pub lines: Vec<EnteredLine>,
+    /// A full-screen program (an editor, a pager) has the screen: what is typed are its keys,
+    /// not command lines.
+    pub full_screen: bool,
+    /// The shell was opened with [`OpenOpts::risky_allowed`].
+    pub risky_allowed: bool,
+}
+
 /// One open shell.
 struct Shell {
     id: String,
@@ -212,6 +232,9 @@ struct Shell {
     last_used: StdMutex<Instant>,
     /// Where the last `raw` read stopped.
     read_mark: StdMutex<u64>,
+    /// The line being typed.
+    typed: StdMutex<typed::TypedLine>,
+    risky_allowed: bool,
 }
 
 impl Shell {
@@ -391,6 +414,8 @@ impl Shells {
             ended: StdMutex::new(None),
             last_used: StdMutex::new(Instant::now()),
             read_mark: StdMutex::new(0),
+            typed: StdMutex::new(typed::TypedLine::default()),
+            risky_allowed: opts.risky_allowed,
         });
         self.registry
             .shells
@@ -429,6 +454,24 @@ impl Shells {
         })
     }
 
+    /// The lines `data` would submit to the shell (the line typed so far, continued by `data`),
+    /// without sending anything: for a caller to judge before [`Shells::write`].
+    pub fn entering(
+        &self,
+        section: &str,
+        shell_id: &str,
+        data: &[u8],
+    ) -> Result<Entering, ShellError> {
+        let shell = self.lookup(section, shell_id)?;
+        let lines = shell.typed.lock().expect("shell lock").clone().feed(data);
+        let full_screen = shell.emu.lock().expect("shell lock").screen().alternate;
+        Ok(Entering {
+            lines,
+            full_screen,
+            risky_allowed: shell.risky_allowed,
+        })
+    }
+
     /// Sends `data` to the shell, as typed. Refused at a password prompt unless it is only
     /// control input (Enter, Ctrl-C, Ctrl-D, Ctrl-Z).
     pub async fn write(
@@ -461,6 +504,7 @@ impl Shells {
         }
         shell.touch();
         shell.input.send(data).await?;
+        shell.typed.lock().expect("shell lock").feed(data);
         Ok(())
     }
 
