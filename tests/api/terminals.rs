@@ -732,3 +732,65 @@ async fn lines_typed_into_a_shell_are_judged_before_they_are_sent() {
     );
     until(&env, &s, id, ReadMode::Raw, "asked-42").await;
 }
+
+#[tokio::test]
+async fn a_thread_keeps_its_shells_writes_and_reads_within_their_bounds() {
+    use sshmode::exec::pty::{PER_SECTION, READ_BYTES, WRITE_BYTES};
+    let env = env_for(&Place::Local).await;
+    let s = unique("omt_bounds");
+    let mut ids = Vec::new();
+    for _ in 0..PER_SECTION {
+        ids.push(open_on(&env, &s, &Place::Local).await);
+    }
+    let shells = &env.app.state.exec.shells;
+    let more = shells
+        .open(host(&env, &s, &Place::Local).await, &s, OpenOpts::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        more.contains(&format!("already has {PER_SECTION} shells open")),
+        "{more}"
+    );
+    // Another thread is not held by this one's bound.
+    let other = unique("omt_bounds_other");
+    open_on(&env, &other, &Place::Local).await;
+
+    let id = &ids[0];
+    let too_long = "x".repeat(WRITE_BYTES + 1);
+    let refused = shells
+        .write(&s, id, too_long.as_bytes())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("bytes per write"), "{refused}");
+    // A read returns at most READ_BYTES of raw output and says more follows.
+    typed(
+        &env,
+        &s,
+        id,
+        "head -c 100000 /dev/zero | tr '\\0' y; echo; echo flood-done\r",
+    )
+    .await;
+    until(&env, &s, id, ReadMode::Screen, "(?m)^flood-done").await;
+    let r = shells
+        .read(
+            &s,
+            id,
+            ReadOpts {
+                mode: ReadMode::Raw,
+                since: Some(0),
+                wait: Duration::ZERO,
+                expect: None,
+            },
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let raw = r.raw.unwrap();
+    assert!(raw.text.len() <= READ_BYTES, "{}", raw.text.len());
+    assert!(raw.more, "the rest is said to follow");
+    // Closing one makes room for another.
+    shells.close(&s, id).unwrap();
+    open_on(&env, &s, &Place::Local).await;
+}
