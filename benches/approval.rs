@@ -305,7 +305,7 @@ async fn run(turns: usize, ssh: bool) {
                 .fetch_one(&db)
                 .await
                 .unwrap();
-            if state != "running" {
+            if state != "running" && state != "awaiting_approval" {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -161,6 +161,7 @@ async fn run() {
                         millis: ms,
                         backend: Some("local".into()),
                         exit: Some("exit 0".into()),
+                        approval: None,
                     },
                 );
             }

@@ -1,17 +1,19 @@
 //! A call the guard asks about, in a turn: parked for a person ([`park`]), and settled when
 //! the turn resumes ([`resumed`]): allowed (it runs, once, after its start is recorded),
 //! denied, unanswered past its deadline, or ended by `/stop`. The model reads one clear
-//! result for each ("allowed by …" and the output, "denied by …", "no answer in …").
+//! result for each ("allowed by …" and the output, "denied by …", "no answer in …"), naming
+//! who answered by role and open_id ([`who`]): the service knows no display names (a card
+//! click carries only the clicker's open_id), while the card mentions them by name.
 //!
 //! The card goes out through [`super::ChatOut::show_approval`]; where nobody can be asked (no card
 //! channel) or the command is too long to show whole, the call stays refused.
 
 use serde_json::json;
 
-use super::AgentDeps;
 use super::tools::Asked;
+use super::{AgentDeps, StepApproval};
 use crate::config::Risky;
-use crate::turns::approval::{self as parked, ApprovalState, Approvers, Ask, Parked};
+use crate::turns::approval::{self as parked, ApprovalState, Approvers, Ask, Parked, Scope};
 use crate::turns::{ActiveTurn, Fenced};
 
 /// The longest command an approval card shows (bytes); a longer one is refused, not asked:
@@ -35,14 +37,40 @@ pub(super) enum Resumed {
     NotParked,
     /// Allowed and started before, with no result: its outcome is unknown.
     Interrupted,
-    /// Still waiting (a claim raced the decision): leave the turn parked.
-    Wait,
-    /// Allowed by this person: run it now (its start is recorded).
-    Run { by: String },
-    /// Not run: the model receives this.
-    Result(String),
+    /// Still waiting (its card had to be posted again, or a claim raced the decision): the
+    /// turn awaits the `approvers` again; leave it.
+    Wait(Approvers),
+    /// Allowed: run it now (its start is recorded); its result starts with `said`.
+    Run { said: String, step: StepApproval },
+    /// Not run: the model receives the text; the step shows the note, at `place`.
+    Result(String, StepApproval, String),
     /// `/stop` ended the wait; the model receives this and the turn stops.
-    Stopped(String),
+    Stopped(String, String),
+}
+
+/// Who answered, for the model: by role and open_id. An answer from anyone but the requester
+/// came from an admin (nobody else may answer).
+pub(super) fn who(by: &str, requester: &str) -> String {
+    if by == requester {
+        format!("the requester ({by})")
+    } else {
+        format!("an admin ({by})")
+    }
+}
+
+/// Where the call would have run, as a step names it: `local` or the target's alias.
+fn place(p: &Parked) -> String {
+    p.ask
+        .location
+        .split(" · ")
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The step note of a wait that ended without a person's answer.
+fn unanswered(outcome: String) -> StepApproval {
+    StepApproval { outcome, by: None }
 }
 
 /// Settles the parked call `key` of a resumed turn, if it was parked.
@@ -58,7 +86,7 @@ pub(super) async fn resumed(
         ApprovalState::Waiting if p.stop_requested => {
             parked::settle(&turn.fence, turn.id, key, ApprovalState::Stopped).await?;
             show(deps, turn, key).await;
-            Resumed::Stopped(STOPPED.into())
+            Resumed::Stopped(STOPPED.into(), place(&p))
         }
         ApprovalState::Waiting if p.overdue => {
             if !parked::settle(&turn.fence, turn.id, key, ApprovalState::Expired).await? {
@@ -66,34 +94,72 @@ pub(super) async fn resumed(
                 return Box::pin(resumed(deps, turn, key)).await;
             }
             show(deps, turn, key).await;
-            Resumed::Result(no_answer(deps))
+            Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
         }
-        ApprovalState::Waiting => Resumed::Wait,
+        ApprovalState::Waiting => {
+            let approvers = p.ask.approvers;
+            parked::keep_waiting(&turn.fence, turn.id).await?;
+            if p.card_message_id.is_none() {
+                // Never recorded: post it (again; the post is idempotent per turn and call).
+                post(deps, turn, p).await;
+            }
+            Resumed::Wait(approvers)
+        }
         ApprovalState::Allowed if p.started => Resumed::Interrupted,
         ApprovalState::Allowed => {
             parked::mark_started(&turn.fence, turn.id, key).await?;
+            let by = p.decided_by.unwrap_or_default();
             Resumed::Run {
-                by: p.decided_by.unwrap_or_default(),
+                said: format!("allowed by {}", who(&by, &p.ask.requester)),
+                step: StepApproval {
+                    outcome: match p.scope {
+                        Some(Scope::Thread) => "allowed in this thread",
+                        _ => "allowed once",
+                    }
+                    .into(),
+                    by: Some(by),
+                },
             }
         }
-        ApprovalState::Denied => Resumed::Result(format!(
-            "denied by {}: the command was not run. Do not retry it; do it another way or ask the user.",
-            p.decided_by.unwrap_or_default()
-        )),
-        ApprovalState::Expired => Resumed::Result(no_answer(deps)),
-        ApprovalState::Stopped => Resumed::Stopped(STOPPED.into()),
+        ApprovalState::Denied => {
+            let by = p.decided_by.clone().unwrap_or_default();
+            Resumed::Result(
+                format!(
+                    "denied by {}: the command was not run. Do not retry it; do it another way or ask the user.",
+                    who(&by, &p.ask.requester)
+                ),
+                StepApproval {
+                    outcome: "denied".into(),
+                    by: Some(by),
+                },
+                place(&p),
+            )
+        }
+        ApprovalState::Expired => {
+            Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
+        }
+        ApprovalState::Stopped => Resumed::Stopped(STOPPED.into(), place(&p)),
     })
 }
 
 const STOPPED: &str = "not run: /stop ended the wait for a person's approval.";
 
-fn no_answer(deps: &AgentDeps) -> String {
+/// `no answer in 10 min`: the step note of an expired wait.
+fn waited(deps: &AgentDeps) -> String {
+    format!("no answer in {}", wait(deps))
+}
+
+fn wait(deps: &AgentDeps) -> String {
     let secs = deps.config.approval_timeout.as_secs();
-    let wait = if secs >= 60 && secs.is_multiple_of(60) {
+    if secs >= 60 && secs.is_multiple_of(60) {
         format!("{} min", secs / 60)
     } else {
         format!("{secs} s")
-    };
+    }
+}
+
+fn no_answer(deps: &AgentDeps) -> String {
+    let wait = wait(deps);
     format!(
         "denied: no answer in {wait} to the approval card, so the command was not run. \
          Do it another way or ask the user."
@@ -102,8 +168,8 @@ fn no_answer(deps: &AgentDeps) -> String {
 
 /// What [`park`] did.
 pub(super) enum Park {
-    /// The call waits for a person; leave the turn.
-    Waiting,
+    /// The call waits for the `approvers`; leave the turn.
+    Waiting(Approvers),
     /// The backend's policy allows it without asking: run it.
     Allowed,
     /// Nobody can be asked: the call stays refused, with this text.
@@ -188,10 +254,11 @@ pub(super) async fn park(
     {
         tracing::warn!(turn.section = %turn.section, error = %e, "event log append failed");
     }
+    let approvers = p.ask.approvers;
     if p.card_message_id.is_none() {
         post(deps, turn, p).await;
     }
-    Ok(Park::Waiting)
+    Ok(Park::Waiting(approvers))
 }
 
 fn card(turn: &ActiveTurn, parked: Parked) -> Option<ApprovalCard> {
@@ -204,19 +271,29 @@ fn card(turn: &ActiveTurn, parked: Parked) -> Option<ApprovalCard> {
     })
 }
 
+/// Posts (or rewrites) the card of a parked call and records it. A card of a waiting call
+/// that could not be posted is tried again later by a resumed turn ([`parked::card_failed`]).
 async fn post(deps: &AgentDeps, turn: &ActiveTurn, p: Parked) {
     let Some(c) = card(turn, p) else { return };
+    let key = &c.parked.call_key;
     match deps.out.show_approval(&c).await {
         Ok(Some(id)) => {
-            if let Err(e) = parked::set_card(&deps.db, turn.id, &c.parked.call_key, &id).await {
+            if let Err(e) = parked::set_card(&deps.db, turn.id, key, &id).await {
                 tracing::warn!(turn.section = %turn.section, error = %e, "recording an approval card failed");
             }
+            return;
         }
-        Ok(None) => {}
-        // The wait goes on; it ends at its deadline if nobody can answer.
+        Ok(None) => {
+            tracing::warn!(turn.section = %turn.section, "the approval card was not shown");
+        }
         Err(e) => {
-            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "posting an approval card failed")
+            tracing::warn!(turn.section = %turn.section, error = %format!("{e:#}"), "posting an approval card failed; it is tried again");
         }
+    }
+    if c.parked.card_message_id.is_none()
+        && let Err(e) = parked::card_failed(&deps.db, turn.id, key).await
+    {
+        tracing::warn!(turn.section = %turn.section, error = %e, "recording a failed approval card failed");
     }
 }
 
@@ -231,11 +308,19 @@ async fn show(deps: &AgentDeps, turn: &ActiveTurn, key: &str) {
     }
 }
 
-/// Who allowed commands of this one's shape in this thread, if an allowance covers it.
-pub(super) async fn covered(deps: &AgentDeps, turn: &ActiveTurn, asked: &Asked) -> Option<String> {
+/// Who allowed commands of this one's shape in this thread, if an allowance covers it:
+/// (open_id, as [`who`] says it).
+pub(super) async fn covered(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    asked: &Asked,
+) -> Option<(String, String)> {
     match parked::allowed_in_thread(&deps.db, &turn.section, &asked.location, &asked.command).await
     {
-        Ok(by) => by,
+        Ok(by) => by.map(|(by, requester)| {
+            let said = who(&by, &requester);
+            (by, said)
+        }),
         Err(e) => {
             // Not covered: the call is asked about, the safe way.
             tracing::warn!(turn.section = %turn.section, error = %e, "reading thread allowances failed");

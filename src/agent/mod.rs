@@ -282,6 +282,11 @@ pub enum StepEvent {
         tool: String,
         short: String,
     },
+    /// The running step's call waits for a person's approval; `approvers` says who may give
+    /// it (`an admin`, `the requester`). `Left` follows: the turn is parked.
+    Awaiting {
+        approvers: String,
+    },
     /// The latest lines the running step's command printed (a `terminal` or `execute_code`
     /// call): printable, screened for secrets, at most a few hundred characters. Sent at most
     /// every few hundred milliseconds while output changes, and once when the call ends, before
@@ -297,6 +302,8 @@ pub enum StepEvent {
         backend: Option<String>,
         /// How a command ended, when one ran.
         exit: Option<String>,
+        /// How a person answered the call, when it waited for one.
+        approval: Option<StepApproval>,
     },
     Ended {
         outcome: String,
@@ -310,6 +317,17 @@ pub enum StepEvent {
     Left,
 }
 
+/// How a person answered a call that waited for approval, as its step shows it (and its
+/// `agent.tool` event-log entry keeps it, under `approval`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepApproval {
+    /// `allowed once`, `allowed in this thread`, `denied`, `no answer in 10 min`,
+    /// `ended by /stop`.
+    pub outcome: String,
+    /// Who answered (an open_id), when a person did.
+    pub by: Option<String>,
+}
+
 /// A call an earlier runner of the turn finished, as its `agent.tool` event-log entry has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EarlierStep {
@@ -321,6 +339,8 @@ pub struct EarlierStep {
     pub backend: Option<String>,
     /// How a command ended; `interrupted` or `not run` for a call a runner left unsettled.
     pub exit: Option<String>,
+    /// How a person answered it, when it waited for one.
+    pub approval: Option<StepApproval>,
 }
 
 impl EarlierStep {
@@ -349,6 +369,9 @@ impl EarlierStep {
                 .unwrap_or(0),
             backend,
             exit,
+            approval: payload
+                .get("approval")
+                .and_then(|a| serde_json::from_value(a.clone()).ok()),
         }
     }
 }
@@ -378,6 +401,9 @@ pub struct AgentDeps {
     pub workspaces: crate::workspace::LocalRules,
 }
 
+/// The most characters of a waiting command a `/ssh status` line shows.
+const STATUS_COMMAND: usize = 80;
+
 /// The agent. One per app; cheap to share.
 pub struct Agent {
     deps: AgentDeps,
@@ -399,6 +425,38 @@ impl Agent {
         let queued = turns::enqueue(&self.deps.db, req).await?;
         answer::receipt(&self.deps, &req.message_id).await;
         Ok(queued)
+    }
+
+    /// The `/ssh status` line on `section`'s task: running, or waiting for a person's approval
+    /// (of what, who may answer, until when). `None` when no task is live.
+    pub async fn status_line(&self, section: &str) -> anyhow::Result<Option<String>> {
+        let db = &self.deps.db;
+        let Some(state) = turns::live_state(db, section).await? else {
+            return Ok(None);
+        };
+        if state != turns::approval::AWAITING {
+            return Ok(Some("Task: running.".into()));
+        }
+        let waiting = match turns::approval::waiting_in(db, section).await? {
+            Some((turn, key)) => turns::approval::get(db, turn, &key).await?,
+            None => None,
+        };
+        Ok(Some(match waiting {
+            Some(p) => {
+                let mut command: String = p.ask.command.chars().take(STATUS_COMMAND).collect();
+                if command.len() < p.ask.command.len() {
+                    command.push('…');
+                }
+                format!(
+                    "Task: waiting for approval by {} until {}: `{}`",
+                    p.ask.approvers.who(),
+                    p.deadline.format("%H:%M UTC"),
+                    command.replace('`', "'")
+                )
+            }
+            // The deadline passed or a stop came: the turn resumes to settle it.
+            None => "Task: waiting for approval; the wait is ending.".into(),
+        }))
     }
 
     /// `/stop` in `section` by `by`: asks the running turn to stop (it says itself what it had
@@ -464,6 +522,7 @@ mod tests {
                 millis: 12,
                 backend: Some("web".into()),
                 exit: Some("exit 0".into()),
+                approval: None,
             }
         );
         let local = EarlierStep::from_entry(&json!({"turn": 1, "tool": "read_file",
@@ -488,5 +547,15 @@ mod tests {
         let not_started = EarlierStep::from_entry(&json!({"turn": 1, "tool": "patch",
             "short": "f", "not_started": true}));
         assert_eq!(not_started.exit.as_deref(), Some("not run"));
+        let denied = EarlierStep::from_entry(&json!({"turn": 1, "tool": "terminal",
+            "short": "rm -rf x", "exit": "not run",
+            "approval": {"outcome": "denied", "by": "ou_admin"}}));
+        assert_eq!(
+            denied.approval,
+            Some(super::StepApproval {
+                outcome: "denied".into(),
+                by: Some("ou_admin".into())
+            })
+        );
     }
 }

@@ -10,7 +10,8 @@ use serde_json::json;
 use super::approval::{self, Park, Resumed};
 use super::conversation::{self, Flush, Kind, Mark, Stored};
 use super::{
-    AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepEvent, answer, live, prompt, tools,
+    AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepApproval, StepEvent, answer, live, prompt,
+    tools,
 };
 use crate::lark::client::idempotency_key;
 use crate::llm::{ChatRequest, Message, ToolCall};
@@ -114,7 +115,8 @@ async fn announce(deps: &AgentDeps, turn: &ActiveTurn) {
             place,
         },
     );
-    if turn.attempt > 1 {
+    // A turn that awaited an approval is no retry, but its card lists its steps again too.
+    if turn.attempt > 1 || turn.awaited {
         let steps = earlier_steps(deps, turn).await;
         if !steps.is_empty() {
             deps.steps
@@ -553,8 +555,10 @@ async fn run_calls(
         };
         let command = tools::runs_a_command(call);
         let started = has(stored, Kind::ToolStarted, &key);
-        // Who allowed this call, when it waited for a person and was allowed.
+        // Who allowed this call, when it waited for a person and was allowed: as the model
+        // reads it, and as its step shows it.
         let mut allowed_by: Option<String> = None;
+        let mut approval_step: Option<StepApproval> = None;
         if !fresh && (started || command) {
             let short = tools::short_form(call);
             let settled = match approval::resumed(deps, turn, &key).await {
@@ -563,16 +567,35 @@ async fn run_calls(
                 Err(e) => return Err(e.into()),
             };
             match settled {
-                Resumed::Run { by } => allowed_by = Some(by),
-                Resumed::Wait => return Ok(Some(Halt::Leave)),
-                Resumed::Result(text) => {
-                    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "not run"});
-                    store_result(turn, stored, &key, call, &text, (event, None), None).await?;
+                Resumed::Run { said, step } => {
+                    allowed_by = Some(said);
+                    approval_step = Some(step);
+                }
+                Resumed::Wait(approvers) => {
+                    // The card shows the call waiting again.
+                    for ev in [
+                        StepEvent::ToolStarted {
+                            tool: call.function.name.clone(),
+                            short,
+                        },
+                        StepEvent::Awaiting {
+                            approvers: approvers.who().into(),
+                        },
+                    ] {
+                        deps.steps.step(&turn.section, turn.id, &ev);
+                    }
+                    return Ok(Some(Halt::Leave));
+                }
+                Resumed::Result(text, step, place) => {
+                    not_run(deps, turn, stored, (&key, call, short), &text, step, place).await?;
                     continue;
                 }
-                Resumed::Stopped(text) => {
-                    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "approval": "stopped"});
-                    store_result(turn, stored, &key, call, &text, (event, None), None).await?;
+                Resumed::Stopped(text, place) => {
+                    let step = StepApproval {
+                        outcome: "ended by /stop".into(),
+                        by: None,
+                    };
+                    not_run(deps, turn, stored, (&key, call, short), &text, step, place).await?;
                     turn.cancel.cancel(CancelReason::Stop);
                     return Ok(halted(turn, stored));
                 }
@@ -657,8 +680,12 @@ async fn run_calls(
             && let Some(by) = approval::covered(deps, turn, asked).await
         {
             result = run_call(deps, turn, call, None, true, start.as_mut()).await;
-            result.text = format!("allowed in this thread by {by}:\n{}", result.text);
-            in_thread_by = Some(by);
+            result.text = format!("allowed in this thread by {}:\n{}", by.1, result.text);
+            approval_step = Some(StepApproval {
+                outcome: "allowed in this thread".into(),
+                by: Some(by.0.clone()),
+            });
+            in_thread_by = Some(by.0);
         }
         if let Some(asked) = &result.asked
             && allowed_by.is_none()
@@ -666,7 +693,16 @@ async fn run_calls(
             && turn.cancel.reason().is_none()
         {
             match approval::park(deps, turn, &key, asked, &result.text).await {
-                Ok(Park::Waiting) => return Ok(Some(Halt::Leave)),
+                Ok(Park::Waiting(approvers)) => {
+                    deps.steps.step(
+                        &turn.section,
+                        turn.id,
+                        &StepEvent::Awaiting {
+                            approvers: approvers.who().into(),
+                        },
+                    );
+                    return Ok(Some(Halt::Leave));
+                }
                 Ok(Park::Allowed) => {
                     result = run_call(deps, turn, call, None, true, start.as_mut()).await;
                     result.text = format!(
@@ -691,8 +727,8 @@ async fn run_calls(
             Some(Err(e)) => return Err(e.into()),
             None => {}
         }
-        if let Some(by) = &allowed_by {
-            result.text = format!("allowed by {by}:\n{}", result.text);
+        if let Some(said) = &allowed_by {
+            result.text = format!("{said}:\n{}", result.text);
         }
         if let Some(fails) = &result.binding_fails {
             binding_fails(deps, turn, fails, &call.function.name).await;
@@ -723,6 +759,7 @@ async fn run_calls(
             "exit": result.exit,
             "ok": result.ok,
             "short": short,
+            "approval": approval_step,
         });
         // A command that ran is audited in the same commit as its result.
         let audit = result.exit.as_deref().and_then(|exit| {
@@ -798,6 +835,7 @@ async fn run_calls(
                 millis: result.millis,
                 backend: result.backend.clone(),
                 exit: result.exit.clone(),
+                approval: approval_step,
             },
         );
         if reason.is_some() {
@@ -937,6 +975,42 @@ async fn store_result(
             call_id: Some(next.to_string()),
             message: conversation::start_mark(),
         });
+    }
+    Ok(())
+}
+
+/// Stores the result of a call that waited for a person and was not run, and shows it as a
+/// step with how the wait ended.
+async fn not_run(
+    deps: &AgentDeps,
+    turn: &ActiveTurn,
+    stored: &mut Vec<Stored>,
+    (key, call, short): (&str, &ToolCall, String),
+    text: &str,
+    step: StepApproval,
+    place: String,
+) -> Result<(), Fenced> {
+    let event = json!({"turn": turn.id, "tool": call.function.name, "short": short,
+        "backend": if place == "local" { "local" } else { "ssh" },
+        "target": (place != "local").then_some(&place),
+        "ok": false, "exit": "not run", "approval": step});
+    store_result(turn, stored, key, call, text, (event, None), None).await?;
+    let tool = call.function.name.clone();
+    for ev in [
+        StepEvent::ToolStarted {
+            tool: tool.clone(),
+            short,
+        },
+        StepEvent::ToolFinished {
+            tool,
+            ok: false,
+            millis: 0,
+            backend: Some(place),
+            exit: Some("not run".into()),
+            approval: Some(step),
+        },
+    ] {
+        deps.steps.step(&turn.section, turn.id, &ev);
     }
     Ok(())
 }

@@ -93,4 +93,14 @@ impl AgentPort for Agent {
     async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String> {
         Agent::stop(self, section, by).await
     }
+
+    async fn status_line(&self, section: &str) -> Option<String> {
+        match Agent::status_line(self, section).await {
+            Ok(line) => line,
+            Err(e) => {
+                tracing::warn!(section.id = %section, error = %format!("{e:#}"), "reading the task's state for /ssh status failed");
+                None
+            }
+        }
+    }
 }

@@ -203,7 +203,7 @@ impl StepSink for Terminal {
         match event {
             StepEvent::Started { resumed: true, .. } => self.say("· resuming the interrupted task"),
             StepEvent::Earlier { steps } => self.say(&format!(
-                "· {} step{} done before the interruption",
+                "· {} step{} done earlier in this task",
                 steps.len(),
                 if steps.len() == 1 { "" } else { "s" }
             )),

@@ -3,12 +3,13 @@
 //! one counting line, so the card stays far below Lark's 30 KB and ~200 element limits however
 //! many steps run. Every text from the model (a tool name, a command's short form, the answer's
 //! lines in the summary) is made inert by [`crate::lark::markup`] before it is shown: a card
-//! never mentions anyone but the person who pressed Stop.
+//! mentions no one but the person who pressed Stop and the person who answered an approval.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::agent::StepApproval;
 use crate::lark::markup;
 
 /// The markdown element every update rewrites.
@@ -32,6 +33,8 @@ pub struct Step {
     pub ok: bool,
     pub exit: Option<String>,
     pub millis: u64,
+    /// How a person answered the call, when it waited for one.
+    pub approval: Option<StepApproval>,
 }
 
 impl From<crate::agent::EarlierStep> for Step {
@@ -43,6 +46,7 @@ impl From<crate::agent::EarlierStep> for Step {
             ok: s.ok,
             exit: s.exit,
             millis: s.millis,
+            approval: s.approval,
         }
     }
 }
@@ -70,6 +74,9 @@ pub struct View {
     pub earlier_failed: u64,
     /// The running step: tool, short form, elapsed.
     pub running: Option<(String, String, Duration)>,
+    /// Set while the running step's call waits for a person's approval: who may give it
+    /// (`an admin`, `the requester`).
+    pub waiting: Option<String>,
     /// The latest lines of the running step's output, or of the last step once it finished
     /// (printable and screened for secrets; made inert here).
     pub tail: Option<String>,
@@ -123,8 +130,13 @@ impl View {
                 .as_deref()
                 .map(|e| format!(" · {e}"))
                 .unwrap_or_default();
+            let approval = s
+                .approval
+                .as_ref()
+                .map(|a| format!(" · {}", approval(a)))
+                .unwrap_or_default();
             out.push_str(&format!(
-                "{mark} **{}** · {} · {}{exit} · {}\n",
+                "{mark} **{}** · {} · {}{exit} · {}{approval}\n",
                 escape(&s.tool),
                 escape(&s.place),
                 code(&s.short),
@@ -138,12 +150,16 @@ impl View {
             out.push_str(&output(tail));
         }
         if let Some((tool, short, elapsed)) = &self.running {
+            let state = match &self.waiting {
+                Some(who) => format!("waiting for approval by {}", escape(who)),
+                None => format!("running {}", human(*elapsed)),
+            };
             out.push_str(&format!(
-                "⏳ **{}** · {} · {} · running {}\n",
+                "{} **{}** · {} · {} · {state}\n",
+                if self.waiting.is_some() { "✋" } else { "⏳" },
                 escape(tool),
                 escape(&self.backend),
                 code(short),
-                human(*elapsed)
             ));
             if let Some(tail) = &self.tail {
                 out.push_str(&output(tail));
@@ -153,10 +169,7 @@ impl View {
             out.push_str("Thinking…\n");
         }
         if let Some(by) = &self.stopped_by {
-            if by
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
+            if is_id(by) {
                 out.push_str(&format!("🛑 Stopped by <at id={by}></at>\n"));
             } else {
                 out.push_str("🛑 Stopped\n");
@@ -268,6 +281,21 @@ fn clip_chars(s: &str, chars: usize) -> String {
     out
 }
 
+/// Whether `s` can be an open_id (and so be mentioned).
+fn is_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// How a wait for approval ended, with who answered mentioned (Lark shows the name).
+fn approval(a: &StepApproval) -> String {
+    match &a.by {
+        Some(by) if is_id(by) => format!("{} by <at id={by}></at>", escape(&a.outcome)),
+        _ => escape(&a.outcome),
+    }
+}
+
 /// Markdown-inert text (no emphasis, links or tags from a tool name or alias).
 fn escape(s: &str) -> String {
     markup::plain(s, 60)
@@ -285,6 +313,7 @@ mod tests {
             ok: !i.is_multiple_of(7),
             exit: Some("exit 0".into()),
             millis: 1234,
+            approval: None,
         }
     }
 
@@ -321,6 +350,7 @@ mod tests {
             ok: false,
             exit: None,
             millis: 61_000,
+            approval: None,
         });
         let md = v.markdown();
         assert!(!md.contains("<at id=all>"), "{md}");
@@ -353,5 +383,44 @@ mod tests {
         // A very long tail is cut to its end.
         v.tail = Some("z".repeat(5000));
         assert!(v.markdown().chars().filter(|c| *c == 'z').count() < TAIL_CHARS);
+    }
+
+    #[test]
+    fn a_waiting_step_says_who_may_approve_and_the_finished_step_who_answered() {
+        let mut v = View {
+            backend: "local".into(),
+            ..View::default()
+        };
+        v.running = Some(("terminal".into(), "rm -rf x".into(), Duration::from_secs(3)));
+        v.waiting = Some("an admin".into());
+        let md = v.markdown();
+        assert!(
+            md.contains("✋ **terminal** · local · `rm -rf x` · waiting for approval by an admin"),
+            "{md}"
+        );
+        assert!(!md.contains("running"), "{md}");
+        v.running = None;
+        v.waiting = None;
+        for (outcome, by) in [("denied", Some("ou_admin")), ("no answer in 10 min", None)] {
+            v.push(Step {
+                approval: Some(StepApproval {
+                    outcome: outcome.into(),
+                    by: by.map(Into::into),
+                }),
+                ..step(1)
+            });
+        }
+        let md = v.markdown();
+        assert!(md.contains("· denied by <at id=ou_admin></at>\n"), "{md}");
+        assert!(md.contains("· no answer in 10 min\n"), "{md}");
+        // Only an id is mentioned.
+        v.push(Step {
+            approval: Some(StepApproval {
+                outcome: "denied".into(),
+                by: Some("<at id=all>".into()),
+            }),
+            ..step(2)
+        });
+        assert!(!v.markdown().contains("<at id=all>"));
     }
 }

@@ -326,7 +326,7 @@ async fn stop_turn(
 ) -> anyhow::Result<String> {
     let running: Option<bool> = sqlx::query_scalar(
         "SELECT stop_requested_at IS NULL FROM turns
-         WHERE id = $1 AND section_id = $2 AND state = 'running'",
+         WHERE id = $1 AND section_id = $2 AND state IN ('running', 'awaiting_approval')",
     )
     .bind(turn_id)
     .bind(section)

@@ -458,6 +458,11 @@ impl Writer<'_> {
             }
             let now = Instant::now();
             if !ended && (self.left || self.last_event_idle(now)) {
+                if self.left && self.dirty && self.view.waiting.is_some() {
+                    // Parked: the card shows what it waits for while nobody writes it.
+                    tokio::time::sleep_until(self.write_at()).await;
+                    self.write().await;
+                }
                 return;
             }
             if self.running_since.is_some() && self.last_write.is_none_or(|t| now >= t + TICK) {
@@ -580,18 +585,27 @@ impl Writer<'_> {
                 StepEvent::ToolStarted { tool, short } => {
                     self.running_since = Some(at);
                     self.view.running = Some((tool, short, Duration::ZERO));
+                    self.view.waiting = None;
                     self.view.tail = None;
                     self.steps_started += 1;
                     false
                 }
                 // Tails come through their own slot (`show_tail`), never the queue.
                 StepEvent::ToolOutput { .. } => false,
+                // The step stops counting time; `Left` follows, and the card is written once
+                // more before this writer lets go.
+                StepEvent::Awaiting { approvers } => {
+                    self.running_since = None;
+                    self.view.waiting = Some(approvers);
+                    false
+                }
                 StepEvent::ToolFinished {
                     tool,
                     ok,
                     millis,
                     backend,
                     exit,
+                    approval,
                 } => {
                     let short = self
                         .view
@@ -607,6 +621,7 @@ impl Writer<'_> {
                         ok,
                         exit,
                         millis,
+                        approval,
                     });
                     false
                 }

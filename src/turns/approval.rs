@@ -1,10 +1,14 @@
 //! Parked calls: a tool call the guard asks about waits in `call_approvals` for a person's
-//! decision. Owns that table. Parking writes the row (fenced) and marks the turn `parked`;
-//! while a row of a running turn is `waiting`, before its deadline and without a stop, no
-//! runner claims the section ([`PARKED`] in the claim), so the turn holds no lease and no
-//! worker and its wait is not charged to its budget, while the section stays occupied.
+//! decision. Owns that table. Parking writes the row (fenced) and moves the turn to
+//! [`AWAITING`]; while a row of an awaiting turn is `waiting`, before its deadline and without
+//! a stop, no runner claims the section ([`PARKED`] in the claim), so the turn holds no lease
+//! and no worker and its wait is not charged to its budget, while the section stays occupied
+//! (an awaiting turn counts as the section's one live turn). The claim that resumes it makes
+//! it `running` again, without counting another attempt.
 //! A decision ([`decide`]) re-queues the section and wakes the runners; a passed deadline or
-//! a `/stop` makes the section claimable again, and the resumed turn settles the wait.
+//! a `/stop` makes the section claimable again, and the resumed turn settles the wait. So does
+//! a waiting call whose card is not recorded (its post failed, or its runner died first), at
+//! its next try ([`card_failed`]): the resumed turn posts the card and parks again.
 //! "Allow in this thread" also covers later commands of the same shape
 //! ([`crate::shell::shape`]) at the same location in the section, until the thread's yolo
 //! TTL or `/ssh yolo off` ([`allowed_in_thread`], [`end_thread_allowances`]).
@@ -18,12 +22,22 @@ use sqlx::{PgPool, Row};
 
 use super::store::{CHANNEL, Fence, Fenced};
 
+/// The state of a turn whose call waits for a person (`turns.state`).
+pub const AWAITING: &str = "awaiting_approval";
+
 /// The SQL condition, on a `turn_sections` row aliased `c`, that its section has a parked
-/// call still waiting: such a section is not claimed.
+/// call still waiting: such a section is not claimed. A waiting call whose card is not
+/// recorded is parked only until its next try ([`card_failed`]): the resumed turn posts it.
 pub(crate) const PARKED: &str =
     "EXISTS (SELECT 1 FROM call_approvals a JOIN turns t ON t.id = a.turn_id
-     WHERE a.section_id = c.section_id AND a.state = 'waiting' AND t.state = 'running'
-       AND a.deadline > now() AND t.stop_requested_at IS NULL)";
+     WHERE a.section_id = c.section_id AND a.state = 'waiting'
+       AND t.state = 'awaiting_approval' AND a.deadline > now() AND t.stop_requested_at IS NULL
+       AND (a.card_message_id IS NOT NULL OR a.card_retry_at > now()))";
+
+/// The first wait before posting a card again after a failed post; it doubles with each
+/// failure, up to [`CARD_RETRY_MAX`].
+const CARD_RETRY_FIRST: Duration = Duration::from_secs(2);
+const CARD_RETRY_MAX: Duration = Duration::from_secs(120);
 
 /// Who may answer a parked call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +53,14 @@ impl Approvers {
         match self {
             Approvers::Admins => "admins",
             Approvers::Requester => "requester",
+        }
+    }
+
+    /// Who may answer, as a card or a status line says it.
+    pub fn who(self) -> &'static str {
+        match self {
+            Approvers::Admins => "an admin",
+            Approvers::Requester => "the requester",
         }
     }
 
@@ -187,7 +209,7 @@ pub async fn get(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<Option<Pa
 }
 
 /// Parks call `key` of `turn_id` (idempotent: a second park of the same call changes
-/// nothing) and marks the turn parked. Returns the stored row.
+/// nothing) and moves the turn to [`AWAITING`]. Returns the stored row.
 pub async fn park(
     fence: &Fence,
     turn_id: i64,
@@ -215,10 +237,7 @@ pub async fn park(
     .bind(crate::shell::shape::shape(&ask.command))
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE turns SET parked = true WHERE id = $1")
-        .bind(turn_id)
-        .execute(&mut *tx)
-        .await?;
+    await_approval(&mut tx, turn_id).await?;
     let parked = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM call_approvals a JOIN turns t ON t.id = a.turn_id
           WHERE a.turn_id = $1 AND a.call_key = $2"
@@ -232,6 +251,23 @@ pub async fn park(
     Ok(parked)
 }
 
+async fn await_approval(conn: &mut sqlx::PgConnection, turn_id: i64) -> sqlx::Result<()> {
+    sqlx::query("UPDATE turns SET state = 'awaiting_approval' WHERE id = $1 AND state = 'running'")
+        .bind(turn_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Moves a resumed turn whose call still waits back to [`AWAITING`] (a claim that raced
+/// nothing but found the wait not over), so the section is left alone again.
+pub async fn keep_waiting(fence: &Fence, turn_id: i64) -> Result<(), Fenced> {
+    let mut tx = fence.begin().await?;
+    await_approval(&mut tx, turn_id).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Records the card posted for a parked call.
 pub async fn set_card(db: &PgPool, turn_id: i64, key: &str, message_id: &str) -> sqlx::Result<()> {
     sqlx::query(
@@ -241,6 +277,23 @@ pub async fn set_card(db: &PgPool, turn_id: i64, key: &str, message_id: &str) ->
     .bind(turn_id)
     .bind(key)
     .bind(message_id)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Records that posting the card of a waiting call failed: the section stays parked until the
+/// next try, [`CARD_RETRY_FIRST`] doubling with each failure up to [`CARD_RETRY_MAX`].
+pub async fn card_failed(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE call_approvals SET card_tries = card_tries + 1,
+                card_retry_at = now() + make_interval(secs => least($3 * power(2, least(card_tries, 16)), $4))
+          WHERE turn_id = $1 AND call_key = $2 AND card_message_id IS NULL",
+    )
+    .bind(turn_id)
+    .bind(key)
+    .bind(CARD_RETRY_FIRST.as_secs_f64())
+    .bind(CARD_RETRY_MAX.as_secs_f64())
     .execute(db)
     .await?;
     Ok(())
@@ -351,18 +404,19 @@ pub async fn decide(
 }
 
 /// Who allowed commands of this shape, at this location, in this section, while that
-/// allowance holds; `None` when nothing covers it (a command without a shape never is).
+/// allowance holds, and who had asked then, as (decided_by, requester); `None` when nothing
+/// covers it (a command without a shape never is).
 pub async fn allowed_in_thread(
     db: &PgPool,
     section: &str,
     location: &str,
     command: &str,
-) -> sqlx::Result<Option<String>> {
+) -> sqlx::Result<Option<(String, String)>> {
     let Some(shape) = crate::shell::shape::shape(command) else {
         return Ok(None);
     };
-    sqlx::query_scalar(
-        "SELECT decided_by FROM call_approvals
+    sqlx::query_as(
+        "SELECT decided_by, requester FROM call_approvals
           WHERE section_id = $1 AND shape = $2 AND location = $3 AND scope = 'thread'
             AND state = 'allowed' AND thread_until > now()
           ORDER BY decided_at DESC LIMIT 1",

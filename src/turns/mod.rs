@@ -11,8 +11,9 @@
 //! [`CancelReason`]. Every write the work makes goes through its [`Fence`], which refuses it
 //! once the section has been claimed by someone else.
 //!
-//! A call waiting for a person's approval parks its turn ([`approval`]): the runner lets go
-//! of the section, which no runner claims until the decision, the deadline or a `/stop`.
+//! A call waiting for a person's approval parks its turn ([`approval`]): the turn reads
+//! `awaiting_approval` and the runner lets go of the section, which no runner claims until the
+//! decision, the deadline or a `/stop`; the claim after that makes the turn `running` again.
 //!
 //! What a request brought besides its text — the messages it quoted, its images — is kept in
 //! [`inputs`].
@@ -103,6 +104,12 @@ pub async fn request_stop(db: &PgPool, section: &str, by: &str) -> sqlx::Result<
     store::request_stop(db, section, by).await
 }
 
+/// The state of `section`'s live turn — `running`, or [`approval::AWAITING`] while a call
+/// waits for a person — if one is live.
+pub async fn live_state(db: &PgPool, section: &str) -> sqlx::Result<Option<String>> {
+    store::live_state(db, section).await
+}
+
 /// Why a turn's token was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelReason {
@@ -167,8 +174,11 @@ pub struct ActiveTurn {
     pub chat_id: String,
     /// The requests this turn answers, in order.
     pub messages: Vec<TurnMessage>,
-    /// How many times the turn has been claimed (1 = first run, more = resumed).
+    /// How many times the turn has been claimed (1 = first run, more = resumed); the claim
+    /// after an approval wait is not counted.
     pub attempt: i32,
+    /// Whether this claim resumes the turn after it awaited a person's approval.
+    pub awaited: bool,
     /// Budget left when this runner took the turn.
     pub budget_left: Duration,
     /// Whether the final answer went out already (a resume after it only finishes up).
@@ -213,7 +223,8 @@ pub trait TurnWork: Send + Sync + 'static {
 /// waits or runs. (The terminal console waits on it to run piped lines in order.)
 pub async fn request_settled(db: &PgPool, message_id: &str) -> sqlx::Result<Option<bool>> {
     sqlx::query_scalar(
-        "SELECT r.dropped_at IS NOT NULL OR COALESCE(t.state <> 'running', false)
+        "SELECT r.dropped_at IS NOT NULL
+                OR COALESCE(t.state NOT IN ('running', 'awaiting_approval'), false)
            FROM turn_requests r LEFT JOIN turns t ON t.id = r.turn_id
           WHERE r.message_id = $1",
     )

@@ -65,7 +65,7 @@ pub(super) async fn request_stop(
     let mut tx = db.begin().await?;
     let running: Option<(i64, bool)> = sqlx::query_as(
         "SELECT id, stop_requested_at IS NOT NULL FROM turns
-         WHERE section_id = $1 AND state = 'running' FOR UPDATE",
+         WHERE section_id = $1 AND state IN ('running', 'awaiting_approval') FOR UPDATE",
     )
     .bind(section)
     .fetch_optional(&mut *tx)
@@ -112,6 +112,15 @@ pub(super) async fn request_stop(
     };
     tx.commit().await?;
     Ok(out)
+}
+
+pub(super) async fn live_state(db: &PgPool, section: &str) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT state FROM turns WHERE section_id = $1 AND state IN ('running', 'awaiting_approval')",
+    )
+    .bind(section)
+    .fetch_optional(db)
+    .await
 }
 
 /// A held claim on a section.
@@ -227,7 +236,7 @@ pub(super) async fn release(db: &PgPool, lease: &Lease) -> sqlx::Result<()> {
                     pending = EXISTS (SELECT 1 FROM turn_requests r WHERE r.section_id = $1
                                        AND r.turn_id IS NULL AND r.dropped_at IS NULL)
                            OR EXISTS (SELECT 1 FROM turns t WHERE t.section_id = $1
-                                       AND t.state = 'running')
+                                       AND t.state IN ('running', 'awaiting_approval'))
               WHERE c.section_id = $1 AND c.generation = $2
               RETURNING c.pending AND NOT {parked}",
             parked = super::approval::PARKED
@@ -266,23 +275,29 @@ pub(super) async fn open_turn(
         tx.commit().await?;
         return Ok(None);
     }
-    // Resuming a parked turn after its decision is not another attempt.
+    // Resuming a turn that awaited an approval is not another attempt; one that was left
+    // running (its runner went away) is.
+    // (`RETURNING` sees the new row; the old state is read in a subquery.)
     let running = sqlx::query(
-        "UPDATE turns SET attempts = attempts + CASE WHEN parked THEN 0 ELSE 1 END,
-                          parked = false
-          WHERE section_id = $1 AND state = 'running'
-         RETURNING id, chat_id, attempts, spent_ms, answered_at IS NOT NULL",
+        "UPDATE turns t SET attempts = t.attempts + CASE WHEN t.state = 'running' THEN 1 ELSE 0 END,
+                            state = 'running'
+           FROM (SELECT id, state FROM turns WHERE section_id = $1
+                    AND state IN ('running', 'awaiting_approval') FOR UPDATE) old
+          WHERE t.id = old.id
+         RETURNING t.id, t.chat_id, t.attempts, t.spent_ms, t.answered_at IS NOT NULL,
+                   old.state = 'awaiting_approval'",
     )
     .bind(&fence.section)
     .fetch_optional(&mut *tx)
     .await?;
-    let (id, chat_id, attempt, spent_ms, answered) = match running {
+    let (id, chat_id, attempt, spent_ms, answered, awaited) = match running {
         Some(r) => (
             r.try_get::<i64, _>(0)?,
             r.try_get::<String, _>(1)?,
             r.try_get::<i32, _>(2)?,
             r.try_get::<i64, _>(3)?,
             r.try_get::<bool, _>(4)?,
+            r.try_get::<bool, _>(5)?,
         ),
         None => {
             let waiting: Vec<(i64, String)> = sqlx::query_as(
@@ -311,7 +326,7 @@ pub(super) async fn open_turn(
                 .bind(&ids)
                 .execute(&mut *tx)
                 .await?;
-            (id, chat_id, 1, 0, false)
+            (id, chat_id, 1, 0, false, false)
         }
     };
     let messages = sqlx::query(
@@ -340,6 +355,7 @@ pub(super) async fn open_turn(
         chat_id,
         messages,
         attempt,
+        awaited,
         budget_left: budget.saturating_sub(spent),
         answered,
         fence: fence.clone(),
@@ -428,7 +444,7 @@ impl Fence {
         let mut tx = self.begin().await?;
         sqlx::query(
             "UPDATE turns SET state = $2, outcome = $3, ended_at = now()
-              WHERE id = $1 AND state = 'running'",
+              WHERE id = $1 AND state IN ('running', 'awaiting_approval')",
         )
         .bind(turn_id)
         .bind(end.as_str())

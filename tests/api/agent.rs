@@ -280,7 +280,7 @@ pub(crate) async fn wait_turns_ended(app: &TestApp, section: &str, n: usize) -> 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     loop {
         let s = turn_states(app, section).await;
-        if s.len() >= n && s.iter().all(|s| s != "running") {
+        if s.len() >= n && s.iter().all(|s| s != "running" && s != "awaiting_approval") {
             return s;
         }
         if tokio::time::Instant::now() > deadline {

@@ -10,9 +10,11 @@ use serde_json::{Value, json};
 use sshmode::exec::Place;
 
 use crate::agent::{Env, MODEL, accept, call, say, tool_results, unique, wait_turns_ended};
-use crate::fake_lark::FakeLark;
+use crate::fake_lark::{Failure, FakeLark};
 use crate::helpers::{TestApp, eventually};
-use crate::lark_support::{ENCRYPT_KEY, TOKEN, post, sealed_now, wait_state};
+use crate::lark_support::{
+    ENCRYPT_KEY, Msg, TOKEN, now_secs, post, sealed, sealed_now, wait_state,
+};
 
 /// Asks (a recursive delete of an unknown path) and leaves a mark in the working directory
 /// when it runs.
@@ -76,17 +78,27 @@ fn button_value(card: &Value, id: &str) -> Value {
         .clone()
 }
 
-/// The approval cards posted in reply to `message_id`.
+/// The approval cards posted in reply to `message_id` (not a progress card, which is sent by
+/// its CardKit id).
 fn cards(lark: &FakeLark, message_id: &str) -> Vec<Value> {
     lark.requests_to(&format!("/messages/{message_id}/reply"))
         .into_iter()
         .filter(|r| r.body["msg_type"] == "interactive")
-        .map(|r| serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap())
+        .map(|r| serde_json::from_str::<Value>(r.body["content"].as_str().unwrap()).unwrap())
+        .filter(|c| c["type"] != "card")
         .collect()
 }
 
 /// Waits for the call of `section` to be parked with its card posted: (card message id, card).
 pub(crate) async fn parked_card(env: &Env, section: &str, message_id: &str) -> (String, Value) {
+    let id = waiting_card(env, section).await;
+    let posted = cards(&env.lark, message_id);
+    assert_eq!(posted.len(), 1, "one card: {posted:#?}");
+    (id, posted[0].clone())
+}
+
+/// Waits for a call of `section` to wait with its card recorded; the card's message id.
+async fn waiting_card(env: &Env, section: &str) -> String {
     let db = env.app.state.db.clone();
     let mut id: Option<String> = None;
     eventually("the approval card", Duration::from_secs(30), async || {
@@ -101,9 +113,32 @@ pub(crate) async fn parked_card(env: &Env, section: &str, message_id: &str) -> (
         id.is_some()
     })
     .await;
-    let posted = cards(&env.lark, message_id);
-    assert_eq!(posted.len(), 1, "one card: {posted:#?}");
-    (id.unwrap(), posted[0].clone())
+    id.unwrap()
+}
+
+/// `/ssh status` sent in `thread` as a signed event; returns the reply's text.
+async fn ssh_status(env: &Env, thread: &str) -> String {
+    let event_id = unique("ev_status");
+    let mut m = Msg::new(&event_id, "@_user_1 /ssh status");
+    m.chat_type = "group";
+    m.mention_bot = true;
+    m.thread_id = Some(thread.to_string());
+    m.root_id = Some(unique("om_root"));
+    let (status, body) = post(
+        &env.app,
+        sealed(&m.envelope(TOKEN), ENCRYPT_KEY, now_secs()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    wait_state(&env.app, &event_id, "done").await;
+    env.lark
+        .requests_to(&format!("/messages/{}/reply", m.message_id))
+        .iter()
+        .map(|r| {
+            let content: Value = serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
+            content["text"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
 }
 
 async fn workdir(app: &TestApp, section: &str) -> PathBuf {
@@ -165,7 +200,7 @@ async fn a_risky_command_waits_for_a_click_and_allow_once_runs_it() {
         .count();
     assert_eq!(buttons, 3);
 
-    // Parked: nothing ran, the section is not held by any runner, the turn still runs.
+    // Parked: nothing ran, the section is not held by any runner, the turn awaits approval.
     let dir = workdir(&env.app, &thread).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!dir.join("ran_marker").exists(), "ran before any click");
@@ -175,7 +210,14 @@ async fn a_risky_command_waits_for_a_click_and_allow_once_runs_it() {
     );
     assert_eq!(
         crate::agent::turn_states(&env.app, &thread).await,
-        vec!["running"]
+        vec!["awaiting_approval"]
+    );
+    // `/ssh status` in the thread says what waits, for whom.
+    let status = ssh_status(&env, &thread).await;
+    assert!(
+        status.contains("Task: waiting for approval by the requester until ")
+            && status.contains("`touch ran_marker && rm -rf \"$NOPE_DIR\"`"),
+        "{status}"
     );
 
     // A stranger's click is refused at once and changes nothing.
@@ -188,7 +230,7 @@ async fn a_risky_command_waits_for_a_click_and_allow_once_runs_it() {
     );
     assert_eq!(
         crate::agent::turn_states(&env.app, &thread).await,
-        vec!["running"]
+        vec!["awaiting_approval"]
     );
 
     // The requester allows it once: it runs, the model reads who allowed it, the card says so.
@@ -198,12 +240,12 @@ async fn a_risky_command_waits_for_a_click_and_allow_once_runs_it() {
     assert!(dir.join("ran_marker").exists());
     let results = tool_results(&env.llm);
     assert!(
-        results[0].starts_with("allowed by ou_user:\n[local]"),
+        results[0].starts_with("allowed by the requester (ou_user):\n[local]"),
         "{results:?}"
     );
     let patched = last_patch(&env.lark, &card.0);
     assert!(
-        patched.contains("Allowed once") && patched.contains("ou_user"),
+        patched.contains("Allowed once") && patched.contains("by <at id=ou_user></at>"),
         "{patched}"
     );
 
@@ -228,7 +270,10 @@ async fn deny_refuses_the_command() {
     assert_eq!(answer["toast"]["type"], "info", "{answer}");
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
     let results = tool_results(&env.llm);
-    assert!(results[0].starts_with("denied by ou_admin"), "{results:?}");
+    assert!(
+        results[0].starts_with("denied by an admin (ou_admin): the command was not run"),
+        "{results:?}"
+    );
     assert!(!workdir(&env.app, &thread).await.join("ran_marker").exists());
     assert!(last_patch(&env.lark, &card.0).contains("Denied"));
     env.app.stop().await;
@@ -297,7 +342,7 @@ async fn parked_turns_hold_no_worker_and_other_sections_are_served() {
     for s in [&first, &second] {
         assert_eq!(
             crate::agent::turn_states(&env.app, s).await,
-            vec!["running"]
+            vec!["awaiting_approval"]
         );
     }
     env.app.stop().await;
@@ -336,23 +381,17 @@ async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_
     assert!(!dir.join("third_marker").exists());
     let results = tool_results(&env.llm);
     assert!(
-        results[0].starts_with("allowed by ou_user:\n"),
+        results[0].starts_with("allowed by the requester (ou_user):\n"),
         "{results:?}"
     );
     assert!(
-        results[1].starts_with("allowed in this thread by ou_user:\n[local]"),
+        results[1].starts_with("allowed in this thread by the requester (ou_user):\n[local]"),
         "{results:?}"
     );
     assert!(last_patch(&env.lark, &card.0).contains("Allowed in this thread"));
 
     let second = cards(&env.lark, &msg)[1].clone();
-    let id: String = sqlx::query_scalar(
-        "SELECT card_message_id FROM call_approvals WHERE section_id = $1 AND state = 'waiting'",
-    )
-    .bind(&thread)
-    .fetch_one(&env.app.state.db)
-    .await
-    .unwrap();
+    let id = waiting_card(&env, &thread).await;
     env.llm.push(MODEL, say("finished"));
     press(&env.app, "ou_user", &(id, second), "btn_deny").await;
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
@@ -436,7 +475,7 @@ async fn on_a_target_admins_answer_and_a_restart_keeps_the_wait_for_the_other_re
     assert!(home.join(&mark).exists());
     let results = tool_results(&env.llm);
     assert!(
-        results[1].starts_with("allowed by ou_admin:\n[web"),
+        results[1].starts_with("allowed by an admin (ou_admin):\n[web"),
         "{results:?}"
     );
     let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM turns WHERE section_id = $1")
@@ -604,7 +643,10 @@ async fn shell_code_the_guard_asks_about_is_parked_too() {
     press(&env.app, "ou_user", &card, "btn_once").await;
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
     let results = tool_results(&env.llm);
-    assert!(results[0].starts_with("allowed by ou_user"), "{results:?}");
+    assert!(
+        results[0].starts_with("allowed by the requester (ou_user):\n"),
+        "{results:?}"
+    );
     assert!(dir.join("ran_marker").exists());
     env.app.stop().await;
 }
@@ -691,5 +733,181 @@ async fn a_crash_before_the_verdict_never_turns_an_asked_call_into_an_unknown_ou
     let results = tool_results(&env.llm);
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].starts_with("allowed by "), "{results:?}");
+    other.stop().await;
+}
+
+/// With live progress: the running step says it waits for approval and by whom, and once
+/// answered, the step says how (a mention Lark shows as the person's name); the steps before
+/// the wait stay listed, and the card does not call the resume an interruption.
+#[tokio::test]
+async fn the_progress_card_shows_the_wait_and_who_answered() {
+    let env = Env::builder()
+        .progress()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ])
+        .spawn()
+        .await;
+    let thread = unique("omt_progress");
+    let msg = unique("om_progress");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo before"})))
+        .push(MODEL, call("terminal", json!({"command": RISKY})));
+    accept(&env.app, &thread, &msg, "clean up").await;
+    let card = parked_card(&env, &thread, &msg).await;
+    let lark = &env.lark;
+    let steps = || {
+        lark.cards()
+            .first()
+            .map(|c| c.element("steps"))
+            .unwrap_or_default()
+    };
+    eventually("the waiting step", Duration::from_secs(20), async || {
+        steps().contains("waiting for approval by the requester")
+    })
+    .await;
+    let shown = steps();
+    assert!(
+        shown.contains("✋ **terminal** · local · `touch ran_marker"),
+        "{shown}"
+    );
+    assert!(shown.contains("`echo before` · exit 0"), "{shown}");
+
+    // Allowed once by the requester; the next risky command is denied by an admin.
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "touch denied_marker && rm -r \"$NOPE_DIR\""}),
+        ),
+    );
+    press(&env.app, "ou_user", &card, "btn_once").await;
+    let second = waiting_card(&env, &thread).await;
+    let posted = cards(&env.lark, &msg);
+    assert_eq!(posted.len(), 2, "{posted:#?}");
+    env.llm.push(MODEL, say("finished"));
+    press(
+        &env.app,
+        "ou_admin",
+        &(second, posted[1].clone()),
+        "btn_deny",
+    )
+    .await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let closed = crate::progress::closed_card(&env.lark).await;
+    let shown = closed.element("steps");
+    assert_eq!(env.lark.cards().len(), 1, "one progress card");
+    assert!(shown.contains("`echo before` · exit 0"), "{shown}");
+    assert!(
+        shown.contains("· exit 0 · ")
+            && shown.contains(" · allowed once by <at id=ou_user></at>\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("❌ **terminal** · local · `touch denied_marker")
+            && shown.contains("· not run · ")
+            && shown.contains(" · denied by <at id=ou_admin></at>\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains("waiting for approval"), "{shown}");
+    assert!(!shown.contains("Resumed after an interruption"), "{shown}");
+    env.app.stop().await;
+}
+
+/// The message ids of the approval cards Lark created (after its de-duplication by uuid).
+fn approval_cards_created(lark: &FakeLark) -> Vec<String> {
+    lark.posted()
+        .iter()
+        .filter(|m| {
+            m["body"]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("call_approval"))
+        })
+        .map(|m| m["message_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The card's post fails (5xx, past the client's retries): the call still waits, the section
+/// is claimed again and the resumed turn posts the card — once — and its click runs the call.
+#[tokio::test]
+async fn a_card_post_that_fails_is_posted_again_and_its_click_works() {
+    let env = env(&[]).await;
+    let thread = unique("omt_retry");
+    let msg = unique("om_retry");
+    env.lark.fail_next(
+        &format!("/messages/{msg}/reply"),
+        vec![Failure::ServerError; 4],
+    );
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": RISKY})));
+    accept(&env.app, &thread, &msg, "clean up").await;
+    let id = waiting_card(&env, &thread).await;
+    let tries: i32 =
+        sqlx::query_scalar("SELECT card_tries FROM call_approvals WHERE section_id = $1")
+            .bind(&thread)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(tries, 1, "one failed post before the card");
+    assert_eq!(approval_cards_created(&env.lark), vec![id.clone()]);
+    let card = cards(&env.lark, &msg).pop().unwrap();
+    let dir = workdir(&env.app, &thread).await;
+    assert!(!dir.join("ran_marker").exists(), "ran before the click");
+    env.llm.push(MODEL, say("finished"));
+    let answer = press(&env.app, "ou_user", &(id, card), "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    assert!(dir.join("ran_marker").exists());
+    assert_eq!(approval_cards_created(&env.lark).len(), 1);
+    env.app.stop().await;
+}
+
+/// The service dies while the card's post is under way (after the parked row, before the
+/// card is recorded): another replica claims the section, posts the card — Lark
+/// de-duplicates a post that did land — and the click on it runs the call.
+#[tokio::test]
+async fn a_crash_between_the_parked_row_and_the_card_leaves_one_card_that_works() {
+    let lease = ("SSHMODE_TURN_LEASE_SECS", "2");
+    let env = env(&[lease]).await;
+    let thread = unique("omt_cardcrash");
+    let msg = unique("om_cardcrash");
+    let reply = format!("/messages/{msg}/reply");
+    env.lark.hold(&reply);
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": RISKY})));
+    accept(&env.app, &thread, &msg, "clean up").await;
+    let lark = &env.lark;
+    eventually("the card's post", Duration::from_secs(20), async || {
+        !lark.requests_to(&reply).is_empty()
+    })
+    .await;
+    env.app.state.turns.halt_abruptly();
+    let (state, card): (String, Option<String>) = sqlx::query_as(
+        "SELECT t.state, a.card_message_id FROM call_approvals a JOIN turns t ON t.id = a.turn_id
+          WHERE a.section_id = $1",
+    )
+    .bind(&thread)
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!((state.as_str(), card), ("awaiting_approval", None));
+    env.lark.release();
+    let other = crate::agent::builder(&env.llm, &env.lark, &env.control)
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .var("SSHMODE_ADMINS", "ou_admin")
+        .var(lease.0, lease.1)
+        .database(&env.app.db_url)
+        .spawn()
+        .await;
+    let id = waiting_card(&env, &thread).await;
+    assert_eq!(approval_cards_created(&env.lark), vec![id.clone()]);
+    let card = cards(&env.lark, &msg).pop().unwrap();
+    env.llm.push(MODEL, say("cleaned"));
+    let answer = press(&other, "ou_user", &(id, card), "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(&other, &thread, 1).await, vec!["done"]);
+    assert!(workdir(&other, &thread).await.join("ran_marker").exists());
+    assert_eq!(approval_cards_created(&env.lark).len(), 1);
     other.stop().await;
 }
