@@ -5,8 +5,10 @@
 //! who answered by role and open_id ([`who`]): the service knows no display names (a card
 //! click carries only the clicker's open_id), while the card mentions them by name.
 //!
-//! The card goes out through [`super::ChatOut::show_approval`]; where nobody can be asked (no card
-//! channel) or the command is too long to show whole, the call stays refused.
+//! The card goes out through [`super::ChatOut::show_approval`] (idempotent per turn and
+//! call); a card that was not recorded — its post failed, or the runner died first — is posted
+//! by the turn resumed to do so. Where nobody can be asked (no card channel) or the command is
+//! too long to show whole, the call stays refused.
 
 use serde_json::json;
 

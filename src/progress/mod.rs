@@ -19,8 +19,10 @@
 //! a resumed turn has one stored, or earlier calls to show): an answer without tools costs no
 //! card at all. At `Ended` the turn's Lark calls — the chat side's, which `Ended` carries,
 //! plus the card's — go to the `sshmode_lark_calls_per_turn` histogram. Only the replica running the turn has a writer, so only the turn's runner writes
-//! its card; `Left` (the runner let go without ending: shutdown, lost lease, error) ends the writer
-//! without closing the card, and whoever resumes the turn opens a new writer on the same card.
+//! its card; `Left` (the runner let go without ending: shutdown, lost lease, error, a call parked for
+//! approval) ends the writer without closing the card — after `Awaiting`, once the card shows
+//! the step waiting and by whom — and whoever resumes the turn opens a new writer on the same
+//! card (a turn resumed after an approval lists its earlier steps again too).
 //! A runner that resumes a turn reads the calls earlier runners finished from the turn's
 //! `agent.tool` event-log entries (before it writes anything) and sends them once as
 //! `StepEvent::Earlier`, so the card lists them again, interrupted calls included.

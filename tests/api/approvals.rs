@@ -911,3 +911,30 @@ async fn a_crash_between_the_parked_row_and_the_card_leaves_one_card_that_works(
     assert_eq!(approval_cards_created(&env.lark).len(), 1);
     other.stop().await;
 }
+
+/// With live progress, a wait nobody answers ends on the card as such.
+#[tokio::test]
+async fn the_progress_card_shows_a_wait_that_nobody_answered() {
+    let env = Env::builder()
+        .progress()
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+            ("SSHMODE_APPROVAL_TIMEOUT_SECS", "2"),
+        ])
+        .spawn()
+        .await;
+    let (thread, _msg, _card) = risky_turn(&env).await;
+    env.llm.push(MODEL, say("finished"));
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    let shown = crate::progress::closed_card(&env.lark)
+        .await
+        .element("steps");
+    assert!(
+        shown.contains("❌ **terminal** · local · `touch ran_marker")
+            && shown.contains(" · not run · ")
+            && shown.contains(" · no answer in 2 s\n"),
+        "{shown}"
+    );
+    env.app.stop().await;
+}

@@ -389,13 +389,13 @@ async fn console_asks_inline_and_the_next_piped_line_answers() {
         "{out}"
     );
     assert!(
-        line(&out, "first: ").contains("allowed by console:"),
+        line(&out, "first: ").contains("allowed by the requester (console:"),
         "{out}"
     );
     assert!(line(&out, "first: ").contains("first_ran"), "{out}");
     let second = line(&out, "second: ");
     assert!(
-        second.contains("denied by console:") && !second.contains("second_ran"),
+        second.contains("denied by the requester (console:") && !second.contains("second_ran"),
         "{out}"
     );
     assert!(out.contains("third: an answer"), "{out}");
