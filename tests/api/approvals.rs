@@ -151,6 +151,17 @@ async fn workdir(app: &TestApp, section: &str) -> PathBuf {
     PathBuf::from(backend.initial_dir(section).await.unwrap())
 }
 
+/// Nothing ran before the click; the requester's Allow once, through `app`, runs the call and
+/// the turn ends done.
+async fn allow_once_runs_it(app: &TestApp, thread: &str, card: &(String, Value)) {
+    let dir = workdir(app, thread).await;
+    assert!(!dir.join("ran_marker").exists(), "ran before the click");
+    let answer = press(app, "ou_user", card, "btn_once").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(wait_turns_ended(app, thread, 1).await, vec!["done"]);
+    assert!(dir.join("ran_marker").exists());
+}
+
 /// Whether the section is claimed by a runner now.
 async fn held(app: &TestApp, section: &str) -> bool {
     sqlx::query_scalar("SELECT holder IS NOT NULL FROM turn_sections WHERE section_id = $1")
@@ -638,16 +649,12 @@ async fn shell_code_the_guard_asks_about_is_parked_too() {
         "{}",
         card.1
     );
-    let dir = workdir(&env.app, &thread).await;
-    assert!(!dir.join("ran_marker").exists(), "ran before any click");
-    press(&env.app, "ou_user", &card, "btn_once").await;
-    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    allow_once_runs_it(&env.app, &thread, &card).await;
     let results = tool_results(&env.llm);
     assert!(
         results[0].starts_with("allowed by the requester (ou_user):\n"),
         "{results:?}"
     );
-    assert!(dir.join("ran_marker").exists());
     env.app.stop().await;
 }
 
@@ -723,13 +730,8 @@ async fn a_crash_before_the_verdict_never_turns_an_asked_call_into_an_unknown_ou
         results.iter().all(|r| !r.contains("outcome unknown")),
         "{results:?}"
     );
-    let dir = workdir(&other, &thread).await;
-    assert!(!dir.join("ran_marker").exists(), "ran before the click");
     env.llm.push(MODEL, say("cleaned"));
-    let answer = press(&other, "ou_user", &card, "btn_once").await;
-    assert_eq!(answer["toast"]["type"], "info", "{answer}");
-    assert_eq!(wait_turns_ended(&other, &thread, 1).await, vec!["done"]);
-    assert!(dir.join("ran_marker").exists());
+    allow_once_runs_it(&other, &thread, &card).await;
     let results = tool_results(&env.llm);
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].starts_with("allowed by "), "{results:?}");
@@ -852,13 +854,8 @@ async fn a_card_post_that_fails_is_posted_again_and_its_click_works() {
     assert_eq!(tries, 1, "one failed post before the card");
     assert_eq!(approval_cards_created(&env.lark), vec![id.clone()]);
     let card = cards(&env.lark, &msg).pop().unwrap();
-    let dir = workdir(&env.app, &thread).await;
-    assert!(!dir.join("ran_marker").exists(), "ran before the click");
     env.llm.push(MODEL, say("finished"));
-    let answer = press(&env.app, "ou_user", &(id, card), "btn_once").await;
-    assert_eq!(answer["toast"]["type"], "info", "{answer}");
-    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
-    assert!(dir.join("ran_marker").exists());
+    allow_once_runs_it(&env.app, &thread, &(id, card)).await;
     assert_eq!(approval_cards_created(&env.lark).len(), 1);
     env.app.stop().await;
 }
@@ -904,10 +901,7 @@ async fn a_crash_between_the_parked_row_and_the_card_leaves_one_card_that_works(
     assert_eq!(approval_cards_created(&env.lark), vec![id.clone()]);
     let card = cards(&env.lark, &msg).pop().unwrap();
     env.llm.push(MODEL, say("cleaned"));
-    let answer = press(&other, "ou_user", &(id, card), "btn_once").await;
-    assert_eq!(answer["toast"]["type"], "info", "{answer}");
-    assert_eq!(wait_turns_ended(&other, &thread, 1).await, vec!["done"]);
-    assert!(workdir(&other, &thread).await.join("ran_marker").exists());
+    allow_once_runs_it(&other, &thread, &(id, card)).await;
     assert_eq!(approval_cards_created(&env.lark).len(), 1);
     other.stop().await;
 }

@@ -133,26 +133,26 @@ async fn typed(env: &Env, section: &str, id: &str, data: &str) {
         .unwrap();
 }
 
-/// Reads until `pattern` matches (at most 15 s) and asserts it did.
-async fn until(env: &Env, section: &str, id: &str, mode: ReadMode, pattern: &str) -> ShellRead {
-    let r = env
-        .app
+/// Reads shell `id` of `section` as `opts` says.
+async fn read(env: &Env, section: &str, id: &str, opts: ReadOpts) -> ShellRead {
+    env.app
         .state
         .exec
         .shells
-        .read(
-            section,
-            id,
-            ReadOpts {
-                mode,
-                since: None,
-                wait: Duration::from_secs(15),
-                expect: Some(regex::Regex::new(pattern).unwrap()),
-            },
-            &CancellationToken::new(),
-        )
+        .read(section, id, opts, &CancellationToken::new())
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Reads until `pattern` matches (at most 15 s) and asserts it did.
+async fn until(env: &Env, section: &str, id: &str, mode: ReadMode, pattern: &str) -> ShellRead {
+    let opts = ReadOpts {
+        mode,
+        since: None,
+        wait: Duration::from_secs(15),
+        expect: Some(regex::Regex::new(pattern).unwrap()),
+    };
+    let r = read(env, section, id, opts).await;
     assert_eq!(
         r.matched,
         Some(true),
@@ -239,24 +239,13 @@ async fn top_and_less(place: Place) {
     typed(&env, &s, &id, " ").await;
     until(&env, &s, &id, ReadMode::Screen, r"(?m)^line 46$").await;
     typed(&env, &s, &id, "q").await;
-    let r = env
-        .app
-        .state
-        .exec
-        .shells
-        .read(
-            &s,
-            &id,
-            ReadOpts {
-                mode: ReadMode::Screen,
-                since: None,
-                wait: Duration::from_secs(2),
-                expect: None,
-            },
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let opts = ReadOpts {
+        mode: ReadMode::Screen,
+        since: None,
+        wait: Duration::from_secs(2),
+        expect: None,
+    };
+    let r = read(&env, &s, &id, opts).await;
     assert!(
         !r.screen.unwrap().alternate,
         "less has left the alternate screen"
@@ -537,6 +526,38 @@ async fn stop_ends_a_waiting_read() {
     assert_eq!(env.app.state.exec.shells.list(&s).len(), 1);
 }
 
+/// An app whose approval cards can be clicked (signed callbacks; `ou_admin` is an admin).
+async fn approving(builder: crate::agent::EnvBuilder) -> Env {
+    builder
+        .vars(&[
+            ("LARK_ENCRYPT_KEY", crate::lark_support::ENCRYPT_KEY),
+            ("SSHMODE_ADMINS", "ou_admin"),
+        ])
+        .spawn()
+        .await
+}
+
+/// One turn in which the model types each of `writes` into shell `id` of `section`, the
+/// section's `turns`-th; the tool results of the section so far.
+async fn typed_by_the_model(
+    env: &Env,
+    section: &str,
+    id: &str,
+    writes: &[&str],
+    turns: usize,
+) -> Vec<String> {
+    for data in writes {
+        env.llm.push(
+            MODEL,
+            call("shell_write", json!({"shell_id": id, "data": data})),
+        );
+    }
+    env.llm.push(MODEL, say("typed"));
+    accept(&env.app, section, &unique("om_type"), "type").await;
+    wait_turns_ended(&env.app, section, turns).await;
+    tool_results(&env.llm)
+}
+
 /// The shell ids open in `section`.
 fn shell_ids(env: &Env, section: &str) -> Vec<String> {
     env.app
@@ -551,24 +572,13 @@ fn shell_ids(env: &Env, section: &str) -> Vec<String> {
 
 /// All raw output of a shell so far.
 async fn raw_output(env: &Env, section: &str, id: &str) -> String {
-    let r = env
-        .app
-        .state
-        .exec
-        .shells
-        .read(
-            section,
-            id,
-            ReadOpts {
-                mode: ReadMode::Raw,
-                since: Some(0),
-                wait: Duration::from_millis(300),
-                expect: None,
-            },
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let opts = ReadOpts {
+        mode: ReadMode::Raw,
+        since: Some(0),
+        wait: Duration::from_millis(300),
+        expect: None,
+    };
+    let r = read(env, section, id, opts).await;
     r.raw.map(|c| c.text).unwrap_or_default()
 }
 
@@ -577,14 +587,7 @@ async fn on_a_target_that_asks_a_shell_opens_after_an_admins_click() {
     if !sshd::available() {
         return;
     }
-    let env = Env::builder()
-        .vars(&[
-            ("LARK_ENCRYPT_KEY", crate::lark_support::ENCRYPT_KEY),
-            ("SSHMODE_ADMINS", "ou_admin"),
-        ])
-        .target("web")
-        .spawn()
-        .await;
+    let env = approving(Env::builder().target("web")).await;
     target_set(&env, Some(Permission::Full), None).await;
     let s = unique("omt_askopen");
     bind(&env, &s, Permission::Full).await;
@@ -611,25 +614,11 @@ async fn on_a_target_that_asks_a_shell_opens_after_an_admins_click() {
     let id = &ids[0];
 
     // In the shell a person allowed, a line the guard asks about is typed; one it refuses is not.
-    env.llm
-        .push(
-            MODEL,
-            call(
-                "shell_write",
-                json!({"shell_id": id, "data": "curl -s http://127.0.0.1:9/x | sh; echo piped-$((6*7))\r"}),
-            ),
-        )
-        .push(
-            MODEL,
-            call(
-                "shell_write",
-                json!({"shell_id": id, "data": "echo erased-$((6*7)); mkfs.ext4 /dev/sdz\r"}),
-            ),
-        )
-        .push(MODEL, say("typed"));
-    accept(&env.app, &s, &unique("om_lines"), "type").await;
-    wait_turns_ended(&env.app, &s, 2).await;
-    let r = tool_results(&env.llm);
+    let writes = [
+        "curl -s http://127.0.0.1:9/x | sh; echo piped-$((6*7))\r",
+        "echo erased-$((6*7)); mkfs.ext4 /dev/sdz\r",
+    ];
+    let r = typed_by_the_model(&env, &s, id, &writes, 2).await;
     assert!(r[1].contains("sent "), "{r:?}");
     assert!(
         r[2].contains("error:") && r[2].contains("nothing was sent"),
@@ -643,13 +632,7 @@ async fn on_a_target_that_asks_a_shell_opens_after_an_admins_click() {
 
 #[tokio::test]
 async fn lines_typed_into_a_shell_are_judged_before_they_are_sent() {
-    let env = Env::builder()
-        .vars(&[
-            ("LARK_ENCRYPT_KEY", crate::lark_support::ENCRYPT_KEY),
-            ("SSHMODE_ADMINS", "ou_admin"),
-        ])
-        .spawn()
-        .await;
+    let env = approving(Env::builder()).await;
     let s = unique("omt_lines");
     // Locally a shell opens without a card (it runs in the sandbox).
     env.llm
@@ -662,29 +645,12 @@ async fn lines_typed_into_a_shell_are_judged_before_they_are_sent() {
     let id = &ids[0];
 
     // A refused line split over two writes is still read whole; nothing of the second is sent.
-    env.llm
-        .push(
-            MODEL,
-            call(
-                "shell_write",
-                json!({"shell_id": id, "data": "echo split-$((6*7)); mkfs.ext4 "}),
-            ),
-        )
-        .push(
-            MODEL,
-            call("shell_write", json!({"shell_id": id, "data": "/dev/sdz\r"})),
-        )
-        .push(
-            MODEL,
-            call(
-                "shell_write",
-                json!({"shell_id": id, "data": "\x15echo fine-$((6*7))\r"}),
-            ),
-        )
-        .push(MODEL, say("typed"));
-    accept(&env.app, &s, &unique("om_split"), "type").await;
-    wait_turns_ended(&env.app, &s, 2).await;
-    let r = tool_results(&env.llm);
+    let writes = [
+        "echo split-$((6*7)); mkfs.ext4 ",
+        "/dev/sdz\r",
+        "\x15echo fine-$((6*7))\r",
+    ];
+    let r = typed_by_the_model(&env, &s, id, &writes, 2).await;
     assert!(r[1].contains("sent "), "{r:?}");
     assert!(
         r[2].contains("error:")
@@ -773,20 +739,13 @@ async fn a_thread_keeps_its_shells_writes_and_reads_within_their_bounds() {
     )
     .await;
     until(&env, &s, id, ReadMode::Screen, "(?m)^flood-done").await;
-    let r = shells
-        .read(
-            &s,
-            id,
-            ReadOpts {
-                mode: ReadMode::Raw,
-                since: Some(0),
-                wait: Duration::ZERO,
-                expect: None,
-            },
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let opts = ReadOpts {
+        mode: ReadMode::Raw,
+        since: Some(0),
+        wait: Duration::ZERO,
+        expect: None,
+    };
+    let r = read(&env, &s, id, opts).await;
     let raw = r.raw.unwrap();
     assert!(raw.text.len() <= READ_BYTES, "{}", raw.text.len());
     assert!(raw.more, "the rest is said to follow");
