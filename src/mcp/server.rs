@@ -1,8 +1,10 @@
-//! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`. Every call
-//! names its target (explicit handles, no session state), is checked against the caller's
-//! token, and runs through [`Ops`] in the token's section, as the chat's task tools do: the
-//! workspace permission (the token's highest one caps the section's), the judge, the guard,
-//! the secret filter on what comes back, and an audit row with the token's name as actor.
+//! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`, and the
+//! interactive shells ([`shells`]). Every call names its target or its `shell_id` (explicit
+//! handles, no session state), is checked against the caller's token, and runs through [`Ops`]
+//! in the token's section, as the chat's task tools do: the workspace permission (the section's
+//! choice capped by the token's `--permission`, or without a choice the token's permission
+//! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
+//! and an audit row with the token's name as actor.
 //!
 //! A failure is a tool result with `isError` and a sentence saying what to do, never an
 //! internal dump.
@@ -28,8 +30,10 @@ use super::token::Token;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
 use crate::shell::Verdict;
-use crate::workspace::Permission;
 use crate::workspace::judge::{self, Scope};
+use crate::workspace::{Permission, Workspace};
+
+mod shells;
 
 /// How often a long call reports progress, at most.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -197,6 +201,68 @@ impl Server {
     ) -> Result<CallToolResult, ErrorData> {
         done(self.tools.search_files(&ctx, args).await)
     }
+
+    #[tool(
+        description = "Opens an interactive shell (a terminal) on a target and returns its shell_id and first screen; it keeps its directory and variables until shell_close (or 30 min idle). On a target it needs the workspace permission full. A shell lives in one service process: after a restart its id is closed."
+    )]
+    async fn shell_open(
+        &self,
+        Parameters(args): Parameters<shells::OpenArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_open(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Types into a shell: raw input, `\\r` for Enter, `\\u0003` for Ctrl-C, `\\u0004` for Ctrl-D. At a password prompt only Enter, Ctrl-C or Ctrl-D are sent: a secret is never typed."
+    )]
+    async fn shell_write(
+        &self,
+        Parameters(args): Parameters<shells::WriteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_write(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Reads a shell: mode `screen` (default) is the visible screen, the cursor and whether a full-screen program is on; `raw` the output since `since` (default where the last raw read stopped). With `wait_ms` it waits until `expect` (a regex) matches, or without one until new output settles."
+    )]
+    async fn shell_read(
+        &self,
+        Parameters(args): Parameters<shells::ReadArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_read(&ctx, args).await)
+    }
+
+    #[tool(description = "Closes a shell (its programs get a hangup).")]
+    async fn shell_close(
+        &self,
+        Parameters(args): Parameters<shells::CloseArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_close(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Lists this token's open shells: shell_id, host, size, idle time, prompt."
+    )]
+    async fn shell_list(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_list(&ctx))
+    }
+}
+
+/// The workspace permission a token's calls get in `ws`: the section's choice capped by the
+/// token's, or, where the section chose none, the token's (its `--permission` is the default)
+/// capped by the backend's maximum.
+fn permission(ws: &Workspace, token: &Token) -> Permission {
+    match ws.set {
+        Some(_) => ws.permission.min(token.permission),
+        None => token.permission.min(ws.max),
+    }
 }
 
 #[tool_handler(router = self.tools.router)]
@@ -271,7 +337,7 @@ impl Tools {
         let ws = crate::workspace::current(&deps.db, &deps.workspaces, &section, &place)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let permission = ws.permission.min(token.permission);
+        let permission = permission(&ws, token);
         if let Err(d) = judge::check_tool(permission, tool) {
             let text = d.to_string();
             self.refused(token, &place, tool, "permission", Verdict::Refuse, &text)

@@ -74,6 +74,10 @@ fn url(env: &Env) -> String {
 }
 
 async fn new_token(env: &Env, name: &str, targets: &[&str]) -> String {
+    token_at(env, name, targets, Permission::ReadWrite).await
+}
+
+async fn token_at(env: &Env, name: &str, targets: &[&str], permission: Permission) -> String {
     token::create(
         &env.app.state.db,
         &NewToken {
@@ -81,13 +85,167 @@ async fn new_token(env: &Env, name: &str, targets: &[&str]) -> String {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             all_targets: false,
             local: false,
-            permission: Permission::ReadWrite,
+            permission,
             expires_at: None,
         },
         "operator",
     )
     .await
     .unwrap()
+}
+
+/// Raises the workspace maximum of `web` to `full` (as `sshmode target set web --permission
+/// full` does).
+async fn web_max_full(env: &Env) {
+    use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+    let mut out = Vec::new();
+    let r = run_with(
+        TargetCmd::Set(SetArgs {
+            alias: "web".into(),
+            workspace: None,
+            permission: Some(Permission::Full),
+            jump: None,
+            no_jump: false,
+            approvers: None,
+            risky: None,
+        }),
+        &env.app.state.config,
+        &env.app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
+#[tokio::test]
+async fn a_shell_answers_a_prompt_and_is_only_its_tokens() {
+    let env = mcp_env().await;
+    web_max_full(&env).await;
+    let mine = token_at(&env, "term", &["web"], Permission::Full).await;
+    let theirs = token_at(&env, "nosy", &["web"], Permission::Full).await;
+    let limited = new_token(&env, "rw", &["web"]).await;
+    let out = client(json!({
+        "url": url(&env),
+        "token": mine,
+        "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web", "rows": 30, "cols": 100}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "read -p 'name? ' n; echo hi $n\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "name\\? $"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "sshmode\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "hi sshmode"}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    assert!(out.get("error").is_none(), "{out}");
+    let r = &out["results"];
+    for (i, step) in r.as_array().unwrap().iter().enumerate() {
+        assert_eq!(step["is_error"], false, "step {i}: {out}");
+    }
+    let id = r[0]["structured"]["shell_id"].as_str().unwrap().to_string();
+    assert!(
+        r[0]["structured"]["host"]
+            .as_str()
+            .unwrap()
+            .starts_with("web"),
+        "{out}"
+    );
+    assert_eq!(r[0]["structured"]["screen"]["rows"], 30, "{out}");
+    assert_eq!(r[2]["structured"]["matched"], true, "the prompt: {out}");
+    assert_eq!(r[4]["structured"]["matched"], true, "the answer: {out}");
+    assert!(
+        r[4]["structured"]["raw"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hi sshmode"),
+        "{out}"
+    );
+    assert_eq!(
+        r[5]["structured"]["shells"][0]["shell_id"],
+        id.as_str(),
+        "{out}"
+    );
+    // Another token cannot read, type into, or close it, nor see it; a read-write token opens
+    // none on a target.
+    let other = client(json!({
+        "url": url(&env),
+        "token": theirs,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "shell_read", "args": {"shell_id": id}},
+            {"tool": "shell_write", "args": {"shell_id": id, "data": "echo intruder\r"}},
+            {"tool": "shell_close", "args": {"shell_id": id}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    let o = &other["results"];
+    for step in &o.as_array().unwrap()[..3] {
+        assert_eq!(step["is_error"], true, "{other}");
+        assert!(
+            step["text"].as_str().unwrap().starts_with("shell closed"),
+            "{other}"
+        );
+    }
+    assert_eq!(o[3]["structured"]["shells"], json!([]), "{other}");
+    let refused = client(json!({
+        "url": url(&env), "token": limited, "mode": "legacy",
+        "steps": [{"tool": "shell_open", "args": {"target": "web"}}],
+    }))
+    .await;
+    let f = &refused["results"][0];
+    assert_eq!(f["is_error"], true, "{refused}");
+    assert!(
+        f["text"].as_str().unwrap().contains("permission `full`"),
+        "{refused}"
+    );
+    // Its own token closes it; then it is gone.
+    let closed = client(json!({
+        "url": url(&env),
+        "token": mine,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "shell_read", "args": {"shell_id": id, "mode": "raw", "since": 0}},
+            {"tool": "shell_close", "args": {"shell_id": id}},
+            {"tool": "shell_list", "args": {}},
+            {"tool": "shell_read", "args": {"shell_id": id}},
+        ],
+    }))
+    .await;
+    let c = &closed["results"];
+    let seen = c[0]["structured"]["raw"]["text"].as_str().unwrap();
+    assert!(!seen.contains("intruder"), "{closed}");
+    assert_eq!(c[1]["is_error"], false, "{closed}");
+    assert_eq!(c[2]["structured"]["shells"], json!([]), "{closed}");
+    assert_eq!(c[3]["is_error"], true, "{closed}");
+    assert!(
+        c[3]["text"].as_str().unwrap().starts_with("shell closed"),
+        "{closed}"
+    );
+    // Audited with the token's name as actor; the refusal too.
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, outcome FROM audit_log WHERE action LIKE 'shell.%' OR action = 'tool.refused' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    let rows: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("term", "shell.open", "ok"),
+            ("term", "shell.input", "ok"),
+            ("term", "shell.input", "ok"),
+            ("rw", "tool.refused", "refused"),
+            ("term", "shell.close", "ok"),
+        ]
+    );
 }
 
 #[tokio::test]
@@ -117,6 +275,11 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
                 "host_list",
                 "read_file",
                 "search_files",
+                "shell_close",
+                "shell_list",
+                "shell_open",
+                "shell_read",
+                "shell_write",
                 "write_file"
             ]),
             "{mode}"
