@@ -1,8 +1,9 @@
 //! The MCP endpoint, driven by the official MCP Python client (both protocol eras: the 2025
-//! handshake with its session, and the stateless 2026-07-28 revision) against a real sshd:
-//! tools listed, `exec` with its exit code and progress, a file round trip, the audit trail;
-//! tokens limited to their targets, revoked or expired tokens, bad origins and a missing token
-//! refused; the token CLI of the binary.
+//! handshake with its session, and the stateless 2026-07-28 revision) and, for the 2025-03-26
+//! revision that client does not speak, by rmcp's own client, against a real sshd: tools
+//! listed, `exec` with its exit code and progress, a file round trip, interactive shells, the
+//! audit trail; tokens limited to their targets, revoked or expired tokens, bad origins and a
+//! missing token refused; the token CLI of the binary.
 //!
 //! The client runs from the virtualenv `scripts/test.sh` makes (`SSHMODE_TEST_MCP_PYTHON`); a
 //! test fails, never skips, when it is missing.
@@ -707,4 +708,91 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
     std::fs::remove_file(&marker).unwrap();
     let long = long.await.unwrap();
     assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
+}
+
+/// The revision the Python client cannot be made to speak (it always asks for the latest
+/// handshake, 2025-11-25, or the stateless 2026-07-28): 2025-03-26, the first Streamable HTTP
+/// revision, which desktop clients still send — spoken by rmcp's own client.
+#[tokio::test]
+async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trips() {
+    use rmcp::ServiceExt;
+    use rmcp::model::{
+        CallToolRequestParams, ClientCapabilities, ClientInfo, Implementation, ProtocolVersion,
+    };
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let env = mcp_env().await;
+    let token = new_token(&env, "rusty", &["web"]).await;
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url(&env)).auth_header(token),
+    );
+    let info = ClientInfo::new(
+        ClientCapabilities::default(),
+        Implementation::new("sshmode-test", "1"),
+    )
+    .with_protocol_version(ProtocolVersion::V_2025_03_26);
+    let client = info.serve(transport).await.expect("rmcp's client connects");
+    assert_eq!(
+        client
+            .peer_info()
+            .expect("the server answered initialize")
+            .protocol_version,
+        ProtocolVersion::V_2025_03_26
+    );
+    let mut tools: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    tools.sort();
+    assert_eq!(
+        tools,
+        [
+            "exec",
+            "host_list",
+            "read_file",
+            "search_files",
+            "shell_close",
+            "shell_list",
+            "shell_open",
+            "shell_read",
+            "shell_write",
+            "write_file"
+        ]
+    );
+    let call = |tool: &str, args: Value| {
+        CallToolRequestParams::new(tool.to_string())
+            .with_arguments(args.as_object().unwrap().clone())
+    };
+    let ran = client
+        .call_tool(call(
+            "exec",
+            json!({"target": "web", "command": "echo rust; exit 4"}),
+        ))
+        .await
+        .unwrap();
+    let ran = ran.structured_content.expect("a structured result");
+    assert_eq!(ran["exit_code"], 4, "{ran}");
+    assert_eq!(ran["stdout"], "rust\n", "{ran}");
+    let wrote = client
+        .call_tool(call(
+            "write_file",
+            json!({"target": "web", "path": "rmcp/round.txt", "content": "über\ntrip\n"}),
+        ))
+        .await
+        .unwrap();
+    assert_ne!(wrote.is_error, Some(true), "{wrote:?}");
+    let read = client
+        .call_tool(call(
+            "read_file",
+            json!({"target": "web", "path": "rmcp/round.txt"}),
+        ))
+        .await
+        .unwrap();
+    let read = read.structured_content.expect("a structured result");
+    assert_eq!(read["text"], "über\ntrip\n", "{read}");
+    client.cancel().await.unwrap();
 }
