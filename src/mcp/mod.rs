@@ -29,6 +29,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod fresh;
 pub mod server;
 pub mod token;
 
@@ -84,6 +85,7 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
         clock: deps.clock.clone(),
         sessions,
         max_sessions: deps.config.max_sessions,
+        tokens: Arc::new(fresh::Fresh::default()),
     };
     axum::Router::new()
         .route_service(PATH, service)

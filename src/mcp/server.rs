@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::McpDeps;
+use super::fresh::Fresh;
 use super::token::Token;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
@@ -48,6 +49,8 @@ pub struct Tools {
     deps: McpDeps,
     calls: Semaphore,
     router: ToolRouter<Server>,
+    /// Each token's resolved places, by (section, target), reused for [`FRESH`](super::fresh::FRESH).
+    places: Fresh<(String, String), Arc<Here>>,
 }
 
 impl Tools {
@@ -57,6 +60,7 @@ impl Tools {
             deps,
             calls,
             router: Server::tool_router(),
+            places: Fresh::default(),
         }
     }
 }
@@ -279,12 +283,17 @@ impl ServerHandler for Server {
 }
 
 /// Where one call runs: the backend's operations, the workspace, and the permission enforced.
+/// Reused by the token's calls on that target for [`FRESH`](super::fresh::FRESH) ([`Tools::here`]).
 struct Here {
     place: Place,
     ops: Ops,
     /// The workspace on the backend's host (absolute).
     workspace_dir: String,
     permission: Permission,
+    /// The token's own permission this was resolved for.
+    token_permission: Permission,
+    /// Where the section's first command there starts: its stored directory, or the workspace.
+    start: String,
 }
 
 impl Tools {
@@ -321,7 +330,10 @@ impl Tools {
 
     /// Checks the token's right to `target`, reads the section's workspace there, judges
     /// `tool` at the permission enforced, and makes the backend's operations.
-    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+    ///
+    /// A resolution is reused by the token's next calls on that target for [`FRESH`](super::fresh::FRESH): a
+    /// target disabled, a maximum lowered or a workspace chosen since reaches them within it.
+    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Arc<Here>, Fail> {
         let deps = &self.deps;
         if !token.may_use(target) {
             return Err(format!(
@@ -329,6 +341,40 @@ impl Tools {
                 token.name
             ));
         }
+        let section = token.section();
+        let key = (section.clone(), target.to_string());
+        let here = match self.places.get(&key, Instant::now()) {
+            Some(h) if h.token_permission == token.permission => h,
+            _ => {
+                let h = Arc::new(self.resolve(token, target, tool).await?);
+                self.places.put(key, h.clone(), Instant::now());
+                h
+            }
+        };
+        if let Err(d) = judge::check_tool(here.permission, tool) {
+            let text = d.to_string();
+            self.refused(
+                token,
+                &here.place,
+                tool,
+                "permission",
+                Verdict::Refuse,
+                &text,
+            )
+            .await;
+            return Err(text);
+        }
+        // A section's first call here starts in the workspace.
+        let backend = here.ops.backend().name();
+        if deps.exec.cwds().get(backend, &section).is_none() {
+            deps.exec.cwds().set(backend, &section, here.start.clone());
+        }
+        Ok(here)
+    }
+
+    /// [`Tools::here`] from the database and the backend.
+    async fn resolve(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+        let deps = &self.deps;
         let place = match target {
             "local" => Place::Local,
             alias => Place::Target(alias.to_string()),
@@ -338,6 +384,7 @@ impl Tools {
             .await
             .map_err(|e| format!("{e:#}"))?;
         let permission = permission(&ws, token);
+        // Refused before the backend is reached.
         if let Err(d) = judge::check_tool(permission, tool) {
             let text = d.to_string();
             self.refused(token, &place, tool, "permission", Verdict::Refuse, &text)
@@ -354,17 +401,13 @@ impl Tools {
         }
         .map_err(|e| e.to_string())?;
         let workspace_dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
-        // A section's first call here starts in the workspace.
-        let backend = ops.backend().name().to_string();
-        if deps.exec.cwds().get(&backend, &section).is_none() {
-            let start = ws.cwd.clone().unwrap_or_else(|| workspace_dir.clone());
-            deps.exec.cwds().set(&backend, &section, start);
-        }
         Ok(Here {
             place,
             ops,
+            start: ws.cwd.unwrap_or_else(|| workspace_dir.clone()),
             workspace_dir,
             permission,
+            token_permission: token.permission,
         })
     }
 

@@ -422,6 +422,28 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         }
         assert_eq!(req.send().await.unwrap().status(), status, "{what}");
     }
+    // A token revoked while its client is calling is refused within the bound its verified
+    // row is reused for.
+    let soon = new_token(&env, "soon-gone", &["web"]).await;
+    // A GET without a session passes the gate and is then refused by the service (never 401).
+    let probe = |token: String| {
+        http.get(url(&env))
+            .header("accept", "text/event-stream")
+            .bearer_auth(token)
+            .send()
+    };
+    assert_ne!(probe(soon.clone()).await.unwrap().status(), 401);
+    assert!(
+        token::revoke(&env.app.state.db, "soon-gone", "operator")
+            .await
+            .unwrap()
+    );
+    crate::helpers::eventually(
+        "the revoked token refused",
+        sshmode::mcp::fresh::FRESH + Duration::from_secs(3),
+        async || probe(soon.clone()).await.unwrap().status() == 401,
+    )
+    .await;
     // The public listener (Lark's) has no `/mcp`, whatever the token.
     let public = http
         .post(env.app.url("/mcp"))
@@ -717,7 +739,7 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
 async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trips() {
     use rmcp::ServiceExt;
     use rmcp::model::{
-        CallToolRequestParams, ClientCapabilities, ClientInfo, Implementation, ProtocolVersion,
+        CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
     };
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -727,7 +749,7 @@ async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trip
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(url(&env)).auth_header(token),
     );
-    let info = ClientInfo::new(
+    let info = ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("sshmode-test", "1"),
     )
