@@ -96,8 +96,8 @@ async fn token_at(env: &Env, name: &str, targets: &[&str], permission: Permissio
 }
 
 /// Raises the workspace maximum of `web` to `full` (as `sshmode target set web --permission
-/// full` does).
-async fn web_max_full(env: &Env) {
+/// full` does), and sets its `risky` policy when given.
+async fn web_max_full(env: &Env, risky: Option<sshmode::config::Risky>) {
     use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
     let mut out = Vec::new();
     let r = run_with(
@@ -108,7 +108,7 @@ async fn web_max_full(env: &Env) {
             jump: None,
             no_jump: false,
             approvers: None,
-            risky: None,
+            risky,
         }),
         &env.app.state.config,
         &env.app.state.db,
@@ -123,7 +123,7 @@ async fn web_max_full(env: &Env) {
 #[tokio::test]
 async fn a_shell_answers_a_prompt_and_is_only_its_tokens() {
     let env = mcp_env().await;
-    web_max_full(&env).await;
+    web_max_full(&env, None).await;
     let mine = token_at(&env, "term", &["web"], Permission::Full).await;
     let theirs = token_at(&env, "nosy", &["web"], Permission::Full).await;
     let limited = new_token(&env, "rw", &["web"]).await;
@@ -817,4 +817,36 @@ async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trip
     let read = read.structured_content.expect("a structured result");
     assert_eq!(read["text"], "über\ntrip\n", "{read}");
     client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn no_shell_opens_on_a_target_whose_policy_refuses_risky_commands() {
+    let env = mcp_env().await;
+    web_max_full(&env, Some(sshmode::config::Risky::Refuse)).await;
+    let token = token_at(&env, "strict", &["web"], Permission::Full).await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web"}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(r[0]["is_error"], true, "{out}");
+    assert!(
+        r[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("interactive shells are disabled on `web`"),
+        "{out}"
+    );
+    assert_eq!(r[1]["structured"]["shells"], json!([]), "{out}");
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT actor FROM audit_log WHERE action = 'tool.refused' AND detail->>'tool' = 'shell_open'",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["strict"]);
 }
