@@ -1,6 +1,7 @@
 //! Benchmark of the MCP endpoint (see BENCHMARKS.md): `exec true` on a loopback OpenSSH
 //! target through `/mcp` from rmcp's Rust client (a 2025-era session: bearer check, tool
-//! routing, token and workspace reads, the judge, the guard, the audit row) vs the same command
+//! routing, the token and the resolved place — reused for `mcp::fresh::FRESH` after the first
+//! call —, the judge, the guard, the audit row) vs the same command
 //! through the chat path's operations directly (`Ops::terminal` on the pooled SSH backend) and
 //! through the bare backend (`Backend::exec`). Rounds alternate between the three so the
 //! machine's noise falls on all alike. Target: MCP ≤ 1.5× `Ops::terminal`.

@@ -109,7 +109,10 @@ pub struct CommandRun {
 }
 
 /// Appends an executed command's row outside a turn (the MCP endpoint's calls): subject and
-/// target as the agent's rows have them (`local` for the service's own machine).
+/// target as the agent's rows have them (`local` for the service's own machine). Its commit
+/// does not wait for the WAL flush (`synchronous_commit = off` for this statement only), as an
+/// agent step's result without a mark does: only a crash of PostgreSQL itself within about half
+/// a second of it may lose the row.
 pub async fn record_command(
     conn: &mut PgConnection,
     section: &str,
@@ -117,7 +120,8 @@ pub async fn record_command(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
-         VALUES ($1, $2, COALESCE($3, 'local'), $4, $5, $3, $6)",
+         SELECT $1, $2, COALESCE($3, 'local'), $4, $5, $3, $6
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS later",
     )
     .bind(&run.actor)
     .bind(COMMAND_RUN)

@@ -1,9 +1,12 @@
 //! The bearer check in front of the MCP service: a request without a valid, unexpired token is
 //! answered `401` from its head alone (its body is never read); a valid one goes on with its
-//! [`Token`] in the request's extensions, where the tools find their caller. A request that
+//! [`Token`] in the request's extensions, where the tools find their caller. A token verified
+//! in the last [`super::fresh::FRESH`] is taken without reading its row again (so a revocation
+//! reaches a client already calling within that bound); its expiry is checked every time. A request that
 //! would open a 2025-era session past the bound is answered `503`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -13,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use sqlx::PgPool;
 
+use super::fresh::Fresh;
 use super::token::{self, Refusal, Token};
 use crate::clock::Clock;
 
@@ -24,6 +28,9 @@ pub struct Gate {
     /// The service's sessions, counted against `max_sessions`.
     pub sessions: Arc<LocalSessionManager>,
     pub max_sessions: usize,
+    /// Tokens verified in the last [`super::fresh::FRESH`], by their SHA-256: a revocation
+    /// reaches a client already calling within that bound; an expiry is checked every time.
+    pub tokens: Arc<Fresh<Vec<u8>, Token>>,
 }
 
 /// The middleware: the token first, then the session bound, then the service.
@@ -40,13 +47,22 @@ pub async fn check(State(gate): State<Gate>, mut req: Request, next: Next) -> Re
     let Some(bearer) = bearer else {
         return unauthorized(Refusal::Invalid);
     };
-    let token: Token = match token::check(&gate.db, bearer, gate.clock.now()).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(r)) => return unauthorized(r),
-        Err(e) => {
-            tracing::warn!(error = %e, "checking an MCP token failed");
-            return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
-        }
+    let key = token::digest(bearer);
+    let now = gate.clock.now();
+    let token: Token = match gate.tokens.get(&key, Instant::now()) {
+        Some(t) if t.expired(now) => return unauthorized(Refusal::Expired),
+        Some(t) => t,
+        None => match token::check(&gate.db, bearer, now).await {
+            Ok(Ok(t)) => {
+                gate.tokens.put(key, t.clone(), Instant::now());
+                t
+            }
+            Ok(Err(r)) => return unauthorized(r),
+            Err(e) => {
+                tracing::warn!(error = %e, "checking an MCP token failed");
+                return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
+            }
+        },
     };
     // Only a POST without a session may open one (`initialize`); at the bound it waits for
     // idle sessions to close (they do after five minutes without a request).

@@ -36,7 +36,8 @@ pub enum TokenCmd {
         /// `local` (the service's own machine) is a target for it too.
         #[arg(long)]
         local: bool,
-        /// The highest workspace permission of its calls: read, read-write or full.
+        /// The workspace permission of its calls (the default where its section chose no
+        /// workspace, and the highest where it did): read, read-write or full.
         #[arg(long, default_value = "read-write", value_parser = parse_permission)]
         permission: Permission,
         /// It stops working after DUR: `90s`, `30m`, `24h`, `30d`.

@@ -11,9 +11,11 @@
 //! - [`token`]: tokens, stored as SHA-256 digests, each limited to its targets (which must also
 //!   be approved), to `local` only with `--local`, to a highest workspace permission, and to
 //!   its expiry; [`cli`] is `sshmode mcp token …`.
-//! - [`server`]: the tools (`host_list`, `exec`, `read_file`, `write_file`, `search_files`),
-//!   each through [`crate::exec::ops::Ops`] in the token's own section `mcp:<name>` (its
-//!   working directory and workspace, from [`crate::workspace`]): the workspace judge, the
+//! - [`server`]: the tools (`host_list`, `exec`, `read_file`, `write_file`, `search_files`,
+//!   and the interactive shells `shell_open|write|read|close|list` over
+//!   [`crate::exec::pty::Shells`]), each in the token's own section `mcp:<name>` (its
+//!   working directory and workspace, from [`crate::workspace`]) through
+//!   [`crate::exec::ops::Ops`]: the workspace judge, the
 //!   command guard (an `ask` verdict is an error naming the approval needed), the secret filter
 //!   on what comes back, and the audit trail with the token's name as actor.
 //!
@@ -27,6 +29,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod fresh;
 pub mod server;
 pub mod token;
 
@@ -82,6 +85,7 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
         clock: deps.clock.clone(),
         sessions,
         max_sessions: deps.config.max_sessions,
+        tokens: Arc::new(fresh::Fresh::default()),
     };
     axum::Router::new()
         .route_service(PATH, service)

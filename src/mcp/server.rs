@@ -1,8 +1,10 @@
-//! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`. Every call
-//! names its target (explicit handles, no session state), is checked against the caller's
-//! token, and runs through [`Ops`] in the token's section, as the chat's task tools do: the
-//! workspace permission (the token's highest one caps the section's), the judge, the guard,
-//! the secret filter on what comes back, and an audit row with the token's name as actor.
+//! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`, and the
+//! interactive shells ([`shells`]). Every call names its target or its `shell_id` (explicit
+//! handles, no session state), is checked against the caller's token, and runs through [`Ops`]
+//! in the token's section, as the chat's task tools do: the workspace permission (the section's
+//! choice capped by the token's `--permission`, or without a choice the token's permission
+//! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
+//! and an audit row with the token's name as actor.
 //!
 //! A failure is a tool result with `isError` and a sentence saying what to do, never an
 //! internal dump.
@@ -24,12 +26,15 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::McpDeps;
+use super::fresh::Fresh;
 use super::token::Token;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
 use crate::shell::Verdict;
-use crate::workspace::Permission;
 use crate::workspace::judge::{self, Scope};
+use crate::workspace::{Permission, Workspace};
+
+mod shells;
 
 /// How often a long call reports progress, at most.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -44,6 +49,8 @@ pub struct Tools {
     deps: McpDeps,
     calls: Semaphore,
     router: ToolRouter<Server>,
+    /// Each token's resolved places, by (section, target), reused for [`FRESH`](super::fresh::FRESH).
+    places: Fresh<(String, String), Arc<Here>>,
 }
 
 impl Tools {
@@ -53,6 +60,7 @@ impl Tools {
             deps,
             calls,
             router: Server::tool_router(),
+            places: Fresh::default(),
         }
     }
 }
@@ -197,6 +205,68 @@ impl Server {
     ) -> Result<CallToolResult, ErrorData> {
         done(self.tools.search_files(&ctx, args).await)
     }
+
+    #[tool(
+        description = "Opens an interactive shell (a terminal) on a target and returns its shell_id and first screen; it keeps its directory and variables until shell_close (or 30 min idle). On a target it needs the workspace permission full. A shell lives in one service process: after a restart its id is closed."
+    )]
+    async fn shell_open(
+        &self,
+        Parameters(args): Parameters<shells::OpenArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_open(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Types into a shell: raw input, `\\r` for Enter, `\\u0003` for Ctrl-C, `\\u0004` for Ctrl-D. At a password prompt only Enter, Ctrl-C or Ctrl-D are sent: a secret is never typed."
+    )]
+    async fn shell_write(
+        &self,
+        Parameters(args): Parameters<shells::WriteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_write(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Reads a shell: mode `screen` (default) is the visible screen, the cursor and whether a full-screen program is on; `raw` the output since `since` (default where the last raw read stopped). With `wait_ms` it waits until `expect` (a regex) matches, or without one until new output settles."
+    )]
+    async fn shell_read(
+        &self,
+        Parameters(args): Parameters<shells::ReadArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_read(&ctx, args).await)
+    }
+
+    #[tool(description = "Closes a shell (its programs get a hangup).")]
+    async fn shell_close(
+        &self,
+        Parameters(args): Parameters<shells::CloseArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_close(&ctx, args).await)
+    }
+
+    #[tool(
+        description = "Lists this token's open shells: shell_id, host, size, idle time, prompt."
+    )]
+    async fn shell_list(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(self.tools.shell_list(&ctx))
+    }
+}
+
+/// The workspace permission a token's calls get in `ws`: the section's choice capped by the
+/// token's, or, where the section chose none, the token's (its `--permission` is the default)
+/// capped by the backend's maximum.
+fn permission(ws: &Workspace, token: &Token) -> Permission {
+    match ws.set {
+        Some(_) => ws.permission.min(token.permission),
+        None => token.permission.min(ws.max),
+    }
 }
 
 #[tool_handler(router = self.tools.router)]
@@ -213,12 +283,17 @@ impl ServerHandler for Server {
 }
 
 /// Where one call runs: the backend's operations, the workspace, and the permission enforced.
+/// Reused by the token's calls on that target for [`FRESH`](super::fresh::FRESH) ([`Tools::here`]).
 struct Here {
     place: Place,
     ops: Ops,
     /// The workspace on the backend's host (absolute).
     workspace_dir: String,
     permission: Permission,
+    /// The token's own permission this was resolved for.
+    token_permission: Permission,
+    /// Where the section's first command there starts: its stored directory, or the workspace.
+    start: String,
 }
 
 impl Tools {
@@ -255,7 +330,10 @@ impl Tools {
 
     /// Checks the token's right to `target`, reads the section's workspace there, judges
     /// `tool` at the permission enforced, and makes the backend's operations.
-    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+    ///
+    /// A resolution is reused by the token's next calls on that target for [`FRESH`](super::fresh::FRESH): a
+    /// target disabled, a maximum lowered or a workspace chosen since reaches them within it.
+    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Arc<Here>, Fail> {
         let deps = &self.deps;
         if !token.may_use(target) {
             return Err(format!(
@@ -263,6 +341,40 @@ impl Tools {
                 token.name
             ));
         }
+        let section = token.section();
+        let key = (section.clone(), target.to_string());
+        let here = match self.places.get(&key, Instant::now()) {
+            Some(h) if h.token_permission == token.permission => h,
+            _ => {
+                let h = Arc::new(self.resolve(token, target, tool).await?);
+                self.places.put(key, h.clone(), Instant::now());
+                h
+            }
+        };
+        if let Err(d) = judge::check_tool(here.permission, tool) {
+            let text = d.to_string();
+            self.refused(
+                token,
+                &here.place,
+                tool,
+                "permission",
+                Verdict::Refuse,
+                &text,
+            )
+            .await;
+            return Err(text);
+        }
+        // A section's first call here starts in the workspace.
+        let backend = here.ops.backend().name();
+        if deps.exec.cwds().get(backend, &section).is_none() {
+            deps.exec.cwds().set(backend, &section, here.start.clone());
+        }
+        Ok(here)
+    }
+
+    /// [`Tools::here`] from the database and the backend.
+    async fn resolve(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+        let deps = &self.deps;
         let place = match target {
             "local" => Place::Local,
             alias => Place::Target(alias.to_string()),
@@ -271,7 +383,8 @@ impl Tools {
         let ws = crate::workspace::current(&deps.db, &deps.workspaces, &section, &place)
             .await
             .map_err(|e| format!("{e:#}"))?;
-        let permission = ws.permission.min(token.permission);
+        let permission = permission(&ws, token);
+        // Refused before the backend is reached.
         if let Err(d) = judge::check_tool(permission, tool) {
             let text = d.to_string();
             self.refused(token, &place, tool, "permission", Verdict::Refuse, &text)
@@ -288,17 +401,13 @@ impl Tools {
         }
         .map_err(|e| e.to_string())?;
         let workspace_dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
-        // A section's first call here starts in the workspace.
-        let backend = ops.backend().name().to_string();
-        if deps.exec.cwds().get(&backend, &section).is_none() {
-            let start = ws.cwd.clone().unwrap_or_else(|| workspace_dir.clone());
-            deps.exec.cwds().set(&backend, &section, start);
-        }
         Ok(Here {
             place,
             ops,
+            start: ws.cwd.unwrap_or_else(|| workspace_dir.clone()),
             workspace_dir,
             permission,
+            token_permission: token.permission,
         })
     }
 

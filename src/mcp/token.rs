@@ -39,6 +39,11 @@ impl Token {
         format!("mcp:{}", self.name)
     }
 
+    /// Whether it has expired at `now`.
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+
     /// Whether it may use `target` (`local` for the service's own machine). A target must
     /// also be approved when used; that is checked then.
     pub fn may_use(&self, target: &str) -> bool {
@@ -83,7 +88,8 @@ fn mint() -> anyhow::Result<(String, String, Vec<u8>)> {
     Ok((token, hex::encode(id), hash))
 }
 
-fn digest(token: &str) -> Vec<u8> {
+/// The SHA-256 of a whole token (what is stored).
+pub fn digest(token: &str) -> Vec<u8> {
     ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
         .as_ref()
         .to_vec()
@@ -232,7 +238,7 @@ pub async fn check(
         return Ok(Err(Refusal::Invalid));
     }
     let token = from_row(&row)?;
-    if token.expires_at.is_some_and(|at| at <= now) {
+    if token.expired(now) {
         return Ok(Err(Refusal::Expired));
     }
     Ok(Ok(token))

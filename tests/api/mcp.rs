@@ -1,8 +1,9 @@
 //! The MCP endpoint, driven by the official MCP Python client (both protocol eras: the 2025
-//! handshake with its session, and the stateless 2026-07-28 revision) against a real sshd:
-//! tools listed, `exec` with its exit code and progress, a file round trip, the audit trail;
-//! tokens limited to their targets, revoked or expired tokens, bad origins and a missing token
-//! refused; the token CLI of the binary.
+//! handshake with its session, and the stateless 2026-07-28 revision) and, for the 2025-03-26
+//! revision that client does not speak, by rmcp's own client, against a real sshd: tools
+//! listed, `exec` with its exit code and progress, a file round trip, interactive shells, the
+//! audit trail; tokens limited to their targets, revoked or expired tokens, bad origins and a
+//! missing token refused; the token CLI of the binary.
 //!
 //! The client runs from the virtualenv `scripts/test.sh` makes (`SSHMODE_TEST_MCP_PYTHON`); a
 //! test fails, never skips, when it is missing.
@@ -74,6 +75,10 @@ fn url(env: &Env) -> String {
 }
 
 async fn new_token(env: &Env, name: &str, targets: &[&str]) -> String {
+    token_at(env, name, targets, Permission::ReadWrite).await
+}
+
+async fn token_at(env: &Env, name: &str, targets: &[&str], permission: Permission) -> String {
     token::create(
         &env.app.state.db,
         &NewToken {
@@ -81,13 +86,167 @@ async fn new_token(env: &Env, name: &str, targets: &[&str]) -> String {
             targets: targets.iter().map(|t| t.to_string()).collect(),
             all_targets: false,
             local: false,
-            permission: Permission::ReadWrite,
+            permission,
             expires_at: None,
         },
         "operator",
     )
     .await
     .unwrap()
+}
+
+/// Raises the workspace maximum of `web` to `full` (as `sshmode target set web --permission
+/// full` does), and sets its `risky` policy when given.
+async fn web_max_full(env: &Env, risky: Option<sshmode::config::Risky>) {
+    use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+    let mut out = Vec::new();
+    let r = run_with(
+        TargetCmd::Set(SetArgs {
+            alias: "web".into(),
+            workspace: None,
+            permission: Some(Permission::Full),
+            jump: None,
+            no_jump: false,
+            approvers: None,
+            risky,
+        }),
+        &env.app.state.config,
+        &env.app.state.db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .map_err(|e| format!("{e:#}"));
+    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+}
+
+#[tokio::test]
+async fn a_shell_answers_a_prompt_and_is_only_its_tokens() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    let mine = token_at(&env, "term", &["web"], Permission::Full).await;
+    let theirs = token_at(&env, "nosy", &["web"], Permission::Full).await;
+    let limited = new_token(&env, "rw", &["web"]).await;
+    let out = client(json!({
+        "url": url(&env),
+        "token": mine,
+        "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web", "rows": 30, "cols": 100}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "read -p 'name? ' n; echo hi $n\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "name\\? $"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "sshmode\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "hi sshmode"}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    assert!(out.get("error").is_none(), "{out}");
+    let r = &out["results"];
+    for (i, step) in r.as_array().unwrap().iter().enumerate() {
+        assert_eq!(step["is_error"], false, "step {i}: {out}");
+    }
+    let id = r[0]["structured"]["shell_id"].as_str().unwrap().to_string();
+    assert!(
+        r[0]["structured"]["host"]
+            .as_str()
+            .unwrap()
+            .starts_with("web"),
+        "{out}"
+    );
+    assert_eq!(r[0]["structured"]["screen"]["rows"], 30, "{out}");
+    assert_eq!(r[2]["structured"]["matched"], true, "the prompt: {out}");
+    assert_eq!(r[4]["structured"]["matched"], true, "the answer: {out}");
+    assert!(
+        r[4]["structured"]["raw"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hi sshmode"),
+        "{out}"
+    );
+    assert_eq!(
+        r[5]["structured"]["shells"][0]["shell_id"],
+        id.as_str(),
+        "{out}"
+    );
+    // Another token cannot read, type into, or close it, nor see it; a read-write token opens
+    // none on a target.
+    let other = client(json!({
+        "url": url(&env),
+        "token": theirs,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "shell_read", "args": {"shell_id": id}},
+            {"tool": "shell_write", "args": {"shell_id": id, "data": "echo intruder\r"}},
+            {"tool": "shell_close", "args": {"shell_id": id}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    let o = &other["results"];
+    for step in &o.as_array().unwrap()[..3] {
+        assert_eq!(step["is_error"], true, "{other}");
+        assert!(
+            step["text"].as_str().unwrap().starts_with("shell closed"),
+            "{other}"
+        );
+    }
+    assert_eq!(o[3]["structured"]["shells"], json!([]), "{other}");
+    let refused = client(json!({
+        "url": url(&env), "token": limited, "mode": "legacy",
+        "steps": [{"tool": "shell_open", "args": {"target": "web"}}],
+    }))
+    .await;
+    let f = &refused["results"][0];
+    assert_eq!(f["is_error"], true, "{refused}");
+    assert!(
+        f["text"].as_str().unwrap().contains("permission `full`"),
+        "{refused}"
+    );
+    // Its own token closes it; then it is gone.
+    let closed = client(json!({
+        "url": url(&env),
+        "token": mine,
+        "mode": "legacy",
+        "steps": [
+            {"tool": "shell_read", "args": {"shell_id": id, "mode": "raw", "since": 0}},
+            {"tool": "shell_close", "args": {"shell_id": id}},
+            {"tool": "shell_list", "args": {}},
+            {"tool": "shell_read", "args": {"shell_id": id}},
+        ],
+    }))
+    .await;
+    let c = &closed["results"];
+    let seen = c[0]["structured"]["raw"]["text"].as_str().unwrap();
+    assert!(!seen.contains("intruder"), "{closed}");
+    assert_eq!(c[1]["is_error"], false, "{closed}");
+    assert_eq!(c[2]["structured"]["shells"], json!([]), "{closed}");
+    assert_eq!(c[3]["is_error"], true, "{closed}");
+    assert!(
+        c[3]["text"].as_str().unwrap().starts_with("shell closed"),
+        "{closed}"
+    );
+    // Audited with the token's name as actor; the refusal too.
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, outcome FROM audit_log WHERE action LIKE 'shell.%' OR action = 'tool.refused' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    let rows: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("term", "shell.open", "ok"),
+            ("term", "shell.input", "ok"),
+            ("term", "shell.input", "ok"),
+            ("rw", "tool.refused", "refused"),
+            ("term", "shell.close", "ok"),
+        ]
+    );
 }
 
 #[tokio::test]
@@ -117,6 +276,11 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
                 "host_list",
                 "read_file",
                 "search_files",
+                "shell_close",
+                "shell_list",
+                "shell_open",
+                "shell_read",
+                "shell_write",
                 "write_file"
             ]),
             "{mode}"
@@ -258,6 +422,28 @@ async fn revoked_expired_missing_tokens_and_bad_origins_are_refused() {
         }
         assert_eq!(req.send().await.unwrap().status(), status, "{what}");
     }
+    // A token revoked while its client is calling is refused within the bound its verified
+    // row is reused for.
+    let soon = new_token(&env, "soon-gone", &["web"]).await;
+    // A GET without a session passes the gate and is then refused by the service (never 401).
+    let probe = |token: String| {
+        http.get(url(&env))
+            .header("accept", "text/event-stream")
+            .bearer_auth(token)
+            .send()
+    };
+    assert_ne!(probe(soon.clone()).await.unwrap().status(), 401);
+    assert!(
+        token::revoke(&env.app.state.db, "soon-gone", "operator")
+            .await
+            .unwrap()
+    );
+    crate::helpers::eventually(
+        "the revoked token refused",
+        sshmode::mcp::fresh::FRESH + Duration::from_secs(3),
+        async || probe(soon.clone()).await.unwrap().status() == 401,
+    )
+    .await;
     // The public listener (Lark's) has no `/mcp`, whatever the token.
     let public = http
         .post(env.app.url("/mcp"))
@@ -544,4 +730,123 @@ async fn sessions_and_calls_running_at_once_are_bounded() {
     std::fs::remove_file(&marker).unwrap();
     let long = long.await.unwrap();
     assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
+}
+
+/// The revision the Python client cannot be made to speak (it always asks for the latest
+/// handshake, 2025-11-25, or the stateless 2026-07-28): 2025-03-26, the first Streamable HTTP
+/// revision, which desktop clients still send — spoken by rmcp's own client.
+#[tokio::test]
+async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trips() {
+    use rmcp::ServiceExt;
+    use rmcp::model::{
+        CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
+    };
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let env = mcp_env().await;
+    let token = new_token(&env, "rusty", &["web"]).await;
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url(&env)).auth_header(token),
+    );
+    let info = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("sshmode-test", "1"),
+    )
+    .with_protocol_version(ProtocolVersion::V_2025_03_26);
+    let client = info.serve(transport).await.expect("rmcp's client connects");
+    assert_eq!(
+        client
+            .peer_info()
+            .expect("the server answered initialize")
+            .protocol_version,
+        ProtocolVersion::V_2025_03_26
+    );
+    let mut tools: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    tools.sort();
+    assert_eq!(
+        tools,
+        [
+            "exec",
+            "host_list",
+            "read_file",
+            "search_files",
+            "shell_close",
+            "shell_list",
+            "shell_open",
+            "shell_read",
+            "shell_write",
+            "write_file"
+        ]
+    );
+    let call = |tool: &str, args: Value| {
+        CallToolRequestParams::new(tool.to_string())
+            .with_arguments(args.as_object().unwrap().clone())
+    };
+    let ran = client
+        .call_tool(call(
+            "exec",
+            json!({"target": "web", "command": "echo rust; exit 4"}),
+        ))
+        .await
+        .unwrap();
+    let ran = ran.structured_content.expect("a structured result");
+    assert_eq!(ran["exit_code"], 4, "{ran}");
+    assert_eq!(ran["stdout"], "rust\n", "{ran}");
+    let wrote = client
+        .call_tool(call(
+            "write_file",
+            json!({"target": "web", "path": "rmcp/round.txt", "content": "über\ntrip\n"}),
+        ))
+        .await
+        .unwrap();
+    assert_ne!(wrote.is_error, Some(true), "{wrote:?}");
+    let read = client
+        .call_tool(call(
+            "read_file",
+            json!({"target": "web", "path": "rmcp/round.txt"}),
+        ))
+        .await
+        .unwrap();
+    let read = read.structured_content.expect("a structured result");
+    assert_eq!(read["text"], "über\ntrip\n", "{read}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn no_shell_opens_on_a_target_whose_policy_refuses_risky_commands() {
+    let env = mcp_env().await;
+    web_max_full(&env, Some(sshmode::config::Risky::Refuse)).await;
+    let token = token_at(&env, "strict", &["web"], Permission::Full).await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web"}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(r[0]["is_error"], true, "{out}");
+    assert!(
+        r[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("interactive shells are disabled on `web`"),
+        "{out}"
+    );
+    assert_eq!(r[1]["structured"]["shells"], json!([]), "{out}");
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT actor FROM audit_log WHERE action = 'tool.refused' AND detail->>'tool' = 'shell_open'",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["strict"]);
 }

@@ -4,6 +4,7 @@ scripts/test.sh) for tests/api/mcp.rs.
 Reads a plan as JSON on stdin:
   {"url", "token", "mode": "legacy" | "2026-07-28", "origin"?: str,
    "steps": [{"tool", "args", "progress"?: bool, "cancel_after"?: seconds}]}
+(an argument "{{N.key}}" is replaced by `key` of step N's structured result, e.g. a shell_id)
 and prints one JSON object: {"tools": [names], "results": [{"is_error", "structured", "text",
 "progress"}] ({"cancelled": true} for a step the client cancelled)}, or {"error": "..."} when the connection or a call failed outright.
 """
@@ -17,6 +18,13 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+
+
+def fill(value, results):
+    if isinstance(value, str) and value.startswith("{{") and value.endswith("}}"):
+        n, key = value[2:-2].split(".", 1)
+        return results[int(n)]["structured"][key]
+    return value
 
 
 async def main(plan):
@@ -42,7 +50,7 @@ async def main(plan):
                 with anyio.move_on_after(step.get("cancel_after", 3600)) as scope:
                     r = await client.call_tool(
                         step["tool"],
-                        step.get("args", {}),
+                        {k: fill(v, out["results"]) for k, v in step.get("args", {}).items()},
                         progress_callback=on_progress if step.get("progress") else None,
                     )
                 if scope.cancelled_caught:

@@ -608,6 +608,12 @@ impl Shells {
         Ok(())
     }
 
+    /// The host (`local` or a target alias) of a shell of `section`, for a caller that
+    /// checks its rules there before typing into or reading it.
+    pub fn host(&self, section: &str, shell_id: &str) -> Result<String, ShellError> {
+        self.lookup(section, shell_id).map(|s| s.host.clone())
+    }
+
     /// The open shells of `section`.
     pub fn list(&self, section: &str) -> Vec<ShellSummary> {
         let s = self.registry.shells.lock().expect("shells lock");

@@ -1,0 +1,390 @@
+//! The MCP shell tools (`shell_open`, `shell_write`, `shell_read`, `shell_close`,
+//! `shell_list`) over the process's one [`crate::exec::pty::Shells`], keyed by the token's
+//! section `mcp:<name>`: a `shell_id` of another token, or of another process (a restart,
+//! another replica), is reported "shell closed".
+//!
+//! The chat path's rules hold (`agent::tools::shells`): on a target a shell needs the
+//! workspace permission `full` — the token's permission caps it — and is refused where the
+//! target's `risky` policy is `refuse`; they are checked again before each write and read, and a
+//! refusal is audited. At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the
+//! registry's rule). Opening, typing and closing are audit rows with the token's name as actor
+//! (`shell.open`, `shell.input` with the text redacted, `shell.close`); what a read returns
+//! passes the secret filter.
+
+use std::time::Duration;
+
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, schemars};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Fail, Tools};
+use crate::config::Risky;
+use crate::exec::Place;
+use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellError, ShellRead};
+use crate::mcp::token::Token;
+use crate::shell::Verdict;
+use crate::workspace::Permission;
+
+/// Longest `expect` pattern.
+const MAX_EXPECT: usize = 1024;
+/// Typed text kept in an audit row.
+const AUDIT_INPUT_CHARS: usize = 1024;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct OpenArgs {
+    /// A target alias from host_list (`local` only where the token allows it).
+    pub target: String,
+    /// Terminal rows, 2 to 200 (default 24).
+    #[serde(default)]
+    pub rows: Option<u16>,
+    /// Terminal columns, 10 to 500 (default 80).
+    #[serde(default)]
+    pub cols: Option<u16>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct WriteArgs {
+    /// The shell_id shell_open returned.
+    pub shell_id: String,
+    /// Raw input: `\r` is Enter, `\u0003` Ctrl-C, `\u0004` Ctrl-D.
+    pub data: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct ReadArgs {
+    pub shell_id: String,
+    /// `screen` (default): the visible screen and cursor; `raw`: the output since `since`
+    /// (default where the last raw read stopped), escapes stripped.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// For `raw`: the output offset to read from.
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// Wait up to this long (at most 120000) for `expect` to match, or without it for new
+    /// output to settle.
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+    /// A regex to wait for on the screen (`screen`) or in the output (`raw`).
+    #[serde(default)]
+    pub expect: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub struct CloseArgs {
+    pub shell_id: String,
+}
+
+/// A registry error as the client reads it; an unknown id is "shell closed".
+fn shell_error(e: ShellError) -> Fail {
+    match e {
+        ShellError::Closed(why) => format!(
+            "shell closed: {}",
+            why.replace("in this thread", "for this token")
+        ),
+        e => e.to_string(),
+    }
+}
+
+fn screen_json(v: &ScreenView) -> Value {
+    json!({
+        "rows": v.size.0,
+        "cols": v.size.1,
+        "cursor": {"row": v.cursor.0 + 1, "col": v.cursor.1 + 1},
+        "alternate": v.alternate,
+        "text": v.text(),
+    })
+}
+
+impl Tools {
+    pub(super) async fn shell_open(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: OpenArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        if !token.may_use(&args.target) {
+            return Err(format!(
+                "the token `{}` may not use `{}`; host_list shows the targets it may use",
+                token.name, args.target
+            ));
+        }
+        let place = match args.target.as_str() {
+            "local" => Place::Local,
+            alias => Place::Target(alias.to_string()),
+        };
+        let ws = self.shell_allowed(&token, &place, "shell_open").await?;
+        let section = token.section();
+        let deps = &self.deps;
+        let host = match &place {
+            // Locally the shell works in the section's workspace, as commands do.
+            Place::Local => deps.exec.local_pty_host_in(
+                &section,
+                std::path::Path::new(&ws.dir),
+                ws.permission > Permission::Read,
+            ),
+            Place::Target(_) => deps.exec.pty_host(&section, &place).await,
+        }
+        .map_err(|e| e.to_string())?;
+        let d = OpenOpts::default();
+        let opts = OpenOpts {
+            rows: args.rows.unwrap_or(d.rows),
+            cols: args.cols.unwrap_or(d.cols),
+            term: d.term,
+        };
+        let info = self
+            .bounded(ctx, deps.exec.shells.open(host, &section, opts))
+            .await?
+            .map_err(shell_error)?;
+        self.shell_audit(
+            &token,
+            &place,
+            "shell.open",
+            json!({"shell_id": info.shell_id}),
+        )
+        .await;
+        let text = info.screen.text();
+        self.no_secret(&text).await?;
+        Ok(CallToolResult::structured(json!({
+            "shell_id": info.shell_id,
+            "host": info.location,
+            "end": info.end,
+            "screen": screen_json(&info.screen),
+        })))
+    }
+
+    pub(super) async fn shell_write(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: WriteArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let place = self
+            .shell_place(&token, &args.shell_id, "shell_write")
+            .await?;
+        self.deps
+            .exec
+            .shells
+            .write(&token.section(), &args.shell_id, args.data.as_bytes())
+            .await
+            .map_err(shell_error)?;
+        let typed: String = crate::llm::classify::redact(&args.data)
+            .chars()
+            .take(AUDIT_INPUT_CHARS)
+            .collect();
+        self.shell_audit(
+            &token,
+            &place,
+            "shell.input",
+            json!({"shell_id": args.shell_id, "bytes": args.data.len(), "text": typed}),
+        )
+        .await;
+        Ok(CallToolResult::structured(json!({
+            "shell_id": args.shell_id,
+            "bytes": args.data.len(),
+        })))
+    }
+
+    pub(super) async fn shell_read(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: ReadArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let _slot = self.slot()?;
+        let mode = match args.mode.as_deref() {
+            None | Some("screen") => ReadMode::Screen,
+            Some("raw") => ReadMode::Raw,
+            Some(_) => return Err("`mode` is screen or raw".into()),
+        };
+        let expect = match args.expect {
+            None => None,
+            Some(p) if p.len() > MAX_EXPECT => {
+                return Err(format!("`expect` is longer than {MAX_EXPECT} bytes"));
+            }
+            Some(p) => Some(
+                regex::RegexBuilder::new(&p)
+                    .size_limit(1 << 20)
+                    .build()
+                    .map_err(|e| format!("`expect` is not a valid regex: {e}"))?,
+            ),
+        };
+        self.shell_place(&token, &args.shell_id, "shell_read")
+            .await?;
+        let opts = ReadOpts {
+            mode,
+            since: args.since,
+            wait: Duration::from_millis(args.wait_ms.unwrap_or(0)).min(self.deps.tool_timeout),
+            expect,
+        };
+        let cancel = ctx.ct.child_token();
+        let r: ShellRead = self
+            .deps
+            .exec
+            .shells
+            .read(&token.section(), &args.shell_id, opts, &cancel)
+            .await
+            .map_err(shell_error)?;
+        if r.cancelled {
+            return Err("cancelled".into());
+        }
+        let mut out = json!({
+            "shell_id": args.shell_id,
+            "host": r.location,
+            "end": r.end,
+            "matched": r.matched,
+            "ended": r.ended,
+        });
+        if let Some(v) = &r.screen {
+            self.no_secret(&v.text()).await?;
+            out["screen"] = screen_json(v);
+        }
+        if let Some(raw) = &r.raw {
+            self.no_secret(&raw.text).await?;
+            out["raw"] = json!({
+                "text": raw.text,
+                "next": raw.next,
+                "more": raw.more,
+                "dropped": raw.dropped,
+            });
+        }
+        Ok(CallToolResult::structured(out))
+    }
+
+    pub(super) async fn shell_close(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: CloseArgs,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let section = token.section();
+        let shells = &self.deps.exec.shells;
+        let host = shells.host(&section, &args.shell_id).map_err(shell_error)?;
+        shells
+            .close(&section, &args.shell_id)
+            .map_err(shell_error)?;
+        self.shell_audit(
+            &token,
+            &place_of(&host),
+            "shell.close",
+            json!({"shell_id": args.shell_id}),
+        )
+        .await;
+        Ok(CallToolResult::structured(
+            json!({"shell_id": args.shell_id, "closed": true}),
+        ))
+    }
+
+    pub(super) fn shell_list(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, Fail> {
+        let token = Self::caller(ctx)?;
+        let shells: Vec<Value> = self
+            .deps
+            .exec
+            .shells
+            .list(&token.section())
+            .into_iter()
+            .map(|s| {
+                json!({
+                    "shell_id": s.shell_id,
+                    "host": s.location,
+                    "rows": s.size.0,
+                    "cols": s.size.1,
+                    "idle_s": s.idle.as_secs(),
+                    "prompt": s.prompt.trim_end(),
+                })
+            })
+            .collect();
+        Ok(CallToolResult::structured(json!({ "shells": shells })))
+    }
+
+    /// Where an open shell of the token runs, once the rules still allow a shell there.
+    async fn shell_place(&self, token: &Token, shell_id: &str, tool: &str) -> Result<Place, Fail> {
+        let host = self
+            .deps
+            .exec
+            .shells
+            .host(&token.section(), shell_id)
+            .map_err(shell_error)?;
+        let place = place_of(&host);
+        self.shell_allowed(token, &place, tool).await?;
+        Ok(place)
+    }
+
+    /// Whether the token may have a shell on `place` now (its workspace there, read for the
+    /// caller); a refusal is audited.
+    async fn shell_allowed(
+        &self,
+        token: &Token,
+        place: &Place,
+        tool: &str,
+    ) -> Result<crate::workspace::Workspace, Fail> {
+        let deps = &self.deps;
+        let mut ws = crate::workspace::current(&deps.db, &deps.workspaces, &token.section(), place)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        ws.permission = super::permission(&ws, token);
+        let Place::Target(alias) = place else {
+            return Ok(ws);
+        };
+        let why = if ws.permission < Permission::Full {
+            Some(format!(
+                "interactive shells on a target need the workspace permission `full` (what is typed into a shell cannot be judged line by line), and this token's on `{alias}` is `{}`; an operator can issue a token with `--permission full` where the target's maximum is `full`",
+                ws.permission
+            ))
+        } else {
+            match crate::target::policy::get(&deps.db, alias).await {
+                Ok(p) if p.risky == Risky::Refuse => Some(format!(
+                    "interactive shells are disabled on `{alias}`: its policy refuses risky commands, and what is typed into a shell cannot be judged"
+                )),
+                Ok(_) => None,
+                Err(e) => Some(format!("the policy of `{alias}` cannot be read: {e}")),
+            }
+        };
+        match why {
+            None => Ok(ws),
+            Some(reason) => {
+                self.refused(token, place, tool, "permission", Verdict::Refuse, &reason)
+                    .await;
+                Err(reason)
+            }
+        }
+    }
+
+    async fn shell_audit(&self, token: &Token, place: &Place, action: &str, detail: Value) {
+        let section = token.section();
+        let mut detail = detail;
+        detail["via"] = json!("mcp");
+        let entry = crate::audit::ChatEntry {
+            actor: &token.name,
+            action,
+            section: Some(&section),
+            target: place.target(),
+            outcome: "ok",
+            detail,
+        };
+        let audited = async {
+            let mut conn = self.deps.db.acquire().await?;
+            crate::audit::record_chat(&mut conn, entry).await
+        };
+        if let Err(e) = audited.await {
+            tracing::warn!(section.id = %section, error = %e, "auditing an MCP shell call failed");
+        }
+    }
+}
+
+fn place_of(host: &str) -> Place {
+    match host {
+        "local" => Place::Local,
+        alias => Place::Target(alias.to_string()),
+    }
+}
