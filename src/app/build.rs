@@ -151,6 +151,7 @@ impl Core {
             workspaces: self.workspaces.clone(),
             secrets: self.secrets.clone(),
             tool_timeout: self.config.agent.tool_timeout,
+            local_risky: self.config.agent.local_risky,
             config,
         })
     }

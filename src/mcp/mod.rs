@@ -15,9 +15,10 @@
 //!   and the interactive shells `shell_open|write|read|close|list` over
 //!   [`crate::exec::pty::Shells`]), each in the token's own section `mcp:<name>` (its
 //!   working directory and workspace, from [`crate::workspace`]) through
-//!   [`crate::exec::ops::Ops`]: the workspace judge, the
-//!   command guard (an `ask` verdict is an error naming the approval needed), the secret filter
-//!   on what comes back, and the audit trail with the token's name as actor.
+//!   [`crate::exec::ops::Ops`]: the workspace judge, the command guard (an `ask` verdict is an
+//!   error naming the approval needed, unless the backend's `risky` policy is `allow`; lines
+//!   typed into a shell are judged alike), the secret filter on what comes back, and the audit
+//!   trail with the token's name as actor.
 //!
 //! Bounds: the listener's connections ([`crate::config::McpConfig::http`]), sessions held
 //! ([`crate::config::McpConfig::max_sessions`]), tool calls running at once
@@ -62,6 +63,8 @@ pub struct McpDeps {
     pub secrets: Arc<SecretFilter>,
     /// The longest a command may run (the agent's tool timeout).
     pub tool_timeout: std::time::Duration,
+    /// What a command the guard asks about does locally (`SSHMODE_LOCAL_RISKY`).
+    pub local_risky: crate::config::Risky,
     pub config: McpConfig,
 }
 

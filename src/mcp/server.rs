@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::McpDeps;
 use super::fresh::Fresh;
 use super::token::Token;
+use crate::config::Risky;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
 use crate::shell::Verdict;
@@ -474,19 +475,29 @@ impl Tools {
         let ran = with_progress(
             ctx,
             &cancel,
-            here.ops.terminal(&args.command, opts, &cancel),
+            here.ops.terminal(&args.command, opts.clone(), &cancel),
         )
         .await;
+        // Where the backend's policy allows what the guard asks about, it runs (the guard's
+        // refusals never do).
+        let ran = match ran {
+            Err(ExecError::Refused(o))
+                if o.verdict == Verdict::Ask && self.risky(&here.place).await == Risky::Allow =>
+            {
+                with_progress(
+                    ctx,
+                    &cancel,
+                    here.ops.terminal_approved(&args.command, opts, &cancel),
+                )
+                .await
+            }
+            ran => ran,
+        };
         let r = match ran {
             Ok(r) => r,
             Err(ExecError::Refused(o)) => {
                 let text = match o.verdict {
-                    Verdict::Ask => format!(
-                        "approval needed: the command guard asks a person before this runs on `{}` ({}). An MCP call cannot wait for that approval: run it from a chat where an admin can approve it, or have an operator change the target's policy (`sshmode target set {} --risky …`).",
-                        here.place.name(),
-                        o.reason,
-                        here.place.name()
-                    ),
+                    Verdict::Ask => approval_needed(&here.place, &o.reason),
                     _ => o.to_string(),
                 };
                 self.refused(&token, &here.place, "exec", "guard", o.verdict, &o.reason)
@@ -724,6 +735,18 @@ impl Tools {
         }
     }
 
+    /// What the policy of `place` does with a command the guard asks about: the target's
+    /// `--risky`, or `SSHMODE_LOCAL_RISKY` locally. An unreadable policy asks.
+    async fn risky(&self, place: &Place) -> Risky {
+        match place {
+            Place::Local => self.deps.local_risky,
+            Place::Target(alias) => crate::target::policy::get(&self.deps.db, alias)
+                .await
+                .map(|p| p.risky)
+                .unwrap_or(Risky::Ask),
+        }
+    }
+
     /// Audits a refused call (by the workspace permission or the guard).
     async fn refused(
         &self,
@@ -787,4 +810,13 @@ async fn with_progress<T>(
             }
         }
     }
+}
+
+/// The error an MCP client gets for what the guard asks a person about (an MCP call does not
+/// wait for a person).
+fn approval_needed(place: &Place, reason: &str) -> String {
+    format!(
+        "approval needed: the command guard asks a person before this runs on `{name}` ({reason}). An MCP call cannot wait for that approval: run it from a chat where an admin can approve it, or have an operator allow such commands on the target (`sshmode target set {name} --risky allow`).",
+        name = place.name()
+    )
 }

@@ -6,8 +6,9 @@
 //! The chat path's rules hold (`agent::tools::shells`): on a target a shell needs the
 //! workspace permission `full` — the token's permission caps it — and is refused where the
 //! target's `risky` policy is `refuse`; they are checked again before each write and read, and a
-//! refusal is audited. At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the
-//! registry's rule). Opening, typing and closing are audit rows with the token's name as actor
+//! refusal is audited. Each line a write would submit at the shell's prompt is judged first as
+//! `exec` judges a command (a refusal, or an `ask` where the policy does not allow it, sends
+//! nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
 //! (`shell.open`, `shell.input` with the text redacted, `shell.close`); what a read returns
 //! passes the secret filter.
 
@@ -137,6 +138,7 @@ impl Tools {
             rows: args.rows.unwrap_or(d.rows),
             cols: args.cols.unwrap_or(d.cols),
             term: d.term,
+            risky_allowed: self.risky(&place).await == Risky::Allow,
         };
         let info = self
             .bounded(ctx, deps.exec.shells.open(host, &section, opts))
@@ -169,6 +171,7 @@ impl Tools {
         let place = self
             .shell_place(&token, &args.shell_id, "shell_write")
             .await?;
+        self.judge_lines(&token, &place, &args).await?;
         self.deps
             .exec
             .shells
@@ -358,6 +361,47 @@ impl Tools {
                 Err(reason)
             }
         }
+    }
+
+    /// Judges the lines a write would submit at the shell's prompt (not to a full-screen
+    /// program), as `exec` judges a command: one the guard refuses, or asks about where the
+    /// policy does not allow that, stops the write before anything is sent (audited).
+    async fn judge_lines(
+        &self,
+        token: &Token,
+        place: &Place,
+        args: &WriteArgs,
+    ) -> Result<(), Fail> {
+        let entering = self
+            .deps
+            .exec
+            .shells
+            .entering(&token.section(), &args.shell_id, args.data.as_bytes())
+            .map_err(shell_error)?;
+        if entering.full_screen {
+            return Ok(());
+        }
+        for line in &entering.lines {
+            let text = line.text.trim();
+            let Some(o) = self.deps.exec.judge_typed(text) else {
+                continue;
+            };
+            if o.verdict == Verdict::Ask && entering.risky_allowed {
+                continue;
+            }
+            let why = match o.verdict {
+                Verdict::Ask => super::approval_needed(place, &o.reason),
+                _ => o.message.clone(),
+            };
+            self.refused(token, place, "shell_write", "guard", o.verdict, &o.reason)
+                .await;
+            return Err(format!(
+                "nothing was sent to {}: the line `{}` it would submit: {why}",
+                args.shell_id,
+                text.chars().take(200).collect::<String>()
+            ));
+        }
+        Ok(())
     }
 
     async fn shell_audit(&self, token: &Token, place: &Place, action: &str, detail: Value) {
