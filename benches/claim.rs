@@ -33,7 +33,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn reset(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE inbox_events, inbox_sections").execute(pool).await?;
+    sqlx::query("TRUNCATE inbox_events, inbox_sections")
+        .execute(pool)
+        .await?;
     let t0 = Utc::now() - chrono::Duration::hours(1);
     // The chat's backlog first (older), then one event per other section.
     sqlx::query(

@@ -223,7 +223,6 @@ impl Inbox {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
-
 }
 
 impl Inbox {
@@ -471,10 +470,7 @@ fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     }
 }
 
-async fn try_insert(
-    db: &PgPool,
-    batch: &[Pending],
-) -> Result<Vec<Inserted>, sqlx::Error> {
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
@@ -892,8 +888,14 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
         let lease = d.config.lease;
-        let claimed =
-            claim_batch(&inbox.worker_db, d.clock.now(), lease, RUN_MAX, SECTIONS_MAX).await;
+        let claimed = claim_batch(
+            &inbox.worker_db,
+            d.clock.now(),
+            lease,
+            RUN_MAX,
+            SECTIONS_MAX,
+        )
+        .await;
         match claimed {
             Ok(c) if !(c.events.is_empty() && c.sections.is_empty()) => {
                 handle_claimed(&inbox, handler.as_ref(), c).await

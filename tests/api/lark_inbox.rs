@@ -361,8 +361,14 @@ async fn busy_sections_do_not_grow_the_claim() {
         .execute(db)
         .await
         .unwrap();
-        sqlx::query("ANALYZE inbox_events").execute(db).await.unwrap();
-        sqlx::query("ANALYZE inbox_sections").execute(db).await.unwrap();
+        sqlx::query("ANALYZE inbox_events")
+            .execute(db)
+            .await
+            .unwrap();
+        sqlx::query("ANALYZE inbox_sections")
+            .execute(db)
+            .await
+            .unwrap();
     };
     busy(1, 10).await;
     assert!(
@@ -383,7 +389,10 @@ async fn busy_sections_do_not_grow_the_claim() {
         .await
         .unwrap();
     let ids: Vec<&str> = got.events.iter().map(|e| e.event_id.as_str()).collect();
-    assert_eq!((ids, got.sections), (vec!["free1"], vec!["omt_free".to_string()]));
+    assert_eq!(
+        (ids, got.sections),
+        (vec!["free1"], vec!["omt_free".to_string()])
+    );
     app.stop().await;
 }
 
