@@ -11,7 +11,8 @@
 -- head, so it sees every event those writes recorded and never deletes a row an event needs.
 CREATE TABLE inbox_sections (
     section      TEXT PRIMARY KEY,
-    -- No unfinished ordered event of the section has a smaller seq.
+    -- No unfinished ordered event of the section has a smaller seq (a write whose events
+    -- commit after the floor passed them lowers it).
     floor        BIGINT NOT NULL,
     -- When its head may next be claimed: the head's own time, or a lease's end while held.
     available_at TIMESTAMPTZ NOT NULL

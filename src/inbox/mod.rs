@@ -24,7 +24,8 @@
 //! sections with one statement ([`finish`]) that marks the runs done and moves each row to its
 //! next head, or deletes it. A write in flight holds its sections' rows `FOR KEY SHARE`, and
 //! letting go takes `FOR UPDATE` before it looks for the next head, so a row is never deleted
-//! while an event it must lead is being recorded.
+//! while an event it must lead is being recorded; batches commit in any order, so a write
+//! lowers a floor that has passed its events.
 //!
 //! **Cost.** A claim reads the express and unsectioned events due now and the due rows of
 //! `inbox_sections`, never a held (busy) section nor the events queued behind a head, so
@@ -486,7 +487,10 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     // that `inbox_finish` waits for this write before it looks for the section's next head;
     // inserted, with the batch's first event as the head, if not — which makes the section
     // claimable and wakes a worker. (Two writes creating one section's row meet in the
-    // `ON CONFLICT` branch, which keeps the lower floor and wakes no one.)
+    // `ON CONFLICT` branch, which keeps the lower floor and wakes no one.) Batches commit in
+    // any order, so a row's floor may already have passed this batch's events (a hand-over
+    // that could not see them yet): it is lowered to them, or they would never be
+    // found.
     sqlx::query_as(
         "WITH n AS (INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
@@ -500,6 +504,8 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
              WHERE NOT express AND section IS NOT NULL ORDER BY section, seq),
          kept AS (SELECT s.section FROM inbox_sections s
              WHERE s.section IN (SELECT section FROM firsts) ORDER BY s.section FOR KEY SHARE),
+         lowered AS (UPDATE inbox_sections s SET floor = f.seq FROM firsts f
+             WHERE s.section = f.section AND s.floor > f.seq),
          made AS (INSERT INTO inbox_sections (section, floor, available_at)
              SELECT f.section, f.seq, f.available_at FROM firsts f
              WHERE f.section NOT IN (SELECT section FROM kept) ORDER BY f.section
@@ -557,8 +563,7 @@ const CLAIM: &str = "WITH free AS (SELECT f.event_id FROM inbox_events f
             WHERE e.section = c.section AND e.seq >= c.floor AND e.state = 'pending' AND NOT e.express
             ORDER BY e.seq LIMIT 1) h ON true),
     held AS (UPDATE inbox_sections s
-        SET available_at = CASE WHEN h.available_at > $1 THEN h.available_at ELSE $2 END,
-            floor = COALESCE(h.seq, s.floor)
+        SET available_at = CASE WHEN h.available_at > $1 THEN h.available_at ELSE $2 END
         FROM heads h WHERE s.section = h.section),
     leased AS (UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
         WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM free

@@ -396,6 +396,60 @@ async fn busy_sections_do_not_grow_the_claim() {
     app.stop().await;
 }
 
+/// Batches commit in any order, so an event can be recorded below its section's floor (the
+/// hand-over of the run before it could not see it yet): the write lowers the floor, and the
+/// event is claimed after the run, not lost.
+#[tokio::test]
+async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let inbox = &app.state.inbox;
+    let lease = Duration::from_secs(60);
+    let seq = |sql: &'static str| sqlx::query(sql).execute(db);
+    // Seqs 1 to 3 are used up: f1 and f2 get 4 and 5.
+    seq("SELECT nextval(pg_get_serial_sequence('inbox_events', 'seq')) FROM generate_series(1, 3)")
+        .await
+        .unwrap();
+    for id in ["f1", "f2"] {
+        assert!(inbox.record(in_section(id, "omt_f", false)).await.unwrap());
+    }
+    let run = inbox::claim_run(db, Utc::now(), lease, 1).await.unwrap();
+    assert_eq!(run[0].event_id, "f1");
+    // f1 is done: the section's floor moves to f2 (5). The next event gets seq 2, below it,
+    // as one of a batch that committed late would.
+    inbox::complete(db, "f1", Utc::now()).await.unwrap();
+    seq("SELECT setval(pg_get_serial_sequence('inbox_events', 'seq'), 2, false)")
+        .await
+        .unwrap();
+    assert!(
+        inbox
+            .record(in_section("f0", "omt_f", false))
+            .await
+            .unwrap()
+    );
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+        for e in &run {
+            got.push(e.event_id.clone());
+        }
+        let handled: Vec<(String, i32)> = run
+            .iter()
+            .map(|e| (e.event_id.clone(), e.attempts))
+            .collect();
+        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    }
+    assert_eq!(
+        got,
+        ["f0", "f2"],
+        "both claimed, the one with the lower seq first"
+    );
+    app.stop().await;
+}
+
 /// A write wakes a worker only for an event a claim could take at once: its section's new
 /// head (once per section, however many of its events one batch holds), an express or an
 /// unsectioned event; never for an event queued behind an unfinished head.
