@@ -489,8 +489,9 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     // claimable and wakes a worker. (Two writes creating one section's row meet in the
     // `ON CONFLICT` branch, which keeps the lower floor and wakes no one.) Batches commit in
     // any order, so a row's floor may already have passed this batch's events (a hand-over
-    // that could not see them yet): it is lowered to them, or they would never be
-    // found.
+    // that could not see them yet, even one that ran between this statement's INSERT and its
+    // lock): it is lowered to them, or they would never be found. The floor compared is the
+    // one `kept` locked (the row's latest version), not the one of this statement's snapshot.
     sqlx::query_as(
         "WITH n AS (INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
@@ -502,10 +503,11 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
          RETURNING event_id, section, seq, express, available_at),
          firsts AS (SELECT DISTINCT ON (section) section, seq, available_at FROM n
              WHERE NOT express AND section IS NOT NULL ORDER BY section, seq),
-         kept AS (SELECT s.section FROM inbox_sections s
+         kept AS MATERIALIZED (SELECT s.section, s.floor FROM inbox_sections s
              WHERE s.section IN (SELECT section FROM firsts) ORDER BY s.section FOR KEY SHARE),
-         lowered AS (UPDATE inbox_sections s SET floor = f.seq FROM firsts f
-             WHERE s.section = f.section AND s.floor > f.seq),
+         lowered AS (UPDATE inbox_sections s SET floor = LEAST(s.floor, f.seq)
+             FROM kept k JOIN firsts f ON f.section = k.section
+             WHERE s.section = k.section AND k.floor > f.seq),
          made AS (INSERT INTO inbox_sections (section, floor, available_at)
              SELECT f.section, f.seq, f.available_at FROM firsts f
              WHERE f.section NOT IN (SELECT section FROM kept) ORDER BY f.section
