@@ -450,6 +450,64 @@ async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
     app.stop().await;
 }
 
+/// A hand-over that runs between a write's INSERT and its lock on the section's row moves the
+/// floor past the write's event, which it cannot see yet: the write compares the floor of the
+/// row it locked (the latest), not the one of its snapshot, and lowers it, so the event is
+/// claimed and not lost. A trigger holds the slow write between the two.
+#[tokio::test]
+async fn a_hand_over_between_a_writes_insert_and_its_lock_does_not_lose_the_event() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let inbox = app.state.inbox.clone();
+    let lease = Duration::from_secs(60);
+    for sql in [
+        "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.event_id = 'slow' THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER slow_insert BEFORE INSERT ON inbox_events
+         FOR EACH ROW EXECUTE FUNCTION slow_insert()",
+    ] {
+        sqlx::query(sql).execute(db).await.unwrap();
+    }
+    assert!(
+        inbox
+            .record(in_section("h1", "omt_h", false))
+            .await
+            .unwrap()
+    );
+    let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+    assert_eq!(run[0].event_id, "h1");
+    // `slow` takes its seq, then waits in the trigger; `fast`, newer, is recorded meanwhile.
+    let slow = tokio::spawn({
+        let inbox = inbox.clone();
+        async move { inbox.record(in_section("slow", "omt_h", false)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        inbox
+            .record(in_section("fast", "omt_h", false))
+            .await
+            .unwrap()
+    );
+    // h1's hand-over sees `fast` only: the floor moves to it, past `slow`.
+    inbox::complete(db, "h1", Utc::now()).await.unwrap();
+    assert!(slow.await.unwrap().unwrap());
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+        got.extend(run.iter().map(|e| e.event_id.clone()));
+        let handled: Vec<(String, i32)> = run
+            .iter()
+            .map(|e| (e.event_id.clone(), e.attempts))
+            .collect();
+        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    }
+    assert_eq!(got, ["slow", "fast"]);
+    app.stop().await;
+}
+
 /// A write wakes a worker only for an event a claim could take at once: its section's new
 /// head (once per section, however many of its events one batch holds), an express or an
 /// unsectioned event; never for an event queued behind an unfinished head.
