@@ -134,7 +134,7 @@ async fn run(n: usize) -> anyhow::Result<()> {
         );
     }
     pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {db_name}"))
+    sqlx::query(&format!("DROP DATABASE {db_name} WITH (FORCE)"))
         .execute(&mut admin)
         .await?;
     Ok(())
