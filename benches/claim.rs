@@ -33,7 +33,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn reset(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE inbox_events").execute(pool).await?;
+    sqlx::query("TRUNCATE inbox_events, inbox_sections")
+        .execute(pool)
+        .await?;
     let t0 = Utc::now() - chrono::Duration::hours(1);
     // The chat's backlog first (older), then one event per other section.
     sqlx::query(
@@ -56,6 +58,7 @@ async fn reset(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     .bind(OTHERS)
     .execute(pool)
     .await?;
+    sshmode::inbox::index_sections(pool).await?;
     sqlx::query("ANALYZE inbox_events").execute(pool).await?;
     // The chat's head is in progress (leased far into the future).
     let lease = Duration::from_secs(3600);
@@ -131,7 +134,7 @@ async fn run(n: usize) -> anyhow::Result<()> {
         );
     }
     pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {db_name}"))
+    sqlx::query(&format!("DROP DATABASE {db_name} WITH (FORCE)"))
         .execute(&mut admin)
         .await?;
     Ok(())

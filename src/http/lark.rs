@@ -39,9 +39,10 @@
 //! no `serde_json::Value` is built or serialised again on the way, and PostgreSQL parses the
 //! text once, into `jsonb`) and only then acknowledged; a redelivery inserts nothing and is
 //! acknowledged the same way. The insert wakes one worker (`Inbox::wake`); a 1 s poll
-//! catches retries and expired leases. A worker claims a section's head by moving its
-//! `available_at` to the end of the lease and bumping `attempts`, and with it the events queued
-//! behind it (`inbox::claim_run`); success marks them `done`, failure sets the next
+//! catches retries and expired leases. A worker claims up to 16 due sections at once
+//! (`inbox::claim_batch`), each one's head (its `available_at` and its section's row moved to
+//! the end of the lease, `attempts` bumped) with the events queued behind it; success marks
+//! them `done` (`inbox::finish`, which also lets go of the sections), failure sets the next
 //! `available_at` (2 s, 4 s, 8 s … ≤ 1 h) or, after `SSHMODE_INBOX_MAX_ATTEMPTS`, `dead`. A
 //! worker holding an event at shutdown hands it back (due at once; the attempt stays counted, so
 //! the re-run knows it is a retry and does not log the message twice); a process that dies leaves
@@ -87,10 +88,11 @@
 //! `lark::event::route` puts it and the `message_id` on the verified envelope, and the inbox
 //! stores both beside the event (never parsing bodies). The INSERT assigns `seq`, the recording
 //! order. A claim takes an event only when no older unfinished (pending, not express) event of
-//! its section exists, i.e. when it is its section's head. The heads are found by a loose index
-//! scan of the partial index `(section, seq) WHERE state = 'pending' AND NOT express` (one probe per
-//! busy section; a `NOT EXISTS` probe per candidate cost one probe per *queued* event, see
-//! BENCHMARKS.md), together with `SKIP LOCKED`, so one section is handled one event at
+//! its section exists, i.e. when it is its section's head. The sections with a claimable head
+//! are rows of `inbox_sections`, kept by the inbox's writes (a row appears when a section gets
+//! an unfinished event, is leased with its head, and moves to the next head or goes when the
+//! run is done), so a claim reads the due sections only — neither the busy ones nor the events
+//! queued behind their heads (BENCHMARKS.md) — with `SKIP LOCKED`, so one section is handled one event at
 //! a time in recording order across workers and replicas, and sections run in parallel. Express
 //! events (`/stop`, card clicks; decided by `frontend::LarkTriage` on the request path) neither wait nor hold.
 //! An event of a section gets at most 5 attempts (2 + 4 + 8 + 16 s), then it is dead-lettered and

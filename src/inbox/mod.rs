@@ -8,23 +8,33 @@
 //! the INSERT assigns), across workers and replicas: a claim takes an event only when no older
 //! unfinished event of its section exists, i.e. when it is its section's head (invariant 9).
 //! With the head it takes the events queued behind it (a **run**, at most [`RUN_MAX`]), which
-//! the same worker handles in order: only the head is leased, and while it is unfinished no one
-//! else can take the events behind it. Express events (`/stop`, card
+//! the same worker handles in order: only the head and its section are leased, and while the
+//! section is held no one else can take the events behind it. Express events (`/stop`, card
 //! actions) neither wait nor hold others. An event of a section is retried on a short schedule
 //! only ([`SECTION_ATTEMPTS`]), then dead-lettered and the handler told, so a failing message
 //! holds its section for about a minute, not hours. A message redelivered under a new event id
 //! is recorded once (unique `message_id`).
 //!
-//! **Cost.** A claim reads the express and unsectioned events due now and one index probe per
-//! busy section (its head), never the events queued behind a head, so a backlog in one chat
-//! does not slow the claims of the others; a backlog in a section is handled a run per claim,
-//! with one write for the head's lease and one statement marking the run done. A write wakes a
-//! worker only for an event a claim could take at once (express, unsectioned, or its section's
-//! new head); an event queued behind a head is taken by the worker that finishes the head, and
-//! the one-second poll covers the rest (retries, leases, a head finished while the write was in
-//! flight). The write's probe for an older unfinished event starts at the section's floor
-//! (the end of the last run this process finished there), not at the section's finished events,
-//! whose index entries stay until the table is vacuumed.
+//! **Claimable heads.** `inbox_sections` holds one row per section with an unfinished ordered
+//! event: where its head is (`floor`) and when it may next be claimed (`available_at`: the
+//! head's time, or a lease's end while a worker holds the section). A write that records a
+//! section's first unfinished event inserts the row and wakes a worker; a claim takes up to
+//! [`SECTIONS_MAX`] due rows (`SKIP LOCKED`), each with its head and the run behind it, and
+//! leases them; the worker handles the runs side by side (each in order) and lets go of the
+//! sections with one statement ([`finish`]) that marks the runs done and moves each row to its
+//! next head, or deletes it. A write in flight holds its sections' rows `FOR KEY SHARE`, and
+//! letting go takes `FOR UPDATE` before it looks for the next head, so a row is never deleted
+//! while an event it must lead is being recorded; batches commit in any order, so a write
+//! lowers a floor that has passed its events.
+//!
+//! **Cost.** A claim reads the express and unsectioned events due now and the due rows of
+//! `inbox_sections`, never a held (busy) section nor the events queued behind a head, so
+//! neither a backlog in one chat nor many busy chats slow the claims of the others; a backlog
+//! is handled a run per section per claim, with one statement leasing the runs of several
+//! sections and one marking them done. A write wakes a worker only for an event a claim could
+//! take at once (express, unsectioned, or a section's new head); an event queued behind a head
+//! is taken by the worker that finishes the head, and the one-second poll covers the rest
+//! (retries, leases).
 //!
 //! **Durability.** A recorded event is durable before it is acknowledged. The workers' own
 //! writes (claims, done and retry marks, hand-backs) commit without waiting for the WAL flush
@@ -34,13 +44,14 @@
 //! as when marking it done fails). So a worker's commit costs no disk flush, and the workers do
 //! not compete with acknowledgements for them.
 //!
-//! A claim moves the head's `available_at` to the end of its lease; if the process dies, the
+//! A claim moves the head's and its section's `available_at` to the end of its lease; if the
+//! process dies, the
 //! lease runs out and the run is claimed again from its head after restart (a run's events are
 //! marked done together, after the last of them: the ones already handled are handled again,
 //! told that they may be retries). On shutdown a worker hands back the event it is handling
 //! and marks done what it finished before it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -166,17 +177,7 @@ pub struct Inbox {
     /// that "queue is empty, the flush task ends" and "event queued, a flush task is running"
     /// cannot interleave and strand an event.
     queue: std::sync::Mutex<Queue>,
-    /// Per section, a seq at or below which this process's workers saw every ordered event of
-    /// the section finished (the end of the last run they marked done there). A write's "is
-    /// there an older unfinished event?" probe starts above it, so it does not pass the
-    /// section's finished events, whose index entries stay until the table is vacuumed. Only
-    /// ever too low (another replica's runs, a section forgotten): then the probe reads more,
-    /// never answers wrongly. At most [`FLOORS_MAX`] sections; emptied when full.
-    floors: std::sync::Mutex<HashMap<String, i64>>,
 }
-
-/// Most sections [`Inbox::floors`] remembers.
-const FLOORS_MAX: usize = 4096;
 
 struct Queue {
     /// Bounded by the admitted requests: one entry per admitted request at most.
@@ -211,7 +212,6 @@ impl Inbox {
                 pending: Vec::new(),
                 flushers: 0,
             }),
-            floors: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -223,40 +223,6 @@ impl Inbox {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Raises a section's floor to `seq`: every ordered event of it up to `seq` is finished.
-    fn raise_floor(&self, section: &str, seq: i64) {
-        let mut floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-        if floors.len() >= FLOORS_MAX && !floors.contains_key(section) {
-            floors.clear();
-        }
-        let f = floors.entry(section.to_string()).or_insert(seq);
-        *f = (*f).max(seq);
-    }
-
-    /// The floor this process knows for `section` (see [`Inbox::floors`]).
-    #[doc(hidden)]
-    pub fn floor(&self, section: &str) -> Option<i64> {
-        let floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-        floors.get(section).copied()
-    }
-
-    /// The known floors of the sections `batch` writes to.
-    fn floors_of(&self, batch: &[Pending]) -> (Vec<String>, Vec<i64>) {
-        let floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = (Vec::new(), Vec::new());
-        let mut seen = HashSet::new();
-        for p in batch {
-            let Some(s) = p.env.section.as_deref() else {
-                continue;
-            };
-            if let Some(f) = floors.get(s).filter(|_| seen.insert(s)) {
-                out.0.push(s.to_string());
-                out.1.push(*f);
-            }
-        }
-        out
     }
 }
 
@@ -447,7 +413,7 @@ async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
     if batch.len() == 1 {
         return insert(inbox, db, batch).await;
     }
-    match try_insert(inbox, db, &batch).await {
+    match try_insert(db, &batch).await {
         Ok(rows) => answer(inbox, batch, rows),
         Err(e @ sqlx::Error::Database(_)) => {
             tracing::warn!(error = %e, rows = batch.len(), "a batched inbox write was refused; writing its rows one by one");
@@ -461,7 +427,7 @@ async fn write_batch(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
 
 /// One INSERT for `batch`, each request answered with its outcome.
 async fn insert(inbox: &Inbox, db: &PgPool, batch: Vec<Pending>) {
-    match try_insert(inbox, db, &batch).await {
+    match try_insert(db, &batch).await {
         Ok(rows) => answer(inbox, batch, rows),
         Err(e) => refuse(batch, &e),
     }
@@ -475,8 +441,8 @@ fn refuse(batch: Vec<Pending>, e: &sqlx::Error) {
 }
 
 /// A row an INSERT wrote, and whether a claim could take it at once: express or without a
-/// section, or the head of its section (no older unfinished ordered event of it). Of a
-/// section's rows in one batch only the first can be its head, and only it is probed.
+/// section, or the head of a section the write made claimable (it inserted the section's row
+/// in `inbox_sections`). Of a section's rows in one batch only the first can be its head.
 #[derive(sqlx::FromRow)]
 struct Inserted {
     event_id: String,
@@ -487,8 +453,6 @@ struct Inserted {
 
 /// Wakes a worker for each event of the batch a claim could take at once — each claimable free
 /// event, and each section whose head the batch wrote — then answers each request of `batch`.
-/// (The INSERT sees the table as it was before it, so every row of a section that had no
-/// unfinished event reads as its head; only the first is probed.)
 fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     let mut sections = HashSet::new();
     let mut claimable = 0;
@@ -507,11 +471,7 @@ fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     }
 }
 
-async fn try_insert(
-    inbox: &Inbox,
-    db: &PgPool,
-    batch: &[Pending],
-) -> Result<Vec<Inserted>, sqlx::Error> {
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
     let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
@@ -519,14 +479,19 @@ async fn try_insert(
     let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
     let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
     let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
-    let (floor_sections, floors) = inbox.floors_of(batch);
     // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
     // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
     // is the order the requests were queued. Any unique conflict (event id, or a message id
-    // seen before) is a redelivery. Whether the row is claimable at once decides the wake-up:
-    // for the first ordered row of each section in the batch, one index probe on
-    // `(section, seq)` from the section's floor (see `Inbox::floors`) up, stopping at the first
-    // unfinished event. The probe sees the table as it was before this statement.
+    // seen before) is a redelivery. Each section the batch writes ordered events to gets its
+    // row in `inbox_sections` (the claimable heads): held `FOR KEY SHARE` if it is there, so
+    // that `inbox_finish` waits for this write before it looks for the section's next head;
+    // inserted, with the batch's first event as the head, if not — which makes the section
+    // claimable and wakes a worker. (Two writes creating one section's row meet in the
+    // `ON CONFLICT` branch, which keeps the lower floor and wakes no one.) Batches commit in
+    // any order, so a row's floor may already have passed this batch's events (a hand-over
+    // that could not see them yet, even one that ran between this statement's INSERT and its
+    // lock): it is lowered to them, or they would never be found. The floor compared is the
+    // one `kept` locked (the row's latest version), not the one of this statement's snapshot.
     sqlx::query_as(
         "WITH n AS (INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express)
@@ -535,20 +500,24 @@ async fn try_insert(
              WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
          ORDER BY n
          ON CONFLICT DO NOTHING
-         RETURNING event_id, section, seq, express),
-         r AS (SELECT n.*, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
-                 n.seq = min(n.seq) OVER (PARTITION BY n.section, n.express) AS first
-               FROM n)
-         SELECT r.event_id, r.ordered_in,
-             CASE WHEN r.ordered_in IS NULL THEN true
-                  WHEN NOT r.first THEN false
-                  ELSE NOT EXISTS (
-                     SELECT 1 FROM inbox_events o
-                     WHERE o.section = r.section AND o.seq < r.seq
-                       AND o.seq > COALESCE((SELECT f.fl FROM UNNEST($8::text[], $9::bigint[])
-                                             AS f(section, fl) WHERE f.section = r.section), 0)
-                       AND o.state = 'pending' AND NOT o.express) END AS claimable
-         FROM r",
+         RETURNING event_id, section, seq, express, available_at),
+         firsts AS (SELECT DISTINCT ON (section) section, seq, available_at FROM n
+             WHERE NOT express AND section IS NOT NULL ORDER BY section, seq),
+         kept AS MATERIALIZED (SELECT s.section, s.floor FROM inbox_sections s
+             WHERE s.section IN (SELECT section FROM firsts) ORDER BY s.section FOR KEY SHARE),
+         lowered AS (UPDATE inbox_sections s SET floor = LEAST(s.floor, f.seq)
+             FROM kept k JOIN firsts f ON f.section = k.section
+             WHERE s.section = k.section AND k.floor > f.seq),
+         made AS (INSERT INTO inbox_sections (section, floor, available_at)
+             SELECT f.section, f.seq, f.available_at FROM firsts f
+             WHERE f.section NOT IN (SELECT section FROM kept) ORDER BY f.section
+             ON CONFLICT (section) DO UPDATE SET floor = LEAST(inbox_sections.floor, EXCLUDED.floor)
+             RETURNING section, xmax = 0 AS fresh)
+         SELECT n.event_id, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
+             n.express OR n.section IS NULL
+                 OR EXISTS (SELECT 1 FROM made m JOIN firsts f ON f.section = m.section
+                            WHERE m.section = n.section AND m.fresh AND f.seq = n.seq) AS claimable
+         FROM n",
     )
     .bind(&ids)
     .bind(&types)
@@ -557,77 +526,84 @@ async fn try_insert(
     .bind(&sections)
     .bind(&messages)
     .bind(&express)
-    .bind(&floor_sections)
-    .bind(&floors)
     .fetch_all(db)
     .await
 }
 
-/// The ordered events a claim may take: the oldest unfinished ordered event of each section,
-/// found by walking the partial index on (section, seq) one section at a time (a loose index
-/// scan), so its cost grows with the number of busy sections, not with the events queued
-/// behind a section's head (BENCHMARKS.md).
-const HEADS: &str = "WITH RECURSIVE heads(section, seq, event_id, available_at) AS (
-        (SELECT section, seq, event_id, available_at FROM inbox_events
-         WHERE state = 'pending' AND NOT express AND section IS NOT NULL
-         ORDER BY section, seq LIMIT 1)
-        UNION ALL
-        SELECT n.section, n.seq, n.event_id, n.available_at FROM heads h CROSS JOIN LATERAL (
-            SELECT section, seq, event_id, available_at FROM inbox_events
-            WHERE state = 'pending' AND NOT express AND section > h.section
-            ORDER BY section, seq LIMIT 1) n)";
-
-/// The claim: an express or unsectioned due event (oldest first) if there is one, else the
-/// oldest due section head and the events queued behind it (a **run**: at most `$3` behind it,
-/// in `seq` order, stopping before the first one not due). Only the head is leased (until `$2`,
-/// its `attempts` bumped): the events behind it cannot be claimed by anyone while it is
-/// unfinished, so they need no write of their own — the worker that holds the head handles
-/// them in order and marks the run done in one statement ([`complete_run`]). A follower's
-/// `attempts` is reported as one more than the larger of its own and its head's count: when
-/// the head is being retried (a lease that ran out, a hand-back), the events behind it may
-/// have been handled already, and the handler is told so.
+/// The claim: an express or unsectioned due event (oldest first) if there is one, else up to
+/// `$4` due sections from `inbox_sections` (the claimable heads, oldest first, `SKIP LOCKED`)
+/// and, for each, its head (its first unfinished ordered event from the row's `floor` on) and
+/// the events queued behind it (a **run**: at most `$3` behind it, in `seq` order, stopping
+/// before the first one not due). The section's row and its head are leased (until `$2`, the
+/// head's `attempts` bumped): the events behind it cannot be claimed by anyone while the
+/// section is held, so they need no write of their own — the worker that holds it handles
+/// them in order and lets go of the section with `inbox_finish`, which marks the run done and
+/// moves the row to the next head. A follower's `attempts` is reported as one more than the
+/// larger of its own and its head's count: when the head is being retried (a lease that ran
+/// out, a hand-back), the events behind it may have been handled already, and the handler is
+/// told so.
+///
+/// A section whose head is not due (a retry's backoff) is not taken: its row moves to the
+/// head's time. A row without an unfinished event (its events finished by other means) is
+/// taken with no events, so that the worker's `inbox_finish` deletes it.
 ///
 /// Each branch reads only its own candidates: the free events through `inbox_events_free`,
-/// the due heads that the walk of [`HEADS`] found by their primary key, the run through
-/// `(section, seq)` from the head on, stopping after `$3` (a `LATERAL` subquery, so that the
-/// limit stops the index scan instead of applying to all of the section's events, sorted);
-/// none passes the events queued behind another section's
-/// head, leased or not. The heads branch runs only when the first found nothing. It says
-/// "pending" as `NOT IN ('done', 'dead')` on purpose: no partial index on pending rows then
-/// applies, so the planner cannot walk `inbox_events_ready` (every queued event, in due order)
-/// and must fetch the heads by key.
-const CLAIM: &str = ",
-    free AS (SELECT f.event_id FROM inbox_events f
+/// the due sections through `inbox_sections_due` (a held section's row has its lease's end
+/// there, so busy sections are not read at all), each head and run through `(section, seq)`
+/// from the row's floor (a `LATERAL` limit, so the scan stops after the run). None passes the
+/// events queued behind another section's head. The sections branch runs only when the first
+/// found nothing.
+const CLAIM: &str = "WITH free AS (SELECT f.event_id FROM inbox_events f
         WHERE f.state = 'pending' AND (f.express OR f.section IS NULL) AND f.available_at <= $1
         ORDER BY f.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
-    head AS (SELECT c.event_id, c.section, c.seq, c.attempts FROM inbox_events c
-        WHERE NOT EXISTS (SELECT 1 FROM free)
-          AND c.event_id = ANY (ARRAY(SELECT event_id FROM heads WHERE available_at <= $1))
-          AND c.state NOT IN ('done', 'dead') AND NOT c.express AND c.available_at <= $1
-        ORDER BY c.available_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+    cand AS MATERIALIZED (SELECT s.section, s.floor FROM inbox_sections s
+        WHERE NOT EXISTS (SELECT 1 FROM free) AND s.available_at <= $1
+        ORDER BY s.available_at LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED),
+    heads AS MATERIALIZED (SELECT c.section, h.event_id, h.seq, h.attempts, h.available_at
+        FROM cand c LEFT JOIN LATERAL (
+            SELECT e.event_id, e.seq, e.attempts, e.available_at FROM inbox_events e
+            WHERE e.section = c.section AND e.seq >= c.floor AND e.state = 'pending' AND NOT e.express
+            ORDER BY e.seq LIMIT 1) h ON true),
+    held AS (UPDATE inbox_sections s
+        SET available_at = CASE WHEN h.available_at > $1 THEN h.available_at ELSE $2 END
+        FROM heads h WHERE s.section = h.section),
     leased AS (UPDATE inbox_events e SET attempts = e.attempts + 1, available_at = $2
-        WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM free UNION ALL SELECT event_id FROM head))
+        WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM free
+                                      UNION ALL SELECT event_id FROM heads WHERE available_at <= $1))
         RETURNING e.event_id, e.event_type, e.payload, e.attempts, e.section, e.express, e.seq)
     SELECT event_id, event_type, payload, attempts, section, express, seq FROM leased
     UNION ALL
     SELECT q.event_id, q.event_type, q.payload, q.attempts, q.section, q.express, q.seq FROM (
         SELECT r.event_id, r.event_type, r.payload, GREATEST(r.attempts, h.attempts) + 1 AS attempts,
                r.section, r.express, r.seq,
-               bool_and(r.available_at <= $1) OVER (ORDER BY r.seq) AS due
-        FROM head h CROSS JOIN LATERAL (
+               bool_and(r.available_at <= $1) OVER (PARTITION BY r.section ORDER BY r.seq) AS due
+        FROM heads h CROSS JOIN LATERAL (
             SELECT * FROM inbox_events b
             WHERE b.section = h.section AND b.seq > h.seq AND b.state = 'pending' AND NOT b.express
-            ORDER BY b.seq LIMIT $3) r) q
+            ORDER BY b.seq LIMIT $3) r
+        WHERE h.available_at <= $1) q
     WHERE q.due
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, section, false, NULL FROM heads WHERE event_id IS NULL
     ORDER BY seq";
 
-/// Most events one claim takes: a section's head and up to this many minus one queued behind
-/// it. Bounds the rows a claim returns and the done marks one statement writes.
+/// Most events one claim takes per section: a section's head and up to this many minus one
+/// queued behind it. Bounds the rows a claim returns and the done marks one statement writes.
 pub const RUN_MAX: usize = 64;
+/// Most sections one claim takes (their runs are handled side by side, each in order).
+pub const SECTIONS_MAX: usize = 16;
 /// A run starts no further event once it has lasted this long (nor once the head's lease could
 /// run out within a handler's budget), so the done marks it holds wait no longer than this
 /// plus one handler.
 const RUN_TIME: Duration = Duration::from_millis(500);
+
+/// What one claim took: the events (a free event alone, or the runs of several sections, each
+/// in `seq` order) and the sections it holds, which [`finish`] must let go of.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub events: Vec<InboxEvent>,
+    pub sections: Vec<String>,
+}
 
 /// Claims the oldest due event whose section has no older unfinished event (express events
 /// never wait), leasing it until `now + lease`: [`CLAIM`], for one event.
@@ -639,44 +615,86 @@ pub async fn claim(
     Ok(claim_run(pool, now, lease, 1).await?.into_iter().next())
 }
 
-/// Claims a run: a free event alone, or a due section head (leased until `now + lease`) and up
-/// to `max - 1` events queued behind it, in order ([`CLAIM`]). Empty when nothing is due. Its
-/// cost grows with the busy sections (one index probe each) and the run, not with the events
-/// queued in other sections; `SKIP LOCKED` lets workers and replicas claim side by side.
+/// Claims a run: a free event alone, or one due section's head (leased until `now + lease`)
+/// and up to `max - 1` events queued behind it, in order ([`CLAIM`]). Empty when nothing is
+/// due.
 pub async fn claim_run(
     pool: &PgPool,
     now: DateTime<Utc>,
     lease: Duration,
     max: usize,
 ) -> sqlx::Result<Vec<InboxEvent>> {
+    Ok(claim_batch(pool, now, lease, max, 1).await?.events)
+}
+
+/// Claims a free event, or the runs (at most `max` events each) of up to `sections` due
+/// sections ([`CLAIM`]). Its cost grows with the sections it takes and their runs, not with
+/// the busy sections nor the events queued behind their heads; `SKIP LOCKED` lets workers and
+/// replicas claim side by side.
+pub async fn claim_batch(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    lease: Duration,
+    max: usize,
+    sections: usize,
+) -> sqlx::Result<Claimed> {
     let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
     let behind = max.clamp(1, RUN_MAX) as i64 - 1;
-    let rows = sqlx::query(&claim_sql())
+    let rows = sqlx::query(CLAIM)
         .bind(now)
         .bind(until)
         .bind(behind)
+        .bind(sections.clamp(1, SECTIONS_MAX) as i64)
         .fetch_all(pool)
         .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(InboxEvent {
-                event_id: r.try_get("event_id")?,
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                attempts: r.try_get("attempts")?,
-                section: r.try_get("section")?,
-                express: r.try_get("express")?,
-                seq: r.try_get("seq")?,
-            })
-        })
-        .collect()
+    let mut out = Claimed::default();
+    for r in rows {
+        let section: Option<String> = r.try_get("section")?;
+        let express: bool = r.try_get("express")?;
+        if let Some(s) = section.as_ref().filter(|_| !express)
+            && !out.sections.contains(s)
+        {
+            out.sections.push(s.clone());
+        }
+        let Some(event_id) = r.try_get::<Option<String>, _>("event_id")? else {
+            continue;
+        };
+        out.events.push(InboxEvent {
+            event_id,
+            event_type: r.try_get("event_type")?,
+            payload: r.try_get("payload")?,
+            attempts: r.try_get("attempts")?,
+            section,
+            express,
+            seq: r.try_get("seq")?,
+        });
+    }
+    Ok(out)
 }
 
 /// The text of the claim's statement (`$1` now, `$2` the lease's end, `$3` the most events
-/// taken behind a head), for plans and benchmarks.
+/// taken behind a head, `$4` the most sections), for plans and benchmarks.
 #[doc(hidden)]
-pub fn claim_sql() -> String {
-    format!("{HEADS}{CLAIM}")
+pub fn claim_sql() -> &'static str {
+    CLAIM
+}
+
+/// Writes the `inbox_sections` rows (claimable heads) of the sections with unfinished ordered
+/// events that have none: for events written into `inbox_events` directly, by tests and
+/// benchmarks, as the migration that made the table did. The service's own writes keep the
+/// rows themselves.
+#[doc(hidden)]
+pub async fn index_sections(pool: &PgPool) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO inbox_sections (section, floor, available_at)
+         SELECT DISTINCT ON (section) section, seq, available_at FROM inbox_events
+         WHERE state = 'pending' AND NOT express AND section IS NOT NULL
+         ORDER BY section, seq
+         ON CONFLICT (section) DO UPDATE SET floor = LEAST(inbox_sections.floor, EXCLUDED.floor)",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// The same ordered claim written as `NOT EXISTS (an older unfinished event of the same
@@ -727,42 +745,53 @@ pub async fn claim_unordered(
     .await
 }
 
-/// Marks a claimed event done.
+/// Marks a claimed event done and, if it holds a section, lets go of the section
+/// ([`finish`]).
 pub async fn complete(pool: &PgPool, event_id: &str, now: DateTime<Utc>) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE inbox_events SET state = 'done', finished_at = $2, last_error = NULL
-         WHERE event_id = $1 AND state = 'pending'",
-    )
-    .bind(event_id)
-    .bind(now)
-    .execute(pool)
-    .await?;
-    Ok(())
+    complete_run(pool, &[(event_id.to_string(), 0)], now).await
 }
 
 /// Marks the handled events of a run done in one statement, each with the attempts it was
-/// handled as (a follower's count is written here: its claim wrote nothing).
+/// handled as (a follower's count is written here: its claim wrote nothing), and lets go of
+/// their sections ([`finish`]).
 pub async fn complete_run(
     pool: &PgPool,
     handled: &[(String, i32)],
     now: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    if handled.is_empty() {
+    let ids: Vec<&str> = handled.iter().map(|(id, _)| id.as_str()).collect();
+    let sections: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT section FROM inbox_events
+         WHERE event_id = ANY ($1) AND NOT express AND section IS NOT NULL",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    finish(pool, handled, &sections, now).await
+}
+
+/// Marks `handled` done (each with the attempts it was handled as) and lets go of the
+/// `sections` a claim took, in one statement (`inbox_finish`): each section's row moves to its
+/// next unfinished event, or is deleted when it has none. Only the worker holding a section
+/// may let go of it.
+pub async fn finish(
+    pool: &PgPool,
+    handled: &[(String, i32)],
+    sections: &[String],
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    if handled.is_empty() && sections.is_empty() {
         return Ok(());
     }
     let ids: Vec<&str> = handled.iter().map(|(id, _)| id.as_str()).collect();
     let attempts: Vec<i32> = handled.iter().map(|(_, n)| *n).collect();
-    sqlx::query(
-        "UPDATE inbox_events e SET state = 'done', finished_at = $3, last_error = NULL,
-                attempts = GREATEST(e.attempts, d.n)
-         FROM UNNEST($1::text[], $2::int[]) AS d(id, n)
-         WHERE e.event_id = d.id AND e.state = 'pending'",
-    )
-    .bind(&ids)
-    .bind(&attempts)
-    .bind(now)
-    .execute(pool)
-    .await?;
+    sqlx::query("SELECT inbox_finish($1, $2, $3, $4)")
+        .bind(&ids)
+        .bind(&attempts)
+        .bind(sections)
+        .bind(now)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -865,9 +894,19 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     let shutdown = d.shutdown.clone();
     tracing::debug!(inbox.worker = n, "inbox worker started");
     while !shutdown.is_cancelled() {
-        let claimed = claim_run(&inbox.worker_db, d.clock.now(), d.config.lease, RUN_MAX).await;
+        let lease = d.config.lease;
+        let claimed = claim_batch(
+            &inbox.worker_db,
+            d.clock.now(),
+            lease,
+            RUN_MAX,
+            SECTIONS_MAX,
+        )
+        .await;
         match claimed {
-            Ok(run) if !run.is_empty() => handle_run(&inbox, handler.as_ref(), run).await,
+            Ok(c) if !(c.events.is_empty() && c.sections.is_empty()) => {
+                handle_claimed(&inbox, handler.as_ref(), c).await
+            }
             Ok(_) => {
                 tokio::select! {
                     _ = inbox.wake.notified() => {}
@@ -887,15 +926,59 @@ async fn worker(inbox: Arc<Inbox>, handler: Arc<dyn Handler>, n: usize) {
     tracing::debug!(inbox.worker = n, "inbox worker stopped");
 }
 
-/// Handles a claimed run in order, one event after another, and then marks the handled ones
-/// done in one statement. It stops early at a failure (that event is retried or dead-lettered,
-/// and the events behind it wait for it, as their section's head), at shutdown (that event is
-/// handed back), or when [`RUN_TIME`] has passed or the head's lease could run out within a
-/// handler's budget (the rest stay queued, for the next claim). A failed or handed-back event
-/// is written before the done marks, so the section's head stays unfinished, and its run held,
-/// until then; if the process dies first, the head's lease runs out and the run is handled
-/// again from its head, in order.
-async fn handle_run(inbox: &Inbox, handler: &dyn Handler, run: Vec<InboxEvent>) {
+/// Handles what one claim took: each section's run (or the free event) in order, the runs of
+/// different sections side by side; then marks every handled event done and lets go of the
+/// sections in one statement ([`finish`]). A section whose run could not record a failure or
+/// hand-back is not let go of: its lease runs out and the run is handled again from its head.
+async fn handle_claimed(inbox: &Inbox, handler: &dyn Handler, claimed: Claimed) {
+    let d = &inbox.deps;
+    let mut runs: Vec<Vec<InboxEvent>> = Vec::new();
+    for event in claimed.events {
+        let same = |r: &&mut Vec<InboxEvent>| {
+            !event.express && event.section.is_some() && r[0].section == event.section
+        };
+        match runs.iter_mut().find(same) {
+            Some(run) => run.push(event),
+            None => runs.push(vec![event]),
+        }
+    }
+    let outcomes =
+        futures_util::future::join_all(runs.iter().map(|run| handle_run(inbox, handler, run)))
+            .await;
+    let mut handled = Vec::new();
+    let mut abandoned = HashSet::new();
+    for (run, outcome) in runs.iter().zip(outcomes) {
+        match outcome {
+            Some(done) => handled.extend(done),
+            None => {
+                abandoned.extend(run[0].section.clone());
+            }
+        }
+    }
+    let release: Vec<String> = claimed
+        .sections
+        .into_iter()
+        .filter(|s| !abandoned.contains(s))
+        .collect();
+    if let Err(e) = finish(&inbox.worker_db, &handled, &release, d.clock.now()).await {
+        // The sections' leases run out and their runs are handled again; nothing is lost.
+        tracing::error!(events = handled.len(), error = %e, "marking events done failed");
+    }
+}
+
+/// Handles a claimed run in order, one event after another, and returns the events it handled
+/// (with the attempts each was handled as), or `None` when recording a failure or hand-back
+/// failed. It stops early at a failure (that event is retried or dead-lettered, and the events
+/// behind it wait for it, as their section's head), at shutdown (that event is handed back), or
+/// when [`RUN_TIME`] has passed or the head's lease could run out within a handler's budget
+/// (the rest stay queued, for the next claim). A failed or handed-back event is written before
+/// the done marks, so the section's head stays unfinished until then; if the process dies
+/// first, the lease runs out and the run is handled again from its head, in order.
+async fn handle_run(
+    inbox: &Inbox,
+    handler: &dyn Handler,
+    run: &[InboxEvent],
+) -> Option<Vec<(String, i32)>> {
     let d = &inbox.deps;
     let db = &inbox.worker_db;
     let lease = d.config.lease;
@@ -927,22 +1010,11 @@ async fn handle_run(inbox: &Inbox, handler: &dyn Handler, run: Vec<InboxEvent>) 
         if let Err(e) = stored {
             // The head's lease runs out and the run is retried; nothing is lost.
             tracing::error!(lark.event_id = %event.event_id, error = %e, "updating the inbox failed");
-            return;
+            return None;
         }
         break;
     }
-    match complete_run(db, &handled, d.clock.now()).await {
-        Ok(()) => {
-            // Everything of the section up to the run's last handled event is finished: the
-            // run began at the head and took the events behind it without a gap.
-            let last = run[..handled.len()].last().filter(|e| !e.express);
-            if let Some((section, seq)) = last.and_then(|e| Some((e.section.as_deref()?, e.seq))) {
-                inbox.raise_floor(section, seq);
-            }
-        }
-        // The head's lease runs out and the run is handled again; nothing is lost.
-        Err(e) => tracing::error!(events = handled.len(), error = %e, "marking events done failed"),
-    }
+    Some(handled)
 }
 
 /// Records a failed attempt of `event`: a retry, or the dead letter (the handler told).

@@ -233,8 +233,8 @@ fn in_section(id: &str, section: &str, express: bool) -> NewEvent {
     }
 }
 
-/// Rows the claim's plan read from `inbox_events` (returned or filtered out, over all loops),
-/// from `EXPLAIN ANALYZE` in a transaction that is rolled back.
+/// Rows the claim's plan read from `inbox_events` and `inbox_sections` (returned or filtered
+/// out, over all loops), from `EXPLAIN ANALYZE` in a transaction that is rolled back.
 async fn rows_read_by_claim(db: &sqlx::PgPool, now: chrono::DateTime<Utc>) -> (f64, String) {
     let mut tx = db.begin().await.unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(&format!(
@@ -244,13 +244,15 @@ async fn rows_read_by_claim(db: &sqlx::PgPool, now: chrono::DateTime<Utc>) -> (f
     .bind(now)
     .bind(now + chrono::Duration::minutes(1))
     .bind(inbox::RUN_MAX as i64 - 1)
+    .bind(inbox::SECTIONS_MAX as i64)
     .fetch_one(&mut *tx)
     .await
     .unwrap();
     tx.rollback().await.unwrap();
     fn walk(node: &serde_json::Value) -> f64 {
         let n = |k: &str| node.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-        let own = if node.get("Relation Name").and_then(|v| v.as_str()) == Some("inbox_events") {
+        let relation = node.get("Relation Name").and_then(|v| v.as_str());
+        let own = if matches!(relation, Some("inbox_events" | "inbox_sections")) {
             (n("Actual Rows") + n("Rows Removed by Filter") + n("Rows Removed by Index Recheck"))
                 * n("Actual Loops")
         } else {
@@ -290,6 +292,7 @@ async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
         .bind(to)
     };
     backlog(1, 10).execute(db).await.unwrap();
+    inbox::index_sections(db).await.unwrap();
     // The chat's head is in progress; another section has one event, newer than the backlog.
     let head = inbox::claim(db, Utc::now(), lease).await.unwrap().unwrap();
     assert_eq!(head.event_id, "big1");
@@ -303,6 +306,7 @@ async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
     let (small, _) = rows_read_by_claim(db, Utc::now()).await;
 
     backlog(11, 3000).execute(db).await.unwrap();
+    inbox::index_sections(db).await.unwrap();
     sqlx::query("ANALYZE inbox_events")
         .execute(db)
         .await
@@ -315,6 +319,192 @@ async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
     let got = inbox::claim(db, Utc::now(), lease).await.unwrap().unwrap();
     assert_eq!(got.event_id, "other");
     assert!(inbox::claim(db, Utc::now(), lease).await.unwrap().is_none());
+    app.stop().await;
+}
+
+/// Many busy sections (each with its head leased) cost a claim nothing: it reads the rows of
+/// `inbox_sections` that are due, never the held ones, so it reads as many rows with 2 000
+/// busy sections as with 10, and takes the one section that is free.
+#[tokio::test]
+async fn busy_sections_do_not_grow_the_claim() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let t0 = Utc::now() - chrono::Duration::minutes(10);
+    // `n` sections with two events each, their heads leased for an hour (as a claim leaves them).
+    let busy = |from: i64, to: i64| async move {
+        sqlx::query(
+            "INSERT INTO inbox_events (event_id, event_type, payload, received_at, available_at, section, message_id)
+             SELECT 'b' || g || '_' || k, 'im.message.receive_v1', '{}'::jsonb, $1, $1,
+                    'oc_b' || g, 'om_b' || g || '_' || k
+             FROM generate_series($2::bigint, $3::bigint) g, generate_series(1, 2) k ORDER BY g, k",
+        )
+        .bind(t0)
+        .bind(from)
+        .bind(to)
+        .execute(db)
+        .await
+        .unwrap();
+        inbox::index_sections(db).await.unwrap();
+        let held = Utc::now() + chrono::Duration::hours(1);
+        sqlx::query("UPDATE inbox_sections SET available_at = $1 WHERE section LIKE 'oc_b%'")
+            .bind(held)
+            .execute(db)
+            .await
+            .unwrap();
+        sqlx::query(
+            "UPDATE inbox_events SET available_at = $1, attempts = 1 WHERE event_id LIKE 'b%\\_1'",
+        )
+        .bind(held)
+        .execute(db)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE inbox_events")
+            .execute(db)
+            .await
+            .unwrap();
+        sqlx::query("ANALYZE inbox_sections")
+            .execute(db)
+            .await
+            .unwrap();
+    };
+    busy(1, 10).await;
+    assert!(
+        app.state
+            .inbox
+            .record(in_section("free1", "omt_free", false))
+            .await
+            .unwrap()
+    );
+    let (small, _) = rows_read_by_claim(db, Utc::now()).await;
+    busy(11, 2000).await;
+    let (big, plan) = rows_read_by_claim(db, Utc::now()).await;
+    assert!(
+        big < 20.0 && big <= small + 5.0,
+        "rows read: {small} with 10 busy sections, {big} with 2000: {plan}"
+    );
+    let got = inbox::claim_batch(db, Utc::now(), Duration::from_secs(60), 64, 16)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = got.events.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(
+        (ids, got.sections),
+        (vec!["free1"], vec!["omt_free".to_string()])
+    );
+    app.stop().await;
+}
+
+/// Batches commit in any order, so an event can be recorded below its section's floor (the
+/// hand-over of the run before it could not see it yet): the write lowers the floor, and the
+/// event is claimed after the run, not lost.
+#[tokio::test]
+async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let inbox = &app.state.inbox;
+    let lease = Duration::from_secs(60);
+    let seq = |sql: &'static str| sqlx::query(sql).execute(db);
+    // Seqs 1 to 3 are used up: f1 and f2 get 4 and 5.
+    seq("SELECT nextval(pg_get_serial_sequence('inbox_events', 'seq')) FROM generate_series(1, 3)")
+        .await
+        .unwrap();
+    for id in ["f1", "f2"] {
+        assert!(inbox.record(in_section(id, "omt_f", false)).await.unwrap());
+    }
+    let run = inbox::claim_run(db, Utc::now(), lease, 1).await.unwrap();
+    assert_eq!(run[0].event_id, "f1");
+    // f1 is done: the section's floor moves to f2 (5). The next event gets seq 2, below it,
+    // as one of a batch that committed late would.
+    inbox::complete(db, "f1", Utc::now()).await.unwrap();
+    seq("SELECT setval(pg_get_serial_sequence('inbox_events', 'seq'), 2, false)")
+        .await
+        .unwrap();
+    assert!(
+        inbox
+            .record(in_section("f0", "omt_f", false))
+            .await
+            .unwrap()
+    );
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+        for e in &run {
+            got.push(e.event_id.clone());
+        }
+        let handled: Vec<(String, i32)> = run
+            .iter()
+            .map(|e| (e.event_id.clone(), e.attempts))
+            .collect();
+        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    }
+    assert_eq!(
+        got,
+        ["f0", "f2"],
+        "both claimed, the one with the lower seq first"
+    );
+    app.stop().await;
+}
+
+/// A hand-over that runs between a write's INSERT and its lock on the section's row moves the
+/// floor past the write's event, which it cannot see yet: the write compares the floor of the
+/// row it locked (the latest), not the one of its snapshot, and lowers it, so the event is
+/// claimed and not lost. A trigger holds the slow write between the two.
+#[tokio::test]
+async fn a_hand_over_between_a_writes_insert_and_its_lock_does_not_lose_the_event() {
+    let app = TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await;
+    let db = &app.state.db;
+    let inbox = app.state.inbox.clone();
+    let lease = Duration::from_secs(60);
+    for sql in [
+        "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.event_id = 'slow' THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER slow_insert BEFORE INSERT ON inbox_events
+         FOR EACH ROW EXECUTE FUNCTION slow_insert()",
+    ] {
+        sqlx::query(sql).execute(db).await.unwrap();
+    }
+    assert!(
+        inbox
+            .record(in_section("h1", "omt_h", false))
+            .await
+            .unwrap()
+    );
+    let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+    assert_eq!(run[0].event_id, "h1");
+    // `slow` takes its seq, then waits in the trigger; `fast`, newer, is recorded meanwhile.
+    let slow = tokio::spawn({
+        let inbox = inbox.clone();
+        async move { inbox.record(in_section("slow", "omt_h", false)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        inbox
+            .record(in_section("fast", "omt_h", false))
+            .await
+            .unwrap()
+    );
+    // h1's hand-over sees `fast` only: the floor moves to it, past `slow`.
+    inbox::complete(db, "h1", Utc::now()).await.unwrap();
+    assert!(slow.await.unwrap().unwrap());
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+        got.extend(run.iter().map(|e| e.event_id.clone()));
+        let handled: Vec<(String, i32)> = run
+            .iter()
+            .map(|e| (e.event_id.clone(), e.attempts))
+            .collect();
+        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    }
+    assert_eq!(got, ["slow", "fast"]);
     app.stop().await;
 }
 
@@ -543,8 +733,8 @@ impl inbox::Handler for Recorder {
 
 /// Runs the inbox's workers (two) over `ids`, all in one section, with `handler`, until every
 /// one is done; returns the transactions that marked them done. Checks on the way that the
-/// section's floor is then its last event, and that a new event, with nothing unfinished
-/// before it, still wakes a worker.
+/// section's row of claimable heads is then gone, and that a new event, with nothing
+/// unfinished before it, makes it again and wakes a worker.
 async fn run_workers(ids: &[&str], handler: Arc<Recorder>) -> Vec<String> {
     let app = TestApp::builder()
         .var("SSHMODE_WORKERS_ENABLED", "false")
@@ -581,12 +771,12 @@ async fn run_workers(ids: &[&str], handler: Arc<Recorder>) -> Vec<String> {
         left == 0
     })
     .await;
-    let last: i64 = sqlx::query_scalar("SELECT max(seq) FROM inbox_events")
-        .fetch_one(&db)
-        .await
-        .unwrap();
-    eventually("the floor raised", Duration::from_secs(10), || async {
-        inbox.floor("omt_w") == Some(last)
+    eventually("the section let go of", Duration::from_secs(10), || async {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_sections")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        rows == 0
     })
     .await;
     shutdown.cancel();
