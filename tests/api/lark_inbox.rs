@@ -396,6 +396,22 @@ async fn busy_sections_do_not_grow_the_claim() {
     app.stop().await;
 }
 
+/// `rounds` claims of a run each (up to 64 events), every run marked done at once; the ids
+/// claimed, in order.
+async fn claim_and_finish(db: &sqlx::PgPool, lease: Duration, rounds: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..rounds {
+        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
+        got.extend(run.iter().map(|e| e.event_id.clone()));
+        let handled: Vec<(String, i32)> = run
+            .iter()
+            .map(|e| (e.event_id.clone(), e.attempts))
+            .collect();
+        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
+    }
+    got
+}
+
 /// Batches commit in any order, so an event can be recorded below its section's floor (the
 /// hand-over of the run before it could not see it yet): the write lowers the floor, and the
 /// event is claimed after the run, not lost.
@@ -430,18 +446,7 @@ async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
             .await
             .unwrap()
     );
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
-        for e in &run {
-            got.push(e.event_id.clone());
-        }
-        let handled: Vec<(String, i32)> = run
-            .iter()
-            .map(|e| (e.event_id.clone(), e.attempts))
-            .collect();
-        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
-    }
+    let got = claim_and_finish(db, lease, 3).await;
     assert_eq!(
         got,
         ["f0", "f2"],
@@ -494,16 +499,7 @@ async fn a_hand_over_between_a_writes_insert_and_its_lock_does_not_lose_the_even
     // h1's hand-over sees `fast` only: the floor moves to it, past `slow`.
     inbox::complete(db, "h1", Utc::now()).await.unwrap();
     assert!(slow.await.unwrap().unwrap());
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        let run = inbox::claim_run(db, Utc::now(), lease, 64).await.unwrap();
-        got.extend(run.iter().map(|e| e.event_id.clone()));
-        let handled: Vec<(String, i32)> = run
-            .iter()
-            .map(|e| (e.event_id.clone(), e.attempts))
-            .collect();
-        inbox::complete_run(db, &handled, Utc::now()).await.unwrap();
-    }
+    let got = claim_and_finish(db, lease, 3).await;
     assert_eq!(got, ["slow", "fast"]);
     app.stop().await;
 }
