@@ -536,29 +536,12 @@ async fn a_target_set_to_requester_approvers_takes_the_requesters_click() {
         .target("web")
         .spawn()
         .await;
-    let mut out = Vec::new();
-    let r = sshmode::target::cli::run_with(
-        sshmode::target::cli::TargetCmd::Set(sshmode::target::cli::SetArgs {
-            alias: "web".into(),
-            workspace: None,
-            permission: None,
-            jump: None,
-            no_jump: false,
-            approvers: Some("requester".into()),
-            risky: None,
-        }),
-        &env.app.state.config,
-        &env.app.state.db,
-        &mut std::io::Cursor::new(Vec::new()),
-        &mut out,
-    )
-    .await
-    .map_err(|e| format!("{e:#}"));
-    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
-    assert!(
-        String::from_utf8_lossy(&out)
-            .contains("approvals answered by requester, risky commands: ask")
-    );
+    let set = sshmode::target::cli::SetArgs {
+        approvers: Some("requester".into()),
+        ..crate::exec_ssh::set_args("web")
+    };
+    let out = crate::exec_ssh::cli_ok(&env.app, sshmode::target::cli::TargetCmd::Set(set)).await;
+    assert!(out.contains("approvals answered by requester, risky commands: ask"));
 
     let thread = unique("omt_web");
     env.control.bind(&thread, Place::Target("web".into()));

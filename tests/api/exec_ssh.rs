@@ -80,6 +80,19 @@ fn add_args_pw(alias: &str, port: u16) -> AddArgs {
     a
 }
 
+/// `sshmode target set <alias>` with nothing set yet (fill in what the test sets).
+pub fn set_args(alias: &str) -> sshmode::target::cli::SetArgs {
+    sshmode::target::cli::SetArgs {
+        alias: alias.into(),
+        workspace: None,
+        permission: None,
+        jump: None,
+        no_jump: false,
+        approvers: None,
+        risky: None,
+    }
+}
+
 /// Runs `cmd` with no input, asserts it succeeded, and returns what it printed.
 pub async fn cli_ok(app: &TestApp, cmd: TargetCmd) -> String {
     let (r, out) = cli(app, cmd, "").await;

@@ -98,26 +98,13 @@ async fn token_at(env: &Env, name: &str, targets: &[&str], permission: Permissio
 /// Raises the workspace maximum of `web` to `full` (as `sshmode target set web --permission
 /// full` does), and sets its `risky` policy when given.
 async fn web_max_full(env: &Env, risky: Option<sshmode::config::Risky>) {
-    use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
-    let mut out = Vec::new();
-    let r = run_with(
-        TargetCmd::Set(SetArgs {
-            alias: "web".into(),
-            workspace: None,
-            permission: Some(Permission::Full),
-            jump: None,
-            no_jump: false,
-            approvers: None,
-            risky,
-        }),
-        &env.app.state.config,
-        &env.app.state.db,
-        &mut std::io::Cursor::new(Vec::new()),
-        &mut out,
-    )
-    .await
-    .map_err(|e| format!("{e:#}"));
-    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    use sshmode::target::cli::{SetArgs, TargetCmd};
+    let set = SetArgs {
+        permission: Some(Permission::Full),
+        risky,
+        ..exec_ssh::set_args("web")
+    };
+    exec_ssh::cli_ok(&env.app, TargetCmd::Set(set)).await;
 }
 
 #[tokio::test]

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sshmode::exec::Place;
 use sshmode::exec::pty::{OpenOpts, PtyHost, ReadMode, ReadOpts, ShellRead};
-use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+use sshmode::target::cli::{SetArgs, TargetCmd};
 use sshmode::workspace::{self, Choice, LocalRules, Permission};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{
     Env, MODEL, accept, call, remote_pgrep, say, tool_results, unique, wait_turns_ended,
 };
+use crate::exec_ssh::{cli_ok, set_args};
 use crate::helpers::eventually;
 use crate::sshd;
 
@@ -26,25 +27,12 @@ async fn env_with(vars: &[(&str, &str)]) -> Env {
 }
 
 async fn target_set(env: &Env, max: Option<Permission>, risky: Option<sshmode::config::Risky>) {
-    let mut out = Vec::new();
-    let r = run_with(
-        TargetCmd::Set(SetArgs {
-            alias: "web".into(),
-            workspace: None,
-            permission: max,
-            jump: None,
-            no_jump: false,
-            approvers: None,
-            risky,
-        }),
-        &env.app.state.config,
-        &env.app.state.db,
-        &mut std::io::Cursor::new(Vec::new()),
-        &mut out,
-    )
-    .await
-    .map_err(|e| format!("{e:#}"));
-    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    let set = SetArgs {
+        permission: max,
+        risky,
+        ..set_args("web")
+    };
+    cli_ok(&env.app, TargetCmd::Set(set)).await;
 }
 
 /// `section` bound to `web` with its workspace (the remote home) at `permission`.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use sshmode::exec::Place;
-use sshmode::target::cli::{SetArgs, TargetCmd, run_with};
+use sshmode::target::cli::{SetArgs, TargetCmd};
 use sshmode::workspace::{self, Choice, LocalRules, Mode, Permission};
 
 use crate::agent::{Env, MODEL, accept, calls, say, tool_results, unique, wait_turns_ended};
@@ -374,47 +374,19 @@ async fn read_write_keeps_changes_inside_the_workspace_on_a_target() {
 }
 
 async fn refuse_risky(app: &TestApp, alias: &str) {
-    let mut out = Vec::new();
-    let r = run_with(
-        TargetCmd::Set(SetArgs {
-            alias: alias.into(),
-            workspace: None,
-            permission: None,
-            jump: None,
-            no_jump: false,
-            approvers: None,
-            risky: Some(sshmode::config::Risky::Refuse),
-        }),
-        &app.state.config,
-        &app.state.db,
-        &mut std::io::Cursor::new(Vec::new()),
-        &mut out,
-    )
-    .await
-    .map_err(|e| format!("{e:#}"));
-    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    let set = SetArgs {
+        risky: Some(sshmode::config::Risky::Refuse),
+        ..crate::exec_ssh::set_args(alias)
+    };
+    crate::exec_ssh::cli_ok(app, TargetCmd::Set(set)).await;
 }
 
 async fn set_max(app: &TestApp, alias: &str, p: &str) {
-    let mut out = Vec::new();
-    let r = run_with(
-        TargetCmd::Set(SetArgs {
-            alias: alias.into(),
-            workspace: None,
-            permission: Permission::parse(p),
-            jump: None,
-            no_jump: false,
-            approvers: None,
-            risky: None,
-        }),
-        &app.state.config,
-        &app.state.db,
-        &mut std::io::Cursor::new(Vec::new()),
-        &mut out,
-    )
-    .await
-    .map_err(|e| format!("{e:#}"));
-    assert_eq!(r, Ok(0), "{}", String::from_utf8_lossy(&out));
+    let set = SetArgs {
+        permission: Permission::parse(p),
+        ..crate::exec_ssh::set_args(alias)
+    };
+    crate::exec_ssh::cli_ok(app, TargetCmd::Set(set)).await;
 }
 
 async fn full_is_the_guard_alone(remote: bool) {
