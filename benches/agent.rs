@@ -10,6 +10,10 @@
 #[path = "../tests/api/database.rs"]
 mod database;
 
+#[path = "support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -27,11 +31,9 @@ use sshmode::chat::ChatSshMode;
 use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
 use sshmode::turns::TurnRequest;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use zeroize::Zeroizing;
 
 /// Tool steps per turn.
 const STEPS: usize = 20;
@@ -158,21 +160,12 @@ async fn run() {
     sshmode::target::add(
         &db,
         &vault,
-        NewTarget {
-            alias: "t".into(),
-            host: "127.0.0.1".into(),
-            port: sshd.port,
-            user: sshd::USER.into(),
-            description: None,
-            secrets: NewSecrets::Key {
-                key: Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
-                cert: None,
-            },
-            host_key_policy: HostKeyPolicy::Tofu,
-            host_key: None,
-            approve: true,
-            jump: None,
-        },
+        support::loopback_target(
+            "t",
+            sshd.port,
+            sshd::USER,
+            &std::fs::read_to_string(&key).unwrap(),
+        ),
         "bench",
     )
     .await

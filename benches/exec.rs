@@ -9,6 +9,10 @@
 #[path = "../tests/api/database.rs"]
 mod database;
 
+#[path = "support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -21,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use sshmode::config::Config;
 use sshmode::exec::{Command, Executors, Place};
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
@@ -113,21 +116,7 @@ async fn run() {
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
     let key_text = Zeroizing::new(std::fs::read_to_string(&key).unwrap());
     for i in 0..20 {
-        let new = NewTarget {
-            alias: format!("t{i}"),
-            host: "127.0.0.1".into(),
-            port,
-            user: sshd::USER.into(),
-            description: None,
-            secrets: NewSecrets::Key {
-                key: key_text.clone(),
-                cert: None,
-            },
-            host_key_policy: HostKeyPolicy::Tofu,
-            host_key: None,
-            approve: true,
-            jump: None,
-        };
+        let new = support::loopback_target(&format!("t{i}"), port, sshd::USER, &key_text);
         sshmode::target::add(&store.pool, &vault, new, "bench")
             .await
             .unwrap();
@@ -314,21 +303,7 @@ async fn run() {
     sshmode::target::add(
         &store.pool,
         &shell_vault,
-        NewTarget {
-            alias: "noftp".into(),
-            host: "127.0.0.1".into(),
-            port: plain.port,
-            user: sshd::USER.into(),
-            description: None,
-            secrets: NewSecrets::Key {
-                key: key_text.clone(),
-                cert: None,
-            },
-            host_key_policy: HostKeyPolicy::Tofu,
-            host_key: None,
-            approve: true,
-            jump: None,
-        },
+        support::loopback_target("noftp", plain.port, sshd::USER, &key_text),
         "bench",
     )
     .await

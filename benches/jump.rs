@@ -7,6 +7,10 @@
 #[path = "../tests/api/database.rs"]
 mod database;
 
+#[path = "support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use sshmode::config::Config;
 use sshmode::exec::{Backend, Command, Executors, Place};
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
+use sshmode::target::NewTarget;
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroizing;
 
@@ -78,19 +82,8 @@ async fn run() {
         ("jumped", target.port, Some("bastion")),
     ] {
         let new = NewTarget {
-            alias: alias.into(),
-            host: "127.0.0.1".into(),
-            port,
-            user: sshd::USER.into(),
-            description: None,
-            secrets: NewSecrets::Key {
-                key: key_text.clone(),
-                cert: None,
-            },
-            host_key_policy: HostKeyPolicy::Tofu,
-            host_key: None,
-            approve: true,
             jump: via.map(str::to_string),
+            ..support::loopback_target(alias, port, sshd::USER, &key_text)
         };
         sshmode::target::add(&store.pool, &vault, new, "bench")
             .await

@@ -23,6 +23,7 @@
 #[path = "../tests/api/database.rs"]
 mod database;
 #[path = "support/mod.rs"]
+#[allow(dead_code)]
 mod support;
 
 use support::{arg, ms, on_generator, percentile};

@@ -35,10 +35,8 @@ use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::Place;
 use sshmode::exec::live::LiveTail;
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
 use sshmode::turns::TurnRequest;
 use tokio_util::sync::CancellationToken;
-use zeroize::Zeroizing;
 
 /// Lines each measured command prints, one every 200 ms.
 const LINES: usize = 40;
@@ -167,21 +165,12 @@ async fn run() {
     sshmode::target::add(
         &db,
         &vault,
-        NewTarget {
-            alias: "t".into(),
-            host: "127.0.0.1".into(),
-            port: sshd.port,
-            user: sshd::USER.into(),
-            description: None,
-            secrets: NewSecrets::Key {
-                key: Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
-                cert: None,
-            },
-            host_key_policy: HostKeyPolicy::Tofu,
-            host_key: None,
-            approve: true,
-            jump: None,
-        },
+        support::loopback_target(
+            "t",
+            sshd.port,
+            sshd::USER,
+            &std::fs::read_to_string(&key).unwrap(),
+        ),
         "bench",
     )
     .await

@@ -33,9 +33,7 @@ use sshmode::config::Config;
 use sshmode::exec::ops::RunOptions;
 use sshmode::exec::{Command, Place};
 use sshmode::mcp::token::NewToken;
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
 use tokio_util::sync::CancellationToken;
-use zeroize::Zeroizing;
 
 const ROUNDS: usize = 10;
 const PER_ROUND: usize = 30;
@@ -93,21 +91,12 @@ async fn run() {
     let state = app.state().clone();
     let served = tokio::spawn(app.run());
 
-    let new = NewTarget {
-        alias: "web".into(),
-        host: "127.0.0.1".into(),
-        port: sshd.port,
-        user: sshd::USER.into(),
-        description: None,
-        secrets: NewSecrets::Key {
-            key: Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
-            cert: None,
-        },
-        host_key_policy: HostKeyPolicy::Tofu,
-        host_key: None,
-        approve: true,
-        jump: None,
-    };
+    let new = support::loopback_target(
+        "web",
+        sshd.port,
+        sshd::USER,
+        &std::fs::read_to_string(&key).unwrap(),
+    );
     sshmode::target::add(&state.db, &vault, new, "bench")
         .await
         .unwrap();

@@ -8,6 +8,10 @@
 #[path = "../tests/api/database.rs"]
 mod database;
 
+#[path = "support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
 #[path = "../tests/api/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
@@ -19,9 +23,7 @@ use std::time::{Duration, Instant};
 use sshmode::config::Config;
 use sshmode::exec::pty::{OpenOpts, ReadMode, ReadOpts};
 use sshmode::exec::{Command, Executors, Place};
-use sshmode::target::{HostKeyPolicy, NewSecrets, NewTarget};
 use tokio_util::sync::CancellationToken;
-use zeroize::Zeroizing;
 
 const RUNS: usize = 500;
 
@@ -69,21 +71,12 @@ async fn run() {
     let config = Config::from_vars(&|k| vars.get(k).cloned(), dir).unwrap();
     let store = sshmode::store::Store::open(&config).await.unwrap();
     let vault = Arc::new(sshmode::vault::Vault::open_or_create(&config.master_key_file).unwrap());
-    let new = NewTarget {
-        alias: "web".into(),
-        host: "127.0.0.1".into(),
-        port: target.port,
-        user: sshd::USER.into(),
-        description: None,
-        secrets: NewSecrets::Key {
-            key: Zeroizing::new(std::fs::read_to_string(&key).unwrap()),
-            cert: None,
-        },
-        host_key_policy: HostKeyPolicy::Tofu,
-        host_key: None,
-        approve: true,
-        jump: None,
-    };
+    let new = support::loopback_target(
+        "web",
+        target.port,
+        sshd::USER,
+        &std::fs::read_to_string(&key).unwrap(),
+    );
     sshmode::target::add(&store.pool, &vault, new, "bench")
         .await
         .unwrap();

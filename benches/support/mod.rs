@@ -1,5 +1,5 @@
-//! What the load benchmarks share: their arguments, percentiles, and the load generator's
-//! own thread.
+//! What the benchmarks share: their arguments, percentiles, the load generator's own thread,
+//! and an approved target on a loopback sshd.
 
 use std::time::Duration;
 
@@ -42,4 +42,29 @@ where
         let _ = tx.send(rt.block_on(phase()));
     });
     rx.await.expect("the load generator panicked")
+}
+
+/// An approved target `alias` on a loopback sshd at `port`, logged into as `user` with the
+/// private key `key` (its text), its host key trusted on first use.
+pub fn loopback_target(
+    alias: &str,
+    port: u16,
+    user: &str,
+    key: &str,
+) -> sshmode::target::NewTarget {
+    sshmode::target::NewTarget {
+        alias: alias.into(),
+        host: "127.0.0.1".into(),
+        port,
+        user: user.into(),
+        description: None,
+        secrets: sshmode::target::NewSecrets::Key {
+            key: zeroize::Zeroizing::new(key.to_string()),
+            cert: None,
+        },
+        host_key_policy: sshmode::target::HostKeyPolicy::Tofu,
+        host_key: None,
+        approve: true,
+        jump: None,
+    }
 }

@@ -24,10 +24,7 @@ fn env(id: &str) -> NewEvent {
 
 #[tokio::test]
 async fn claim_lease_backoff_dead_letter_and_cleanup() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     for id in ["a", "b", "c"] {
         assert!(app.state.inbox.record(env(id)).await.unwrap());
@@ -108,14 +105,18 @@ async fn claim_lease_backoff_dead_letter_and_cleanup() {
     app.stop().await;
 }
 
+/// An app whose inbox workers are off, so the test claims and finishes events itself.
+async fn without_workers() -> TestApp {
+    TestApp::builder()
+        .var("SSHMODE_WORKERS_ENABLED", "false")
+        .spawn()
+        .await
+}
 /// A payload PostgreSQL's jsonb refuses (`\u0000`, a lone surrogate) is stored with U+FFFD in
 /// its place, and neither it nor the events written in the same batch fail.
 #[tokio::test]
 async fn an_event_with_a_nul_character_does_not_fail_its_batch() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let mut writes = Vec::new();
     for i in 0..40 {
         let state = app.state.clone();
@@ -178,10 +179,7 @@ async fn an_event_with_a_nul_character_does_not_fail_its_batch() {
 #[tokio::test]
 async fn a_flush_runs_on_the_apps_task_tracker() {
     use sqlx::Connection;
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let tracker = tokio_util::task::TaskTracker::new();
     let mut state = app.state.clone();
     state.inbox = inbox::Inbox::new(
@@ -273,10 +271,7 @@ async fn rows_read_by_claim(db: &sqlx::PgPool, now: chrono::DateTime<Utc>) -> (f
 /// as with 10.
 #[tokio::test]
 async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     let t0 = Utc::now() - chrono::Duration::minutes(10);
     let lease = Duration::from_secs(3600);
@@ -327,10 +322,7 @@ async fn a_backlog_behind_a_leased_head_does_not_grow_the_claim() {
 /// busy sections as with 10, and takes the one section that is free.
 #[tokio::test]
 async fn busy_sections_do_not_grow_the_claim() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     let t0 = Utc::now() - chrono::Duration::minutes(10);
     // `n` sections with two events each, their heads leased for an hour (as a claim leaves them).
@@ -417,10 +409,7 @@ async fn claim_and_finish(db: &sqlx::PgPool, lease: Duration, rounds: usize) -> 
 /// event is claimed after the run, not lost.
 #[tokio::test]
 async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     let inbox = &app.state.inbox;
     let lease = Duration::from_secs(60);
@@ -461,10 +450,7 @@ async fn an_event_recorded_below_its_sections_floor_is_still_claimed() {
 /// claimed and not lost. A trigger holds the slow write between the two.
 #[tokio::test]
 async fn a_hand_over_between_a_writes_insert_and_its_lock_does_not_lose_the_event() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     let inbox = app.state.inbox.clone();
     let lease = Duration::from_secs(60);
@@ -509,10 +495,7 @@ async fn a_hand_over_between_a_writes_insert_and_its_lock_does_not_lose_the_even
 /// unsectioned event; never for an event queued behind an unfinished head.
 #[tokio::test]
 async fn a_write_wakes_a_worker_only_when_it_made_an_event_claimable() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let inbox = &app.state.inbox;
     let wakeups = || app.state.metrics.inbox_wakeups.get();
     assert!(
@@ -572,10 +555,7 @@ async fn a_write_wakes_a_worker_only_when_it_made_an_event_claimable() {
 /// marks) commit without waiting for the WAL flush, on connections of their own.
 #[tokio::test]
 async fn recording_waits_for_the_flush_and_the_workers_do_not() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let show = |pool: &sqlx::PgPool| {
         let pool = pool.clone();
         async move {
@@ -610,10 +590,7 @@ async fn writers(db: &sqlx::PgPool, ids: &[&str]) -> Vec<String> {
 /// it. `complete_run` marks a run done in one statement.
 #[tokio::test]
 async fn a_claim_takes_a_run_and_writes_only_its_head() {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let db = &app.state.db;
     let inbox = &app.state.inbox;
     for id in ["r1", "r2", "r3", "r4", "r5", "r6"] {
@@ -732,10 +709,7 @@ impl inbox::Handler for Recorder {
 /// section's row of claimable heads is then gone, and that a new event, with nothing
 /// unfinished before it, makes it again and wakes a worker.
 async fn run_workers(ids: &[&str], handler: Arc<Recorder>) -> Vec<String> {
-    let app = TestApp::builder()
-        .var("SSHMODE_WORKERS_ENABLED", "false")
-        .spawn()
-        .await;
+    let app = without_workers().await;
     let mut config = app.state.config.inbox.clone();
     config.workers_enabled = true;
     config.workers = 2;

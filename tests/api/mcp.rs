@@ -19,6 +19,20 @@ use crate::exec_ssh::{self, Env};
 /// The SDK pin (also in scripts/test.sh).
 const PY_MCP: &str = "mcp==2.3.0";
 
+/// The tools the endpoint lists, by name.
+const TOOLS: [&str; 10] = [
+    "exec",
+    "host_list",
+    "read_file",
+    "search_files",
+    "shell_close",
+    "shell_list",
+    "shell_open",
+    "shell_read",
+    "shell_write",
+    "write_file",
+];
+
 fn python() -> String {
     std::env::var("SSHMODE_TEST_MCP_PYTHON").unwrap_or_else(|_| {
         panic!(
@@ -256,22 +270,7 @@ async fn both_protocol_eras_list_tools_run_commands_and_round_trip_files() {
         }))
         .await;
         assert!(out.get("error").is_none(), "{mode}: {out}");
-        assert_eq!(
-            out["tools"],
-            json!([
-                "exec",
-                "host_list",
-                "read_file",
-                "search_files",
-                "shell_close",
-                "shell_list",
-                "shell_open",
-                "shell_read",
-                "shell_write",
-                "write_file"
-            ]),
-            "{mode}"
-        );
+        assert_eq!(out["tools"], json!(TOOLS), "{mode}");
         let r = &out["results"];
         assert_eq!(
             r[0]["structured"]["hosts"][0]["target"], "web",
@@ -757,21 +756,7 @@ async fn rmcps_client_at_the_2025_03_26_revision_lists_tools_runs_and_round_trip
         .map(|t| t.name.to_string())
         .collect();
     tools.sort();
-    assert_eq!(
-        tools,
-        [
-            "exec",
-            "host_list",
-            "read_file",
-            "search_files",
-            "shell_close",
-            "shell_list",
-            "shell_open",
-            "shell_read",
-            "shell_write",
-            "write_file"
-        ]
-    );
+    assert_eq!(tools, TOOLS);
     let call = |tool: &str, args: Value| {
         CallToolRequestParams::new(tool.to_string())
             .with_arguments(args.as_object().unwrap().clone())
