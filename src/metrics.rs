@@ -51,6 +51,8 @@ pub struct Metrics {
     pub events_duplicate: Counter,
     pub events_rejected: Family<ReasonLabel, Counter>,
     pub events_processed: Counter,
+    /// Events recorded as needing no handling (never claimed).
+    pub events_inert: Counter,
     pub events_failed: Counter,
     pub events_dead: Counter,
     /// Events recorded but not yet done; refreshed when `/metrics` is scraped.
@@ -95,6 +97,7 @@ impl Metrics {
             events_duplicate: Counter::default(),
             events_rejected: Family::default(),
             events_processed: Counter::default(),
+            events_inert: Counter::default(),
             events_failed: Counter::default(),
             events_dead: Counter::default(),
             inbox_depth: Gauge::default(),
@@ -136,6 +139,11 @@ impl Metrics {
             "events_processed",
             "Inbox events handled successfully",
             m.events_processed.clone(),
+        );
+        registry.register(
+            "events_inert",
+            "Lark events recorded as needing no handling (messages bots sent, event types nothing handles), never claimed",
+            m.events_inert.clone(),
         );
         registry.register(
             "events_failed",

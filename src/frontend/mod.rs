@@ -441,28 +441,47 @@ impl AdminChannel for LarkAdmins {
     }
 }
 
+/// How the inbox treats an event ([`LarkTriage::lane`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Handled in its section's order.
+    Ordered,
+    /// Handled at once, never behind its section (`/stop`, card actions).
+    Express,
+    /// Needs no handling: recorded as done, never claimed.
+    Inert,
+}
+
 /// The callback path's questions, answered from the envelope and the config alone.
 pub struct LarkTriage {
     pub config: Arc<Config>,
 }
 
 impl LarkTriage {
-    /// Whether the event must never wait behind other events of its section (`/stop`, card
-    /// actions).
-    pub fn express(&self, env: &Envelope) -> bool {
+    /// How the inbox treats the event: [`Lane::Express`] when it must never wait behind other
+    /// events of its section (`/stop`, card actions), [`Lane::Inert`] when the handler would do
+    /// nothing with it (a message another app or this bot sent, an event type nothing handles),
+    /// else [`Lane::Ordered`]. One parse of the body, and only of a message's.
+    pub fn lane(&self, env: &Envelope) -> Lane {
         match env.event_type.as_str() {
-            event::CARD_ACTION => true,
-            event::MESSAGE_RECEIVE => MessageReceive::from_envelope_text(&env.payload)
-                .is_ok_and(|m| chat::command::is_stop(&m.text_after_mentions())),
-            _ => false,
+            event::CARD_ACTION => Lane::Express,
+            event::MESSAGE_RECEIVE => match MessageReceive::from_envelope_text(&env.payload) {
+                // The handler skips these; the same rule (`from_bot`) decides here.
+                Ok(m) if m.from_bot() => Lane::Inert,
+                Ok(m) if chat::command::is_stop(&m.text_after_mentions()) => Lane::Express,
+                // An unreadable body goes to the handler, which says so in the log.
+                _ => Lane::Ordered,
+            },
+            _ => Lane::Inert,
         }
     }
 
-    /// The synchronous answer to a card action (`{}` or a toast).
     /// The inbox's event for a verified envelope.
     pub fn inbox_event(&self, env: Envelope) -> crate::inbox::NewEvent {
+        let lane = self.lane(&env);
         crate::inbox::NewEvent {
-            express: self.express(&env),
+            express: lane == Lane::Express,
+            inert: lane == Lane::Inert,
             event_id: env.event_id,
             event_type: env.event_type,
             payload: env.payload,
@@ -471,6 +490,7 @@ impl LarkTriage {
         }
     }
 
+    /// The synchronous answer to a card action (`{}` or a toast).
     pub fn card_answer(&self, env: &Envelope) -> Value {
         let Ok(a) = CardAction::from_envelope_text(&env.payload) else {
             return json!({});
@@ -598,6 +618,61 @@ async fn log(
 mod tests {
     use super::*;
     use crate::agent::markdown_chunks;
+
+    fn envelope(event_type: &str, event: Value) -> Envelope {
+        Envelope {
+            event_id: "ev_1".into(),
+            event_type: event_type.into(),
+            payload: json!({"schema": "2.0", "event": event}).to_string(),
+            section: None,
+            message_id: None,
+        }
+    }
+
+    fn message(sender_type: &str, text: &str) -> Value {
+        json!({
+            "sender": {"sender_id": {"open_id": "ou_1"}, "sender_type": sender_type},
+            "message": {"message_id": "om_1", "chat_id": "oc_1", "chat_type": "group",
+                "message_type": "text", "content": json!({"text": text}).to_string(),
+                "mentions": []}
+        })
+    }
+
+    /// Each event's lane: a person's message waits its turn, `/stop` and clicks go express,
+    /// what a bot sent or no handler takes needs no handling (even a bot's `/stop`), and an
+    /// unreadable message goes to the handler, which reports it.
+    #[test]
+    fn the_triage_sends_each_event_down_its_lane() {
+        let config = Config::from_vars(&|_| None, std::path::Path::new("/")).unwrap();
+        let triage = LarkTriage {
+            config: Arc::new(config),
+        };
+        let lane = |t: &str, e: Value| triage.lane(&envelope(t, e));
+        assert_eq!(
+            lane(event::MESSAGE_RECEIVE, message("user", "hello")),
+            Lane::Ordered
+        );
+        assert_eq!(
+            lane(event::MESSAGE_RECEIVE, message("user", "/stop")),
+            Lane::Express
+        );
+        assert_eq!(
+            lane(event::MESSAGE_RECEIVE, message("app", "hello")),
+            Lane::Inert
+        );
+        assert_eq!(
+            lane(event::MESSAGE_RECEIVE, message("app", "/stop")),
+            Lane::Inert
+        );
+        assert_eq!(
+            lane(event::MESSAGE_RECEIVE, json!({"sender": 1})),
+            Lane::Ordered
+        );
+        assert_eq!(lane(event::CARD_ACTION, json!({})), Lane::Express);
+        assert_eq!(lane("im.chat.member.bot.added_v1", json!({})), Lane::Inert);
+        let event = triage.inbox_event(envelope(event::MESSAGE_RECEIVE, message("app", "x")));
+        assert!(event.inert && !event.express);
+    }
 
     #[test]
     fn chunks_stay_under_the_post_limit_and_keep_code_fences() {

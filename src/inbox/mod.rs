@@ -108,6 +108,10 @@ pub struct NewEvent {
     pub message_id: Option<String>,
     /// Handled without waiting for its section (`/stop`, card actions).
     pub express: bool,
+    /// Needs no handling (a message a bot sent, an event type nothing handles): recorded as
+    /// done — it de-duplicates its redeliveries and is kept as long as any done event — and
+    /// never claimed, so it costs no worker anything and wakes none.
+    pub inert: bool,
 }
 
 /// What the inbox runs on.
@@ -446,6 +450,8 @@ fn refuse(batch: Vec<Pending>, e: &sqlx::Error) {
 #[derive(sqlx::FromRow)]
 struct Inserted {
     event_id: String,
+    /// Recorded as done (inert).
+    inert: bool,
     /// The section, for an ordered event (not express).
     ordered_in: Option<String>,
     claimable: bool,
@@ -459,6 +465,9 @@ fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     // The first of several equal ids in one batch is the fresh one.
     let mut fresh = HashSet::new();
     for row in inserted {
+        if row.inert {
+            inbox.deps.metrics.events_inert.inc();
+        }
         if row.claimable && row.ordered_in.is_none_or(|s| sections.insert(s)) {
             claimable += 1;
         }
@@ -479,6 +488,9 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
     let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
     let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
+    let inert: Vec<bool> = batch.iter().map(|p| p.env.inert).collect();
+    // An inert event is written done (finished when received): it never needs a head, a
+    // claim or a wake-up.
     // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
     // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
     // is the order the requests were queued. Any unique conflict (event id, or a message id
@@ -494,15 +506,18 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     // one `kept` locked (the row's latest version), not the one of this statement's snapshot.
     sqlx::query_as(
         "WITH n AS (INSERT INTO inbox_events
-             (event_id, event_type, payload, received_at, available_at, section, message_id, express)
-         SELECT i, t, p::jsonb, a, a, s, m, x FROM UNNEST($1::text[], $2::text[], $3::text[],
-             $4::timestamptz[], $5::text[], $6::text[], $7::bool[])
-             WITH ORDINALITY AS u(i, t, p, a, s, m, x, n)
+             (event_id, event_type, payload, received_at, available_at, section, message_id, express,
+              state, finished_at)
+         SELECT i, t, p::jsonb, a, a, s, m, x, CASE WHEN d THEN 'done' ELSE 'pending' END,
+             CASE WHEN d THEN a END
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
+             $6::text[], $7::bool[], $8::bool[])
+             WITH ORDINALITY AS u(i, t, p, a, s, m, x, d, n)
          ORDER BY n
          ON CONFLICT DO NOTHING
-         RETURNING event_id, section, seq, express, available_at),
+         RETURNING event_id, section, seq, express, available_at, state = 'done' AS inert),
          firsts AS (SELECT DISTINCT ON (section) section, seq, available_at FROM n
-             WHERE NOT express AND section IS NOT NULL ORDER BY section, seq),
+             WHERE NOT express AND NOT inert AND section IS NOT NULL ORDER BY section, seq),
          kept AS MATERIALIZED (SELECT s.section, s.floor FROM inbox_sections s
              WHERE s.section IN (SELECT section FROM firsts) ORDER BY s.section FOR KEY SHARE),
          lowered AS (UPDATE inbox_sections s SET floor = LEAST(s.floor, f.seq)
@@ -513,10 +528,10 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
              WHERE f.section NOT IN (SELECT section FROM kept) ORDER BY f.section
              ON CONFLICT (section) DO UPDATE SET floor = LEAST(inbox_sections.floor, EXCLUDED.floor)
              RETURNING section, xmax = 0 AS fresh)
-         SELECT n.event_id, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
-             n.express OR n.section IS NULL
+         SELECT n.event_id, n.inert, CASE WHEN NOT n.express THEN n.section END AS ordered_in,
+             NOT n.inert AND (n.express OR n.section IS NULL
                  OR EXISTS (SELECT 1 FROM made m JOIN firsts f ON f.section = m.section
-                            WHERE m.section = n.section AND m.fresh AND f.seq = n.seq) AS claimable
+                            WHERE m.section = n.section AND m.fresh AND f.seq = n.seq)) AS claimable
          FROM n",
     )
     .bind(&ids)
@@ -526,6 +541,7 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
     .bind(&sections)
     .bind(&messages)
     .bind(&express)
+    .bind(&inert)
     .fetch_all(db)
     .await
 }

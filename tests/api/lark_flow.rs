@@ -89,6 +89,60 @@ async fn ssh_help_in_a_thread_with_a_mention_replies_in_the_thread() {
     app.stop().await;
 }
 
+/// What no handler acts on — a message a bot sent, an event type nothing handles — is recorded
+/// done by the callback itself: acknowledged like any event, never claimed (no attempt), a
+/// redelivery still recognised, and a person's message after it in the same chat handled as
+/// before.
+#[tokio::test]
+async fn events_that_need_no_handling_are_recorded_done_and_never_claimed() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let mut from_bot = Msg::new("ev_bot_said", "/ssh status");
+    from_bot.sender_type = "app";
+    let mut other = from_bot.envelope(TOKEN);
+    other["header"]["event_id"] = json!("ev_other_type");
+    other["header"]["event_type"] = json!("im.chat.member.bot.added_v1");
+    other["event"] = json!({"chat_id": from_bot.chat_id, "operator_id": {"open_id": "ou_x"}});
+    assert_eq!(
+        post(&app, sealed_now(&from_bot.envelope(TOKEN))).await.0,
+        200
+    );
+    assert_eq!(post(&app, sealed_now(&other)).await.0, 200);
+    let rows: Vec<(String, i32, bool)> = sqlx::query_as(
+        "SELECT state, attempts, finished_at IS NOT NULL FROM inbox_events
+         WHERE event_id IN ('ev_bot_said', 'ev_other_type') ORDER BY event_id",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(rows, [("done".into(), 0, true), ("done".into(), 0, true)]);
+    assert_eq!(app.state.metrics.events_inert.get(), 2);
+    assert_eq!(app.state.metrics.inbox_wakeups.get(), 0);
+    let sections: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_sections")
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap();
+    assert_eq!(sections, 0, "an inert event is no section's head");
+
+    // A redelivery is recognised as one.
+    assert_eq!(
+        post(&app, sealed_now(&from_bot.envelope(TOKEN))).await.0,
+        200
+    );
+    assert_eq!(app.state.metrics.events_duplicate.get(), 1);
+    assert_eq!(app.state.metrics.events_inert.get(), 2);
+
+    let person = Msg::new("ev_person", "/ssh status");
+    assert_eq!(post(&app, sealed_now(&person.envelope(TOKEN))).await.0, 200);
+    wait_state(&app, "ev_person", "done").await;
+    assert_eq!(fake.requests_to("/messages/om_ev_person/reply").len(), 1);
+    assert!(
+        fake.requests_to("/messages/om_ev_bot_said/reply")
+            .is_empty()
+    );
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_router_answers_what_it_can_and_ignores_the_rest() {
     let fake = FakeLark::start().await;

@@ -19,6 +19,7 @@ fn env(id: &str) -> NewEvent {
         section: None,
         message_id: None,
         express: false,
+        inert: false,
     }
 }
 
