@@ -3,19 +3,26 @@
 //! client concurrency, default `synchronous_commit`) into a table shaped like the inbox.
 //!
 //! Run with `bash scripts/bench.sh lark_ingress` (it provides TEST_DATABASE_URL and PG_BIN).
-//! Optional arguments: `--clients N` (default 16), `--seconds S` (default 10), `--workers`
-//! (the service as deployed: inbox workers on; the events are then messages sent by another
-//! app, which need no answer, as a busy group with the all-messages scope produces), `--chats
-//! N` (default 1: every event in one chat; e.g. 200 spreads them round-robin).
+//! Optional arguments: `--clients N` (default 16), `--seconds S` (default 5: one round's
+//! closed loop, and one pgbench run), `--rounds R` (default 4), `--workers` (the service as
+//! deployed: inbox workers on; the events are then messages sent by another app, which need no
+//! answer, as a busy group with the all-messages scope produces), `--people` (with
+//! `--workers`: the messages are from people instead and mention no one, so the workers
+//! handle each one — its log entry, the question whether the bot is in its thread — and a
+//! fake Lark on loopback answers the bot's identity), `--chats N` (default 1: every event in
+//! one chat; e.g. 200 spreads them round-robin).
 //!
-//! Four phases: (1) closed loop, N clients as fast as acks come back; (2) pgbench, N clients,
-//! one INSERT per transaction, the payload as a parameter (and once more as a literal, for
-//! comparison); (3) open loop at half the pgbench rate over N connections, latency measured
-//! from each request's scheduled send time (so a stall is not hidden by coordinated omission);
-//! (4) pgbench at that same rate (`-R`). Without `--workers` the inbox workers are off: this
-//! measures the acknowledgement path alone (signature, decrypt, parse, token, freshness,
-//! durable insert). With `--workers` they run as deployed, and after phase 1 the backlog it
-//! left is timed until it is drained (before phase 2 starts).
+//! **Rounds.** The machine's speed drifts from second to second (a shared host), so the
+//! service and pgbench take turns: each round runs the service's closed loop (N clients as
+//! fast as acks come back), waits until the workers have handled what it left (timing that
+//! drain), then runs pgbench (N clients, one INSERT per transaction, the payload as a
+//! parameter) for as long. Each round's ratio compares two runs seconds apart; the table gives
+//! every round, their median and the ratio of the totals. Then, once: pgbench with the payload
+//! as a literal (for comparison); an open loop at half the median pgbench rate over N
+//! connections, latency measured from each request's scheduled send time (so a stall is not
+//! hidden by coordinated omission); and pgbench at that same rate (`-R`). Without `--workers`
+//! the inbox workers are off: this measures the acknowledgement path alone (signature,
+//! decrypt, parse, token, freshness, durable insert).
 //!
 //! The service runs on this process's multi-threaded runtime; the load generator runs on a
 //! thread of its own with a single-threaded runtime, as pgbench runs in a process of its own.
@@ -56,7 +63,11 @@ fn event(i: usize, now: i64, opts: Opts) -> Req {
     let id = format!("ev_bench_{i:09}");
     let chat = format!("oc_{:032}", i % opts.chats.max(1));
     let sender_type = if opts.from_app { "app" } else { "user" };
-    let text = "@_user_1 /ssh status please, and tell me what is running on the build box";
+    let text = if opts.people {
+        "is the build box still running last night's job, or can I take it for the release?"
+    } else {
+        "@_user_1 /ssh status please, and tell me what is running on the build box"
+    };
     let env = json!({
         "schema": "2.0",
         "header": {"event_id": id, "event_type": "im.message.receive_v1",
@@ -268,6 +279,47 @@ async fn open_loop(
 struct Opts {
     chats: usize,
     from_app: bool,
+    /// Messages from people that mention no one (`--people`).
+    people: bool,
+}
+
+/// The bot's open_id the fake Lark gives (no event mentions it).
+const BOT: &str = "ou_benchbot000000000000000000000000";
+
+/// A fake Lark answering only what handling an unaddressed message asks: a tenant token and
+/// the bot's identity. Any other call is counted (there should be none).
+async fn fake_lark(other: Arc<std::sync::atomic::AtomicU64>) -> anyhow::Result<String> {
+    use axum::{Json, Router, routing::any, routing::get, routing::post};
+    let app = Router::new()
+        .route(
+            "/open-apis/auth/v3/tenant_access_token/internal",
+            post(|| async {
+                Json(json!({"code": 0, "msg": "ok", "tenant_access_token": "t-bench", "expire": 7200}))
+            }),
+        )
+        .route(
+            "/open-apis/bot/v3/info",
+            get(|| async { Json(json!({"code": 0, "msg": "ok", "bot": {"open_id": BOT}})) }),
+        )
+        .fallback(any(move || {
+            other.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Json(json!({"code": 0, "msg": "ok", "data": {}})) }
+        }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
+/// The median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Events not yet done.
@@ -282,14 +334,23 @@ async fn pending(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let clients = arg("--clients", 16) as usize;
-    let seconds = arg("--seconds", 10);
+    let seconds = arg("--seconds", 5);
+    let rounds = arg("--rounds", 4).max(1) as usize;
     let workers = std::env::args().any(|a| a == "--workers");
+    let people = workers && std::env::args().any(|a| a == "--people");
     let opts = Opts {
         chats: arg("--chats", 1) as usize,
-        from_app: workers,
+        from_app: workers && !people,
+        people,
     };
     let pg_bin = std::env::var("PG_BIN").expect("PG_BIN: run through scripts/bench.sh");
     let db = database::fresh_database().await;
+    let other_calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let lark_url = if people {
+        fake_lark(other_calls.clone()).await?
+    } else {
+        "http://127.0.0.1:9".into()
+    };
 
     let dir = tempfile::tempdir()?;
     let vars: HashMap<&str, String> = [
@@ -299,7 +360,7 @@ async fn main() -> anyhow::Result<()> {
         ("LARK_APP_SECRET", "bench-secret".into()),
         ("LARK_VERIFICATION_TOKEN", TOKEN.into()),
         ("LARK_ENCRYPT_KEY", KEY.into()),
-        ("LARK_BASE_URL", "http://127.0.0.1:9".into()),
+        ("LARK_BASE_URL", lark_url),
         ("SSHMODE_WORKERS_ENABLED", workers.to_string()),
     ]
     .into_iter()
@@ -310,10 +371,11 @@ async fn main() -> anyhow::Result<()> {
     let app = App::build(config, listener, shutdown.clone()).await?;
     let addr = app.local_addr();
     let pool = app.state().db.clone();
+    let metrics = app.state().metrics.clone();
     let server_task = tokio::spawn(app.run());
 
     let now = chrono::Utc::now().timestamp();
-    let total = 150_000usize.min(clients * seconds as usize * 2000);
+    let total = 300_000usize.min(clients * seconds as usize * rounds * 2000 + 200);
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now, opts)).collect());
     // Warm-up: connections, prepared statements.
@@ -325,35 +387,9 @@ async fn main() -> anyhow::Result<()> {
         }
     })
     .await;
+    wait_drained(&pool, workers).await?;
 
-    // Phase 1: closed loop. Each phase starts from a checkpoint, so that none pays for
-    // another's dirty pages.
-    checkpoint(&pool).await?;
-    let phase = reqs.clone();
-    let (mut lat, failed, elapsed) =
-        on_generator(move || closed_loop(addr, phase, 200, clients, seconds)).await;
-    lat.sort();
-    let ack_rate = lat.len() as f64 / elapsed.as_secs_f64();
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
-        .fetch_one(&pool)
-        .await?;
-    // With workers: what phase 1 left undone, and how fast it drains once the load stops
-    // (polled every 50 ms, for at most five minutes).
-    let backlog = pending(&pool).await?;
-    let drain_started = Instant::now();
-    let mut drained = backlog;
-    if workers {
-        while drain_started.elapsed() < Duration::from_secs(300) {
-            drained = backlog - pending(&pool).await?;
-            if drained >= backlog {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let drain_time = drain_started.elapsed();
-
-    // Phase 2: pgbench, raw single-row INSERTs into an inbox-shaped table, the payload sent as
+    // pgbench's table: raw single-row INSERTs into an inbox-shaped table, the payload sent as
     // a parameter (as the service sends it), so PostgreSQL parses each row's jsonb as it does
     // ours. For comparison, also with the payload as a literal of the prepared statement
     // (parsed once, when the statement is prepared).
@@ -380,7 +416,7 @@ async fn main() -> anyhow::Result<()> {
         &literal_script,
         insert(&format!("'{}'::jsonb", payload_sample.replace('\'', "''"))),
     )?;
-    let pgbench = |script: &std::path::Path, extra: &[String]| {
+    let pgbench = |script: &std::path::Path, seconds: u64, extra: &[String]| {
         let mut cmd = tokio::process::Command::new(format!("{pg_bin}/pgbench"));
         cmd.args([
             "-n",
@@ -414,29 +450,71 @@ async fn main() -> anyhow::Result<()> {
                 )
             })
     };
-    checkpoint(&pool).await?;
-    let raw_rate = tps(&pgbench(&script, &[]).output().await?);
-    checkpoint(&pool).await?;
-    let literal_rate = tps(&pgbench(&literal_script, &[]).output().await?);
 
-    // Phase 3: open loop at half the raw rate, on events of its own, through the same number
+    // Rounds: the service's closed loop, the drain of what it left, pgbench. Each part starts
+    // from a checkpoint, so that none pays for another's dirty pages.
+    let mut first = 200;
+    let (mut lat, mut failed, mut acked, mut busy) = (Vec::new(), 0, 0usize, Duration::ZERO);
+    let (mut backlogs, mut drained_in) = (0i64, Duration::ZERO);
+    let mut round_rows = Vec::new();
+    let (processed0, inert0) = (metrics.events_processed.get(), metrics.events_inert.get());
+    for _ in 0..rounds {
+        checkpoint(&pool).await?;
+        let phase = reqs.clone();
+        let (l, f, elapsed) =
+            on_generator(move || closed_loop(addr, phase, first, clients, seconds)).await;
+        first += l.len() + f;
+        let ack_rate = l.len() as f64 / elapsed.as_secs_f64();
+        acked += l.len();
+        busy += elapsed;
+        failed += f;
+        lat.extend(l);
+        // What the round left undone, and how long the workers take to finish it.
+        let backlog = pending(&pool).await?;
+        let t = Instant::now();
+        wait_drained(&pool, workers).await?;
+        if backlog > 0 {
+            backlogs += backlog;
+            drained_in += t.elapsed();
+        }
+        checkpoint(&pool).await?;
+        let raw = tps(&pgbench(&script, seconds, &[]).output().await?);
+        round_rows.push((ack_rate, backlog, raw));
+    }
+    lat.sort();
+    let handled = metrics.events_processed.get() - processed0;
+    let inert = metrics.events_inert.get() - inert0;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
+        .fetch_one(&pool)
+        .await?;
+    let raw_rates: Vec<f64> = round_rows.iter().map(|r| r.2).collect();
+    let raw_rate = median(raw_rates.clone());
+    let ratio_median = median(round_rows.iter().map(|r| r.0 / r.2).collect());
+    let ack_rate = acked as f64 / busy.as_secs_f64();
+    let raw_mean = raw_rates.iter().sum::<f64>() / raw_rates.len() as f64;
+    checkpoint(&pool).await?;
+    let literal_rate = tps(&pgbench(&literal_script, seconds, &[]).output().await?);
+
+    // Open loop at half the (median) raw rate, on events of its own, through the same number
     // of connections as pgbench's clients (as `pgbench -R`: a request waits for a free
     // connection, and its latency counts from its scheduled time).
     let target = raw_rate / 2.0;
-    let n = (target * seconds as f64) as usize;
+    let paced_seconds = seconds.max(10);
+    let n = (target * paced_seconds as f64) as usize;
     let now = chrono::Utc::now().timestamp();
-    let base = total;
-    let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(base + k, now, opts)).collect());
+    let paced_reqs: Arc<Vec<Req>> = Arc::new((0..n).map(|k| event(total + k, now, opts)).collect());
     checkpoint(&pool).await?;
     let (mut paced, mut sent_late, paced_failed, paced_elapsed) =
         on_generator(move || open_loop(addr, paced_reqs, clients, target)).await;
     paced.sort();
     sent_late.sort();
+    wait_drained(&pool, workers).await?;
 
-    // Phase 4: the same open-loop rate through pgbench, for the raw path's own tail.
+    // The same open-loop rate through pgbench, for the raw path's own tail.
     checkpoint(&pool).await?;
     let out = pgbench(
         &script,
+        paced_seconds,
         &[
             "-R".into(),
             format!("{target:.0}"),
@@ -463,41 +541,64 @@ async fn main() -> anyhow::Result<()> {
         .count();
 
     println!(
-        "## lark_ingress ({clients} clients, {seconds} s per phase, workers {}, {} chat(s))",
+        "## lark_ingress ({clients} clients, {rounds} rounds of {seconds} s, workers {}, {} chat(s){})",
         if workers { "on" } else { "off" },
-        opts.chats
+        opts.chats,
+        if people {
+            ", messages from people"
+        } else if workers {
+            ", messages from another app"
+        } else {
+            ""
+        }
     );
     println!("| measure | value |");
     println!("|---|---|");
-    println!("| acks/s, closed loop | {ack_rate:.0} |");
+    for (i, (ack, backlog, raw)) in round_rows.iter().enumerate() {
+        println!(
+            "| round {}: acks/s, raw INSERT tps, ratio, backlog left | {ack:.0}, {raw:.0}, {:.2}, {backlog} |",
+            i + 1,
+            ack / raw
+        );
+    }
+    println!("| **acks / raw inserts, median of the rounds** | **{ratio_median:.2}** |");
+    println!(
+        "| acks/s over all rounds / mean raw tps | {ack_rate:.0} / {raw_mean:.0} = {:.2} |",
+        ack_rate / raw_mean
+    );
     println!(
         "| ack p50 / p99, closed loop | {:.2} ms / {:.2} ms |",
         ms(percentile(&lat, 0.5)),
         ms(percentile(&lat, 0.99))
     );
     println!("| refused or failed requests | {failed} |");
-    println!("| rows recorded | {stored} |");
+    println!("| rows recorded by the warm-up and the rounds | {stored} |");
     if workers {
         println!(
-            "| handled during phase 1 | {} ({:.0}/s) |",
-            stored - backlog,
-            (stored - backlog) as f64 / elapsed.as_secs_f64()
+            "| closed loops: handled by the workers / recorded done at the callback (inert) | {handled} / {inert} |"
         );
         println!(
-            "| backlog after phase 1, drained | {drained} of {backlog} in {:.2} s ({:.0}/s) |",
-            drain_time.as_secs_f64(),
-            drained as f64 / drain_time.as_secs_f64().max(1e-9)
+            "| backlog left by the rounds, drained | {backlogs} in {:.2} s ({}) |",
+            drained_in.as_secs_f64(),
+            if backlogs > 0 {
+                format!(
+                    "{:.0}/s",
+                    backlogs as f64 / drained_in.as_secs_f64().max(1e-9)
+                )
+            } else {
+                "no backlog".into()
+            }
         );
+        if people {
+            println!(
+                "| Lark calls other than the token and the bot's identity | {} |",
+                other_calls.load(std::sync::atomic::Ordering::Relaxed)
+            );
+        }
     }
-    println!("| raw INSERT tps (pgbench, payload as parameter) | {raw_rate:.0} |");
-    println!("| acks / raw inserts | {:.2} |", ack_rate / raw_rate);
     println!("| raw INSERT tps, payload as a prepared literal | {literal_rate:.0} |");
     println!(
-        "| acks / raw inserts (literal payload) | {:.2} |",
-        ack_rate / literal_rate
-    );
-    println!(
-        "| open loop at {target:.0}/s: achieved | {:.0}/s |",
+        "| open loop at {target:.0}/s for {paced_seconds} s: achieved | {:.0}/s |",
         paced.len() as f64 / paced_elapsed.as_secs_f64()
     );
     println!(
@@ -516,10 +617,24 @@ async fn main() -> anyhow::Result<()> {
         paced.len(),
         100.0 * ours_late as f64 / paced.len().max(1) as f64
     );
-    println!("| pgbench at the same rate: latency average | {raw_avg} |");
+    println!("| pgbench at the same rate for {paced_seconds} s: latency average | {raw_avg} |");
     println!("| pgbench at the same rate: over 50 ms | {raw_late} |");
 
     shutdown.cancel();
     server_task.await??;
+    Ok(())
+}
+
+/// Waits until the workers have handled every recorded event (polled every 50 ms, for at
+/// most five minutes); at once without workers.
+async fn wait_drained(pool: &sqlx::PgPool, workers: bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while workers && pending(pool).await? > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the backlog did not drain in 5 min"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }

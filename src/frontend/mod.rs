@@ -2,7 +2,7 @@
 //! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
 //! [`ChatOut`] that answer through the Open API, the [`Source`] a message's quoted messages and
 //! files are read from (in the worker), and the [`LarkTriage`] the callback path asks
-//! (express lane, card toasts) without I/O.
+//! (an event's lane: express, inert or ordered; card toasts) without I/O.
 //! Never: decides what a message means (that is [`crate::chat`]).
 
 pub mod approval_card;

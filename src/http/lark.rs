@@ -9,7 +9,7 @@
 //! | `src/lark/json.rs` | `Members`: one JSON object's members as raw, validated text in one pass (no `serde_json::Value`), read as `Value::get` would, and written back less chosen members | deciding what a field means |
 //! | `src/http/lark.rs` | `POST /lark/events`: read the body (bounded), admit, check, `Inbox::record`, answer (`{"challenge"}`, `{"msg":"success"}`, a toast for card actions) | outbound calls; storing a rejected request |
 //! | `src/lark/event.rs` | wire types of `im.message.receive_v1` and `card.action.trigger`; `route` (section + message id for the envelope); → `Message` | deciding what a message means |
-//! | `src/frontend/` | the chat domain on Lark: the inbox `Handler` (events → `chat::dispatch`, clicks → `chat::approval`), `Reply`, `AdminChannel` and the agent's `ChatOut` over the Open API, `LarkTriage` (express lane, click toasts; no I/O) | deciding what a message means |
+//! | `src/frontend/` | the chat domain on Lark: the inbox `Handler` (events → `chat::dispatch`, clicks → `chat::approval`), `Reply`, `AdminChannel` and the agent's `ChatOut` over the Open API, `LarkTriage` (the lane: express, inert or ordered; click toasts; no I/O) | deciding what a message means |
 //! | `src/frontend/card.rs` | cards 2.0 the service sends (the approval card) | deciding what they say |
 //! | `src/lark/markup.rs` | the one escaping of model-written text for Lark's renderers: `inert` breaks every mention tag (`<at …>`, `<person …>`, in any case or spacing, as entities, in links and in code) and, outside code, every Lark tag and entity, keeping Markdown; `plain` for one-line names. Used by the answer post, the progress card and `/memory list` | I/O; letting a mention through; relying on Lark decoding entities |
 //! | `src/lark/client.rs` | `LarkClient`: one `reqwest::Client`, tenant-token cache, limits (5/s per chat with governor, then the app's 50/s budget through `lane`, and for `im` message APIs 1000 calls per 61 s), retries, typed `LarkError`, `idempotency_key` | deciding what to say |
@@ -38,7 +38,10 @@
 //! the decrypted plaintext's own members, written back as they came less the verification token:
 //! no `serde_json::Value` is built or serialised again on the way, and PostgreSQL parses the
 //! text once, into `jsonb`) and only then acknowledged; a redelivery inserts nothing and is
-//! acknowledged the same way. The insert wakes one worker (`Inbox::wake`); a 1 s poll
+//! acknowledged the same way. What no handler acts on — a message a bot sent, an event type
+//! nothing handles (`frontend::LarkTriage::lane`) — is inserted already done: it still
+//! de-duplicates its redeliveries, and no worker claims it. An insert that makes an event
+//! claimable wakes one worker (`Inbox::wake`); a 1 s poll
 //! catches retries and expired leases. A worker claims up to 16 due sections at once
 //! (`inbox::claim_batch`), each one's head (its `available_at` and its section's row moved to
 //! the end of the lease, `attempts` bumped) with the events queued behind it; success marks

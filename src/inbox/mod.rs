@@ -480,32 +480,15 @@ fn answer(inbox: &Inbox, batch: Vec<Pending>, inserted: Vec<Inserted>) {
     }
 }
 
-async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
-    let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
-    let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
-    let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
-    let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
-    let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
-    let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
-    let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
-    let inert: Vec<bool> = batch.iter().map(|p| p.env.inert).collect();
-    // An inert event is written done (finished when received): it never needs a head, a
-    // claim or a wake-up.
-    // The payloads go as the JSON text the callback verified, which PostgreSQL parses once,
-    // into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so recording order
-    // is the order the requests were queued. Any unique conflict (event id, or a message id
-    // seen before) is a redelivery. Each section the batch writes ordered events to gets its
-    // row in `inbox_sections` (the claimable heads): held `FOR KEY SHARE` if it is there, so
-    // that `inbox_finish` waits for this write before it looks for the section's next head;
-    // inserted, with the batch's first event as the head, if not — which makes the section
-    // claimable and wakes a worker. (Two writes creating one section's row meet in the
-    // `ON CONFLICT` branch, which keeps the lower floor and wakes no one.) Batches commit in
-    // any order, so a row's floor may already have passed this batch's events (a hand-over
-    // that could not see them yet, even one that ran between this statement's INSERT and its
-    // lock): it is lowered to them, or they would never be found. The floor compared is the
-    // one `kept` locked (the row's latest version), not the one of this statement's snapshot.
-    sqlx::query_as(
-        "WITH n AS (INSERT INTO inbox_events
+/// A batch's rows, inserted (`$1`…`$8`: ids, types, payloads, times, sections, message ids,
+/// express, inert). The payloads go as the JSON text the callback verified, which PostgreSQL
+/// parses once, into `jsonb`. `seq` follows the order of the rows (WITH ORDINALITY), so
+/// recording order is the order the requests were queued. Any unique conflict (event id, or a
+/// message id seen before) is a redelivery. An inert event is written done (finished when
+/// received): it never needs a head, a claim or a wake-up.
+macro_rules! insert_batch {
+    () => {
+        "INSERT INTO inbox_events
              (event_id, event_type, payload, received_at, available_at, section, message_id, express,
               state, finished_at)
          SELECT i, t, p::jsonb, a, a, s, m, x, CASE WHEN d THEN 'done' ELSE 'pending' END,
@@ -514,8 +497,24 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
              $6::text[], $7::bool[], $8::bool[])
              WITH ORDINALITY AS u(i, t, p, a, s, m, x, d, n)
          ORDER BY n
-         ON CONFLICT DO NOTHING
-         RETURNING event_id, section, seq, express, available_at, state = 'done' AS inert),
+         ON CONFLICT DO NOTHING"
+    };
+}
+
+/// Records a batch with ordered events. Each section the batch writes ordered events to gets
+/// its row in `inbox_sections` (the claimable heads): held `FOR KEY SHARE` if it is there, so
+/// that `inbox_finish` waits for this write before it looks for the section's next head;
+/// inserted, with the batch's first event as the head, if not — which makes the section
+/// claimable and wakes a worker. (Two writes creating one section's row meet in the
+/// `ON CONFLICT` branch, which keeps the lower floor and wakes no one.) Batches commit in any
+/// order, so a row's floor may already have passed this batch's events (a hand-over that could
+/// not see them yet, even one that ran between this statement's INSERT and its lock): it is
+/// lowered to them, or they would never be found. The floor compared is the one `kept` locked
+/// (the row's latest version), not the one of this statement's snapshot.
+const RECORD: &str = concat!(
+    "WITH n AS (",
+    insert_batch!(),
+    " RETURNING event_id, section, seq, express, available_at, state = 'done' AS inert),
          firsts AS (SELECT DISTINCT ON (section) section, seq, available_at FROM n
              WHERE NOT express AND NOT inert AND section IS NOT NULL ORDER BY section, seq),
          kept AS MATERIALIZED (SELECT s.section, s.floor FROM inbox_sections s
@@ -532,18 +531,42 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
              NOT n.inert AND (n.express OR n.section IS NULL
                  OR EXISTS (SELECT 1 FROM made m JOIN firsts f ON f.section = m.section
                             WHERE m.section = n.section AND m.fresh AND f.seq = n.seq)) AS claimable
-         FROM n",
-    )
-    .bind(&ids)
-    .bind(&types)
-    .bind(&payloads)
-    .bind(&ats)
-    .bind(&sections)
-    .bind(&messages)
-    .bind(&express)
-    .bind(&inert)
-    .fetch_all(db)
-    .await
+         FROM n"
+);
+
+/// Records a batch without ordered events: every row it writes that is not inert (express or
+/// unsectioned) is claimable at once.
+const RECORD_FREE: &str = concat!(
+    insert_batch!(),
+    " RETURNING event_id, state = 'done' AS inert, NULL::text AS ordered_in,
+         state = 'pending' AS claimable"
+);
+
+async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sqlx::Error> {
+    let ids: Vec<&str> = batch.iter().map(|p| p.env.event_id.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|p| p.env.event_type.as_str()).collect();
+    let payloads: Vec<&str> = batch.iter().map(|p| p.env.payload.as_str()).collect();
+    let ats: Vec<DateTime<Utc>> = batch.iter().map(|p| p.at).collect();
+    let sections: Vec<Option<&str>> = batch.iter().map(|p| p.env.section.as_deref()).collect();
+    let messages: Vec<Option<&str>> = batch.iter().map(|p| p.env.message_id.as_deref()).collect();
+    let express: Vec<bool> = batch.iter().map(|p| p.env.express).collect();
+    let inert: Vec<bool> = batch.iter().map(|p| p.env.inert).collect();
+    // A batch that writes no ordered event (each is inert, express or unsectioned) touches no
+    // section's row: it is the INSERT alone.
+    let ordered = batch
+        .iter()
+        .any(|p| !p.env.inert && !p.env.express && p.env.section.is_some());
+    sqlx::query_as(if ordered { RECORD } else { RECORD_FREE })
+        .bind(&ids)
+        .bind(&types)
+        .bind(&payloads)
+        .bind(&ats)
+        .bind(&sections)
+        .bind(&messages)
+        .bind(&express)
+        .bind(&inert)
+        .fetch_all(db)
+        .await
 }
 
 /// The claim: an express or unsectioned due event (oldest first) if there is one, else up to
