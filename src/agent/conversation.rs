@@ -184,7 +184,7 @@ pub async fn append_logged(
             .bind(audit.map(|a| a.outcome.as_str()))
     };
     let ids = match bind(APPEND_LOGGED).fetch_optional(fence.db()).await {
-        Err(e) if seq_taken(&e) => {
+        Err(e) if crate::eventlog::seq_taken(&e) => {
             let mut tx = fence.db().begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(fence.section())
@@ -234,14 +234,6 @@ const APPEND_LOGGED: &str = "WITH l AS (
          FROM m
         WHERE $15::text IS NOT NULL)
      SELECT m.id, (SELECT id FROM k) FROM m, e";
-
-/// The event log's `(section_id, seq)` key refused an entry.
-fn seq_taken(e: &sqlx::Error) -> bool {
-    e.as_database_error().is_some_and(|d| {
-        d.code().as_deref() == Some("23505")
-            && d.constraint() == Some("session_events_section_id_seq_key")
-    })
-}
 
 fn row_to_stored(r: sqlx::postgres::PgRow) -> sqlx::Result<Stored> {
     let value: Value = r.try_get("message")?;

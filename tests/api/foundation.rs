@@ -102,6 +102,48 @@ async fn audit_and_event_log_are_append_only() {
     app.stop().await;
 }
 
+/// Appends to one section's log from many writers at once: each is written (the one-statement
+/// append that lost the race to a `seq` is written again the slow way), and the log is one
+/// gap-free sequence holding every entry.
+#[tokio::test]
+async fn concurrent_appends_to_one_log_are_all_kept_in_one_sequence() {
+    let app = TestApp::spawn().await;
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let db = app.state.db.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..40 {
+                sshmode::eventlog::append(
+                    &db,
+                    "omt_busy",
+                    "message",
+                    serde_json::json!({ "w": w, "i": i }),
+                )
+                .await
+                .expect("an append is never refused");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let seqs: Vec<i64> = sqlx::query_scalar(
+        "SELECT seq FROM session_events WHERE section_id = 'omt_busy' ORDER BY seq",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(seqs, (1..=320).collect::<Vec<i64>>());
+    let distinct: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT payload) FROM session_events WHERE section_id = 'omt_busy'",
+    )
+    .fetch_one(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(distinct, 320);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn session_log_export_writes_jsonl_in_order() {
     let app = TestApp::spawn().await;
