@@ -375,7 +375,7 @@ async fn main() -> anyhow::Result<()> {
     let server_task = tokio::spawn(app.run());
 
     let now = chrono::Utc::now().timestamp();
-    let total = 300_000usize.min(clients * seconds as usize * rounds * 2000 + 200);
+    let total = 600_000usize.min(clients * seconds as usize * rounds * 2000 + 200);
     eprintln!("preparing {total} signed, encrypted events …");
     let reqs: Arc<Vec<Req>> = Arc::new((0..total).map(|i| event(i, now, opts)).collect());
     // Warm-up: connections, prepared statements.
@@ -464,6 +464,9 @@ async fn main() -> anyhow::Result<()> {
         let (l, f, elapsed) =
             on_generator(move || closed_loop(addr, phase, first, clients, seconds)).await;
         first += l.len() + f;
+        // A round that ran out of prepared events ends early; its rate still counts, but no
+        // round follows it.
+        let ran_out = first >= total;
         let ack_rate = l.len() as f64 / elapsed.as_secs_f64();
         acked += l.len();
         busy += elapsed;
@@ -480,6 +483,13 @@ async fn main() -> anyhow::Result<()> {
         checkpoint(&pool).await?;
         let raw = tps(&pgbench(&script, seconds, &[]).output().await?);
         round_rows.push((ack_rate, backlog, raw));
+        if ran_out {
+            eprintln!(
+                "the prepared events ran out after {} rounds",
+                round_rows.len()
+            );
+            break;
+        }
     }
     lat.sort();
     let handled = metrics.events_processed.get() - processed0;

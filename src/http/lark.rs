@@ -67,7 +67,7 @@
 //! same hyper.
 //!
 //! **Group commit.** An admitted event joins the inbox's queue (bounded by the admissions); if
-//! fewer than four flush tasks are running, the request starts one, on the app's `TaskTracker`.
+//! fewer than two flush tasks are running, the request starts one, on the app's `TaskTracker`.
 //! A flush task writes everything queued as one multi-row `INSERT … ON CONFLICT DO NOTHING
 //! RETURNING event_id` (≤ 256 rows, one commit), hands each request its answer, and repeats until
 //! the queue is empty. So an idle service writes each event at once, a loaded one writes batches

@@ -84,9 +84,11 @@ pub const SECTION_ATTEMPTS: i32 = 5;
 const ERROR_TEXT_MAX: usize = 500;
 /// Most events written by one INSERT.
 const MAX_BATCH: usize = 256;
-/// Batched INSERTs in flight at once: while some wait for their commit, the next batch forms
-/// and is written without waiting for them (BENCHMARKS.md).
-const FLUSHERS: usize = 4;
+/// Batched INSERTs in flight at once: while one waits for its commit, the next batch forms and
+/// is written without waiting for it. Two, not more: each further one makes the batches
+/// smaller and the commits more, and on two cores 2 acknowledged more than 4, and 4 more than
+/// 8 (BENCHMARKS.md, "Two flush tasks").
+const FLUSHERS: usize = 2;
 /// Most callback requests admitted at once (see [`Inbox::admit`]), counted once their body is
 /// in. At ten thousand events a second and a few milliseconds each, a few dozen are in
 /// flight; this leaves room for a stall of a fraction of a second before the platform is told
