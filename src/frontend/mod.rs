@@ -106,6 +106,8 @@ impl Handler for LarkHandler {
                 )
                 .await
             }
+            // `LarkTriage::lane` records these inert, so only an event recorded before it did
+            // reaches this arm; an event type handled above must have its lane there too.
             other => {
                 tracing::debug!(lark.event_id = %ev.event_id, lark.event_type = %other, "event type not handled; skipped");
                 Ok(())

@@ -34,7 +34,8 @@
 //! sections and one marking them done. A write wakes a worker only for an event a claim could
 //! take at once (express, unsectioned, or a section's new head); an event queued behind a head
 //! is taken by the worker that finishes the head, and the one-second poll covers the rest
-//! (retries, leases).
+//! (retries, leases). An inert event (one no handler acts on, [`NewEvent::inert`]) is written
+//! done: no claim, no wake-up, no section row — only its INSERT, which still de-duplicates.
 //!
 //! **Durability.** A recorded event is durable before it is acknowledged. The workers' own
 //! writes (claims, done and retry marks, hand-backs) commit without waiting for the WAL flush
@@ -87,7 +88,7 @@ const MAX_BATCH: usize = 256;
 /// Batched INSERTs in flight at once: while one waits for its commit, the next batch forms and
 /// is written without waiting for it. Two, not more: each further one makes the batches
 /// smaller and the commits more, and on two cores 2 acknowledged more than 4, and 4 more than
-/// 8 (BENCHMARKS.md, "Two flush tasks").
+/// 8 (BENCHMARKS.md, "Events no one acts on, recorded done; two flush tasks").
 const FLUSHERS: usize = 2;
 /// Most callback requests admitted at once (see [`Inbox::admit`]), counted once their body is
 /// in. At ten thousand events a second and a few milliseconds each, a few dozen are in
