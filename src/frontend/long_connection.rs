@@ -1,7 +1,8 @@
 //! The long connection's deliverer: a whole message received over Lark's WebSocket
 //! ([`crate::lark::ws`]) is checked as a webhook event is, less what does not apply there
-//! (no signature or encryption: the connection itself was opened with the app's secret) —
-//! token, app id, freshness ([`webhook::verify_plain`]) — and recorded in the same inbox, with
+//! (no signature or encryption: the connection itself was opened with the app's secret; the
+//! platform leaves `header.token` empty there) — app id, freshness, and the token only where one
+//! is sent ([`webhook::verify_plain`]) — and recorded in the same inbox, with
 //! the same de-duplication (event id, message id), ordering and express lane, before it is
 //! acknowledged. A card click is answered with the same toast the webhook returns.
 //!

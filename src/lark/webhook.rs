@@ -210,6 +210,9 @@ pub fn verify(
         return Err(Rejection::UnexpectedEncryption);
     }
     let parsed = parse_envelope(&members, text.len()).map_err(fail)?;
+    if parsed.token.is_none() {
+        return Err(fail(Rejection::MissingFields));
+    }
     if unsigned && !matches!(parsed.kind, Kind::Challenge(_)) {
         return Err(Rejection::BadSignature);
     }
@@ -228,7 +231,11 @@ pub fn verify(
 
 /// The checks of [`verify`] that still apply to an event received over the long connection,
 /// which is neither signed nor encrypted (the connection itself was opened with the app's
-/// secret): size, JSON, envelope, token, app id and freshness (by the event's own time).
+/// secret): size, JSON, envelope, app id and freshness (by the event's own time).
+///
+/// The platform sends `header.token` **empty** on this path, and no official SDK checks it
+/// there: an empty or missing token is accepted. A token that is present and not empty must
+/// still be the verification token — nothing legitimate sends a different one.
 pub fn verify_plain(
     config: &LarkConfig,
     body: &[u8],
@@ -242,7 +249,10 @@ pub fn verify_plain(
     if members.get("encrypt").is_some() {
         return Err(Rejection::UnexpectedEncryption);
     }
-    let parsed = parse_envelope(&members, body.len())?;
+    let mut parsed = parse_envelope(&members, body.len())?;
+    if parsed.token.as_ref().is_some_and(|t| t.is_empty()) {
+        parsed.token = None;
+    }
     check(config, &parsed, parsed.created_at, now, retention)?;
     match parsed.kind {
         Kind::Event(e) => Ok(e),
@@ -250,8 +260,9 @@ pub fn verify_plain(
     }
 }
 
-/// Token (constant time), app id, and freshness: too old could be a replay the inbox no
-/// longer remembers; too far ahead would stay "fresh" for longer than the inbox remembers it.
+/// Token (constant time, when the envelope carries one: [`verify`] has already required it),
+/// app id, and freshness: too old could be a replay the inbox no longer remembers; too far
+/// ahead would stay "fresh" for longer than the inbox remembers it.
 fn check(
     config: &LarkConfig,
     parsed: &Parsed,
@@ -259,7 +270,9 @@ fn check(
     now: DateTime<Utc>,
     retention: Duration,
 ) -> Result<(), Rejection> {
-    if !same_secret(&parsed.token, config.verification_token.expose_secret()) {
+    if let Some(token) = &parsed.token
+        && !same_secret(token, config.verification_token.expose_secret())
+    {
         return Err(Rejection::BadToken);
     }
     if parsed.app_id.as_ref().is_some_and(|a| *a != config.app_id) {
@@ -286,7 +299,8 @@ enum Kind {
 
 struct Parsed {
     kind: Kind,
-    token: Zeroizing<String>,
+    /// The verification token, when the envelope has one (JSON `null` counts as none).
+    token: Option<Zeroizing<String>>,
     /// v2 `header.app_id`, v1 `event.app_id`, when the envelope carries one.
     app_id: Option<String>,
     created_at: Option<DateTime<Utc>>,
@@ -310,7 +324,7 @@ fn parse_envelope(v: &Members<'_>, len: usize) -> Result<Parsed, Rejection> {
         let token = owned(v.str("token")).ok_or(Rejection::MissingFields)?;
         return Ok(Parsed {
             kind: Kind::Challenge(challenge),
-            token: Zeroizing::new(token),
+            token: Some(Zeroizing::new(token)),
             app_id: None,
             created_at: None,
         });
@@ -325,7 +339,7 @@ fn parse_envelope(v: &Members<'_>, len: usize) -> Result<Parsed, Rejection> {
             Some(t) => Some(parse_event_time(t).ok_or(Rejection::MissingFields)?),
         };
         let app_id = owned(header.str("app_id"));
-        let token = header.get("token").map(json::as_str);
+        let token = token_of(header.get("token"))?;
         // The header is written back without its token; everything else as it came.
         let mut payload = String::with_capacity(len);
         v.write(&mut payload, &[], &mut |k| {
@@ -350,7 +364,7 @@ fn parse_envelope(v: &Members<'_>, len: usize) -> Result<Parsed, Rejection> {
             Some(t) => Some(parse_event_time_v1(t).ok_or(Rejection::MissingFields)?),
         };
         let app_id = owned(inner.str("app_id"));
-        let token = v.get("token").map(json::as_str);
+        let token = token_of(v.get("token"))?;
         let mut payload = String::with_capacity(len);
         v.write(&mut payload, &["token"], &mut |_| None);
         let raw_event = v.get("event");
@@ -366,15 +380,12 @@ fn parse_envelope(v: &Members<'_>, len: usize) -> Result<Parsed, Rejection> {
 fn event(
     event_id: String,
     event_type: String,
-    token: Option<Option<std::borrow::Cow<'_, str>>>,
+    token: Option<Zeroizing<String>>,
     app_id: Option<String>,
     created_at: Option<DateTime<Utc>>,
     payload: String,
     raw_event: Option<&RawValue>,
 ) -> Result<Parsed, Rejection> {
-    let Some(Some(token)) = token else {
-        return Err(Rejection::MissingFields);
-    };
     if event_id.is_empty() || event_type.is_empty() {
         return Err(Rejection::MissingFields);
     }
@@ -387,10 +398,22 @@ fn event(
             section: route.section,
             message_id: route.message_id,
         }),
-        token: Zeroizing::new(token.into_owned()),
+        token,
         app_id,
         created_at,
     })
+}
+
+/// An envelope's verification token: absent or `null` is none; anything but a string is a
+/// malformed envelope.
+fn token_of(raw: Option<&RawValue>) -> Result<Option<Zeroizing<String>>, Rejection> {
+    match raw {
+        None => Ok(None),
+        Some(t) if t.get() == "null" => Ok(None),
+        Some(t) => json::as_str(t)
+            .map(|s| Some(Zeroizing::new(s.into_owned())))
+            .ok_or(Rejection::MissingFields),
+    }
 }
 
 /// `X-Lark-Request-Timestamp`: whole seconds since the epoch.
@@ -711,6 +734,39 @@ mod tests {
             verify_plain(&v1.to_string(), now()),
             Err(Rejection::WrongApp)
         );
+    }
+
+    /// The long connection's form, as the platform sends it: `header.token` empty (or absent).
+    #[test]
+    fn the_long_connection_accepts_an_empty_or_missing_token_and_refuses_a_wrong_one() {
+        let long = |body: &Value, at| super::verify_plain(&config(None), body.to_string().as_bytes(), at, WEEK);
+        let e = long(&event(""), now()).expect("the platform's empty token");
+        assert_eq!(e.event_id, "ev1");
+        let mut missing = event("");
+        missing["header"].as_object_mut().unwrap().remove("token");
+        assert!(long(&missing, now()).is_ok());
+        let mut null = event("");
+        null["header"]["token"] = Value::Null;
+        assert!(long(&null, now()).is_ok());
+        // The right token still passes; a wrong one, or one that is not a string, does not.
+        assert!(long(&event("tok"), now()).is_ok());
+        assert_eq!(long(&event("tik"), now()), Err(Rejection::BadToken));
+        let mut number = event("");
+        number["header"]["token"] = json!(7);
+        assert_eq!(long(&number, now()), Err(Rejection::MissingFields));
+        // App id and freshness still apply without a token.
+        let mut other = event("");
+        other["header"]["app_id"] = json!("cli_other");
+        assert_eq!(long(&other, now()), Err(Rejection::WrongApp));
+        let later = now() + chrono::Duration::days(8);
+        assert_eq!(long(&event(""), later), Err(Rejection::Stale));
+        // The webhook is not relaxed: an empty or missing token is refused there.
+        assert_eq!(verify_plain(&event("").to_string(), now()), Err(Rejection::BadToken));
+        assert_eq!(
+            verify_plain(&missing.to_string(), now()),
+            Err(Rejection::MissingFields)
+        );
+        assert_eq!(verify_plain(&null.to_string(), now()), Err(Rejection::MissingFields));
     }
 
     #[test]

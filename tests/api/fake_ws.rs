@@ -150,6 +150,15 @@ impl FakeWs {
 }
 
 /// A data frame of kind `kind` (`event` or `card`), fragment `seq` of `sum`.
+/// An event envelope as the platform sends it over the long connection: `header.token` empty
+/// (the connection was opened with the app secret; no SDK checks the token on this path).
+pub fn platform_form(mut envelope: Value) -> Vec<u8> {
+    if let Some(header) = envelope.get_mut("header").and_then(Value::as_object_mut) {
+        header.insert("token".into(), Value::String(String::new()));
+    }
+    envelope.to_string().into_bytes()
+}
+
 pub fn data_frame(kind: &str, message_id: &str, sum: usize, seq: usize, payload: &[u8]) -> Frame {
     Frame {
         seq_id: seq as u64 + 1,

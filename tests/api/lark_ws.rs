@@ -9,7 +9,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::fake_lark::FakeLark;
-use crate::fake_ws::{FakeWs, TICKET, data_frame};
+use crate::fake_ws::{FakeWs, TICKET, data_frame, platform_form};
 use crate::helpers::{TestApp, TestAppBuilder, eventually};
 use crate::lark_support::{Msg, TOKEN, post, sealed_now};
 
@@ -53,7 +53,7 @@ fn card_click(event_id: &str) -> Value {
         "schema": "2.0",
         "header": {"event_id": event_id, "event_type": "card.action.trigger",
             "create_time": (chrono::Utc::now().timestamp_millis()).to_string(),
-            "token": TOKEN, "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
+            "token": "", "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
         "event": {
             "operator": {"open_id": "ou_stranger"},
             "action": {"tag": "button", "value": {"kind": "unknown"}},
@@ -71,8 +71,8 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
     ws.wait_pings(1).await;
 
     let msg = Msg::new("ev_ws_1", "hello over the long connection");
-    let body = msg.envelope(TOKEN).to_string();
-    ws.send(data_frame("event", "m1", 1, 0, body.as_bytes()));
+    let body = platform_form(msg.envelope(TOKEN));
+    ws.send(data_frame("event", "m1", 1, 0, &body));
     let ack = ws.ack("m1").await;
     // Acknowledged only once stored.
     assert_eq!(rows(&app, "ev_ws_1").await, 1);
@@ -82,13 +82,13 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
     assert_eq!((ack.seq_id, ack.log_id), (1, 42));
 
     // Redelivered (another message id of the platform's): acknowledged, not stored twice.
-    ws.send(data_frame("event", "m1-again", 1, 0, body.as_bytes()));
+    ws.send(data_frame("event", "m1-again", 1, 0, &body));
     assert_eq!(ack_code(&ws.ack("m1-again").await)["code"], 200);
     assert_eq!(rows(&app, "ev_ws_1").await, 1);
 
     // Fragments, out of order: recorded whole, acknowledged once, echoing the last fragment.
     let msg = Msg::new("ev_ws_2", &"x".repeat(3000));
-    let body = msg.envelope(TOKEN).to_string().into_bytes();
+    let body = platform_form(msg.envelope(TOKEN));
     let third = body.len() / 3;
     let parts = [&body[..third], &body[third..2 * third], &body[2 * third..]];
     for seq in [2, 0, 1] {
@@ -111,13 +111,28 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
         1
     );
 
-    // A wrong token is acknowledged (redelivery would not fix it) and never stored.
+    // The platform's empty token is accepted and the event handled; so is an envelope whose
+    // header has no token at all.
+    crate::lark_support::wait_state(&app, "ev_ws_1", "done").await;
+    let mut tokenless = Msg::new("ev_ws_tokenless", "no token at all").envelope(TOKEN);
+    tokenless["header"].as_object_mut().unwrap().remove("token");
+    ws.send(data_frame("event", "m4", 1, 0, tokenless.to_string().as_bytes()));
+    assert_eq!(ack_code(&ws.ack("m4").await)["code"], 200);
+    assert_eq!(rows(&app, "ev_ws_tokenless").await, 1);
+
+    // A token that is there and wrong is acknowledged (redelivery would not fix it), counted,
+    // and never stored.
     let forged = Msg::new("ev_forged", "hi")
         .envelope("not-the-token")
         .to_string();
     ws.send(data_frame("event", "m3", 1, 0, forged.as_bytes()));
     ws.ack("m3").await;
     assert_eq!(rows(&app, "ev_forged").await, 0);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("sshmode_events_rejected_total{reason=\"token\"} 1"),
+        "{metrics}"
+    );
 
     // The webhook is off in this mode.
     let (status, _) = post(&app, sealed_now(&Msg::new("ev_hook", "x").envelope(TOKEN))).await;
@@ -147,16 +162,14 @@ async fn an_event_that_cannot_be_stored_is_not_acknowledged_as_received() {
         .execute(db)
         .await
         .unwrap();
-    let body = Msg::new("ev_unstored", "keep me")
-        .envelope(TOKEN)
-        .to_string();
-    ws.send(data_frame("event", "u1", 1, 0, body.as_bytes()));
+    let body = platform_form(Msg::new("ev_unstored", "keep me").envelope(TOKEN));
+    ws.send(data_frame("event", "u1", 1, 0, &body));
     assert_eq!(ack_code(&ws.ack("u1").await)["code"], 500);
     sqlx::query("ALTER TABLE inbox_events_away RENAME TO inbox_events")
         .execute(db)
         .await
         .unwrap();
-    ws.send(data_frame("event", "u2", 1, 0, body.as_bytes()));
+    ws.send(data_frame("event", "u2", 1, 0, &body));
     assert_eq!(ack_code(&ws.ack("u2").await)["code"], 200);
     assert_eq!(rows(&app, "ev_unstored").await, 1);
 }
@@ -202,10 +215,8 @@ async fn the_connection_comes_back_after_a_drop_and_after_a_stall() {
 
     ws.drop_connection();
     ws.wait_connections(2).await;
-    let body = Msg::new("ev_after_drop", "back")
-        .envelope(TOKEN)
-        .to_string();
-    ws.send(data_frame("event", "d1", 1, 0, body.as_bytes()));
+    let body = platform_form(Msg::new("ev_after_drop", "back").envelope(TOKEN));
+    ws.send(data_frame("event", "d1", 1, 0, &body));
     ws.ack("d1").await;
     assert_eq!(rows(&app, "ev_after_drop").await, 1);
     // Each attempt fetched the endpoint anew.
@@ -217,10 +228,8 @@ async fn the_connection_comes_back_after_a_drop_and_after_a_stall() {
         .await
         .expect("a silent connection is replaced");
     ws.stall(false);
-    let body = Msg::new("ev_after_stall", "back again")
-        .envelope(TOKEN)
-        .to_string();
-    ws.send(data_frame("event", "d2", 1, 0, body.as_bytes()));
+    let body = platform_form(Msg::new("ev_after_stall", "back again").envelope(TOKEN));
+    ws.send(data_frame("event", "d2", 1, 0, &body));
     ws.ack("d2").await;
     assert_eq!(rows(&app, "ev_after_stall").await, 1);
 }
@@ -298,8 +307,8 @@ async fn one_event_over_both_transports_and_two_replicas_is_handled_once() {
     let msg = Msg::new("ev_both", "once");
     let (status, _) = post(&first, sealed_now(&msg.envelope(TOKEN))).await;
     assert_eq!(status, 200);
-    let body = msg.envelope(TOKEN).to_string();
-    ws.send(data_frame("event", "b1", 1, 0, body.as_bytes()));
+    let body = platform_form(msg.envelope(TOKEN));
+    ws.send(data_frame("event", "b1", 1, 0, &body));
     assert_eq!(ack_code(&ws.ack("b1").await)["code"], 200);
     assert_eq!(rows(&first, "ev_both").await, 1);
     crate::lark_support::wait_state(&first, "ev_both", "done").await;
