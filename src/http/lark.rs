@@ -217,8 +217,11 @@ async fn receive_inner(
         Verified::Challenge(c) => Ok(axum::Json(json!({ "challenge": c })).into_response()),
         Verified::Event(env) => {
             // A card click is answered at once with a toast; the decision is the worker's.
-            let card =
-                (env.event_type == event::CARD_ACTION).then(|| state.triage.card_answer(&env));
+            let card = if env.event_type == event::CARD_ACTION {
+                Some(state.triage.card_answer(&env).await)
+            } else {
+                None
+            };
             let event_id = env.event_id.clone();
             let fresh = state
                 .inbox

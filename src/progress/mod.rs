@@ -88,10 +88,13 @@
 //! does), and otherwise calls `Agent::stop` (the `/stop` path) and tells the local writer, which
 //! pauses streaming and shows "Stopped by @…"; on another replica the writer reads
 //! `stop_requested_by` when the turn ends. The click travels like any card action: the callback
-//! path answers at once, without I/O, from `progress::stop_click_authorised` (the click must come
-//! from the chat the card was sent to — Lark shows the card only to its members, and a forwarded
-//! card carries no right to stop), and the inbox worker (`frontend::LarkHandler`) then calls
-//! `on_stop_click`, or writes a `turn.stop` / `refused` audit row.
+//! path answers at once from `progress::stop_click_toast` — a refusal unless
+//! `stop_click_authorised` (the click must come from the chat the card was sent to — Lark shows
+//! the card only to its members, and a forwarded card carries no right to stop), else one read
+//! of the turn's row by key (≤ 1 s) for "This task has already finished." (a client still
+//! showing an old card's Stop) or "already stopping", else "Stopping the task…" — and the inbox
+//! worker (`frontend::LarkHandler`) then calls `on_stop_click`, or writes a `turn.stop` /
+//! `refused` audit row.
 
 pub mod card;
 mod writer;
@@ -118,6 +121,8 @@ const QUEUE: usize = 512;
 const MAX_LIVE: usize = 4096;
 /// Chats remembered for "fallback logged once"; the set is cleared past it.
 const MAX_LOGGED_CHATS: usize = 10_000;
+/// Longest the callback path reads a turn's state to answer a Stop click.
+const STOP_READ: Duration = Duration::from_secs(1);
 
 /// What a turn's writer receives.
 #[derive(Debug)]
@@ -433,6 +438,31 @@ const STOPPING: &str = "This task is already stopping.";
 const NOT_MEMBER: &str = "Only members of this conversation can stop its task.";
 /// … when its value is not a Stop button's.
 const NOT_VALID: &str = "This button is not valid any more.";
+
+/// The toast a Stop click is answered with at once, on the callback path, as (type, text): a
+/// refusal when it comes from outside the card's chat ([`stop_click_authorised`]); else one
+/// read of the turn's row by key (at most [`STOP_READ`]) says whether the task already finished
+/// or is stopping. Unread, the click is taken for a live one; the worker decides either way.
+pub async fn stop_click_toast(
+    db: &PgPool,
+    value: &Value,
+    open_chat_id: &str,
+) -> (&'static str, &'static str) {
+    if !stop_click_authorised(value, open_chat_id) {
+        return ("error", NOT_MEMBER);
+    }
+    let (Some(turn_id), Some(section)) = (
+        value.get("turn").and_then(Value::as_i64),
+        value.get("section").and_then(Value::as_str),
+    ) else {
+        return ("error", NOT_VALID);
+    };
+    match tokio::time::timeout(STOP_READ, stoppable(db, turn_id, section)).await {
+        Ok(Ok(None)) => ("info", FINISHED),
+        Ok(Ok(Some(false))) => ("info", STOPPING),
+        _ => ("info", "Stopping the task…"),
+    }
+}
 
 /// Whether the turn still runs (or waits for an approval) and no stop was asked for yet;
 /// `None` when it is over.

@@ -851,7 +851,7 @@ async fn a_card_cardkit_gives_up_on_mid_turn_is_patched_in_place_never_posted_tw
 }
 
 #[tokio::test]
-async fn a_finished_card_says_how_the_turn_ended_and_keeps_no_stop_button() {
+async fn a_finished_card_says_how_the_turn_ended_and_an_old_stop_says_it_finished() {
     let env = env(&[("LARK_ENCRYPT_KEY", ENCRYPT_KEY)]).await;
     // Done: the final card says so, in green, with no Stop button left.
     let section = unique("oc_final");
@@ -866,7 +866,8 @@ async fn a_finished_card_says_how_the_turn_ended_and_keeps_no_stop_button() {
     assert!(card.refusals.is_empty(), "{:?}", card.refusals);
     assert!(strictly_increasing(&card), "{:?}", card.ops);
 
-    // Stopped from its card: the final card says "Stopped".
+    // Stopped from its card: the final card says "Stopped", and a later click on the Stop
+    // button a client still shows is told the task has finished.
     let section = unique("oc_final_stop");
     let secs = 300 + (rand_u16() % 600);
     env.llm
@@ -912,6 +913,17 @@ async fn a_finished_card_says_how_the_turn_ended_and_keeps_no_stop_button() {
         ("Stopped · local".into(), "grey".into())
     );
     assert!(!has_button(&card.data), "{:#}", card.data);
+    let (status, answer) = post(
+        &env.app,
+        sealed_now(&stop_click(&unique("ev_stop"), "ou_clicker", &chat, &value)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(
+        answer["toast"]["content"], "This task has already finished.",
+        "{answer}"
+    );
 }
 
 /// Where the card and the answer landed: the answer is the last message, and a card, if any,
