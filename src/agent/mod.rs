@@ -379,6 +379,13 @@ impl EarlierStep {
 /// Receives step events. Must not block: a slow consumer drops events (bounded).
 pub trait StepSink: Send + Sync + 'static {
     fn step(&self, section: &str, turn_id: i64, event: &StepEvent);
+
+    /// The turn's answer is about to be sent. A view that posts its own message in the chat
+    /// (the progress card) resolves once the answer may go out below it: a post already under
+    /// way is recorded first (bounded wait), and none is made after. Others resolve at once.
+    fn answering(&self, _turn_id: i64) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// What the agent is built from.

@@ -1055,13 +1055,15 @@ async fn conclude(
     deliver(deps, turn, end, text).await
 }
 
-/// Sends the answer, sets the final reactions, ends the turn.
+/// Sends the answer (below the progress card, if the turn has one), sets the final reactions,
+/// ends the turn.
 async fn deliver(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     end: TurnEnd,
     text: &str,
 ) -> anyhow::Result<()> {
+    deps.steps.answering(turn.id).await;
     let sent = match answer::send(deps, turn, text).await {
         Ok(n) => n,
         Err(e)

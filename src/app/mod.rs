@@ -207,6 +207,7 @@ impl App {
         doctor::log_light(&core.config, core.exec.local_level());
         let triage = Arc::new(LarkTriage {
             config: core.config.clone(),
+            db: db.clone(),
         });
         // The long connection: events and card callbacks over a WebSocket dialled out.
         let lark_ws = match (&core.config.lark, core.config.lark_mode.websocket()) {

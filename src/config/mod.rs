@@ -533,6 +533,9 @@ pub struct ProgressConfig {
     /// `SSHMODE_PROGRESS_STREAMING_TTL_SECS`: how long Lark keeps a card streaming after it was
     /// last enabled (600 s); streaming is re-enabled at four fifths of it.
     pub streaming_ttl: Duration,
+    /// `SSHMODE_PROGRESS_ANSWER_WAIT_MS`: longest a turn's answer waits for its card while
+    /// the card is being made (30 s); past it the answer goes out and that card never does.
+    pub answer_wait: Duration,
 }
 
 impl Config {
@@ -801,6 +804,9 @@ impl Config {
                 count("SSHMODE_PROGRESS_PATCH_INTERVAL_MS", 1500)? as u64,
             ),
             streaming_ttl: secs("SSHMODE_PROGRESS_STREAMING_TTL_SECS", 600)?,
+            answer_wait: Duration::from_millis(
+                count("SSHMODE_PROGRESS_ANSWER_WAIT_MS", 30_000)? as u64
+            ),
         };
 
         Ok(Config {

@@ -69,7 +69,11 @@ impl Deliver for InboxDeliver {
             self.metrics.rejected(crate::inbox::SATURATED);
             return Err(());
         };
-        let card = click.then(|| self.triage.card_answer(&env));
+        let card = if click {
+            Some(self.triage.card_answer(&env).await)
+        } else {
+            None
+        };
         let event_id = env.event_id.clone();
         let fresh = match self.inbox.record(self.triage.inbox_event(env)).await {
             Ok(fresh) => fresh,

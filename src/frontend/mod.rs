@@ -2,7 +2,8 @@
 //! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
 //! [`ChatOut`] that answer through the Open API, the [`Source`] a message's quoted messages and
 //! files are read from (in the worker), and the [`LarkTriage`] the callback path asks
-//! (an event's lane: express, inert or ordered; card toasts) without I/O, and the
+//! (an event's lane: express, inert or ordered; card toasts) without I/O — but for a progress
+//! card's Stop click, whose toast reads its turn's state (one row by key, bounded) — and the
 //! [`busy_answer`] both callback paths give a click they could not record.
 //! Never: decides what a message means (that is [`crate::chat`]).
 
@@ -455,9 +456,12 @@ pub enum Lane {
     Inert,
 }
 
-/// The callback path's questions, answered from the envelope and the config alone.
+/// The callback path's questions, answered from the envelope and the config alone (a Stop
+/// click's toast also reads its turn's state).
 pub struct LarkTriage {
     pub config: Arc<Config>,
+    /// Where a Stop click's turn is read.
+    pub db: PgPool,
 }
 
 impl LarkTriage {
@@ -493,22 +497,20 @@ impl LarkTriage {
         }
     }
 
-    /// The synchronous answer to a card action (`{}` or a toast).
-    pub fn card_answer(&self, env: &Envelope) -> Value {
+    /// The synchronous answer to a card action (`{}` or a toast). Without I/O, but for a
+    /// progress card's Stop click: one read of its turn's row, bounded, so a click on a
+    /// finished task's card says so ([`crate::progress::stop_click_toast`]).
+    pub async fn card_answer(&self, env: &Envelope) -> Value {
         let Ok(a) = CardAction::from_envelope_text(&env.payload) else {
             return json!({});
         };
         if crate::progress::is_stop_click(&a.action.value) {
-            let (kind, text) =
-                if crate::progress::stop_click_authorised(&a.action.value, &a.context.open_chat_id)
-                {
-                    ("info", "Stopping the task…")
-                } else {
-                    (
-                        "error",
-                        "Only members of this conversation can stop its task.",
-                    )
-                };
+            let (kind, text) = crate::progress::stop_click_toast(
+                &self.db,
+                &a.action.value,
+                &a.context.open_chat_id,
+            )
+            .await;
             return json!({ "toast": { "type": kind, "content": text } });
         }
         let is_admin = self.config.is_admin(&a.operator.open_id);
@@ -655,11 +657,12 @@ mod tests {
     /// Each event's lane: a person's message waits its turn, `/stop` and clicks go express,
     /// what a bot sent or no handler takes needs no handling (even a bot's `/stop`), and an
     /// unreadable message goes to the handler, which reports it.
-    #[test]
-    fn the_triage_sends_each_event_down_its_lane() {
+    #[tokio::test]
+    async fn the_triage_sends_each_event_down_its_lane() {
         let config = Config::from_vars(&|_| None, std::path::Path::new("/")).unwrap();
         let triage = LarkTriage {
             config: Arc::new(config),
+            db: PgPool::connect_lazy("postgres://localhost/unused").unwrap(),
         };
         let lane = |t: &str, e: Value| triage.lane(&envelope(t, e));
         assert_eq!(

@@ -251,7 +251,11 @@ async fn receive_inner(
                 };
             }
             // A card click is answered at once with a toast; the decision is the worker's.
-            let card = click.then(|| state.triage.card_answer(&env));
+            let card = if click {
+                Some(state.triage.card_answer(&env).await)
+            } else {
+                None
+            };
             let event_id = env.event_id.clone();
             let fresh = match state.inbox.record(state.triage.inbox_event(env)).await {
                 Ok(fresh) => fresh,

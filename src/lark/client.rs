@@ -441,6 +441,50 @@ impl LarkClient {
         Ok(())
     }
 
+    /// CardKit: replaces a whole card by a JSON 2.0 card.
+    pub async fn cardkit_update(
+        &self,
+        card_id: &str,
+        card: &Value,
+        sequence: i32,
+        uuid: &str,
+    ) -> Result<(), LarkError> {
+        let path = format!("/open-apis/cardkit/v1/cards/{}", path_segment(card_id));
+        let body = json!({
+            "card": { "type": "card_json", "data": card.to_string() },
+            "sequence": sequence,
+            "uuid": uuid,
+        });
+        self.call("cardkit_update", Method::PUT, &path, Some(body), None)
+            .await?;
+        Ok(())
+    }
+
+    /// CardKit: removes an element from a card.
+    pub async fn cardkit_delete_element(
+        &self,
+        card_id: &str,
+        element_id: &str,
+        sequence: i32,
+        uuid: &str,
+    ) -> Result<(), LarkError> {
+        let path = format!(
+            "/open-apis/cardkit/v1/cards/{}/elements/{}",
+            path_segment(card_id),
+            path_segment(element_id)
+        );
+        let body = json!({ "sequence": sequence, "uuid": uuid });
+        self.call(
+            "cardkit_delete_element",
+            Method::DELETE,
+            &path,
+            Some(body),
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Adds an emoji reaction; returns its id (for removal). Waits in the bulk lane.
     pub async fn add_reaction(&self, message_id: &str, emoji: &str) -> Result<String, LarkError> {
         self.react(message_id, emoji, Priority::Bulk).await

@@ -14,6 +14,8 @@ use crate::lark::markup;
 
 /// The markdown element every update rewrites.
 pub const STEPS_ELEMENT: &str = "steps";
+/// The Stop button's element, removed when the turn ends.
+pub const STOP_ELEMENT: &str = "stop";
 /// What a Stop button's callback value carries in `act`.
 pub const STOP_ACT: &str = "progress_stop";
 /// Steps shown one per line; earlier ones are counted in one line.
@@ -86,6 +88,9 @@ pub struct View {
     pub stopped_by: Option<String>,
     /// Set when the turn ended: how, and the answer's first lines (already made inert).
     pub summary: Option<String>,
+    /// Set when the turn ended: its outcome (`done`, `stopped`, `bounded`, `failed`). A card
+    /// with an outcome has its final header and no Stop button.
+    pub outcome: Option<String>,
     /// The whole turn's elapsed time.
     pub elapsed: Duration,
 }
@@ -191,9 +196,24 @@ impl View {
         }
     }
 
-    /// The whole card. `streaming` sets CardKit streaming mode; `stop_button` adds the Stop
-    /// button (a running turn).
-    pub fn card(&self, streaming: bool, stop_button: bool) -> Value {
+    /// The whole card. `streaming` sets CardKit streaming mode. A running turn's card has the
+    /// Stop button and a "Working" header; a finished one says how it ended (title and colour)
+    /// and has no button.
+    pub fn card(&self, streaming: bool) -> Value {
+        let (word, template) = match self.outcome.as_deref() {
+            None => ("Working", "blue"),
+            Some(outcome) => ended(outcome),
+        };
+        self.render(streaming, word, template, self.outcome.is_none())
+    }
+
+    /// The card a turn leaves behind when it moves to a new card (its streaming could not be
+    /// turned on again): what it showed so far, no Stop button.
+    pub fn retired_card(&self) -> Value {
+        self.render(false, "Continued in a new card", "grey", false)
+    }
+
+    fn render(&self, streaming: bool, word: &str, template: &str, stop_button: bool) -> Value {
         let mut config = json!({
             "update_multi": true,
             "summary": {"content": self.preview()},
@@ -211,7 +231,7 @@ impl View {
         if stop_button {
             elements.push(json!({
                 "tag": "button",
-                "element_id": "stop",
+                "element_id": STOP_ELEMENT,
                 "text": {"tag": "plain_text", "content": "Stop"},
                 "type": "danger",
                 "behaviors": [{"type": "callback", "value": {
@@ -224,11 +244,22 @@ impl View {
             "schema": "2.0",
             "config": config,
             "header": {
-                "title": {"tag": "plain_text", "content": clip(&format!("Working · {}", self.backend), 120)},
-                "template": "blue",
+                "title": {"tag": "plain_text", "content": clip(&format!("{word} · {}", self.backend), 120)},
+                "template": template,
             },
             "body": {"elements": elements},
         })
+    }
+}
+
+/// How a turn's end is named (the final header and the summary's first word) and the header's
+/// colour.
+pub fn ended(outcome: &str) -> (&'static str, &'static str) {
+    match outcome {
+        "done" => ("Done", "green"),
+        "stopped" => ("Stopped", "grey"),
+        "bounded" => ("Stopped at a limit", "orange"),
+        _ => ("Failed", "red"),
     }
 }
 
@@ -332,12 +363,45 @@ mod tests {
         v.summary = Some("Done. ".repeat(50));
         assert_eq!(v.total_steps(), 300);
         assert_eq!(v.earlier_ok + v.earlier_failed, 270);
-        let card = v.card(true, true).to_string();
+        let card = v.card(true).to_string();
         assert!(card.len() < 15 * 1024, "{} bytes", card.len());
         let md = v.markdown();
         assert!(md.contains("… 270 earlier steps"), "{md}");
         assert!(md.contains("running 1m15s"), "{md}");
         assert!(md.matches('\n').count() < 40);
+    }
+
+    #[test]
+    fn a_finished_card_says_how_the_turn_ended_and_has_no_stop_button() {
+        let mut v = View {
+            turn_id: 7,
+            backend: "local".into(),
+            ..View::default()
+        };
+        let running = v.card(true);
+        assert_eq!(running["header"]["title"]["content"], "Working · local");
+        assert_eq!(running["config"]["streaming_mode"], true);
+        assert!(running.to_string().contains(STOP_ACT));
+        for (outcome, title, template) in [
+            ("done", "Done · local", "green"),
+            ("stopped", "Stopped · local", "grey"),
+            ("bounded", "Stopped at a limit · local", "orange"),
+            ("failed", "Failed · local", "red"),
+        ] {
+            v.outcome = Some(outcome.into());
+            let card = v.card(false);
+            assert_eq!(card["header"]["title"]["content"], title);
+            assert_eq!(card["header"]["template"], template);
+            assert!(!card.to_string().contains(STOP_ACT), "{card}");
+            assert!(card["config"].get("streaming_mode").is_none());
+        }
+        v.outcome = None;
+        let retired = v.retired_card();
+        assert!(!retired.to_string().contains(STOP_ACT), "{retired}");
+        assert_eq!(
+            retired["header"]["title"]["content"],
+            "Continued in a new card · local"
+        );
     }
 
     #[test]

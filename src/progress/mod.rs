@@ -1,15 +1,18 @@
 //! Live progress in chat: one card per turn, fed by the agent's [`StepSink`] events and written
 //! only by the task of the replica that runs the turn. It owns the card's lifecycle (create,
-//! send as a reply to the turn's message, coalesced updates, streaming renewal, close with a
-//! summary), the card's `sequence` (reserved in blocks in the `turns` row, so a resumed turn
+//! send as a reply to the turn's message — above the answer, or not at all —, coalesced
+//! updates, streaming renewal, the final card with the summary and no Stop button), the card's
+//! `sequence` (reserved in blocks in the `turns` row, so a resumed turn
 //! continues the same card above every number used before) and the fallbacks: CardKit
 //! streaming → a card message updated by PATCH at most every 1.5 s → nothing (the final
 //! answer only). It also answers the card's Stop button ([`on_stop_click`]).
 //!
 //! Never: edits text messages (Lark caps those at 20 edits); retries a refused card operation
-//! blindly (each error code has its one remedy); blocks the agent (events go through a bounded
-//! queue and are dropped when it is full); stands in for the final answer, which stays a
-//! separate reply.
+//! blindly (each error code has its one remedy); posts a second card for a turn while its
+//! first keeps a live Stop button; posts a card below the turn's answer; blocks the agent
+//! (events go through a bounded queue and are dropped when it is full; only the answer waits,
+//! bounded, for a card under way); stands in for the final answer, which stays a separate
+//! reply.
 //!
 //! # In detail
 //!
@@ -39,8 +42,21 @@
 //! most once per `SSHMODE_PROGRESS_INTERVAL_MS` (200 ms ⇒ ≤ 5 updates/s, measured from the end of
 //! the previous call; stretched to `live cards / 45` s so that all cards of a replica together stay
 //! under Lark's ~50 requests/s per app), once a second while a step runs (the elapsed time), and re-enables streaming
-//! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it writes the summary (outcome, step
-//! counts, the first lines of the stored answer) and closes streaming with it.
+//! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it closes streaming with the
+//! summary (outcome, step counts, the first lines of the stored answer) and replaces the whole
+//! card (`PUT /cardkit/v1/cards/{id}`) by its final form: the header says how the turn ended
+//! (Done green, Stopped grey, Stopped at a limit orange, Failed red) and the Stop button is
+//! gone. A card that refuses the replacement at least loses its Stop element (`DELETE
+//! …/elements/stop`); one that refuses that too goes to the PATCH fallback, whose final PATCH
+//! has the same header and no button.
+//!
+//! **Above the answer.** The agent calls `StepSink::answering` before it sends the answer. A
+//! turn's writer makes and posts a card only under the turn's `Gate`: once the answer is on
+//! its way no card is made, a card being made holds the answer at most
+//! `SSHMODE_PROGRESS_ANSWER_WAIT_MS` (30 s; past it that card is never posted), and a card
+//! whose post was sent holds the answer until the post is answered and its id stored (the
+//! client bounds that call). So the card lands before the answer or not at all; a turn whose
+//! answer came first stores `progress_mode = none`.
 //!
 //! **Live output.** `StepEvent::ToolOutput` (a running command's tail, from `agent::live`) does
 //! not go through the queue: `step()` puts it in the turn's one `watch` slot with the number of
@@ -52,30 +68,42 @@
 //! quotes, markup inert, at most 500 characters).
 //!
 //! **Errors by meaning.** 300317 → jump the sequence a block ahead and try once more; 200850/300309
-//! → re-enable streaming and try once more, or if that is refused rotate to a new card (≤ 50 per
-//! turn); 230020 (or the client's rate-limit error) → back off (0.5 s doubling to 8 s) and write the
-//! then-current view later; anything else (no `cardkit:card:write` scope, CardKit down) → the PATCH
-//! fallback: the full card as a card message, PATCHed at most every 1.5 s (230020 backs off there
-//! too); a refused card message → `none`. Each fallback is counted and logged once per chat.
+//! → re-enable streaming and try once more, or if that is refused move to a new card (≤ 50 per
+//! turn), the old one first replaced by a copy without its Stop button ("Continued in a new
+//! card"; a card that cannot be retired is not rotated from but PATCHed in place); transient
+//! refusals — 230020 or the client's rate-limit error, 200810 (the card is in an interaction),
+//! 300120 (internal), 5xx, no answer — → back off (0.5 s doubling to 8 s) and write the
+//! then-current view later on the same card, with a fresh sequence, at most 8 in a row;
+//! anything else (no `cardkit:card:write` scope, CardKit down, transient refusals that do not
+//! stop) → the PATCH fallback. When the turn has a card message already, that same message is
+//! PATCHed with the full card from then on (its CardKit streaming closed first, one try): a turn
+//! never gets a second card. Before any card message was posted, the full card is posted as a
+//! card message. PATCHes go at most every 1.5 s and back off on transient refusals too; a
+//! refused card message → `none`. Each fallback is counted and logged once per chat.
 //!
 //! **Stop button.** Its callback value is `{"act":"progress_stop","turn":id,"section":…,"chat":…}`.
 //! `progress::on_stop_click(&progress, &agent, value, operator, authorised)` returns `None` for
-//! other buttons, a refusal toast when not authorised, "already ended"/"already stopping" when the
+//! other buttons, a refusal toast when not authorised, "already finished"/"already stopping" when the
 //! turn is over or stopping (a second click never drops waiting messages the way a second `/stop`
 //! does), and otherwise calls `Agent::stop` (the `/stop` path) and tells the local writer, which
 //! pauses streaming and shows "Stopped by @…"; on another replica the writer reads
 //! `stop_requested_by` when the turn ends. The click travels like any card action: the callback
-//! path answers at once, without I/O, from `progress::stop_click_authorised` (the click must come
-//! from the chat the card was sent to — Lark shows the card only to its members, and a forwarded
-//! card carries no right to stop), and the inbox worker (`frontend::LarkHandler`) then calls
-//! `on_stop_click`, or writes a `turn.stop` / `refused` audit row.
+//! path answers at once from `progress::stop_click_toast` — a refusal unless
+//! `stop_click_authorised` (the click must come from the chat the card was sent to — Lark shows
+//! the card only to its members, and a forwarded card carries no right to stop), else one read
+//! of the turn's row by key (≤ 1 s) for "This task has already finished." (a client still
+//! showing an old card's Stop) or "already stopping", else "Stopping the task…" — and the inbox
+//! worker (`frontend::LarkHandler`) then calls `on_stop_click`, or writes a `turn.stop` /
+//! `refused` audit row.
 
 pub mod card;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, watch};
@@ -93,6 +121,8 @@ const QUEUE: usize = 512;
 const MAX_LIVE: usize = 4096;
 /// Chats remembered for "fallback logged once"; the set is cleared past it.
 const MAX_LOGGED_CHATS: usize = 10_000;
+/// Longest the callback path reads a turn's state to answer a Stop click.
+const STOP_READ: Duration = Duration::from_secs(1);
 
 /// What a turn's writer receives.
 #[derive(Debug)]
@@ -110,6 +140,99 @@ struct Live {
     tail: watch::Sender<(u64, String)>,
     /// `ToolStarted` events queued to the writer so far (the writer counts the same).
     started: u64,
+    /// Orders the card before the answer.
+    gate: Arc<Gate>,
+}
+
+/// Keeps a turn's card above its answer in the chat. The writer makes and posts a card
+/// message only under a [`Posting`], which is refused once the answer is on its way; the
+/// answer path ([`StepSink::answering`]) says so, then waits for a card under way: while it is
+/// being made at most `SSHMODE_PROGRESS_ANSWER_WAIT_MS` (then that card is never posted), and
+/// once its post is sent until the post is answered and recorded (the client bounds that
+/// call). So a card lands before the answer, or not at all.
+struct Gate(watch::Sender<Order>);
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Order {
+    /// A card is being made (a CardKit entity created) to be posted.
+    making: bool,
+    /// A card message is being posted, until its id is stored.
+    posting: bool,
+    /// The answer is on its way: no card is made or posted from now on.
+    answering: bool,
+    /// The answer stopped waiting for the card being made: that card is not posted.
+    gave_up: bool,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate(watch::channel(Order::default()).0)
+    }
+
+    fn answer_started(&self) -> bool {
+        self.0.borrow().answering
+    }
+
+    /// The answer is about to be sent: no card is made from now on, and one under way is
+    /// waited for (`wait` while it is being made).
+    async fn answering(&self, wait: Duration) {
+        let mut rx = self.0.subscribe();
+        self.0.send_modify(|o| o.answering = true);
+        let idle = |o: &Order| !o.making && !o.posting;
+        if tokio::time::timeout(wait, rx.wait_for(idle)).await.is_ok() {
+            return;
+        }
+        // Under the same lock as the writer's step from making to posting: either its post
+        // is sent (and waited for here) or it is never sent.
+        self.0.send_modify(|o| o.gave_up = true);
+        let _ = rx.wait_for(|o| !o.posting).await;
+        tracing::warn!(
+            "the answer did not wait any longer for its progress card; the turn shows none"
+        );
+    }
+}
+
+/// The writer's leave to make and post one card message; dropping it marks that done (the
+/// post answered and recorded, or given up).
+struct Posting(Arc<Gate>);
+
+impl Posting {
+    /// `None` once the answer is on its way.
+    fn begin(gate: &Arc<Gate>) -> Option<Posting> {
+        gate.0
+            .send_if_modified(|o| {
+                if o.answering {
+                    false
+                } else {
+                    o.making = true;
+                    true
+                }
+            })
+            .then(|| Posting(gate.clone()))
+    }
+
+    /// The card is made: may its post be sent now? False when the answer stopped waiting for
+    /// it.
+    fn post(&self) -> bool {
+        self.0.0.send_if_modified(|o| {
+            if o.gave_up {
+                false
+            } else {
+                o.making = false;
+                o.posting = true;
+                true
+            }
+        })
+    }
+}
+
+impl Drop for Posting {
+    fn drop(&mut self) {
+        self.0.0.send_modify(|o| {
+            o.making = false;
+            o.posting = false;
+        });
+    }
 }
 
 struct Shared {
@@ -172,6 +295,7 @@ impl StepSink for Progress {
         if let StepEvent::Started { .. } = event {
             let (tx, rx) = mpsc::channel(QUEUE);
             let (tail, tail_rx) = watch::channel((0, String::new()));
+            let gate = Arc::new(Gate::new());
             {
                 let mut live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
                 if live.len() >= MAX_LIVE && !live.contains_key(&turn_id) {
@@ -184,6 +308,7 @@ impl StepSink for Progress {
                         tx: tx.clone(),
                         tail,
                         started: 0,
+                        gate: gate.clone(),
                     },
                 );
             }
@@ -191,7 +316,7 @@ impl StepSink for Progress {
             let shared = self.shared.clone();
             let section = section.to_string();
             self.tasks.spawn(async move {
-                writer::run(&shared, &section, turn_id, rx, tail_rx).await;
+                writer::run(&shared, &section, turn_id, rx, tail_rx, gate).await;
                 let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
                 if live.get(&turn_id).is_some_and(|s| s.tx.same_channel(&tx)) {
                     live.remove(&turn_id);
@@ -233,6 +358,22 @@ impl StepSink for Progress {
                 }
             }
         }
+    }
+
+    fn answering(&self, turn_id: i64) -> BoxFuture<'static, ()> {
+        let gate = self
+            .shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&turn_id)
+            .map(|l| l.gate.clone());
+        let wait = self.shared.config.answer_wait;
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                gate.answering(wait).await;
+            }
+        })
     }
 }
 
@@ -289,6 +430,53 @@ pub fn stop_click_authorised(value: &Value, open_chat_id: &str) -> bool {
         .is_some_and(|chat| !chat.is_empty() && chat == open_chat_id)
 }
 
+/// What a Stop click is told when its turn is over.
+const FINISHED: &str = "This task has already finished.";
+/// … when its turn is stopping already.
+const STOPPING: &str = "This task is already stopping.";
+/// … when it came from outside the card's chat.
+const NOT_MEMBER: &str = "Only members of this conversation can stop its task.";
+/// … when its value is not a Stop button's.
+const NOT_VALID: &str = "This button is not valid any more.";
+
+/// The toast a Stop click is answered with at once, on the callback path, as (type, text): a
+/// refusal when it comes from outside the card's chat ([`stop_click_authorised`]); else one
+/// read of the turn's row by key (at most [`STOP_READ`]) says whether the task already finished
+/// or is stopping. Unread, the click is taken for a live one; the worker decides either way.
+pub async fn stop_click_toast(
+    db: &PgPool,
+    value: &Value,
+    open_chat_id: &str,
+) -> (&'static str, &'static str) {
+    if !stop_click_authorised(value, open_chat_id) {
+        return ("error", NOT_MEMBER);
+    }
+    let (Some(turn_id), Some(section)) = (
+        value.get("turn").and_then(Value::as_i64),
+        value.get("section").and_then(Value::as_str),
+    ) else {
+        return ("error", NOT_VALID);
+    };
+    match tokio::time::timeout(STOP_READ, stoppable(db, turn_id, section)).await {
+        Ok(Ok(None)) => ("info", FINISHED),
+        Ok(Ok(Some(false))) => ("info", STOPPING),
+        _ => ("info", "Stopping the task…"),
+    }
+}
+
+/// Whether the turn still runs (or waits for an approval) and no stop was asked for yet;
+/// `None` when it is over.
+async fn stoppable(db: &PgPool, turn_id: i64, section: &str) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar(
+        "SELECT stop_requested_at IS NULL FROM turns
+         WHERE id = $1 AND section_id = $2 AND state IN ('running', 'awaiting_approval')",
+    )
+    .bind(turn_id)
+    .bind(section)
+    .fetch_optional(db)
+    .await
+}
+
 /// The Stop button of a progress card was clicked. `value` is the button's callback value
 /// (`{"act":"progress_stop","turn":…,"section":…}`), `operator` the clicker's open_id, and
 /// `authorised` whether chat control found them allowed (a member of the section, or the
@@ -309,12 +497,10 @@ pub async fn on_stop_click(
         value.get("turn").and_then(Value::as_i64),
         value.get("section").and_then(Value::as_str),
     ) else {
-        return Some(Ok("This button is not valid any more.".into()));
+        return Some(Ok(NOT_VALID.into()));
     };
     if !authorised {
-        return Some(Ok(
-            "Only members of this conversation can stop its task.".into()
-        ));
+        return Some(Ok(NOT_MEMBER.into()));
     }
     Some(stop_turn(progress, agent, turn_id, section, operator).await)
 }
@@ -326,18 +512,10 @@ async fn stop_turn(
     section: &str,
     operator: &str,
 ) -> anyhow::Result<String> {
-    let running: Option<bool> = sqlx::query_scalar(
-        "SELECT stop_requested_at IS NULL FROM turns
-         WHERE id = $1 AND section_id = $2 AND state IN ('running', 'awaiting_approval')",
-    )
-    .bind(turn_id)
-    .bind(section)
-    .fetch_optional(&progress.shared.db)
-    .await?;
-    match running {
-        None => return Ok("This task has already ended.".into()),
+    match stoppable(&progress.shared.db, turn_id, section).await? {
+        None => return Ok(FINISHED.into()),
         // A second click must not drop waiting messages as a second `/stop` would.
-        Some(false) => return Ok("This task is already stopping.".into()),
+        Some(false) => return Ok(STOPPING.into()),
         Some(true) => {}
     }
     let said = agent.stop(section, operator).await?;
@@ -345,4 +523,44 @@ async fn stop_turn(
         let _ = tx.try_send(Msg::StoppedBy(operator.to_string()));
     }
     Ok(said)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_card_is_posted_before_the_answer_or_not_at_all() {
+        const WAIT: Duration = Duration::from_secs(3600);
+        let started = |gate: &Gate| gate.answer_started();
+        // A card being made and posted holds the answer until it is recorded.
+        let gate = Arc::new(Gate::new());
+        let posting = Posting::begin(&gate).expect("no answer yet");
+        let answer = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.answering(WAIT).await }
+        });
+        for _ in 0..100 {
+            if started(&gate) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(started(&gate));
+        assert!(posting.post());
+        assert!(!answer.is_finished());
+        drop(posting);
+        answer.await.unwrap();
+        // Once the answer is on its way, no card is made.
+        assert!(Posting::begin(&gate).is_none());
+        // With nothing under way, the answer does not wait.
+        let gate = Arc::new(Gate::new());
+        gate.answering(WAIT).await;
+        assert!(Posting::begin(&gate).is_none());
+        // An answer that stopped waiting for a card being made: that card is never posted.
+        let gate = Arc::new(Gate::new());
+        let posting = Posting::begin(&gate).expect("no answer yet");
+        gate.answering(Duration::ZERO).await;
+        assert!(!posting.post());
+    }
 }

@@ -1,18 +1,24 @@
 //! One turn's card writer: applies step events to the [`View`], and writes the card at most
 //! once per interval (CardKit) or patch interval (fallback), with a live elapsed time while a
-//! step runs. Each CardKit error is handled by its meaning: 300317 moves the sequence past the
-//! card's, 200850/300309 re-enable streaming (or rotate to a new card), 230020 backs off, any
-//! other error falls back to a PATCHed card message, and a refused card leaves the final
-//! answer alone.
+//! step runs. Each refused CardKit operation is handled by its meaning ([`Remedy`]): 300317
+//! moves the sequence past the card's; 200850/300309 re-enable streaming (or move to a new
+//! card, the old one retired without its Stop button); a rate limit, 200810 (the card is in an
+//! interaction), 300120 (internal), 5xx or no answer is tried again on the same card with a
+//! fresh sequence after a back-off (at most [`MAX_FAILURES`] in a row); anything else turns the
+//! same message into a PATCHed card. A card message is posted only under the turn's
+//! [`Posting`], so never after the answer went out; a refused card leaves the final answer
+//! alone. The turn's end closes streaming and replaces the card by its final form: a header
+//! saying how the turn ended, no Stop button.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::card::{STEPS_ELEMENT, Step, View};
-use super::{Msg, Shared};
+use super::card::{STEPS_ELEMENT, STOP_ELEMENT, Step, View};
+use super::{Gate, Msg, Posting, Shared};
 use crate::agent::StepEvent;
 use crate::exec::Place;
 use crate::lark::client::{Content, LarkError, idempotency_key};
@@ -24,8 +30,13 @@ const APP_UPDATES_PER_SEC: u32 = 45;
 const SEQ_BLOCK: i32 = 100;
 /// How often a running step's elapsed time is refreshed.
 const TICK: Duration = Duration::from_secs(1);
-/// Longest back-off after 230020.
+/// Longest back-off after a transient refusal.
 const MAX_BACKOFF: Duration = Duration::from_secs(8);
+/// Transient refusals in a row after which the card is given up as if refused for good
+/// (0.5 + 1 + 2 + 4 + 8 × 4 s ≈ 40 s of trying).
+const MAX_FAILURES: u32 = 8;
+/// Why a turn shows no card: its answer went out first.
+const ANSWER_FIRST: &str = "the answer went out first";
 /// New cards one turn may rotate to.
 const MAX_ROTATIONS: u32 = 50;
 /// How long a writer waits for events after the turn went quiet (a lost lease, a shutdown)
@@ -61,6 +72,8 @@ impl Mode {
 
 struct Writer<'a> {
     shared: &'a Shared,
+    /// Orders the turn's card before its answer.
+    gate: Arc<Gate>,
     turn_id: i64,
     chat_id: String,
     reply_to: String,
@@ -81,6 +94,8 @@ struct Writer<'a> {
     last_write: Option<Instant>,
     not_before: Instant,
     backoff: Duration,
+    /// Transient refusals in a row (reset by any accepted write).
+    failures: u32,
     /// The runner let go of the turn: whoever resumes it writes the card from then on.
     left: bool,
     /// Lark calls this writer made, and those of the chat side once the turn ended.
@@ -96,6 +111,7 @@ pub(super) async fn run(
     turn_id: i64,
     mut rx: mpsc::Receiver<Msg>,
     mut tails: watch::Receiver<(u64, String)>,
+    gate: Arc<Gate>,
 ) {
     let Some(Msg::Step(
         StepEvent::Started {
@@ -115,6 +131,7 @@ pub(super) async fn run(
     let w_chat = chat_id.clone();
     let mut w = Writer {
         shared,
+        gate,
         turn_id,
         chat_id,
         reply_to,
@@ -140,6 +157,7 @@ pub(super) async fn run(
         last_write: None,
         not_before: now,
         backoff: Duration::ZERO,
+        failures: 0,
         left: false,
         calls: 0,
         chat_calls: None,
@@ -210,6 +228,71 @@ async fn backend_label(shared: &Shared, place: Option<&Place>) -> String {
     }
 }
 
+/// What a refused card operation calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remedy {
+    /// 300317: the card has seen a higher sequence: jump a block ahead and try once more.
+    Resync,
+    /// 200850/300309: streaming was closed: turn it on again, or move to a new card.
+    Reenable,
+    /// A rate limit (230020, 11232, the client's own), the card busy in an interaction
+    /// (200810), an internal error (300120), 5xx, no answer: the same write later, on the same
+    /// card, with a fresh sequence.
+    Later,
+    /// Anything else (no scope, a card CardKit will not take): this card is done with.
+    GiveUp,
+}
+
+fn remedy(e: &LarkError) -> Remedy {
+    match e {
+        LarkError::Api { code: 300317, .. } => Remedy::Resync,
+        LarkError::Api {
+            code: 200850 | 300309,
+            ..
+        } => Remedy::Reenable,
+        LarkError::Api {
+            code: 230020 | 11232 | 200810 | 300120,
+            ..
+        }
+        | LarkError::RateLimited { .. }
+        | LarkError::Overloaded { .. }
+        | LarkError::Transport { .. }
+        | LarkError::Token(_) => Remedy::Later,
+        LarkError::Http { status, .. } if *status >= 500 => Remedy::Later,
+        _ => Remedy::GiveUp,
+    }
+}
+
+/// A card operation that did not land: what to do about it, and why (for the log).
+struct Refused {
+    remedy: Remedy,
+    reason: String,
+}
+
+/// One CardKit operation on the turn's card.
+#[derive(Clone, Copy)]
+enum CardOp<'a> {
+    /// Rewrites the `steps` element's text.
+    Content(&'a str),
+    /// Changes the card's settings (streaming mode, summary).
+    Settings(&'a Value),
+    /// Replaces the whole card.
+    Replace(&'a Value),
+    /// Removes an element.
+    Remove(&'a str),
+}
+
+impl CardOp<'_> {
+    fn name(self) -> &'static str {
+        match self {
+            CardOp::Content(_) => "update",
+            CardOp::Settings(_) => "settings",
+            CardOp::Replace(_) => "replace",
+            CardOp::Remove(_) => "remove",
+        }
+    }
+}
+
 fn code_of(e: &LarkError) -> Option<i64> {
     match e {
         LarkError::Api { code, .. } => Some(*code),
@@ -255,14 +338,20 @@ impl Writer<'_> {
             self.card_id = card_id;
             self.message_id = message_id;
             // A resumed turn's card may have stopped streaming meanwhile: re-enable first.
-            if self.mode == Mode::CardKit && !self.enable_streaming().await {
-                self.rotate_or_fall_back("re-enabling streaming on resume failed")
-                    .await?;
+            if self.mode == Mode::CardKit
+                && let Err(r) = self.enable_streaming().await
+            {
+                if r.remedy == Remedy::Later {
+                    // The renewal tries again once the back-off allows.
+                    self.enabled_at = Instant::now() - self.shared.config.streaming_ttl;
+                }
+                self.refused(r, "re-enabling streaming on resume").await;
             }
             self.dirty = true;
             return Ok(());
         }
         self.create_cardkit().await?;
+        // The card (or the fallback's) was made from the current view.
         self.dirty = false;
         Ok(())
     }
@@ -304,15 +393,32 @@ impl Writer<'_> {
         )
     }
 
-    /// Creates a streaming CardKit card and sends it; falls back when either is refused.
+    /// Creates a streaming CardKit card and posts it. When either is refused, the turn's card
+    /// message (a card moved from) is PATCHed from then on, or, when it has none yet, the card
+    /// is posted as a card message. Nothing is made or posted once the answer is on its way
+    /// (unless the answer waits for it): a card then would land below the answer.
     async fn create_cardkit(&mut self) -> sqlx::Result<()> {
-        let card = self.view.card(true, true);
+        let Some(posting) = Posting::begin(&self.gate) else {
+            return self.fall_back(ANSWER_FIRST, None).await;
+        };
+        let card = self.view.card(true);
         let created = self.shared.lark.cardkit_create(&card).await;
         self.count("create", outcome(&created));
         let card_id = match created {
             Ok(id) => id,
-            Err(e) => return self.fall_back_to_patch(&e.to_string()).await,
+            Err(e) => {
+                return self
+                    .fall_back(
+                        &format!("creating a CardKit card failed: {e}"),
+                        Some(posting),
+                    )
+                    .await;
+            }
         };
+        if !posting.post() {
+            drop(posting);
+            return self.fall_back(ANSWER_FIRST, None).await;
+        }
         let content = Content::Card(json!({"type": "card", "data": {"card_id": card_id}}));
         let uuid = idempotency_key(
             &format!("progress:{}", self.turn_id),
@@ -329,16 +435,50 @@ impl Writer<'_> {
                 self.mode = Mode::CardKit;
                 self.card_id = Some(card_id);
                 self.message_id = Some(s.message_id);
-                self.seq = 0.max(self.seq);
                 self.enabled_at = Instant::now();
-                self.store().await
+                // Recorded before the answer may go out (`posting` dropped after it).
+                let stored = self.store().await;
+                drop(posting);
+                stored
             }
-            Err(e) => self.fall_back_to_patch(&e.to_string()).await,
+            Err(e) => {
+                drop(posting);
+                self.fall_back(&format!("sending the CardKit card failed: {e}"), None)
+                    .await
+            }
         }
     }
 
-    async fn fall_back_to_patch(&mut self, reason: &str) -> sqlx::Result<()> {
-        let card = self.view.card(false, true);
+    /// The turn's card message stays its one card: PATCHed from now on when there is one,
+    /// else the card is posted as a card message (under `posting` when the caller holds it).
+    async fn fall_back(&mut self, reason: &str, posting: Option<Posting>) -> sqlx::Result<()> {
+        if self.message_id.is_some() {
+            drop(posting);
+            self.fall_back_in_place(reason).await;
+            return Ok(());
+        }
+        let posting = posting
+            .or_else(|| Posting::begin(&self.gate))
+            .filter(Posting::post);
+        match posting {
+            Some(p) => self.fall_back_to_patch(reason, p).await,
+            None => {
+                // A card posted now would land below the answer: this turn shows none.
+                tracing::debug!(
+                    turn_id = self.turn_id,
+                    reason,
+                    "the answer went out before the progress card; the turn has none"
+                );
+                self.mode = Mode::None;
+                self.store().await
+            }
+        }
+    }
+
+    /// Posts the card as a card message (the turn has none yet), to be PATCHed from then on;
+    /// `none` when that is refused too.
+    async fn fall_back_to_patch(&mut self, reason: &str, posting: Posting) -> sqlx::Result<()> {
+        let card = self.view.card(false);
         let uuid = idempotency_key(&format!("progress:{}", self.turn_id), "patch-card");
         let sent = self
             .shared
@@ -366,61 +506,157 @@ impl Writer<'_> {
                 self.mode = Mode::None;
             }
         }
-        self.store().await
+        let stored = self.store().await;
+        drop(posting);
+        stored
     }
 
-    /// Rotates to a new CardKit card (bounded), or falls back to PATCH.
-    async fn rotate_or_fall_back(&mut self, reason: &str) -> sqlx::Result<()> {
-        if self.rotations < MAX_ROTATIONS {
-            self.rotations += 1;
-            self.seq = 0;
-            self.reserved = 0;
-            // The stored sequence belongs to the old card; a new card restarts above zero,
-            // so the stored maximum is reset with it.
-            sqlx::query("UPDATE turns SET progress_sequence = 0 WHERE id = $1")
-                .bind(self.turn_id)
-                .execute(&self.shared.db)
-                .await?;
-            tracing::info!(turn_id = self.turn_id, reason, "progress card rotated");
-            self.create_cardkit().await
-        } else {
-            self.fall_back_to_patch(reason).await
+    /// CardKit is done with this card: its streaming is closed (one try) and the same message
+    /// is PATCHed with the whole card from now on. No second card is posted, so the chat never
+    /// shows two Stop buttons for one turn.
+    async fn fall_back_in_place(&mut self, reason: &str) {
+        if self.card_id.is_some() {
+            let off = json!({"streaming_mode": false});
+            let _ = self.cardkit(CardOp::Settings(&off)).await;
+        }
+        self.shared.fallback(&self.chat_id, "patch", reason);
+        self.mode = Mode::Patch;
+        self.card_id = None;
+        self.dirty = true;
+        self.failures = 0;
+        self.backoff = Duration::ZERO;
+        if let Err(e) = self.store().await {
+            tracing::warn!(turn_id = self.turn_id, error = %e, "progress card state could not be stored");
         }
     }
 
-    /// Turns streaming on (again). False when Lark refused.
-    async fn enable_streaming(&mut self) -> bool {
-        self.settings(json!({"streaming_mode": true})).await
+    /// The card's streaming cannot be turned on again: moves to a new card (bounded), the old
+    /// one retired first — its Stop button gone, so two never show at once. Falls back in
+    /// place instead when the rotations ran out, when the answer is on its way (a new card
+    /// would land below it), or when the old card cannot be retired.
+    async fn replace_card(&mut self, reason: &str) {
+        if self.rotations >= MAX_ROTATIONS || self.gate.answer_started() {
+            return self.fall_back_in_place(reason).await;
+        }
+        let retired = self.view.retired_card();
+        if self.settle(CardOp::Replace(&retired)).await.is_err()
+            && self.settle(CardOp::Remove(STOP_ELEMENT)).await.is_err()
+        {
+            return self.fall_back_in_place(reason).await;
+        }
+        self.rotations += 1;
+        tracing::info!(turn_id = self.turn_id, reason, "progress card rotated");
+        // The sequence keeps counting up: any start is good for a new card.
+        if let Err(e) = self.create_cardkit().await {
+            tracing::warn!(turn_id = self.turn_id, error = %e, "progress card state could not be stored");
+        }
+        // The new card (or the fallback) was made from the current view.
+        self.dirty = self.mode == Mode::Patch;
     }
 
-    /// A settings change with the sequence discipline; true when applied.
-    async fn settings(&mut self, config: Value) -> bool {
-        let Some(card_id) = self.card_id.clone() else {
-            return false;
-        };
-        for _ in 0..2 {
-            let Ok(seq) = self.next_seq().await else {
-                return false;
+    /// Turns streaming on (again).
+    async fn enable_streaming(&mut self) -> Result<(), Refused> {
+        self.cardkit(CardOp::Settings(&json!({"streaming_mode": true})))
+            .await?;
+        self.enabled_at = Instant::now();
+        Ok(())
+    }
+
+    /// Sends `op` to the card with the sequence discipline: a fresh sequence for each attempt,
+    /// and one more attempt after 300317 (the sequence moved a block ahead first).
+    async fn cardkit(&mut self, op: CardOp<'_>) -> Result<(), Refused> {
+        for attempt in 0..2 {
+            let Some(card_id) = self.card_id.clone() else {
+                break;
             };
-            let uuid = self.uuid("settings");
-            let r = self
-                .shared
-                .lark
-                .cardkit_settings(&card_id, &config, seq, &uuid)
-                .await;
-            self.count("settings", outcome(&r));
+            let seq = match self.next_seq().await {
+                Ok(seq) => seq,
+                Err(e) => {
+                    return Err(Refused {
+                        remedy: Remedy::Later,
+                        reason: format!("reserving sequence numbers failed: {e}"),
+                    });
+                }
+            };
+            let uuid = self.uuid(op.name());
+            let lark = &self.shared.lark;
+            let r = match op {
+                CardOp::Content(text) => {
+                    lark.cardkit_content(&card_id, STEPS_ELEMENT, text, seq, &uuid)
+                        .await
+                }
+                CardOp::Settings(config) => {
+                    lark.cardkit_settings(&card_id, config, seq, &uuid).await
+                }
+                CardOp::Replace(card) => lark.cardkit_update(&card_id, card, seq, &uuid).await,
+                CardOp::Remove(element) => {
+                    lark.cardkit_delete_element(&card_id, element, seq, &uuid)
+                        .await
+                }
+            };
+            self.count(op.name(), outcome(&r));
+            self.last_write = Some(Instant::now());
             match r {
                 Ok(()) => {
-                    if config.get("streaming_mode") == Some(&json!(true)) {
-                        self.enabled_at = Instant::now();
-                    }
-                    return true;
+                    self.failures = 0;
+                    self.backoff = Duration::ZERO;
+                    return Ok(());
                 }
-                Err(e) if code_of(&e) == Some(300317) => self.resync().await,
-                Err(_) => return false,
+                Err(e) => match remedy(&e) {
+                    Remedy::Resync if attempt == 0 => self.resync().await,
+                    // Out of sequence even after the jump: something else writes this card.
+                    Remedy::Resync => {
+                        return Err(Refused {
+                            remedy: Remedy::GiveUp,
+                            reason: e.to_string(),
+                        });
+                    }
+                    remedy => {
+                        return Err(Refused {
+                            remedy,
+                            reason: e.to_string(),
+                        });
+                    }
+                },
             }
         }
-        false
+        Err(Refused {
+            remedy: Remedy::GiveUp,
+            reason: "no card".into(),
+        })
+    }
+
+    /// `op`, tried again on the same card after each transient refusal, paced by the card's
+    /// interval and the back-off (at most [`MAX_FAILURES`] in a row): for the writes that must
+    /// land before the writer moves on.
+    async fn settle(&mut self, op: CardOp<'_>) -> Result<(), Refused> {
+        loop {
+            tokio::time::sleep_until(self.write_at()).await;
+            match self.cardkit(op).await {
+                Err(r) if r.remedy == Remedy::Later && self.back_off() => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Handles a refused write by its remedy: later (backed off; given up after
+    /// [`MAX_FAILURES`] in a row), a new card, or the same message PATCHed.
+    async fn refused(&mut self, r: Refused, what: &str) {
+        match r.remedy {
+            Remedy::Later if self.back_off() => {}
+            Remedy::Later => {
+                self.fall_back_in_place(&format!("{what} kept failing: {}", r.reason))
+                    .await;
+            }
+            Remedy::Reenable => {
+                self.replace_card(&format!("{what}: streaming closed and not re-enabled"))
+                    .await;
+            }
+            Remedy::Resync | Remedy::GiveUp => {
+                self.fall_back_in_place(&format!("{what} failed: {}", r.reason))
+                    .await;
+            }
+        }
     }
 
     /// 300317: the card has seen a higher sequence (another writer, or a lost reservation):
@@ -472,19 +708,23 @@ impl Writer<'_> {
                 && !ended
                 && now >= self.enabled_at + renew_after(self.shared.config.streaming_ttl)
                 && now >= self.not_before
+                && let Err(r) = self.enable_streaming().await
             {
-                if !self.enable_streaming().await {
-                    let _ = self
-                        .rotate_or_fall_back("re-enabling streaming failed")
-                        .await;
+                self.refused(r, "re-enabling streaming").await;
+            }
+            if ended && self.mode == Mode::CardKit {
+                // The final card carries everything: no last content update before it.
+                self.close().await;
+                if self.mode == Mode::CardKit {
+                    return;
                 }
-                self.last_write = Some(Instant::now());
+                // Fell back: the final card goes out as a PATCH below.
+                continue;
             }
             if self.dirty && now >= self.write_at() {
                 self.write().await;
             }
             if ended && !self.dirty {
-                self.close().await;
                 return;
             }
             if self.mode == Mode::None {
@@ -563,9 +803,10 @@ impl Writer<'_> {
             Msg::StoppedBy(by) => {
                 self.view.stopped_by = Some(by);
                 if self.mode == Mode::CardKit {
-                    // A streaming card cannot be updated from a callback: pause streaming; the
-                    // next update re-enables it.
-                    self.settings(json!({"streaming_mode": false})).await;
+                    // A streaming card cannot be updated from a callback: pause streaming
+                    // (best effort); the next renewal turns it on again.
+                    let pause = json!({"streaming_mode": false});
+                    let _ = self.cardkit(CardOp::Settings(&pause)).await;
                     self.enabled_at = now - self.shared.config.streaming_ttl;
                 }
                 false
@@ -633,6 +874,7 @@ impl Writer<'_> {
                     self.running_since = None;
                     self.view.running = None;
                     self.view.summary = Some(self.summary(&outcome).await);
+                    self.view.outcome = Some(outcome);
                     true
                 }
             },
@@ -659,12 +901,7 @@ impl Writer<'_> {
             + self.view.steps.iter().filter(|s| !s.succeeded()).count() as u64;
         let mut s = format!(
             "**{}** · {total} step{} ({failed} failed) · {}",
-            match outcome {
-                "done" => "Done",
-                "stopped" => "Stopped",
-                "bounded" => "Stopped at a limit",
-                _ => "Failed",
-            },
+            super::card::ended(outcome).0,
             if total == 1 { "" } else { "s" },
             super::card::human(self.started.elapsed())
         );
@@ -678,16 +915,20 @@ impl Writer<'_> {
         s
     }
 
-    /// Writes the current view once, handling the answer by its meaning.
-    async fn write(&mut self) {
+    /// Brings the times the card shows up to now.
+    fn stamp(&mut self) {
         if let Some(since) = self.running_since
             && let Some(r) = self.view.running.as_mut()
         {
             r.2 = since.elapsed();
         }
         self.view.elapsed = self.started.elapsed();
-        let now = Instant::now();
-        self.last_write = Some(now);
+    }
+
+    /// Writes the current view once, handling a refusal by its meaning.
+    async fn write(&mut self) {
+        self.stamp();
+        self.last_write = Some(Instant::now());
         match self.mode {
             Mode::None => self.dirty = false,
             Mode::Patch => {
@@ -695,11 +936,11 @@ impl Writer<'_> {
                     self.mode = Mode::None;
                     return;
                 };
-                let ended = self.view.summary.is_some();
+                // A finished turn's card has its final header and no Stop button.
                 let r = self
                     .shared
                     .lark
-                    .edit(&message_id, &Content::Card(self.view.card(false, !ended)))
+                    .edit(&message_id, &Content::Card(self.view.card(false)))
                     .await;
                 self.count("patch", outcome(&r));
                 self.last_write = Some(Instant::now());
@@ -707,9 +948,10 @@ impl Writer<'_> {
                     Ok(()) => {
                         self.shared.metrics.progress_updates.inc();
                         self.dirty = false;
+                        self.failures = 0;
                         self.backoff = Duration::ZERO;
                     }
-                    Err(e) if code_of(&e) == Some(230020) => self.back_off(),
+                    Err(e) if remedy(&e) == Remedy::Later && self.back_off() => {}
                     Err(e) => {
                         self.shared.fallback(
                             &self.chat_id,
@@ -723,71 +965,60 @@ impl Writer<'_> {
             }
             Mode::CardKit => {
                 let text = self.view.markdown();
-                for attempt in 0..2 {
-                    let Some(card_id) = self.card_id.clone() else {
-                        return;
-                    };
-                    let Ok(seq) = self.next_seq().await else {
-                        return;
-                    };
-                    let uuid = self.uuid("content");
-                    let r = self
-                        .shared
-                        .lark
-                        .cardkit_content(&card_id, STEPS_ELEMENT, &text, seq, &uuid)
-                        .await;
-                    self.count("update", outcome(&r));
-                    self.last_write = Some(Instant::now());
-                    match r {
+                let mut reenabled = false;
+                loop {
+                    let r = match self.cardkit(CardOp::Content(&text)).await {
                         Ok(()) => {
                             self.shared.metrics.progress_updates.inc();
                             self.dirty = false;
-                            self.backoff = Duration::ZERO;
                             return;
                         }
-                        Err(e) => match code_of(&e) {
-                            Some(300317) if attempt == 0 => self.resync().await,
-                            Some(200850 | 300309) if attempt == 0 => {
-                                if !self.enable_streaming().await {
-                                    let _ = self
-                                        .rotate_or_fall_back("streaming closed and not re-enabled")
-                                        .await;
-                                    // The new card (or the fallback) was made from the current
-                                    // view.
-                                    self.dirty = self.mode == Mode::Patch;
-                                    return;
-                                }
-                            }
-                            Some(230020) => {
-                                self.back_off();
-                                return;
-                            }
-                            _ => {
-                                let _ = self
-                                    .fall_back_to_patch(&format!("CardKit update failed: {e}"))
-                                    .await;
-                                self.dirty = false;
-                                return;
-                            }
-                        },
+                        Err(r) => r,
+                    };
+                    if r.remedy == Remedy::Reenable && !reenabled {
+                        reenabled = true;
+                        match self.enable_streaming().await {
+                            Ok(()) => continue,
+                            Err(r) => return self.refused(r, "re-enabling streaming").await,
+                        }
                     }
+                    return self.refused(r, "a CardKit update").await;
                 }
             }
         }
     }
 
-    fn back_off(&mut self) {
+    /// Waits before the next write after a transient refusal (0.5 s doubling to
+    /// [`MAX_BACKOFF`]); false once [`MAX_FAILURES`] came in a row.
+    fn back_off(&mut self) -> bool {
+        self.failures += 1;
+        if self.failures > MAX_FAILURES {
+            return false;
+        }
         self.backoff = (self.backoff * 2).clamp(Duration::from_millis(500), MAX_BACKOFF);
         self.not_before = Instant::now() + self.backoff;
+        true
     }
 
-    /// The end: closes streaming with the summary.
+    /// The end of the turn on a CardKit card: streaming closed with the summary, then the
+    /// whole card replaced by its final form (a header saying how the turn ended, no Stop
+    /// button). A card that will not take it loses its Stop button at least; one that will not
+    /// take that either is left to the PATCH fallback, which sends the final card.
     async fn close(&mut self) {
-        if self.mode == Mode::CardKit {
-            let wait = self.write_at();
-            tokio::time::sleep_until(wait).await;
-            let summary = self.view.preview();
-            self.settings(json!({"streaming_mode": false, "summary": {"content": summary}}))
+        let summary = self.view.preview();
+        let settings = json!({"streaming_mode": false, "summary": {"content": summary}});
+        if let Err(r) = self.settle(CardOp::Settings(&settings)).await {
+            tracing::debug!(turn_id = self.turn_id, reason = %r.reason, "closing streaming failed");
+        }
+        self.stamp();
+        let card = self.view.card(false);
+        let Err(r) = self.settle(CardOp::Replace(&card)).await else {
+            self.shared.metrics.progress_updates.inc();
+            self.dirty = false;
+            return;
+        };
+        if self.settle(CardOp::Remove(STOP_ELEMENT)).await.is_err() {
+            self.fall_back_in_place(&format!("the final card was refused: {}", r.reason))
                 .await;
         }
     }

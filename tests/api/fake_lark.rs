@@ -8,10 +8,13 @@
 //! `card_msg_content_type=raw_card_content`) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
 //! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
 //!
-//! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
+//! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase past
+//! every one the card accepted (content, settings, whole-card update, element removal) is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
 //! more than 10 operations per second on one card with 230020, and a card over 30 KB or 200
-//! elements with 230025; a card message is PATCHed at most 5 times a second.
+//! elements with 230025; a card message is PATCHed at most 5 times a second. A card can be
+//! scripted to refuse its next operations ([`FakeLark::fail_card`]: 200810, 300120, 5xx…) as
+//! Lark does: a refused operation uses up no sequence number.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -77,6 +80,8 @@ struct Inner {
     posted: Vec<Value>,
     next_id: u32,
     cards: HashMap<String, FakeCard>,
+    /// Card number (in creation order, from 0) → failures for a card not created yet.
+    card_scripts: HashMap<usize, Vec<Failure>>,
     cardkit_ttl: Duration,
     /// Every CardKit call answers this code (no scope, CardKit down).
     cardkit_down: Option<i64>,
@@ -107,8 +112,12 @@ pub struct FakeCard {
     enabled_at: Instant,
     /// Accepted operations: (when, sequence, what).
     pub ops: Vec<(Instant, i64, &'static str)>,
-    /// Every refusal code answered for this card, in order.
+    /// Every refusal code answered for this card, in order (an HTTP 5xx as its status).
     pub refusals: Vec<i64>,
+    /// When each operation reached the card (accepted or not): at most 10 a second.
+    attempts: Vec<Instant>,
+    /// Failures its next operations are answered with.
+    script: VecDeque<Failure>,
     /// Whether the card entity was sent as a message.
     pub sent: bool,
 }
@@ -149,6 +158,8 @@ struct Shared {
     inner: Arc<Mutex<Inner>>,
     /// While set, requests to paths containing it get no answer (until released).
     hold: Arc<watch::Sender<Option<String>>>,
+    /// While set, requests that create a card message get no answer (until released).
+    hold_cards: Arc<watch::Sender<bool>>,
     /// Bumped on every request, for waiting without sleeping.
     seen: Arc<watch::Sender<usize>>,
 }
@@ -171,6 +182,7 @@ impl FakeLark {
                 posted: Vec::new(),
                 next_id: 0,
                 cards: HashMap::new(),
+                card_scripts: HashMap::new(),
                 cardkit_ttl: Duration::from_secs(600),
                 cardkit_down: None,
                 refuse_cards: false,
@@ -183,6 +195,7 @@ impl FakeLark {
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
+            hold_cards: Arc::new(watch::channel(false).0),
         };
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -302,6 +315,21 @@ impl FakeLark {
         cards
     }
 
+    /// The next operations on card number `n` (in creation order, from 0; it may not exist
+    /// yet) are refused as given, in order: `Code` with HTTP 400 and that code (200810 the card
+    /// is in an interaction, 300120 internal…), `ServerError` with HTTP 500. Checked after the
+    /// rate and the sequence, as Lark does; a refused operation uses up no sequence number.
+    pub fn fail_card(&self, n: usize, failures: Vec<Failure>) {
+        let mut guard = self.shared.inner.lock().unwrap();
+        let inner = &mut *guard;
+        let mut cards: Vec<&mut FakeCard> = inner.cards.values_mut().collect();
+        cards.sort_by_key(|c| c.card_id[3..].parse::<u32>().unwrap_or(0));
+        match cards.into_iter().nth(n) {
+            Some(card) => card.script.extend(failures),
+            None => inner.card_scripts.entry(n).or_default().extend(failures),
+        }
+    }
+
     /// How long a card keeps streaming after it was last enabled.
     pub fn set_cardkit_ttl(&self, ttl: Duration) {
         self.shared.inner.lock().unwrap().cardkit_ttl = ttl;
@@ -338,6 +366,18 @@ impl FakeLark {
 
     pub fn release(&self) {
         self.shared.hold.send_replace(None);
+    }
+
+    /// Requests that create a card message (a send or reply of `msg_type` `interactive`) are
+    /// recorded but not answered until [`release_cards`]; other replies go through.
+    ///
+    /// [`release_cards`]: FakeLark::release_cards
+    pub fn hold_cards(&self) {
+        self.shared.hold_cards.send_replace(true);
+    }
+
+    pub fn release_cards(&self) {
+        self.shared.hold_cards.send_replace(false);
     }
 
     /// Waits (bounded) until `cond` holds for the recorded requests.
@@ -393,6 +433,9 @@ async fn handle(
     let _ = hold
         .wait_for(|h| !h.as_deref().is_some_and(|part| path.contains(part)))
         .await;
+    if method == Method::POST && body["msg_type"] == "interactive" {
+        let _ = shared.hold_cards.subscribe().wait_for(|h| !*h).await;
+    }
     let mut inner = shared.inner.lock().unwrap();
     answer(&mut inner, &method, &path, auth.as_deref(), &body)
 }
@@ -817,6 +860,11 @@ fn cardkit(inner: &mut Inner, method: &Method, parts: &[&str], body: &Value) -> 
             }
             inner.next_id += 1;
             let card_id = format!("ck_{}", inner.next_id);
+            let script = inner
+                .card_scripts
+                .remove(&inner.cards.len())
+                .unwrap_or_default()
+                .into();
             inner.cards.insert(
                 card_id.clone(),
                 FakeCard {
@@ -826,6 +874,8 @@ fn cardkit(inner: &mut Inner, method: &Method, parts: &[&str], body: &Value) -> 
                     enabled_at: now,
                     ops: Vec::new(),
                     refusals: Vec::new(),
+                    attempts: Vec::new(),
+                    script,
                     sent: false,
                 },
             );
@@ -840,19 +890,29 @@ fn cardkit(inner: &mut Inner, method: &Method, parts: &[&str], body: &Value) -> 
                 code(StatusCode::BAD_REQUEST, c, msg)
             };
             if card
-                .ops
+                .attempts
                 .iter()
-                .filter(|(t, _, _)| now.duration_since(*t) < Duration::from_secs(1))
+                .filter(|t| now.duration_since(**t) < Duration::from_secs(1))
                 .count()
                 >= 10
             {
                 return refuse(card, 230020, "card operations rate limited");
             }
+            card.attempts.push(now);
             let Some(seq) = body["sequence"].as_i64() else {
                 return refuse(card, 300301, "sequence required");
             };
             if card.ops.last().is_some_and(|(_, last, _)| seq <= *last) {
                 return refuse(card, 300317, "sequence must increase");
+            }
+            match card.script.pop_front() {
+                Some(Failure::ServerError) => {
+                    card.refusals.push(500);
+                    return code(StatusCode::INTERNAL_SERVER_ERROR, 1, "internal error");
+                }
+                Some(Failure::Code(c)) => return refuse(card, c, "scripted card failure"),
+                Some(other) => panic!("not a card failure: {other:?}"),
+                None => {}
             }
             if card.streaming && now.duration_since(card.enabled_at) > ttl {
                 card.streaming = false;
@@ -901,6 +961,44 @@ fn cardkit(inner: &mut Inner, method: &Method, parts: &[&str], body: &Value) -> 
                     }
                     card.data["config"]["streaming_mode"] = json!(card.streaming);
                     card.ops.push((now, seq, "settings"));
+                    ok(json!({}))
+                }
+                // The whole card replaced: allowed whether or not it streams.
+                ("PUT", []) => {
+                    let Some(new) = (body["card"]["type"] == "card_json")
+                        .then(|| body["card"]["data"].as_str())
+                        .flatten()
+                        .and_then(|d| serde_json::from_str::<Value>(d).ok())
+                    else {
+                        return refuse(card, 300301, "invalid card_json");
+                    };
+                    if new["schema"] != "2.0"
+                        || new.pointer("/config/update_multi") == Some(&json!(false))
+                    {
+                        return refuse(card, 300301, "schema 2.0 and a shared card required");
+                    }
+                    if card_too_big(&new) {
+                        return refuse(card, 230025, "card too large");
+                    }
+                    let streaming = new["config"]["streaming_mode"] == true;
+                    if streaming && !card.streaming {
+                        card.enabled_at = now;
+                    }
+                    card.streaming = streaming;
+                    card.data = new;
+                    card.ops.push((now, seq, "card"));
+                    ok(json!({}))
+                }
+                ("DELETE", ["elements", element]) => {
+                    let Some(elements) = card.data["body"]["elements"].as_array_mut() else {
+                        return refuse(card, 300302, "element not found");
+                    };
+                    let before = elements.len();
+                    elements.retain(|e| e["element_id"] != *element);
+                    if elements.len() == before {
+                        return refuse(card, 300302, "element not found");
+                    }
+                    card.ops.push((now, seq, "delete"));
                     ok(json!({}))
                 }
                 _ => code(StatusCode::NOT_FOUND, 404, "not found"),

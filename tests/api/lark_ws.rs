@@ -284,8 +284,10 @@ async fn card_clicks_are_answered_in_the_acknowledgement_as_event_or_card_frames
         .unwrap();
         let expected = sshmode::frontend::LarkTriage {
             config: app.state.config.clone(),
+            db: app.state.db.clone(),
         }
-        .card_answer(&env);
+        .card_answer(&env)
+        .await;
         assert_eq!(answer, expected, "{kind}");
     }
 }

@@ -1,7 +1,8 @@
 //! The live progress card end to end: agent turns (scripted fake model, local or the real sshd)
 //! feed the card on the fake Lark, which enforces CardKit's rules (sequence, streaming TTL,
 //! operations per second, size). Covers the remote steps' lines, coalescing, streaming renewal
-//! and re-enabling, a resumed turn, the Stop button, and both fallbacks.
+//! and re-enabling, a resumed turn, the Stop button, transient refusals retried on the same card,
+//! both fallbacks (never a second card), the final card, and the card's place above the answer.
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,8 @@ async fn env(vars: &[(&str, &str)]) -> Env {
     Env::builder().progress().vars(vars).spawn().await
 }
 
-/// Waits until the only card of the test is closed (streaming off after the end) and returns it.
+/// Waits until the test's last card is closed (streaming off after the end, then the whole card
+/// replaced by its final form) and returns it.
 pub(crate) async fn closed_card(lark: &FakeLark) -> FakeCard {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -29,7 +31,7 @@ pub(crate) async fn closed_card(lark: &FakeLark) -> FakeCard {
         if let Some(c) = cards.last()
             && c.element("steps").contains("---")
             && !c.streaming
-            && c.ops.last().is_some_and(|o| o.2 == "settings")
+            && c.ops.last().is_some_and(|o| o.2 == "card")
         {
             return c.clone();
         }
@@ -245,7 +247,7 @@ async fn a_resumed_turn_continues_the_same_card_with_higher_sequences() {
         || async {
             env.lark.cards().first().is_some_and(|c| {
                 let t = c.element("steps");
-                t.contains("⏳") && t.contains("`sleep 1.5; echo first`")
+                c.sent && t.contains("⏳") && t.contains("`sleep 1.5; echo first`")
             })
         },
     )
@@ -417,7 +419,7 @@ async fn the_stop_button_stops_the_turn_and_the_remote_process() {
     .await
     .unwrap()
     .unwrap();
-    assert!(toast.contains("already ended"), "{toast}");
+    assert!(toast.contains("already finished"), "{toast}");
     drop(sshd);
 }
 
@@ -558,7 +560,10 @@ async fn a_rate_limited_and_an_out_of_sequence_update_are_retried_and_nothing_is
     let section = unique("oc_retry");
     env.llm
         .push(MODEL, call("terminal", json!({"command": "echo first"})))
-        .push(MODEL, call("terminal", json!({"command": "echo second"})))
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 2; echo second"})),
+        )
         .push(MODEL, say("fine"));
     let msg = unique("om_retry");
     accept(&env.app, &section, &msg, "q").await;
@@ -567,11 +572,11 @@ async fn a_rate_limited_and_an_out_of_sequence_update_are_retried_and_nothing_is
     let text = card.element("steps");
     assert!(
         text.contains("`echo first`")
-            && text.contains("`echo second`")
+            && text.contains("`sleep 2; echo second`")
             && text.contains("**Done**"),
         "{text}"
     );
-    // Both refusals were served, and the writer neither gave up on the card nor fell back.
+    // Both refusals were served (while the second step ran), and the writer neither gave up on the card nor fell back.
     let attempts = env.lark.requests_to("/elements/steps/content").len();
     let accepted = card.ops.iter().filter(|o| o.2 == "content").count();
     assert_eq!(attempts, accepted + 2, "{:?}", card.ops);
@@ -706,4 +711,297 @@ async fn an_answer_that_tries_to_mention_everyone_reaches_lark_mentioning_no_one
             op.body
         );
     }
+}
+
+/// The card's header: its title and colour.
+fn header(card: &Value) -> (String, String) {
+    (
+        card["header"]["title"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        card["header"]["template"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+/// Whether a card (a CardKit card's data, or a PATCHed card) still has a button.
+fn has_button(card: &Value) -> bool {
+    card["body"]["elements"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|e| e["tag"] == "button"))
+}
+
+/// Messages created in the fake, as their types in order.
+fn created_types(lark: &FakeLark) -> Vec<String> {
+    lark.posted()
+        .iter()
+        .map(|p| p["msg_type"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn transient_cardkit_refusals_are_retried_on_the_same_card() {
+    let env = env(&[]).await;
+    // The card is busy in an interaction (200810), then has an internal error (300120), then
+    // answers 500 to every attempt the client makes of one call.
+    env.lark.fail_card(
+        0,
+        vec![
+            Failure::Code(200810),
+            Failure::Code(300120),
+            Failure::ServerError,
+            Failure::ServerError,
+            Failure::ServerError,
+            Failure::ServerError,
+        ],
+    );
+    let section = unique("oc_transient");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo first"})))
+        .push(MODEL, call("terminal", json!({"command": "echo second"})))
+        .push(MODEL, say("fine"));
+    let msg = unique("om_transient");
+    accept(&env.app, &section, &msg, "q").await;
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert_eq!(
+        card.refusals,
+        vec![200810, 300120, 500, 500, 500, 500],
+        "{:?}",
+        card.ops
+    );
+    // One card, one card message, never PATCHed: every refused write went to the same card.
+    assert_eq!(env.lark.cards().len(), 1);
+    assert_eq!(
+        created_types(&env.lark),
+        vec!["interactive".to_string(), "post".to_string()]
+    );
+    assert!(
+        env.lark
+            .requests()
+            .iter()
+            .all(|r| r.method != "PATCH" || !r.path.contains("/im/v1/messages/"))
+    );
+    let text = card.element("steps");
+    assert!(
+        text.contains("`echo first`")
+            && text.contains("`echo second`")
+            && text.contains("**Done**"),
+        "{text}"
+    );
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+    assert!(!has_button(&card.data), "{:#}", card.data);
+}
+
+#[tokio::test]
+async fn a_card_cardkit_gives_up_on_mid_turn_is_patched_in_place_never_posted_twice() {
+    let env = env(&[]).await;
+    let section = unique("oc_inplace");
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "sleep 2; echo slow"})),
+        )
+        .push(MODEL, say("patched in place"));
+    let msg = unique("om_inplace");
+    accept(&env.app, &section, &msg, "q").await;
+    eventually("the running step", Duration::from_secs(20), || async {
+        env.lark.cards().first().is_some_and(|c| {
+            c.sent
+                && c.element("steps")
+                    .contains("`sleep 2; echo slow` · running")
+        })
+    })
+    .await;
+    // The app loses CardKit while the step runs (its scope revoked).
+    env.lark.cardkit_down(99991672);
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let card_msg = env
+        .lark
+        .posted()
+        .into_iter()
+        .find(|p| p["msg_type"] == "interactive")
+        .unwrap()["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually("the final PATCH", Duration::from_secs(20), || async {
+        env.lark.patched(&card_msg).last().is_some_and(|(_, c)| {
+            c["body"]["elements"][0]["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("**Done**"))
+        })
+    })
+    .await;
+    // The card message that held the CardKit card now holds the whole card; no second one.
+    assert_eq!(
+        replies(&env.lark, &msg, "interactive").len(),
+        1,
+        "{:#?}",
+        env.lark.posted()
+    );
+    let last = env.lark.patched(&card_msg).last().unwrap().1.clone();
+    assert!(last.to_string().contains("sleep 2; echo slow"), "{last}");
+    assert!(!has_button(&last), "no Stop once ended: {last}");
+    assert_eq!(header(&last), ("Done · local".into(), "green".into()));
+    assert_eq!(replies(&env.lark, &msg, "post").len(), 1);
+}
+
+#[tokio::test]
+async fn a_finished_card_says_how_the_turn_ended_and_an_old_stop_says_it_finished() {
+    let env = env(&[("LARK_ENCRYPT_KEY", ENCRYPT_KEY)]).await;
+    // Done: the final card says so, in green, with no Stop button left.
+    let section = unique("oc_final");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo done"})))
+        .push(MODEL, say("all done"));
+    accept(&env.app, &section, &unique("om_final"), "q").await;
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let card = closed_card(&env.lark).await;
+    assert_eq!(header(&card.data), ("Done · local".into(), "green".into()));
+    assert!(!has_button(&card.data), "{:#}", card.data);
+    assert!(card.refusals.is_empty(), "{:?}", card.refusals);
+    assert!(strictly_increasing(&card), "{:?}", card.ops);
+
+    // Stopped from its card: the final card says "Stopped", and a later click on the Stop
+    // button a client still shows is told the task has finished.
+    let section = unique("oc_final_stop");
+    let secs = 300 + (rand_u16() % 600);
+    env.llm
+        .push(
+            MODEL,
+            call("terminal", json!({"command": format!("sleep {secs}")})),
+        )
+        .push(MODEL, say("never reached"));
+    accept(&env.app, &section, &unique("om_final_stop"), "wait").await;
+    let running = || {
+        env.lark
+            .cards()
+            .into_iter()
+            .find(|c| c.element("steps").contains(&format!("`sleep {secs}`")))
+    };
+    eventually("the running sleep", Duration::from_secs(20), || async {
+        running().is_some()
+    })
+    .await;
+    let value = running().unwrap().data["body"]["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["tag"] == "button")
+        .expect("a Stop button while running")["behaviors"][0]["value"]
+        .clone();
+    let chat = value["chat"].as_str().unwrap().to_string();
+    let (status, answer) = post(
+        &env.app,
+        sealed_now(&stop_click(&unique("ev_stop"), "ou_clicker", &chat, &value)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["toast"]["content"], "Stopping the task…", "{answer}");
+    assert_eq!(
+        wait_turns_ended(&env.app, &section, 1).await,
+        vec!["stopped"]
+    );
+    let card = closed_card(&env.lark).await;
+    assert!(card.element("steps").contains(&format!("`sleep {secs}`")));
+    assert_eq!(
+        header(&card.data),
+        ("Stopped · local".into(), "grey".into())
+    );
+    assert!(!has_button(&card.data), "{:#}", card.data);
+    let (status, answer) = post(
+        &env.app,
+        sealed_now(&stop_click(&unique("ev_stop"), "ou_clicker", &chat, &value)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    assert_eq!(
+        answer["toast"]["content"], "This task has already finished.",
+        "{answer}"
+    );
+}
+
+/// Where the card and the answer landed: the answer is the last message, and a card, if any,
+/// came before it.
+fn card_above_answer(lark: &FakeLark) {
+    let types = created_types(lark);
+    let answer = types.iter().position(|t| t == "post").expect("the answer");
+    assert!(
+        types[answer..].iter().all(|t| t != "interactive"),
+        "a card landed below the answer: {types:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_turn_that_answers_before_its_card_is_posted_gets_no_card() {
+    // CardKit is slow to create the card: the quick turn's answer is ready first, and waits
+    // for the card one second at most.
+    let env = env(&[("SSHMODE_PROGRESS_ANSWER_WAIT_MS", "1000")]).await;
+    env.lark.hold("/open-apis/cardkit/v1/cards");
+    let section = unique("oc_quick");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo quick"})))
+        .push(MODEL, say("quick answer"));
+    let msg = unique("om_quick");
+    accept(&env.app, &section, &msg, "q").await;
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    env.lark.release();
+    // The writer decides once the card exists: a card, or none.
+    eventually(
+        "the card's fate stored",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT progress_mode FROM turns WHERE section_id = $1",
+            )
+            .bind(&section)
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap()
+            .is_some()
+        },
+    )
+    .await;
+    card_above_answer(&env.lark);
+    assert_eq!(created_types(&env.lark), vec!["post".to_string()]);
+}
+
+#[tokio::test]
+async fn a_card_being_posted_is_recorded_before_the_answer_goes_out() {
+    let env = env(&[]).await;
+    // Lark is slow to take the card message: the answer is ready while the card's reply waits.
+    env.lark.hold_cards();
+    let section = unique("oc_order");
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "echo quick"})))
+        .push(MODEL, say("the answer"));
+    let msg = unique("om_order");
+    accept(&env.app, &section, &msg, "q").await;
+    env.lark
+        .wait_until("the card's reply", |rs| {
+            rs.iter()
+                .any(|r| r.path.contains("/reply") && r.body["msg_type"] == "interactive")
+        })
+        .await;
+    eventually("the final model call", Duration::from_secs(20), || async {
+        env.llm.count(MODEL) == 2
+    })
+    .await;
+    // The answer waits for the card.
+    assert!(replies(&env.lark, &msg, "post").is_empty());
+    assert_eq!(turn_states(&env.app, &section).await, vec!["running"]);
+    env.lark.release_cards();
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    card_above_answer(&env.lark);
+    assert_eq!(
+        created_types(&env.lark),
+        vec!["interactive".to_string(), "post".to_string()]
+    );
+    let card = closed_card(&env.lark).await;
+    assert!(card.element("steps").contains("`echo quick`"));
 }
