@@ -116,7 +116,13 @@ async fn events_are_recorded_once_before_they_are_acknowledged() {
     crate::lark_support::wait_state(&app, "ev_ws_1", "done").await;
     let mut tokenless = Msg::new("ev_ws_tokenless", "no token at all").envelope(TOKEN);
     tokenless["header"].as_object_mut().unwrap().remove("token");
-    ws.send(data_frame("event", "m4", 1, 0, tokenless.to_string().as_bytes()));
+    ws.send(data_frame(
+        "event",
+        "m4",
+        1,
+        0,
+        tokenless.to_string().as_bytes(),
+    ));
     assert_eq!(ack_code(&ws.ack("m4").await)["code"], 200);
     assert_eq!(rows(&app, "ev_ws_tokenless").await, 1);
 
