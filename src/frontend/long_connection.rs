@@ -4,10 +4,15 @@
 //! platform leaves `header.token` empty there) — app id, freshness, and the token only where one
 //! is sent ([`webhook::verify_plain`]) — and recorded in the same inbox, with
 //! the same de-duplication (event id, message id), ordering and express lane, before it is
-//! acknowledged. A card click is answered with the same toast the webhook returns.
+//! acknowledged. A card click (an `event` frame of `card.action.trigger`, or a `card` frame)
+//! is answered with the same toast the webhook returns, in an acknowledgement with `data`
+//! (`{}` when there is no toast); one that cannot be recorded (no admission left, the database
+//! refused the write) is acknowledged with code 200 and the webhook's busy toast, counted as
+//! `reason = "click_busy"`: the platform never delivers a click again, and a failed one shows
+//! the user error 200671.
 //!
-//! Never: handles an event itself (the inbox's workers do), or acknowledges an event it could
-//! not record (the platform then redelivers it).
+//! Never: handles an event itself (the inbox's workers do), or acknowledges as received an
+//! event it could not record (code 500: the platform then redelivers it).
 
 use std::sync::Arc;
 
@@ -55,11 +60,16 @@ impl Deliver for InboxDeliver {
                 return Ok(None);
             }
         };
+        // A card callback, whichever frame carried it: never redelivered, so never failed.
+        let click = kind == Kind::Card || env.event_type == event::CARD_ACTION;
         let Some(_admitted) = self.inbox.admit() else {
+            if click {
+                return Ok(Some(self.busy_click(crate::inbox::SATURATED)));
+            }
             self.metrics.rejected(crate::inbox::SATURATED);
             return Err(());
         };
-        let card = (env.event_type == event::CARD_ACTION).then(|| self.triage.card_answer(&env));
+        let card = click.then(|| self.triage.card_answer(&env));
         let event_id = env.event_id.clone();
         let fresh = match self.inbox.record(self.triage.inbox_event(env)).await {
             Ok(fresh) => fresh,
@@ -68,6 +78,9 @@ impl Deliver for InboxDeliver {
                     error = format!("{e:#}"),
                     "recording a long-connection event failed"
                 );
+                if click {
+                    return Ok(Some(self.busy_click("unrecorded")));
+                }
                 return Err(());
             }
         };
@@ -78,5 +91,20 @@ impl Deliver for InboxDeliver {
         }
         tracing::debug!(lark.event_id = %event_id, fresh, "long-connection event recorded");
         Ok(card.map(|answer| answer.to_string().into_bytes()))
+    }
+}
+
+impl InboxDeliver {
+    /// A click that could not be recorded: acknowledged with code 200 and an error toast (a
+    /// failed acknowledgement shows the user error 200671, and the click never comes again),
+    /// counted as `reason = "click_busy"`.
+    fn busy_click(&self, why: &str) -> Vec<u8> {
+        self.metrics.rejected(super::CLICK_BUSY);
+        tracing::warn!(
+            lark.reject = super::CLICK_BUSY,
+            cause = why,
+            "long-connection card click not recorded; answered with a busy toast"
+        );
+        super::busy_answer().to_string().into_bytes()
     }
 }

@@ -2,7 +2,8 @@
 //! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
 //! [`ChatOut`] that answer through the Open API, the [`Source`] a message's quoted messages and
 //! files are read from (in the worker), and the [`LarkTriage`] the callback path asks
-//! (an event's lane: express, inert or ordered; card toasts) without I/O.
+//! (an event's lane: express, inert or ordered; card toasts) without I/O, and the
+//! [`busy_answer`] both callback paths give a click they could not record.
 //! Never: decides what a message means (that is [`crate::chat`]).
 
 pub mod approval_card;
@@ -519,6 +520,17 @@ impl LarkTriage {
             None => json!({}),
         }
     }
+}
+
+/// The `events_rejected` reason of a card click answered with [`busy_answer`].
+pub const CLICK_BUSY: &str = "click_busy";
+
+/// The answer to a card click that could not be recorded (the inbox saturated, the database
+/// unreachable): HTTP 200 (or an acknowledgement with code 200) carrying an error toast. Lark
+/// does not deliver a click again, and shows an error status to the user as error 200671, so
+/// the click is never answered with one: the toast asks for another click.
+pub fn busy_answer() -> Value {
+    json!({ "toast": { "type": "error", "content": "Busy right now: this click was not taken. Please try again in a moment." } })
 }
 
 /// A `post` body with one `md` element holding the model's `markdown` made inert (no

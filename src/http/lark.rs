@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `src/lark/webhook.rs` | the callback checks, pure: size → signature (raw bytes; no key and no opt-out: refused) → JSON / AES-256-CBC + strict PKCS#7 → envelope (url_verification, v2, v1; section + message id; the envelope to store: the plaintext's own members less the token) → token (digests compared in constant time) → app id → freshness (age and future skew) | I/O; parsing anything unsigned but a ≤ 4 KiB url_verification while a key is set |
 //! | `src/lark/json.rs` | `Members`: one JSON object's members as raw, validated text in one pass (no `serde_json::Value`), read as `Value::get` would, and written back less chosen members | deciding what a field means |
-//! | `src/http/lark.rs` | `POST /lark/events`: read the body (bounded), admit, check, `Inbox::record`, answer (`{"challenge"}`, `{"msg":"success"}`, a toast for card actions) | outbound calls; storing a rejected request |
+//! | `src/http/lark.rs` | `POST /lark/events`: read the body (bounded), admit, check, `Inbox::record`, answer (`{"challenge"}`, `{"msg":"success"}`, a toast for card actions; a click it could not record gets 200 and a busy toast, never an error status) | outbound calls; storing a rejected request |
 //! | `src/lark/event.rs` | wire types of `im.message.receive_v1` and `card.action.trigger`; `route` (section + message id for the envelope); → `Message` | deciding what a message means |
 //! | `src/frontend/` | the chat domain on Lark: the inbox `Handler` (events → `chat::dispatch`, clicks → `chat::approval`), `Reply`, `AdminChannel` and the agent's `ChatOut` over the Open API, `LarkTriage` (the lane: express, inert or ordered; click toasts; no I/O) | deciding what a message means |
 //! | `src/frontend/card.rs` | cards 2.0 the service sends (the approval card) | deciding what they say |
@@ -56,8 +56,12 @@
 //! **Slow clients and admission.** The body is read first — at most 1 MiB, within the server's
 //! body deadline — holding nothing scarce: a client that sends slowly (and reconnects when cut
 //! off) keeps only its own connection busy, never a permit a real delivery needs. Only then does
-//! the callback take one of `inbox::ADMITTED_MAX` (512) admissions; past that it answers 503
-//! (`reason = "saturated"`), stores nothing, and Lark retries. The server (`http::serve`) bounds
+//! the callback take one of `inbox::ADMITTED_MAX` (512) admissions; past that it still checks
+//! the request but stores nothing, and answers 503 (`reason = "saturated"`), so Lark retries —
+//! except a card click: Lark never delivers a click again and shows any status but 200 as error
+//! 200671, so a click that cannot be recorded (no admission left, or the database refused the
+//! write) is answered 200 with an error toast asking for another click, and counted
+//! (`reason = "click_busy"`). The server (`http::serve`) bounds
 //! the rest: a request head must arrive within `SSHMODE_HTTP_HEADER_TIMEOUT_SECS` (also the idle
 //! keep-alive limit), a whole body within `SSHMODE_HTTP_BODY_TIMEOUT_SECS` of its head (408,
 //! `reason = "body_timeout"`), and at most `SSHMODE_HTTP_MAX_CONNECTIONS` connections are served
@@ -114,6 +118,7 @@ use serde_json::json;
 
 use super::HttpState;
 use super::body::BodyError;
+use crate::frontend;
 use crate::lark::event;
 use crate::lark::webhook::{self, Rejection, SignatureHeaders, Verified};
 
@@ -138,24 +143,39 @@ async fn receive(State(state): State<HttpState>, request: Request) -> Response {
         Err(BodyError::Broken) => return StatusCode::BAD_REQUEST.into_response(),
     };
     // Admitted once the body is in: bounds the events queued for the inbox and the tasks
-    // waiting on its writes.
-    let Some(_admitted) = state.inbox.admit() else {
-        state.metrics.rejected(SATURATED);
-        tracing::warn!(
-            lark.reject = SATURATED,
-            "callback refused: too many requests in flight"
-        );
-        return unavailable();
-    };
-    match receive_inner(&state, &headers, &body).await {
+    // waiting on its writes. Without an admission the request is still checked, so that a
+    // card click is told apart (it is answered 200, see `busy_click`), but nothing is recorded.
+    let admitted = state.inbox.admit();
+    match receive_inner(&state, &headers, &body, admitted.is_some()).await {
         Ok(r) => r,
         Err(Failure::Rejected(r)) => refused(&state, r),
+        Err(Failure::Saturated) => {
+            state.metrics.rejected(SATURATED);
+            tracing::warn!(
+                lark.reject = SATURATED,
+                "callback refused: too many requests in flight"
+            );
+            unavailable()
+        }
         Err(Failure::Unavailable(e)) => {
             // The platform retries; nothing was acknowledged.
             tracing::error!(error = format!("{e:#}"), "recording a Lark event failed");
             unavailable()
         }
     }
+}
+
+/// A card click that could not be recorded: Lark does not retry a click and shows any status
+/// but 200 as error 200671, so it is answered 200 with an error toast asking for another
+/// click, and counted (`reason = "click_busy"`).
+fn busy_click(state: &HttpState, why: &str) -> Response {
+    state.metrics.rejected(frontend::CLICK_BUSY);
+    tracing::warn!(
+        lark.reject = frontend::CLICK_BUSY,
+        cause = why,
+        "card click not recorded; answered with a busy toast"
+    );
+    axum::Json(frontend::busy_answer()).into_response()
 }
 
 /// A refused request: counted by reason, answered with its status and a short reason.
@@ -186,6 +206,8 @@ fn unavailable() -> Response {
 
 enum Failure {
     Rejected(Rejection),
+    /// No admission was left: nothing was recorded.
+    Saturated,
     Unavailable(anyhow::Error),
 }
 
@@ -193,6 +215,7 @@ async fn receive_inner(
     state: &HttpState,
     headers: &HeaderMap,
     body: &Bytes,
+    admitted: bool,
 ) -> Result<Response, Failure> {
     let Some(lark) = state.config.lark.as_ref() else {
         return Err(Failure::Unavailable(anyhow::anyhow!(
@@ -214,17 +237,30 @@ async fn receive_inner(
     )
     .map_err(Failure::Rejected)?;
     match verified {
-        Verified::Challenge(c) => Ok(axum::Json(json!({ "challenge": c })).into_response()),
+        Verified::Challenge(c) if admitted => {
+            Ok(axum::Json(json!({ "challenge": c })).into_response())
+        }
+        Verified::Challenge(_) => Err(Failure::Saturated),
         Verified::Event(env) => {
+            let click = env.event_type == event::CARD_ACTION;
+            if !admitted {
+                return if click {
+                    Ok(busy_click(state, SATURATED))
+                } else {
+                    Err(Failure::Saturated)
+                };
+            }
             // A card click is answered at once with a toast; the decision is the worker's.
-            let card =
-                (env.event_type == event::CARD_ACTION).then(|| state.triage.card_answer(&env));
+            let card = click.then(|| state.triage.card_answer(&env));
             let event_id = env.event_id.clone();
-            let fresh = state
-                .inbox
-                .record(state.triage.inbox_event(env))
-                .await
-                .map_err(Failure::Unavailable)?;
+            let fresh = match state.inbox.record(state.triage.inbox_event(env)).await {
+                Ok(fresh) => fresh,
+                Err(e) if click => {
+                    tracing::error!(error = format!("{e:#}"), "recording a card click failed");
+                    return Ok(busy_click(state, "unrecorded"));
+                }
+                Err(e) => return Err(Failure::Unavailable(e)),
+            };
             if fresh {
                 state.metrics.events_received.inc();
             } else {

@@ -321,6 +321,8 @@ impl Resource {
 
 /// What a sticker reads as.
 pub const STICKER: &str = "[a sticker]";
+/// What a card with nothing that reads as text says.
+pub const CARD_WITHOUT_TEXT: &str = "[a card with no text that can be read here]";
 
 /// What a message's content says: its text (every element made readable), the files it
 /// carries, and whether it is a forwarded bundle whose messages must be fetched.
@@ -334,8 +336,9 @@ pub struct Body {
     pub sticker: bool,
 }
 
-/// Reads a message's `content` (a JSON string) by its type. Nothing a person can send is
-/// silent: a type or a post element this does not know becomes a visible placeholder.
+/// Reads a message's `content` (a JSON string) by its type; a card (`interactive`) is read by
+/// [`super::card_text`]. Nothing a person can send is silent: a type or a post element this
+/// does not know becomes a visible placeholder.
 pub fn body(message_type: &str, content: &str) -> Body {
     let v = serde_json::from_str::<Value>(content).unwrap_or(Value::Null);
     let str_of = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
@@ -368,6 +371,14 @@ pub fn body(message_type: &str, content: &str) -> Body {
         },
         "merge_forward" => Body {
             forwarded: true,
+            ..Body::default()
+        },
+        // A card's images are not listed: Lark refuses to let bots download them (234043).
+        "interactive" => Body {
+            text: match super::card_text::text(&v) {
+                t if t.trim().is_empty() => CARD_WITHOUT_TEXT.into(),
+                t => t,
+            },
             ..Body::default()
         },
         other => Body {
@@ -413,7 +424,7 @@ fn post(v: &Value) -> Body {
 }
 
 /// One post element as text (and, for images and videos, a resource).
-fn element(el: &Value, line: &mut String, resources: &mut Vec<Resource>) {
+pub(super) fn element(el: &Value, line: &mut String, resources: &mut Vec<Resource>) {
     let s = |k: &str| el.get(k).and_then(Value::as_str).unwrap_or("");
     match s("tag") {
         "text" => line.push_str(s("text")),
@@ -641,6 +652,28 @@ mod tests {
             readable("text", r#"{"text":"hi @_user_1"}"#, &mentions).text,
             "hi @Ann"
         );
+    }
+
+    #[test]
+    fn a_card_reads_as_its_text_and_lists_no_files() {
+        let card = json!({"title": "Disk full", "elements": [
+            [{"tag": "text", "text": "web-1: "}, {"tag": "at", "user_id": "@_user_1"}],
+            [{"tag": "img", "image_key": "img_v3_graph"}]]});
+        let mentions = vec![Mention {
+            key: "@_user_1".into(),
+            id: UserIds::default(),
+            name: "Ann".into(),
+        }];
+        let b = readable("interactive", &card.to_string(), &mentions);
+        assert_eq!(b.text, "Disk full\nweb-1: @Ann\n[image]");
+        assert!(
+            b.resources.is_empty(),
+            "a card's images cannot be downloaded"
+        );
+        // Nesting past what the JSON reader takes, or nothing readable: named, never empty.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(body("interactive", &deep).text, CARD_WITHOUT_TEXT);
+        assert_eq!(body("interactive", "{}").text, CARD_WITHOUT_TEXT);
     }
 
     /// The routing of an envelope given as a `Value`, through its raw `event` member.

@@ -13,7 +13,9 @@
 //!
 //! Each whole message goes to a [`Deliver`] — which records it durably — and is acknowledged
 //! only after it returns: `{"code":200}` (with the callback's response, a card click's toast)
-//! or `{"code":500}`, so the platform redelivers what could not be recorded. It never decides
+//! or `{"code":500}`, so the platform redelivers an event that could not be recorded (a card
+//! callback is never redelivered, and a failed one shows the user error 200671: the deliverer
+//! answers one it could not record with code 200 and a toast). It never decides
 //! what a message means, never checks it (the deliverer does), and never logs the connection
 //! URL (it carries a ticket).
 
@@ -54,7 +56,8 @@ pub enum Kind {
 
 /// Where whole messages go: recorded durably, then answered. `Ok(Some)` is a callback's
 /// response (JSON) to carry in the acknowledgement; `Err` makes the acknowledgement a failure,
-/// so the platform redelivers the event.
+/// so the platform redelivers the event (never for a card callback, which is not redelivered:
+/// answer it with a toast instead).
 #[async_trait::async_trait]
 pub trait Deliver: Send + Sync + 'static {
     async fn deliver(&self, kind: Kind, payload: Vec<u8>) -> Result<Option<Vec<u8>>, ()>;

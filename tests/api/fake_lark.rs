@@ -4,7 +4,8 @@
 //! sends by `uuid` as Lark does, and can be told to fail the next calls to a path.
 //!
 //! Messages can be read back (`GET /im/v1/messages/{id}`, a forwarded bundle with its
-//! messages) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
+//! messages; a card in its 1.0-style read-back form, or its own JSON with
+//! `card_msg_content_type=raw_card_content`) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
 //! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
 //!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
@@ -215,6 +216,11 @@ impl FakeLark {
         });
         if let Some(u) = upper {
             item["upper_message_id"] = json!(u);
+        }
+        if msg_type == "interactive" {
+            // Read back, a card is its 1.0-style form unless its own JSON is asked for.
+            item["body"]["content"] = json!(card_read_form(&content).to_string());
+            item[RAW_CARD] = json!(content.to_string());
         }
         self.shared.inner.lock().unwrap().messages.push(item);
     }
@@ -617,6 +623,18 @@ fn answer(
                     .filter(|m| m["upper_message_id"] == *id)
                     .cloned(),
             );
+            // A card's own JSON only when asked for (`card_msg_content_type=raw_card_content`).
+            let raw = path_and_query.split_once('?').is_some_and(|(_, q)| {
+                q.split('&')
+                    .any(|kv| kv == "card_msg_content_type=raw_card_content")
+            });
+            for item in &mut items {
+                if let Some(card) = item.as_object_mut().and_then(|m| m.remove(RAW_CARD))
+                    && raw
+                {
+                    item["body"]["content"] = card;
+                }
+            }
             ok(json!({"items": items}))
         }
         ("GET", ["open-apis", "im", "v1", "messages", id, "resources", key]) => {
@@ -665,6 +683,88 @@ fn answer(
         }
         _ => code(StatusCode::NOT_FOUND, 404, "not found"),
     }
+}
+
+/// Where the fake keeps a card message's own JSON beside its read-back form.
+const RAW_CARD: &str = "_raw_card";
+
+/// A card as the message API reads it back by default: `{"title", "elements": [[…], …]}`, the
+/// header's title and one row of post-like elements (`text`, `a`, `img`, `button`, `hr`) per
+/// element that shows something, containers (columns, panels, forms, 1.0 actions and notes)
+/// flattened, whatever their depth.
+fn card_read_form(card: &Value) -> Value {
+    fn text_of(v: &Value) -> Option<String> {
+        v.as_str()
+            .or_else(|| v["content"].as_str())
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    }
+    /// Markdown as `text` and `a` elements (a link `[t](u)` becomes an `a`).
+    fn markdown(md: &str) -> Vec<Value> {
+        let mut row = Vec::new();
+        let mut rest = md;
+        while let Some(open) = rest.find('[') {
+            let Some((text, after)) = rest[open + 1..].split_once("](") else {
+                break;
+            };
+            let Some((href, tail)) = after.split_once(')') else {
+                break;
+            };
+            if !rest[..open].is_empty() {
+                row.push(json!({"tag": "text", "text": &rest[..open]}));
+            }
+            row.push(json!({"tag": "a", "text": text, "href": href}));
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            row.push(json!({"tag": "text", "text": rest}));
+        }
+        row
+    }
+    fn walk(el: &Value, rows: &mut Vec<Value>) {
+        match el["tag"].as_str().unwrap_or("") {
+            "markdown" | "lark_md" | "plain_text" => {
+                if let Some(t) = text_of(el) {
+                    rows.push(json!(markdown(&t)));
+                }
+            }
+            "div" => {
+                if let Some(t) = text_of(&el["text"]) {
+                    rows.push(json!(markdown(&t)));
+                }
+                for f in el["fields"].as_array().into_iter().flatten() {
+                    if let Some(t) = text_of(&f["text"]) {
+                        rows.push(json!(markdown(&t)));
+                    }
+                }
+            }
+            "img" => rows.push(json!([{"tag": "img", "image_key": el["img_key"]}])),
+            "button" => rows
+                .push(json!([{"tag": "button", "text": text_of(&el["text"]).unwrap_or_default()}])),
+            "hr" => rows.push(json!([{"tag": "hr"}])),
+            _ => {
+                if let Some(t) = text_of(&el["header"]["title"]) {
+                    rows.push(json!([{"tag": "text", "text": t}]));
+                }
+                for key in ["elements", "columns", "actions"] {
+                    for child in el[key].as_array().into_iter().flatten() {
+                        walk(child, rows);
+                    }
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let elements = card
+        .pointer("/body/elements")
+        .or_else(|| card.get("elements"));
+    for el in elements.and_then(Value::as_array).into_iter().flatten() {
+        walk(el, &mut rows);
+    }
+    json!({
+        "title": text_of(&card["header"]["title"]).unwrap_or_default(),
+        "elements": rows,
+    })
 }
 
 /// A card JSON 2.0 document (as a string): `schema` "2.0", elements under `body`, no 1.0

@@ -1,6 +1,6 @@
 //! `POST /lark/events`: the known-answer vectors, url_verification, v1/v2 envelopes, card
-//! callbacks, de-duplication, and every class of bad input mapped to its status with nothing
-//! stored. Workers are off here: these tests are about the request path only.
+//! callbacks (a click that cannot be recorded answered 200 with a busy toast), de-duplication,
+//! and every class of bad input mapped to its status with nothing stored. Workers are off here: these tests are about the request path only.
 
 use std::sync::Arc;
 
@@ -459,6 +459,73 @@ async fn concurrent_deliveries_are_each_recorded_once() {
             .await
             .ends_with(" 30")
     );
+    app.stop().await;
+}
+
+/// A click on a card button, as Lark sends it (`create_time` in microseconds).
+fn click(event_id: &str) -> Value {
+    json!({"schema":"2.0","header":{"event_id":event_id,"event_type":"card.action.trigger",
+        "create_time": (Utc::now().timestamp_micros()).to_string(),"token":TOKEN,"app_id":"cli_test_app"},
+        "event":{"operator":{"open_id":"ou_user"},"action":{"value":{"k":"v"},"tag":"button"},
+            "context":{"open_message_id":"om_1","open_chat_id":"oc_chat"}}})
+}
+
+/// Lark never delivers a click again, and shows any status but 200 as error 200671: a click
+/// that cannot be recorded — no admission left, or the database refusing the write — is
+/// answered 200 with an error toast asking for another click, and counted. A message in the
+/// same state is still answered 503, so that Lark delivers it again.
+#[tokio::test]
+async fn a_click_that_cannot_be_recorded_is_answered_200_with_a_busy_toast() {
+    let app = no_workers()
+        .var("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
+        .spawn()
+        .await;
+    let busy = |(status, body): (u16, Value)| {
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["toast"]["type"], "error", "{body}");
+        let said = body["toast"]["content"].as_str().unwrap();
+        assert!(said.contains("try again"), "{said}");
+    };
+    let message = Msg::new("ev_msg_busy", "/help").envelope(TOKEN);
+
+    // Every admission taken, as that many requests in flight would.
+    let held: Vec<_> = std::iter::from_fn(|| app.state.inbox.admit())
+        .take(sshmode::inbox::ADMITTED_MAX)
+        .collect();
+    busy(post(&app, sealed_now(&click("ev_click_full"))).await);
+    assert_eq!(post(&app, sealed_now(&message)).await.0, 503);
+    drop(held);
+    assert!(inbox(&app).await.is_empty());
+
+    // The database refuses the write.
+    let db = &app.state.db;
+    sqlx::query("ALTER TABLE inbox_events RENAME TO inbox_events_away")
+        .execute(db)
+        .await
+        .unwrap();
+    busy(post(&app, sealed_now(&click("ev_click_nodb"))).await);
+    assert_eq!(post(&app, sealed_now(&message)).await.0, 503);
+    sqlx::query("ALTER TABLE inbox_events_away RENAME TO inbox_events")
+        .execute(db)
+        .await
+        .unwrap();
+    assert!(inbox(&app).await.is_empty());
+
+    let rejected = metric(&app, "sshmode_events_rejected_total").await;
+    assert!(
+        rejected.contains("sshmode_events_rejected_total{reason=\"click_busy\"} 2"),
+        "{rejected}"
+    );
+    assert!(
+        rejected.contains("sshmode_events_rejected_total{reason=\"saturated\"} 1"),
+        "{rejected}"
+    );
+    // Once it can be recorded, a click is answered and recorded as ever.
+    assert_eq!(
+        post(&app, sealed_now(&click("ev_click_again"))).await,
+        (200, json!({}))
+    );
+    assert_eq!(inbox(&app).await.len(), 1);
     app.stop().await;
 }
 

@@ -1,6 +1,7 @@
 //! The long connection (`SSHMODE_LARK_MODE=websocket|both`) against a fake of Lark's
 //! long-connection server: events and card callbacks recorded in the inbox before they are
-//! acknowledged, once each whatever the transport or the connection; fragments joined; pings,
+//! acknowledged, once each whatever the transport or the connection (a click that cannot be
+//! recorded acknowledged with code 200 and a busy toast, an event failed so it comes again); fragments joined; pings,
 //! the client configuration from pongs, reconnection after a drop or a stall, refused upgrades.
 
 use std::time::Duration;
@@ -178,6 +179,82 @@ async fn an_event_that_cannot_be_stored_is_not_acknowledged_as_received() {
     ws.send(data_frame("event", "u2", 1, 0, &body));
     assert_eq!(ack_code(&ws.ack("u2").await)["code"], 200);
     assert_eq!(rows(&app, "ev_unstored").await, 1);
+}
+
+/// The callback response an acknowledgement carries (its base64 `data`), after checking that
+/// it acknowledges with code 200.
+fn ack_answer(ack: &sshmode::lark::frame::Frame) -> Value {
+    let payload = ack_code(ack);
+    assert_eq!(payload["code"], 200, "{payload}");
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(payload["data"].as_str().expect("a callback response"))
+        .unwrap();
+    serde_json::from_slice(&data).unwrap()
+}
+
+/// A click that cannot be recorded — no admission left, or the database refusing the write —
+/// is acknowledged with code 200 and a busy toast, as an `event` frame or a `card` frame: the
+/// platform never delivers a click again, and a failed acknowledgement shows the user error
+/// 200671. An event in the same state is failed (500), so it comes again.
+#[tokio::test]
+async fn a_click_that_cannot_be_recorded_is_acknowledged_200_with_a_busy_toast() {
+    let (lark, ws) = lark_and_ws().await;
+    let app = service(&lark, "websocket").spawn().await;
+    ws.wait_connections(1).await;
+    let busy = |answer: Value| {
+        assert_eq!(answer["toast"]["type"], "error", "{answer}");
+        let said = answer["toast"]["content"].as_str().unwrap();
+        assert!(said.contains("try again"), "{said}");
+    };
+    let message = platform_form(Msg::new("ev_ws_busy", "keep me").envelope(TOKEN));
+
+    let held: Vec<_> = std::iter::from_fn(|| app.state.inbox.admit())
+        .take(sshmode::inbox::ADMITTED_MAX)
+        .collect();
+    for (kind, id) in [("event", "ev_full_1"), ("card", "ev_full_2")] {
+        let body = card_click(id).to_string();
+        ws.send(data_frame(kind, id, 1, 0, body.as_bytes()));
+        busy(ack_answer(&ws.ack(id).await));
+    }
+    ws.send(data_frame("event", "full_msg", 1, 0, &message));
+    assert_eq!(ack_code(&ws.ack("full_msg").await)["code"], 500);
+    drop(held);
+
+    let db = &app.state.db;
+    sqlx::query("ALTER TABLE inbox_events RENAME TO inbox_events_away")
+        .execute(db)
+        .await
+        .unwrap();
+    for (kind, id) in [("event", "ev_nodb_1"), ("card", "ev_nodb_2")] {
+        let body = card_click(id).to_string();
+        ws.send(data_frame(kind, id, 1, 0, body.as_bytes()));
+        busy(ack_answer(&ws.ack(id).await));
+    }
+    ws.send(data_frame("event", "nodb_msg", 1, 0, &message));
+    assert_eq!(ack_code(&ws.ack("nodb_msg").await)["code"], 500);
+    sqlx::query("ALTER TABLE inbox_events_away RENAME TO inbox_events")
+        .execute(db)
+        .await
+        .unwrap();
+
+    for id in [
+        "ev_full_1",
+        "ev_full_2",
+        "ev_nodb_1",
+        "ev_nodb_2",
+        "ev_ws_busy",
+    ] {
+        assert_eq!(rows(&app, id).await, 0, "{id}");
+    }
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("sshmode_events_rejected_total{reason=\"click_busy\"} 4"),
+        "{metrics}"
+    );
+    // The event comes again and is recorded.
+    ws.send(data_frame("event", "again_msg", 1, 0, &message));
+    assert_eq!(ack_code(&ws.ack("again_msg").await)["code"], 200);
+    assert_eq!(rows(&app, "ev_ws_busy").await, 1);
 }
 
 #[tokio::test]

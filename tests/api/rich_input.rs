@@ -1,6 +1,7 @@
 //! Rich input, end to end through signed events, the fake Lark (its message and resource
 //! endpoints) and the fake model: every post element reaches the model, a reply brings the
-//! message it quotes (once, with its sender; an unreadable one is named), a file lands in the
+//! message it quotes (once, with its sender; an unreadable one is named; a card as its title
+//! and text, bounded however hostile), a file lands in the
 //! section's workspace locally and on a bound target, an image goes to a vision route as image
 //! content and to another as its path, an oversize file is refused with nothing written, a
 //! sticker never makes an empty turn, a forwarded bundle is expanded within its bounds (a file
@@ -128,6 +129,114 @@ async fn a_reply_brings_the_quoted_message_and_its_sender_once() {
     let all = serde_json::to_string(&user_contents(&env.llm)).unwrap();
     assert_eq!(all.matches("ENOSPC").count(), 1, "{all}");
     assert_eq!(env.lark.requests_to("/messages/om_err").len(), 1);
+}
+
+/// A 2.0 alert card, as an alerting bot sends it.
+fn alert_card() -> Value {
+    json!({"schema": "2.0",
+    "config": {"update_multi": true},
+    "header": {"title": {"tag": "plain_text", "content": "CPU high on web-1"}, "template": "red"},
+    "body": {"elements": [
+        {"tag": "markdown", "content": "usage **97%** for 10 min, see [the dashboard](https://grafana.example/d/1)"},
+        {"tag": "column_set", "columns": [
+            {"tag": "column", "elements": [{"tag": "markdown", "content": "host: web-1"}]},
+            {"tag": "column", "elements": [{"tag": "markdown", "content": "since: 12:00"}]}]},
+        {"tag": "img", "img_key": "img_v3_cpu", "alt": {"tag": "plain_text", "content": ""}},
+        {"tag": "button", "text": {"tag": "plain_text", "content": "Silence"},
+         "behaviors": [{"type": "callback", "value": {"act": "silence"}}]}
+    ]}})
+}
+
+/// A reply to a card message (msg_type `interactive`) that quotes it.
+fn reply_to(event_id: &str, text: &str, parent: &str) -> Msg {
+    let mut m = Msg::new(event_id, text);
+    m.parent_id = Some(parent.into());
+    m.root_id = Some(parent.into());
+    m
+}
+
+#[tokio::test]
+async fn a_reply_to_an_alert_card_brings_its_title_and_text() {
+    let env = chat_env().await;
+    env.lark
+        .add_message("om_alert", "interactive", alert_card(), "cli_alerts", None);
+    env.llm.push(MODEL, say("web-1 is busy"));
+    send(
+        &env.app,
+        &reply_to("card1", "what should I do?", "om_alert"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(&env.app, "oc_chat", 1).await, vec!["done"]);
+    assert_eq!(
+        last_user_text(&env.llm),
+        "what should I do?\n\n[Quoted message from a bot (cli_alerts):]\n\
+         > CPU high on web-1\n\
+         > usage **97%** for 10 min, see [the dashboard](https://grafana.example/d/1)\n\
+         > host: web-1\n\
+         > since: 12:00\n\
+         > [image]\n\
+         > [button: Silence]"
+    );
+    // Read in the default form, once; a card's image is never asked for (Lark refuses: 234043).
+    let reads = env.lark.requests_to("/messages/om_alert");
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert_eq!(reads[0].path, "/open-apis/im/v1/messages/om_alert");
+    assert!(env.lark.requests_to("/resources/").is_empty());
+}
+
+/// A card built to hurt: nested far deeper than any real one, thousands of long elements full
+/// of mention and font markup, hundreds of images. The quote keeps the usual bound, nothing is
+/// downloaded, and markup the model repeats is posted inert.
+#[tokio::test]
+async fn a_hostile_card_is_bounded_and_inert() {
+    let env = chat_env().await;
+    let mut deep = json!({"tag": "markdown", "content": "the bottom"});
+    for _ in 0..200 {
+        deep = json!({"tag": "column_set", "columns": [{"tag": "column", "elements": [deep]}]});
+    }
+    let mut elements = vec![deep];
+    for i in 0..2_000 {
+        elements.push(json!({"tag": "markdown",
+            "content": format!("<at id=all></at> <font color='red'>alarm {i}</font> {}", "z".repeat(40))}));
+    }
+    for i in 0..300 {
+        elements.push(json!({"tag": "img", "img_key": format!("img_v3_{i}")}));
+    }
+    let card = json!({"schema": "2.0",
+        "header": {"title": {"tag": "plain_text", "content": "<at id=all></at> ALERT"}},
+        "body": {"elements": elements}});
+    env.lark
+        .add_message("om_hostile", "interactive", card, "ou_mallory", None);
+    env.llm
+        .push(MODEL, say("It says <at id=all></at> ALERT, alarm 0."));
+    send(&env.app, &reply_to("card2", "what is this?", "om_hostile")).await;
+    assert_eq!(wait_turns_ended(&env.app, "oc_chat", 1).await, vec!["done"]);
+    let text = last_user_text(&env.llm);
+    let quote = text
+        .strip_prefix("what is this?\n\n[Quoted message from ou_mallory:]\n")
+        .unwrap_or_else(|| panic!("{text:.300}"));
+    assert!(
+        quote.starts_with("> <at id=all></at> ALERT\n> the bottom\n> <at id=all></at> <font color='red'>alarm 0</font>"),
+        "{quote:.300}"
+    );
+    // Cut like any quoted message: 4 000 characters, every line quoted.
+    assert!(
+        quote.ends_with(" […cut]"),
+        "{}",
+        &quote[quote.len() - 100..]
+    );
+    assert!(!quote.contains("alarm 1999"));
+    assert!(quote.chars().count() < 4_000 + 2 * quote.lines().count() + 10);
+    assert!(quote.lines().all(|l| l.starts_with("> ")));
+    assert!(env.lark.requests_to("/resources/").is_empty());
+    // The model repeating the card's mention markup mentions nobody.
+    let answer = env.lark.requests_to("/messages/om_card2/reply");
+    let posted = answer
+        .iter()
+        .map(|r| r.body["content"].as_str().unwrap_or_default())
+        .find(|c| c.contains("ALERT"))
+        .expect("the answer was posted");
+    assert!(!posted.contains("<at"), "{posted}");
 }
 
 #[tokio::test]
