@@ -127,6 +127,75 @@ impl FakeCard {
     }
 }
 
+/// What a person reads of a message's `content` (a JSON string): a text message's text, or a
+/// post's text and `md` elements, rows joined by newlines.
+pub fn message_text(content: &str) -> String {
+    let c: Value = serde_json::from_str(content).unwrap_or_default();
+    if let Some(t) = c["text"].as_str() {
+        return t.to_string();
+    }
+    let post = c
+        .as_object()
+        .and_then(|o| o.values().find(|v| v.get("content").is_some()))
+        .cloned()
+        .unwrap_or_default();
+    post["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            row.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|el| el["text"].as_str())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Markdown a message shows raw instead of rendering, as Lark renders it: a `text` message
+/// renders only bold, `<i>`, `<u>`, `<s>` and links (backticks, headings and tables show as
+/// typed); a post's `md` renders bold, italic, links, lists and code blocks, but not headings,
+/// tables or inline code. Code blocks are shown as written. Empty when it renders cleanly.
+pub fn unrendered_markdown(msg_type: &str, content: &str) -> Vec<String> {
+    let text = message_text(content);
+    if !matches!(msg_type, "text" | "post") {
+        return vec![];
+    }
+    let mut found = vec![];
+    let mut in_code = false;
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("```") {
+            if msg_type == "text" {
+                found.push(format!("code fence in a text message: {line}"));
+            }
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        if t.contains('`') {
+            found.push(format!("backtick: {line}"));
+        }
+        let hashes = t.chars().take_while(|c| *c == '#').count();
+        if (1..=6).contains(&hashes) && t[hashes..].starts_with(' ') {
+            found.push(format!("heading: {line}"));
+        }
+        let delimiter = |l: &str| {
+            let l = l.trim();
+            l.contains('|') && l.contains('-') && l.chars().all(|c| "|-: ".contains(c))
+        };
+        if t.contains('|') && lines.get(i + 1).is_some_and(|n| delimiter(n)) {
+            found.push(format!("table: {line}"));
+        }
+    }
+    found
+}
+
 const CARD_BYTES: usize = 30 * 1024;
 const CARD_ELEMENTS: usize = 200;
 
