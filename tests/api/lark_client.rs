@@ -353,6 +353,7 @@ async fn two_replicas_on_one_database_keep_each_apis_and_each_chats_budget_toget
     let (reactions, replies) = (times("/reactions"), times("/reply"));
     assert_eq!((reactions.len(), replies.len()), (120, 20));
     let second = Duration::from_secs(1);
+    assert_eq!(fake.frequency_refusals(), 0);
     assert!(
         busiest(&reactions, second) <= 50,
         "{}",
