@@ -5,7 +5,7 @@
 //!
 //! Then, on the same fake: 60 plain questions arriving at once in 60 threads of one chat
 //! (time until all are answered, Lark calls per answer), and two replicas on one database
-//! answering a burst of 300 questions in 300 threads of 100 chats (the most calls the fake received in any
+//! answering a burst of 300 questions in 300 threads of 100 chats (the most calls of one API the fake received in any
 //! second, and in any 61 s).
 //!
 //! Run with `bash scripts/bench.sh receipt` (it provides TEST_DATABASE_URL).
@@ -45,7 +45,7 @@ struct Lark {
     next: u64,
     limited: u64,
     /// When each call but the token's and the bot's identity arrived.
-    calls: Vec<Instant>,
+    calls: Vec<(String, Instant)>,
 }
 
 type Shared = Arc<Mutex<Lark>>;
@@ -65,7 +65,15 @@ async fn lark(State(s): State<Shared>, method: Method, uri: Uri, body: Bytes) ->
     let parts: Vec<&str> = uri.path().trim_start_matches('/').split('/').collect();
     let mut l = s.lock().unwrap();
     if !uri.path().contains("/auth/") && !uri.path().ends_with("/bot/v3/info") {
-        l.calls.push(now);
+        // The API as the platform's frequency control counts it: the method and the path's last
+        // named part (reply, reactions, …), ids left out.
+        let api = parts
+            .iter()
+            .rev()
+            .find(|p| !p.contains('_') && !p.chars().all(|c| c.is_ascii_digit()))
+            .copied()
+            .unwrap_or("");
+        l.calls.push((format!("{method} {api}"), now));
     }
     let ok = |data: Value| Json(json!({"code": 0, "msg": "ok", "data": data})).into_response();
     match (method.as_str(), parts.as_slice()) {
@@ -276,7 +284,7 @@ async fn burst(
     lark: &Shared,
     events: Vec<(String, Vec<u8>, String, String)>,
     limit: Duration,
-) -> (Option<Duration>, Vec<Instant>) {
+) -> (Option<Duration>, Vec<(String, Instant)>) {
     let client = reqwest::Client::new();
     let ids: Vec<String> = events.iter().map(|e| e.0.clone()).collect();
     let before = lark.lock().unwrap().calls.len();
@@ -410,8 +418,23 @@ async fn bursts(lark_url: &str, model_url: &str, shared: &Shared) -> anyhow::Res
     .await;
     // A thread per question, so that each is a turn of its own and gets its own answer.
     let events = (0..300).map(|n| event_in("pair", n % 100, n, n)).collect();
-    let (took, mut calls) = burst(&urls, shared, events, Duration::from_secs(300)).await;
-    calls.sort();
+    let (took, calls) = burst(&urls, shared, events, Duration::from_secs(300)).await;
+    let mut by_api: HashMap<&str, Vec<Instant>> = HashMap::new();
+    for (api, at) in &calls {
+        by_api.entry(api.as_str()).or_default().push(*at);
+    }
+    let mut all: Vec<Instant> = calls.iter().map(|(_, at)| *at).collect();
+    all.sort();
+    let mut most = |span: Duration| {
+        by_api
+            .iter_mut()
+            .map(|(api, times)| {
+                times.sort();
+                (busiest(times, span), *api)
+            })
+            .max()
+            .unwrap_or((0, ""))
+    };
     println!();
     println!(
         "| two replicas, one database: 300 questions at once in 300 threads of 100 chats | value |"
@@ -422,13 +445,15 @@ async fn bursts(lark_url: &str, model_url: &str, shared: &Shared) -> anyhow::Res
         None => println!("| all answered after | not within 300 s |"),
     }
     println!("| Lark calls | {} |", calls.len());
+    let (second, api_s) = most(Duration::from_secs(1));
+    let (minute, api_m) = most(Duration::from_secs(61));
+    println!("| most calls of one API in any 1 s (Lark: 50 per API) | {second} ({api_s}) |");
     println!(
-        "| most calls in any 1 s (limit 50) | {} |",
-        busiest(&calls, Duration::from_secs(1))
+        "| most calls of one API in any 61 s (Lark: 1000 a minute per API) | {minute} ({api_m}) |"
     );
     println!(
-        "| most calls in any 61 s (message-API limit 1000 a minute) | {} |",
-        busiest(&calls, Duration::from_secs(61))
+        "| most calls of all APIs in any 1 s (no platform limit; was the app-wide budget) | {} |",
+        busiest(&all, Duration::from_secs(1))
     );
     stop_a.cancel();
     stop_b.cancel();

@@ -357,7 +357,7 @@ impl LarkReply {
         self.lark
             .reply(
                 &self.msg.message_id,
-                &Content::Text(text.to_string()),
+                &Content::Post(post_content(text)),
                 in_thread,
                 &uuid,
                 Some(&self.msg.chat_id),
@@ -535,10 +535,11 @@ pub fn busy_answer() -> Value {
     json!({ "toast": { "type": "error", "content": "Busy right now: this click was not taken. Please try again in a moment." } })
 }
 
-/// A `post` body with one `md` element holding the model's `markdown` made inert (no
-/// mentions, no Lark tags).
+/// A `post` body with one `md` element holding `markdown` as a post renders it (tables as code
+/// blocks, headings bold, code spans bare: [`markup::for_post`]) and made inert (no mentions, no
+/// Lark tags).
 pub fn post_content(markdown: &str) -> Value {
-    let text = markup::inert(markdown);
+    let text = markup::for_post(markdown);
     json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": text }]] } })
 }
 

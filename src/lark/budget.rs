@@ -1,20 +1,28 @@
 //! Lark's call budgets for the whole deployment: every replica takes its calls' places from the
-//! same buckets in PostgreSQL (`lark_budgets`, migration `20261205020000_lark_budgets.sql`), so
-//! the app-wide, message-API and per-chat ceilings hold however many replicas run. Each bucket
-//! is a GCRA on the database's clock; one call takes its place in all of its buckets at one
-//! instant, in one statement (`lark_budget_take`), and then waits for that instant locally.
+//! same buckets in PostgreSQL, so the ceilings hold however many replicas run. The platform
+//! counts its frequency limits **per API** (per app, per tenant), so each API has its own:
 //!
-//! The buckets are set inside Lark's documented ceilings so that they hold for **any** window,
-//! not only for aligned ones: a bucket of `per_sec` with a burst of `burst` grants at most
-//! `burst + per_sec × T` calls in any span of `T` seconds. App: 40/s with a burst of 5 (≤ 45 in
-//! any second, under 50, leaving room for the jitter between a grant and the call's arrival).
-//! Message APIs: 16/s with a burst of 24 (≤ 1000 in any 61 s). A chat: 4/s with a burst of 1
-//! (≤ 5 in any second).
+//! - a GCRA bucket per second (`lark_budgets`, migration `20261205020000_lark_budgets.sql`),
+//!   on the database's clock: [`PER_SECOND`], 40/s with a burst of 5, grants at most
+//!   `burst + per_sec × T` calls in any span of `T` seconds — at most 45 in any second, under
+//!   the platform's 50, leaving room for the jitter between a grant and the call's arrival;
+//! - an allowance over a sliding window (`lark_budget_windows`, migration
+//!   `20261210010000_lark_budget_windows.sql`): at most [`PER_WINDOW`] (950) calls in any
+//!   [`WINDOW`] (61 s: a call reaches Lark a little after it leaves) against the platform's
+//!   1000 a minute. A burst within the window is allowed, up to the per-second cap — the
+//!   allowance is not paced out as a rate.
+//!
+//! A call keyed by a chat also takes a place in the chat's bucket ([`CHAT`], 4/s with a burst
+//! of 1: Lark allows about 5 a second per group, shared with every other bot in it, so this
+//! cannot prevent the platform's own 230020 — the client retries those). One call takes its
+//! place in all of its buckets and windows at one instant, in one statement
+//! (`lark_budget_take_windowed`), and then waits for that instant locally. Streamed CardKit
+//! updates are exempt from the API limits (the platform says so) and take no place here.
 //!
 //! Priority across replicas: a bulk call takes a place only within [`BULK_HORIZON`] of now
 //! (else it waits and asks again), a receipt within its whole wait, so bulk traffic never
 //! books more than a quarter second ahead of a receipt anywhere in the deployment; inside a
-//! replica the lanes of [`super::lane`] still order calls, receipts first.
+//! replica the lanes of [`super::lane`] still order calls of one API, receipts first.
 //!
 //! If the database cannot be reached the call goes ahead under the replica's own limits
 //! (logged): the budget is a ceiling to respect, not a reason to stop answering.
@@ -25,7 +33,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::lane::{Kind, Overloaded, Priority};
+use super::lane::{Overloaded, Priority};
 
 /// How far ahead a bulk call may book its place.
 pub const BULK_HORIZON: Duration = Duration::from_millis(250);
@@ -49,16 +57,15 @@ impl Rate {
     }
 }
 
-/// Every call of the app.
-pub const APP: Rate = Rate {
+/// Each API's calls per second (the platform: about 50/s per API).
+pub const PER_SECOND: Rate = Rate {
     per_sec: 40.0,
     burst: 5,
 };
-/// Calls of message APIs (`/open-apis/im/…`), on top of [`APP`].
-pub const MESSAGE: Rate = Rate {
-    per_sec: 16.0,
-    burst: 24,
-};
+/// Each API's calls in any [`WINDOW`] (the platform: 1000 a minute per API).
+pub const PER_WINDOW: u32 = 950;
+/// The window of [`PER_WINDOW`]: a minute, and a second for the time a call takes to arrive.
+pub const WINDOW: Duration = Duration::from_secs(61);
 /// Calls keyed by one chat, on top of the others.
 pub const CHAT: Rate = Rate {
     per_sec: 4.0,
@@ -85,26 +92,27 @@ impl SharedBudget {
         }
     }
 
-    /// Waits for one call's place in the app's buckets (and its chat's, when keyed by one), at
-    /// most `wait`; `Err` when no place came within it.
+    /// Waits for one call's place in `api`'s bucket and window (and its chat's bucket, when
+    /// keyed by one), at most `wait`; `Err` when no place came within it.
     pub async fn take(
         &self,
         priority: Priority,
-        kind: Kind,
+        api: &str,
         chat: Option<&str>,
         wait: Duration,
     ) -> Result<(), Overloaded> {
         let deadline = Instant::now() + wait;
-        let mut buckets = vec![(format!("{}/app", self.app), APP)];
-        if kind == Kind::Message {
-            buckets.push((format!("{}/message", self.app), MESSAGE));
-        }
+        let api_key = format!("{}/api/{api}", self.app);
+        let mut buckets = vec![(api_key.clone(), PER_SECOND)];
         if let Some(c) = chat {
             buckets.push((format!("{}/chat/{c}", self.app), CHAT));
         }
         let keys: Vec<&str> = buckets.iter().map(|(k, _)| k.as_str()).collect();
         let steps: Vec<f64> = buckets.iter().map(|(_, r)| r.step()).collect();
         let tolerances: Vec<f64> = buckets.iter().map(|(_, r)| r.tolerance()).collect();
+        let window_keys = [api_key.as_str()];
+        let window_secs = [WINDOW.as_secs() as i32];
+        let window_max = [PER_WINDOW as i32];
         self.cleanup().await;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -113,10 +121,13 @@ impl SharedBudget {
                 Priority::Bulk => BULK_HORIZON.min(left),
             };
             let taken: Result<f64, _> =
-                sqlx::query_scalar("SELECT lark_budget_take($1, $2, $3, $4)")
+                sqlx::query_scalar("SELECT lark_budget_take_windowed($1, $2, $3, $4, $5, $6, $7)")
                     .bind(&keys)
                     .bind(&steps)
                     .bind(&tolerances)
+                    .bind(&window_keys[..])
+                    .bind(&window_secs[..])
+                    .bind(&window_max[..])
                     .bind(horizon.as_secs_f64())
                     .fetch_one(&self.db)
                     .await;
@@ -160,14 +171,26 @@ impl SharedBudget {
                 _ => *last = Some(now),
             }
         }
-        let r = sqlx::query(
+        let buckets = sqlx::query(
             "DELETE FROM lark_budgets WHERE key IN (
                  SELECT key FROM lark_budgets WHERE tat < now() - interval '1 minute' LIMIT $1)",
         )
         .bind(CLEANUP_MAX)
         .execute(&self.db)
         .await;
-        if let Err(e) = r {
+        // A window whose last counted second is more than a window ago holds nothing.
+        let windows = sqlx::query(
+            "DELETE FROM lark_budget_windows WHERE key IN (
+                 SELECT key FROM lark_budget_windows
+                 WHERE base + coalesce(array_length(counts, 1), 0) + $2
+                       < extract(epoch FROM now())
+                 LIMIT $1)",
+        )
+        .bind(CLEANUP_MAX)
+        .bind(WINDOW.as_secs() as i64)
+        .execute(&self.db)
+        .await;
+        if let Err(e) = buckets.and(windows) {
             tracing::debug!(error = %e, "cleaning the Lark budgets failed");
         }
     }
@@ -177,12 +200,15 @@ impl SharedBudget {
 mod tests {
     use super::*;
 
-    /// `burst + per_sec × T` calls at most in any span of T seconds: within Lark's ceilings.
+    /// `burst + per_sec × T` calls at most in any span of T seconds: within Lark's ceilings
+    /// (50 a second per API, 5 a second per group); the window under 1000 a minute.
     #[test]
     fn the_buckets_stay_inside_larks_ceilings_in_any_window() {
         let most = |r: Rate, secs: f64| f64::from(r.burst) + r.per_sec * secs;
-        assert!(most(APP, 1.0) <= 50.0);
-        assert!(most(MESSAGE, 61.0) <= 1000.0);
+        assert!(most(PER_SECOND, 1.0) <= 50.0);
         assert!(most(CHAT, 1.0) <= 5.0);
+        assert!(PER_WINDOW < 1000 && WINDOW > Duration::from_secs(60));
+        // A burst of receipts within a window is not paced out: 300 fit in 8 s.
+        assert!(most(PER_SECOND, 8.0) >= 300.0);
     }
 }

@@ -1,7 +1,9 @@
 //! The Lark Open API client: one `reqwest::Client` (rustls on ring) against a configurable base
-//! URL, the tenant access token cache, outbound rate limits (per chat, then the app-wide budget
-//! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]; then, when given
-//! the database, the deployment's budgets shared by every replica, see [`super::budget`]), retries with
+//! URL, the tenant access token cache, outbound rate limits (per chat, then the budget of the
+//! API called — the platform counts its limits per API — in two lanes: receipt reactions ahead
+//! of bulk traffic, see [`super::lane`]; then, when given the database, the deployment's
+//! budgets shared by every replica, see [`super::budget`]; streamed CardKit updates are exempt,
+//! as on the platform), retries with
 //! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`. It also
 //! reads messages back by id and downloads a message's files, streaming under a byte cap.
 //!
@@ -22,7 +24,7 @@ use tokio::sync::{Mutex, OnceCell};
 use tokio::time::Instant;
 
 use super::budget::SharedBudget;
-use super::lane::{Kind, LaneConfig, Lanes, Overloaded, Priority};
+use super::lane::{LaneConfig, Lanes, Overloaded, Priority};
 use crate::metrics::{LarkCallLabels, Metrics};
 
 /// Token-invalid codes: drop the cached token, fetch a new one, retry once.
@@ -39,28 +41,32 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(300);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Per-chat limiter entries kept before idle ones are pruned.
 const MAX_CHAT_KEYS: usize = 10_000;
-/// Lark's documented ceiling is about 50 requests/s per app and 5/s per chat.
-const APP_RATE: u32 = 50;
+/// Lark allows about 5 messages a second per chat (shared with every bot in it).
 const CHAT_RATE: u32 = 5;
-/// The app-wide budget: 50 calls/s with a burst of 50 (as before the lanes), receipts first.
-/// Queue bounds: receipts are one per incoming message and each waits at most a few slots, so
-/// 256 waiting means something is badly wrong and a further one fails at once; bulk callers
-/// are the bounded set of workers, turns and progress cards, and one finding 1024 waiting
-/// waits for a place. Either gives up after its deadline with [`LarkError::Overloaded`].
-///
-/// Message APIs also keep Lark's 1000 calls a minute per app, counted over 61 s (a call reaches
-/// Lark a little after it leaves), with the last 100 of those for receipts.
+/// Each API's budget on this replica (the deployment's, shared by replicas, is
+/// [`super::budget`]'s): 40 calls/s with a burst of 5 (at most 45 in any second, under the
+/// platform's 50 per API), and at most 950 in any 61 s (its 1000 a minute) with the last 50 of
+/// those for receipts. Queue bounds: receipts are one per incoming message and each waits at most
+/// a few slots, so 256 waiting means something is badly wrong and a further one fails at once;
+/// bulk callers are the bounded set of workers, turns and progress cards, and one finding 1024
+/// waiting waits for a place. A receipt that cannot go out within 3 s is dropped (it would come
+/// after the answer it announces); a bulk call gives up after 60 s. Either with
+/// [`LarkError::Overloaded`].
 const LANES: LaneConfig = LaneConfig {
-    interval: Duration::from_millis(1000 / APP_RATE as u64),
-    burst: APP_RATE,
+    interval: Duration::from_millis(25),
+    burst: 5,
     urgent_capacity: 256,
     bulk_capacity: 1024,
-    urgent_wait: Duration::from_secs(10),
+    urgent_wait: Duration::from_secs(3),
     bulk_wait: Duration::from_secs(60),
-    window: Duration::from_secs(61),
-    window_max: 1000,
-    urgent_reserve: 100,
+    window: super::budget::WINDOW,
+    window_max: super::budget::PER_WINDOW as usize,
+    urgent_reserve: 50,
 };
+/// The APIs whose calls take no place in any budget: CardKit's streamed element updates, which
+/// the platform exempts from its API limits (each card's own 10 operations a second is kept by
+/// the progress writer's pace).
+const EXEMPT: [&str; 1] = ["cardkit_content"];
 /// How long one resource download may take, the body included.
 const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most messages read from one `GET /messages/{id}` answer (a forwarded bundle lists its
@@ -208,8 +214,9 @@ pub struct LarkClient {
     token: Mutex<Option<CachedToken>>,
     /// The bot's own open_id (`/bot/v3/info`), fetched once on first need.
     bot_open_id: OnceCell<String>,
-    /// Keeps the app under Lark's per-app ceiling, receipts first.
-    app_limit: Lanes,
+    /// One budget per API (the platform counts per API), each receipts first; made on first
+    /// use, for the fixed set of APIs the client calls.
+    api_limits: std::sync::Mutex<std::collections::HashMap<&'static str, Arc<Lanes>>>,
     /// Keeps each chat under Lark's per-chat ceiling.
     chat_limit: DefaultKeyedRateLimiter<String>,
     /// The deployment's budgets, when the client was given the database.
@@ -240,7 +247,7 @@ impl LarkClient {
             app_secret,
             token: Mutex::new(None),
             bot_open_id: OnceCell::new(),
-            app_limit: Lanes::new(LANES),
+            api_limits: Default::default(),
             chat_limit: RateLimiter::keyed(per_sec(CHAT_RATE)),
             budget: None,
             metrics,
@@ -621,7 +628,7 @@ impl LarkClient {
         loop {
             attempt += 1;
             let last = attempt >= MAX_ATTEMPTS;
-            self.admit(Priority::Bulk, api, Kind::Message, None).await?;
+            self.admit(Priority::Bulk, api, None).await?;
             let token = self.token().await?;
             let sent = self
                 .http
@@ -721,22 +728,31 @@ impl LarkClient {
         }
     }
 
-    /// Waits for the chat's limit, then a slot of the app's budget in `priority`'s lane, then
-    /// the deployment's budget.
+    /// Waits for the chat's limit, then a slot of `api`'s budget in `priority`'s lane, then the
+    /// deployment's budget for `api`. An exempt API waits for none of them.
     async fn admit(
         &self,
         priority: Priority,
         api: &'static str,
-        kind: Kind,
         chat_key: Option<&str>,
     ) -> Result<(), LarkError> {
+        if EXEMPT.contains(&api) {
+            return Ok(());
+        }
         if let Some(key) = chat_key {
             if self.chat_limit.len() > MAX_CHAT_KEYS {
                 self.chat_limit.retain_recent();
             }
             self.chat_limit.until_key_ready(&key.to_string()).await;
         }
-        if let Err(why) = self.app_limit.acquire(priority, kind).await {
+        let lanes = self
+            .api_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(api)
+            .or_insert_with(|| Arc::new(Lanes::new(LANES)))
+            .clone();
+        if let Err(why) = lanes.acquire(priority).await {
             self.count(api, "overloaded");
             return Err(LarkError::Overloaded { api, why });
         }
@@ -745,7 +761,7 @@ impl LarkClient {
                 Priority::Urgent => LANES.urgent_wait,
                 Priority::Bulk => LANES.bulk_wait,
             };
-            if let Err(why) = budget.take(priority, kind, chat_key, wait).await {
+            if let Err(why) = budget.take(priority, api, chat_key, wait).await {
                 self.count(api, "overloaded");
                 return Err(LarkError::Overloaded { api, why });
             }
@@ -828,12 +844,11 @@ impl LarkClient {
         chat_key: Option<&str>,
     ) -> Result<Value, LarkError> {
         let url = format!("{}{}", self.base, path);
-        let kind = kind_of(path);
         let mut token_refreshed = false;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            self.admit(priority, api, kind, chat_key).await?;
+            self.admit(priority, api, chat_key).await?;
             let token = self.token().await?;
             let mut req = self
                 .http
@@ -953,16 +968,6 @@ fn sent(api: &'static str, v: &Value) -> Result<Sent, LarkError> {
     })
 }
 
-/// Which of the budget's ceilings a call of `path` counts against: Lark's per-minute ceiling is
-/// for its message APIs (`im`: messages, reactions, chats).
-fn kind_of(path: &str) -> Kind {
-    if path.starts_with("/open-apis/im/") {
-        Kind::Message
-    } else {
-        Kind::Other
-    }
-}
-
 /// Exponential backoff: 0.5 s, 1 s, 2 s … capped.
 fn backoff(attempt: u32) -> Duration {
     (Duration::from_millis(500) * 2u32.saturating_pow(attempt.saturating_sub(1).min(10)))
@@ -999,24 +1004,6 @@ mod tests {
         assert_ne!(a, idempotency_key("ev_1", "reply2"));
         assert_ne!(a, idempotency_key("ev_1r", "eply"));
         assert!(a.len() <= 50);
-    }
-
-    #[test]
-    fn message_apis_count_against_the_minute_ceiling_and_cardkit_does_not() {
-        for p in [
-            "/open-apis/im/v1/messages/om_1/reply",
-            "/open-apis/im/v1/messages/om_1/reactions",
-            "/open-apis/im/v1/messages/om_1",
-        ] {
-            assert_eq!(kind_of(p), Kind::Message, "{p}");
-        }
-        for p in [
-            "/open-apis/cardkit/v1/cards",
-            "/open-apis/cardkit/v1/cards/c_1/elements/steps/content",
-            "/open-apis/auth/v3/tenant_access_token/internal",
-        ] {
-            assert_eq!(kind_of(p), Kind::Other, "{p}");
-        }
     }
 
     #[test]

@@ -1,14 +1,12 @@
-//! The Lark client's app-wide call budget, shared by two lanes. Every Open API call takes one
-//! slot of the app's budget (Lark allows about 50 requests/s per app). A call in the *urgent*
-//! lane — the receipt reaction a user is waiting to see — gets the next free slot ahead of every
-//! call waiting in the *bulk* lane (replies, final reactions, card updates), so a backlog of
-//! bulk calls never delays it; both lanes together never exceed the budget.
-//!
-//! Message APIs (`/open-apis/im/…`) have a second ceiling, about 1000 calls a minute per app: a
-//! message call also needs room in a sliding window of its kind's recent grants. The last
-//! `urgent_reserve` places of that window are for the urgent lane only, so receipts still go
-//! out when bulk calls have used up the rest; a call of another kind (CardKit) is never held up
-//! by it, even behind message calls waiting for the window.
+//! One Lark Open API's call budget on this replica, shared by two lanes. The platform counts
+//! its frequency limits per API (per app, per tenant): the client keeps one [`Lanes`] for each
+//! API it calls, so replies never wait behind reactions, nor reactions behind replies. Every
+//! call takes one slot of its API's per-second budget, and needs room in a sliding window of
+//! that API's recent grants (Lark's per-minute allowance, a burst within it allowed up to the
+//! per-second cap). A call in the *urgent* lane — the receipt reaction a user is waiting to
+//! see — gets the next free slot ahead of every call of the same API waiting in the *bulk*
+//! lane (final reactions, reaction removals), and the last `urgent_reserve` places of the
+//! window are for the urgent lane only.
 //!
 //! Both lanes are bounded queues and every wait is bounded. An urgent call that finds its lane
 //! full fails at once (a receipt that comes late is worth little, and the caller logs it); a
@@ -17,8 +15,8 @@
 //! gives up (timed out or dropped) takes no slot from the others.
 //!
 //! Written here because governor (which keeps the per-chat limit) hands a free cell to
-//! whichever caller polls first and has no notion of priority; the budget itself is a
-//! few lines of GCRA, the algorithm governor uses.
+//! whichever caller polls first and has no notion of priority or of a window; the budget
+//! itself is a few lines of GCRA, the algorithm governor uses.
 //!
 //! One small task hands out the slots, urgent first. It lives as long as the [`Lanes`]: it ends
 //! when they are dropped. Never sends anything itself.
@@ -39,13 +37,6 @@ pub enum Priority {
     Bulk,
 }
 
-/// Whether a call counts against the per-window ceiling of message APIs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Message,
-    Other,
-}
-
 /// The budget and the bounds of the two lanes.
 #[derive(Debug, Clone, Copy)]
 pub struct LaneConfig {
@@ -61,7 +52,7 @@ pub struct LaneConfig {
     pub urgent_wait: Duration,
     /// Longest wait of a bulk call for a place in its lane and then its slot.
     pub bulk_wait: Duration,
-    /// Message calls granted within any `window` are at most `window_max` (at least 1) ...
+    /// Calls granted within any `window` are at most `window_max` (at least 1) ...
     pub window: Duration,
     pub window_max: usize,
     /// ... of which the last `urgent_reserve` places only urgent calls may take.
@@ -80,7 +71,6 @@ pub enum Overloaded {
 /// A waiting call: told through `tx` when its slot is granted.
 struct Waiter {
     tx: oneshot::Sender<()>,
-    kind: Kind,
 }
 
 #[derive(Default)]
@@ -99,7 +89,7 @@ struct Shared {
     freed: Notify,
 }
 
-/// The two lanes in front of the app's budget.
+/// The two lanes in front of one API's budget.
 pub struct Lanes {
     shared: Arc<Shared>,
     config: LaneConfig,
@@ -119,7 +109,7 @@ impl Lanes {
 
     /// Waits for a slot in `priority`'s lane; `Err` when the urgent lane is full, or when the
     /// lane's deadline passed before a slot was granted.
-    pub async fn acquire(&self, priority: Priority, kind: Kind) -> Result<(), Overloaded> {
+    pub async fn acquire(&self, priority: Priority) -> Result<(), Overloaded> {
         let (capacity, wait) = match priority {
             Priority::Urgent => (self.config.urgent_capacity, self.config.urgent_wait),
             Priority::Bulk => (self.config.bulk_capacity, self.config.bulk_wait),
@@ -128,7 +118,7 @@ impl Lanes {
         let deadline = Instant::now() + wait;
         let timed_out = |_| Overloaded::TimedOut(wait);
         let (tx, rx) = oneshot::channel();
-        let waiter = Waiter { tx, kind };
+        let waiter = Waiter { tx };
         loop {
             let freed = self.shared.freed.notified();
             tokio::pin!(freed);
@@ -177,16 +167,15 @@ impl Drop for Lanes {
 }
 
 /// Hands out slots at the configured rate (a GCRA: `tat` is the theoretical arrival time of
-/// the next call at the sustained rate), each to the oldest urgent waiter the message window
-/// lets through, else to the oldest such bulk waiter. A waiter that has gone away does not use
-/// up the slot.
+/// the next call at the sustained rate), to the oldest urgent waiter while the window has room,
+/// else to the oldest bulk waiter while the window has room beyond the urgent reserve. A
+/// waiter that has gone away does not use up the slot.
 async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
     let interval = config.interval;
     let tolerance = interval * config.burst.max(1).saturating_sub(1);
     let window_max = config.window_max.max(1);
     let mut tat = Instant::now();
-    // When the message calls of the last window were granted, oldest first (at most
-    // `window_max`).
+    // When the calls of the last window were granted, oldest first (at most `window_max`).
     let mut recent: VecDeque<Instant> = VecDeque::new();
     loop {
         // A slot is free once `tat - tolerance` has passed; it stays free while nobody waits,
@@ -208,15 +197,10 @@ async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
                 }
                 let urgent_room = recent.len() < window_max;
                 let bulk_room = recent.len() + config.urgent_reserve < window_max;
-                let fits = |w: &Waiter, room: bool| w.kind == Kind::Other || room;
-                if let Some(i) = q.urgent.iter().position(|w| fits(w, urgent_room))
-                    && let Some(w) = q.urgent.remove(i)
-                {
+                if urgent_room && let Some(w) = q.urgent.pop_front() {
                     break w;
                 }
-                if let Some(i) = q.bulk.iter().position(|w| fits(w, bulk_room))
-                    && let Some(w) = q.bulk.remove(i)
-                {
+                if bulk_room && let Some(w) = q.bulk.pop_front() {
                     shared.freed.notify_one();
                     break w;
                 }
@@ -241,9 +225,7 @@ async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
         if waiter.tx.send(()).is_ok() {
             let now = Instant::now();
             tat = tat.max(now) + interval;
-            if waiter.kind == Kind::Message {
-                recent.push_back(now);
-            }
+            recent.push_back(now);
         }
     }
 }
@@ -278,20 +260,9 @@ mod tests {
     type Log = Arc<Mutex<Vec<(&'static str, Duration)>>>;
 
     fn spawn(lanes: &Arc<Lanes>, log: &Log, label: &'static str, p: Priority, t0: Instant) {
-        spawn_kind(lanes, log, label, p, Kind::Message, t0);
-    }
-
-    fn spawn_kind(
-        lanes: &Arc<Lanes>,
-        log: &Log,
-        label: &'static str,
-        p: Priority,
-        kind: Kind,
-        t0: Instant,
-    ) {
         let (lanes, log) = (lanes.clone(), log.clone());
         tokio::spawn(async move {
-            lanes.acquire(p, kind).await.unwrap();
+            lanes.acquire(p).await.unwrap();
             log.lock().unwrap().push((label, t0.elapsed()));
         });
     }
@@ -360,16 +331,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_urgent_lane_fails_at_once() {
         let lanes = Lanes::new(config(1000));
-        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
+        lanes.acquire(Priority::Bulk).await.unwrap();
         let t0 = Instant::now();
         let (a, b, c, d, e) = tokio::join!(
-            lanes.acquire(Priority::Urgent, Kind::Message),
-            lanes.acquire(Priority::Urgent, Kind::Message),
-            lanes.acquire(Priority::Urgent, Kind::Message),
-            lanes.acquire(Priority::Urgent, Kind::Message),
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
+            lanes.acquire(Priority::Urgent),
             async {
                 settle().await;
-                let r = lanes.acquire(Priority::Urgent, Kind::Message).await;
+                let r = lanes.acquire(Priority::Urgent).await;
                 (r, t0.elapsed())
             },
         );
@@ -386,12 +357,12 @@ mod tests {
         c.bulk_capacity = 1;
         c.bulk_wait = Duration::from_secs(2);
         let lanes = Lanes::new(c);
-        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
+        lanes.acquire(Priority::Bulk).await.unwrap();
         let t0 = Instant::now();
         // One waits in the lane, one waits for a place in it; neither gets a slot in 2 s.
-        let (queued, outside) = tokio::join!(lanes.acquire(Priority::Bulk, Kind::Message), async {
+        let (queued, outside) = tokio::join!(lanes.acquire(Priority::Bulk), async {
             settle().await;
-            lanes.acquire(Priority::Bulk, Kind::Message).await
+            lanes.acquire(Priority::Bulk).await
         });
         let timed_out = Err(Overloaded::TimedOut(Duration::from_secs(2)));
         assert_eq!(queued, timed_out);
@@ -399,12 +370,12 @@ mod tests {
         assert_eq!(t0.elapsed(), Duration::from_secs(2));
         // Those that gave up hold no place and take no slot: the next caller gets the very
         // next one, at 3 s (within its own 2 s).
-        lanes.acquire(Priority::Bulk, Kind::Message).await.unwrap();
+        lanes.acquire(Priority::Bulk).await.unwrap();
         assert_eq!(t0.elapsed(), Duration::from_secs(3));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn message_calls_keep_the_window_ceiling_and_leave_room_for_receipts() {
+    async fn calls_keep_the_window_ceiling_and_leave_room_for_receipts() {
         let mut c = config(1);
         c.burst = 100;
         c.urgent_capacity = 64;
@@ -422,32 +393,25 @@ mod tests {
         wait_for(&log, 8).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(log.lock().unwrap().len(), 8);
-        // A call of another kind passes the waiting message calls; receipts take the reserve
-        // and no more.
-        spawn_kind(&lanes, &log, "card", Priority::Bulk, Kind::Other, t0);
+        // Receipts take the reserve and no more.
         for _ in 0..3 {
             spawn(&lanes, &log, "urgent", Priority::Urgent, t0);
         }
-        wait_for(&log, 11).await;
+        wait_for(&log, 10).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         {
             let log = log.lock().unwrap();
-            let mut late: Vec<_> = log[8..].iter().map(|(l, _)| *l).collect();
-            late.sort();
-            assert_eq!(late, ["card", "urgent", "urgent"], "{log:?}");
+            assert_eq!(log.len(), 10, "{log:?}");
+            assert!(log[8..].iter().all(|(l, _)| *l == "urgent"), "{log:?}");
             assert!(log.iter().all(|(_, t)| *t < Duration::from_millis(500)));
         }
         // The rest go once the first grants leave the window: the receipt first.
-        wait_for(&log, 16).await;
+        wait_for(&log, 15).await;
         let log = log.lock().unwrap();
-        assert_eq!(log[11].0, "urgent", "{log:?}");
-        assert!(log[11].1 >= Duration::from_secs(1), "{log:?}");
-        // In any one-second window, at most 10 message calls.
-        let mut times: Vec<Duration> = log
-            .iter()
-            .filter(|(l, _)| *l != "card")
-            .map(|(_, t)| *t)
-            .collect();
+        assert_eq!(log[10].0, "urgent", "{log:?}");
+        assert!(log[10].1 >= Duration::from_secs(1), "{log:?}");
+        // In any one-second window, at most 10 calls.
+        let mut times: Vec<Duration> = log.iter().map(|(_, t)| *t).collect();
         times.sort();
         for (i, a) in times.iter().enumerate() {
             let within = times[i..]

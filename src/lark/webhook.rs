@@ -739,7 +739,9 @@ mod tests {
     /// The long connection's form, as the platform sends it: `header.token` empty (or absent).
     #[test]
     fn the_long_connection_accepts_an_empty_or_missing_token_and_refuses_a_wrong_one() {
-        let long = |body: &Value, at| super::verify_plain(&config(None), body.to_string().as_bytes(), at, WEEK);
+        let long = |body: &Value, at| {
+            super::verify_plain(&config(None), body.to_string().as_bytes(), at, WEEK)
+        };
         let e = long(&event(""), now()).expect("the platform's empty token");
         assert_eq!(e.event_id, "ev1");
         let mut missing = event("");
@@ -761,12 +763,18 @@ mod tests {
         let later = now() + chrono::Duration::days(8);
         assert_eq!(long(&event(""), later), Err(Rejection::Stale));
         // The webhook is not relaxed: an empty or missing token is refused there.
-        assert_eq!(verify_plain(&event("").to_string(), now()), Err(Rejection::BadToken));
+        assert_eq!(
+            verify_plain(&event("").to_string(), now()),
+            Err(Rejection::BadToken)
+        );
         assert_eq!(
             verify_plain(&missing.to_string(), now()),
             Err(Rejection::MissingFields)
         );
-        assert_eq!(verify_plain(&null.to_string(), now()), Err(Rejection::MissingFields));
+        assert_eq!(
+            verify_plain(&null.to_string(), now()),
+            Err(Rejection::MissingFields)
+        );
     }
 
     #[test]

@@ -66,11 +66,7 @@ fn remote_home() -> String {
 fn command_replies(lark: &FakeLark, om: &str) -> Vec<String> {
     lark.requests_to(&format!("/messages/{om}/reply"))
         .iter()
-        .map(|r| {
-            let c: serde_json::Value =
-                serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
-            c["text"].as_str().unwrap_or_default().to_string()
-        })
+        .map(|r| crate::fake_lark::message_text(r.body["content"].as_str().unwrap()))
         .collect()
 }
 
@@ -209,7 +205,7 @@ async fn the_model_enters_a_target_only_under_a_grant_made_in_the_chat() {
     .await;
     wait_state(app, "grant", "done").await;
     let said = command_replies(&env.lark, "om_grant").join("");
-    assert!(said.contains("may now enter `web`"), "{said}");
+    assert!(said.contains("may now enter web"), "{said}");
     assert_eq!(turn_states(app, thread).await.len(), 1);
 
     env.llm
@@ -370,7 +366,7 @@ async fn target_cli(app: &TestApp, cmd: TargetCmd) {
 fn binding_notices(lark: &FakeLark, om: &str) -> Vec<(bool, String)> {
     replies_to(lark, om)
         .into_iter()
-        .filter(|(_, t)| t.starts_with("This thread is bound to `web`"))
+        .filter(|(_, t)| t.starts_with("This thread is bound to web"))
         .collect()
 }
 

@@ -79,8 +79,7 @@ async fn place(app: &TestApp, section: &str) -> Place {
 }
 
 fn text_of(r: &Recorded) -> String {
-    let content: Value = serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
-    content["text"].as_str().unwrap_or_default().to_string()
+    crate::fake_lark::message_text(r.body["content"].as_str().unwrap())
 }
 
 /// Texts of the replies to message `om`.
@@ -111,7 +110,7 @@ async fn ssh_use_in_a_parent_chat_opens_a_bound_thread() {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].body["reply_in_thread"], true);
     let text = text_of(&reqs[0]);
-    assert!(text.contains("`web` (ops@web.example)"), "{text}");
+    assert!(text.contains("web (ops@web.example)"), "{text}");
     assert!(text.contains("/ssh local"), "{text}");
     // The fake names the new thread after the replied-to message.
     assert_eq!(place(&app, "omt_ev_use").await, Place::Target("web".into()));
@@ -126,7 +125,7 @@ async fn ssh_use_in_a_parent_chat_opens_a_bound_thread() {
     wait_state(&app, "ev_st", "done").await;
     let status = replies(&fake, "om_ev_st").join("");
     assert!(
-        status.contains("Backend: `web` (ops@web.example:22)"),
+        status.contains("Backend: web (ops@web.example:22)"),
         "{status}"
     );
     assert!(status.contains("sticky, bound by ou_user"), "{status}");
@@ -156,7 +155,7 @@ async fn a_thread_message_before_the_reply_answer_still_finds_its_binding() {
     .await;
     wait_state(&app, "ev_first", "done").await;
     assert_eq!(place(&app, "omt_early").await, Place::Target("web".into()));
-    assert!(replies(&fake, "om_ev_first")[0].contains("Backend: `web`"));
+    assert!(replies(&fake, "om_ev_first")[0].contains("Backend: web"));
     fake.release();
     wait_state(&app, "early", "done").await;
     assert_eq!(place(&app, "omt_early").await, Place::Target("web".into()));
@@ -337,32 +336,32 @@ async fn refusals_say_why_and_list_what_is_available() {
         .await
         .unwrap();
     for (id, text, want) in [
-        ("u1", "/ssh use nope", "There is no target named `nope`."),
+        ("u1", "/ssh use nope", "There is no target named nope."),
         (
             "u2",
             "/ssh use db",
-            "Target `db` is waiting for an admin's approval.",
+            "Target db is waiting for an admin's approval.",
         ),
         (
             "u3",
             "/ssh use lab",
-            "Target `lab` is not allowed in this chat.",
+            "Target lab is not allowed in this chat.",
         ),
     ] {
         send(&app, &group(id, text)).await;
         wait_state(&app, id, "done").await;
         let got = replies(&fake, &format!("om_{id}")).join("");
         assert!(got.starts_with(want), "{got}");
-        assert!(got.contains("Available here: `web`."), "{got}");
+        assert!(got.contains("Available here: web."), "{got}");
     }
     send(&app, &group("l", "/ssh list")).await;
     wait_state(&app, "l", "done").await;
     let list = replies(&fake, "om_l").join("");
     assert!(
-        list.contains("`web` ops@web.example — approved — the web box"),
+        list.contains("web ops@web.example — approved — the web box"),
         "{list}"
     );
-    assert!(list.contains("`db` ops@db.example — pending"), "{list}");
+    assert!(list.contains("db ops@db.example — pending"), "{list}");
     assert!(!list.contains("lab"), "{list}");
     assert!(!list.to_lowercase().contains("key"), "{list}");
     let refused: i64 = sqlx::query_scalar(
@@ -478,7 +477,7 @@ async fn the_authorisation_table() {
     send(&app, &say("g4", "/ssh yolo off")).await;
     wait_state(&app, "g4", "done").await;
     assert_eq!(place(&app, "omt_t").await, Place::Local);
-    assert!(replies(&fake, "om_g4")[0].contains("It had entered `db`"));
+    assert!(replies(&fake, "om_g4")[0].contains("It had entered db"));
     let r = model_api::request_use(db, now(), ttl, here, "db")
         .await
         .unwrap();
@@ -651,7 +650,7 @@ async fn approval_by_card_and_by_command() {
     send(&app, &admin).await;
     wait_state(&app, "r2", "done").await;
     assert_eq!(status_of(&app, "prod").await, Status::Disabled);
-    assert!(replies(&fake, "om_r2")[0].contains("`prod` is rejected"));
+    assert!(replies(&fake, "om_r2")[0].contains("prod is rejected"));
     app.stop().await;
 }
 
@@ -681,7 +680,7 @@ async fn a_binding_from_before_the_checks_fails_until_bound_again() {
     send(&app, &say("re", "/ssh use web")).await;
     wait_state(&app, "re", "done").await;
     let said = replies(&fake, "om_re").join("");
-    assert!(said.starts_with("This thread now runs on `web`"), "{said}");
+    assert!(said.starts_with("This thread now runs on web"), "{said}");
     send(&app, &say("st2", "/ssh status")).await;
     wait_state(&app, "st2", "done").await;
     let status = replies(&fake, "om_st2").join("");
@@ -1011,7 +1010,7 @@ async fn workspace_commands_choose_show_and_stay_under_the_maximum() {
     wait_state(&app, "ev_ws1", "done").await;
     let r = replies(&fake, "om_ev_ws1").join("");
     assert!(r.contains("Workspace set."), "{r}");
-    assert!(r.contains("Workspace on `web`: `/srv/app`"), "{r}");
+    assert!(r.contains("Workspace on web: /srv/app"), "{r}");
     assert!(r.contains("Permission: read"), "{r}");
     assert!(r.contains("Mode: office"), "{r}");
 
@@ -1039,7 +1038,7 @@ async fn workspace_commands_choose_show_and_stay_under_the_maximum() {
     wait_state(&app, "ev_ws4", "done").await;
     let r = replies(&fake, "om_ev_ws4").join("");
     assert!(
-        r.contains("`/srv/app`") && r.contains("Permission: read"),
+        r.contains("/srv/app") && r.contains("Permission: read"),
         "{r}"
     );
     assert!(r.contains("Mode: office"), "{r}");
@@ -1105,7 +1104,7 @@ async fn the_chat_shows_the_path_to_a_target_behind_a_jump_host() {
     send(&app, &group("ev_deep", "/ssh use deep")).await;
     wait_state(&app, "ev_deep", "done").await;
     let text = replies(&fake, "om_ev_deep").join("");
-    assert!(text.contains("`deep` (deploy@10.0.0.5 via gw)"), "{text}");
+    assert!(text.contains("deep (deploy@10.0.0.5 via gw)"), "{text}");
     send(
         &app,
         &in_thread("ev_deep_st", "/ssh status", "omt_ev_deep", "om_ev_deep"),
@@ -1114,14 +1113,58 @@ async fn the_chat_shows_the_path_to_a_target_behind_a_jump_host() {
     wait_state(&app, "ev_deep_st", "done").await;
     let status = replies(&fake, "om_ev_deep_st").join("");
     assert!(
-        status.contains("Backend: `deep` (deploy@10.0.0.5:22 via gw)"),
+        status.contains("Backend: deep (deploy@10.0.0.5:22 via gw)"),
         "{status}"
     );
     send(&app, &group("ev_deep_l", "/ssh list")).await;
     wait_state(&app, "ev_deep_l", "done").await;
     let list = replies(&fake, "om_ev_deep_l").join("");
     assert!(
-        list.contains("`deep` deploy@10.0.0.5 via gw — approved"),
+        list.contains("deep deploy@10.0.0.5 via gw — approved"),
         "{list}"
     );
+}
+
+/// Every command's reply renders as Lark renders it: no raw backticks, headings or table pipes
+/// in what a person sees (a `text` message shows them as typed, and a post's `md` has no inline
+/// code, headings or tables).
+#[tokio::test]
+async fn every_command_reply_renders_in_lark() {
+    let fake = FakeLark::start().await;
+    let app = spawn(&fake).await;
+    add_target(&app, "prod-db", true).await;
+    add_target(&app, "staging", false).await;
+    let commands = [
+        "/help",
+        "/ssh help",
+        "/ssh status",
+        "/ssh list",
+        "/ssh yolo on all",
+        "/ssh yolo off",
+        "/ssh use nowhere",
+        "/ssh approve staging",
+        "/memory list",
+        "/memory forget 99",
+        "/workspace show",
+        "/workspace set",
+        "/ssh frobnicate",
+    ];
+    for (i, text) in commands.iter().enumerate() {
+        let m = group(&format!("ev_render_{i}"), text);
+        send(&app, &m).await;
+        wait_state(&app, &m.event_id, "done").await;
+        let sent = fake.requests_to(&format!("/messages/{}/reply", m.message_id));
+        assert!(!sent.is_empty(), "{text}: no reply");
+        for r in sent {
+            let kind = r.body["msg_type"].as_str().unwrap();
+            let content = r.body["content"].as_str().unwrap();
+            let raw = crate::fake_lark::unrendered_markdown(kind, content);
+            assert!(
+                raw.is_empty(),
+                "{text}: shows raw Markdown {raw:?} in {}",
+                crate::fake_lark::message_text(content)
+            );
+        }
+    }
+    app.stop().await;
 }

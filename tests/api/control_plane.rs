@@ -517,10 +517,7 @@ async fn memory_list_and_forget_as_chat_commands() {
     let reply = |om: &str| -> String {
         fake.requests_to(&format!("/messages/{om}/reply"))
             .iter()
-            .map(|r| {
-                let c: Value = serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
-                c["text"].as_str().unwrap_or_default().to_string()
-            })
+            .map(|r| crate::fake_lark::message_text(r.body["content"].as_str().unwrap()))
             .collect()
     };
 
@@ -869,8 +866,8 @@ async fn memory_list_shows_a_note_that_tries_to_mention_everyone_without_mention
     wait_state(&app, &m.event_id, "done").await;
     let replies = fake.requests_to("/messages/om_ev_list_at/reply");
     assert_eq!(replies.len(), 1);
-    let text: Value = serde_json::from_str(replies[0].body["content"].as_str().unwrap()).unwrap();
-    let text = text["text"].as_str().unwrap();
+    let text = crate::fake_lark::message_text(replies[0].body["content"].as_str().unwrap());
+    let text = text.as_str();
     assert!(
         text.contains("ping ") && text.contains("at user_id="),
         "{text}"

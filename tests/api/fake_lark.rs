@@ -8,6 +8,10 @@
 //! `card_msg_content_type=raw_card_content`) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
 //! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
 //!
+//! Frequency limits are kept per API, as the platform keeps them (50 calls in any second, 1000
+//! in any minute, for each method and path with its ids left out; streamed CardKit updates
+//! exempt): past them HTTP 429, code 99991400, `x-ogw-ratelimit-reset`.
+//!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase past
 //! every one the card accepted (content, settings, whole-card update, element removal) is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
@@ -100,6 +104,11 @@ struct Inner {
     streamed: HashSet<(String, String)>,
     /// The app lacks the message-reading scopes: both endpoints answer 99991672.
     no_message_scope: bool,
+    /// When each API (method and path, ids left out) was called in the last minute: the
+    /// platform's frequency control counts per API.
+    api_calls: HashMap<String, VecDeque<Instant>>,
+    /// Calls the frequency control refused.
+    api_refused: usize,
 }
 
 /// A CardKit card as the fake holds it.
@@ -134,6 +143,75 @@ impl FakeCard {
             .unwrap_or_default()
             .to_string()
     }
+}
+
+/// What a person reads of a message's `content` (a JSON string): a text message's text, or a
+/// post's text and `md` elements, rows joined by newlines.
+pub fn message_text(content: &str) -> String {
+    let c: Value = serde_json::from_str(content).unwrap_or_default();
+    if let Some(t) = c["text"].as_str() {
+        return t.to_string();
+    }
+    let post = c
+        .as_object()
+        .and_then(|o| o.values().find(|v| v.get("content").is_some()))
+        .cloned()
+        .unwrap_or_default();
+    post["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            row.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|el| el["text"].as_str())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Markdown a message shows raw instead of rendering, as Lark renders it: a `text` message
+/// renders only bold, `<i>`, `<u>`, `<s>` and links (backticks, headings and tables show as
+/// typed); a post's `md` renders bold, italic, links, lists and code blocks, but not headings,
+/// tables or inline code. Code blocks are shown as written. Empty when it renders cleanly.
+pub fn unrendered_markdown(msg_type: &str, content: &str) -> Vec<String> {
+    let text = message_text(content);
+    if !matches!(msg_type, "text" | "post") {
+        return vec![];
+    }
+    let mut found = vec![];
+    let mut in_code = false;
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("```") {
+            if msg_type == "text" {
+                found.push(format!("code fence in a text message: {line}"));
+            }
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        if t.contains('`') {
+            found.push(format!("backtick: {line}"));
+        }
+        let hashes = t.chars().take_while(|c| *c == '#').count();
+        if (1..=6).contains(&hashes) && t[hashes..].starts_with(' ') {
+            found.push(format!("heading: {line}"));
+        }
+        let delimiter = |l: &str| {
+            let l = l.trim();
+            l.contains('|') && l.contains('-') && l.chars().all(|c| "|-: ".contains(c))
+        };
+        if t.contains('|') && lines.get(i + 1).is_some_and(|n| delimiter(n)) {
+            found.push(format!("table: {line}"));
+        }
+    }
+    found
 }
 
 const CARD_BYTES: usize = 30 * 1024;
@@ -192,6 +270,8 @@ impl FakeLark {
                 resources: HashMap::new(),
                 streamed: HashSet::new(),
                 no_message_scope: false,
+                api_calls: HashMap::new(),
+                api_refused: 0,
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -295,6 +375,11 @@ impl FakeLark {
     /// Sets `expire` of tokens issued from now on.
     pub fn set_token_expire(&self, secs: u64) {
         self.shared.inner.lock().unwrap().expire = secs;
+    }
+
+    /// Calls refused by the per-API frequency control (HTTP 429, 99991400) so far.
+    pub fn frequency_refusals(&self) -> usize {
+        self.shared.inner.lock().unwrap().api_refused
     }
 
     /// The next calls to a path containing `part` fail as given, in order.
@@ -522,6 +607,9 @@ fn answer(
                 .into_response();
             }
         }
+    }
+    if let Some(limited) = frequency_control(inner, method, path) {
+        return limited;
     }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     if parts.get(1) == Some(&"cardkit") {
@@ -808,6 +896,76 @@ fn card_read_form(card: &Value) -> Value {
         "title": text_of(&card["header"]["title"]).unwrap_or_default(),
         "elements": rows,
     })
+}
+
+/// Each API's frequency limits, as the platform keeps them: per API (the method and the path
+/// without its ids), at most [`API_PER_SECOND`] calls in any second and [`API_PER_MINUTE`] in
+/// any minute; past either, HTTP 429 with code 99991400 and `x-ogw-ratelimit-reset` (whole
+/// seconds until a call would pass). Streamed CardKit element updates are exempt.
+fn frequency_control(inner: &mut Inner, method: &Method, path: &str) -> Option<Response> {
+    if method == Method::PUT
+        && path.starts_with("/open-apis/cardkit/")
+        && path.ends_with("/content")
+    {
+        return None;
+    }
+    let api = api_of(method, path);
+    let now = Instant::now();
+    let calls = inner.api_calls.entry(api).or_default();
+    while calls
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+    {
+        calls.pop_front();
+    }
+    let in_last_second = calls
+        .iter()
+        .rev()
+        .take_while(|t| now.duration_since(**t) < Duration::from_secs(1))
+        .count();
+    let reset = if calls.len() >= API_PER_MINUTE {
+        Some(Duration::from_secs(60) - now.duration_since(calls[0]))
+    } else if in_last_second >= API_PER_SECOND {
+        Some(Duration::from_secs(1) - now.duration_since(calls[calls.len() - in_last_second]))
+    } else {
+        None
+    };
+    if let Some(reset) = reset {
+        inner.api_refused += 1;
+        let secs = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+        return Some(
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("x-ogw-ratelimit-reset", secs.to_string())],
+                axum::Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+            )
+                .into_response(),
+        );
+    }
+    calls.push_back(now);
+    None
+}
+
+/// Calls of one API the platform allows in any second, and in any minute.
+pub const API_PER_SECOND: usize = 50;
+pub const API_PER_MINUTE: usize = 1000;
+
+/// An API as the frequency control names it: the method and the path, ids replaced by `:id`.
+fn api_of(method: &Method, path: &str) -> String {
+    let id_prefixes = ["om_", "oc_", "ou_", "omt_", "ck_", "r_", "img_", "file_"];
+    let parts: Vec<&str> = path
+        .split('/')
+        .map(|p| {
+            if id_prefixes.iter().any(|x| p.starts_with(x))
+                || (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            {
+                ":id"
+            } else {
+                p
+            }
+        })
+        .collect();
+    format!("{method} {}", parts.join("/"))
 }
 
 /// A card JSON 2.0 document (as a string): `schema` "2.0", elements under `body`, no 1.0

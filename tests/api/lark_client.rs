@@ -298,10 +298,11 @@ fn busiest(times: &[std::time::Instant], span: std::time::Duration) -> usize {
 }
 
 /// Two clients ("replicas") on one database under a burst: what the fake receives never
-/// exceeds the app's 50 calls in any second, nor a chat's 5, counted over sliding windows.
-/// Each client alone would send a burst of 50 at once.
+/// exceeds 50 calls of one API in any second, nor a chat's 5, counted over sliding windows.
+/// Each client alone would send a burst of 50 at once. The budgets are the platform's: one per
+/// API (reactions and replies each have their own), never one for the whole app.
 #[tokio::test]
-async fn two_replicas_on_one_database_keep_the_app_and_chat_budgets_together() {
+async fn two_replicas_on_one_database_keep_each_apis_and_each_chats_budget_together() {
     use std::time::Duration;
     let fake = FakeLark::start().await;
     let url = crate::database::fresh_database().await;
@@ -340,20 +341,91 @@ async fn two_replicas_on_one_database_keep_the_app_and_chat_budgets_together() {
         t.await.unwrap().unwrap();
     }
     let requests = fake.requests();
-    let mut all: Vec<_> = requests
-        .iter()
-        .filter(|r| !r.path.contains("/auth/"))
-        .map(|r| r.at)
-        .collect();
-    all.sort();
-    assert_eq!(all.len(), 140);
-    let mut chat: Vec<_> = requests
-        .iter()
-        .filter(|r| r.path.ends_with("/reply"))
-        .map(|r| r.at)
-        .collect();
-    chat.sort();
+    let times = |suffix: &str| {
+        let mut t: Vec<_> = requests
+            .iter()
+            .filter(|r| r.path.ends_with(suffix))
+            .map(|r| r.at)
+            .collect();
+        t.sort();
+        t
+    };
+    let (reactions, replies) = (times("/reactions"), times("/reply"));
+    assert_eq!((reactions.len(), replies.len()), (120, 20));
     let second = Duration::from_secs(1);
-    assert!(busiest(&all, second) <= 50, "{}", busiest(&all, second));
-    assert!(busiest(&chat, second) <= 5, "{}", busiest(&chat, second));
+    assert_eq!(fake.frequency_refusals(), 0);
+    assert!(
+        busiest(&reactions, second) <= 50,
+        "{}",
+        busiest(&reactions, second)
+    );
+    assert!(
+        busiest(&replies, second) <= 5,
+        "{}",
+        busiest(&replies, second)
+    );
+    // One bucket per API in the shared budget, and none for the whole app.
+    let mut keys: Vec<String> = sqlx::query_scalar("SELECT key FROM lark_budgets ORDER BY key")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    keys.retain(|k| !k.contains("/chat/") && !k.contains("/om_"));
+    assert_eq!(
+        keys,
+        [
+            format!("{APP_ID}/api/add_reaction"),
+            format!("{APP_ID}/api/reply"),
+        ]
+    );
+}
+
+/// The per-minute allowance is a window, not a rate: a burst of calls of one API within it is
+/// granted at once (only the per-second bucket paces it), the call past the allowance waits
+/// until the window's oldest second leaves it, and another API's window is untouched.
+#[tokio::test]
+async fn the_minute_allowance_allows_a_burst_and_is_kept_per_api() {
+    let url = crate::database::fresh_database().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sshmode::store::MIGRATOR.run(&pool).await.unwrap();
+    // No per-second pacing here (a zero step), a window of 950 in 61 s, as the client keeps it.
+    let take = |api: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let key = format!("{APP_ID}/api/{api}");
+            sqlx::query_scalar::<_, f64>(
+                "SELECT lark_budget_take_windowed($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(vec![key.clone()])
+            .bind(vec![0.0f64])
+            .bind(vec![0.0f64])
+            .bind(vec![key])
+            .bind(vec![61i32])
+            .bind(vec![950i32])
+            .bind(0.25f64)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let started = std::time::Instant::now();
+    for i in 0..950 {
+        let wait = take("add_reaction").await;
+        assert!((0.0..0.01).contains(&wait), "call {i} waited {wait}");
+    }
+    let took = started.elapsed().as_secs_f64();
+    // Refused until the first granted second leaves the 61-s window.
+    let refused = take("add_reaction").await;
+    assert!(
+        refused < 0.0 && -refused <= 61.0 && -refused > 61.0 - took - 1.5,
+        "{refused} after {took} s"
+    );
+    // Nothing was taken by the refusal, and replies have their own allowance.
+    assert!(take("reply").await >= 0.0);
+    let counted: i64 = sqlx::query_scalar(
+        "SELECT sum(c) FROM lark_budget_windows, unnest(counts) AS c WHERE key LIKE '%add_reaction'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counted, 950);
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sshmode::chat::{NO_MODEL, command};
 use sshmode::clock::ManualClock;
 use sshmode::lark::client::idempotency_key;
@@ -13,8 +13,7 @@ use crate::fake_lark::{Failure, FakeLark};
 use crate::lark_support::*;
 
 fn reply_text(r: &crate::fake_lark::Recorded) -> String {
-    let content: Value = serde_json::from_str(r.body["content"].as_str().unwrap()).unwrap();
-    content["text"].as_str().unwrap().to_string()
+    crate::fake_lark::message_text(r.body["content"].as_str().unwrap())
 }
 
 #[tokio::test]
@@ -51,15 +50,23 @@ async fn help_is_answered_with_the_exact_reply_request() {
     assert_eq!(reqs[0].auth, None);
     assert_eq!(reqs[1].bearer(), Some("t-1"));
     assert_eq!(reqs[2].bearer(), Some("t-1"));
+    // A post whose `md` renders: the help's Markdown made into what a post shows.
     assert_eq!(
         reqs[2].body,
         json!({
-            "msg_type": "text",
-            "content": json!({"text": command::help_text()}).to_string(),
+            "msg_type": "post",
+            "content": sshmode::frontend::post_content(&command::help_text()).to_string(),
             "reply_in_thread": false,
             "uuid": idempotency_key("ev_help", "reply"),
         })
     );
+    let content = reqs[2].body["content"].as_str().unwrap();
+    assert!(command::help_text().contains('`'));
+    assert_eq!(
+        crate::fake_lark::unrendered_markdown("post", content),
+        Vec::<String>::new()
+    );
+    assert!(crate::fake_lark::message_text(content).contains("/ssh use"));
     // The exchange is in the chat's section log.
     let kinds = section_kinds(&app, "oc_chat").await;
     assert_eq!(kinds, ["message.received", "bot.reply"]);
@@ -79,7 +86,10 @@ async fn ssh_help_in_a_thread_with_a_mention_replies_in_the_thread() {
     let replies = fake.requests_to("/reply");
     assert_eq!(replies.len(), 1);
     assert_eq!(replies[0].body["reply_in_thread"], true);
-    assert_eq!(reply_text(&replies[0]), command::help_text());
+    assert_eq!(
+        reply_text(&replies[0]),
+        sshmode::lark::markup::for_post(&command::help_text())
+    );
     let n: i64 =
         sqlx::query_scalar("SELECT count(*) FROM session_events WHERE section_id = 'omt_thread'")
             .fetch_one(&app.state.db)
@@ -192,7 +202,7 @@ async fn the_router_answers_what_it_can_and_ignores_the_rest() {
     assert_eq!(by_target("ev_dm"), [NO_MODEL]);
     assert!(by_target("ev_status")[0].starts_with("Backend: local"));
     assert_eq!(by_target("ev_off"), ["This thread already runs locally."]);
-    assert!(by_target("ev_bad")[0].starts_with("Usage: /ssh use <alias>"));
+    assert!(by_target("ev_bad")[0].starts_with("Usage: /ssh use ＜alias>"));
     app.stop().await;
 }
 

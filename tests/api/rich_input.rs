@@ -509,8 +509,8 @@ async fn an_oversize_file_is_refused_with_a_message_and_nothing_is_written() {
     wait_state(&env.app, "big", "done").await;
     let replies = env.lark.requests_to("/messages/om_big/reply");
     assert_eq!(replies.len(), 1);
-    let said: Value = serde_json::from_str(replies[0].body["content"].as_str().unwrap()).unwrap();
-    let said = said["text"].as_str().unwrap();
+    let said = crate::fake_lark::message_text(replies[0].body["content"].as_str().unwrap());
+    let said = said.as_str();
     assert!(said.contains("file \"dump.bin\""), "{said}");
     assert!(said.contains("larger than the 1 MB limit"), "{said}");
     // Nothing of it on disk, not even a temporary file; and no turn for a refused file alone.
