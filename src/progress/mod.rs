@@ -40,8 +40,10 @@
 //! outcome), the running step, "stopped by", the summary; `markdown()` renders the `steps` element
 //! and `card()` the whole JSON 2.0 card. The writer marks the view dirty on each event and writes at
 //! most once per `SSHMODE_PROGRESS_INTERVAL_MS` (200 ms ⇒ ≤ 5 updates/s, measured from the end of
-//! the previous call; stretched to `live cards / 45` s so that all cards of a replica together stay
-//! under Lark's ~50 requests/s per app), once a second while a step runs (the elapsed time), and re-enables streaming
+//! the previous call, never under 100 ms: a card takes 10 operations a second; streamed CardKit
+//! updates are exempt from the platform's API limits, while a PATCHed fallback card's interval is
+//! stretched to `live cards / 45` s so that all of a replica's PATCHes stay under that API's ~50
+//! requests/s), once a second while a step runs (the elapsed time), and re-enables streaming
 //! at 4/5 of `SSHMODE_PROGRESS_STREAMING_TTL_SECS`. At the end it closes streaming with the
 //! summary (outcome, step counts, the first lines of the stored answer) and replaces the whole
 //! card (`PUT /cardkit/v1/cards/{id}`) by its final form: the header says how the turn ended

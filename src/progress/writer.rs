@@ -23,9 +23,13 @@ use crate::agent::StepEvent;
 use crate::exec::Place;
 use crate::lark::client::{Content, LarkError, idempotency_key};
 
-/// Card writes per second all live cards of one replica share (Lark allows an app about 50
-/// requests/s; the rest is left to replies and reactions).
-const APP_UPDATES_PER_SEC: u32 = 45;
+/// Card-message PATCHes per second all fallback cards of one replica share (the platform allows
+/// about 50 a second for that API; streamed CardKit updates are exempt from API limits and keep
+/// only each card's own interval).
+const APP_PATCHES_PER_SEC: u32 = 45;
+/// The least time between two writes of one streamed card: the platform allows 10 operations
+/// a second per card.
+const CARD_INTERVAL: Duration = Duration::from_millis(100);
 /// Sequence numbers reserved per write of the `turns` row.
 const SEQ_BLOCK: i32 = 100;
 /// How often a running step's elapsed time is refreshed.
@@ -747,13 +751,14 @@ impl Writer<'_> {
         now >= self.started + IDLE_LIMIT && self.running_since.is_none()
     }
 
-    /// The least time between two writes of this card: the configured one, stretched so that
-    /// all live cards of this replica together stay within [`APP_UPDATES_PER_SEC`] (the app's
-    /// Open API limit is shared by every card and every reply).
+    /// The least time between two writes of this card: the configured one (≥ 100 ms, so a card
+    /// stays under its 10 operations a second). Streamed CardKit updates are exempt from the
+    /// platform's API limits; a PATCHed fallback card is not, so that interval is stretched
+    /// until all live cards of this replica together stay within [`APP_PATCHES_PER_SEC`].
     fn interval(&self) -> Duration {
         let base = match self.mode {
             Mode::Patch => self.shared.config.patch_interval,
-            _ => self.shared.config.interval,
+            _ => return self.shared.config.interval.max(CARD_INTERVAL),
         };
         let live = self
             .shared
@@ -762,7 +767,7 @@ impl Writer<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .len()
             .max(1) as u32;
-        base.max(Duration::from_secs(1) * live / APP_UPDATES_PER_SEC)
+        base.max(Duration::from_secs(1) * live / APP_PATCHES_PER_SEC)
     }
 
     fn write_at(&self) -> Instant {
