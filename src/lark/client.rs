@@ -3,7 +3,8 @@
 //! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]; then, when given
 //! the database, the deployment's budgets shared by every replica, see [`super::budget`]), retries with
 //! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`. It also
-//! reads messages back by id and downloads a message's files, streaming under a byte cap.
+//! reads messages back by id and downloads a message's files, streaming under a byte cap (an
+//! HTTP 200 body is the file, whatever its type).
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
 //! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
@@ -552,7 +553,8 @@ impl LarkClient {
 
     /// Downloads a file or image of a message (`GET …/messages/{id}/resources/{key}?type=`),
     /// streaming, at most `max` bytes: a larger one is refused by its declared length, or
-    /// as soon as what arrived passes `max`, and what was read is dropped.
+    /// as soon as what arrived passes `max`, and what was read is dropped. An HTTP 200 body is
+    /// the file whatever its `Content-Type`; only a non-2xx answer is read as an error.
     pub async fn download(
         &self,
         message_id: &str,
@@ -602,12 +604,9 @@ impl LarkClient {
                 }
             };
             let status = resp.status();
-            let json = resp
-                .headers()
-                .get(reqwest::header::CONTENT_TYPE)
-                .and_then(|h| h.to_str().ok())
-                .is_some_and(|t| t.starts_with("application/json"));
-            if status.is_success() && !json {
+            // A 200 is the file, whatever its Content-Type says (a `.json` file comes as
+            // `application/json`); only another status carries an error body.
+            if status.is_success() {
                 if resp.content_length().is_some_and(|n| n > max) {
                     self.count(api, "too_large");
                     return Err(DownloadError::TooLarge { limit: max });

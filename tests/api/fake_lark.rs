@@ -5,7 +5,8 @@
 //!
 //! Messages can be read back (`GET /im/v1/messages/{id}`, a forwarded bundle with its
 //! messages) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
-//! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
+//! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope). A
+//! file is served with the content type Lark gives its kind (`application/json` for JSON).
 //!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
@@ -649,14 +650,14 @@ fn answer(
                         .collect();
                     (
                         StatusCode::OK,
-                        [("content-type", "application/octet-stream")],
+                        [("content-type", content_type(bytes))],
                         axum::body::Body::from_stream(futures_util::stream::iter(chunks)),
                     )
                         .into_response()
                 }
                 Some(bytes) => (
                     StatusCode::OK,
-                    [("content-type", "application/octet-stream")],
+                    [("content-type", content_type(bytes))],
                     bytes.clone(),
                 )
                     .into_response(),
@@ -664,6 +665,22 @@ fn answer(
             }
         }
         _ => code(StatusCode::NOT_FOUND, 404, "not found"),
+    }
+}
+
+/// The content type a file is served with, by its content (as Lark does by its kind): JSON as
+/// `application/json`, images as theirs, other text as `text/plain`.
+fn content_type(bytes: &[u8]) -> &'static str {
+    if serde_json::from_slice::<Value>(bytes).is_ok() {
+        "application/json"
+    } else if bytes.starts_with(b"\x89PNG") {
+        "image/png"
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        "image/jpeg"
+    } else if std::str::from_utf8(bytes).is_ok() {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/octet-stream"
     }
 }
 

@@ -357,3 +357,45 @@ async fn two_replicas_on_one_database_keep_the_app_and_chat_budgets_together() {
     assert!(busiest(&all, second) <= 50, "{}", busiest(&all, second));
     assert!(busiest(&chat, second) <= 5, "{}", busiest(&chat, second));
 }
+
+/// A downloaded file is the body of Lark's 200, whatever its type: a JSON file, served as
+/// `application/json` as Lark serves it, lands intact, even one whose top-level `code` looks
+/// like a token error (the tenant token is kept: no second token is fetched).
+#[tokio::test]
+async fn a_json_file_downloads_intact_and_keeps_the_token() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let config = br#"{"name": "service", "replicas": [1, 2]}"#.to_vec();
+    let tokenish =
+        br#"{"code": 99991663, "msg": "Invalid access token for authorization"}"#.to_vec();
+    fake.add_resource("om_f", "file_config", config.clone());
+    fake.add_resource("om_f", "file_tokenish", tokenish.clone());
+    // The fake serves it as Lark does (the client's token is the fake's first, `t-1`).
+    lark.check_token().await.unwrap();
+    let served = reqwest::Client::new()
+        .get(format!(
+            "{}/open-apis/im/v1/messages/om_f/resources/file_config?type=file",
+            fake.base
+        ))
+        .bearer_auth("t-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["content-type"], "application/json");
+
+    let limit = 1024 * 1024;
+    let got = lark.download("om_f", "file_config", "file", limit).await;
+    assert_eq!(got.unwrap(), config);
+    let got = lark.download("om_f", "file_tokenish", "file", limit).await;
+    assert_eq!(got.unwrap(), tokenish);
+    assert_eq!(fake.requests_to("/resources/").len(), 3, "no retries");
+    assert_eq!(
+        fake.requests_to("tenant_access_token").len(),
+        1,
+        "the token was kept"
+    );
+    // A later call still uses it.
+    lark.add_reaction("om_f", "OK").await.unwrap();
+    assert_eq!(fake.requests_to("tenant_access_token").len(), 1);
+}
