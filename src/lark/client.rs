@@ -2,9 +2,10 @@
 //! URL, the tenant access token cache, outbound rate limits (per chat, then the app-wide budget
 //! in two lanes: receipt reactions ahead of bulk traffic, see [`super::lane`]; then, when given
 //! the database, the deployment's budgets shared by every replica, see [`super::budget`]), retries with
-//! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`. It also
-//! reads messages back by id and downloads a message's files, streaming under a byte cap (an
-//! HTTP 200 body is the file, whatever its type).
+//! backoff on rate limits (HTTP 429, and the message APIs' 230020 and 11232, which no budget of
+//! ours prevents: a group's limit is shared by every bot in it), 5xx and transport errors, and
+//! typed errors for `code != 0`. It also reads messages back by id and downloads a message's
+//! files, streaming under a byte cap (an HTTP 200 body is the file, whatever its type).
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
 //! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
@@ -30,6 +31,10 @@ use crate::metrics::{LarkCallLabels, Metrics};
 const TOKEN_INVALID: [i64; 3] = [99991663, 99991664, 99991671];
 /// The rate-limit code (with HTTP 429, or 400 on some older APIs).
 const RATE_LIMITED: i64 = 99991400;
+/// The message APIs' own frequency limits, answered with HTTP 400: 230020 ("the operation
+/// triggers the frequency limit", e.g. a group's 5 calls a second, shared by every bot in it)
+/// and 11232. Backed off and retried like a 429; the `uuid` makes a resent message safe.
+const FREQUENCY_LIMITED: [i64; 2] = [230020, 11232];
 /// Attempts per call, counting the first.
 const MAX_ATTEMPTS: u32 = 4;
 /// Longest single wait between attempts (also caps `x-ogw-ratelimit-reset`).
@@ -639,10 +644,15 @@ impl LarkClient {
                 .await
                 .map(|v| (v.get("code").and_then(Value::as_i64), v));
             let code_of = code.as_ref().and_then(|(c, _)| *c);
-            let retry = status == StatusCode::TOO_MANY_REQUESTS
-                || code_of == Some(RATE_LIMITED)
-                || status.is_server_error();
-            if retry && !last {
+            if is_rate_limit(status, code_of, Kind::Message) {
+                self.count(api, "rate_limited");
+                if last {
+                    return Err(LarkError::RateLimited { api }.into());
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+            if status.is_server_error() && !last {
                 self.count(api, "retry");
                 tokio::time::sleep(backoff(attempt)).await;
                 continue;
@@ -824,7 +834,7 @@ impl LarkClient {
                 .and_then(|v| v.get("code"))
                 .and_then(Value::as_i64);
 
-            if status == StatusCode::TOO_MANY_REQUESTS || code == Some(RATE_LIMITED) {
+            if is_rate_limit(status, code, kind) {
                 self.count(api, "rate_limited");
                 if last {
                     return Err(LarkError::RateLimited { api });
@@ -891,6 +901,14 @@ impl LarkClient {
             }
         }
     }
+}
+
+/// Whether an answer says "slow down": HTTP 429 or 99991400 from any API, and on the message
+/// APIs also their own frequency-limit codes (with HTTP 400).
+fn is_rate_limit(status: StatusCode, code: Option<i64>, kind: Kind) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || code == Some(RATE_LIMITED)
+        || (kind == Kind::Message && code.is_some_and(|c| FREQUENCY_LIMITED.contains(&c)))
 }
 
 fn sent(api: &'static str, v: &Value) -> Result<Sent, LarkError> {

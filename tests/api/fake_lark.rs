@@ -61,6 +61,9 @@ pub enum Failure {
     Huge(usize),
     /// A reply succeeds but its answer carries no `thread_id` (seen with some chats).
     NoThread,
+    /// HTTP 400 with this frequency-limit code (230020, 11232), as the message APIs answer
+    /// when a group's limit (shared by every bot in it) is reached.
+    FrequencyLimit(i64),
 }
 
 struct Inner {
@@ -465,6 +468,13 @@ fn answer(
                     .into_response();
             }
             Failure::Code(c) => return code(StatusCode::OK, c, "scripted failure"),
+            Failure::FrequencyLimit(c) => {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    c,
+                    "The operation triggers the frequency limit. Please lower the request frequency and try again.",
+                );
+            }
             Failure::ServerError => {
                 return (StatusCode::SERVICE_UNAVAILABLE, "upstream unavailable").into_response();
             }

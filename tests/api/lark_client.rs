@@ -399,3 +399,67 @@ async fn a_json_file_downloads_intact_and_keeps_the_token() {
     lark.add_reaction("om_f", "OK").await.unwrap();
     assert_eq!(fake.requests_to("tenant_access_token").len(), 1);
 }
+
+/// 230020 and 11232 are rate limits (HTTP 400 from the message APIs: a group's limit is
+/// shared by every bot in it): a send, a reply, a reaction, a card PATCH and a download that
+/// meet one once go through on the retry, each message created once.
+#[tokio::test]
+async fn the_message_apis_frequency_limits_are_backed_off_and_retried() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let limited = |code| vec![Failure::FrequencyLimit(code)];
+    fake.fail_next("receive_id_type", limited(230020));
+    let sent = lark
+        .send("oc_1", &Content::Text("hi".into()), "u-send")
+        .await
+        .unwrap();
+    fake.fail_next("/reply", limited(230020));
+    let reply = lark
+        .reply("om_1", &Content::Text("re".into()), false, "u-reply", None)
+        .await
+        .unwrap();
+    fake.fail_next("/reactions", limited(11232));
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    let card = json!({"schema": "2.0", "body": {"elements": []}});
+    fake.fail_next("/messages/om_card", limited(230020));
+    lark.edit("om_card", &Content::Card(card.clone()))
+        .await
+        .unwrap();
+    fake.add_resource("om_f", "file_a", b"data".to_vec());
+    fake.fail_next("/resources/file_a", limited(230020));
+    let file = lark.download("om_f", "file_a", "file", 1024).await.unwrap();
+    assert_eq!(file, b"data");
+
+    for (part, n) in [
+        ("receive_id_type", 2),
+        ("/reply", 2),
+        ("/reactions", 2),
+        ("/messages/om_card", 2),
+        ("/resources/file_a", 2),
+    ] {
+        let reqs = fake.requests_to(part);
+        assert_eq!(reqs.len(), n, "{part}");
+        assert_eq!(reqs[0].body, reqs[1].body, "{part}: the same request again");
+    }
+    let posted = fake.posted();
+    assert_eq!(posted.len(), 2, "{posted:?}");
+    assert_eq!(posted[0]["message_id"], json!(sent.message_id));
+    assert_eq!(posted[1]["message_id"], json!(reply.message_id));
+    assert_eq!(fake.patched("om_card").len(), 1);
+
+    // Bounded: a limit that does not lift ends in the client's rate-limit error.
+    fake.fail_next("/reply", vec![Failure::FrequencyLimit(230020); 4]);
+    let e = lark
+        .reply(
+            "om_1",
+            &Content::Text("again".into()),
+            false,
+            "u-again",
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::RateLimited { api: "reply" }), "{e}");
+    assert_eq!(fake.requests_to("/reply").len(), 6);
+    assert_eq!(fake.posted().len(), 2);
+}
