@@ -261,7 +261,7 @@ fn unavailable(e: &LarkError) -> String {
     match e {
         LarkError::Api { code, .. } => match *code {
             IN_BUNDLE_OR_CARD => "Lark does not let bots download files inside forwarded messages or cards (234043)".into(),
-            NO_SCOPE => "the bot lacks the permission to read messages (one of the scopes im:message, im:message:readonly or im:message.history:readonly)".into(),
+            NO_SCOPE => "the bot lacks the permission (reading a message needs the scope im:message or im:message:readonly; downloading its files also takes im:message.history:readonly)".into(),
             DELETED | RECALLED => "it was deleted or recalled".into(),
             NOT_IN_CHAT => "the bot is not in the chat it was sent in".into(),
             code => format!("Lark refused it (code {code})"),

@@ -35,6 +35,8 @@ const RATE_LIMITED: i64 = 99991400;
 /// triggers the frequency limit", e.g. a group's 5 calls a second, shared by every bot in it)
 /// and 11232. Backed off and retried like a 429; the `uuid` makes a resent message safe.
 const FREQUENCY_LIMITED: [i64; 2] = [230020, 11232];
+/// The app lacks the scope an API needs.
+pub const NO_SCOPE: i64 = 99991672;
 /// Attempts per call, counting the first.
 const MAX_ATTEMPTS: u32 = 4;
 /// Longest single wait between attempts (also caps `x-ogw-ratelimit-reset`).

@@ -6,7 +6,9 @@
 //! Messages can be read back (`GET /im/v1/messages/{id}`, a forwarded bundle with its
 //! messages) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
 //! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope). A
-//! file is served with the content type Lark gives its kind (`application/json` for JSON).
+//! file is served with the content type Lark gives its kind (`application/json` for JSON). With
+//! only `im:message.history:readonly` granted, reading a message answers 99991672 while its
+//! files still download.
 //!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
@@ -98,6 +100,9 @@ struct Inner {
     streamed: HashSet<(String, String)>,
     /// The app lacks the message-reading scopes: both endpoints answer 99991672.
     no_message_scope: bool,
+    /// The app has `im:message.history:readonly` only: messages cannot be read (99991672),
+    /// their resources can be downloaded.
+    history_scope_only: bool,
 }
 
 /// A CardKit card as the fake holds it.
@@ -183,6 +188,7 @@ impl FakeLark {
                 resources: HashMap::new(),
                 streamed: HashSet::new(),
                 no_message_scope: false,
+                history_scope_only: false,
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -247,6 +253,12 @@ impl FakeLark {
     /// From now on the app lacks the scopes to read messages and their resources.
     pub fn drop_message_scope(&self) {
         self.shared.inner.lock().unwrap().no_message_scope = true;
+    }
+
+    /// From now on the app has `im:message.history:readonly` but neither `im:message` nor
+    /// `im:message:readonly`.
+    pub fn grant_history_scope_only(&self) {
+        self.shared.inner.lock().unwrap().history_scope_only = true;
     }
 
     /// The long connection's endpoint answers `url` and `config` from now on.
@@ -606,6 +618,13 @@ fn answer(
         ("GET", ["open-apis", "im", "v1", "messages", id]) => {
             if inner.no_message_scope {
                 return no_scope();
+            }
+            if inner.history_scope_only {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    99991672,
+                    "Access denied. One of the following scopes is required: [im:message, im:message:readonly].",
+                );
             }
             // The message, then (for a bundle) the messages inside it.
             let Some(first) = inner

@@ -463,3 +463,21 @@ async fn the_message_apis_frequency_limits_are_backed_off_and_retried() {
     assert_eq!(fake.requests_to("/reply").len(), 6);
     assert_eq!(fake.posted().len(), 2);
 }
+
+/// With only `im:message.history:readonly` a message's files download but the message itself
+/// cannot be read (99991672), as on the platform.
+#[tokio::test]
+async fn the_history_scope_downloads_files_but_does_not_read_messages() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    fake.add_message("om_m", "text", json!({"text": "hi"}), "ou_a", None);
+    fake.add_resource("om_m", "file_a", b"log".to_vec());
+    fake.grant_history_scope_only();
+    let e = lark.get_message("om_m").await.unwrap_err();
+    assert!(
+        matches!(e, LarkError::Api { code: 99991672, ref msg, .. } if !msg.contains("history")),
+        "{e}"
+    );
+    let file = lark.download("om_m", "file_a", "file", 1024).await.unwrap();
+    assert_eq!(file, b"log");
+}
