@@ -37,6 +37,11 @@ const RATE_LIMITED: i64 = 99991400;
 const FREQUENCY_LIMITED: [i64; 2] = [230020, 11232];
 /// The app lacks the scope an API needs.
 pub const NO_SCOPE: i64 = 99991672;
+/// A message request over Lark's size limit.
+pub const TOO_LARGE: i64 = 230025;
+/// Lark's limit on a post or card message request, measured on the serialized request body
+/// (`content` is JSON inside that JSON, so its quotes and backslashes count twice).
+pub const MAX_POST_REQUEST: usize = 30 * 1024;
 /// Attempts per call, counting the first.
 const MAX_ATTEMPTS: u32 = 4;
 /// Longest single wait between attempts (also caps `x-ogw-ratelimit-reset`).
@@ -345,12 +350,7 @@ impl LarkClient {
         uuid: &str,
         chat_key: Option<&str>,
     ) -> Result<Sent, LarkError> {
-        let body = json!({
-            "msg_type": content.msg_type(),
-            "content": content.encoded(),
-            "reply_in_thread": in_thread,
-            "uuid": uuid,
-        });
+        let body = reply_body(content, in_thread, uuid);
         let path = format!(
             "/open-apis/im/v1/messages/{}/reply",
             path_segment(message_id)
@@ -903,6 +903,24 @@ impl LarkClient {
             }
         }
     }
+}
+
+/// The body of a reply (`POST …/messages/{id}/reply`).
+fn reply_body(content: &Content, in_thread: bool, uuid: &str) -> Value {
+    json!({
+        "msg_type": content.msg_type(),
+        "content": content.encoded(),
+        "reply_in_thread": in_thread,
+        "uuid": uuid,
+    })
+}
+
+/// The bytes of the largest reply request that carries `content` (`reply_in_thread: false`,
+/// a `uuid` of the 50 characters Lark allows), serialized as it is sent: what Lark's size
+/// limits ([`MAX_POST_REQUEST`]) measure.
+pub fn reply_request_bytes(content: &Content) -> usize {
+    let body = reply_body(content, false, &"u".repeat(50));
+    serde_json::to_vec(&body).map_or(usize::MAX, |b| b.len())
 }
 
 /// Whether an answer says "slow down": HTTP 429 or 99991400 from any API, and on the message

@@ -10,6 +10,9 @@
 //! only `im:message.history:readonly` granted, reading a message answers 99991672 while its
 //! files still download.
 //!
+//! Message requests are held to Lark's size limits on the raw request body: a post or card
+//! (send, reply, PATCH, PUT) over 30 KB and a text over 150 KB are refused with 230025.
+//!
 //! CardKit cards are enforced as Lark enforces them: a `sequence` that does not increase is
 //! refused with 300317, an update after the streaming TTL (10 minutes, settable) with 300309,
 //! more than 10 operations per second on one card with 230020, and a card over 30 KB or 200
@@ -40,6 +43,8 @@ pub struct Recorded {
     /// `Authorization` header value.
     pub auth: Option<String>,
     pub body: Value,
+    /// The raw body's length in bytes, as sent.
+    pub bytes: usize,
     /// When it arrived.
     pub at: Instant,
 }
@@ -66,6 +71,8 @@ pub enum Failure {
     /// HTTP 400 with this frequency-limit code (230020, 11232), as the message APIs answer
     /// when a group's limit (shared by every bot in it) is reached.
     FrequencyLimit(i64),
+    /// HTTP 400 with 230025, as for a message whose stored form is over the limit.
+    TooLarge,
 }
 
 struct Inner {
@@ -382,6 +389,7 @@ async fn handle(
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
+    let bytes = body.len();
     let body: Value = if body.is_empty() {
         Value::Null
     } else {
@@ -396,6 +404,7 @@ async fn handle(
         path: path.clone(),
         auth: auth.clone(),
         body: body.clone(),
+        bytes,
         at: Instant::now(),
     });
     shared.seen.send_modify(|n| *n += 1);
@@ -403,8 +412,36 @@ async fn handle(
     let _ = hold
         .wait_for(|h| !h.as_deref().is_some_and(|part| path.contains(part)))
         .await;
+    if let Some(refused) = over_size_limit(&method, &path, &body, bytes) {
+        return refused;
+    }
     let mut inner = shared.inner.lock().unwrap();
     answer(&mut inner, &method, &path, auth.as_deref(), &body)
+}
+
+/// Lark's limits on a message request, measured on the raw body as sent: a post or a card
+/// (send, reply, edit) at most 30 KB, a text at most 150 KB; 230025 over them.
+fn over_size_limit(method: &Method, path: &str, body: &Value, bytes: usize) -> Option<Response> {
+    let path = path.split('?').next().unwrap_or("");
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let message = matches!(
+        (method.as_str(), parts.as_slice()),
+        ("POST", ["open-apis", "im", "v1", "messages"])
+            | ("POST", ["open-apis", "im", "v1", "messages", _, "reply"])
+            | ("PUT" | "PATCH", ["open-apis", "im", "v1", "messages", _])
+    );
+    // A PATCH carries a card and no `msg_type`.
+    let limit = match body["msg_type"].as_str() {
+        Some("text") => 150 * 1024,
+        _ => 30 * 1024,
+    };
+    (message && bytes > limit).then(|| {
+        code(
+            StatusCode::BAD_REQUEST,
+            230025,
+            "The message you sent exceeds the length limit.",
+        )
+    })
 }
 
 fn no_scope() -> Response {
@@ -485,6 +522,13 @@ fn answer(
                     StatusCode::BAD_REQUEST,
                     c,
                     "The operation triggers the frequency limit. Please lower the request frequency and try again.",
+                );
+            }
+            Failure::TooLarge => {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230025,
+                    "The message you sent exceeds the length limit.",
                 );
             }
             Failure::ServerError => {

@@ -464,6 +464,37 @@ async fn the_message_apis_frequency_limits_are_backed_off_and_retried() {
     assert_eq!(fake.posted().len(), 2);
 }
 
+/// Lark measures a message request as sent: a post or card body over 30 KB is refused with
+/// 230025, however small its content is before it is escaped into the body.
+#[tokio::test]
+async fn the_size_limit_is_on_the_request_as_sent() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let limit = sshmode::lark::client::MAX_POST_REQUEST;
+    // Quotes and backslashes are escaped in `content`, and again in the body: under 30 KB of
+    // text, over it as sent.
+    let text = "\"\\".repeat(limit / 3);
+    assert!(text.len() < limit);
+    let post = |t: &str| Content::Post(json!({"zh_cn": {"content": [[{"tag": "md", "text": t}]]}}));
+    let e = lark
+        .reply("om_1", &post(&text), false, "u-big", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::Api { code: 230025, .. }), "{e}");
+    let refused = fake.requests_to("/reply");
+    assert!(refused[0].bytes > limit);
+    assert_eq!(
+        sshmode::lark::client::reply_request_bytes(&post(&text)),
+        refused[0].bytes + 50 - "u-big".len(),
+        "the measure is the body as sent (with the longest uuid)"
+    );
+    // The same content unescaped fits.
+    lark.reply("om_1", &post(&"x".repeat(limit / 2)), false, "u-ok", None)
+        .await
+        .unwrap();
+    assert_eq!(fake.posted().len(), 1);
+}
+
 /// With only `im:message.history:readonly` a message's files download but the message itself
 /// cannot be read (99991672), as on the platform.
 #[tokio::test]
