@@ -1,64 +1,169 @@
 //! Answers in the chat: the receipt reaction (which stays), `CrossMark` beside it when a turn
-//! did not answer normally, and the final answer as
-//! markdown chunks under Lark's 30 KB post limit, each with a deterministic `uuid`. The
-//! answer is the model's text: the front-end makes it inert before it is posted.
+//! did not answer normally, and the final answer as markdown chunks, each within what the
+//! channel takes as sent ([`ChatOut::answer_size`]: for Lark the serialized reply request,
+//! 30 KB) and each with a deterministic `uuid`; a chunk the channel still refuses as too large
+//! is cut further, a bounded number of times. The answer is the model's text: the front-end
+//! makes it inert before it is posted.
+//!
+//! [`ChatOut::answer_size`]: super::ChatOut::answer_size
 
-use super::{ANSWERED, AgentDeps, FAILURE, RECEIPT};
+use std::collections::VecDeque;
+
+use super::{ANSWERED, AgentDeps, FAILURE, RECEIPT, TooLarge};
 use crate::lark::client::idempotency_key;
+use crate::lark::markup::fence_marker;
 use crate::turns::{ActiveTurn, Fenced};
 
-/// Most bytes of markdown in one post. Making it inert, then JSON escaping, at most doubles
-/// it (a replaced `<` or `&` is followed by a character kept as is), which stays under Lark's
-/// 30 KB post limit with room for the envelope.
-const CHUNK_BYTES: usize = 14_000;
+/// How many times a chunk the channel refuses as too large is cut again, each time to half of
+/// what it cost, before the answer fails.
+const MAX_SPLITS: u32 = 3;
 
-/// Splits markdown into chunks of at most [`CHUNK_BYTES`] (plus a fence line), at line breaks
-/// where possible; a code block cut by a split is closed and reopened.
-pub fn markdown_chunks(text: &str) -> Vec<String> {
+/// Splits markdown into chunks, in order, each with `size(chunk) <= limit`: at line breaks
+/// where whole lines fit, else inside a line at a character boundary (never inside a UTF-8
+/// character). A code block cut by a split is closed, and reopened with its opening line in
+/// the next chunk. `size` is what a chunk costs as sent; it is at least the chunk's bytes
+/// (escaping only adds), which bounds the search. A character that does not fit even alone is
+/// a chunk of its own.
+pub fn markdown_chunks(text: &str, size: impl Fn(&str) -> usize, limit: usize) -> Vec<String> {
     let text = if text.trim().is_empty() {
         "(no answer)"
     } else {
         text
     };
-    let mut chunks = Vec::new();
-    let mut cur = String::new();
-    let mut in_code = false;
-    let push_piece =
-        |cur: &mut String, piece: &str, in_code: &mut bool, chunks: &mut Vec<String>| {
-            if !cur.is_empty() && cur.len() + piece.len() > CHUNK_BYTES {
-                let mut done = std::mem::take(cur);
-                if *in_code {
-                    if !done.ends_with('\n') {
-                        done.push('\n');
-                    }
-                    done.push_str("```");
-                    cur.push_str("```\n");
-                }
-                chunks.push(done);
-            }
-            cur.push_str(piece);
-            if piece.trim_start().starts_with("```") {
-                *in_code = !*in_code;
-            }
-        };
+    cut(text, &size, limit)
+}
+
+/// An open code fence: where its opening line is in the text, and its marker.
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    line: (usize, usize),
+    marker: char,
+    len: usize,
+}
+
+/// [`markdown_chunks`] without its placeholder for an empty answer; also how a chunk the
+/// channel refused is cut further.
+fn cut(text: &str, size: &dyn Fn(&str) -> usize, limit: usize) -> Vec<String> {
+    // Where each line ends, and the fence open after it (as the inert form reads fences).
+    let mut ends: Vec<(usize, Option<Fence>)> = Vec::new();
+    let mut fence: Option<Fence> = None;
+    let mut at = 0;
     for line in text.split_inclusive('\n') {
-        if line.len() <= CHUNK_BYTES {
-            push_piece(&mut cur, line, &mut in_code, &mut chunks);
+        if let Some((marker, len)) = fence_marker(line) {
+            match fence {
+                None => {
+                    fence = Some(Fence {
+                        line: (at, at + line.len()),
+                        marker,
+                        len,
+                    })
+                }
+                Some(f) if f.marker == marker && len >= f.len => fence = None,
+                Some(_) => {}
+            }
+        }
+        at += line.len();
+        ends.push((at, fence));
+    }
+    // The chunk `text[from..to]`, reopening the fence open at `from` and closing the one open
+    // at `to` (unless the text ends there).
+    let render = |from: usize, to: usize, open: Option<Fence>, open_at_end: Option<Fence>| {
+        let mut s = String::new();
+        if let Some(f) = open {
+            s.push_str(&text[f.line.0..f.line.1]);
+            if !s.ends_with('\n') {
+                s.push('\n');
+            }
+        }
+        s.push_str(&text[from..to]);
+        if let Some(f) = open_at_end
+            && to < text.len()
+        {
+            if !s.ends_with('\n') {
+                s.push('\n');
+            }
+            s.extend(std::iter::repeat_n(f.marker, f.len));
+        }
+        s
+    };
+    // The largest `n` in `0..=max` for which `fits(n)` holds (0 when none does), assuming a
+    // longer candidate costs more.
+    let largest = |max: usize, fits: &dyn Fn(usize) -> bool| {
+        let (mut lo, mut hi) = (0, max);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    };
+    let mut chunks = Vec::new();
+    let (mut pos, mut line, mut open) = (0, 0, None);
+    while pos < text.len() {
+        // Whole lines from here, as many as fit.
+        let lines = ends[line..]
+            .iter()
+            .take_while(|(end, _)| end - pos <= limit)
+            .count();
+        let mut n = largest(lines, &|n| {
+            let (end, after) = ends[line + n - 1];
+            size(&render(pos, end, open, after)) <= limit
+        });
+        // A chunk does not end on the line that opens a code block, nor just before the line
+        // that closes one (either leaves an empty block), unless the text ends there.
+        let opens = |n: usize| {
+            let (end, after) = ends[line + n - 1];
+            end < text.len() && after.is_some_and(|f| f.line.1 == end)
+        };
+        let closes_next = |n: usize| {
+            ends[line + n - 1].1.is_some() && ends.get(line + n).is_some_and(|e| e.1.is_none())
+        };
+        if n > 1 && (opens(n) || (closes_next(n) && !opens(n - 1))) {
+            n -= 1;
+        }
+        if n > 0 && !opens(n) {
+            let (end, after) = ends[line + n - 1];
+            chunks.push(render(pos, end, open, after));
+            (pos, line, open) = (end, line + n, after);
             continue;
         }
-        // A single huge line: cut at character boundaries.
-        let mut rest = line;
-        while !rest.is_empty() {
-            let mut end = rest.len().min(CHUNK_BYTES);
-            while !rest.is_char_boundary(end) {
-                end -= 1;
-            }
-            push_piece(&mut cur, &rest[..end], &mut in_code, &mut chunks);
-            rest = &rest[end..];
+        // The next line does not fit whole (after the line opening a block, if that is where
+        // this chunk starts): cut it at a character boundary.
+        let (start, state) = if n == 1 { ends[line] } else { (pos, open) };
+        let cut_line = line + n;
+        let (line_end, after) = ends[cut_line];
+        let bounds: Vec<usize> = text[start..line_end]
+            .char_indices()
+            .map(|(i, c)| start + i + c.len_utf8())
+            .take_while(|end| end - pos <= limit)
+            .collect();
+        let k = largest(bounds.len(), &|k| {
+            size(&render(pos, bounds[k - 1], open, state)) <= limit
+        });
+        if k == 0 && n == 1 {
+            // Not a character more fits beside the opening line: it goes alone.
+            chunks.push(render(pos, start, open, state));
+            (pos, line, open) = (start, line + 1, state);
+            continue;
         }
-    }
-    if !cur.is_empty() {
-        chunks.push(cur);
+        let end = match k {
+            // Not even one character fits: it goes alone.
+            0 => text[pos..]
+                .chars()
+                .next()
+                .map_or(text.len(), |c| pos + c.len_utf8()),
+            k => bounds[k - 1],
+        };
+        if end == line_end {
+            chunks.push(render(pos, end, open, after));
+            (pos, line, open) = (end, cut_line + 1, after);
+        } else {
+            chunks.push(render(pos, end, open, state));
+            (pos, line, open) = (end, cut_line, state);
+        }
     }
     chunks
 }
@@ -149,27 +254,136 @@ pub(super) async fn finish_reactions(
 }
 
 /// Sends `text` as the turn's answer: a reply to the turn's last message, in its thread when
-/// it was in one, else in place. The uuids derive from the turn, so a resend is dropped.
-/// Returns the replies sent.
+/// it was in one, else in place. The uuids derive from the turn and the chunk's place, so a
+/// resend is dropped; a chunk refused as too large is cut in parts (`answer:1.0`, `answer:1.1`
+/// …) sent in its place, at most [`MAX_SPLITS`] times over. Returns the replies asked for.
 pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> anyhow::Result<u32> {
     let Some(last) = turn.messages.last() else {
         return Ok(0);
     };
     let mut sent = 0;
     let key = format!("turn:{}", turn.id);
-    for (i, chunk) in markdown_chunks(text).iter().enumerate() {
-        let uuid = idempotency_key(&key, &format!("answer:{i}"));
-        deps.out
+    let size = |c: &str| deps.out.answer_size(c);
+    // (chunk, its uuid's purpose, times cut so far), in the answer's order.
+    let mut queue: VecDeque<(String, String, u32)> =
+        markdown_chunks(text, size, deps.out.answer_limit())
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| (c, format!("answer:{i}"), 0))
+            .collect();
+    while let Some((chunk, purpose, splits)) = queue.pop_front() {
+        let uuid = idempotency_key(&key, &purpose);
+        sent += 1;
+        let Err(e) = deps
+            .out
             .reply_markdown(
                 &turn.chat_id,
                 &last.message_id,
-                chunk,
+                &chunk,
                 last.in_thread,
                 &uuid,
             )
-            .await?;
-        sent += 1;
+            .await
+        else {
+            continue;
+        };
+        let parts = if e.downcast_ref::<TooLarge>().is_some() && splits < MAX_SPLITS {
+            cut(&chunk, &size, size(&chunk) / 2)
+        } else {
+            Vec::new()
+        };
+        if parts.len() < 2 {
+            return Err(e);
+        }
+        tracing::info!(lark.message_id = %last.message_id, answer.chunk = %purpose, answer.parts = parts.len(), "an answer chunk was refused as too large; sending it in parts");
+        for (j, part) in parts.into_iter().enumerate().rev() {
+            queue.push_front((part, format!("{purpose}.{j}"), splits + 1));
+        }
     }
     turn.fence.mark_answered(turn.id).await?;
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twice the bytes: text whose every character is escaped once more on the way.
+    fn double(s: &str) -> usize {
+        2 * s.len()
+    }
+
+    #[test]
+    fn whole_lines_in_order_as_many_as_fit() {
+        let text: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        let chunks = markdown_chunks(&text, double, 200);
+        assert!(chunks.iter().all(|c| double(c) <= 200 && c.ends_with('\n')));
+        assert_eq!(chunks[0].len(), 99, "eleven lines of nine bytes");
+        assert_eq!(chunks.concat(), text);
+    }
+
+    #[test]
+    fn a_code_block_cut_is_closed_and_reopened_with_its_opening_line() {
+        let mut text = String::from("intro\n~~~~rust\n");
+        for i in 0..50 {
+            text.push_str(&format!("let x{i} = {i};\n"));
+        }
+        text.push_str("~~~~\nafter\n");
+        let chunks = markdown_chunks(&text, str::len, 300);
+        assert!(chunks.len() > 2);
+        let mut rejoined = String::new();
+        for (i, c) in chunks.iter().enumerate() {
+            assert!(c.len() <= 300, "{c}");
+            let mut c = c.as_str();
+            if i > 0 {
+                c = c.strip_prefix("~~~~rust\n").expect("reopened");
+            }
+            if i < chunks.len() - 1 {
+                c = c.strip_suffix("~~~~").expect("closed");
+            }
+            rejoined.push_str(c);
+        }
+        assert!(chunks.last().unwrap().ends_with("~~~~\nafter\n"));
+        assert_eq!(rejoined, text);
+    }
+
+    #[test]
+    fn a_chunk_never_ends_on_the_line_opening_a_block_nor_before_the_one_closing_it() {
+        let (a, b, c) = ("a".repeat(40), "b".repeat(25), "c".repeat(25));
+        let text = format!("{a}\n```sh\n{b}\n{c}\n```\n");
+        // The opening line would fit in the first chunk, and the block but its closing line in
+        // the second: either would leave a chunk with an empty block.
+        assert_eq!(
+            markdown_chunks(&text, str::len, 61),
+            [
+                format!("{a}\n"),
+                format!("```sh\n{b}\n```"),
+                format!("```sh\n{c}\n```\n")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_long_line_is_cut_between_characters() {
+        let text = "日本語".repeat(100);
+        let chunks = markdown_chunks(&text, str::len, 100);
+        assert!(chunks.iter().all(|c| c.len() == 99 || c.len() == 900 % 99));
+        assert_eq!(chunks.concat(), text);
+        // In a code block the line goes on in the reopened block.
+        let text = format!("```\n{}\n```\n", "x".repeat(250));
+        let chunks = markdown_chunks(&text, str::len, 100);
+        assert!(chunks.len() >= 3, "{chunks:?}");
+        for c in &chunks {
+            assert!(c.len() <= 100 && c.starts_with("```\nx"), "{c}");
+            assert_eq!(c.matches("```").count(), 2, "{c}");
+        }
+        let xs: usize = chunks.iter().map(|c| c.matches('x').count()).sum();
+        assert_eq!(xs, 250);
+    }
+
+    #[test]
+    fn what_never_fits_goes_one_character_at_a_time() {
+        assert_eq!(markdown_chunks("ab", |s| s.len() + 10, 5), ["a", "b"]);
+        assert_eq!(markdown_chunks(" \n", str::len, 100), ["(no answer)"]);
+    }
 }

@@ -146,6 +146,14 @@ use crate::turns::{self, ActiveTurn, Enqueued, StopOutcome, TurnRequest, TurnWor
 pub use answer::markdown_chunks;
 pub use tools::definitions as tool_definitions;
 
+/// The most bytes of markdown in one answer chunk on a channel that sets no limit of its own.
+pub const CHUNK_BYTES: usize = 14_000;
+
+/// A channel refused an answer chunk as too large (Lark: 230025); the chunk is cut further.
+#[derive(Debug, thiserror::Error)]
+#[error("the channel refused the answer chunk as too large")]
+pub struct TooLarge;
+
 /// The answer to an agent request while no model is configured (CONTRACT).
 pub const NO_MODEL: &str = "No model is configured for this service, so I cannot take requests yet. \
 Chat commands still work: send /help to see them.";
@@ -232,8 +240,19 @@ pub trait ChatOut: Send + Sync + 'static {
         self.add_reaction(message_id, emoji).await
     }
     async fn remove_reaction(&self, message_id: &str, reaction_id: &str) -> anyhow::Result<()>;
-    /// Replies to `message_id` with one markdown chunk (a `post` with an `md` element, under
-    /// 30 KB). `in_thread` keeps the answer in the message's thread; false answers in place.
+    /// What one markdown chunk of an answer costs as [`ChatOut::reply_markdown`] sends it, in
+    /// the unit of [`ChatOut::answer_limit`]; at least its bytes. By default its bytes.
+    fn answer_size(&self, markdown: &str) -> usize {
+        markdown.len()
+    }
+    /// The most one chunk of an answer may cost: answers are cut into chunks within it.
+    fn answer_limit(&self) -> usize {
+        CHUNK_BYTES
+    }
+    /// Replies to `message_id` with one markdown chunk (for Lark a `post` with an `md`
+    /// element). `in_thread` keeps the answer in the message's thread; false answers in place.
+    /// A chunk the channel refuses as too large is an error carrying [`TooLarge`]: it is cut
+    /// further and sent in parts.
     async fn reply_markdown(
         &self,
         chat_id: &str,

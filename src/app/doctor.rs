@@ -1,8 +1,9 @@
 //! `sshmode doctor`: checks a deployment the way its first user would find it broken, one
 //! [`Check`] per line with ✓ (fine), ! (works, with a caveat) or ✗ (broken) and one line of
 //! advice — the config, the database and its migrations, the local isolation level, Lark (a
-//! tenant token, the bot's info, the Encrypt Key, and with `--url` a signed `url_verification`
-//! round trip through the public event URL), one `max_tokens = 1` request per model entry, and
+//! tenant token, the bot's info, the scope to read quoted messages, the Encrypt Key, and with
+//! `--url` a signed `url_verification` round trip through the public event URL), one
+//! `max_tokens = 1` request per model entry, and
 //! every approved target (reachable, host key, `true`, SFTP or the shell fallback).
 //!
 //! [`light`] is the start-up form `serve` logs: what it knows without calling Lark, a model or
@@ -22,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, LlmConfig};
 use crate::exec::Executors;
 use crate::exec::local::sandbox::Level;
+use crate::lark::client::{self, LarkClient, LarkError};
 use crate::llm::FailureClass;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -36,6 +38,9 @@ const URL_WAIT: Duration = Duration::from_secs(10);
 const TARGET_WAIT: Duration = Duration::from_secs(30);
 /// Targets checked at once.
 const TARGETS_AT_ONCE: usize = 8;
+/// A message id no chat holds, read to check the scope: Lark checks the app's scopes before
+/// it looks for the message.
+const PROBE_MESSAGE: &str = "om_sshmode_doctor_scope_probe";
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -50,8 +55,8 @@ pub enum Status {
 /// One line of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// `config`, `database`, `isolation`, `lark.token`, `lark.bot`, `lark.encrypt_key`,
-    /// `lark.url`, `model <provider>/<model>`, `target <alias>`.
+    /// `config`, `database`, `isolation`, `lark.token`, `lark.bot`, `lark.scopes`,
+    /// `lark.encrypt_key`, `lark.url`, `model <provider>/<model>`, `target <alias>`.
     pub name: String,
     pub status: Status,
     pub detail: String,
@@ -265,7 +270,7 @@ async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
         }
     };
     let mut checks = Vec::new();
-    let client = crate::lark::client::LarkClient::new(
+    let client = LarkClient::new(
         &config.lark_base_url,
         &lark.app_id,
         lark.app_secret.clone(),
@@ -297,6 +302,7 @@ async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
                          console → Features → Bot)",
                     ),
                 });
+                checks.push(message_scope(&client).await);
             }
         },
     }
@@ -332,6 +338,40 @@ async fn lark(config: &Config, opts: &Options) -> Vec<Check> {
         );
     }
     checks
+}
+
+/// Whether the app may read a message by id (a quoted message, `GET /im/v1/messages/{id}`):
+/// that needs `im:message` or `im:message:readonly`; `im:message.history:readonly`, which is
+/// enough to download files, is not enough here (99991672).
+async fn message_scope(client: &LarkClient) -> Check {
+    const NAME: &str = "lark.scopes";
+    match client.get_message(PROBE_MESSAGE).await {
+        Err(LarkError::Api {
+            code: client::NO_SCOPE,
+            ..
+        }) => Check::fail(
+            NAME,
+            "reading a message is refused (99991672): the app has neither im:message nor \
+             im:message:readonly, so quoted messages cannot be read",
+            "add the scope im:message:readonly (or im:message) under Permissions & Scopes in the \
+             developer console and publish a version; im:message.history:readonly only covers \
+             downloading files",
+        ),
+        // Lark looked for the message (it is not there): the scope is granted.
+        Ok(_)
+        | Err(LarkError::Api {
+            code: 230_000..=239_999,
+            ..
+        }) => Check::ok(
+            NAME,
+            "quoted messages are readable (im:message or im:message:readonly)",
+        ),
+        Err(e) => Check::warn(
+            NAME,
+            format!("whether quoted messages are readable is unknown: {e}"),
+            "run doctor again; the scope needed is im:message:readonly (or im:message)",
+        ),
+    }
 }
 
 /// The long connection's endpoint call: the credentials open a connection URL.

@@ -263,7 +263,7 @@ fn unavailable(e: &LarkError) -> String {
     match e {
         LarkError::Api { code, .. } => match *code {
             IN_BUNDLE_OR_CARD => "Lark does not let bots download files inside forwarded messages or cards (234043)".into(),
-            NO_SCOPE => "the bot lacks the permission to read messages (one of the scopes im:message, im:message:readonly or im:message.history:readonly)".into(),
+            NO_SCOPE => "the bot lacks the permission (reading a message needs the scope im:message or im:message:readonly; downloading its files also takes im:message.history:readonly)".into(),
             DELETED | RECALLED => "it was deleted or recalled".into(),
             NOT_IN_CHAT => "the bot is not in the chat it was sent in".into(),
             code => format!("Lark refused it (code {code})"),
@@ -543,6 +543,12 @@ pub fn post_content(markdown: &str) -> Value {
     json!({ "zh_cn": { "title": "", "content": [[{ "tag": "md", "text": text }]] } })
 }
 
+/// The bytes of the reply request that carries `markdown` as an answer chunk, serialized as
+/// sent: what Lark's 30 KB limit measures.
+pub fn answer_request_bytes(markdown: &str) -> usize {
+    lark_client::reply_request_bytes(&Content::Post(post_content(markdown)))
+}
+
 #[async_trait]
 impl ChatOut for LarkClient {
     async fn add_reaction(&self, message_id: &str, emoji: &str) -> anyhow::Result<String> {
@@ -557,6 +563,14 @@ impl ChatOut for LarkClient {
         Ok(LarkClient::remove_reaction(self, message_id, reaction_id).await?)
     }
 
+    fn answer_size(&self, markdown: &str) -> usize {
+        answer_request_bytes(markdown)
+    }
+
+    fn answer_limit(&self) -> usize {
+        lark_client::MAX_POST_REQUEST
+    }
+
     async fn reply_markdown(
         &self,
         chat_id: &str,
@@ -566,9 +580,19 @@ impl ChatOut for LarkClient {
         uuid: &str,
     ) -> anyhow::Result<()> {
         let content = Content::Post(post_content(markdown));
-        self.reply(message_id, &content, in_thread, uuid, Some(chat_id))
-            .await?;
-        Ok(())
+        match self
+            .reply(message_id, &content, in_thread, uuid, Some(chat_id))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(
+                e @ LarkError::Api {
+                    code: lark_client::TOO_LARGE,
+                    ..
+                },
+            ) => Err(anyhow::Error::new(e).context(crate::agent::TooLarge)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn can_ask(&self) -> bool {
@@ -692,31 +716,75 @@ mod tests {
         assert!(event.inert && !event.express);
     }
 
+    /// Chunks rejoined: a code block closed at a chunk's end (`\n` + fence, no newline after)
+    /// and reopened with `reopen` at the next one's start is one block again.
+    fn rejoin(chunks: &[String], reopen: &str) -> String {
+        let mut out = String::new();
+        for c in chunks {
+            let c = match out.strip_suffix("\n```") {
+                Some(kept) => {
+                    out = format!("{kept}\n");
+                    c.strip_prefix(reopen).expect("the block reopened")
+                }
+                None => c,
+            };
+            out.push_str(c);
+        }
+        out
+    }
+
     #[test]
-    fn chunks_stay_under_the_post_limit_and_keep_code_fences() {
-        let mut text = String::from("intro\n```\n");
-        for i in 0..4000 {
-            text.push_str(&format!("line \"{i}\" \\ with quotes\n"));
+    fn chunks_fit_the_reply_request_as_sent_and_keep_code_fences() {
+        let limit = lark_client::MAX_POST_REQUEST;
+        let fits = |c: &String| {
+            let bytes = answer_request_bytes(c);
+            assert!(bytes <= limit, "{bytes} > {limit}: {c:.80}");
+        };
+        // Escaped JSON in a code block: every `\` and `"` is escaped again in the post's
+        // JSON and once more in the request's, so the request is well over twice the text.
+        let inner = json!({"cmd": "echo \"hi\" \\ there", "env": {"A": "\"b\""}}).to_string();
+        let line = json!({"payload": inner, "n": "\\\\"}).to_string();
+        let mut text = String::from("The payload:\n```json\n");
+        let mut n = 0;
+        while text.len() < 40_000 {
+            text.push_str(&format!("{line} {n}\n"));
+            n += 1;
         }
         text.push_str("```\nend\n");
-        let chunks = markdown_chunks(&text);
-        assert!(chunks.len() > 1);
+        let request = answer_request_bytes(&text);
+        assert!(request > 2 * text.len(), "{request} for {}", text.len());
+        let chunks = markdown_chunks(&text, answer_request_bytes, limit);
+        assert!(chunks.len() > request / limit, "{}", chunks.len());
         for c in &chunks {
-            let encoded = post_content(c).to_string();
-            assert!(encoded.len() < 30_000, "{}", encoded.len());
+            fits(c);
             assert_eq!(c.matches("```").count() % 2, 0, "fences balanced: {c:.80}");
         }
-        assert!(chunks.concat().contains("line \"3999\""));
-        let huge = "é".repeat(40_000);
-        for c in markdown_chunks(&huge) {
-            assert!(post_content(&c).to_string().len() < 30_000);
+        // Whole lines, in order, nothing lost or doubled.
+        assert!(chunks[1].starts_with("```json\n{"), "{:.80}", chunks[1]);
+        assert_eq!(rejoin(&chunks, "```json\n"), text);
+        // Close to the limit: no chunk is less than half full but the last.
+        for c in &chunks[..chunks.len() - 1] {
+            assert!(answer_request_bytes(c) > limit / 2);
         }
-        assert_eq!(markdown_chunks("  "), vec!["(no answer)".to_string()]);
-        // The worst case for the inert form: every `<` opens a tag.
-        for c in markdown_chunks(&"<a".repeat(20_000)) {
-            let encoded = post_content(&c).to_string();
-            assert!(encoded.len() < 30_000, "{}", encoded.len());
-            assert!(!encoded.contains('<'));
+
+        // One line longer than a chunk is cut at character boundaries.
+        let huge = "é\"".repeat(20_000);
+        let chunks = markdown_chunks(&huge, answer_request_bytes, limit);
+        assert!(chunks.len() > 1);
+        chunks.iter().for_each(fits);
+        assert_eq!(chunks.concat(), huge);
+        assert_eq!(
+            markdown_chunks("  ", answer_request_bytes, limit),
+            vec!["(no answer)".to_string()]
+        );
+        // The worst case for the inert form: every `<` opens a tag. Each chunk is made inert
+        // on its own, so a cut between `<` and `a` leaves no tag either.
+        let tags = "<a".repeat(20_000);
+        let chunks = markdown_chunks(&tags, answer_request_bytes, limit);
+        for c in &chunks {
+            fits(c);
+            assert!(!post_content(c).to_string().contains("<a"));
         }
+        assert_eq!(chunks.concat(), tags);
     }
 }

@@ -3,9 +3,11 @@
 //! API called — the platform counts its limits per API — in two lanes: receipt reactions ahead
 //! of bulk traffic, see [`super::lane`]; then, when given the database, the deployment's
 //! budgets shared by every replica, see [`super::budget`]; streamed CardKit updates are exempt,
-//! as on the platform), retries with
-//! backoff on rate limits, 5xx and transport errors, and typed errors for `code != 0`. It also
-//! reads messages back by id and downloads a message's files, streaming under a byte cap.
+//! as on the platform), retries with backoff on rate limits (HTTP 429, and the message APIs'
+//! 230020 and 11232, which no budget of ours prevents: a group's limit is shared by every bot in
+//! it), 5xx and transport errors, and typed errors for `code != 0`. It also reads messages back
+//! by id and downloads a message's files, streaming under a byte cap (an HTTP 200 body is the
+//! file, whatever its type).
 //!
 //! It never decides what to say; callers pass content and an idempotency `uuid` derived from
 //! what they answer, so a retried job never posts twice. Secrets (app secret, tenant token)
@@ -31,10 +33,23 @@ use crate::metrics::{LarkCallLabels, Metrics};
 const TOKEN_INVALID: [i64; 3] = [99991663, 99991664, 99991671];
 /// The rate-limit code (with HTTP 429, or 400 on some older APIs).
 const RATE_LIMITED: i64 = 99991400;
+/// The message APIs' own frequency limits, answered with HTTP 400: 230020 ("the operation
+/// triggers the frequency limit", e.g. a group's 5 calls a second, shared by every bot in it)
+/// and 11232. Backed off and retried like a 429; the `uuid` makes a resent message safe.
+const FREQUENCY_LIMITED: [i64; 2] = [230020, 11232];
+/// The app lacks the scope an API needs.
+pub const NO_SCOPE: i64 = 99991672;
+/// A message request over Lark's size limit.
+pub const TOO_LARGE: i64 = 230025;
+/// Lark's limit on a post or card message request, measured on the serialized request body
+/// (`content` is JSON inside that JSON, so its quotes and backslashes count twice).
+pub const MAX_POST_REQUEST: usize = 30 * 1024;
 /// Attempts per call, counting the first.
 const MAX_ATTEMPTS: u32 = 4;
-/// Longest single wait between attempts (also caps `x-ogw-ratelimit-reset`).
+/// Longest single wait between attempts of the exponential backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(20);
+/// Longest `x-ogw-ratelimit-reset` honoured: a minute (the frequency limits' longest window).
+const MAX_RESET: Duration = Duration::from_secs(60);
 /// A token is used until this long before it expires.
 const TOKEN_MARGIN: Duration = Duration::from_secs(300);
 /// Per-request timeout.
@@ -344,12 +359,7 @@ impl LarkClient {
         uuid: &str,
         chat_key: Option<&str>,
     ) -> Result<Sent, LarkError> {
-        let body = json!({
-            "msg_type": content.msg_type(),
-            "content": content.encoded(),
-            "reply_in_thread": in_thread,
-            "uuid": uuid,
-        });
+        let body = reply_body(content, in_thread, uuid);
         let path = format!(
             "/open-apis/im/v1/messages/{}/reply",
             path_segment(message_id)
@@ -603,7 +613,8 @@ impl LarkClient {
 
     /// Downloads a file or image of a message (`GET …/messages/{id}/resources/{key}?type=`),
     /// streaming, at most `max` bytes: a larger one is refused by its declared length, or
-    /// as soon as what arrived passes `max`, and what was read is dropped.
+    /// as soon as what arrived passes `max`, and what was read is dropped. An HTTP 200 body is
+    /// the file whatever its `Content-Type`; only a non-2xx answer is read as an error.
     pub async fn download(
         &self,
         message_id: &str,
@@ -653,12 +664,9 @@ impl LarkClient {
                 }
             };
             let status = resp.status();
-            let json = resp
-                .headers()
-                .get(reqwest::header::CONTENT_TYPE)
-                .and_then(|h| h.to_str().ok())
-                .is_some_and(|t| t.starts_with("application/json"));
-            if status.is_success() && !json {
+            // A 200 is the file, whatever its Content-Type says (a `.json` file comes as
+            // `application/json`); only another status carries an error body.
+            if status.is_success() {
                 if resp.content_length().is_some_and(|n| n > max) {
                     self.count(api, "too_large");
                     return Err(DownloadError::TooLarge { limit: max });
@@ -691,10 +699,15 @@ impl LarkClient {
                 .await
                 .map(|v| (v.get("code").and_then(Value::as_i64), v));
             let code_of = code.as_ref().and_then(|(c, _)| *c);
-            let retry = status == StatusCode::TOO_MANY_REQUESTS
-                || code_of == Some(RATE_LIMITED)
-                || status.is_server_error();
-            if retry && !last {
+            if is_rate_limit(status, code_of, true) {
+                self.count(api, "rate_limited");
+                if last {
+                    return Err(LarkError::RateLimited { api }.into());
+                }
+                tokio::time::sleep(backoff(attempt)).await;
+                continue;
+            }
+            if status.is_server_error() && !last {
                 self.count(api, "retry");
                 tokio::time::sleep(backoff(attempt)).await;
                 continue;
@@ -884,17 +897,12 @@ impl LarkClient {
                 .and_then(|v| v.get("code"))
                 .and_then(Value::as_i64);
 
-            if status == StatusCode::TOO_MANY_REQUESTS || code == Some(RATE_LIMITED) {
+            if is_rate_limit(status, code, path.starts_with("/open-apis/im/")) {
                 self.count(api, "rate_limited");
                 if last {
                     return Err(LarkError::RateLimited { api });
                 }
-                let wait = reset
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .map(Duration::from_secs_f64)
-                    .unwrap_or_else(|| backoff(attempt))
-                    .min(MAX_BACKOFF);
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(rate_limit_wait(reset, attempt)).await;
                 continue;
             }
             if let Some(c) = code
@@ -951,6 +959,42 @@ impl LarkClient {
             }
         }
     }
+}
+
+/// The body of a reply (`POST …/messages/{id}/reply`).
+fn reply_body(content: &Content, in_thread: bool, uuid: &str) -> Value {
+    json!({
+        "msg_type": content.msg_type(),
+        "content": content.encoded(),
+        "reply_in_thread": in_thread,
+        "uuid": uuid,
+    })
+}
+
+/// The bytes of the largest reply request that carries `content` (`reply_in_thread: false`,
+/// a `uuid` of the 50 characters Lark allows), serialized as it is sent: what Lark's size
+/// limits ([`MAX_POST_REQUEST`]) measure.
+pub fn reply_request_bytes(content: &Content) -> usize {
+    let body = reply_body(content, false, &"u".repeat(50));
+    serde_json::to_vec(&body).map_or(usize::MAX, |b| b.len())
+}
+
+/// Whether an answer says "slow down": HTTP 429 or 99991400 from any API, and on the message
+/// APIs (`message_api`: `/open-apis/im/…`) also their own frequency-limit codes (with HTTP 400).
+fn is_rate_limit(status: StatusCode, code: Option<i64>, message_api: bool) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || code == Some(RATE_LIMITED)
+        || (message_api && code.is_some_and(|c| FREQUENCY_LIMITED.contains(&c)))
+}
+
+/// How long to wait before retrying a rate-limited call: the `x-ogw-ratelimit-reset` the
+/// platform sent (seconds; its docs' example is 52 s), honoured up to [`MAX_RESET`], else the
+/// exponential backoff.
+fn rate_limit_wait(reset: Option<f64>, attempt: u32) -> Duration {
+    reset
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(MAX_RESET.as_secs_f64())))
+        .unwrap_or_else(|| backoff(attempt))
 }
 
 fn sent(api: &'static str, v: &Value) -> Result<Sent, LarkError> {
@@ -1010,5 +1054,17 @@ mod tests {
     fn backoff_grows_and_is_capped() {
         assert!(backoff(1) < backoff(2));
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    /// The platform's reset header is honoured to its value (its docs say 52 s), within a
+    /// minute; without one, the backoff.
+    #[test]
+    fn the_rate_limit_reset_is_honoured_up_to_a_minute() {
+        assert_eq!(rate_limit_wait(Some(52.0), 1), Duration::from_secs(52));
+        assert_eq!(rate_limit_wait(Some(0.5), 3), Duration::from_millis(500));
+        assert_eq!(rate_limit_wait(Some(3600.0), 1), MAX_RESET);
+        assert_eq!(rate_limit_wait(None, 2), backoff(2));
+        assert_eq!(rate_limit_wait(Some(f64::NAN), 2), backoff(2));
+        assert_eq!(rate_limit_wait(Some(-1.0), 1), backoff(1));
     }
 }

@@ -273,7 +273,7 @@ fn table_as_code(rows: &[&str], out: &mut String) {
 
 /// The fence a line opens or closes (up to three spaces, then three or more backticks or
 /// tildes): its character and length.
-fn fence_marker(line: &str) -> Option<(char, usize)> {
+pub(crate) fn fence_marker(line: &str) -> Option<(char, usize)> {
     let indent = line.len() - line.trim_start_matches(' ').len();
     if indent > 3 {
         return None;

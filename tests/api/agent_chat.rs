@@ -619,3 +619,102 @@ async fn a_failed_turn_adds_crossmark_beside_the_receipt() {
     let calls = lark_calls(&env.lark);
     assert!(!calls.iter().any(|c| c.starts_with("DELETE")), "{calls:?}");
 }
+
+/// An answer of escaped JSON in a code block (log events whose payload is a JSON request
+/// with JSON in it): its reply requests are about two and a half times its bytes (`content`
+/// is JSON inside the request's JSON), so chunks are sized on the request as sent. Returns
+/// the answer and the block's opening line.
+fn escaped_json_answer() -> (String, &'static str) {
+    let inner = json!({"cmd": "grep \"error\" /var/log/app.log", "path": "C:\\logs\\app"});
+    let request = json!({"request": inner.to_string(), "ok": false});
+    let line = json!({"event": request.to_string()}).to_string();
+    let mut text = String::from("Here is the payload:\n```json\n");
+    for i in 0.. {
+        if text.len() > 40_000 {
+            break;
+        }
+        text.push_str(&format!("{line} // {i}\n"));
+    }
+    text.push_str("```\nThat is all.");
+    (text, "```json\n")
+}
+
+/// The chunks of an answer put back together: a block closed at a chunk's end and reopened
+/// at the next one's start is one block again.
+fn rejoin(chunks: &[String], reopen: &str) -> String {
+    let mut out = String::new();
+    for c in chunks {
+        let c = match out.strip_suffix("\n```") {
+            Some(kept) => {
+                out = format!("{kept}\n");
+                c.strip_prefix(reopen).expect("the block reopened")
+            }
+            None => c,
+        };
+        out.push_str(c);
+    }
+    out
+}
+
+/// The markdown of the posts Lark accepted, in order.
+fn posted_markdown(lark: &FakeLark) -> Vec<String> {
+    lark.posted()
+        .iter()
+        .map(|p| {
+            let c: serde_json::Value =
+                serde_json::from_str(p["body"]["content"].as_str().unwrap()).unwrap();
+            c["zh_cn"]["content"][0][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// A long answer of escaped JSON in a code block reaches the chat whole: every reply request
+/// is within Lark's 30 KB as sent, the block is closed and reopened at each cut, in order.
+#[tokio::test]
+async fn an_answer_of_escaped_json_is_cut_to_the_request_limit_and_arrives_whole() {
+    let env = Env::builder().chat_control().spawn().await;
+    let app = &env.app;
+    let (answer, reopen) = escaped_json_answer();
+    env.llm.push(MODEL, say(&answer));
+    send(app, &group("j1", "show me the payload", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["done"]);
+    let requests = env.lark.requests_to("/messages/om_j1/reply");
+    assert!(requests.len() >= 3, "{}", requests.len());
+    for r in &requests {
+        assert!(r.bytes <= 30 * 1024, "{} bytes", r.bytes);
+    }
+    let chunks = posted_markdown(&env.lark);
+    assert_eq!(chunks.len(), requests.len(), "none refused");
+    assert_eq!(rejoin(&chunks, reopen), answer);
+    let uuids: std::collections::HashSet<_> =
+        requests.iter().map(|r| r.body["uuid"].clone()).collect();
+    assert_eq!(uuids.len(), requests.len());
+}
+
+/// A chunk Lark still refuses as too large (230025: its stored form is larger than what was
+/// sent) is cut in two and sent in its place, not sent again as it was; the answer arrives
+/// whole and in order.
+#[tokio::test]
+async fn a_chunk_refused_as_too_large_is_cut_further() {
+    let env = Env::builder().chat_control().spawn().await;
+    let app = &env.app;
+    let (answer, reopen) = escaped_json_answer();
+    env.llm.push(MODEL, say(&answer));
+    env.lark.fail_next(
+        "/messages/om_j2/reply",
+        vec![crate::fake_lark::Failure::TooLarge],
+    );
+    send(app, &group("j2", "show me the payload", true)).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["done"]);
+    let requests = env.lark.requests_to("/messages/om_j2/reply");
+    let refused = &requests[0];
+    let chunks = posted_markdown(&env.lark);
+    assert_eq!(chunks.len(), requests.len() - 1);
+    // The refused chunk came again as two smaller ones, first of all.
+    assert!(requests[1].bytes < refused.bytes && requests[2].bytes < refused.bytes);
+    assert_ne!(requests[1].body, refused.body);
+    assert_eq!(rejoin(&chunks, reopen), answer);
+}

@@ -326,3 +326,32 @@ async fn the_long_connection_endpoint_is_checked_in_websocket_mode() {
         "{c:#?}"
     );
 }
+
+/// Reading a quoted message needs `im:message` or `im:message:readonly`; an app with only
+/// `im:message.history:readonly` (enough to download files) is told which scope is missing.
+#[tokio::test]
+async fn a_missing_scope_to_read_messages_is_named() {
+    let s = Setup::start().await;
+    let (_, c) = doctor(&s.vars(), &[]).await;
+    assert_eq!(status(&c, "lark.scopes"), "ok", "{c:#?}");
+    s.lark.grant_history_scope_only();
+    let (code, c) = doctor(&s.vars(), &[]).await;
+    assert_eq!(
+        (code, status(&c, "lark.scopes").as_str()),
+        (1, "fail"),
+        "{c:#?}"
+    );
+    let detail = c["lark.scopes"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("99991672") && detail.contains("im:message:readonly"),
+        "{detail}"
+    );
+    let advice = advice(&c, "lark.scopes");
+    assert!(
+        advice.contains("add the scope im:message:readonly (or im:message)")
+            && advice.contains("im:message.history:readonly only covers downloading files"),
+        "{advice}"
+    );
+    assert_eq!(status(&c, "lark.bot"), "ok", "{c:#?}");
+    s.app.stop().await;
+}

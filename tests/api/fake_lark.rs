@@ -6,7 +6,13 @@
 //! Messages can be read back (`GET /im/v1/messages/{id}`, a forwarded bundle with its
 //! messages; a card in its 1.0-style read-back form, or its own JSON with
 //! `card_msg_content_type=raw_card_content`) and their files downloaded (`…/resources/{key}?type=image|file`, with 234043 for
-//! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope).
+//! a bundle's messages and cards, 234001 for a wrong `type`, 99991672 without the scope). A
+//! file is served with the content type Lark gives its kind (`application/json` for JSON). With
+//! only `im:message.history:readonly` granted, reading a message answers 99991672 while its
+//! files still download.
+//!
+//! Message requests are held to Lark's size limits on the raw request body: a post or card
+//! (send, reply, PATCH, PUT) over 30 KB and a text over 150 KB are refused with 230025.
 //!
 //! Frequency limits are kept per API, as the platform keeps them (50 calls in any second, 1000
 //! in any minute, for each method and path with its ids left out; streamed CardKit updates
@@ -45,6 +51,8 @@ pub struct Recorded {
     /// `Authorization` header value.
     pub auth: Option<String>,
     pub body: Value,
+    /// The raw body's length in bytes, as sent.
+    pub bytes: usize,
     /// When it arrived.
     pub at: Instant,
 }
@@ -68,6 +76,11 @@ pub enum Failure {
     Huge(usize),
     /// A reply succeeds but its answer carries no `thread_id` (seen with some chats).
     NoThread,
+    /// HTTP 400 with this frequency-limit code (230020, 11232), as the message APIs answer
+    /// when a group's limit (shared by every bot in it) is reached.
+    FrequencyLimit(i64),
+    /// HTTP 400 with 230025, as for a message whose stored form is over the limit.
+    TooLarge,
 }
 
 struct Inner {
@@ -109,6 +122,9 @@ struct Inner {
     api_calls: HashMap<String, VecDeque<Instant>>,
     /// Calls the frequency control refused.
     api_refused: usize,
+    /// The app has `im:message.history:readonly` only: messages cannot be read (99991672),
+    /// their resources can be downloaded.
+    history_scope_only: bool,
 }
 
 /// A CardKit card as the fake holds it.
@@ -272,6 +288,7 @@ impl FakeLark {
                 no_message_scope: false,
                 api_calls: HashMap::new(),
                 api_refused: 0,
+                history_scope_only: false,
             })),
             seen: Arc::new(watch::channel(0).0),
             hold: Arc::new(watch::channel(None).0),
@@ -342,6 +359,12 @@ impl FakeLark {
     /// From now on the app lacks the scopes to read messages and their resources.
     pub fn drop_message_scope(&self) {
         self.shared.inner.lock().unwrap().no_message_scope = true;
+    }
+
+    /// From now on the app has `im:message.history:readonly` but neither `im:message` nor
+    /// `im:message:readonly`.
+    pub fn grant_history_scope_only(&self) {
+        self.shared.inner.lock().unwrap().history_scope_only = true;
     }
 
     /// The long connection's endpoint answers `url` and `config` from now on.
@@ -497,6 +520,7 @@ async fn handle(
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
+    let bytes = body.len();
     let body: Value = if body.is_empty() {
         Value::Null
     } else {
@@ -511,6 +535,7 @@ async fn handle(
         path: path.clone(),
         auth: auth.clone(),
         body: body.clone(),
+        bytes,
         at: Instant::now(),
     });
     shared.seen.send_modify(|n| *n += 1);
@@ -518,11 +543,39 @@ async fn handle(
     let _ = hold
         .wait_for(|h| !h.as_deref().is_some_and(|part| path.contains(part)))
         .await;
+    if let Some(refused) = over_size_limit(&method, &path, &body, bytes) {
+        return refused;
+    }
     if method == Method::POST && body["msg_type"] == "interactive" {
         let _ = shared.hold_cards.subscribe().wait_for(|h| !*h).await;
     }
     let mut inner = shared.inner.lock().unwrap();
     answer(&mut inner, &method, &path, auth.as_deref(), &body)
+}
+
+/// Lark's limits on a message request, measured on the raw body as sent: a post or a card
+/// (send, reply, edit) at most 30 KB, a text at most 150 KB; 230025 over them.
+fn over_size_limit(method: &Method, path: &str, body: &Value, bytes: usize) -> Option<Response> {
+    let path = path.split('?').next().unwrap_or("");
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let message = matches!(
+        (method.as_str(), parts.as_slice()),
+        ("POST", ["open-apis", "im", "v1", "messages"])
+            | ("POST", ["open-apis", "im", "v1", "messages", _, "reply"])
+            | ("PUT" | "PATCH", ["open-apis", "im", "v1", "messages", _])
+    );
+    // A PATCH carries a card and no `msg_type`.
+    let limit = match body["msg_type"].as_str() {
+        Some("text") => 150 * 1024,
+        _ => 30 * 1024,
+    };
+    (message && bytes > limit).then(|| {
+        code(
+            StatusCode::BAD_REQUEST,
+            230025,
+            "The message you sent exceeds the length limit.",
+        )
+    })
 }
 
 fn no_scope() -> Response {
@@ -598,6 +651,20 @@ fn answer(
                     .into_response();
             }
             Failure::Code(c) => return code(StatusCode::OK, c, "scripted failure"),
+            Failure::FrequencyLimit(c) => {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    c,
+                    "The operation triggers the frequency limit. Please lower the request frequency and try again.",
+                );
+            }
+            Failure::TooLarge => {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    230025,
+                    "The message you sent exceeds the length limit.",
+                );
+            }
             Failure::ServerError => {
                 return (StatusCode::SERVICE_UNAVAILABLE, "upstream unavailable").into_response();
             }
@@ -733,6 +800,13 @@ fn answer(
             if inner.no_message_scope {
                 return no_scope();
             }
+            if inner.history_scope_only {
+                return code(
+                    StatusCode::BAD_REQUEST,
+                    99991672,
+                    "Access denied. One of the following scopes is required: [im:message, im:message:readonly].",
+                );
+            }
             // The message, then (for a bundle) the messages inside it.
             let Some(first) = inner
                 .messages
@@ -798,14 +872,14 @@ fn answer(
                         .collect();
                     (
                         StatusCode::OK,
-                        [("content-type", "application/octet-stream")],
+                        [("content-type", content_type(bytes))],
                         axum::body::Body::from_stream(futures_util::stream::iter(chunks)),
                     )
                         .into_response()
                 }
                 Some(bytes) => (
                     StatusCode::OK,
-                    [("content-type", "application/octet-stream")],
+                    [("content-type", content_type(bytes))],
                     bytes.clone(),
                 )
                     .into_response(),
@@ -966,6 +1040,22 @@ fn api_of(method: &Method, path: &str) -> String {
         })
         .collect();
     format!("{method} {}", parts.join("/"))
+}
+
+/// The content type a file is served with, by its content (as Lark does by its kind): JSON as
+/// `application/json`, images as theirs, other text as `text/plain`.
+fn content_type(bytes: &[u8]) -> &'static str {
+    if serde_json::from_slice::<Value>(bytes).is_ok() {
+        "application/json"
+    } else if bytes.starts_with(b"\x89PNG") {
+        "image/png"
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        "image/jpeg"
+    } else if std::str::from_utf8(bytes).is_ok() {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/octet-stream"
+    }
 }
 
 /// A card JSON 2.0 document (as a string): `schema` "2.0", elements under `body`, no 1.0

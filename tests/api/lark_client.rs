@@ -429,3 +429,158 @@ async fn the_minute_allowance_allows_a_burst_and_is_kept_per_api() {
     .unwrap();
     assert_eq!(counted, 950);
 }
+
+/// A downloaded file is the body of Lark's 200, whatever its type: a JSON file, served as
+/// `application/json` as Lark serves it, lands intact, even one whose top-level `code` looks
+/// like a token error (the tenant token is kept: no second token is fetched).
+#[tokio::test]
+async fn a_json_file_downloads_intact_and_keeps_the_token() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let config = br#"{"name": "service", "replicas": [1, 2]}"#.to_vec();
+    let tokenish =
+        br#"{"code": 99991663, "msg": "Invalid access token for authorization"}"#.to_vec();
+    fake.add_resource("om_f", "file_config", config.clone());
+    fake.add_resource("om_f", "file_tokenish", tokenish.clone());
+    // The fake serves it as Lark does (the client's token is the fake's first, `t-1`).
+    lark.check_token().await.unwrap();
+    let served = reqwest::Client::new()
+        .get(format!(
+            "{}/open-apis/im/v1/messages/om_f/resources/file_config?type=file",
+            fake.base
+        ))
+        .bearer_auth("t-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["content-type"], "application/json");
+
+    let limit = 1024 * 1024;
+    let got = lark.download("om_f", "file_config", "file", limit).await;
+    assert_eq!(got.unwrap(), config);
+    let got = lark.download("om_f", "file_tokenish", "file", limit).await;
+    assert_eq!(got.unwrap(), tokenish);
+    assert_eq!(fake.requests_to("/resources/").len(), 3, "no retries");
+    assert_eq!(
+        fake.requests_to("tenant_access_token").len(),
+        1,
+        "the token was kept"
+    );
+    // A later call still uses it.
+    lark.add_reaction("om_f", "OK").await.unwrap();
+    assert_eq!(fake.requests_to("tenant_access_token").len(), 1);
+}
+
+/// 230020 and 11232 are rate limits (HTTP 400 from the message APIs: a group's limit is
+/// shared by every bot in it): a send, a reply, a reaction, a card PATCH and a download that
+/// meet one once go through on the retry, each message created once.
+#[tokio::test]
+async fn the_message_apis_frequency_limits_are_backed_off_and_retried() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let limited = |code| vec![Failure::FrequencyLimit(code)];
+    fake.fail_next("receive_id_type", limited(230020));
+    let sent = lark
+        .send("oc_1", &Content::Text("hi".into()), "u-send")
+        .await
+        .unwrap();
+    fake.fail_next("/reply", limited(230020));
+    let reply = lark
+        .reply("om_1", &Content::Text("re".into()), false, "u-reply", None)
+        .await
+        .unwrap();
+    fake.fail_next("/reactions", limited(11232));
+    lark.add_reaction("om_1", "OK").await.unwrap();
+    let card = json!({"schema": "2.0", "body": {"elements": []}});
+    fake.fail_next("/messages/om_card", limited(230020));
+    lark.edit("om_card", &Content::Card(card.clone()))
+        .await
+        .unwrap();
+    fake.add_resource("om_f", "file_a", b"data".to_vec());
+    fake.fail_next("/resources/file_a", limited(230020));
+    let file = lark.download("om_f", "file_a", "file", 1024).await.unwrap();
+    assert_eq!(file, b"data");
+
+    for (part, n) in [
+        ("receive_id_type", 2),
+        ("/reply", 2),
+        ("/reactions", 2),
+        ("/messages/om_card", 2),
+        ("/resources/file_a", 2),
+    ] {
+        let reqs = fake.requests_to(part);
+        assert_eq!(reqs.len(), n, "{part}");
+        assert_eq!(reqs[0].body, reqs[1].body, "{part}: the same request again");
+    }
+    let posted = fake.posted();
+    assert_eq!(posted.len(), 2, "{posted:?}");
+    assert_eq!(posted[0]["message_id"], json!(sent.message_id));
+    assert_eq!(posted[1]["message_id"], json!(reply.message_id));
+    assert_eq!(fake.patched("om_card").len(), 1);
+
+    // Bounded: a limit that does not lift ends in the client's rate-limit error.
+    fake.fail_next("/reply", vec![Failure::FrequencyLimit(230020); 4]);
+    let e = lark
+        .reply(
+            "om_1",
+            &Content::Text("again".into()),
+            false,
+            "u-again",
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::RateLimited { api: "reply" }), "{e}");
+    assert_eq!(fake.requests_to("/reply").len(), 6);
+    assert_eq!(fake.posted().len(), 2);
+}
+
+/// Lark measures a message request as sent: a post or card body over 30 KB is refused with
+/// 230025, however small its content is before it is escaped into the body.
+#[tokio::test]
+async fn the_size_limit_is_on_the_request_as_sent() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    let limit = sshmode::lark::client::MAX_POST_REQUEST;
+    // Quotes and backslashes are escaped in `content`, and again in the body: under 30 KB of
+    // text, over it as sent.
+    let text = "\"\\".repeat(limit / 3);
+    assert!(text.len() < limit);
+    let post = |t: &str| Content::Post(json!({"zh_cn": {"content": [[{"tag": "md", "text": t}]]}}));
+    let e = lark
+        .reply("om_1", &post(&text), false, "u-big", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LarkError::Api { code: 230025, .. }), "{e}");
+    let refused = fake.requests_to("/reply");
+    assert!(refused[0].bytes > limit);
+    assert_eq!(
+        sshmode::lark::client::reply_request_bytes(&post(&text)),
+        refused[0].bytes + 50 - "u-big".len(),
+        "the measure is the body as sent (with the longest uuid)"
+    );
+    // The same content unescaped fits.
+    lark.reply("om_1", &post(&"x".repeat(limit / 2)), false, "u-ok", None)
+        .await
+        .unwrap();
+    assert_eq!(fake.posted().len(), 1);
+}
+
+/// With only `im:message.history:readonly` a message's files download but the message itself
+/// cannot be read (99991672), as on the platform.
+#[tokio::test]
+async fn the_history_scope_downloads_files_but_does_not_read_messages() {
+    let fake = FakeLark::start().await;
+    let lark = client(&fake);
+    fake.add_message("om_m", "text", json!({"text": "hi"}), "ou_a", None);
+    fake.add_resource("om_m", "file_a", b"log".to_vec());
+    fake.grant_history_scope_only();
+    let e = lark.get_message("om_m").await.unwrap_err();
+    assert!(
+        matches!(e, LarkError::Api { code: 99991672, ref msg, .. } if !msg.contains("history")),
+        "{e}"
+    );
+    let file = lark.download("om_m", "file_a", "file", 1024).await.unwrap();
+    assert_eq!(file, b"log");
+}
