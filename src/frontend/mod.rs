@@ -383,12 +383,26 @@ impl LarkReply {
 
 #[async_trait]
 impl Reply for LarkReply {
+    /// A command's reply, as posts that each fit Lark's 30 KB request limit as sent (a long
+    /// `/memory list` does not fit one), in order; each part has its own idempotency key.
     async fn answer(&self, text: &str, purpose: &str) -> anyhow::Result<()> {
-        let sent = self
-            .send(text, purpose, self.msg.thread_id.is_some())
-            .await
-            .context("replying in Lark")?;
-        self.logged(text, purpose, &sent).await
+        let parts = crate::agent::markdown_chunks(
+            text,
+            answer_request_bytes,
+            lark_client::MAX_POST_REQUEST,
+        );
+        for (i, part) in parts.iter().enumerate() {
+            let purpose = match i {
+                0 => purpose.to_string(),
+                _ => format!("{purpose}:{i}"),
+            };
+            let sent = self
+                .send(part, &purpose, self.msg.thread_id.is_some())
+                .await
+                .context("replying in Lark")?;
+            self.logged(part, &purpose, &sent).await?;
+        }
+        Ok(())
     }
 
     async fn open_thread(&self, text: &str, purpose: &str) -> Result<Option<String>, ThreadError> {

@@ -876,6 +876,57 @@ async fn memory_list_shows_a_note_that_tries_to_mention_everyone_without_mention
     app.stop().await;
 }
 
+/// A command reply longer than a post may be (50 notes of 400 wide characters with quotes, far
+/// over the 30 KB a post request may carry as sent) arrives whole, in order, as posts that each
+/// fit: the fake refuses a larger one with 230025, as Lark does.
+#[tokio::test]
+async fn a_long_memory_list_arrives_whole_in_posts_that_fit() {
+    let fake = FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let p = plane(&app);
+    let in_chat = Caller {
+        section: "oc_chat",
+        chat_id: "oc_chat",
+    };
+    for i in 0..sshmode::plane::memory::NOTES_PER_CHAT {
+        let note = format!("note{i:02} {}", "记\"".repeat(190));
+        p.call(
+            "memory",
+            in_chat,
+            &args(json!({"action": "add", "content": note})),
+        )
+        .await
+        .unwrap();
+    }
+    let m = Msg::new("ev_long_list", "/memory list");
+    let (status, body) = post(&app, sealed(&m.envelope(TOKEN), ENCRYPT_KEY, now_secs())).await;
+    assert_eq!(status, 200, "{body}");
+    wait_state(&app, &m.event_id, "done").await;
+    let replies = fake.requests_to("/messages/om_ev_long_list/reply");
+    assert!(replies.len() > 1, "{} replies", replies.len());
+    let mut text = String::new();
+    for r in &replies {
+        assert_eq!(r.body["msg_type"], "post");
+        assert!(serde_json::to_vec(&r.body).unwrap().len() <= 30 * 1024);
+        text.push_str(&crate::fake_lark::message_text(
+            r.body["content"].as_str().unwrap(),
+        ));
+    }
+    assert_eq!(
+        fake.posted().len(),
+        replies.len(),
+        "every part was accepted"
+    );
+    let mut at = 0;
+    for i in 0..sshmode::plane::memory::NOTES_PER_CHAT {
+        let found = text[at..]
+            .find(&format!("note{i:02}"))
+            .expect("every note, in order");
+        at += found;
+    }
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn one_chat_cannot_use_up_the_deployments_room_for_skills() {
     let app = TestApp::spawn().await;
