@@ -129,7 +129,9 @@ pub async fn run_with(cmd: AuditCmd, db: &PgPool, out: &mut dyn Write) -> anyhow
 }
 
 /// One line per row under a header: when, who, what kind, where, how it ended, and what
-/// (the command of an executed command, else the subject).
+/// (the command of an executed command, else the subject). Every field is made [`printable`]:
+/// what a command or a chat put in a row cannot move the operator's cursor, retitle the
+/// terminal, split a row or forge one. `--json` and `export` stay exact.
 fn table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out, "AT\tACTOR\tKIND\tTARGET\tSECTION\tOUTCOME\tWHAT")?;
     for r in rows {
@@ -140,29 +142,105 @@ fn table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
                     .get("duration_ms")
                     .and_then(|v| v.as_u64())
                     .unwrap_or(0);
-                format!("{} ({ms} ms)", c.replace('\n', "⏎"))
+                format!("{} ({ms} ms)", printable(c))
             }
-            None => r.subject.clone(),
+            None => printable(&r.subject),
         };
+        let field = |f: Option<&str>| f.map_or_else(|| "-".to_string(), printable);
         writeln!(
             out,
             "{}\t{}\t{}\t{}\t{}\t{}\t{}",
             r.at.format("%Y-%m-%d %H:%M:%S"),
-            r.actor,
-            r.kind,
-            r.target.as_deref().unwrap_or("-"),
-            r.section.as_deref().unwrap_or("-"),
-            r.outcome.as_deref().unwrap_or("-"),
+            printable(&r.actor),
+            printable(&r.kind),
+            field(r.target.as_deref()),
+            field(r.section.as_deref()),
+            field(r.outcome.as_deref()),
             what
         )?;
     }
     Ok(())
 }
 
+/// `s` on one line of a tab-separated table, every character visible: a newline as `⏎`, tab,
+/// carriage return and escape as `\t`, `\r`, `\e`, a backslash doubled, every other control
+/// character (C0, DEL, C1) and every bidirectional override or isolate as `\u{…}` — so a row
+/// shows what was stored, and nothing in it acts on the terminal.
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push('⏎'),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{1b}' => out.push_str("\\e"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control()
+                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, printable, table};
     use std::time::Duration;
+
+    /// What a command put in a row — escapes that retitle the terminal, erase columns or move
+    /// the cursor, a bell, carriage returns and tabs that would forge a row or a column,
+    /// bidirectional overrides — is shown, never acted on: each row is one line of seven
+    /// columns with no control character in it.
+    #[test]
+    fn table_rows_are_printable_whatever_a_command_held() {
+        let attacks = [
+            "ls\u{1b}]0;owned\u{7}",
+            "true\u{1b}[2K\u{1b}[1A\r2026-01-01 00:00:00\tcli\tcommand.run\t-\t-\tok\trm -rf /",
+            "echo \u{9b}31m red \u{7f} \u{0} \u{202e}txt.exe",
+            "a\nb\\e",
+        ];
+        let rows: Vec<super::Row> = attacks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| super::Row {
+                id: i as i64,
+                at: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+                actor: "ou_\u{1b}[31mx".into(),
+                kind: "command.run".into(),
+                subject: (*c).into(),
+                section: Some("omt_\t1".into()),
+                target: Some("web\r".into()),
+                outcome: Some("ok".into()),
+                detail: serde_json::json!({"command": c, "duration_ms": 3}),
+            })
+            .collect();
+        let mut out = Vec::new();
+        table(&rows, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + attacks.len(), "{text}");
+        for line in &lines[1..] {
+            assert_eq!(line.split('\t').count(), 7, "{line}");
+            assert!(
+                !line.chars().any(|c| c.is_control() && c != '\t'),
+                "{line:?}"
+            );
+            assert!(!line.contains('\u{202e}'), "{line:?}");
+        }
+        // What was stored can still be read off the row.
+        assert!(lines[1].contains("ls\\e]0;owned\\u{7}"), "{}", lines[1]);
+        assert!(
+            lines[2].contains("\\r2026-01-01 00:00:00\\tcli"),
+            "{}",
+            lines[2]
+        );
+        assert_eq!(printable("a\\e"), "a\\\\e");
+        assert_ne!(printable("\\e"), printable("\u{1b}"));
+    }
 
     #[test]
     fn durations_read_as_an_operator_writes_them() {
