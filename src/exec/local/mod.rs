@@ -352,25 +352,41 @@ struct Dirs {
     tmp: Arc<OwnedFd>,
 }
 
-/// A section id as a single safe directory name.
+/// A section id as a single safe directory name, one name per section (the mapping is
+/// injective: two sections never share a workspace). An id of `A-Z a-z 0-9 _ -` that does not
+/// start with `-` is its own name (every Lark chat and thread id); any other is `%` and the id
+/// with each byte outside that set as `%XX` (`mcp:a.b` → `%mcp%3Aa%2Eb`, never the name of
+/// `mcp:a_b`); a name that would be longer than [`MAX_DIR_NAME`] is `%h` and the id's SHA-256.
+/// No plain name holds a `%`, an escaped one holds two or more (or is `%` alone: the empty id),
+/// and a hashed one exactly one, followed by 65 characters: the three forms never meet.
 pub fn workspace_dir_name(section: &str) -> String {
-    let s: String = section
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(128)
-        .collect();
-    if s.is_empty() || s.starts_with('-') {
-        format!("_{s}")
+    let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
+    let name = if !section.is_empty() && !section.starts_with('-') && section.bytes().all(plain) {
+        section.to_string()
     } else {
+        let mut s = String::from("%");
+        for b in section.bytes() {
+            if plain(b) && !(s.len() == 1 && b == b'-') {
+                s.push(b as char);
+            } else {
+                s.push_str(&format!("%{b:02X}"));
+            }
+        }
         s
+    };
+    if name.len() <= MAX_DIR_NAME {
+        name
+    } else {
+        use sha2::Digest;
+        format!(
+            "%h{}",
+            hex::encode(sha2::Sha256::digest(section.as_bytes()))
+        )
     }
 }
+
+/// The longest workspace directory name (file systems take 255 bytes).
+pub const MAX_DIR_NAME: usize = 200;
 
 #[async_trait]
 impl Backend for LocalBackend {
@@ -943,4 +959,59 @@ pub fn signal_name(sig: i32) -> String {
         other => return format!("{other}"),
     }
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_DIR_NAME, workspace_dir_name};
+
+    /// Two sections never share a workspace directory: ids that differ only in `.` and `_`
+    /// (MCP token names), in characters outside the plain set, in a leading `-`, or only past
+    /// the length a name may have, each get their own; Lark's ids keep their names.
+    #[test]
+    fn every_section_has_a_directory_of_its_own() {
+        let long = "x".repeat(300);
+        let sections = [
+            "mcp:a.b".to_string(),
+            "mcp:a_b".to_string(),
+            "mcp:a-b".to_string(),
+            "mcp_a_b".to_string(),
+            "mcp_a.b".to_string(),
+            "mcp:a%2Eb".to_string(),
+            "%mcp%3Aa%2Eb".to_string(),
+            "console:ops".to_string(),
+            "console_ops".to_string(),
+            String::new(),
+            "-x".to_string(),
+            "_-x".to_string(),
+            "%2Dx".to_string(),
+            "..".to_string(),
+            "a/b".to_string(),
+            "a/../b".to_string(),
+            "é".to_string(),
+            format!("{long}1"),
+            format!("{long}2"),
+            format!("h{}", "a".repeat(64)),
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for s in &sections {
+            let name = workspace_dir_name(s);
+            assert!(
+                !name.is_empty() && name.len() <= MAX_DIR_NAME,
+                "{s:?} -> {name:?}"
+            );
+            assert!(
+                !name.starts_with('-') && !name.contains('/'),
+                "{s:?} -> {name:?}"
+            );
+            assert!(name != "." && name != "..", "{s:?} -> {name:?}");
+            if let Some(other) = seen.insert(name.clone(), s) {
+                panic!("{s:?} and {other:?} share {name:?}");
+            }
+        }
+        for id in ["oc_0123abcd", "omt_1a2b3c", "ou_x-y"] {
+            assert_eq!(workspace_dir_name(id), id);
+        }
+        assert_eq!(workspace_dir_name("mcp:a.b"), "%mcp%3Aa%2Eb");
+    }
 }
