@@ -440,23 +440,7 @@ async fn cardkit_errors_fall_back_to_a_patched_card_message() {
     wait_turns_ended(&env.app, &section, 1).await;
     let sent = replies(&env.lark, &msg, "interactive");
     assert_eq!(sent.len(), 1, "{sent:?}");
-    let card_msg = env
-        .lark
-        .posted()
-        .into_iter()
-        .find(|p| p["msg_type"] == "interactive")
-        .unwrap()["message_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    eventually("the final PATCH", Duration::from_secs(20), || async {
-        env.lark.patched(&card_msg).last().is_some_and(|(_, c)| {
-            c["body"]["elements"][0]["content"]
-                .as_str()
-                .is_some_and(|t| t.contains("**Done**"))
-        })
-    })
-    .await;
+    let card_msg = final_patch_done(&env.lark).await;
     let patches = env.lark.patched(&card_msg);
     assert!(
         patches
@@ -821,23 +805,7 @@ async fn a_card_cardkit_gives_up_on_mid_turn_is_patched_in_place_never_posted_tw
     // The app loses CardKit while the step runs (its scope revoked).
     env.lark.cardkit_down(99991672);
     assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
-    let card_msg = env
-        .lark
-        .posted()
-        .into_iter()
-        .find(|p| p["msg_type"] == "interactive")
-        .unwrap()["message_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    eventually("the final PATCH", Duration::from_secs(20), || async {
-        env.lark.patched(&card_msg).last().is_some_and(|(_, c)| {
-            c["body"]["elements"][0]["content"]
-                .as_str()
-                .is_some_and(|t| t.contains("**Done**"))
-        })
-    })
-    .await;
+    let card_msg = final_patch_done(&env.lark).await;
     // The card message that held the CardKit card now holds the whole card; no second one.
     assert_eq!(
         replies(&env.lark, &msg, "interactive").len(),
@@ -1006,4 +974,25 @@ async fn a_card_being_posted_is_recorded_before_the_answer_goes_out() {
     );
     let card = closed_card(&env.lark).await;
     assert!(card.element("steps").contains("`echo quick`"));
+}
+
+/// The id of the turn's card message, once its last PATCH shows the turn done.
+async fn final_patch_done(lark: &FakeLark) -> String {
+    let card_msg = lark
+        .posted()
+        .into_iter()
+        .find(|p| p["msg_type"] == "interactive")
+        .unwrap()["message_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually("the final PATCH", Duration::from_secs(20), || async {
+        lark.patched(&card_msg).last().is_some_and(|(_, c)| {
+            c["body"]["elements"][0]["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("**Done**"))
+        })
+    })
+    .await;
+    card_msg
 }
