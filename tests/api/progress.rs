@@ -481,17 +481,7 @@ async fn refused_cards_leave_the_final_answer_only() {
     eventually(
         "the progress mode `none`",
         Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT progress_mode FROM turns WHERE section_id = $1",
-            )
-            .bind(&section)
-            .fetch_one(&env.app.state.db)
-            .await
-            .unwrap()
-            .as_deref()
-                == Some("none")
-        },
+        || async { progress_mode(&env.app, &section).await.as_deref() == Some("none") },
     )
     .await;
     assert!(
@@ -925,16 +915,7 @@ async fn a_turn_that_answers_before_its_card_is_posted_gets_no_card() {
     eventually(
         "the card's fate stored",
         Duration::from_secs(20),
-        || async {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT progress_mode FROM turns WHERE section_id = $1",
-            )
-            .bind(&section)
-            .fetch_one(&env.app.state.db)
-            .await
-            .unwrap()
-            .is_some()
-        },
+        || async { progress_mode(&env.app, &section).await.is_some() },
     )
     .await;
     card_above_answer(&env.lark);
@@ -995,4 +976,13 @@ async fn final_patch_done(lark: &FakeLark) -> String {
     })
     .await;
     card_msg
+}
+
+/// The progress mode stored with the section's turn (`None` while the writer has not decided).
+async fn progress_mode(app: &crate::helpers::TestApp, section: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT progress_mode FROM turns WHERE section_id = $1")
+        .bind(section)
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap()
 }
