@@ -40,7 +40,7 @@ pub fn definitions() -> Vec<Tool> {
                 "command": {"type": "string", "description": "A POSIX shell command."},
                 "timeout": {"type": "integer", "minimum": 1, "description": "Seconds before the command is killed."},
                 "workdir": {"type": "string", "description": "Run in this directory for this call only (the thread's working directory is neither used nor changed)."},
-                "env": {"type": "object", "maxProperties": MAX_CALL_ENV, "additionalProperties": {"type": "string"}, "description": "Environment variables for this call only (names: letters, digits, `_`)."}
+                "env": {"type": "object", "maxProperties": MAX_CALL_ENV, "additionalProperties": {"type": "string"}, "description": env_description()}
             }, "required": ["command"], "additionalProperties": false}),
         ),
         Tool::function(
@@ -102,6 +102,16 @@ pub fn definitions() -> Vec<Tool> {
     tools.extend(shells::definitions());
     tools.extend(crate::plane::ControlPlane::definitions());
     tools
+}
+
+/// What `terminal`'s `env` may hold, for its schema.
+fn env_description() -> String {
+    let names: Vec<&str> = judge::built_in_env_names().collect();
+    format!(
+        "Environment variables for this call only (names: letters, digits, `_`). Below the \
+         workspace permission `full` only {} and names the operator allows.",
+        names.join(", ")
+    )
 }
 
 /// What a tool call produced, for the model and for the event log.
@@ -577,6 +587,11 @@ async fn task(
                     let command = args.str("command")?;
                     let workdir = args.opt_str("workdir")?;
                     let env = args.opt_string_map("env", MAX_CALL_ENV)?;
+                    if let Err(d) =
+                        judge::check_env(ws.permission, &env, deps.exec.tool_env_allow())
+                    {
+                        return Err(deny(&mut refusal, "permission", d.to_string()));
+                    }
                     if let Some(scope) = &scope {
                         // The workdir is judged as the `cd` into it would be, and the command
                         // from there. Variables given here are not substituted by the judge: a

@@ -276,6 +276,9 @@ pub struct ExecConfig {
     pub workspace_root: PathBuf,
     /// `SSH_AUTH_SOCK`: the ssh-agent used by targets added with `--agent`.
     pub ssh_auth_sock: Option<PathBuf>,
+    /// `SSHMODE_TOOL_ENV_ALLOW`: names (`NAME`, or `PREFIX*` for every name that starts so) a
+    /// tool call's `env` may set below `full`, besides the workspace judge's own list.
+    pub tool_env_allow: Vec<String>,
     /// How local tools are isolated from the service (see [`LocalConfig`]).
     pub local: LocalConfig,
 }
@@ -335,6 +338,36 @@ pub struct LocalConfig {
     /// Tests and benchmarks only: behave as a service not running as root (no tools account).
     #[doc(hidden)]
     pub simulate_non_root: bool,
+}
+
+/// `SSHMODE_TOOL_ENV_ALLOW`: comma-separated variable names, each a name of letters, digits
+/// and `_` not starting with a digit, or such a name followed by `*` (every name starting so).
+fn tool_env_allow(value: Option<String>) -> Result<Vec<String>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            let stem = n.strip_suffix('*').unwrap_or(n);
+            let mut chars = stem.chars();
+            let valid = matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == '_' || c.is_ascii_alphanumeric());
+            if valid {
+                Ok(n.to_string())
+            } else {
+                Err(ConfigError::Invalid {
+                    name: "SSHMODE_TOOL_ENV_ALLOW",
+                    reason: format!(
+                        "`{n}` is not a variable name (letters, digits and `_`, not starting \
+                         with a digit), nor one followed by `*`"
+                    ),
+                })
+            }
+        })
+        .collect()
 }
 
 /// `/proc/self/exe` when the running executable is `sshmode` (still so after an upgrade
@@ -737,6 +770,7 @@ impl Config {
                 .map(|p| normalize(&abs(p)))
                 .unwrap_or_else(|| data_dir.join("workspaces")),
             ssh_auth_sock: var("SSH_AUTH_SOCK").map(|p| normalize(&abs(p))),
+            tool_env_allow: tool_env_allow(var("SSHMODE_TOOL_ENV_ALLOW"))?,
             local: LocalConfig::from_vars(get, cwd, &data_dir, &master_key_file)?,
         };
         let router = RouterTunables {
@@ -1017,6 +1051,20 @@ mod tests {
             e.to_string().contains("SSHMODE_AUDIT_RETENTION_DAYS"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_tool_env_allow_list_holds_names_and_prefixes() {
+        assert!(load(&[]).unwrap().exec.tool_env_allow.is_empty());
+        let c = load(&[("SSHMODE_TOOL_ENV_ALLOW", " RUST_BACKTRACE, MYAPP_* ,,")]).unwrap();
+        assert_eq!(c.exec.tool_env_allow, ["RUST_BACKTRACE", "MYAPP_*"]);
+        for bad in ["*", "1X", "A-B", "A*B", "LD PRELOAD"] {
+            let e = load(&[("SSHMODE_TOOL_ENV_ALLOW", bad)]).unwrap_err();
+            assert!(
+                e.to_string().contains("SSHMODE_TOOL_ENV_ALLOW"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

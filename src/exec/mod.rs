@@ -557,6 +557,12 @@ impl Executors {
         &self.cwds
     }
 
+    /// The variables the operator lets a tool call's `env` set below `full`
+    /// (`SSHMODE_TOOL_ENV_ALLOW`), for the workspace judge.
+    pub fn tool_env_allow(&self) -> &[String] {
+        &self.config.tool_env_allow
+    }
+
     /// The guard's objection to a line typed into an interactive shell, judged as a command on
     /// its own: the shell's directory and variables are its own, so nothing of them is assumed.
     pub fn judge_typed(&self, line: &str) -> Option<guard::Objection> {

@@ -89,7 +89,9 @@ pub struct ExecArgs {
     /// A directory to run in for this call only.
     #[serde(default)]
     pub workdir: Option<String>,
-    /// Extra environment variables for this command.
+    /// Extra environment variables for this command. Below the workspace permission `full`
+    /// only LANG, LANGUAGE, LC_*, TZ, TERM, COLORTERM, COLUMNS, LINES, NO_COLOR and names the
+    /// operator allows.
     #[serde(default)]
     pub env: Option<std::collections::BTreeMap<String, String>>,
     /// Timeout in milliseconds (capped by the service's tool timeout).
@@ -423,6 +425,19 @@ impl Tools {
         let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
         if env.len() > MAX_ENV {
             return Err(format!("at most {MAX_ENV} variables in `env`"));
+        }
+        if let Err(d) = judge::check_env(here.permission, &env, self.deps.exec.tool_env_allow()) {
+            let text = d.to_string();
+            self.refused(
+                &token,
+                &here.place,
+                "exec",
+                "permission",
+                Verdict::Refuse,
+                &text,
+            )
+            .await;
+            return Err(text);
         }
         if here.permission < Permission::Full {
             let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
@@ -819,4 +834,18 @@ fn approval_needed(place: &Place, reason: &str) -> String {
         "approval needed: the command guard asks a person before this runs on `{name}` ({reason}). An MCP call cannot wait for that approval: run it from a chat where an admin can approve it, or have an operator allow such commands on the target (`sshmode target set {name} --risky allow`).",
         name = place.name()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `exec`'s schema tells a client every variable it may set below `full`.
+    #[test]
+    fn the_exec_schema_names_the_variables_allowed_below_full() {
+        let schema = serde_json::to_string(&schemars::schema_for!(ExecArgs)).unwrap();
+        for name in judge::built_in_env_names() {
+            assert!(schema.contains(name), "{name}: {schema}");
+        }
+    }
 }

@@ -36,10 +36,13 @@
 //!   `execute_code`), `check_command` (the read-only allow-list over `shell::parse::simple_commands`;
 //!   the read-write deletion and destination rules over `shell::effects::walk`; what cannot be
 //!   parsed or seen through refuses), `check_write_path` (component-wise inside the
-//!   workspace) and `read_preamble` (the `git` function a `read` terminal runs behind).
+//!   workspace), `check_env` (below `full`, the variables a call gives its command only from
+//!   an allow-list of inert names and the operator's `SSHMODE_TOOL_ENV_ALLOW`) and
+//!   `read_preamble` (the `git` function a `read` terminal runs behind).
 //!
-//! Enforcement lives in `agent::tools`, once for both backends, after the backend is resolved and
-//! before anything runs: `check_tool`; then for a section below `full`, `check_command` on the
+//! Enforcement lives in `agent::tools` (and, for MCP clients, `mcp::server`), once for both
+//! backends, after the backend is resolved and before anything runs: `check_tool`; `check_env`
+//! on a `terminal` call's `env`; then for a section below `full`, `check_command` on the
 //! terminal command or shell code with the workspace, the working directory and the home as
 //! they are on the backend's host; and for a file write the path and the workspace resolved on
 //! the host (`Ops::real_paths`, `realpath -m`), so `..` and symlinks are judged where they lead.
@@ -183,11 +186,13 @@ impl Workspace {
                 "read: you may look but not change anything. write_file, patch and \
 execute_code are refused; terminal runs only read-only commands (ls, cat, head, tail, wc, grep, \
 rg, find without -delete/-exec, stat, du, df, ps, sort without -o, git status/log/diff/show), \
-with no output redirection."
+with no output redirection; terminal's env sets only inert variables (LANG, LC_*, TZ, TERM, \
+COLUMNS, LINES, …)."
             }
             Permission::ReadWrite => {
                 "read-write: you may create and edit files inside the workspace, but not delete \
-(rm, rmdir, find -delete, git clean, shred, truncate are refused) or write outside it."
+(rm, rmdir, find -delete, git clean, shred, truncate are refused) or write outside it; \
+terminal's env sets only inert variables (LANG, LC_*, TZ, TERM, COLUMNS, LINES, …)."
             }
             Permission::Full => "full: no workspace limit beyond the command guard.",
         }

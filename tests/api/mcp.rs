@@ -903,3 +903,100 @@ async fn shell_lines_are_judged_and_a_policy_that_allows_lets_asked_commands_run
         "{out}"
     );
 }
+
+/// `exec`'s `env` runs no code below `full`: `LD_PRELOAD` naming a library in the target
+/// user's home loads it into `ls` with a `full` token (the control); with a `read` or a
+/// `read-write` token it is refused before anything runs, naming the variable, and audited
+/// with the token as actor; an inert variable still passes.
+#[tokio::test]
+async fn exec_env_runs_no_code_below_full() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    let dir = std::path::Path::new("/home")
+        .join(crate::sshd::USER)
+        .join(crate::agent::unique("mcp_env"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chown = std::process::Command::new("chown")
+        .arg(crate::sshd::USER)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let marker = dir.join("constructor-ran");
+    let library = crate::workspaces::constructor_library(&dir, &marker, crate::sshd::USER);
+    let ls = format!("ls {}", dir.display());
+    let preload = json!({"target": "web", "command": ls, "env": {"LD_PRELOAD": library.display().to_string()}});
+
+    let full = token_at(&env, "envfull", &["web"], Permission::Full).await;
+    let out = client(json!({
+        "url": url(&env), "token": full, "mode": "legacy",
+        "steps": [{"tool": "exec", "args": preload}],
+    }))
+    .await;
+    assert_eq!(out["results"][0]["structured"]["exit_code"], 0, "{out}");
+    assert!(
+        marker.exists(),
+        "the constructor ran at full, so this test can fail: {out}"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    for (name, permission) in [
+        ("envread", Permission::Read),
+        ("envrw", Permission::ReadWrite),
+    ] {
+        let token = token_at(&env, name, &["web"], permission).await;
+        let out = client(json!({
+            "url": url(&env), "token": token, "mode": "2026-07-28",
+            "steps": [
+                {"tool": "exec", "args": preload},
+                {"tool": "exec", "args": {"target": "web", "command": ls, "env": {"LC_ALL": "C", "TZ": "UTC"}}},
+            ],
+        }))
+        .await;
+        let r = &out["results"];
+        assert_eq!(r[0]["is_error"], true, "{name}: {out}");
+        let text = r[0]["text"].as_str().unwrap();
+        assert!(
+            text.contains("LD_PRELOAD")
+                && text.contains(&format!("`{permission}`"))
+                && text.contains("LC_*"),
+            "{name}: {text}"
+        );
+        assert_eq!(r[1]["structured"]["exit_code"], 0, "{name}: {out}");
+        assert!(
+            r[1]["structured"]["stdout"]
+                .as_str()
+                .unwrap()
+                .contains("libctor.so"),
+            "{name}: {out}"
+        );
+        assert!(
+            !marker.exists(),
+            "the constructor ran with the {name} token: {out}"
+        );
+    }
+    let refused: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT actor, detail FROM audit_log WHERE action = 'tool.refused' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    let refused: Vec<(&str, &str, &str)> = refused
+        .iter()
+        .map(|(actor, d)| {
+            (
+                actor.as_str(),
+                d["tool"].as_str().unwrap(),
+                d["by"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            ("envread", "exec", "permission"),
+            ("envrw", "exec", "permission")
+        ]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1011,3 +1011,111 @@ async fn terminal_workdir_and_env_hold_for_one_call_on_a_target() {
     }
     terminal_options_hold_for_one_call(true).await;
 }
+
+/// A shared library whose constructor creates `marker`, built in `dir` with the machine's C
+/// compiler and owned by `owner`: whatever loads it runs code of the caller's choosing.
+pub(crate) fn constructor_library(
+    dir: &std::path::Path,
+    marker: &std::path::Path,
+    owner: &str,
+) -> PathBuf {
+    let source = dir.join("ctor.c");
+    let library = dir.join("libctor.so");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <fcntl.h>\n#include <unistd.h>\n\
+             __attribute__((constructor)) static void ran(void) {{\n\
+             int fd = open({:?}, O_WRONLY | O_CREAT, 0644);\n\
+             if (fd >= 0) close(fd);\n}}\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    sh(&format!(
+        "cc -shared -fPIC -o '{lib}' '{src}' && chmod 755 '{lib}' && chown '{owner}' '{lib}' '{src}'",
+        lib = library.display(),
+        src = source.display(),
+    ));
+    library
+}
+
+/// A call's `env` runs no code below `full`: `LD_PRELOAD` naming a library in the workspace
+/// (a chat member can send one as an attachment) loads it into `ls` at `full` (the control),
+/// and at `read` and `read-write` is refused before anything runs, naming the variable, and
+/// audited; an inert variable still passes.
+async fn env_runs_no_code_below_full(remote: bool) {
+    let (env, section, b, _) = setup(remote, "omt_env").await;
+    let marker = b.outside.join("constructor-ran");
+    let library = constructor_library(&b.dir, &marker, &b.owner);
+    let preload = json!({"command": "ls", "env": {"LD_PRELOAD": library.display().to_string()}});
+
+    choose(&env, &section, &b, Permission::Full).await;
+    let r = turn(&env, &section, 1, &[("terminal", preload.clone())]).await;
+    assert!(r[0].contains("exit code: 0"), "{r:?}");
+    assert!(
+        marker.exists(),
+        "the constructor ran at full, so this test can fail: {r:?}"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    let mut turns = 1;
+    for permission in [Permission::Read, Permission::ReadWrite] {
+        choose(&env, &section, &b, permission).await;
+        turns += 1;
+        let r = turn(
+            &env,
+            &section,
+            turns,
+            &[
+                ("terminal", preload.clone()),
+                (
+                    "terminal",
+                    json!({"command": "ls", "env": {"LC_ALL": "C", "BASH_ENV": "x.sh"}}),
+                ),
+                (
+                    "terminal",
+                    json!({"command": "ls", "env": {"LC_ALL": "C", "TZ": "UTC"}}),
+                ),
+            ],
+        )
+        .await;
+        for (i, name) in [(0, "LD_PRELOAD"), (1, "BASH_ENV")] {
+            assert!(
+                r[i].starts_with("error:")
+                    && r[i].contains(&format!("`{permission}`"))
+                    && r[i].contains(name)
+                    && r[i].contains("LC_*")
+                    && !r[i].contains("exit code"),
+                "{permission}: {}",
+                r[i]
+            );
+        }
+        assert!(
+            r[2].contains("exit code: 0") && r[2].contains("libctor.so"),
+            "an inert variable passes at {permission}: {}",
+            r[2]
+        );
+        assert!(
+            !marker.exists(),
+            "the constructor ran at {permission}: {r:?}"
+        );
+    }
+    assert_eq!(
+        refusals(&env.app, &section, "permission").await,
+        ["terminal"; 4]
+    );
+}
+
+#[tokio::test]
+async fn env_runs_no_code_below_full_locally() {
+    env_runs_no_code_below_full(false).await;
+}
+
+#[tokio::test]
+async fn env_runs_no_code_below_full_on_a_target() {
+    if !sshd::available() {
+        return;
+    }
+    env_runs_no_code_below_full(true).await;
+}

@@ -70,11 +70,21 @@ pub struct Size {
 pub struct OpenOpts {
     pub rows: u16,
     pub cols: u16,
-    /// `TERM` for the program (letters, digits, `.`, `-`, `_`).
+    /// `TERM` for the program ([`valid_term`]).
     pub term: String,
     /// A person (or the backend's policy) allowed this shell, so lines the guard would ask
     /// about may be typed into it ([`Entering::risky_allowed`]).
     pub risky_allowed: bool,
+}
+
+/// Whether `term` is a terminal type's name (`xterm`, `vt100`, `screen-256color`): 1 to 32
+/// letters, digits, `.`, `-`, `_` or `+`, so never a path to a terminfo file.
+pub fn valid_term(term: &str) -> bool {
+    !term.is_empty()
+        && term.len() <= 32
+        && term
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
 }
 
 impl Default for OpenOpts {
@@ -358,13 +368,7 @@ impl Shells {
                 "rows must be 2 to 200 and cols 10 to 500".into(),
             ));
         }
-        let term_ok = !opts.term.is_empty()
-            && opts.term.len() <= 32
-            && opts
-                .term
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b));
-        if !term_ok {
+        if !valid_term(&opts.term) {
             return Err(ShellError::Invalid(
                 "term must be a terminal type such as xterm or vt100".into(),
             ));

@@ -26,18 +26,22 @@
 //! network, since programs that reach it (`curl`, interpreters) are allowed there.
 //!
 //! The levels, one file each: `read` (the allow-list, the `git` rules and the preamble) and
-//! `read_write` (deleters and writers, over the effects); this file holds the permissions, the
-//! refusals, the entry points, and what both share (inside the workspace, harmless devices). `hostile` tests the preamble against hostile repositories.
+//! `read_write` (deleters and writers, over the effects); `env` judges the variables a call
+//! gives its command (below `full`, an allow-list of inert names); this file holds the
+//! permissions, the refusals, the entry points, and what both share (inside the workspace,
+//! harmless devices). `hostile` tests the preamble against hostile repositories.
 
 use std::fmt;
 
 use crate::shell::effects::{normalise, resolve};
 
+mod env;
 #[cfg(test)]
 mod hostile;
 mod read;
 mod read_write;
 
+pub use env::{built_in_names as built_in_env_names, check_env};
 pub use read::read_preamble;
 
 use read::check_read;
