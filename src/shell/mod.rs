@@ -19,7 +19,6 @@ pub mod cover;
 pub mod effects;
 pub mod expand;
 pub mod parse;
-pub mod shape;
 pub mod spec;
 
 /// Longest command either policy examines; longer ones are refused.

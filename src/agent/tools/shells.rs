@@ -228,6 +228,7 @@ async fn run(
                     location: location.to_string(),
                     cwd: "~".into(),
                     target: Some(alias.clone()),
+                    cover: crate::shell::cover::exact("shell_open", "~"),
                 });
                 return Err(format!(
                     "not opened: a shell on `{alias}` needs a person's approval ({OPEN_ASKED})"
@@ -280,11 +281,15 @@ async fn run(
                         continue;
                     }
                     if o.verdict == Verdict::Ask {
+                        let cwd = format!("(the directory of shell {id})");
                         *asked = Some(Asked {
                             command: text.to_string(),
                             reason: o.reason.clone(),
                             location: location.to_string(),
-                            cwd: format!("(the directory of shell {id})"),
+                            // What else a shell holds (its directory, functions, variables)
+                            // is unknown: only this line, in this shell, is covered.
+                            cover: crate::shell::cover::exact(text, &cwd),
+                            cwd,
                             target: match place {
                                 Place::Target(alias) => Some(alias.clone()),
                                 Place::Local => None,
