@@ -236,12 +236,14 @@ pub(super) async fn park(
         cwd: asked.cwd.clone(),
         requester: last.sender.clone(),
         approvers,
+        covers: asked.cover.says(),
     };
     let p = parked::park(
         &turn.fence,
         turn.id,
         key,
         &ask,
+        &asked.cover.key,
         deps.config.approval_timeout,
     )
     .await?;
@@ -310,15 +312,21 @@ async fn show(deps: &AgentDeps, turn: &ActiveTurn, key: &str) {
     }
 }
 
-/// Who allowed commands of this one's shape in this thread, if an allowance covers it:
-/// (open_id, as [`who`] says it).
+/// Who allowed, in this thread, calls this one's cover takes in
+/// ([`crate::shell::cover`]), if an allowance covers it: (open_id, as [`who`] says it).
 pub(super) async fn covered(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     asked: &Asked,
 ) -> Option<(String, String)> {
-    match parked::allowed_in_thread(&deps.db, &turn.section, &asked.location, &asked.command).await
-    {
+    let call = parked::Covered {
+        location: &asked.location,
+        cover: &asked.cover.key,
+        command: &asked.command,
+        cwd: &asked.cwd,
+        with_env: asked.cover.same_env,
+    };
+    match parked::allowed_in_thread(&deps.db, &turn.section, call).await {
         Ok(by) => by.map(|(by, requester)| {
             let said = who(&by, &requester);
             (by, said)

@@ -672,7 +672,8 @@ async fn run_calls(
             start.as_mut(),
         )
         .await;
-        // Allowed in this thread: the same shape runs without asking (it did not run above).
+        // Allowed in this thread: a call of the same cover runs without asking (it did not
+        // run above).
         let mut in_thread_by: Option<String> = None;
         if let Some(asked) = &result.asked
             && allowed_by.is_none()

@@ -27,6 +27,7 @@ use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
 use crate::shell::Verdict;
+use crate::shell::cover::Cover;
 use crate::turns::{Fence, Fenced};
 use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
@@ -144,6 +145,37 @@ pub struct Asked {
     pub cwd: String,
     /// The target's alias; `None` on the service's own machine.
     pub target: Option<String>,
+    /// What "Allow in this thread" of it would cover.
+    pub cover: Cover,
+}
+
+/// A command the guard asked about, as [`task`] reports it.
+struct TaskAsk {
+    command: String,
+    reason: String,
+    cwd: String,
+    cover: Cover,
+}
+
+/// The cover of a command the guard asks about, where it would run (`env`: the call's own
+/// environment variables).
+async fn cover_at(
+    ops: &Ops,
+    command: &str,
+    cwd: &str,
+    workspace: &str,
+    env: &[(String, String)],
+) -> Cover {
+    let home = ops.backend().home().await.ok();
+    crate::shell::cover::cover(
+        command,
+        &crate::shell::cover::Places {
+            cwd,
+            workspace,
+            home: home.as_deref(),
+            env,
+        },
+    )
 }
 
 /// Whether `call` runs a command (`terminal`, `execute_code`) or acts in an interactive shell
@@ -419,12 +451,13 @@ async fn dispatch(
     .await;
     ToolOutcome {
         result,
-        asked: asked.map(|(command, reason, cwd)| Asked {
-            command,
-            reason,
+        asked: asked.map(|a| Asked {
+            command: a.command,
+            reason: a.reason,
             location: location.clone(),
-            cwd,
+            cwd: a.cwd,
             target,
+            cover: a.cover,
         }),
         backend: Some(backend),
         location: Some(location),
@@ -520,13 +553,9 @@ async fn task(
     approved: bool,
     live: Option<Arc<LiveTail>>,
     mut mark: Option<&mut StartMark<'_>>,
-) -> (
-    Result<String, String>,
-    Option<String>,
-    Option<(String, String, String)>,
-) {
+) -> (Result<String, String>, Option<String>, Option<TaskAsk>) {
     let mut exit_out: Option<String> = None;
-    let mut asked: Option<(String, String, String)> = None;
+    let mut asked: Option<TaskAsk> = None;
     let result: Result<String, String> = async {
         let Where {
             place,
@@ -634,7 +663,15 @@ async fn task(
                         && !(approved && o.verdict == Verdict::Ask)
                     {
                         if o.verdict == Verdict::Ask {
-                            asked = Some((command.clone(), o.reason.clone(), cwd_here.clone()));
+                            let cover =
+                                cover_at(&ops, &command, &cwd_here, &workspace_dir, &opts.env)
+                                    .await;
+                            asked = Some(TaskAsk {
+                                command: command.clone(),
+                                reason: o.reason.clone(),
+                                cwd: cwd_here.clone(),
+                                cover,
+                            });
                         }
                         return Err(guard_err(&mut refusal, ExecError::Refused(o)));
                     }
@@ -677,7 +714,13 @@ async fn task(
                     {
                         if o.verdict == Verdict::Ask {
                             let cwd = ops.cwd().await.unwrap_or_default();
-                            asked = Some((code.clone(), o.reason.clone(), cwd));
+                            let cover = cover_at(&ops, &code, &cwd, &workspace_dir, &[]).await;
+                            asked = Some(TaskAsk {
+                                command: code.clone(),
+                                reason: o.reason.clone(),
+                                cwd,
+                                cover,
+                            });
                         }
                         return Err(guard_err(&mut refusal, ExecError::Refused(o)));
                     }

@@ -189,8 +189,12 @@ impl ChatOut for Terminal {
             self.say_once(
                 &key,
                 &format!(
-                    "[approval needed: {}]\n  where: {}  directory: {}\n  $ {}\nallow [o]nce / allow in [t]hread / [d]eny?",
-                    p.ask.reason, p.ask.location, p.ask.cwd, p.ask.command
+                    "[approval needed: {}]\n  where: {}  directory: {}\n  $ {}\n  allow in thread covers: {}\nallow [o]nce / allow in [t]hread / [d]eny?",
+                    p.ask.reason,
+                    p.ask.location,
+                    p.ask.cwd,
+                    p.ask.command,
+                    p.ask.covers.replace('\n', "\n    ")
                 ),
             );
         }

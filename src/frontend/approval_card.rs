@@ -1,7 +1,8 @@
 //! The approval card of a parked call, and its clicks. The card (JSON 2.0, in the turn's
 //! thread) shows where the command would run, the directory, the command whole in a code
-//! block, the reason, and the buttons Allow once, Allow in this thread and Deny; once
-//! decided, who decided and when. A button's value carries the turn, the call, the
+//! block, the reason, what Allow in this thread would cover (exactly this command, or the
+//! command's form with the classes its data operands may range over), and the buttons Allow
+//! once, Allow in this thread and Deny; once decided, who decided and when. A button's value carries the turn, the call, the
 //! requester's open_id and the approver policy, so a click is triaged without I/O
 //! ([`toast`]) and applied by an inbox worker ([`apply`]): recorded once (a second click
 //! changes nothing), audited, and the card rewritten.
@@ -182,13 +183,21 @@ async fn audit(
 /// The card of a parked call in its current state.
 pub fn card(p: &Parked) -> Value {
     let fence = "`".repeat(longest_backtick_run(&p.ask.command).max(2) + 1);
-    let body = format!(
+    let mut body = format!(
         "**Where:** {}\n**Directory:** {}\n**Why:** {}\n{fence}\n{}\n{fence}",
         markup::plain(&p.ask.location, 200),
         markup::plain(&p.ask.cwd, 500),
         markup::plain(&p.ask.reason, 500),
         p.ask.command
     );
+    if p.state == ApprovalState::Waiting || p.scope == Some(Scope::Thread) {
+        // What the allowance covers, as plain text in its own block (it quotes the command).
+        let fence = "`".repeat(longest_backtick_run(&p.ask.covers).max(2) + 1);
+        body.push_str(&format!(
+            "\n**Allow in this thread** covers, in this thread and at this place:\n{fence}\n{}\n{fence}",
+            p.ask.covers
+        ));
+    }
     let mut elements =
         vec![json!({"tag": "markdown", "element_id": "md_call", "content": markup::inert(&body)})];
     let when = |t: Option<chrono::DateTime<chrono::Utc>>| {
@@ -304,6 +313,7 @@ mod tests {
                 cwd: "/srv/app".into(),
                 requester: "ou_req".into(),
                 approvers: Approvers::Admins,
+                covers: "exactly this command\n(run in this directory)".into(),
             },
             deadline: chrono::Utc::now(),
             decided_by: None,
@@ -361,6 +371,47 @@ mod tests {
         p.ask.approvers = Approvers::Requester;
         let waiting = card(&p).to_string();
         assert!(waiting.contains("asked (<at id=ou_req></at>)"), "{waiting}");
+    }
+
+    #[test]
+    fn the_card_says_what_allow_in_this_thread_covers() {
+        let places = crate::shell::cover::Places {
+            cwd: "/srv/app",
+            workspace: "/srv/app",
+            home: Some("/home/deploy"),
+            env: &[],
+        };
+        let text = |p: &Parked| card(p)["body"]["elements"][0]["content"].to_string();
+        let mut p = parked("rm -rf build");
+        p.ask.covers = crate::shell::cover::cover("rm -rf build", &places).says();
+        let waiting = text(&p);
+        assert!(
+            waiting.contains("**Allow in this thread** covers")
+                && waiting.contains(
+                    "any command of the form: rm -rf ‹workspace path›\\n‹workspace path›: \
+                     any path inside the workspace /srv/app"
+                ),
+            "{waiting}"
+        );
+        p.ask.covers = crate::shell::cover::cover("python3 -c 'print(1)'", &places).says();
+        assert!(text(&p).contains("exactly this command"), "{}", text(&p));
+        // A cover quoting backticks stays inside its block.
+        p.ask.covers = "exactly ```this``` command".into();
+        assert!(
+            text(&p).contains("````\\nexactly ```this``` command\\n````"),
+            "{}",
+            text(&p)
+        );
+        // Once decided, only an allowance in the thread still says what it covers.
+        p.state = ApprovalState::Allowed;
+        p.scope = Some(Scope::Once);
+        assert!(!text(&p).contains("covers"), "{}", text(&p));
+        p.scope = Some(Scope::Thread);
+        assert!(
+            text(&p).contains("exactly ```this``` command"),
+            "{}",
+            text(&p)
+        );
     }
 
     #[test]

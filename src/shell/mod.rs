@@ -8,16 +8,17 @@
 //! operands, which options change directory, run a script or write a file — and option
 //! syntax), expansion ([`expand`]: words to the arguments the shell would pass, as far as
 //! they can be known, within a budget), the one walk ([`effects`]: a command's effects in order — programs and where they
-//! run, writes, nested scripts, sockets, descriptors, and what cannot be seen through), the
-//! bounds the policies share, and the [`Verdict`] a policy answers with.
+//! run, writes, nested scripts, sockets, descriptors, and what cannot be seen through), what
+//! an allowance in a thread covers ([`cover`]: operands that are data may differ, code never),
+//! the bounds the policies share, and the [`Verdict`] a policy answers with.
 //!
 //! It never decides what is allowed (that is each policy's), never executes anything, never
 //! touches the filesystem, and imports nothing above it (`exec`, `workspace`).
 
+pub mod cover;
 pub mod effects;
 pub mod expand;
 pub mod parse;
-pub mod shape;
 pub mod spec;
 
 /// Longest command either policy examines; longer ones are refused.

@@ -971,6 +971,338 @@ pub fn find_unfiltered(args: &[ShellWord]) -> Option<&ShellWord> {
     starts.first()
 }
 
+/// What an operand of a [`DataProgram`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operand {
+    /// A file's path.
+    Path,
+    /// A name: a unit, a service.
+    Name,
+    /// Anything else (a mode, an owner, a verb, a script): only its exact text is the same.
+    Exact,
+}
+
+/// A program whose operands are data — paths and names, never code — with every option it
+/// takes (an option not listed makes the whole command count as code). "Allow in this
+/// thread" lets such operands differ ([`super::cover`]); every argument of every program
+/// not listed here (a shell, an interpreter, a wrapper, a runner, `awk`, `find`, `xargs`, …)
+/// is taken as code.
+pub struct DataProgram {
+    pub name: &'static str,
+    /// Short options without an argument.
+    pub flags: &'static str,
+    /// Short options with an argument, attached or the next word.
+    pub with_arg: &'static str,
+    /// Short options whose argument, if any, is the rest of their word (`sed -i.bak`).
+    pub attached: &'static str,
+    /// Long options without an argument (an optional `=value` is allowed).
+    pub long_flags: &'static [&'static str],
+    /// Long options with an argument, after `=` or as the next word.
+    pub long_with_arg: &'static [&'static str],
+    /// Its operands in order; the last one repeats.
+    pub operands: &'static [Operand],
+    /// Options (short, long) that hold its script; without any of them its first operand is
+    /// the script (`sed 's/a/b/' f`, `sed -e 's/a/b/' f`).
+    pub script: (&'static str, &'static [&'static str]),
+}
+
+const DATA: DataProgram = DataProgram {
+    name: "",
+    flags: "",
+    with_arg: "",
+    attached: "",
+    long_flags: &[],
+    long_with_arg: &[],
+    operands: &[Operand::Path],
+    script: ("", &[]),
+};
+
+/// Options every GNU tool takes.
+const COMMON_LONG: &[&str] = &["help", "version"];
+
+/// `chown`'s and `chgrp`'s options.
+const CHOWN_LONG: &[&str] = &[
+    "changes",
+    "silent",
+    "quiet",
+    "verbose",
+    "dereference",
+    "no-dereference",
+    "no-preserve-root",
+    "preserve-root",
+    "recursive",
+    "help",
+    "version",
+];
+
+/// `cp`'s, `mv`'s and `ln`'s options without an argument.
+const COPY_LONG: &[&str] = &[
+    "archive",
+    "attributes-only",
+    "backup",
+    "copy-contents",
+    "dereference",
+    "force",
+    "interactive",
+    "link",
+    "no-clobber",
+    "no-dereference",
+    "parents",
+    "preserve",
+    "recursive",
+    "reflink",
+    "remove-destination",
+    "strip-trailing-slashes",
+    "symbolic-link",
+    "no-target-directory",
+    "update",
+    "verbose",
+    "one-file-system",
+    "context",
+    "debug",
+    "exchange",
+    "no-copy",
+    "directory",
+    "logical",
+    "physical",
+    "relative",
+    "symbolic",
+    "help",
+    "version",
+];
+
+/// `systemctl`'s options without an argument.
+const SYSTEMCTL_LONG: &[&str] = &[
+    "all",
+    "recursive",
+    "reverse",
+    "after",
+    "before",
+    "with-dependencies",
+    "failed",
+    "show-types",
+    "ignore-inhibitors",
+    "dry-run",
+    "quiet",
+    "no-warn",
+    "wait",
+    "no-block",
+    "no-wall",
+    "no-reload",
+    "no-ask-password",
+    "global",
+    "runtime",
+    "force",
+    "now",
+    "plain",
+    "full",
+    "no-pager",
+    "no-legend",
+    "user",
+    "system",
+    "firmware-setup",
+    "help",
+    "version",
+];
+
+/// Every program whose operands are data, once.
+pub const DATA_PROGRAMS: &[DataProgram] = &[
+    DataProgram {
+        name: "rm",
+        flags: "fiIrRdv",
+        long_flags: &[
+            "force",
+            "interactive",
+            "one-file-system",
+            "no-preserve-root",
+            "preserve-root",
+            "recursive",
+            "dir",
+            "verbose",
+            "help",
+            "version",
+        ],
+        ..DATA
+    },
+    DataProgram {
+        name: "rmdir",
+        flags: "pv",
+        long_flags: &[
+            "ignore-fail-on-non-empty",
+            "parents",
+            "verbose",
+            "help",
+            "version",
+        ],
+        ..DATA
+    },
+    DataProgram {
+        name: "unlink",
+        long_flags: COMMON_LONG,
+        ..DATA
+    },
+    DataProgram {
+        name: "shred",
+        flags: "fuvxz",
+        with_arg: "ns",
+        long_flags: &[
+            "force", "remove", "verbose", "exact", "zero", "help", "version",
+        ],
+        long_with_arg: &["iterations", "size", "random-source"],
+        ..DATA
+    },
+    DataProgram {
+        name: "truncate",
+        flags: "co",
+        with_arg: "rs",
+        long_flags: &["no-create", "io-blocks", "help", "version"],
+        long_with_arg: &["reference", "size"],
+        ..DATA
+    },
+    DataProgram {
+        name: "mkdir",
+        flags: "pvZ",
+        with_arg: "m",
+        long_flags: &["parents", "verbose", "context", "help", "version"],
+        long_with_arg: &["mode"],
+        ..DATA
+    },
+    DataProgram {
+        name: "touch",
+        flags: "acfhm",
+        with_arg: "drt",
+        long_flags: &["no-create", "no-dereference", "help", "version"],
+        long_with_arg: &["date", "reference", "time"],
+        ..DATA
+    },
+    DataProgram {
+        name: "cp",
+        flags: "abdfHiLlnPprsuvxRTZ",
+        with_arg: "St",
+        long_flags: COPY_LONG,
+        long_with_arg: &["suffix", "target-directory", "no-preserve", "sparse"],
+        ..DATA
+    },
+    DataProgram {
+        name: "mv",
+        flags: "bfinTuvZ",
+        with_arg: "St",
+        long_flags: COPY_LONG,
+        long_with_arg: &["suffix", "target-directory"],
+        ..DATA
+    },
+    DataProgram {
+        name: "ln",
+        flags: "bdFfinLPrsTv",
+        with_arg: "St",
+        long_flags: COPY_LONG,
+        long_with_arg: &["suffix", "target-directory"],
+        ..DATA
+    },
+    DataProgram {
+        name: "chmod",
+        flags: "cfvR",
+        long_flags: &[
+            "changes",
+            "silent",
+            "quiet",
+            "verbose",
+            "no-preserve-root",
+            "preserve-root",
+            "recursive",
+            "help",
+            "version",
+        ],
+        long_with_arg: &["reference"],
+        operands: &[Operand::Exact, Operand::Path],
+        ..DATA
+    },
+    DataProgram {
+        name: "chown",
+        flags: "cfvRhHLP",
+        long_flags: CHOWN_LONG,
+        long_with_arg: &["reference", "from"],
+        operands: &[Operand::Exact, Operand::Path],
+        ..DATA
+    },
+    DataProgram {
+        name: "chgrp",
+        flags: "cfvRhHLP",
+        long_flags: CHOWN_LONG,
+        long_with_arg: &["reference"],
+        operands: &[Operand::Exact, Operand::Path],
+        ..DATA
+    },
+    DataProgram {
+        name: "sed",
+        flags: "nrEsuz",
+        with_arg: "efl",
+        attached: "i",
+        long_flags: &[
+            "quiet",
+            "silent",
+            "debug",
+            "posix",
+            "regexp-extended",
+            "separate",
+            "sandbox",
+            "unbuffered",
+            "null-data",
+            "follow-symlinks",
+            "in-place",
+            "help",
+            "version",
+        ],
+        long_with_arg: &["expression", "file", "line-length"],
+        script: ("ef", &["expression", "file"]),
+        ..DATA
+    },
+    DataProgram {
+        name: "systemctl",
+        flags: "arqfil",
+        with_arg: "tpPHMnos",
+        long_flags: SYSTEMCTL_LONG,
+        long_with_arg: &[
+            "type",
+            "property",
+            "state",
+            "job-mode",
+            "kill-whom",
+            "kill-value",
+            "signal",
+            "what",
+            "root",
+            "image",
+            "host",
+            "machine",
+            "lines",
+            "output",
+            "timestamp",
+            "message",
+            "preset-mode",
+            "check-inhibitors",
+            "when",
+            "drop-in",
+            "reboot-argument",
+            "boot-loader-menu",
+            "boot-loader-entry",
+        ],
+        operands: &[Operand::Exact, Operand::Name],
+        ..DATA
+    },
+    DataProgram {
+        name: "service",
+        long_flags: &["status-all", "help", "version"],
+        operands: &[Operand::Name, Operand::Exact],
+        ..DATA
+    },
+];
+
+/// The program named `name` (as written, not a path) whose operands are data, if it is one.
+pub fn data_program(name: &str) -> Option<&'static DataProgram> {
+    DATA_PROGRAMS.iter().find(|p| p.name == name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -985,6 +1317,36 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n, "a name appears twice");
+    }
+
+    /// A program whose operands are data is none that runs code: no shell, interpreter,
+    /// wrapper or runner, and no program the walk follows into a command (`find`, `xargs`).
+    #[test]
+    fn data_programs_run_no_code() {
+        let mut names: Vec<&str> = DATA_PROGRAMS.iter().map(|p| p.name).collect();
+        for p in DATA_PROGRAMS {
+            assert!(
+                !SHELLS.contains(&p.name)
+                    && interpreter(p.name).is_none()
+                    && wrapper(p.name).is_none()
+                    && runner(p.name).is_none()
+                    && ![
+                        "find", "xargs", "eval", "source", ".", "watch", "su", "runuser"
+                    ]
+                    .contains(&p.name),
+                "{} runs code",
+                p.name
+            );
+            let shorts: String = [p.flags, p.with_arg, p.attached].concat();
+            let mut letters: Vec<char> = shorts.chars().collect();
+            letters.sort_unstable();
+            letters.dedup();
+            assert_eq!(letters.len(), shorts.len(), "{}: a letter twice", p.name);
+        }
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a data program appears twice");
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //! a `/stop` makes the section claimable again, and the resumed turn settles the wait. So does
 //! a waiting call whose card is not recorded (its post failed, or its runner died first), at
 //! its next try ([`card_failed`]): the resumed turn posts the card and parks again.
-//! "Allow in this thread" also covers later commands of the same shape
-//! ([`crate::shell::shape`]) at the same location in the section, until the thread's yolo
-//! TTL or `/ssh yolo off` ([`allowed_in_thread`], [`end_thread_allowances`]).
+//! "Allow in this thread" also covers later commands whose cover key
+//! ([`crate::shell::cover`], stored as its SHA-256) is the allowed call's — operands that are
+//! data of the same class may differ, code never — at the same location in the section,
+//! until the thread's yolo TTL or `/ssh yolo off` ([`allowed_in_thread`],
+//! [`end_thread_allowances`]). A row written before cover keys (no `cover`) covers only its
+//! own command, in its directory, for a call without environment variables of its own.
 //!
 //! Never: knows cards, chats or who is allowed to decide (the caller checks that first).
 
@@ -111,7 +114,7 @@ impl ApprovalState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     Once,
-    /// The same command shape in this thread, until its yolo TTL.
+    /// Commands of the same cover in this thread, until its yolo TTL.
     Thread,
 }
 
@@ -133,6 +136,8 @@ pub struct Ask {
     pub cwd: String,
     pub requester: String,
     pub approvers: Approvers,
+    /// What "Allow in this thread" would cover ([`crate::shell::cover::Cover::says`]).
+    pub covers: String,
 }
 
 /// One parked call, as stored.
@@ -158,7 +163,7 @@ pub struct Parked {
 const COLUMNS: &str = "a.turn_id, a.call_key, a.section_id, a.state, a.scope, a.command, a.reason,
     a.location, a.cwd, a.requester, a.approvers, a.deadline, a.decided_by, a.decided_at,
     a.started_at IS NOT NULL, a.card_message_id, a.deadline <= now(),
-    t.stop_requested_at IS NOT NULL";
+    t.stop_requested_at IS NOT NULL, a.covers";
 
 fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
     let scope: Option<String> = r.try_get(4)?;
@@ -182,6 +187,10 @@ fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
             cwd: r.try_get(8)?,
             requester: r.try_get(9)?,
             approvers: Approvers::parse(&approvers).unwrap_or(Approvers::Admins),
+            // A row from before cover keys covers its own command only.
+            covers: r
+                .try_get::<Option<String>, _>(18)?
+                .unwrap_or_else(|| crate::shell::cover::exact("", "").says()),
         },
         deadline: r.try_get(11)?,
         decided_by: r.try_get(12)?,
@@ -208,20 +217,30 @@ pub async fn get(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<Option<Pa
     .transpose()
 }
 
+/// The stored form of a cover key: its SHA-256, in hex (a key is as long as its command).
+fn digest(cover: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(cover.as_bytes()))
+}
+
 /// Parks call `key` of `turn_id` (idempotent: a second park of the same call changes
-/// nothing) and moves the turn to [`AWAITING`]. Returns the stored row.
+/// nothing) and moves the turn to [`AWAITING`]. `cover` is the call's cover key
+/// ([`crate::shell::cover::Cover::key`]). Returns the stored row.
 pub async fn park(
     fence: &Fence,
     turn_id: i64,
     key: &str,
     ask: &Ask,
+    cover: &str,
     timeout: Duration,
 ) -> Result<Parked, Fenced> {
     let mut tx = fence.begin().await?;
+    // `shape` (what the previous version compared) stays empty: that version never takes
+    // this row for an allowance of a whole shape.
     sqlx::query(
         "INSERT INTO call_approvals (turn_id, call_key, section_id, command, reason, location,
-                                     cwd, requester, approvers, deadline, shape)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11)
+                                     cwd, requester, approvers, deadline, cover, covers)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11, $12)
          ON CONFLICT (turn_id, call_key) DO NOTHING",
     )
     .bind(turn_id)
@@ -234,7 +253,8 @@ pub async fn park(
     .bind(&ask.requester)
     .bind(ask.approvers.as_str())
     .bind(timeout.as_secs_f64())
-    .bind(crate::shell::shape::shape(&ask.command))
+    .bind(digest(cover))
+    .bind(&ask.covers)
     .execute(&mut *tx)
     .await?;
     await_approval(&mut tx, turn_id).await?;
@@ -403,27 +423,42 @@ pub async fn decide(
     })
 }
 
-/// Who allowed commands of this shape, at this location, in this section, while that
-/// allowance holds, and who had asked then, as (decided_by, requester); `None` when nothing
-/// covers it (a command without a shape never is).
+/// A call that an allowance in the thread may cover.
+#[derive(Debug, Clone, Copy)]
+pub struct Covered<'a> {
+    /// Where it runs (`local`, `web · deploy@10.0.0.5`).
+    pub location: &'a str,
+    /// Its cover key ([`crate::shell::cover::Cover::key`]).
+    pub cover: &'a str,
+    /// The command, its directory, and whether the call sets environment variables: what
+    /// a row from before cover keys is matched by.
+    pub command: &'a str,
+    pub cwd: &'a str,
+    pub with_env: bool,
+}
+
+/// Who allowed, in this section's thread and at this location, calls with this cover key,
+/// while that allowance holds, and who had asked then, as (decided_by, requester); `None`
+/// when nothing covers it. A row from before cover keys covers only its own command, in its
+/// directory, for a call without environment variables of its own.
 pub async fn allowed_in_thread(
     db: &PgPool,
     section: &str,
-    location: &str,
-    command: &str,
+    call: Covered<'_>,
 ) -> sqlx::Result<Option<(String, String)>> {
-    let Some(shape) = crate::shell::shape::shape(command) else {
-        return Ok(None);
-    };
     sqlx::query_as(
         "SELECT decided_by, requester FROM call_approvals
-          WHERE section_id = $1 AND shape = $2 AND location = $3 AND scope = 'thread'
+          WHERE section_id = $1 AND location = $3 AND scope = 'thread'
             AND state = 'allowed' AND thread_until > now()
+            AND (cover = $2 OR (cover IS NULL AND command = $4 AND cwd = $5 AND NOT $6))
           ORDER BY decided_at DESC LIMIT 1",
     )
     .bind(section)
-    .bind(&shape)
-    .bind(location)
+    .bind(digest(call.cover))
+    .bind(call.location)
+    .bind(call.command)
+    .bind(call.cwd)
+    .bind(call.with_env)
     .fetch_optional(db)
     .await
 }

@@ -357,24 +357,19 @@ async fn parked_turns_hold_no_worker_and_other_sections_are_served() {
 }
 
 #[tokio::test]
-async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_asks() {
+async fn allow_in_this_thread_covers_the_same_command_and_another_still_asks() {
     let env = env(&[]).await;
     let (thread, msg, card) = risky_turn(&env).await;
     env.llm
-        // The same shape: runs without a card.
+        // The same command (a word known only when it runs: only its exact text is
+        // covered): runs without a card.
+        .push(MODEL, call("terminal", json!({"command": RISKY})))
+        // Another one: asks again.
         .push(
             MODEL,
             call(
                 "terminal",
-                json!({"command": "touch second_marker && rm -rf \"$OTHER_DIR\""}),
-            ),
-        )
-        // Another shape: asks again.
-        .push(
-            MODEL,
-            call(
-                "terminal",
-                json!({"command": "touch third_marker && rm -r \"$OTHER_DIR\""}),
+                json!({"command": "touch third_marker && rm -r \"$NOPE_DIR\""}),
             ),
         );
     let answer = press(&env.app, "ou_user", &card, "btn_thread").await;
@@ -385,7 +380,7 @@ async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_
         cards(lark, &msg).len() == 2
     })
     .await;
-    assert!(dir.join("ran_marker").exists() && dir.join("second_marker").exists());
+    assert!(dir.join("ran_marker").exists());
     assert!(!dir.join("third_marker").exists());
     let results = tool_results(&env.llm);
     assert!(
@@ -404,6 +399,187 @@ async fn allow_in_this_thread_covers_the_same_shape_and_a_different_shape_still_
     press(&env.app, "ou_user", &(id, second), "btn_deny").await;
     assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
     assert!(!dir.join("third_marker").exists());
+    env.app.stop().await;
+}
+
+/// The model's terminal calls `commands` in turn in a new thread; the first is asked about
+/// and allowed in the thread; waits for the second card. Returns (thread, message, first
+/// card, second card, the thread's working directory).
+async fn allowed_in_thread_then(
+    env: &Env,
+    commands: &[&str],
+) -> (String, String, (String, Value), Value, PathBuf) {
+    let thread = unique("omt_cover");
+    let msg = unique("om_cover");
+    for c in commands {
+        env.llm.push(MODEL, call("terminal", json!({"command": c})));
+    }
+    accept(&env.app, &thread, &msg, "go on").await;
+    let card = parked_card(env, &thread, &msg).await;
+    let answer = press(&env.app, "ou_user", &card, "btn_thread").await;
+    assert_eq!(answer["toast"]["type"], "info", "{answer}");
+    let lark = &env.lark;
+    eventually("a second card", Duration::from_secs(30), async || {
+        cards(lark, &msg).len() == 2
+    })
+    .await;
+    let second = cards(&env.lark, &msg)[1].clone();
+    let dir = workdir(&env.app, &thread).await;
+    (thread, msg, card, second, dir)
+}
+
+/// Denies the waiting call of `thread` (its card `second`); the turn ends done.
+async fn deny_the_second(env: &Env, thread: &str, second: Value) {
+    let id = waiting_card(env, thread).await;
+    env.llm.push(MODEL, say("finished"));
+    press(&env.app, "ou_user", &(id, second), "btn_deny").await;
+    assert_eq!(wait_turns_ended(&env.app, thread, 1).await, vec!["done"]);
+}
+
+/// Allowing inline code in the thread covers that code only: other code for the same
+/// interpreter and option asks again, and the card said so.
+#[tokio::test]
+async fn allow_in_this_thread_covers_inline_code_only_by_its_exact_text() {
+    let env = env(&[]).await;
+    let first = "python3 -c 'import os; os.remove(\"none\") if 0 else open(\"py_one\", \"w\")'";
+    let (thread, _msg, card, second, dir) = allowed_in_thread_then(
+        &env,
+        &[
+            first,
+            first,
+            "python3 -c 'import os; os.system(\"touch py_other\")'",
+        ],
+    )
+    .await;
+    assert!(dir.join("py_one").exists());
+    assert!(!dir.join("py_other").exists(), "other code ran unasked");
+    let results = tool_results(&env.llm);
+    assert!(
+        results[1].starts_with("allowed in this thread by the requester (ou_user):\n"),
+        "{results:?}"
+    );
+    assert!(second.to_string().contains("touch py_other"), "{second}");
+    deny_the_second(&env, &thread, second).await;
+    assert!(!dir.join("py_other").exists());
+    // What the card said Allow in this thread covers.
+    let shown = card.1.to_string();
+    assert!(
+        shown.contains("**Allow in this thread** covers") && shown.contains("exactly this command"),
+        "{shown}"
+    );
+    env.app.stop().await;
+}
+
+/// Allowing a recursive delete in the thread covers other paths of the same classes (here in
+/// the workspace and in /tmp), never a system path, and the card said so.
+#[tokio::test]
+async fn allow_in_this_thread_covers_paths_of_the_same_class_only() {
+    let env = env(&[]).await;
+    let gone = unique("/tmp/sshmode-none");
+    let (thread, _msg, card, second, dir) = allowed_in_thread_then(
+        &env,
+        &[
+            &format!("touch rm_one && rm -rf build {gone}-a"),
+            &format!("touch rm_two && rm -rf dist {gone}-b"),
+            &format!(
+                "touch rm_three && rm -rf /etc/{} {gone}-b",
+                unique("sshmode-none")
+            ),
+        ],
+    )
+    .await;
+    assert!(dir.join("rm_one").exists() && dir.join("rm_two").exists());
+    assert!(
+        !dir.join("rm_three").exists(),
+        "a system path was deleted unasked"
+    );
+    let results = tool_results(&env.llm);
+    assert!(
+        results[1].starts_with("allowed in this thread by the requester (ou_user):\n"),
+        "{results:?}"
+    );
+    assert!(second.to_string().contains("rm -rf /etc/"), "{second}");
+    deny_the_second(&env, &thread, second).await;
+    assert!(!dir.join("rm_three").exists());
+    let shown = card.1.to_string();
+    assert!(
+        shown.contains(
+            "any command of the form: touch ‹workspace path›; rm -rf ‹workspace path› ‹tmp path›"
+        ) && shown.contains("‹tmp path›: any path inside /tmp or /var/tmp"),
+        "{shown}"
+    );
+    env.app.stop().await;
+}
+
+/// The call's own environment variables are part of what an allowance covers (one could be
+/// the very path `$NOPE_DIR` deletes): the same command with variables of its own asks again.
+#[tokio::test]
+async fn allow_in_this_thread_does_not_cover_the_command_with_other_environment_variables() {
+    let env = env(&[]).await;
+    let (thread, msg, card) = risky_turn(&env).await;
+    env.llm.push(
+        MODEL,
+        call("terminal", json!({"command": RISKY, "env": {"TZ": "UTC"}})),
+    );
+    let dir = workdir(&env.app, &thread).await;
+    press(&env.app, "ou_user", &card, "btn_thread").await;
+    let lark = &env.lark;
+    eventually("a second card", Duration::from_secs(30), async || {
+        cards(lark, &msg).len() == 2
+    })
+    .await;
+    std::fs::remove_file(dir.join("ran_marker")).unwrap();
+    let second = cards(&env.lark, &msg)[1].clone();
+    assert!(
+        second
+            .to_string()
+            .contains("with the same environment variables"),
+        "{second}"
+    );
+    deny_the_second(&env, &thread, second).await;
+    assert!(!dir.join("ran_marker").exists(), "it ran unasked");
+    env.app.stop().await;
+}
+
+/// An allowance stored by the previous version (a shape, no cover key) keeps covering its
+/// own command, in its directory, and nothing else of that shape.
+#[tokio::test]
+async fn an_allowance_stored_before_cover_keys_covers_its_own_command_only() {
+    let env = env(&[]).await;
+    let (thread, msg, card) = risky_turn(&env).await;
+    sqlx::query(
+        "UPDATE call_approvals SET cover = NULL, covers = NULL, shape = 'touch _ ; rm -rf _'
+          WHERE section_id = $1",
+    )
+    .bind(&thread)
+    .execute(&env.app.state.db)
+    .await
+    .unwrap();
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": RISKY})))
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "touch legacy_marker && rm -rf \"$OTHER_DIR\""}),
+            ),
+        );
+    press(&env.app, "ou_user", &card, "btn_thread").await;
+    let lark = &env.lark;
+    eventually("a second card", Duration::from_secs(30), async || {
+        cards(lark, &msg).len() == 2
+    })
+    .await;
+    let results = tool_results(&env.llm);
+    assert!(
+        results[1].starts_with("allowed in this thread by the requester (ou_user):\n"),
+        "{results:?}"
+    );
+    let dir = workdir(&env.app, &thread).await;
+    assert!(!dir.join("legacy_marker").exists());
+    let second = cards(&env.lark, &msg)[1].clone();
+    deny_the_second(&env, &thread, second).await;
+    assert!(!dir.join("legacy_marker").exists());
     env.app.stop().await;
 }
 
@@ -583,23 +759,15 @@ async fn ssh_yolo_off_ends_what_was_allowed_in_the_thread() {
         .unwrap()
         .unwrap();
 
-    // The same shape asks again.
-    env.llm.push(
-        MODEL,
-        call(
-            "terminal",
-            json!({"command": "touch again_marker && rm -rf \"$OTHER_DIR\""}),
-        ),
-    );
+    // The same command asks again.
+    let dir = workdir(&env.app, &thread).await;
+    std::fs::remove_file(dir.join("ran_marker")).unwrap();
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": RISKY})));
     let msg = unique("om_again");
     accept(&env.app, &thread, &msg, "once more").await;
     let card = parked_card(&env, &thread, &msg).await;
-    assert!(
-        !workdir(&env.app, &thread)
-            .await
-            .join("again_marker")
-            .exists()
-    );
+    assert!(!dir.join("ran_marker").exists());
     env.llm.push(MODEL, say("finished"));
     press(&env.app, "ou_user", &card, "btn_deny").await;
     assert_eq!(

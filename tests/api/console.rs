@@ -389,6 +389,12 @@ async fn console_asks_inline_and_the_next_piped_line_answers() {
         "{out}"
     );
     assert!(
+        out.contains(
+            "  allow in thread covers: exactly this command\n    (run in this directory)\n"
+        ),
+        "{out}"
+    );
+    assert!(
         line(&out, "first: ").contains("allowed by the requester (console:"),
         "{out}"
     );

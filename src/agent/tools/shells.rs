@@ -12,7 +12,9 @@
 //! Every line a `shell_write` submits at the shell's prompt (not to a full-screen program) is
 //! judged by the command guard first: a line it refuses is never sent; a line it would ask
 //! about is asked of a person, unless a person (or the backend's policy) allowed the shell
-//! itself. Both are refusals nothing was sent for, audited. A shell is a stateful interpreter,
+//! itself — every such line of one write on the one card, which an allowance in the thread
+//! then covers only as written, in that shell. Both are refusals nothing was sent for,
+//! audited. A shell is a stateful interpreter,
 //! so this reads each line on its own — defence in depth behind the permission and the policy.
 
 use std::time::Duration;
@@ -24,6 +26,7 @@ use super::{Asked, Refused, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
 use crate::config::Risky;
 use crate::exec::Place;
+use crate::exec::guard::Objection;
 use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellRead};
 use crate::llm::Tool;
 use crate::llm::args::Args;
@@ -228,6 +231,7 @@ async fn run(
                     location: location.to_string(),
                     cwd: "~".into(),
                     target: Some(alias.clone()),
+                    cover: crate::shell::cover::exact("shell_open", "~"),
                 });
                 return Err(format!(
                     "not opened: a shell on `{alias}` needs a person's approval ({OPEN_ASKED})"
@@ -270,6 +274,9 @@ async fn run(
                 .entering(section, &id, data.as_bytes())
                 .map_err(|e| e.to_string())?;
             if !entering.full_screen {
+                // Every line a person is asked about goes on the one card (an approval covers
+                // what it showed, never a line beside it); a refused line refuses the write.
+                let mut asks: Vec<(&str, Objection)> = Vec::new();
                 for line in &entering.lines {
                     let text = line.text.trim();
                     let Some(o) = deps.exec.judge_typed(text) else {
@@ -280,28 +287,31 @@ async fn run(
                         continue;
                     }
                     if o.verdict == Verdict::Ask {
-                        *asked = Some(Asked {
-                            command: text.to_string(),
-                            reason: o.reason.clone(),
-                            location: location.to_string(),
-                            cwd: format!("(the directory of shell {id})"),
-                            target: match place {
-                                Place::Target(alias) => Some(alias.clone()),
-                                Place::Local => None,
-                            },
-                        });
+                        asks.push((text, o));
+                        continue;
                     }
-                    let r = Refused {
-                        by: "guard",
-                        verdict: o.verdict,
-                        reason: format!(
-                            "nothing was sent to {id}: the line `{}` it would submit {}",
-                            crate::agent::conversation::clip(text, 200),
-                            o.message
-                        ),
-                    };
                     return Err(
-                        refused(deps, section, place.name(), Some(location), tool, &r).await,
+                        typed_refused(deps, section, place, location, tool, &id, text, &o).await,
+                    );
+                }
+                if let Some((text, o)) = asks.first() {
+                    let command = asks.iter().map(|(t, _)| *t).collect::<Vec<_>>().join("\n");
+                    let cwd = format!("(the directory of shell {id})");
+                    *asked = Some(Asked {
+                        // What else a shell holds (its directory, functions, variables) is
+                        // unknown: only these lines, in this shell, are covered.
+                        cover: crate::shell::cover::exact(&command, &cwd),
+                        command,
+                        reason: o.reason.clone(),
+                        location: location.to_string(),
+                        cwd,
+                        target: match place {
+                            Place::Target(alias) => Some(alias.clone()),
+                            Place::Local => None,
+                        },
+                    });
+                    return Err(
+                        typed_refused(deps, section, place, location, tool, &id, text, o).await,
                     );
                 }
             }
@@ -397,6 +407,31 @@ async fn allowed(
             Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
         }
     }
+}
+
+/// Nothing of a write was sent: the line `text` it would submit was refused or is asked
+/// about (audited as refused).
+#[allow(clippy::too_many_arguments)]
+async fn typed_refused(
+    deps: &AgentDeps,
+    section: &str,
+    place: &Place,
+    location: &str,
+    tool: &str,
+    id: &str,
+    text: &str,
+    o: &Objection,
+) -> String {
+    let r = Refused {
+        by: "guard",
+        verdict: o.verdict,
+        reason: format!(
+            "nothing was sent to {id}: the line `{}` it would submit {}",
+            crate::agent::conversation::clip(text, 200),
+            o.message
+        ),
+    };
+    refused(deps, section, place.name(), Some(location), tool, &r).await
 }
 
 fn small(v: Option<u64>, default: u16) -> u16 {
