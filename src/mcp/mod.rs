@@ -9,8 +9,13 @@
 //!   checked against the allowed hosts (the DNS-rebinding guard) and any `Origin` against the
 //!   allowed origins (none by default: a browser page is refused).
 //! - [`token`]: tokens, stored as SHA-256 digests, each limited to its targets (which must also
-//!   be approved), to `local` only with `--local`, to a highest workspace permission, and to
-//!   its expiry; [`cli`] is `sshmode mcp token …`.
+//!   be approved; a target behind jump hosts needs each of them among its targets too), to
+//!   `local` only with `--local`, to a highest workspace permission, and to its expiry; [`cli`]
+//!   is `sshmode mcp token …`. What a token holds in this process — its shells, its resolved
+//!   places — is keyed by its id ([`token::Token::key`]), so a token
+//!   issued again under a revoked one's name starts with none of it; a sweep closes the shells
+//!   of tokens revoked (by the CLI, in another process) or expired within
+//!   [`server::SWEEP_EVERY`].
 //! - [`server`]: the tools (`host_list`, `exec`, `read_file`, `write_file`, `search_files`,
 //!   and the interactive shells `shell_open|write|read|close|list` over
 //!   [`crate::exec::pty::Shells`]), each in the token's own section `mcp:<name>` (its
@@ -40,6 +45,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::config::McpConfig;
@@ -69,8 +75,9 @@ pub struct McpDeps {
 }
 
 /// The endpoint's routes: `/mcp` behind the bearer check. Streams and sessions end when
-/// `shutdown` is cancelled.
-pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
+/// `shutdown` is cancelled; the sweep that closes the shells of revoked tokens runs on `tasks`
+/// until then.
+pub fn router(deps: McpDeps, shutdown: &CancellationToken, tasks: &TaskTracker) -> axum::Router {
     let sessions = Arc::new(LocalSessionManager::default());
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(deps.config.allowed_hosts.clone())
@@ -78,6 +85,7 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
         .enforce_origin_validation()
         .with_cancellation_token(shutdown.child_token());
     let tools = Arc::new(server::Tools::new(deps.clone()));
+    tasks.spawn(server::run_sweeper(tools.clone(), shutdown.child_token()));
     let service = StreamableHttpService::new(
         move || Ok(server::Server::new(tools.clone())),
         sessions.clone(),
