@@ -12,7 +12,7 @@
 //!   be approved; a target behind jump hosts needs each of them among its targets too), to
 //!   `local` only with `--local`, to a highest workspace permission, and to its expiry; [`cli`]
 //!   is `sshmode mcp token …`. What a token holds in this process — its shells, its resolved
-//!   places — is keyed by its id ([`token::Token::key`]), so a token
+//!   places, its share of the bounds — is keyed by its id ([`token::Token::key`]), so a token
 //!   issued again under a revoked one's name starts with none of it; a sweep closes the shells
 //!   of tokens revoked (by the CLI, in another process) or expired within
 //!   [`server::SWEEP_EVERY`].
@@ -26,9 +26,11 @@
 //!   trail with the token's name as actor.
 //!
 //! Bounds: the listener's connections ([`crate::config::McpConfig::http`]), sessions held
-//! ([`crate::config::McpConfig::max_sessions`]), tool calls running at once
-//! ([`crate::config::McpConfig::max_calls`]), request bodies (4 MiB), command output (the
-//! execution layer's head + tail), progress notifications (one a second at most).
+//! ([`crate::config::McpConfig::max_sessions`], and per token
+//! [`crate::config::McpConfig::max_sessions_per_token`]), tool calls running at once
+//! ([`crate::config::McpConfig::max_calls`], and per token
+//! [`crate::config::McpConfig::max_calls_per_token`]), request bodies (4 MiB), command output
+//! (the execution layer's head + tail), progress notifications (one a second at most).
 //!
 //! Never: serves on the public listener; reads a request body before its token checked out;
 //! returns a secret; falls back to local when a target fails.
@@ -96,6 +98,8 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken, tasks: &TaskTracker) 
         clock: deps.clock.clone(),
         sessions,
         max_sessions: deps.config.max_sessions,
+        max_sessions_per_token: deps.config.max_sessions_per_token.max(1),
+        owners: Arc::default(),
         tokens: Arc::new(fresh::Fresh::default()),
     };
     axum::Router::new()

@@ -1,7 +1,8 @@
 //! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`, and the
 //! interactive shells ([`shells`]). Every call names its target or its `shell_id` (explicit
 //! handles, no session state), is checked against the caller's token (the target and every
-//! jump host on its way among its targets and approved), and runs through [`Ops`]
+//! jump host on its way among its targets and approved), takes a place among the calls running
+//! at once (the token's own bound first, then the endpoint's), and runs through [`Ops`]
 //! in the token's section, as the chat's task tools do: the workspace permission (the section's
 //! choice capped by the token's `--permission`, or without a choice the token's permission
 //! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
@@ -47,11 +48,13 @@ const MAX_ENV: usize = 32;
 /// Command text kept in an audit row.
 const AUDIT_COMMAND_CHARS: usize = 4096;
 
-/// The tools' shared state, built once: the core's handles, the bound on calls running at
-/// once, and the tool table.
+/// The tools' shared state, built once: the core's handles, the bounds on calls running at
+/// once (in all and per token), and the tool table.
 pub struct Tools {
     deps: McpDeps,
     calls: Semaphore,
+    /// Calls running now per token ([`Token::key`]); a token at zero has no entry.
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     router: ToolRouter<Server>,
     /// Each token's resolved places, by ([`Token::key`], target), reused for
     /// [`FRESH`](super::fresh::FRESH).
@@ -64,6 +67,7 @@ impl Tools {
         Tools {
             deps,
             calls,
+            running: Arc::default(),
             router: Server::tool_router(),
             places: Fresh::default(),
         }
@@ -464,7 +468,7 @@ impl Tools {
         args: ExecArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "terminal").await?;
         let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
         if env.len() > MAX_ENV {
@@ -594,7 +598,7 @@ impl Tools {
         args: ReadArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "read_file").await?;
         let range = match (args.offset, args.limit) {
             (None, None) => ReadRange::Whole,
@@ -626,7 +630,7 @@ impl Tools {
         args: WriteArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "write_file").await?;
         if here.permission < Permission::Full {
             let cancel = ctx.ct.child_token();
@@ -680,7 +684,7 @@ impl Tools {
         args: SearchArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "search_files").await?;
         let target = match args.kind.as_deref() {
             None | Some("content") => SearchTarget::Content,
@@ -709,13 +713,36 @@ impl Tools {
         })))
     }
 
-    /// A place among the calls running at once, or a clear "busy".
-    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Fail> {
-        self.calls.try_acquire().map_err(|_| {
+    /// A place among the calls running at once — the token's own first (so one token never
+    /// takes every place), then the endpoint's — or a clear "busy".
+    fn slot(&self, token: &Token) -> Result<Slot<'_>, Fail> {
+        let key = token.key();
+        let most = self.deps.config.max_calls_per_token.max(1);
+        {
+            let mut running = self.running.lock().expect("mcp calls lock");
+            let n = running.entry(key.clone()).or_default();
+            if *n >= most {
+                tracing::warn!(mcp.token = %token.name, mcp.max_calls_per_token = most, "an MCP token's call bound reached");
+                return Err(format!(
+                    "the token `{}` is running {most} MCP calls already, the most one token may run at once; try again when one has finished",
+                    token.name
+                ));
+            }
+            *n += 1;
+        }
+        let mine = TokenCall {
+            running: self.running.clone(),
+            key,
+        };
+        let permit = self.calls.try_acquire().map_err(|_| {
             format!(
                 "sshmode is running {} MCP calls already; try again shortly",
                 self.deps.config.max_calls
             )
+        })?;
+        Ok(Slot {
+            _permit: permit,
+            _mine: mine,
         })
     }
 
@@ -824,6 +851,31 @@ impl Tools {
         };
         if let Err(e) = audited.await {
             tracing::warn!(section.id = %section, error = %e, "auditing a refused MCP call failed");
+        }
+    }
+}
+
+/// A call's places among those running at once: given back when it ends.
+struct Slot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    _mine: TokenCall,
+}
+
+/// One of a token's calls running now; counted down on drop (an entry at zero is removed, so
+/// the map holds only tokens with calls running).
+struct TokenCall {
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for TokenCall {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().expect("mcp calls lock");
+        if let Some(n) = running.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.key);
+            }
         }
     }
 }

@@ -55,8 +55,8 @@ impl Token {
     }
 
     /// What this very token holds in a serving process — its interactive shells, its resolved
-    /// places — is keyed by this: its section and its id, so a new token under a revoked
-    /// one's name starts with none of it.
+    /// places, its share of the endpoint's bounds — is keyed by this: its section and its id,
+    /// so a new token under a revoked one's name starts with none of it.
     pub fn key(&self) -> String {
         format!("{}{KEY_ID}{}", self.section(), self.id)
     }

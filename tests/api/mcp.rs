@@ -1143,3 +1143,97 @@ async fn a_token_reaches_a_target_only_through_jump_hosts_it_may_use() {
     assert!(hosts.iter().all(|h| h["usable"] == true), "{out}");
     assert_eq!(r[1]["structured"]["stdout"], "through-42\n", "{out}");
 }
+
+/// One token at its own bounds — the sessions it may hold, the calls it may run at once —
+/// is refused with a sentence naming it, while another token still opens sessions and runs
+/// calls; a session belongs to the token that opened it.
+#[tokio::test]
+async fn one_token_at_its_session_and_call_bounds_does_not_block_another() {
+    let env = exec_ssh::env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
+        ("SSHMODE_MCP_MAX_SESSIONS", "8"),
+        ("SSHMODE_MCP_MAX_CALLS", "8"),
+        ("SSHMODE_MCP_MAX_SESSIONS_PER_TOKEN", "1"),
+        ("SSHMODE_MCP_MAX_CALLS_PER_TOKEN", "1"),
+    ])
+    .await
+    .expect("sshd is needed for the MCP tests");
+    env.add_key_target("web").await;
+    let hog = new_token(&env, "hog", &["web"]).await;
+    let other = new_token(&env, "other", &["web"]).await;
+    let http = reqwest::Client::new();
+    let initialize = |token: &str| {
+        http.post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}),
+            )
+            .send()
+    };
+    let first = initialize(&hog).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let refused = initialize(&hog).await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let why = refused.text().await.unwrap();
+    assert!(
+        why.contains("the token `hog` holds 1 MCP sessions already"),
+        "{why}"
+    );
+    assert_eq!(initialize(&other).await.unwrap().status(), 200);
+    // Another token cannot use, nor close, the hog's session.
+    let closed_by_other = http
+        .delete(url(&env))
+        .bearer_auth(&other)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed_by_other.status(), 404);
+    assert_eq!(initialize(&hog).await.unwrap().status(), 503);
+
+    // The hog's one call runs (until the test removes its marker, at most 60 s): its next is
+    // refused, another token's runs.
+    let marker = format!("/home/{}/mcp-hog-started", crate::sshd::USER);
+    let _ = std::fs::remove_file(&marker);
+    let long = tokio::spawn(client(json!({
+        "url": url(&env), "token": hog, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; for i in $(seq 600); do [ -e {marker} ] || break; sleep 0.1; done")}}],
+    })));
+    crate::helpers::eventually(
+        "the long call started",
+        Duration::from_secs(30),
+        async || std::path::Path::new(&marker).exists(),
+    )
+    .await;
+    let busy = client(json!({
+        "url": url(&env), "token": hog, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "true"}}],
+    }))
+    .await;
+    let r = &busy["results"][0];
+    assert_eq!(r["is_error"], true, "{busy}");
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .contains("the token `hog` is running 1 MCP calls already"),
+        "{busy}"
+    );
+    let free = client(json!({
+        "url": url(&env), "token": other, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "echo free"}}],
+    }))
+    .await;
+    assert_eq!(all_ok(&free)[0]["structured"]["stdout"], "free\n", "{free}");
+    std::fs::remove_file(&marker).unwrap();
+    let long = long.await.unwrap();
+    assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
+}

@@ -115,7 +115,7 @@ impl Tools {
         args: OpenArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let place = super::place_of(&args.target);
         self.route(&token, &place, "shell_open").await?;
         let ws = self.shell_allowed(&token, &place, "shell_open").await?;
@@ -165,7 +165,7 @@ impl Tools {
         args: WriteArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let place = self
             .shell_place(&token, &args.shell_id, "shell_write")
             .await?;
@@ -199,7 +199,7 @@ impl Tools {
         args: ReadArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let mode = match args.mode.as_deref() {
             None | Some("screen") => ReadMode::Screen,
             Some("raw") => ReadMode::Raw,
