@@ -10,9 +10,9 @@
 //! target's `risky` policy is `refuse`; they are checked again before each write and read, with
 //! the token's way there (the target and every jump host on its way approved and among its
 //! targets: a target disabled since stops the next write, read or listing), and a refusal is
-//! audited. Closing is always allowed. Each line a write would submit at the shell's prompt is judged first as
-//! `exec` judges a command (a refusal, or an `ask` where the policy does not allow it, sends
-//! nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
+//! audited. Closing is always allowed. Each line a write would submit at the shell's prompt is
+//! judged first as `exec` judges a command (a refusal, or an `ask` where the policy does not
+//! allow it, sends nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
 //! (`shell.open`, `shell.input` with the text redacted, `shell.close`); what a read returns
 //! passes the secret filter.
 
@@ -116,7 +116,7 @@ impl Tools {
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
         let _slot = self.slot(&token)?;
-        let place = super::place_of(&args.target);
+        let place = place_of(&args.target);
         self.route(&token, &place, "shell_open").await?;
         let ws = self.shell_allowed(&token, &place, "shell_open").await?;
         let section = token.section();
