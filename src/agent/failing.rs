@@ -13,6 +13,8 @@ pub enum Why {
     Replaced,
     /// The target's allow-list no longer has the chat.
     NotAllowed,
+    /// The allow-list of a jump host on the way to the target no longer has the chat.
+    JumpNotAllowed,
     /// A binding from before chats and generations were recorded, which cannot be checked.
     Unchecked,
 }
@@ -24,6 +26,7 @@ impl Why {
             Why::Removed => "removed",
             Why::Replaced => "replaced",
             Why::NotAllowed => "not_allowed_here",
+            Why::JumpNotAllowed => "jump_not_allowed_here",
             Why::Unchecked => "unchecked",
         }
     }
@@ -33,6 +36,8 @@ impl Why {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingFails {
     pub alias: String,
+    /// The jump host the reason is about ([`Why::JumpNotAllowed`]).
+    pub jump: Option<String>,
     pub why: Why,
     /// When the binding was made: names this binding (a new one is checked afresh).
     pub bound_at: DateTime<Utc>,
@@ -50,6 +55,10 @@ impl BindingFails {
             Why::NotAllowed => {
                 format!("This thread is bound to `{a}`, which is no longer allowed in this chat")
             }
+            Why::JumpNotAllowed => format!(
+                "This thread is bound to `{a}`, which is reached through the jump host `{}`, and that is no longer allowed in this chat",
+                self.jump.as_deref().unwrap_or("?")
+            ),
             Why::Unchecked => format!(
                 "This thread was bound to `{a}` before bindings recorded their chat and target, so the binding cannot be checked"
             ),

@@ -203,7 +203,9 @@ impl App {
             shutdown.clone(),
         ));
         core.spawn(&shutdown, tasks);
-        let mcp = core.mcp().map(|deps| crate::mcp::router(deps, &shutdown));
+        let mcp = core
+            .mcp()
+            .map(|deps| crate::mcp::router(deps, &shutdown, tasks));
         doctor::log_light(&core.config, core.exec.local_level());
         let triage = Arc::new(LarkTriage {
             config: core.config.clone(),

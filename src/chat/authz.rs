@@ -157,6 +157,14 @@ pub enum Denial {
     Disabled(String),
     #[error("Target `{0}` is not allowed in this chat.")]
     NotAllowedHere(String),
+    /// A jump host on the way to the target is not usable here: each hop must be approved
+    /// and allowed in the chat, as the target itself.
+    #[error("Target `{alias}` is reached through the jump host `{jump}`, which {why}.")]
+    Jump {
+        alias: String,
+        jump: String,
+        why: HopRefusal,
+    },
     #[error(
         "I may not enter `{0}` by myself here: ask a user to run `/ssh use {0}` or `/ssh yolo on {0}`."
     )]
@@ -191,6 +199,7 @@ impl Denial {
             Denial::Pending(_) => "pending",
             Denial::Disabled(_) => "disabled",
             Denial::NotAllowedHere(_) => "not_allowed_here",
+            Denial::Jump { why, .. } => why.code(),
             Denial::NoGrant(_) => "no_grant",
             Denial::StickyHeld { .. } => "sticky",
             Denial::NotOwner { .. } => "not_owner",
@@ -202,7 +211,36 @@ impl Denial {
     }
 }
 
-/// The target, when `alias` is usable in this chat at all.
+/// Why a jump host keeps the targets behind it from a chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HopRefusal {
+    Pending,
+    Disabled,
+    NotAllowedHere,
+}
+
+impl HopRefusal {
+    fn code(self) -> &'static str {
+        match self {
+            HopRefusal::Pending => "jump_pending",
+            HopRefusal::Disabled => "jump_disabled",
+            HopRefusal::NotAllowedHere => "jump_not_allowed_here",
+        }
+    }
+}
+
+impl std::fmt::Display for HopRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HopRefusal::Pending => "is waiting for an admin's approval",
+            HopRefusal::Disabled => "is disabled",
+            HopRefusal::NotAllowedHere => "is not allowed in this chat",
+        })
+    }
+}
+
+/// The target, when `alias` is usable in this chat at all: it and every jump host on its way
+/// are approved and allowed here.
 fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Denial> {
     let t = target.ok_or_else(|| Denial::UnknownTarget(alias.to_string()))?;
     match t.status {
@@ -212,6 +250,19 @@ fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Denia
     }
     if !t.allowed_here {
         return Err(Denial::NotAllowedHere(alias.to_string()));
+    }
+    for hop in &t.jumps {
+        let why = match (hop.status, hop.allowed_here) {
+            (Status::Pending, _) => HopRefusal::Pending,
+            (Status::Disabled, _) => HopRefusal::Disabled,
+            (Status::Approved, false) => HopRefusal::NotAllowedHere,
+            (Status::Approved, true) => continue,
+        };
+        return Err(Denial::Jump {
+            alias: alias.to_string(),
+            jump: hop.alias.clone(),
+            why,
+        });
     }
     Ok(t)
 }
@@ -329,6 +380,7 @@ mod tests {
             allowed_here: allowed,
             destination: "u@h".into(),
             generation: 1,
+            jumps: Vec::new(),
         }
     }
     fn binding(alias: &str, kind: Kind, owner: &str) -> Binding {
@@ -420,6 +472,63 @@ mod tests {
                 Err(Denial::NotAllowedHere("web".into()))
             );
         }
+    }
+
+    #[test]
+    fn every_jump_host_on_the_way_must_be_usable_here_too() {
+        use crate::target::allow::Hop;
+        let hop = |alias: &str, status, allowed_here| Hop {
+            alias: alias.into(),
+            status,
+            allowed_here,
+        };
+        let behind = |jumps: Vec<Hop>| Facts {
+            jumps,
+            ..facts("web2", Status::Approved, true)
+        };
+        let ok = behind(vec![hop("edge", Status::Approved, true)]);
+        let g = [grant(1, None)];
+        for who in [ANN, ADMIN, Actor::Model] {
+            assert!(matches!(
+                authorize(who, bind("web2", Some(&ok), None, &g)),
+                Ok(Permit::Bind { .. })
+            ));
+            for (status, allowed, why) in [
+                (Status::Approved, false, HopRefusal::NotAllowedHere),
+                (Status::Disabled, true, HopRefusal::Disabled),
+                (Status::Pending, true, HopRefusal::Pending),
+            ] {
+                // The refused hop is named, however far out it is.
+                let t = behind(vec![
+                    hop("bastion", Status::Approved, true),
+                    hop("edge", status, allowed),
+                ]);
+                let want = Err(Denial::Jump {
+                    alias: "web2".into(),
+                    jump: "edge".into(),
+                    why,
+                });
+                assert_eq!(authorize(who, bind("web2", Some(&t), None, &g)), want);
+                if who != Actor::Model {
+                    let grant_on = Act::GrantOn {
+                        alias: Some("web2"),
+                        target: Some(&t),
+                        section: ANNS,
+                    };
+                    assert_eq!(authorize(who, grant_on), want);
+                }
+            }
+        }
+        let d = Denial::Jump {
+            alias: "web2".into(),
+            jump: "bastion".into(),
+            why: HopRefusal::NotAllowedHere,
+        };
+        assert_eq!(
+            d.to_string(),
+            "Target `web2` is reached through the jump host `bastion`, which is not allowed in this chat."
+        );
+        assert_eq!(d.code(), "jump_not_allowed_here");
     }
 
     #[test]

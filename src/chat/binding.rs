@@ -6,7 +6,8 @@
 //!
 //! A binding records the chat it was made in and the target generation it was made for. The
 //! read a tool call makes ([`resolve_use`]) checks, in the same query that finds the binding,
-//! that the target still exists in that generation and still allows that chat; a binding that
+//! that the target still exists in that generation and that it and every jump host on its way
+//! still allow that chat; a binding that
 //! no longer passes stays bound and fails every call with the reason ([`BindingFails`]) until a user
 //! releases or rebinds it.
 //!
@@ -23,6 +24,7 @@ use super::grant;
 use crate::agent::failing::{BindingFails, Why};
 use crate::audit;
 use crate::exec::Place;
+use crate::target::allow::allowed_sql;
 
 /// The binding's place and, when it no longer passes, why: one query, on the pool or in the
 /// caller's transaction.
@@ -30,16 +32,25 @@ async fn checked(
     db: impl PgExecutor<'_>,
     section: &str,
 ) -> sqlx::Result<Option<(String, String, Option<BindingFails>)>> {
-    let row = sqlx::query(
-        "SELECT b.alias, b.kind, b.bound_at, b.chat_id, b.generation AS bound_generation,
-                t.generation,
-                (NOT EXISTS (SELECT 1 FROM target_chats c WHERE c.alias = b.alias)
-                 OR EXISTS (SELECT 1 FROM target_chats c
-                            WHERE c.alias = b.alias AND c.chat_id = b.chat_id)) AS allowed
+    // The target's jump hosts outwards (bounded: a loop cannot run on), for their allow-lists.
+    let row = sqlx::query(&format!(
+        "WITH RECURSIVE chain (alias, next, depth) AS (
+             SELECT t.alias, t.jump, 0 FROM bindings b JOIN targets t ON t.alias = b.alias
+             WHERE b.section = $1
+             UNION ALL
+             SELECT t.alias, t.jump, c.depth + 1 FROM targets t JOIN chain c ON t.alias = c.next
+             WHERE c.depth <= $2)
+         SELECT b.alias, b.kind, b.bound_at, b.chat_id, b.generation AS bound_generation,
+                t.generation, {} AS allowed,
+                (SELECT chain.alias FROM chain WHERE chain.depth > 0 AND NOT {}
+                 ORDER BY chain.depth LIMIT 1) AS jump_refused
          FROM bindings b LEFT JOIN targets t ON t.alias = b.alias
          WHERE b.section = $1",
-    )
+        allowed_sql("b.alias", "b.chat_id"),
+        allowed_sql("chain.alias", "b.chat_id"),
+    ))
     .bind(section)
+    .bind(crate::target::MAX_HOPS as i32)
     .fetch_optional(db)
     .await?;
     let Some(r) = row else {
@@ -48,16 +59,19 @@ async fn checked(
     let alias: String = r.get("alias");
     let bound: Option<i64> = r.get("bound_generation");
     let current: Option<i64> = r.get("generation");
+    let jump: Option<String> = r.get("jump_refused");
     let why = match (bound, current) {
         (_, None) => Some(Why::Removed),
         (None, _) => Some(Why::Unchecked),
         (Some(b), Some(c)) if b != c => Some(Why::Replaced),
         _ if r.get::<Option<String>, _>("chat_id").is_none() => Some(Why::Unchecked),
         _ if !r.get::<bool, _>("allowed") => Some(Why::NotAllowed),
+        _ if jump.is_some() => Some(Why::JumpNotAllowed),
         _ => None,
     };
     let failing = why.map(|why| BindingFails {
         alias: alias.clone(),
+        jump: jump.filter(|_| why == Why::JumpNotAllowed),
         why,
         bound_at: r.get("bound_at"),
     });
@@ -126,7 +140,10 @@ pub async fn refused_call(
             section: Some(section),
             target: Some(&failing.alias),
             outcome: "refused",
-            detail: json!({ "reason": failing.why.code(), "tool": tool }),
+            detail: match &failing.jump {
+                Some(jump) => json!({ "reason": failing.why.code(), "tool": tool, "jump": jump }),
+                None => json!({ "reason": failing.why.code(), "tool": tool }),
+            },
         },
     )
     .await?;

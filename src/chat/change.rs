@@ -82,7 +82,10 @@ async fn refuse(
             section,
             target: alias,
             outcome: "refused",
-            detail: json!({ "reason": r.code() }),
+            detail: match r {
+                Denial::Jump { jump, .. } => json!({ "reason": r.code(), "jump": jump }),
+                _ => json!({ "reason": r.code() }),
+            },
         },
     )
     .await

@@ -176,6 +176,10 @@ pub struct McpConfig {
     pub max_sessions: usize,
     /// `SSHMODE_MCP_MAX_CALLS` (default 32): tool calls running at once.
     pub max_calls: usize,
+    /// `SSHMODE_MCP_MAX_SESSIONS_PER_TOKEN` (default 16): sessions one token holds at once.
+    pub max_sessions_per_token: usize,
+    /// `SSHMODE_MCP_MAX_CALLS_PER_TOKEN` (default 8): tool calls one token runs at once.
+    pub max_calls_per_token: usize,
     /// Connection bounds of the MCP listener (the same variables as the public one's).
     pub http: HttpConfig,
 }
@@ -905,6 +909,16 @@ impl Config {
                             var("SSHMODE_MCP_MAX_CALLS"),
                             32,
                         )?,
+                        max_sessions_per_token: parse_or(
+                            "SSHMODE_MCP_MAX_SESSIONS_PER_TOKEN",
+                            var("SSHMODE_MCP_MAX_SESSIONS_PER_TOKEN"),
+                            16,
+                        )?,
+                        max_calls_per_token: parse_or(
+                            "SSHMODE_MCP_MAX_CALLS_PER_TOKEN",
+                            var("SSHMODE_MCP_MAX_CALLS_PER_TOKEN"),
+                            8,
+                        )?,
                         http: http.clone(),
                     })
                 }
@@ -1107,6 +1121,7 @@ mod tests {
         assert_eq!(m.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
         assert!(m.allowed_origins.is_empty());
         assert_eq!((m.max_sessions, m.max_calls), (64, 32));
+        assert_eq!((m.max_sessions_per_token, m.max_calls_per_token), (16, 8));
         // A non-loopback address is a host clients may name; an explicit list replaces all.
         let m = load(&[("SSHMODE_MCP_LISTEN", "10.0.0.5:8090")])
             .unwrap()

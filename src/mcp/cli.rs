@@ -49,7 +49,9 @@ pub enum TokenCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Revokes a token: its next request is refused.
+    /// Revokes a token: its next request is refused, and the serving process closes its shells
+    /// (both within 2 s). A token created again under the name is a new token: it sees none of
+    /// the old one's shells.
     Revoke { name: String },
 }
 

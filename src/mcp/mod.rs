@@ -9,8 +9,13 @@
 //!   checked against the allowed hosts (the DNS-rebinding guard) and any `Origin` against the
 //!   allowed origins (none by default: a browser page is refused).
 //! - [`token`]: tokens, stored as SHA-256 digests, each limited to its targets (which must also
-//!   be approved), to `local` only with `--local`, to a highest workspace permission, and to
-//!   its expiry; [`cli`] is `sshmode mcp token …`.
+//!   be approved; a target behind jump hosts needs each of them among its targets too), to
+//!   `local` only with `--local`, to a highest workspace permission, and to its expiry; [`cli`]
+//!   is `sshmode mcp token …`. What a token holds in this process — its shells, its resolved
+//!   places, its share of the bounds — is keyed by its id ([`token::Token::key`]), so a token
+//!   issued again under a revoked one's name starts with none of it; a sweep closes the shells
+//!   of tokens revoked (by the CLI, in another process) or expired within
+//!   [`server::SWEEP_EVERY`].
 //! - [`server`]: the tools (`host_list`, `exec`, `read_file`, `write_file`, `search_files`,
 //!   and the interactive shells `shell_open|write|read|close|list` over
 //!   [`crate::exec::pty::Shells`]), each in the token's own section `mcp:<name>` (its
@@ -21,9 +26,11 @@
 //!   trail with the token's name as actor.
 //!
 //! Bounds: the listener's connections ([`crate::config::McpConfig::http`]), sessions held
-//! ([`crate::config::McpConfig::max_sessions`]), tool calls running at once
-//! ([`crate::config::McpConfig::max_calls`]), request bodies (4 MiB), command output (the
-//! execution layer's head + tail), progress notifications (one a second at most).
+//! ([`crate::config::McpConfig::max_sessions`], and per token
+//! [`crate::config::McpConfig::max_sessions_per_token`]), tool calls running at once
+//! ([`crate::config::McpConfig::max_calls`], and per token
+//! [`crate::config::McpConfig::max_calls_per_token`]), request bodies (4 MiB), command output
+//! (the execution layer's head + tail), progress notifications (one a second at most).
 //!
 //! Never: serves on the public listener; reads a request body before its token checked out;
 //! returns a secret; falls back to local when a target fails.
@@ -40,6 +47,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::config::McpConfig;
@@ -69,8 +77,9 @@ pub struct McpDeps {
 }
 
 /// The endpoint's routes: `/mcp` behind the bearer check. Streams and sessions end when
-/// `shutdown` is cancelled.
-pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
+/// `shutdown` is cancelled; the sweep that closes the shells of revoked tokens runs on `tasks`
+/// until then.
+pub fn router(deps: McpDeps, shutdown: &CancellationToken, tasks: &TaskTracker) -> axum::Router {
     let sessions = Arc::new(LocalSessionManager::default());
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(deps.config.allowed_hosts.clone())
@@ -78,6 +87,7 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
         .enforce_origin_validation()
         .with_cancellation_token(shutdown.child_token());
     let tools = Arc::new(server::Tools::new(deps.clone()));
+    tasks.spawn(server::run_sweeper(tools.clone(), shutdown.child_token()));
     let service = StreamableHttpService::new(
         move || Ok(server::Server::new(tools.clone())),
         sessions.clone(),
@@ -88,6 +98,8 @@ pub fn router(deps: McpDeps, shutdown: &CancellationToken) -> axum::Router {
         clock: deps.clock.clone(),
         sessions,
         max_sessions: deps.config.max_sessions,
+        max_sessions_per_token: deps.config.max_sessions_per_token.max(1),
+        owners: Arc::default(),
         tokens: Arc::new(fresh::Fresh::default()),
     };
     axum::Router::new()

@@ -1,6 +1,8 @@
 //! The MCP tools: `host_list`, `exec`, `read_file`, `write_file`, `search_files`, and the
 //! interactive shells ([`shells`]). Every call names its target or its `shell_id` (explicit
-//! handles, no session state), is checked against the caller's token, and runs through [`Ops`]
+//! handles, no session state), is checked against the caller's token (the target and every
+//! jump host on its way among its targets and approved), takes a place among the calls running
+//! at once (the token's own bound first, then the endpoint's), and runs through [`Ops`]
 //! in the token's section, as the chat's task tools do: the workspace permission (the section's
 //! choice capped by the token's `--permission`, or without a choice the token's permission
 //! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
@@ -37,6 +39,8 @@ use crate::workspace::{Permission, Workspace};
 
 mod shells;
 
+pub use shells::{SWEEP_EVERY, run_sweeper};
+
 /// How often a long call reports progress, at most.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Most variables one `exec` may set.
@@ -44,13 +48,16 @@ const MAX_ENV: usize = 32;
 /// Command text kept in an audit row.
 const AUDIT_COMMAND_CHARS: usize = 4096;
 
-/// The tools' shared state, built once: the core's handles, the bound on calls running at
-/// once, and the tool table.
+/// The tools' shared state, built once: the core's handles, the bounds on calls running at
+/// once (in all and per token), and the tool table.
 pub struct Tools {
     deps: McpDeps,
     calls: Semaphore,
+    /// Calls running now per token ([`Token::key`]); a token at zero has no entry.
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     router: ToolRouter<Server>,
-    /// Each token's resolved places, by (section, target), reused for [`FRESH`](super::fresh::FRESH).
+    /// Each token's resolved places, by ([`Token::key`], target), reused for
+    /// [`FRESH`](super::fresh::FRESH).
     places: Fresh<(String, String), Arc<Here>>,
 }
 
@@ -60,6 +67,7 @@ impl Tools {
         Tools {
             deps,
             calls,
+            running: Arc::default(),
             router: Server::tool_router(),
             places: Fresh::default(),
         }
@@ -156,7 +164,7 @@ fn done(r: Result<CallToolResult, Fail>) -> Result<CallToolResult, ErrorData> {
 #[tool_router]
 impl Server {
     #[tool(
-        description = "The hosts this token may use: each target's alias, where it is (user@host), and whether it is usable now (approved). `local` is the service's own machine, listed only for tokens made with --local."
+        description = "The hosts this token may use: each target's alias, where it is (user@host), and whether it is usable now (it and every jump host on its way approved and among the token's targets). `local` is the service's own machine, listed only for tokens made with --local."
     )]
     async fn host_list(
         &self,
@@ -258,7 +266,7 @@ impl Server {
         &self,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        done(self.tools.shell_list(&ctx))
+        done(self.tools.shell_list(&ctx).await)
     }
 }
 
@@ -320,12 +328,24 @@ impl Tools {
                 json!({"target": "local", "location": "the service's own machine", "usable": true}),
             );
         }
-        for t in targets.into_iter().filter(|t| token.may_use(&t.alias)) {
+        let by_alias: std::collections::HashMap<&str, &crate::target::Target> =
+            targets.iter().map(|t| (t.alias.as_str(), t)).collect();
+        for t in targets.iter().filter(|t| token.may_use(&t.alias)) {
+            // The target, then its jump hosts outwards (one past the most the pool follows).
+            let mut path = vec![t.clone()];
+            while let Some(next) = path.last().and_then(|h| h.jump.as_deref())
+                && path.len() <= crate::target::MAX_HOPS + 1
+            {
+                match by_alias.get(next) {
+                    Some(hop) => path.push((*hop).clone()),
+                    None => break,
+                }
+            }
             hosts.push(json!({
                 "target": t.alias,
                 "location": t.location(),
                 "description": t.description,
-                "usable": t.status == crate::target::Status::Approved,
+                "usable": refused_route(&token, &path).is_none(),
             }));
         }
         Ok(CallToolResult::structured(json!({ "hosts": hosts })))
@@ -339,13 +359,20 @@ impl Tools {
     async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Arc<Here>, Fail> {
         let deps = &self.deps;
         if !token.may_use(target) {
-            return Err(format!(
-                "the token `{}` may not use `{target}`; host_list shows the targets it may use",
-                token.name
-            ));
+            let text = not_its_target(token, target);
+            self.refused(
+                token,
+                &place_of(target),
+                tool,
+                "token",
+                Verdict::Refuse,
+                &text,
+            )
+            .await;
+            return Err(text);
         }
         let section = token.section();
-        let key = (section.clone(), target.to_string());
+        let key = (token.key(), target.to_string());
         let here = match self.places.get(&key, Instant::now()) {
             Some(h) if h.token_permission == token.permission => h,
             _ => {
@@ -378,10 +405,8 @@ impl Tools {
     /// [`Tools::here`] from the database and the backend.
     async fn resolve(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
         let deps = &self.deps;
-        let place = match target {
-            "local" => Place::Local,
-            alias => Place::Target(alias.to_string()),
-        };
+        let place = place_of(target);
+        self.route(token, &place, tool).await?;
         let section = token.section();
         let ws = crate::workspace::current(&deps.db, &deps.workspaces, &section, &place)
             .await
@@ -414,13 +439,38 @@ impl Tools {
         })
     }
 
+    /// Whether `token` may reach `place` now: it may use the target and every jump host on
+    /// the way there, and each of them is approved (a chain longer than the pool follows is
+    /// refused as the pool refuses it). One read of the registry; a refusal is audited.
+    async fn route(&self, token: &Token, place: &Place, tool: &str) -> Result<(), Fail> {
+        let why = match place {
+            Place::Local => (!token.may_use("local")).then(|| not_its_target(token, "local")),
+            Place::Target(alias) if !token.may_use(alias) => Some(not_its_target(token, alias)),
+            Place::Target(alias) => match crate::target::path(&self.deps.db, alias).await {
+                Ok(path) => refused_route(token, &path),
+                Err(crate::target::TargetError::NotFound(_)) => Some(format!(
+                    "there is no target `{alias}`; host_list shows the targets this token may use"
+                )),
+                Err(e) => return Err(format!("the target registry cannot be read now: {e}")),
+            },
+        };
+        match why {
+            None => Ok(()),
+            Some(text) => {
+                self.refused(token, place, tool, "target", Verdict::Refuse, &text)
+                    .await;
+                Err(text)
+            }
+        }
+    }
+
     async fn exec(
         &self,
         ctx: &RequestContext<RoleServer>,
         args: ExecArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "terminal").await?;
         let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
         if env.len() > MAX_ENV {
@@ -563,7 +613,7 @@ impl Tools {
         args: ReadArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "read_file").await?;
         let range = match (args.offset, args.limit) {
             (None, None) => ReadRange::Whole,
@@ -595,7 +645,7 @@ impl Tools {
         args: WriteArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "write_file").await?;
         if here.permission < Permission::Full {
             let cancel = ctx.ct.child_token();
@@ -649,7 +699,7 @@ impl Tools {
         args: SearchArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "search_files").await?;
         let target = match args.kind.as_deref() {
             None | Some("content") => SearchTarget::Content,
@@ -678,13 +728,36 @@ impl Tools {
         })))
     }
 
-    /// A place among the calls running at once, or a clear "busy".
-    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Fail> {
-        self.calls.try_acquire().map_err(|_| {
+    /// A place among the calls running at once — the token's own first (so one token never
+    /// takes every place), then the endpoint's — or a clear "busy".
+    fn slot(&self, token: &Token) -> Result<Slot<'_>, Fail> {
+        let key = token.key();
+        let most = self.deps.config.max_calls_per_token.max(1);
+        {
+            let mut running = self.running.lock().expect("mcp calls lock");
+            let n = running.entry(key.clone()).or_default();
+            if *n >= most {
+                tracing::warn!(mcp.token = %token.name, mcp.max_calls_per_token = most, "an MCP token's call bound reached");
+                return Err(format!(
+                    "the token `{}` is running {most} MCP calls already, the most one token may run at once; try again when one has finished",
+                    token.name
+                ));
+            }
+            *n += 1;
+        }
+        let mine = TokenCall {
+            running: self.running.clone(),
+            key,
+        };
+        let permit = self.calls.try_acquire().map_err(|_| {
             format!(
                 "sshmode is running {} MCP calls already; try again shortly",
                 self.deps.config.max_calls
             )
+        })?;
+        Ok(Slot {
+            _permit: permit,
+            _mine: mine,
         })
     }
 
@@ -797,6 +870,31 @@ impl Tools {
     }
 }
 
+/// A call's places among those running at once: given back when it ends.
+struct Slot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    _mine: TokenCall,
+}
+
+/// One of a token's calls running now; counted down on drop (an entry at zero is removed, so
+/// the map holds only tokens with calls running).
+struct TokenCall {
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for TokenCall {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().expect("mcp calls lock");
+        if let Some(n) = running.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// Runs `op`, sending a progress notification at most every [`PROGRESS_EVERY`] while it runs
 /// when the client asked for progress; a cancelled request cancels `cancel`, which the
 /// operation honours.
@@ -825,6 +923,55 @@ async fn with_progress<T>(
             }
         }
     }
+}
+
+/// A place by its name in a call: `local`, or a target alias.
+fn place_of(target: &str) -> Place {
+    match target {
+        "local" => Place::Local,
+        alias => Place::Target(alias.to_string()),
+    }
+}
+
+/// The refusal of a target (or `local`) the token was not issued for.
+fn not_its_target(token: &Token, target: &str) -> String {
+    format!(
+        "the token `{}` may not use `{target}`; host_list shows the targets it may use",
+        token.name
+    )
+}
+
+/// Why `token` may not take `path` (a target, then its jump hosts outwards), if it may not:
+/// every hop must be among its targets and approved.
+fn refused_route(token: &Token, path: &[crate::target::Target]) -> Option<String> {
+    use crate::target::{MAX_HOPS, Status};
+    let alias = &path.first()?.alias;
+    if path.len() > MAX_HOPS + 1 {
+        return Some(format!(
+            "`{alias}` is reached through more than {MAX_HOPS} jump hosts (or its jump hosts form a loop)"
+        ));
+    }
+    for (i, hop) in path.iter().enumerate() {
+        let what = if i == 0 {
+            format!("`{alias}`")
+        } else {
+            format!("its jump host `{}`", hop.alias)
+        };
+        if i > 0 && !token.may_use(&hop.alias) {
+            return Some(format!(
+                "`{alias}` is reached through the jump host `{}`, which the token `{}` may not use: every jump host on the way must be among its targets (an operator can issue a token with `--targets {alias},{}`)",
+                hop.alias, token.name, hop.alias
+            ));
+        }
+        match hop.status {
+            Status::Approved => {}
+            Status::Pending => {
+                return Some(format!("{what} is pending; an admin must approve it first"));
+            }
+            Status::Disabled => return Some(format!("{what} is disabled")),
+        }
+    }
+    None
 }
 
 /// The error an MCP client gets for what the guard asks a person about (an MCP call does not

@@ -4,7 +4,9 @@
 //! A token is `smcp_<id>_<secret>` (16 and 64 hex digits): the id finds its row, then the
 //! SHA-256 of the whole token is compared with the stored one in constant time. A token names
 //! the targets it may use (`--targets a,b`, or `--all`), whether `local` is one of them
-//! (`--local`), the highest workspace permission of its calls, and when it expires.
+//! (`--local`), the highest workspace permission of its calls, and when it expires. Its name is
+//! its section (workspace, audit actor) and may be given again once it is revoked; its id is
+//! this very token ([`Token::key`]).
 //!
 //! Never: stores, logs or returns a token after `create` printed it.
 
@@ -18,10 +20,22 @@ use crate::workspace::Permission;
 /// What a token starts with.
 const PREFIX: &str = "smcp_";
 
+/// Between a token's section and its id in its [`Token::key`] (never in a name).
+const KEY_ID: char = '#';
+
+/// The (section, token id) of a [`Token::key`].
+pub fn split_key(key: &str) -> Option<(&str, &str)> {
+    key.rsplit_once(KEY_ID)
+}
+
 /// A token as stored: everything but the secret.
 #[derive(Debug, Clone, Serialize)]
 pub struct Token {
     pub name: String,
+    /// The id in the token's text (`smcp_<id>_…`): this very token, where the name may be
+    /// given again to a new one once it is revoked.
+    #[serde(skip)]
+    pub id: String,
     /// The targets named at creation (ignored when `all_targets`).
     pub targets: Vec<String>,
     pub all_targets: bool,
@@ -34,9 +48,17 @@ pub struct Token {
 }
 
 impl Token {
-    /// The section its calls work in (working directories, workspaces).
+    /// The section its calls work in (working directories, workspaces, the audit trail): the
+    /// token's name, so a token issued again under the name works where the old one did.
     pub fn section(&self) -> String {
         format!("mcp:{}", self.name)
+    }
+
+    /// What this very token holds in a serving process — its interactive shells, its resolved
+    /// places, its share of the endpoint's bounds — is keyed by this: its section and its id,
+    /// so a new token under a revoked one's name starts with none of it.
+    pub fn key(&self) -> String {
+        format!("{}{KEY_ID}{}", self.section(), self.id)
     }
 
     /// Whether it has expired at `now`.
@@ -166,7 +188,7 @@ pub async fn create(db: &PgPool, new: &NewToken, actor: &str) -> anyhow::Result<
 /// Every token, by name.
 pub async fn list(db: &PgPool) -> sqlx::Result<Vec<Token>> {
     let rows = sqlx::query(
-        "SELECT name, targets, all_targets, local, permission, expires_at, created_at
+        "SELECT name, token_id, targets, all_targets, local, permission, expires_at, created_at
          FROM mcp_tokens ORDER BY name",
     )
     .fetch_all(db)
@@ -199,9 +221,27 @@ pub async fn revoke(db: &PgPool, name: &str, actor: &str) -> sqlx::Result<bool> 
     Ok(gone)
 }
 
+/// Which of the token ids `ids` name a token that still exists and has not expired at `now`.
+pub async fn live(
+    db: &PgPool,
+    ids: &[String],
+    now: DateTime<Utc>,
+) -> sqlx::Result<std::collections::HashSet<String>> {
+    let live: Vec<String> = sqlx::query_scalar(
+        "SELECT token_id FROM mcp_tokens
+         WHERE token_id = ANY($1) AND (expires_at IS NULL OR expires_at > $2)",
+    )
+    .bind(ids)
+    .bind(now)
+    .fetch_all(db)
+    .await?;
+    Ok(live.into_iter().collect())
+}
+
 fn from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Token> {
     Ok(Token {
         name: r.try_get("name")?,
+        id: r.try_get("token_id")?,
         targets: r.try_get("targets")?,
         all_targets: r.try_get("all_targets")?,
         local: r.try_get("local")?,
@@ -224,7 +264,8 @@ pub async fn check(
         return Ok(Err(Refusal::Invalid));
     }
     let row = sqlx::query(
-        "SELECT name, token_hash, targets, all_targets, local, permission, expires_at, created_at
+        "SELECT name, token_id, token_hash, targets, all_targets, local, permission, expires_at,
+                created_at
          FROM mcp_tokens WHERE token_id = $1",
     )
     .bind(id)
@@ -272,6 +313,7 @@ mod tests {
     fn local_needs_its_flag_and_all_covers_only_targets() {
         let t = Token {
             name: "t".into(),
+            id: "0123456789abcdef".into(),
             targets: vec!["web".into()],
             all_targets: false,
             local: false,

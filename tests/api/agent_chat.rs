@@ -718,3 +718,187 @@ async fn a_chunk_refused_as_too_large_is_cut_further() {
     assert_ne!(requests[1].body, refused.body);
     assert_eq!(rejoin(&chunks, reopen), answer);
 }
+
+/// A target behind a jump host is usable in a chat only while the jump host is too. With the
+/// jump host limited to another chat, a thread bound through it fails its next command and
+/// its next shell write (nothing reaches the shell; the thread stays bound and is told once),
+/// and `/ssh use`, `/ssh yolo on` and the model's `request_use` of the target are refused with
+/// the jump host named — each refusal audited.
+#[tokio::test]
+async fn a_jump_host_limited_to_another_chat_keeps_the_targets_behind_it_out() {
+    use sshmode::target::cli::SetArgs;
+    use sshmode::workspace::{self, Choice, LocalRules, Permission};
+    let env = env().await;
+    let app = &env.app;
+    // `inner` is the sshd of `web` again, reached through `web`.
+    let dir = tempfile::tempdir().unwrap();
+    crate::agent::add_target(app, env.sshd().unwrap(), dir.path(), "inner").await;
+    target_cli(
+        app,
+        TargetCmd::Set(SetArgs {
+            jump: Some("web".into()),
+            permission: Some(Permission::Full),
+            risky: Some(sshmode::config::Risky::Allow),
+            ..crate::exec_ssh::set_args("inner")
+        }),
+    )
+    .await;
+    send(app, &group("use", "/ssh use inner", true)).await;
+    wait_state(app, "use", "done").await;
+    let inner = Place::Target("inner".into());
+    assert_eq!(place(app, "omt_use").await, inner);
+    let choice = Choice {
+        dir: "~".into(),
+        permission: Some(Permission::Full),
+        mode: None,
+    };
+    let rules = LocalRules::from_config(&app.state.config.exec);
+    workspace::set(&app.state.db, &rules, "ou_user", "omt_use", &inner, &choice)
+        .await
+        .unwrap()
+        .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(
+            MODEL,
+            call("terminal", json!({"command": "echo through-$((6*7))"})),
+        )
+        .push(MODEL, say("in"));
+    send(
+        app,
+        &in_thread("t1", "open a shell", false, "omt_use", "om_use"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert!(r[1].contains("through-42"), "{r:?}");
+    let id = r[0]
+        .split("opened shell ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no shell opened: {r:?}"))
+        .to_string();
+
+    // The jump host is limited to another chat: the thread's calls fail, naming it.
+    target_cli(
+        app,
+        TargetCmd::Allow(AllowArgs {
+            alias: "web".into(),
+            chats: vec!["oc_other".into()],
+            all_chats: false,
+        }),
+    )
+    .await;
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "shell_write",
+                json!({"shell_id": id, "data": "echo after-$((6*7))\r"}),
+            ),
+        )
+        .push(MODEL, call("terminal", json!({"command": "echo after"})))
+        .push(MODEL, say("refused"));
+    send(app, &in_thread("t2", "again", false, "omt_use", "om_use")).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 2).await.len(), 2);
+    let r = tool_results(&env.llm);
+    let want = "error: This thread is bound to `inner`, which is reached through the jump host `web`, and that is no longer allowed in this chat";
+    for got in &r[r.len() - 2..] {
+        assert!(got.starts_with(want), "{r:?}");
+    }
+    assert_eq!(place(app, "omt_use").await, inner);
+    let told: Vec<_> = replies_to(&env.lark, "om_t2")
+        .into_iter()
+        .filter(|(_, t)| t.starts_with("This thread is bound to inner"))
+        .collect();
+    assert_eq!(told.len(), 1, "told once: {told:?}");
+    let refused: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT detail->>'reason', detail->>'tool', detail->>'jump' FROM audit_log
+         WHERE section = 'omt_use' AND action = 'binding.use' AND outcome = 'refused' ORDER BY id",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    let why = |tool: &str| ("jump_not_allowed_here".into(), tool.into(), "web".into());
+    assert_eq!(refused, [why("shell_write"), why("terminal")]);
+    let raw = app
+        .state
+        .exec
+        .shells
+        .read(
+            "omt_use",
+            &id,
+            sshmode::exec::pty::ReadOpts {
+                mode: sshmode::exec::pty::ReadMode::Raw,
+                since: Some(0),
+                wait: Duration::from_millis(300),
+                expect: None,
+            },
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert!(!raw.raw.unwrap().text.contains("after-42"));
+
+    // Nobody in this chat may enter it: `/ssh use`, `/ssh yolo on` and the model are refused.
+    send(app, &group("use2", "/ssh use inner", true)).await;
+    wait_state(app, "use2", "done").await;
+    let refusal =
+        "Target `inner` is reached through the jump host `web`, which is not allowed in this chat.";
+    // A reply shows the refusal's code spans as plain text.
+    let plain = refusal.replace('`', "");
+    let said = command_replies(&env.lark, "om_use2").join("");
+    assert!(said.contains(&plain), "{said}");
+    let thread = "omt_free";
+    send(
+        app,
+        &in_thread("y1", "/ssh yolo on inner", true, thread, "om_root"),
+    )
+    .await;
+    wait_state(app, "y1", "done").await;
+    let said = command_replies(&env.lark, "om_y1").join("");
+    assert!(said.contains(&plain), "{said}");
+    send(
+        app,
+        &in_thread("y2", "/ssh yolo on all", true, thread, "om_root"),
+    )
+    .await;
+    wait_state(app, "y2", "done").await;
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "ssh_mode",
+                json!({"action": "request_use", "target": "inner"}),
+            ),
+        )
+        .push(MODEL, call("ssh_mode", json!({"action": "list_targets"})))
+        .push(MODEL, say("stayed"));
+    send(
+        app,
+        &in_thread("y3", "go to inner", true, thread, "om_root"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, thread, 1).await, vec!["done"]);
+    let r = tool_results(&env.llm);
+    assert!(r[0].contains(refusal), "{r:?}");
+    assert!(!r[1].contains("inner"), "{r:?}");
+    assert_eq!(place(app, thread).await, Place::Local);
+    let bound: i64 = sqlx::query_scalar("SELECT count(*) FROM bindings WHERE alias = 'inner'")
+        .fetch_one(&app.state.db)
+        .await
+        .unwrap();
+    assert_eq!(bound, 1, "only the thread bound before");
+    let refused: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT action, detail->>'reason', detail->>'jump' FROM audit_log
+         WHERE target = 'inner' AND outcome = 'refused' AND action <> 'binding.use' ORDER BY id",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    let why = |action: &str| (action.into(), "jump_not_allowed_here".into(), "web".into());
+    assert_eq!(
+        refused,
+        [why("binding.set"), why("grant.add"), why("binding.set")]
+    );
+}

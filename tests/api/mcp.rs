@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sshmode::mcp::token::{self, NewToken};
+use sshmode::target::cli::TargetCmd;
 use sshmode::workspace::Permission;
 
 use crate::exec_ssh::{self, Env};
@@ -999,4 +1000,337 @@ async fn exec_env_runs_no_code_below_full() {
         ]
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The steps' results of a client run, each asserted to be no error.
+fn all_ok(out: &Value) -> &Vec<Value> {
+    assert!(out.get("error").is_none(), "{out}");
+    let r = out["results"].as_array().unwrap();
+    for (i, step) in r.iter().enumerate() {
+        assert_eq!(step["is_error"], false, "step {i}: {out}");
+    }
+    r
+}
+
+/// Whether a test sshd user's process matches `pattern` (the target runs on this machine).
+async fn running_on_web(env: &Env, pattern: &str) -> bool {
+    crate::agent::remote_pgrep(&env.app, pattern).await
+}
+
+/// A token revoked by the CLI (another process than the one holding its shells) has its shells
+/// closed by the serving process, audited; a token given the same name afterwards never sees
+/// them, not even before they are closed.
+#[tokio::test]
+async fn a_revoked_tokens_shells_close_and_a_new_token_of_its_name_sees_none() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    let old = token_at(&env, "laptop", &["web"], Permission::Full).await;
+    let secs = 4000 + crate::agent::rand_u16() as u32;
+    let out = client(json!({
+        "url": url(&env), "token": old, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": format!("sleep {secs}\r")}},
+        ],
+    }))
+    .await;
+    let id = all_ok(&out)[0]["structured"]["shell_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pattern = format!("sleep {secs}");
+    crate::helpers::eventually("the sleep", Duration::from_secs(10), async || {
+        running_on_web(&env, &pattern).await
+    })
+    .await;
+
+    let mut said = Vec::new();
+    let revoke = sshmode::mcp::cli::McpCmd::Token(sshmode::mcp::cli::TokenCmd::Revoke {
+        name: "laptop".into(),
+    });
+    let code = sshmode::mcp::cli::run_with(revoke, &env.app.state.db, &mut said)
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&said));
+    let new = token_at(&env, "laptop", &["web"], Permission::Full).await;
+    let seen = client(json!({
+        "url": url(&env), "token": new, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_list", "args": {}},
+            {"tool": "shell_read", "args": {"shell_id": id}},
+            {"tool": "shell_write", "args": {"shell_id": id, "data": "echo inherited\r"}},
+            {"tool": "shell_close", "args": {"shell_id": id}},
+        ],
+    }))
+    .await;
+    let r = &seen["results"];
+    assert_eq!(r[0]["structured"]["shells"], json!([]), "{seen}");
+    for step in &r.as_array().unwrap()[1..] {
+        assert_eq!(step["is_error"], true, "{seen}");
+        assert!(
+            step["text"].as_str().unwrap().starts_with("shell closed"),
+            "{seen}"
+        );
+    }
+    // The old token's shell is closed (its program gets a hangup), without any call of it.
+    crate::helpers::eventually(
+        "the revoked token's shell closed",
+        sshmode::mcp::fresh::FRESH + Duration::from_secs(15),
+        async || !running_on_web(&env, &pattern).await,
+    )
+    .await;
+    let closed: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, detail->>'shell_id', detail->>'token' FROM audit_log
+         WHERE action = 'shell.close' AND section = 'mcp:laptop' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(closed, [("system".into(), id.clone(), "laptop".into())]);
+}
+
+/// `sshmode target disable` stops the next write to, read of, and look at an open shell, as it
+/// stops the next command (audited); approved again, the shell is usable again.
+#[tokio::test]
+async fn a_target_disabled_stops_the_next_shell_write_and_read() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    let token = token_at(&env, "ops", &["web"], Permission::Full).await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "echo one-$((6*7))\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "one-42"}},
+        ],
+    }))
+    .await;
+    let r = all_ok(&out);
+    let id = r[0]["structured"]["shell_id"].as_str().unwrap().to_string();
+    assert_eq!(r[2]["structured"]["matched"], true, "{out}");
+
+    exec_ssh::cli_ok(
+        &env.app,
+        TargetCmd::Disable {
+            alias: "web".into(),
+        },
+    )
+    .await;
+    let after = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_write", "args": {"shell_id": id, "data": "echo two-$((6*7))\r"}},
+            {"tool": "shell_read", "args": {"shell_id": id, "mode": "raw", "since": 0}},
+            {"tool": "shell_list", "args": {}},
+        ],
+    }))
+    .await;
+    let r = &after["results"];
+    for step in [&r[0], &r[1]] {
+        assert_eq!(step["is_error"], true, "{after}");
+        assert!(
+            step["text"].as_str().unwrap().contains("`web` is disabled"),
+            "{after}"
+        );
+    }
+    let listed = &r[2]["structured"]["shells"][0];
+    assert_eq!(listed["shell_id"], id.as_str(), "{after}");
+    assert!(listed.get("prompt").is_none(), "{after}");
+    assert!(
+        listed["refused"].as_str().unwrap().contains("disabled"),
+        "{after}"
+    );
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'tool' FROM audit_log
+         WHERE action = 'tool.refused' AND actor = 'ops' AND detail->>'by' = 'target' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["shell_write", "shell_read", "shell_list"]);
+
+    exec_ssh::cli_ok(
+        &env.app,
+        TargetCmd::Approve {
+            alias: "web".into(),
+        },
+    )
+    .await;
+    let again = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_write", "args": {"shell_id": id, "data": "echo three-$((6*7))\r"}},
+            {"tool": "shell_read", "args": {"shell_id": id, "mode": "raw", "since": 0, "wait_ms": 10000, "expect": "three-42"}},
+        ],
+    }))
+    .await;
+    let r = all_ok(&again);
+    let raw = r[1]["structured"]["raw"]["text"].as_str().unwrap();
+    assert!(
+        raw.contains("three-42") && !raw.contains("two-42"),
+        "{again}"
+    );
+}
+
+/// A target behind a jump host is the token's only where the jump host is too: a token
+/// limited to the target alone is refused there (audited), whatever the tool; one that may use
+/// both reaches it through the jump host.
+#[tokio::test]
+async fn a_token_reaches_a_target_only_through_jump_hosts_it_may_use() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    // `inner` is the same sshd, reached through `web`.
+    let key = env.key("inner_key", "ed25519", "");
+    let mut a = exec_ssh::add_args("inner", env.sshd.port);
+    a.key = Some(key);
+    a.jump = Some("web".into());
+    exec_ssh::cli_ok(&env.app, TargetCmd::Add(a)).await;
+    let narrow = token_at(&env, "narrow", &["inner"], Permission::Full).await;
+    let wide = new_token(&env, "wide", &["inner", "web"]).await;
+    let out = client(json!({
+        "url": url(&env), "token": narrow, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "host_list", "args": {}},
+            {"tool": "exec", "args": {"target": "inner", "command": "echo should-not-run"}},
+            {"tool": "read_file", "args": {"target": "inner", "path": "/etc/hostname"}},
+            {"tool": "shell_open", "args": {"target": "inner"}},
+        ],
+    }))
+    .await;
+    let r = &out["results"];
+    assert_eq!(
+        r[0]["structured"]["hosts"],
+        json!([{"target": "inner", "location": format!("inner · {}@127.0.0.1:{} via web", crate::sshd::USER, env.sshd.port), "description": "test target", "usable": false}]),
+        "{out}"
+    );
+    for step in &r.as_array().unwrap()[1..] {
+        assert_eq!(step["is_error"], true, "{out}");
+        assert!(
+            step["text"].as_str().unwrap().contains(
+                "reached through the jump host `web`, which the token `narrow` may not use"
+            ),
+            "{out}"
+        );
+    }
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'tool' FROM audit_log
+         WHERE action = 'tool.refused' AND actor = 'narrow' AND target = 'inner' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["terminal", "read_file", "shell_open"]);
+    let ran: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'command.run'")
+            .fetch_one(&env.app.state.db)
+            .await
+            .unwrap();
+    assert_eq!(ran, 0);
+
+    let out = client(json!({
+        "url": url(&env), "token": wide, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "host_list", "args": {}},
+            {"tool": "exec", "args": {"target": "inner", "command": "echo through-$((6*7))"}},
+        ],
+    }))
+    .await;
+    let r = all_ok(&out);
+    let hosts = r[0]["structured"]["hosts"].as_array().unwrap();
+    assert!(hosts.iter().all(|h| h["usable"] == true), "{out}");
+    assert_eq!(r[1]["structured"]["stdout"], "through-42\n", "{out}");
+}
+
+/// One token at its own bounds — the sessions it may hold, the calls it may run at once —
+/// is refused with a sentence naming it, while another token still opens sessions and runs
+/// calls; a session belongs to the token that opened it.
+#[tokio::test]
+async fn one_token_at_its_session_and_call_bounds_does_not_block_another() {
+    let env = exec_ssh::env_with(&[
+        ("SSHMODE_SSH_CONNECT_TIMEOUT_SECS", "3"),
+        ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
+        ("SSHMODE_MCP_MAX_SESSIONS", "8"),
+        ("SSHMODE_MCP_MAX_CALLS", "8"),
+        ("SSHMODE_MCP_MAX_SESSIONS_PER_TOKEN", "1"),
+        ("SSHMODE_MCP_MAX_CALLS_PER_TOKEN", "1"),
+    ])
+    .await
+    .expect("sshd is needed for the MCP tests");
+    env.add_key_target("web").await;
+    let hog = new_token(&env, "hog", &["web"]).await;
+    let other = new_token(&env, "other", &["web"]).await;
+    let http = reqwest::Client::new();
+    let initialize = |token: &str| {
+        http.post(url(&env))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(token)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}),
+            )
+            .send()
+    };
+    let first = initialize(&hog).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let refused = initialize(&hog).await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let why = refused.text().await.unwrap();
+    assert!(
+        why.contains("the token `hog` holds 1 MCP sessions already"),
+        "{why}"
+    );
+    assert_eq!(initialize(&other).await.unwrap().status(), 200);
+    // Another token cannot use, nor close, the hog's session.
+    let closed_by_other = http
+        .delete(url(&env))
+        .bearer_auth(&other)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed_by_other.status(), 404);
+    assert_eq!(initialize(&hog).await.unwrap().status(), 503);
+
+    // The hog's one call runs (until the test removes its marker, at most 60 s): its next is
+    // refused, another token's runs.
+    let marker = format!("/home/{}/mcp-hog-started", crate::sshd::USER);
+    let _ = std::fs::remove_file(&marker);
+    let long = tokio::spawn(client(json!({
+        "url": url(&env), "token": hog, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": format!("touch {marker}; for i in $(seq 600); do [ -e {marker} ] || break; sleep 0.1; done")}}],
+    })));
+    crate::helpers::eventually(
+        "the long call started",
+        Duration::from_secs(30),
+        async || std::path::Path::new(&marker).exists(),
+    )
+    .await;
+    let busy = client(json!({
+        "url": url(&env), "token": hog, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "true"}}],
+    }))
+    .await;
+    let r = &busy["results"][0];
+    assert_eq!(r["is_error"], true, "{busy}");
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .contains("the token `hog` is running 1 MCP calls already"),
+        "{busy}"
+    );
+    let free = client(json!({
+        "url": url(&env), "token": other, "mode": "2026-07-28",
+        "steps": [{"tool": "exec", "args": {"target": "web", "command": "echo free"}}],
+    }))
+    .await;
+    assert_eq!(all_ok(&free)[0]["structured"]["stdout"], "free\n", "{free}");
+    std::fs::remove_file(&marker).unwrap();
+    let long = long.await.unwrap();
+    assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
 }

@@ -774,3 +774,66 @@ async fn every_asked_line_of_a_write_is_on_its_card() {
     crate::approvals::press(&env.app, "ou_user", &card, "btn_deny").await;
     wait_turns_ended(&env.app, &s, 2).await;
 }
+
+/// A target disabled while a thread has a shell open there refuses the shell's next write,
+/// read and listing (audited), as it refuses the next command; approved again, the shell is
+/// usable again, and nothing typed meanwhile reached it.
+#[tokio::test]
+async fn a_target_disabled_since_refuses_the_next_shell_write_read_and_list() {
+    let env = env_with(&[]).await;
+    let s = unique("omt_disabled");
+    bind(&env, &s, Permission::Full).await;
+    let id = open(&env, &s).await;
+    cli_ok(
+        &env.app,
+        TargetCmd::Disable {
+            alias: "web".into(),
+        },
+    )
+    .await;
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "shell_write",
+                json!({"shell_id": id, "data": "echo late-$((6*7))\r"}),
+            ),
+        )
+        .push(
+            MODEL,
+            call("shell_read", json!({"shell_id": id, "mode": "raw"})),
+        )
+        .push(MODEL, call("shell_list", json!({})))
+        .push(MODEL, say("refused"));
+    accept(&env.app, &s, &unique("om_disabled"), "type into it").await;
+    wait_turns_ended(&env.app, &s, 1).await;
+    let r = tool_results(&env.llm);
+    assert_eq!(r.len(), 3, "{r:?}");
+    for got in &r {
+        assert!(
+            got.contains("error:") && got.contains("it is disabled"),
+            "{r:?}"
+        );
+    }
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'tool' FROM audit_log
+         WHERE action = 'tool.refused' AND section = $1 AND detail->>'by' = 'target' ORDER BY id",
+    )
+    .bind(&s)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["shell_write", "shell_read", "shell_list"]);
+
+    cli_ok(
+        &env.app,
+        TargetCmd::Approve {
+            alias: "web".into(),
+        },
+    )
+    .await;
+    let r = typed_by_the_model(&env, &s, &id, &["echo back-$((6*7))\r"], 2).await;
+    assert!(r.last().unwrap().contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Raw, "back-42").await;
+    assert!(!raw_output(&env, &s, &id).await.contains("late-42"));
+}

@@ -7,7 +7,9 @@
 //! shell needs the workspace permission `full` (what is typed into a REPL or an editor cannot
 //! be judged line by line) and is refused where the target's `risky` policy is `refuse`; where
 //! it is `ask`, opening one is asked of a person like a risky command (the card shows
-//! `shell_open`).
+//! `shell_open`). The target and every jump host on its way must still be approved at every
+//! open, write, read and listing (a binding whose chat lost a hop's allow-list fails before),
+//! so a target disabled since stops the next of them; `shell_close` needs only the binding.
 //!
 //! Every line a `shell_write` submits at the shell's prompt (not to a full-screen program) is
 //! judged by the command guard first: a line it refuses is never sent; a line it would ask
@@ -185,6 +187,7 @@ async fn run(
     } = *at;
     let shells = &deps.exec.shells;
     if tool == "shell_list" {
+        reachable(deps, section, tool, place, location).await?;
         let list = shells.list(section);
         if list.is_empty() {
             return Ok("no shells open in this thread".into());
@@ -378,6 +381,7 @@ async fn allowed(
     let Place::Target(alias) = place else {
         return Ok(deps.config.local_risky);
     };
+    reachable(deps, section, tool, place, location).await?;
     let mut risky = Risky::Ask;
     let why = match workspace::current(&deps.db, &deps.workspaces, section, place).await {
         Err(e) => return Err(format!("this thread's workspace cannot be read: {e:#}")),
@@ -432,6 +436,33 @@ async fn typed_refused(
         ),
     };
     refused(deps, section, place.name(), Some(location), tool, &r).await
+}
+
+/// Whether `place` is usable now: a target and every jump host on its way still approved, read
+/// afresh at every call as a command's backend is (the binding's read checked the chat's
+/// allow-lists). A target disabled since an open refuses the next write, read or listing; a
+/// refusal is audited.
+async fn reachable(
+    deps: &AgentDeps,
+    section: &str,
+    tool: &str,
+    place: &Place,
+    location: &str,
+) -> Result<(), String> {
+    if *place == Place::Local {
+        return Ok(());
+    }
+    match deps.exec.backend(section, place).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let r = Refused {
+                by: "target",
+                verdict: Verdict::Refuse,
+                reason: e.to_string(),
+            };
+            Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
+        }
+    }
 }
 
 fn small(v: Option<u64>, default: u16) -> u16 {

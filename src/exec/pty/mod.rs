@@ -162,6 +162,8 @@ pub struct ShellInfo {
 #[derive(Debug, Clone)]
 pub struct ShellSummary {
     pub shell_id: String,
+    /// The host's name (`local`, or a target alias).
+    pub host: String,
     pub location: String,
     pub size: (u16, u16),
     pub idle: Duration,
@@ -627,6 +629,7 @@ impl Shells {
             .filter(|sh| sh.section == section && sh.ended().is_none())
             .map(|sh| ShellSummary {
                 shell_id: sh.id.clone(),
+                host: sh.host.clone(),
                 location: sh.location.clone(),
                 size: (sh.size.rows, sh.size.cols),
                 idle: sh.last_used.lock().expect("shell lock").elapsed(),
@@ -656,6 +659,41 @@ impl Shells {
             Shelves::remember(&mut s.section_notes, section, note.to_string());
         }
         shells.len()
+    }
+
+    /// The sections with a shell open whose key starts with `prefix` (at most [`TOTAL`]).
+    pub fn sections(&self, prefix: &str) -> Vec<String> {
+        let s = self.registry.shells.lock().expect("shells lock");
+        let mut sections: Vec<String> = s
+            .open
+            .values()
+            .filter(|sh| sh.section.starts_with(prefix))
+            .map(|sh| sh.section.clone())
+            .collect();
+        sections.sort();
+        sections.dedup();
+        sections
+    }
+
+    /// Closes every shell of `section`, each remembered closed for `why`; the (id, host) of
+    /// each, for the caller's audit.
+    pub fn close_every(&self, section: &str, why: &str) -> Vec<(String, String)> {
+        let shells: Vec<Arc<Shell>> = {
+            let s = self.registry.shells.lock().expect("shells lock");
+            s.open
+                .values()
+                .filter(|sh| sh.section == section)
+                .cloned()
+                .collect()
+        };
+        for shell in &shells {
+            shell.close(why);
+            self.forget(shell, why);
+        }
+        shells
+            .iter()
+            .map(|sh| (sh.id.clone(), sh.host.clone()))
+            .collect()
     }
 
     /// The section's backend is now `host`: its shells on any other host are closed, with a

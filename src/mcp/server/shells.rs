@@ -1,17 +1,22 @@
 //! The MCP shell tools (`shell_open`, `shell_write`, `shell_read`, `shell_close`,
-//! `shell_list`) over the process's one [`crate::exec::pty::Shells`], keyed by the token's
-//! section `mcp:<name>`: a `shell_id` of another token, or of another process (a restart,
-//! another replica), is reported "shell closed".
+//! `shell_list`) over the process's one [`crate::exec::pty::Shells`], keyed by the token itself
+//! ([`Token::key`]: its id, not only its name): a `shell_id` of another token — a token issued
+//! again under a revoked one's name among them —, or of another process (a restart, another
+//! replica), is reported "shell closed". A revoked or expired token's shells are closed by
+//! [`run_sweeper`] within [`SWEEP_EVERY`] (audited, actor `system`).
 //!
 //! The chat path's rules hold (`agent::tools::shells`): on a target a shell needs the
 //! workspace permission `full` — the token's permission caps it — and is refused where the
-//! target's `risky` policy is `refuse`; they are checked again before each write and read, and a
-//! refusal is audited. Each line a write would submit at the shell's prompt is judged first as
-//! `exec` judges a command (a refusal, or an `ask` where the policy does not allow it, sends
-//! nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
+//! target's `risky` policy is `refuse`; they are checked again before each write and read, with
+//! the token's way there (the target and every jump host on its way approved and among its
+//! targets: a target disabled since stops the next write, read or listing), and a refusal is
+//! audited. Closing is always allowed. Each line a write would submit at the shell's prompt is
+//! judged first as `exec` judges a command (a refusal, or an `ask` where the policy does not
+//! allow it, sends nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
 //! (`shell.open`, `shell.input` with the text redacted, `shell.close`); what a read returns
 //! passes the secret filter.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use rmcp::model::CallToolResult;
@@ -19,8 +24,9 @@ use rmcp::service::RequestContext;
 use rmcp::{RoleServer, schemars};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
-use super::{Fail, Tools};
+use super::{Fail, Tools, place_of};
 use crate::config::Risky;
 use crate::exec::Place;
 use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellError, ShellRead};
@@ -109,17 +115,9 @@ impl Tools {
         args: OpenArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
-        if !token.may_use(&args.target) {
-            return Err(format!(
-                "the token `{}` may not use `{}`; host_list shows the targets it may use",
-                token.name, args.target
-            ));
-        }
-        let place = match args.target.as_str() {
-            "local" => Place::Local,
-            alias => Place::Target(alias.to_string()),
-        };
+        let _slot = self.slot(&token)?;
+        let place = place_of(&args.target);
+        self.route(&token, &place, "shell_open").await?;
         let ws = self.shell_allowed(&token, &place, "shell_open").await?;
         let section = token.section();
         let deps = &self.deps;
@@ -141,7 +139,7 @@ impl Tools {
             risky_allowed: self.risky(&place).await == Risky::Allow,
         };
         let info = self
-            .bounded(ctx, deps.exec.shells.open(host, &section, opts))
+            .bounded(ctx, deps.exec.shells.open(host, &token.key(), opts))
             .await?
             .map_err(shell_error)?;
         self.shell_audit(
@@ -167,7 +165,7 @@ impl Tools {
         args: WriteArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let place = self
             .shell_place(&token, &args.shell_id, "shell_write")
             .await?;
@@ -175,7 +173,7 @@ impl Tools {
         self.deps
             .exec
             .shells
-            .write(&token.section(), &args.shell_id, args.data.as_bytes())
+            .write(&token.key(), &args.shell_id, args.data.as_bytes())
             .await
             .map_err(shell_error)?;
         let typed: String = crate::llm::classify::redact(&args.data)
@@ -201,7 +199,7 @@ impl Tools {
         args: ReadArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let _slot = self.slot()?;
+        let _slot = self.slot(&token)?;
         let mode = match args.mode.as_deref() {
             None | Some("screen") => ReadMode::Screen,
             Some("raw") => ReadMode::Raw,
@@ -232,7 +230,7 @@ impl Tools {
             .deps
             .exec
             .shells
-            .read(&token.section(), &args.shell_id, opts, &cancel)
+            .read(&token.key(), &args.shell_id, opts, &cancel)
             .await
             .map_err(shell_error)?;
         if r.cancelled {
@@ -267,12 +265,12 @@ impl Tools {
         args: CloseArgs,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let section = token.section();
+        let key = token.key();
         let shells = &self.deps.exec.shells;
-        let host = shells.host(&section, &args.shell_id).map_err(shell_error)?;
-        shells
-            .close(&section, &args.shell_id)
-            .map_err(shell_error)?;
+        // Closing only takes access away: it needs nothing of the target but that the shell
+        // is this token's.
+        let host = shells.host(&key, &args.shell_id).map_err(shell_error)?;
+        shells.close(&key, &args.shell_id).map_err(shell_error)?;
         self.shell_audit(
             &token,
             &place_of(&host),
@@ -285,40 +283,57 @@ impl Tools {
         ))
     }
 
-    pub(super) fn shell_list(
+    pub(super) async fn shell_list(
         &self,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
-        let shells: Vec<Value> = self
-            .deps
-            .exec
-            .shells
-            .list(&token.section())
+        let open = self.deps.exec.shells.list(&token.key());
+        // Each host is checked once (a token holds a few shells, `pty::PER_SECTION`); a shell on
+        // a host it may not reach now is listed without what its screen shows.
+        let mut refused: HashMap<String, Option<String>> = HashMap::new();
+        for s in &open {
+            if !refused.contains_key(&s.host) {
+                let why = self
+                    .route(&token, &place_of(&s.host), "shell_list")
+                    .await
+                    .err();
+                refused.insert(s.host.clone(), why);
+            }
+        }
+        let shells: Vec<Value> = open
             .into_iter()
-            .map(|s| {
-                json!({
+            .map(|s| match refused.get(&s.host).cloned().flatten() {
+                None => json!({
                     "shell_id": s.shell_id,
                     "host": s.location,
                     "rows": s.size.0,
                     "cols": s.size.1,
                     "idle_s": s.idle.as_secs(),
                     "prompt": s.prompt.trim_end(),
-                })
+                }),
+                Some(why) => json!({
+                    "shell_id": s.shell_id,
+                    "host": s.location,
+                    "refused": why,
+                }),
             })
             .collect();
         Ok(CallToolResult::structured(json!({ "shells": shells })))
     }
 
-    /// Where an open shell of the token runs, once the rules still allow a shell there.
+    /// Where an open shell of the token runs, once the rules still allow a shell there: the
+    /// token may still reach it (every hop approved and among its targets) and still have a
+    /// shell there — read afresh at every call, so a target disabled since stops the next one.
     async fn shell_place(&self, token: &Token, shell_id: &str, tool: &str) -> Result<Place, Fail> {
         let host = self
             .deps
             .exec
             .shells
-            .host(&token.section(), shell_id)
+            .host(&token.key(), shell_id)
             .map_err(shell_error)?;
         let place = place_of(&host);
+        self.route(token, &place, tool).await?;
         self.shell_allowed(token, &place, tool).await?;
         Ok(place)
     }
@@ -376,7 +391,7 @@ impl Tools {
             .deps
             .exec
             .shells
-            .entering(&token.section(), &args.shell_id, args.data.as_bytes())
+            .entering(&token.key(), &args.shell_id, args.data.as_bytes())
             .map_err(shell_error)?;
         if entering.full_screen {
             return Ok(());
@@ -426,9 +441,70 @@ impl Tools {
     }
 }
 
-fn place_of(host: &str) -> Place {
-    match host {
-        "local" => Place::Local,
-        alias => Place::Target(alias.to_string()),
+/// How often the shells of tokens revoked or expired since are looked for: a revocation
+/// (made by `sshmode mcp token revoke`, in another process) closes them within this.
+pub const SWEEP_EVERY: Duration = crate::mcp::fresh::FRESH;
+
+/// Why a sweep closed a shell.
+const TOKEN_GONE: &str = "its token was revoked or has expired";
+
+impl Tools {
+    /// Closes the shells of every token that no longer checks out (revoked or expired): one
+    /// read of the tokens holding shells in this process (none when no MCP shell is open).
+    /// Each closed shell is an audit row (`shell.close`, actor `system`). The number closed.
+    pub async fn close_shells_of_gone_tokens(&self) -> sqlx::Result<usize> {
+        let shells = &self.deps.exec.shells;
+        let keys = shells.sections("mcp:");
+        let ids: Vec<String> = keys
+            .iter()
+            .filter_map(|k| crate::mcp::token::split_key(k).map(|(_, id)| id.to_string()))
+            .collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let live = crate::mcp::token::live(&self.deps.db, &ids, self.deps.clock.now()).await?;
+        let mut closed = 0;
+        for key in &keys {
+            let Some((section, id)) = crate::mcp::token::split_key(key) else {
+                continue;
+            };
+            if live.contains(id) {
+                continue;
+            }
+            let name = section.strip_prefix("mcp:").unwrap_or(section);
+            for (shell_id, host) in shells.close_every(key, TOKEN_GONE) {
+                closed += 1;
+                let place = place_of(&host);
+                let entry = crate::audit::ChatEntry {
+                    actor: "system",
+                    action: "shell.close",
+                    section: Some(section),
+                    target: place.target(),
+                    outcome: "ok",
+                    detail: json!({
+                        "shell_id": shell_id, "via": "mcp", "token": name, "reason": TOKEN_GONE,
+                    }),
+                };
+                let mut conn = self.deps.db.acquire().await?;
+                crate::audit::record_chat(&mut conn, entry).await?;
+            }
+        }
+        Ok(closed)
+    }
+}
+
+/// Runs [`Tools::close_shells_of_gone_tokens`] every [`SWEEP_EVERY`] until `shutdown`; spawn
+/// it on the app's task tracker.
+pub async fn run_sweeper(tools: std::sync::Arc<Tools>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = tools.close_shells_of_gone_tokens().await {
+            tracing::warn!(error = %e, "closing the shells of revoked MCP tokens failed; trying again");
+        }
     }
 }
