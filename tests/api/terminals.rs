@@ -741,3 +741,262 @@ async fn a_thread_keeps_its_shells_writes_and_reads_within_their_bounds() {
     shells.close(&s, id).unwrap();
     open_on(&env, &s, &Place::Local).await;
 }
+
+/// An app whose shells open without a card on `place`: locally the default workspace
+/// (`full`); on `web` a `full` workspace on a target whose policy allows what the guard asks
+/// about (its refusals still hold).
+async fn shell_env(place: &Place, section: &str) -> Env {
+    match place {
+        Place::Local => Env::builder().spawn().await,
+        Place::Target(_) => {
+            let env = Env::builder().target("web").spawn().await;
+            target_set(
+                &env,
+                Some(Permission::Full),
+                Some(sshmode::config::Risky::Allow),
+            )
+            .await;
+            bind(&env, section, Permission::Full).await;
+            env
+        }
+    }
+}
+
+/// The model opens a shell in `section` (its first turn); its id.
+async fn opened_by_the_model(env: &Env, section: &str) -> String {
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(MODEL, say("opened"));
+    accept(&env.app, section, &unique("om_open"), "open a shell").await;
+    wait_turns_ended(&env.app, section, 1).await;
+    let ids = shell_ids(env, section);
+    assert_eq!(ids.len(), 1, "{:?}", tool_results(&env.llm));
+    ids[0].clone()
+}
+
+/// Waits until shell `id` of `section` shows the alternate screen (at most 15 s).
+async fn until_alternate(env: &Env, section: &str, id: &str) {
+    eventually("the alternate screen", Duration::from_secs(15), || async {
+        let opts = ReadOpts {
+            mode: ReadMode::Screen,
+            since: None,
+            wait: Duration::from_millis(200),
+            expect: None,
+        };
+        read(env, section, id, opts)
+            .await
+            .screen
+            .is_some_and(|s| s.alternate)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
+    alternate_screen_bypass(Place::Local).await;
+}
+
+#[tokio::test]
+async fn on_a_target_printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
+    if !sshd::available() {
+        return;
+    }
+    alternate_screen_bypass(web()).await;
+}
+
+async fn alternate_screen_bypass(place: Place) {
+    let s = unique("omt_altscreen");
+    let env = shell_env(&place, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    // The screen says a full-screen program is on; the shell reads the next line all the same.
+    let r = typed_by_the_model(&env, &s, &id, &["printf '\\033[?1049h'\r"], 2).await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until_alternate(&env, &s, &id).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["false && mkfs.ext4 /dev/sdz; echo bypassed-$((6*7))\r"],
+        3,
+    )
+    .await;
+    assert!(
+        r[2].contains("error:")
+            && r[2].contains("nothing was sent")
+            && r[2].contains("erase a filesystem"),
+        "{r:?}"
+    );
+    typed(&env, &s, &id, "echo after-$((6*7))\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "after-42").await;
+    assert!(!raw_output(&env, &s, &id).await.contains("bypassed-42"));
+}
+
+#[tokio::test]
+async fn a_relative_delete_is_judged_in_the_directory_the_shell_is_in() {
+    let s = unique("omt_cwd");
+    let env = shell_env(&Place::Local, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["cd /\r", "false && rm -rf *; echo deleted-$((6*7))\r"],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("everything under /"),
+        "{r:?}"
+    );
+    typed(&env, &s, &id, "echo \"after in $PWD\"\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "after in /").await;
+    assert!(!raw_output(&env, &s, &id).await.contains("deleted-42"));
+}
+
+/// A background job that ignores `SIGTTOU`, takes the terminal, shows the alternate screen
+/// and runs the line it reads.
+const THIEF: &str = r#"python3 -c 'import os,signal,sys; signal.signal(signal.SIGTTOU, signal.SIG_IGN); os.tcsetpgrp(0, os.getpgrp()); os.system("stty sane"); sys.stdout.write("\033[?1049hstolen-%d\n" % (6*7)); sys.stdout.flush(); os.system(sys.stdin.readline())' &"#;
+
+#[tokio::test]
+async fn a_background_job_that_takes_the_terminal_does_not_get_unjudged_lines() {
+    let s = unique("omt_thief");
+    // What the guard asks about is allowed here: only its refusals stop a line.
+    let env = Env::builder()
+        .vars(&[("SSHMODE_LOCAL_RISKY", "allow")])
+        .spawn()
+        .await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(&env, &s, &id, &[&format!("{THIEF}\r")], 2).await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Screen, "stolen-42").await;
+    until_alternate(&env, &s, &id).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["false && mkfs.ext4 /dev/sdz; echo bypassed-$((6*7))\r"],
+        3,
+    )
+    .await;
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("erase a filesystem"),
+        "{r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!raw_output(&env, &s, &id).await.contains("bypassed-42"));
+}
+
+/// `section` bound to its local workspace `projects/<tag>` (made here) at `permission`.
+async fn local_workspace(env: &Env, section: &str, permission: Permission) -> std::path::PathBuf {
+    let tag = unique("ws");
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let dir = root.join("projects").join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "some notes\n").unwrap();
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    let choice = Choice {
+        dir: format!("projects/{tag}"),
+        permission: Some(permission),
+        mode: None,
+    };
+    workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        section,
+        &Place::Local,
+        &choice,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    dir
+}
+
+#[tokio::test]
+async fn a_local_shell_at_read_runs_only_what_read_allows() {
+    let env = Env::builder().spawn().await;
+    let s = unique("omt_readsh");
+    local_workspace(&env, &s, Permission::Read).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &[
+            "type git | head -1; cat notes.txt\r",
+            "python3 -c 'print(6*7, \"ran\")'\r",
+        ],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("permission `read`"),
+        "{r:?}"
+    );
+    // `git` is the read-only one, as for a terminal command at `read`.
+    until(
+        &env,
+        &s,
+        &id,
+        ReadMode::Raw,
+        "git is a function[\\s\\S]*some notes",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!raw_output(&env, &s, &id).await.contains("42 ran"));
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'by' FROM audit_log WHERE action = 'tool.refused' AND section = $1",
+    )
+    .bind(&s)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["permission"]);
+}
+
+#[tokio::test]
+async fn below_full_a_program_that_runs_what_is_typed_into_it_is_asked() {
+    let env = approving(Env::builder()).await;
+    let s = unique("omt_escape");
+    local_workspace(&env, &s, Permission::ReadWrite).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let msg = unique("om_less");
+    env.llm.push(
+        MODEL,
+        call(
+            "shell_write",
+            json!({"shell_id": id, "data": "less notes.txt\r"}),
+        ),
+    );
+    accept(&env.app, &s, &msg, "page it").await;
+    let card = crate::approvals::parked_card(&env, &s, &msg).await;
+    let shown = card.1.to_string();
+    assert!(
+        shown.contains("less notes.txt") && shown.contains("runs what is typed into it"),
+        "{shown}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let opts = ReadOpts {
+        mode: ReadMode::Screen,
+        since: None,
+        wait: Duration::ZERO,
+        expect: None,
+    };
+    let v = read(&env, &s, &id, opts).await.screen.unwrap();
+    assert!(
+        !v.text().contains("some notes"),
+        "paged before the click: {v:?}"
+    );
+    env.llm.push(MODEL, say("paged"));
+    crate::approvals::press(&env.app, "ou_user", &card, "btn_once").await;
+    wait_turns_ended(&env.app, &s, 2).await;
+    let r = tool_results(&env.llm);
+    assert!(
+        r[1].contains("allowed by") && r[1].contains("sent "),
+        "{r:?}"
+    );
+    until(&env, &s, &id, ReadMode::Screen, "some notes").await;
+}

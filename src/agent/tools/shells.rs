@@ -9,11 +9,18 @@
 //! it is `ask`, opening one is asked of a person like a risky command (the card shows
 //! `shell_open`).
 //!
-//! Every line a `shell_write` submits at the shell's prompt (not to a full-screen program) is
-//! judged by the command guard first: a line it refuses is never sent; a line it would ask
-//! about is asked of a person, unless a person (or the backend's policy) allowed the shell
-//! itself. Both are refusals nothing was sent for, audited. A shell is a stateful interpreter,
-//! so this reads each line on its own — defence in depth behind the permission and the policy.
+//! Every line a `shell_write` submits is judged first as a shell line
+//! (`workspace::verdict::judge_typed`: the workspace permission, then the command guard, in the
+//! directory of the program that reads it), unless the terminal's state shows a program the
+//! shell started from a judged line that runs what is typed into it anyway (`exec::pty`:
+//! never the screen). A line refused is never sent; a line asked about is asked of a person,
+//! unless a person (or the backend's policy) allowed the shell itself. Below `full` (a local
+//! shell) a line starting such a program (an editor, a pager, a prompt) is asked too. Both are
+//! refusals nothing was sent for, audited. A local shell is held to the workspace permission
+//! line by line — at `read` only the read-only list runs, with the read-only `git` defined —
+//! and one opened at a higher permission than the section's now takes no more lines. A shell
+//! is a stateful interpreter, so this reads each line on its own — defence in depth behind
+//! the permission, the sandbox and the policy.
 
 use std::time::Duration;
 
@@ -24,10 +31,11 @@ use super::{Asked, Refused, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
 use crate::config::Risky;
 use crate::exec::Place;
-use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellRead};
+use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellRead};
 use crate::llm::Tool;
 use crate::llm::args::Args;
 use crate::shell::Verdict;
+use crate::workspace::verdict::{TypedAt, judge_typed, shell_prelude};
 use crate::workspace::{self, Permission};
 
 /// The tool names.
@@ -246,6 +254,7 @@ async fn run(
                         section,
                         std::path::Path::new(&ws.dir),
                         ws.permission > Permission::Read,
+                        shell_prelude(ws.permission),
                     )
                 }
                 Place::Target(_) => deps.exec.pty_host(section, place).await,
@@ -268,37 +277,70 @@ async fn run(
             let data = args.str("data")?;
             let entering = shells
                 .entering(section, &id, data.as_bytes())
+                .await
                 .map_err(|e| e.to_string())?;
-            if !entering.full_screen {
+            // Keys typed into a program that runs what is typed into it anyway are not judged.
+            let judged = !matches!(entering.reader, Reader::Program(_));
+            if judged && !entering.lines.is_empty() {
+                let (permission, workspace_dir, home) = judged_in(deps, section, place).await?;
+                let at = TypedAt {
+                    workspace: &workspace_dir,
+                    home: home.as_deref(),
+                    cwd: entering.cwd.as_deref(),
+                };
+                if *place == Place::Local && permission == Permission::Read && !entering.read_only {
+                    let r = Refused {
+                        by: "permission",
+                        verdict: Verdict::Refuse,
+                        reason: format!(
+                            "nothing was sent to {id}: it was opened when this thread's workspace allowed more than `read`, its permission now; close it and open another"
+                        ),
+                    };
+                    return Err(
+                        refused(deps, section, place.name(), Some(location), tool, &r).await,
+                    );
+                }
                 for line in &entering.lines {
                     let text = line.text.trim();
-                    let Some(o) = deps.exec.judge_typed(text) else {
-                        continue;
-                    };
-                    let ask_ok = approved || entering.risky_allowed;
-                    if o.verdict == Verdict::Ask && ask_ok {
+                    let j = judge_typed(deps.exec.guard(), permission, line, &at);
+                    let ask_ok = (approved || entering.risky_allowed) && !entering.hidden;
+                    if j.verdict == Verdict::Allow || (j.verdict == Verdict::Ask && ask_ok) {
                         continue;
                     }
-                    if o.verdict == Verdict::Ask {
+                    // A person can be asked only about what they may see.
+                    if j.verdict == Verdict::Ask && !entering.hidden {
                         *asked = Some(Asked {
                             command: text.to_string(),
-                            reason: o.reason.clone(),
+                            reason: j.reason.clone(),
                             location: location.to_string(),
-                            cwd: format!("(the directory of shell {id})"),
+                            cwd: entering
+                                .cwd
+                                .clone()
+                                .unwrap_or_else(|| format!("(the directory of shell {id})")),
                             target: match place {
                                 Place::Target(alias) => Some(alias.clone()),
                                 Place::Local => None,
                             },
                         });
                     }
+                    let (shown, why) = if entering.hidden {
+                        (
+                            "a line typed with echo off (not shown)".to_string(),
+                            format!("is refused by the {} (rule `{}`)", j.by, j.rule),
+                        )
+                    } else {
+                        (
+                            format!("the line `{}`", crate::agent::conversation::clip(text, 200)),
+                            match j.verdict {
+                                Verdict::Ask => format!("needs a person's approval: {}", j.reason),
+                                _ => j.reason.clone(),
+                            },
+                        )
+                    };
                     let r = Refused {
-                        by: "guard",
-                        verdict: o.verdict,
-                        reason: format!(
-                            "nothing was sent to {id}: the line `{}` it would submit {}",
-                            crate::agent::conversation::clip(text, 200),
-                            o.message
-                        ),
+                        by: j.by,
+                        verdict: j.verdict,
+                        reason: format!("nothing was sent to {id}: {shown} it would submit {why}"),
                     };
                     return Err(
                         refused(deps, section, place.name(), Some(location), tool, &r).await,
@@ -309,7 +351,7 @@ async fn run(
                 m.write().await?;
             }
             shells
-                .write(section, &id, data.as_bytes())
+                .write_entered(section, &id, data.as_bytes(), &entering)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(format!(
@@ -397,6 +439,30 @@ async fn allowed(
             Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
         }
     }
+}
+
+/// The workspace a line typed in `section`'s shell on `place` is judged in: its permission
+/// now, and its directory and the account's home on the shell's host.
+async fn judged_in(
+    deps: &AgentDeps,
+    section: &str,
+    place: &Place,
+) -> Result<(Permission, String, Option<String>), String> {
+    let ws = workspace::current(&deps.db, &deps.workspaces, section, place)
+        .await
+        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+    let ops = match place {
+        Place::Local => deps.exec.local_ops_in(
+            section,
+            std::path::Path::new(&ws.dir),
+            ws.permission > Permission::Read,
+        ),
+        Place::Target(_) => deps.exec.ops_for(section, place).await,
+    }
+    .map_err(|e| e.to_string())?;
+    let dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
+    let home = ops.backend().home().await.ok();
+    Ok((ws.permission, dir, home))
 }
 
 fn small(v: Option<u64>, default: u16) -> u16 {
