@@ -791,6 +791,102 @@ async fn until_alternate(env: &Env, section: &str, id: &str) {
     .await;
 }
 
+/// The `shell.*` audit rows of `section`: (actor, action, outcome, detail).
+async fn shell_rows(env: &Env, section: &str) -> Vec<(String, String, String, serde_json::Value)> {
+    sqlx::query_as(
+        "SELECT actor, action, outcome, detail FROM audit_log WHERE section = $1 AND action LIKE 'shell.%' ORDER BY id",
+    )
+    .bind(section)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_shell_opened_typed_into_and_closed_in_a_chat_is_audited_and_a_hidden_line_is_not() {
+    audited_with_hidden_input(Place::Local).await;
+}
+
+#[tokio::test]
+async fn on_a_target_a_line_typed_with_echo_off_is_audited_hidden() {
+    if !sshd::available() {
+        return;
+    }
+    audited_with_hidden_input(web()).await;
+}
+
+async fn audited_with_hidden_input(place: Place) {
+    let s = unique("omt_audited");
+    let env = shell_env(&place, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    // A prompt the screen does not show as a password prompt, read with echo off.
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["read -rs -p 'Token: ' t; echo \"got-${#t}-chars\"\r"],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Screen, r"(?m)^Token:$").await;
+    let r = typed_by_the_model(&env, &s, &id, &["s3cret-tok3n-42\r"], 3).await;
+    assert!(r[2].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Raw, "got-15-chars").await;
+    env.llm
+        .push(MODEL, call("shell_close", json!({"shell_id": id})))
+        .push(MODEL, say("closed"));
+    accept(&env.app, &s, &unique("om_close"), "close it").await;
+    wait_turns_ended(&env.app, &s, 4).await;
+
+    let rows = shell_rows(&env, &s).await;
+    let actions: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(actor, action, outcome, _)| (actor.as_str(), action.as_str(), outcome.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("ou_user", "shell.open", "ok"),
+            ("ou_user", "shell.input", "ok"),
+            ("ou_user", "shell.input", "ok"),
+            ("ou_user", "shell.close", "ok"),
+        ]
+    );
+    assert!(
+        rows.iter().all(|r| r.3["shell_id"] == id.as_str()),
+        "{rows:?}"
+    );
+    let typed = rows[1].3["text"].as_str().unwrap();
+    assert!(
+        typed.contains("read -rs -p") && typed.contains("got-"),
+        "{rows:?}"
+    );
+    assert_eq!(rows[2].3["text"], "[input hidden]", "{rows:?}");
+    let target = match &place {
+        Place::Local => None,
+        Place::Target(alias) => Some(alias.as_str()),
+    };
+    let targets: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT target FROM audit_log WHERE section = $1 AND action LIKE 'shell.%'",
+    )
+    .bind(&s)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert!(
+        targets.iter().all(|t| t.as_deref() == target),
+        "{targets:?}"
+    );
+    let leaked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE detail::text LIKE '%s3cret-tok3n%'",
+    )
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(leaked, 0, "the hidden line is in the audit trail");
+}
+
 #[tokio::test]
 async fn printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
     alternate_screen_bypass(Place::Local).await;

@@ -21,13 +21,17 @@
 //! and one opened at a higher permission than the section's now takes no more lines. A shell
 //! is a stateful interpreter, so this reads each line on its own — defence in depth behind
 //! the permission, the sandbox and the policy.
+//!
+//! Opening, typing into and closing a shell are audit rows (`shell.open`, `shell.input`,
+//! `shell.close`), written with the call's result: the text typed is redacted as commands are,
+//! and input typed with echo off (a password prompt) is recorded as `[input hidden]`.
 
 use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Asked, Refused, StartMark, ToolOutcome, refused};
+use super::{Asked, Refused, ShellRow, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
 use crate::config::Risky;
 use crate::exec::Place;
@@ -49,6 +53,9 @@ pub const TOOLS: [&str; 5] = [
 
 /// Longest `expect` pattern.
 const MAX_EXPECT: usize = 1024;
+
+/// Typed text kept in an audit row.
+const AUDIT_INPUT_CHARS: usize = 1024;
 
 /// Why opening a shell on a target whose policy is `ask` is asked of a person.
 const OPEN_ASKED: &str = "an interactive shell: lines typed at its prompt are judged one by one, but what is typed into a program it runs (a REPL, an editor) cannot be";
@@ -145,12 +152,22 @@ pub(super) async fn call(
         },
     };
     let mut asked = None;
+    let mut row = None;
     let at = Here {
         section,
         place: &place,
         location: &location,
     };
-    let result = run(deps, &at, tool, args, cancel, (approved, mark), &mut asked).await;
+    let result = run(
+        deps,
+        &at,
+        tool,
+        args,
+        cancel,
+        (approved, mark),
+        (&mut asked, &mut row),
+    )
+    .await;
     let result = match note {
         Some(n) => result
             .map(|t| format!("note: {n}\n{t}"))
@@ -164,6 +181,7 @@ pub(super) async fn call(
         exit: None,
         binding_fails: None,
         asked,
+        shell_row: row,
     }
 }
 
@@ -181,7 +199,7 @@ async fn run(
     args: &Args<'_>,
     cancel: &CancellationToken,
     (approved, mark): (bool, Option<&mut StartMark<'_>>),
-    asked: &mut Option<Asked>,
+    (asked, row): (&mut Option<Asked>, &mut Option<ShellRow>),
 ) -> Result<String, String> {
     let Here {
         section,
@@ -213,6 +231,10 @@ async fn run(
     if tool == "shell_close" {
         let id = args.str("shell_id")?;
         shells.close(section, &id).map_err(|e| e.to_string())?;
+        *row = Some(ShellRow {
+            action: "shell.close",
+            detail: json!({"shell_id": id}),
+        });
         return Ok(format!("closed shell {id}"));
     }
     // Opening, typing and reading: allowed where the rules allow a shell now.
@@ -264,6 +286,10 @@ async fn run(
                 .open(host, section, opts)
                 .await
                 .map_err(|e| e.to_string())?;
+            *row = Some(ShellRow {
+                action: "shell.open",
+                detail: json!({"shell_id": info.shell_id}),
+            });
             Ok(format!(
                 "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{}",
                 info.shell_id,
@@ -354,6 +380,14 @@ async fn run(
                 .write_entered(section, &id, data.as_bytes(), &entering)
                 .await
                 .map_err(|e| e.to_string())?;
+            *row = Some(ShellRow {
+                action: "shell.input",
+                detail: json!({
+                    "shell_id": id,
+                    "bytes": data.len(),
+                    "text": entering.recorded(&data, AUDIT_INPUT_CHARS),
+                }),
+            });
             Ok(format!(
                 "sent {} bytes to {id}; read it with shell_read",
                 data.len()
