@@ -1096,3 +1096,37 @@ async fn below_full_a_program_that_runs_what_is_typed_into_it_is_asked() {
     );
     until(&env, &s, &id, ReadMode::Screen, "some notes").await;
 }
+
+#[tokio::test]
+async fn a_local_shell_opened_above_read_takes_nothing_once_the_workspace_is_read() {
+    let env = Env::builder().spawn().await;
+    let s = unique("omt_lowered");
+    let dir = local_workspace(&env, &s, Permission::ReadWrite).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let choice = Choice {
+        dir: dir.strip_prefix(&root).unwrap().display().to_string(),
+        permission: Some(Permission::Read),
+        mode: None,
+    };
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        &s,
+        &Place::Local,
+        &choice,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    // Its sandbox still lets it write: it takes no more input at all.
+    let r = typed_by_the_model(&env, &s, &id, &["cat notes.txt\r", "q"], 2).await;
+    for refused in &r[1..] {
+        assert!(
+            refused.contains("nothing was sent") && refused.contains("open another"),
+            "{r:?}"
+        );
+    }
+}

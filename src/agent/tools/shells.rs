@@ -305,16 +305,20 @@ async fn run(
                 .entering(section, &id, data.as_bytes())
                 .await
                 .map_err(|e| e.to_string())?;
-            // Keys typed into a program that runs what is typed into it anyway are not judged.
-            let judged = !matches!(entering.reader, Reader::Program(_));
-            if judged && !entering.lines.is_empty() {
+            // Keys typed into a program that runs what is typed into it anyway are not judged;
+            // nothing at all is typed into a local shell opened at more than `read` once the
+            // permission is `read`.
+            let judged =
+                !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
+            let above_read = *place == Place::Local && !entering.read_only;
+            if judged || above_read {
                 let (permission, workspace_dir, home) = judged_in(deps, section, place).await?;
                 let at = TypedAt {
                     workspace: &workspace_dir,
                     home: home.as_deref(),
                     cwd: entering.cwd.as_deref(),
                 };
-                if *place == Place::Local && permission == Permission::Read && !entering.read_only {
+                if above_read && permission == Permission::Read {
                     let r = Refused {
                         by: "permission",
                         verdict: Verdict::Refuse,
@@ -326,7 +330,7 @@ async fn run(
                         refused(deps, section, place.name(), Some(location), tool, &r).await,
                     );
                 }
-                for line in &entering.lines {
+                for line in entering.lines.iter().filter(|_| judged) {
                     let text = line.text.trim();
                     let j = judge_typed(deps.exec.guard(), permission, line, &at);
                     let ask_ok = (approved || entering.risky_allowed) && !entering.hidden;

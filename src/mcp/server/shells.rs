@@ -391,8 +391,12 @@ impl Tools {
             .entering(&token.section(), &args.shell_id, args.data.as_bytes())
             .await
             .map_err(shell_error)?;
-        // Keys typed into a program that runs what is typed into it anyway are not judged.
-        if matches!(entering.reader, Reader::Program(_)) || entering.lines.is_empty() {
+        // Keys typed into a program that runs what is typed into it anyway are not judged;
+        // nothing at all is typed into a local shell opened at more than `read` once the
+        // permission is `read`.
+        let judged = !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
+        let above_read = *place == Place::Local && !entering.read_only;
+        if !judged && !above_read {
             return Ok(entering);
         }
         let here = self.here(token, place.name(), "shell_write").await?;
@@ -402,7 +406,7 @@ impl Tools {
             home: home.as_deref(),
             cwd: entering.cwd.as_deref(),
         };
-        if *place == Place::Local && here.permission == Permission::Read && !entering.read_only {
+        if above_read && here.permission == Permission::Read {
             let why = format!(
                 "nothing was sent to {}: it was opened when this token's workspace allowed more than `read`, its permission now; close it and open another",
                 args.shell_id
@@ -418,7 +422,7 @@ impl Tools {
             .await;
             return Err(why);
         }
-        for line in &entering.lines {
+        for line in entering.lines.iter().filter(|_| judged) {
             let text = line.text.trim();
             let j = judge_typed(self.deps.exec.guard(), here.permission, line, &at);
             if j.verdict == Verdict::Allow
