@@ -3,7 +3,9 @@
 //! (a trigger enforces both: see migration `20261206010000_audit_retention.sql`).
 //!
 //! **Executed commands are audit rows** (action [`COMMAND_RUN`]: target, section, the sender of
-//! the turn's latest message as actor, the command, its exit and duration). They are written by
+//! the turn's latest message as actor, the command, its exit and duration), and so is every
+//! interactive shell opened, typed into or closed (`shell.open`, `shell.input` with the text
+//! typed, or `[input hidden]` for input typed with echo off, `shell.close`). They are written by
 //! the agent's step statement (`agent::conversation::append_logged`) in the same commit as the
 //! call's result and its `agent.tool` event-log entry — no extra commit per step — rather than
 //! read back from the event log: the event log is per section and kept forever, while the audit
@@ -92,9 +94,12 @@ pub async fn record_chat(conn: &mut PgConnection, e: ChatEntry<'_>) -> sqlx::Res
 }
 
 /// An executed command's row, written by the agent's step statement in the commit of the
-/// call's result (section: the turn's; action: [`COMMAND_RUN`]).
+/// call's result (section: the turn's; action: [`COMMAND_RUN`], or for what an interactive
+/// shell was given, `shell.open`, `shell.input` or `shell.close`).
 #[derive(Debug, Clone)]
 pub struct CommandRun {
+    /// [`COMMAND_RUN`], `shell.open`, `shell.input` or `shell.close`.
+    pub action: &'static str,
     /// The sender of the turn's latest message (an open_id, or the console's user).
     pub actor: String,
     /// The target alias; `None` for the service's own machine (subject `local`), or for a
@@ -124,7 +129,7 @@ pub async fn record_command(
          FROM (SELECT set_config('synchronous_commit', 'off', true)) AS later",
     )
     .bind(&run.actor)
-    .bind(COMMAND_RUN)
+    .bind(run.action)
     .bind(run.target.as_deref())
     .bind(&run.detail)
     .bind(section)

@@ -182,6 +182,7 @@ pub async fn append_logged(
             .bind(audit.and_then(|a| a.target.as_deref()))
             .bind(audit.map(|a| &a.detail))
             .bind(audit.map(|a| a.outcome.as_str()))
+            .bind(audit.map(|a| a.action))
     };
     let ids = match bind(APPEND_LOGGED).fetch_optional(fence.db()).await {
         Err(e) if crate::eventlog::seq_taken(&e) => {
@@ -204,7 +205,7 @@ pub async fn append_logged(
 /// `Flush::Later` commit, sets `synchronous_commit` for this transaction only
 /// (`set_config(…, true)` is `SET LOCAL`; it is read when the transaction commits). The row is
 /// inserted only after `l` and only if the fence holds; the entry, the mark and an executed
-/// command's audit row (`a`, when `$15` names an actor) only if the row was.
+/// command's audit row (`a`, when `$15` names an actor; its action `$19`) only if the row was.
 const APPEND_LOGGED: &str = "WITH l AS (
        SELECT pg_advisory_xact_lock(hashtextextended($1, 0)),
               CASE WHEN $14 THEN set_config('synchronous_commit', 'off', true) END),
@@ -228,7 +229,7 @@ const APPEND_LOGGED: &str = "WITH l AS (
        RETURNING id),
      a AS (
        INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
-       SELECT $15, 'command.run',
+       SELECT $15, $19,
               COALESCE($16, CASE WHEN $18 = 'interrupted' THEN 'unknown' ELSE 'local' END),
               $17, $1, $16, $18
          FROM m

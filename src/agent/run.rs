@@ -605,7 +605,8 @@ async fn run_calls(
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
                     // A command that was running when its runner went away ran, with an
                     // unknown end.
-                    let audit = command_run(turn, call, None, "interrupted", None, 0);
+                    let audit = command_run(turn, call, None, "interrupted", None, 0)
+                        .or_else(|| interrupted_shell_call(turn, call));
                     store_result(
                         turn,
                         stored,
@@ -762,11 +763,15 @@ async fn run_calls(
             "short": short,
             "approval": approval_step,
         });
-        // A command that ran is audited in the same commit as its result.
-        let audit = result.exit.as_deref().and_then(|exit| {
-            let outcome = if exit == "exit 0" { "ok" } else { exit };
-            command_run(turn, call, target, outcome, Some(exit), result.millis)
-        });
+        // A command that ran, or a shell that was opened, typed into or closed, is audited in
+        // the same commit as its result.
+        let audit = match &result.shell_row {
+            Some(row) => Some(shell_call(turn, call, target, row, "ok")),
+            None => result.exit.as_deref().and_then(|exit| {
+                let outcome = if exit == "exit 0" { "ok" } else { exit };
+                command_run(turn, call, target, outcome, Some(exit), result.millis)
+            }),
+        };
         // The result and its event-log entry commit together, with the start mark of the next
         // call of this reply when there is one (so a step costs one commit, not two) — unless
         // that call runs a command, whose mark follows the guard's verdict.
@@ -896,8 +901,6 @@ fn command_run(
     let key = match call.function.name.as_str() {
         "terminal" => "command",
         "execute_code" => "code",
-        // What is typed into an interactive shell is audited as a command is.
-        "shell_write" => "data",
         _ => return None,
     };
     let args = call.parsed_arguments().unwrap_or_default();
@@ -907,11 +910,8 @@ fn command_run(
         .take(AUDIT_COMMAND_CHARS)
         .collect();
     Some(crate::audit::CommandRun {
-        actor: turn
-            .messages
-            .last()
-            .map(|m| m.sender.clone())
-            .unwrap_or_else(|| "unknown".into()),
+        action: crate::audit::COMMAND_RUN,
+        actor: sender(turn),
         target: target.map(str::to_string),
         outcome: outcome.to_string(),
         detail: json!({
@@ -923,6 +923,56 @@ fn command_run(
             "turn": turn.id,
         }),
     })
+}
+
+/// Who a turn's audit rows name: the sender of its latest message.
+fn sender(turn: &ActiveTurn) -> String {
+    turn.messages
+        .last()
+        .map(|m| m.sender.clone())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The audit row of a shell call that acted (`row`, from the call), as the turn's.
+fn shell_call(
+    turn: &ActiveTurn,
+    call: &ToolCall,
+    target: Option<&str>,
+    row: &tools::ShellRow,
+    outcome: &str,
+) -> crate::audit::CommandRun {
+    let mut detail = row.detail.clone();
+    detail["tool"] = json!(call.function.name);
+    detail["turn"] = json!(turn.id);
+    crate::audit::CommandRun {
+        action: row.action,
+        actor: sender(turn),
+        target: target.map(str::to_string),
+        outcome: outcome.to_string(),
+        detail,
+    }
+}
+
+/// The audit row of a shell call that was under way when its runner went away: it may have
+/// opened the shell or typed (whether with echo off is not known any more, so the text is not
+/// recorded).
+fn interrupted_shell_call(turn: &ActiveTurn, call: &ToolCall) -> Option<crate::audit::CommandRun> {
+    let args = call.parsed_arguments().unwrap_or_default();
+    let row = match call.function.name.as_str() {
+        "shell_open" => tools::ShellRow {
+            action: "shell.open",
+            detail: json!({}),
+        },
+        "shell_write" => tools::ShellRow {
+            action: "shell.input",
+            detail: json!({
+                "shell_id": args.get("shell_id"),
+                "text": crate::exec::pty::HIDDEN_INPUT,
+            }),
+        },
+        _ => return None,
+    };
+    Some(shell_call(turn, call, None, &row, "interrupted"))
 }
 
 /// Stores a call's result and its event-log entry, with `next_mark` (the start mark of the

@@ -132,6 +132,17 @@ pub struct ToolResult {
     /// Set when nothing ran because a person is asked about this call (a command the guard
     /// asks about, a shell on a target whose policy asks, a line typed into a shell).
     pub asked: Option<Asked>,
+    /// The audit row of a shell call that acted, written with the result.
+    pub shell_row: Option<ShellRow>,
+}
+
+/// The audit row of a shell call that acted — a shell opened, typed into or closed — written
+/// in the commit of the call's result: its action (`shell.open`, `shell.input`, `shell.close`)
+/// and detail (the shell, and for input the text typed, redacted, or `[input hidden]`).
+#[derive(Debug, Clone)]
+pub struct ShellRow {
+    pub action: &'static str,
+    pub detail: Value,
 }
 
 /// A command the guard asks a person about, as it would have run.
@@ -338,6 +349,7 @@ pub async fn run(
         millis: started.elapsed().as_millis() as u64,
         binding_fails: o.binding_fails,
         asked: o.asked,
+        shell_row: o.shell_row,
     }
 }
 
@@ -354,6 +366,7 @@ struct ToolOutcome {
     /// Set when the call failed because the section's binding no longer passes its checks.
     binding_fails: Option<BindingFails>,
     asked: Option<Asked>,
+    shell_row: Option<ShellRow>,
 }
 
 impl ToolOutcome {
@@ -366,6 +379,7 @@ impl ToolOutcome {
             exit: None,
             binding_fails: None,
             asked: None,
+            shell_row: None,
         }
     }
 
@@ -463,6 +477,7 @@ async fn dispatch(
         location: Some(location),
         exit,
         binding_fails: None,
+        shell_row: None,
     }
 }
 

@@ -563,10 +563,9 @@ impl Executors {
         &self.config.tool_env_allow
     }
 
-    /// The guard's objection to a line typed into an interactive shell, judged as a command on
-    /// its own: the shell's directory and variables are its own, so nothing of them is assumed.
-    pub fn judge_typed(&self, line: &str) -> Option<guard::Objection> {
-        self.guard.check(line).err()
+    /// The command guard every command and typed line is judged by.
+    pub fn guard(&self) -> &guard::Guard {
+        &self.guard
     }
 
     /// Where `section` opens an interactive shell on `place`: a PTY channel on a target's
@@ -578,21 +577,25 @@ impl Executors {
         place: &Place,
     ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
         match place {
-            Place::Local => Ok(Arc::new(self.local.for_section(section))),
+            Place::Local => Ok(Arc::new(self.local.for_section(section).shell_host(""))),
             Place::Target(alias) => Ok(self.ssh.backend(alias).await?),
         }
     }
 
     /// A local shell's host for `section` working in `workspace` (as [`Executors::local_ops_in`]:
-    /// the sandbox grants that directory, for reading only unless `writable`).
+    /// the sandbox grants that directory, for reading only unless `writable`), whose shell starts
+    /// with `prelude` defined (one shell function, or empty; as [`ops::RunOptions::prelude`]).
     pub fn local_pty_host_in(
         &self,
         section: &str,
         workspace: &std::path::Path,
         writable: bool,
+        prelude: &'static str,
     ) -> Result<Arc<dyn pty::PtyHost>, ExecError> {
         Ok(Arc::new(
-            self.local.for_section_in(section, workspace, writable)?,
+            self.local
+                .for_section_in(section, workspace, writable)?
+                .shell_host(prelude),
         ))
     }
 

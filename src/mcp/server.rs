@@ -803,6 +803,7 @@ impl Tools {
             .take(AUDIT_COMMAND_CHARS)
             .collect();
         let run = crate::audit::CommandRun {
+            action: crate::audit::COMMAND_RUN,
             actor: token.name.clone(),
             target: place.target().map(str::to_string),
             outcome: outcome.to_string(),

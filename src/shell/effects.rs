@@ -185,6 +185,20 @@ pub fn walk(script: &str, start: Start<'_>) -> Vec<Effect> {
     walk_within(script, start, MAX_CPU)
 }
 
+/// The first program `script` starts that runs what is typed into it later
+/// ([`spec::runs_typed_input`]: an editor, a pager, a client with a shell escape, an
+/// interpreter's prompt), as the walk finds it — behind wrappers, in nested scripts, aliases
+/// and traps.
+pub fn typed_input_runner(script: &str, start: Start<'_>) -> Option<String> {
+    walk(script, start).into_iter().find_map(|e| match e {
+        Effect::Program { argv, .. } => {
+            let name = basename(argv.first()?.literal.as_deref()?);
+            spec::runs_typed_input(name, &argv[1..]).then(|| name.to_owned())
+        }
+        _ => None,
+    })
+}
+
 /// [`walk`], with `cpu` in place of [`MAX_CPU`] as its budget of CPU time.
 pub fn walk_within(script: &str, start: Start<'_>, cpu: std::time::Duration) -> Vec<Effect> {
     let mut env = Env {

@@ -975,6 +975,17 @@ pub fn simple_commands(script: &str) -> Result<Vec<SimpleCommand>, ParseError> {
     parse_script(script).map(|s| s.commands)
 }
 
+/// Whether `script` starts a job of the shell in the background (`cmd &`, `coproc`): a
+/// process of the shell's own that runs while the shell reads on. One that cannot be read
+/// counts as one.
+pub fn backgrounds(script: &str) -> bool {
+    let amp = match Lexer::new(script, 0).lex() {
+        Ok(toks) => toks.iter().any(|t| matches!(t, Tok::Op(Op::Amp))),
+        Err(TooDeep) => return true,
+    };
+    amp || parse_script(script).map_or(true, |s| s.constructs.contains(&Construct::Coprocess))
+}
+
 /// [`simple_commands`], together with the loops, function definitions, arithmetic and
 /// parameter operations the script contains.
 pub fn parse_script(script: &str) -> Result<Script, ParseError> {
@@ -1224,6 +1235,18 @@ mod tests {
         );
         // `{fd}` stays a word too, as a shell without that syntax reads it.
         assert_eq!(argv(&cmds[0]), ["cat", "{fd}", "{a,b}", "{q}"]);
+    }
+
+    #[test]
+    fn a_job_in_the_background_is_seen() {
+        for yes in ["sleep 9 &", "a & b", "(x &)", "coproc cat", "a &\nb"] {
+            assert!(backgrounds(yes), "{yes}");
+        }
+        for no in [
+            "a && b", "a 2>&1", "a &> f", "echo '&'", "echo \\&", "vim f", "a; b",
+        ] {
+            assert!(!backgrounds(no), "{no}");
+        }
     }
 
     #[test]

@@ -901,6 +901,72 @@ const NAMED: &[&str] = &[
     "gdisk",
 ];
 
+/// Programs that run what is typed into them later, so that it cannot be judged line by line:
+/// a shell escape (`:!` in vi and ex, `!` in less, more, ftp and sftp, `\!` in psql and mysql,
+/// `shell` in gdb, `.shell` in sqlite3, `~!` in mail), an editor, pager or file manager that
+/// starts a command or another program that does, a prompt whose input is code, and programs
+/// that start an editor on a file (`crontab`, `visudo`). In that order: editors, pagers and
+/// what shows its output through one, file managers and terminal front-ends, database,
+/// debugger, transfer and mail clients, prompts. (Shells are not among them: what is typed into
+/// a shell is a shell line, judged as such.)
+#[rustfmt::skip]
+pub const SHELL_ESCAPES: &[&str] = &[
+    "vi", "vim", "nvim", "view", "vimdiff", "gvim", "ex", "edit", "vedit", "emacs", "emacs-nox",
+    "nano", "pico", "mcedit", "joe", "jed", "ne", "micro", "ed", "kak", "helix", "hx", "less",
+    "more", "most", "pg", "man", "info", "pinfo", "perldoc", "pydoc", "ri", "mc", "ranger",
+    "nnn", "vifm", "lf", "tig", "fzf", "psql", "mysql", "mariadb", "sqlite3", "mongo",
+    "mongosh", "cqlsh", "gdb", "lldb", "pdb", "ftp", "sftp", "lftp", "tftp", "ncftp", "mail",
+    "mailx", "s-nail", "mutt", "neomutt", "ipython", "bpython", "irb", "pry", "ghci", "erl",
+    "iex", "jshell", "groovysh", "scala", "julia", "R", "tclsh", "wish", "expect", "guile",
+    "racket", "sbcl", "clisp", "ocaml", "swipl", "dc", "crontab", "visudo", "vipw", "vigr",
+    "sudoedit",
+];
+
+/// Options after which an interpreter reads code from what is typed (`python -i`, `python -m
+/// pdb`, `perl -d`, `php -a`, a script on standard input `-`).
+const PROMPT_OPTIONS: &[&str] = &["-", "-i", "--interactive", "-m", "-d", "-a"];
+
+/// Whether `name` (a basename) with `args` runs what is typed into it: one of
+/// [`SHELL_ESCAPES`], or an interpreter given neither inline code nor a script (its prompt,
+/// or its standard input read as a script). A word known only when it runs counts as an
+/// option that could start a prompt.
+pub fn runs_typed_input(name: &str, args: &[ShellWord]) -> bool {
+    if SHELL_ESCAPES.contains(&name) {
+        return true;
+    }
+    let Some(interpreter) = interpreter(name) else {
+        return false;
+    };
+    let mut operand = false;
+    for a in args {
+        let Some(a) = a.literal.as_deref() else {
+            return true;
+        };
+        if PROMPT_OPTIONS.contains(&a) {
+            return true;
+        }
+        if let Some(long) = a.strip_prefix("--") {
+            let given = long.split('=').next().unwrap_or_default();
+            if long_option_is(given, interpreter.long_inline) {
+                return false;
+            }
+        } else if let Some(short) = a.strip_prefix('-') {
+            if short.chars().any(|c| interpreter.inline.contains(c)) {
+                return false;
+            }
+        } else {
+            operand = true;
+        }
+    }
+    !operand
+}
+
+/// Whether a running program named `name` (the kernel's name for it) is one that runs what is
+/// typed into it: one of [`SHELL_ESCAPES`], or an interpreter.
+pub fn typed_input_program(name: &str) -> bool {
+    SHELL_ESCAPES.contains(&name) || interpreter(name).is_some()
+}
+
 /// Every program name the table knows: [`NAMED`], the shells, interpreters, wrappers and
 /// runners.
 pub fn known_names() -> impl Iterator<Item = &'static str> {
@@ -1363,5 +1429,57 @@ mod tests {
         assert!(interpreter("perl5").is_some());
         assert!(interpreter("nodejs").is_some());
         assert!(interpreter("pythonista").is_none());
+    }
+
+    #[test]
+    fn programs_that_run_what_is_typed_into_them() {
+        let runs = |line: &str| {
+            let mut words = line.split_whitespace().map(word);
+            let name = words.next().unwrap();
+            runs_typed_input(name.literal.as_deref().unwrap(), &words.collect::<Vec<_>>())
+        };
+        for yes in [
+            "vim f",
+            "less f",
+            "man ls",
+            "psql",
+            "mysql -u x",
+            "gdb ./a",
+            "ftp host",
+            "python3",
+            "python3 -q",
+            "python3 -i s.py",
+            "python3 -m pdb s.py",
+            "perl",
+            "node",
+            "irb",
+            "php -a",
+            "sqlite3 db",
+        ] {
+            assert!(runs(yes), "{yes}");
+        }
+        for no in [
+            "ls",
+            "cat f",
+            "bash",
+            "sh -c x",
+            "python3 s.py",
+            "python3 -c print(1)",
+            "perl -e 1",
+            "node --eval 1",
+            "node s.js",
+            "ruby s.rb",
+            "grep x",
+        ] {
+            assert!(!runs(no), "{no}");
+        }
+        // A word known only when it runs could be the option that starts a prompt.
+        let unknown = ShellWord {
+            literal: None,
+            ..word("$X")
+        };
+        assert!(runs_typed_input("python3", &[unknown]));
+        assert!(typed_input_program("vim") && typed_input_program("python3.12"));
+        assert!(!typed_input_program("bash") && !typed_input_program("sleep"));
     }
 }

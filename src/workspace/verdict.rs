@@ -4,10 +4,14 @@
 //! only grows from `full` to `read-write` to `read`.
 //!
 //! It is what `sshmode guard check` prints, and the same order the task tools apply before a
-//! command runs (`agent::tools`). It never runs anything.
+//! command runs (`agent::tools`). A line typed into an interactive shell is judged the same
+//! way ([`judge_typed`]), in the directory of the program that reads it, and below `full` a line
+//! that starts a program running what is typed into it later (an editor, a pager, a prompt) is
+//! asked of a person. It never runs anything.
 
 use super::judge::{self, Permission, Scope};
 use crate::exec::guard::{Context, Guard};
+use crate::exec::pty::EnteredLine;
 use crate::shell::Verdict;
 
 /// One command's verdict and why.
@@ -44,6 +48,95 @@ pub fn judge_command(
         workspace: Some(scope.workspace),
     };
     match guard.assess(command, &context).refusal {
+        None => Judgement {
+            verdict: Verdict::Allow,
+            by: "",
+            rule: String::new(),
+            reason: String::new(),
+        },
+        Some(r) => Judgement {
+            verdict: r.verdict,
+            by: "guard",
+            rule: r.rule,
+            reason: r.reason,
+        },
+    }
+}
+
+/// What a local interactive shell at `permission` starts with defined (as a `terminal` command
+/// runs behind it): at `read`, the read-only `git` ([`judge::read_preamble`]).
+pub fn shell_prelude(permission: Permission) -> &'static str {
+    if permission == Permission::Read {
+        judge::read_preamble()
+    } else {
+        ""
+    }
+}
+
+/// Where a line typed into an interactive shell is judged: the workspace and the account's
+/// home on the shell's host, and the directory of the program that reads the line when it can
+/// be read.
+#[derive(Debug, Clone, Copy)]
+pub struct TypedAt<'a> {
+    pub workspace: &'a str,
+    pub home: Option<&'a str>,
+    pub cwd: Option<&'a str>,
+}
+
+/// The verdict on `line`, typed into an interactive shell at `permission` and read as a shell
+/// line: the permission judge (relative paths against `at.cwd`, or where that is unknown
+/// against `/`, so that nothing is taken to be inside the workspace), the guard (relative
+/// paths against `at.cwd`, unknown where it is; a recursive delete outside the workspace asks),
+/// and below `full` a line that starts a program that runs what is typed into it later asks a
+/// person — what is typed into it next cannot be judged. Strictest wins, a refusal first.
+pub fn judge_typed(
+    guard: &Guard,
+    permission: Permission,
+    line: &EnteredLine,
+    at: &TypedAt<'_>,
+) -> Judgement {
+    let text = line.text.trim();
+    let scope = Scope {
+        workspace: at.workspace,
+        cwd: at.cwd.unwrap_or("/"),
+        home: at.home,
+    };
+    if let Err(d) = judge::check_command(permission, text, &scope) {
+        return Judgement {
+            verdict: Verdict::Refuse,
+            by: "permission",
+            rule: "permission".into(),
+            reason: d.to_string(),
+        };
+    }
+    let context = Context {
+        cwd: at.cwd,
+        home: at.home,
+        env: &[],
+        workspace: Some(at.workspace),
+    };
+    let guard_says = guard.assess(text, &context).refusal;
+    if let Some(r) = guard_says.as_ref().filter(|r| r.verdict == Verdict::Refuse) {
+        return Judgement {
+            verdict: Verdict::Refuse,
+            by: "guard",
+            rule: r.rule.clone(),
+            reason: r.reason.clone(),
+        };
+    }
+    if permission < Permission::Full
+        && let Some(program) = &line.starts
+    {
+        return Judgement {
+            verdict: Verdict::Ask,
+            by: "permission",
+            rule: "typed-input".into(),
+            reason: format!(
+                "`{program}` runs what is typed into it (a shell escape, an editor, a pager or a prompt), which cannot be judged line by line below the workspace permission `full`"
+            ),
+        };
+    }
+    match guard_says {
         None => Judgement {
             verdict: Verdict::Allow,
             by: "",
@@ -184,6 +277,54 @@ mod tests {
             let j = judge_command(&guard, Permission::ReadWrite, &cmd, &SCOPE);
             assert_eq!((j.verdict, j.by), (Verdict::Refuse, "permission"), "{cmd}");
         }
+    }
+
+    #[test]
+    fn a_typed_line_is_judged_where_it_is_read() {
+        let guard = Guard::default();
+        let line = |text: &str, starts: Option<&str>| EnteredLine {
+            text: text.into(),
+            edited: false,
+            starts: starts.map(str::to_owned),
+            backgrounds: false,
+        };
+        let at = |cwd| TypedAt {
+            workspace: "/srv/ws",
+            home: Some("/home/u"),
+            cwd,
+        };
+        let j = |p, l: &EnteredLine, cwd| judge_typed(&guard, p, l, &at(cwd));
+        // In the directory the shell is in: `rm -rf *` there is `/`.
+        let rm = line("false && rm -rf *", None);
+        assert_eq!(
+            j(Permission::Full, &rm, Some("/srv/ws")).verdict,
+            Verdict::Allow
+        );
+        let at_root = j(Permission::Full, &rm, Some("/"));
+        assert_eq!((at_root.verdict, at_root.by), (Verdict::Refuse, "guard"));
+        // Unknown, nothing relative is taken to be inside the workspace.
+        assert_eq!(j(Permission::Full, &rm, None).verdict, Verdict::Ask);
+        // At `read` only the read-only list.
+        let py = line("python3 -c 'print(1)'", None);
+        let read = j(Permission::Read, &py, Some("/srv/ws"));
+        assert_eq!((read.verdict, read.by), (Verdict::Refuse, "permission"));
+        // Below `full` a program that runs what is typed into it asks; at `full` the guard
+        // alone decides; a refusal outweighs the ask.
+        let less = line("less notes.txt", Some("less"));
+        let rw = j(Permission::ReadWrite, &less, Some("/srv/ws"));
+        assert_eq!(
+            (rw.verdict, rw.rule.as_str()),
+            (Verdict::Ask, "typed-input")
+        );
+        assert_eq!(
+            j(Permission::Full, &less, Some("/srv/ws")).verdict,
+            Verdict::Allow
+        );
+        let both = line("vim f; mkfs.ext4 /dev/sdz", Some("vim"));
+        assert_eq!(
+            j(Permission::ReadWrite, &both, Some("/srv/ws")).verdict,
+            Verdict::Refuse
+        );
     }
 
     #[test]

@@ -1334,3 +1334,129 @@ async fn one_token_at_its_session_and_call_bounds_does_not_block_another() {
     let long = long.await.unwrap();
     assert_eq!(long["results"][0]["structured"]["exit_code"], 0, "{long}");
 }
+
+async fn local_token(env: &Env, name: &str, permission: Permission) -> String {
+    token::create(
+        &env.app.state.db,
+        &NewToken {
+            name: name.into(),
+            targets: Vec::new(),
+            all_targets: false,
+            local: true,
+            permission,
+            expires_at: None,
+        },
+        "operator",
+    )
+    .await
+    .unwrap()
+}
+
+/// What is typed with echo off is audited hidden; the screen's state lets no line past the
+/// guard; a relative path is judged in the shell's directory.
+#[tokio::test]
+async fn shell_lines_are_judged_by_the_terminal_not_the_screen_and_hidden_input_is_not_recorded() {
+    let env = mcp_env().await;
+    web_max_full(&env, None).await;
+    let token = token_at(&env, "keys", &["web"], Permission::Full).await;
+    let out = client(json!({
+        "url": url(&env), "token": token, "mode": "2026-07-28",
+        "steps": [
+            {"tool": "shell_open", "args": {"target": "web"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "read -rs -p 'Token: ' t; echo \"got-${#t}-chars\"\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "Token: $"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "s3cret-tok3n-42\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "wait_ms": 10000, "expect": "got-15-chars"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "printf '\\033[?1049h'\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "screen", "wait_ms": 1000}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "false && mkfs.ext4 /dev/sdz; echo bypassed-$((6*7))\r"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "cd /\r"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "false && rm -rf *; echo deleted-$((6*7))\r"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "echo \"done in $PWD\"\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "since": 0, "wait_ms": 10000, "expect": "done in /"}},
+        ],
+    }))
+    .await;
+    assert!(out.get("error").is_none(), "{out}");
+    let r = &out["results"];
+    let text = |i: usize| r[i]["text"].as_str().unwrap_or_default().to_string();
+    for i in [1, 3, 5, 8, 10] {
+        assert_eq!(r[i]["is_error"], false, "step {i}: {out}");
+    }
+    assert_eq!(r[4]["structured"]["matched"], true, "{out}");
+    assert_eq!(r[6]["structured"]["screen"]["alternate"], true, "{out}");
+    assert_eq!(r[7]["is_error"], true, "{out}");
+    assert!(
+        text(7).starts_with("nothing was sent") && text(7).contains("erase a filesystem"),
+        "{out}"
+    );
+    assert_eq!(r[9]["is_error"], true, "{out}");
+    assert!(text(9).contains("everything under /"), "{out}");
+    let raw = r[11]["structured"]["raw"]["text"].as_str().unwrap();
+    assert!(
+        !raw.contains("bypassed-42") && !raw.contains("deleted-42"),
+        "{out}"
+    );
+    let typed: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'text' FROM audit_log WHERE action = 'shell.input' AND actor = 'keys' ORDER BY id",
+    )
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(typed.len(), 5, "{typed:?}");
+    assert_eq!(typed[1], "[input hidden]", "{typed:?}");
+    let leaked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE detail::text LIKE '%s3cret-tok3n%'",
+    )
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(leaked, 0, "the hidden line is in the audit trail");
+}
+
+/// A local shell takes only the lines the token's permission allows: at `read` no
+/// interpreter; below `full` a program that runs what is typed into it needs an approval.
+#[tokio::test]
+async fn a_local_shell_is_held_to_the_tokens_permission() {
+    let env = mcp_env().await;
+    let reader = local_token(&env, "reader", Permission::Read).await;
+    let writer = local_token(&env, "writer", Permission::ReadWrite).await;
+    let steps = |line: &str| {
+        json!([
+            {"tool": "shell_open", "args": {"target": "local"}},
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": format!("{line}\r")}},
+            // What `read` allows too, echoing nothing it prints.
+            {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": "printf 'fine-%s\\n' 42\r"}},
+            {"tool": "shell_read", "args": {"shell_id": "{{0.shell_id}}", "mode": "raw", "since": 0, "wait_ms": 10000, "expect": "fine-42"}},
+        ])
+    };
+    for (token, line, why) in [
+        (
+            &reader,
+            "python3 -c 'print(6*7, \"ran\")'",
+            "permission `read`",
+        ),
+        (&writer, "less /etc/hostname", "approval needed"),
+    ] {
+        let out = client(json!({
+            "url": url(&env), "token": token, "mode": "2026-07-28", "steps": steps(line),
+        }))
+        .await;
+        let r = &out["results"];
+        assert_eq!(r[0]["is_error"], false, "{out}");
+        assert_eq!(r[1]["is_error"], true, "{out}");
+        let text = r[1]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("nothing was sent") && text.contains(why),
+            "{out}"
+        );
+        assert_eq!(r[3]["structured"]["matched"], true, "{out}");
+        assert!(
+            !r[3]["structured"]["raw"]["text"]
+                .as_str()
+                .unwrap()
+                .contains("42 ran"),
+            "{out}"
+        );
+    }
+}

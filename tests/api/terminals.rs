@@ -837,3 +837,392 @@ async fn a_target_disabled_since_refuses_the_next_shell_write_read_and_list() {
     until(&env, &s, &id, ReadMode::Raw, "back-42").await;
     assert!(!raw_output(&env, &s, &id).await.contains("late-42"));
 }
+
+/// An app whose shells open without a card on `place`: locally the default workspace
+/// (`full`); on `web` a `full` workspace on a target whose policy allows what the guard asks
+/// about (its refusals still hold).
+async fn shell_env(place: &Place, section: &str) -> Env {
+    match place {
+        Place::Local => Env::builder().spawn().await,
+        Place::Target(_) => {
+            let env = Env::builder().target("web").spawn().await;
+            target_set(
+                &env,
+                Some(Permission::Full),
+                Some(sshmode::config::Risky::Allow),
+            )
+            .await;
+            bind(&env, section, Permission::Full).await;
+            env
+        }
+    }
+}
+
+/// The model opens a shell in `section` (its first turn); its id.
+async fn opened_by_the_model(env: &Env, section: &str) -> String {
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(MODEL, say("opened"));
+    accept(&env.app, section, &unique("om_open"), "open a shell").await;
+    wait_turns_ended(&env.app, section, 1).await;
+    let ids = shell_ids(env, section);
+    assert_eq!(ids.len(), 1, "{:?}", tool_results(&env.llm));
+    ids[0].clone()
+}
+
+/// Waits until shell `id` of `section` shows the alternate screen (at most 15 s).
+async fn until_alternate(env: &Env, section: &str, id: &str) {
+    eventually("the alternate screen", Duration::from_secs(15), || async {
+        let opts = ReadOpts {
+            mode: ReadMode::Screen,
+            since: None,
+            wait: Duration::from_millis(200),
+            expect: None,
+        };
+        read(env, section, id, opts)
+            .await
+            .screen
+            .is_some_and(|s| s.alternate)
+    })
+    .await;
+}
+
+/// The `shell.*` audit rows of `section`: (actor, action, outcome, detail).
+async fn shell_rows(env: &Env, section: &str) -> Vec<(String, String, String, serde_json::Value)> {
+    sqlx::query_as(
+        "SELECT actor, action, outcome, detail FROM audit_log WHERE section = $1 AND action LIKE 'shell.%' ORDER BY id",
+    )
+    .bind(section)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_shell_opened_typed_into_and_closed_in_a_chat_is_audited_and_a_hidden_line_is_not() {
+    audited_with_hidden_input(Place::Local).await;
+}
+
+#[tokio::test]
+async fn on_a_target_a_line_typed_with_echo_off_is_audited_hidden() {
+    if !sshd::available() {
+        return;
+    }
+    audited_with_hidden_input(web()).await;
+}
+
+async fn audited_with_hidden_input(place: Place) {
+    let s = unique("omt_audited");
+    let env = shell_env(&place, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    // A prompt the screen does not show as a password prompt, read with echo off.
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["read -rs -p 'Token: ' t; echo \"got-${#t}-chars\"\r"],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Screen, r"(?m)^Token:$").await;
+    let r = typed_by_the_model(&env, &s, &id, &["s3cret-tok3n-42\r"], 3).await;
+    assert!(r[2].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Raw, "got-15-chars").await;
+    env.llm
+        .push(MODEL, call("shell_close", json!({"shell_id": id})))
+        .push(MODEL, say("closed"));
+    accept(&env.app, &s, &unique("om_close"), "close it").await;
+    wait_turns_ended(&env.app, &s, 4).await;
+
+    let rows = shell_rows(&env, &s).await;
+    let actions: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(actor, action, outcome, _)| (actor.as_str(), action.as_str(), outcome.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("ou_user", "shell.open", "ok"),
+            ("ou_user", "shell.input", "ok"),
+            ("ou_user", "shell.input", "ok"),
+            ("ou_user", "shell.close", "ok"),
+        ]
+    );
+    assert!(
+        rows.iter().all(|r| r.3["shell_id"] == id.as_str()),
+        "{rows:?}"
+    );
+    let typed = rows[1].3["text"].as_str().unwrap();
+    assert!(
+        typed.contains("read -rs -p") && typed.contains("got-"),
+        "{rows:?}"
+    );
+    assert_eq!(rows[2].3["text"], "[input hidden]", "{rows:?}");
+    let target = match &place {
+        Place::Local => None,
+        Place::Target(alias) => Some(alias.as_str()),
+    };
+    let targets: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT target FROM audit_log WHERE section = $1 AND action LIKE 'shell.%'",
+    )
+    .bind(&s)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert!(
+        targets.iter().all(|t| t.as_deref() == target),
+        "{targets:?}"
+    );
+    let leaked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE detail::text LIKE '%s3cret-tok3n%'",
+    )
+    .fetch_one(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(leaked, 0, "the hidden line is in the audit trail");
+}
+
+#[tokio::test]
+async fn printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
+    alternate_screen_bypass(Place::Local).await;
+}
+
+#[tokio::test]
+async fn on_a_target_printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
+    if !sshd::available() {
+        return;
+    }
+    alternate_screen_bypass(web()).await;
+}
+
+async fn alternate_screen_bypass(place: Place) {
+    let s = unique("omt_altscreen");
+    let env = shell_env(&place, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    // The screen says a full-screen program is on; the shell reads the next line all the same.
+    let r = typed_by_the_model(&env, &s, &id, &["printf '\\033[?1049h'\r"], 2).await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until_alternate(&env, &s, &id).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["false && mkfs.ext4 /dev/sdz; echo bypassed-$((6*7))\r"],
+        3,
+    )
+    .await;
+    assert!(
+        r[2].contains("error:")
+            && r[2].contains("nothing was sent")
+            && r[2].contains("erase a filesystem"),
+        "{r:?}"
+    );
+    typed(&env, &s, &id, "echo after-$((6*7))\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "after-42").await;
+    assert!(!raw_output(&env, &s, &id).await.contains("bypassed-42"));
+}
+
+#[tokio::test]
+async fn a_relative_delete_is_judged_in_the_directory_the_shell_is_in() {
+    let s = unique("omt_cwd");
+    let env = shell_env(&Place::Local, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["cd /\r", "false && rm -rf *; echo deleted-$((6*7))\r"],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("everything under /"),
+        "{r:?}"
+    );
+    typed(&env, &s, &id, "echo \"after in $PWD\"\r").await;
+    until(&env, &s, &id, ReadMode::Raw, "after in /").await;
+    assert!(!raw_output(&env, &s, &id).await.contains("deleted-42"));
+}
+
+/// A background job that ignores `SIGTTOU`, takes the terminal, shows the alternate screen
+/// and runs the line it reads.
+const THIEF: &str = r#"python3 -c 'import os,signal,sys; signal.signal(signal.SIGTTOU, signal.SIG_IGN); os.tcsetpgrp(0, os.getpgrp()); os.system("stty sane"); sys.stdout.write("\033[?1049hstolen-%d\n" % (6*7)); sys.stdout.flush(); os.system(sys.stdin.readline())' &"#;
+
+#[tokio::test]
+async fn a_background_job_that_takes_the_terminal_does_not_get_unjudged_lines() {
+    let s = unique("omt_thief");
+    // What the guard asks about is allowed here: only its refusals stop a line.
+    let env = Env::builder()
+        .vars(&[("SSHMODE_LOCAL_RISKY", "allow")])
+        .spawn()
+        .await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(&env, &s, &id, &[&format!("{THIEF}\r")], 2).await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    until(&env, &s, &id, ReadMode::Screen, "stolen-42").await;
+    until_alternate(&env, &s, &id).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &["false && mkfs.ext4 /dev/sdz; echo bypassed-$((6*7))\r"],
+        3,
+    )
+    .await;
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("erase a filesystem"),
+        "{r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!raw_output(&env, &s, &id).await.contains("bypassed-42"));
+}
+
+/// `section` bound to its local workspace `projects/<tag>` (made here) at `permission`.
+async fn local_workspace(env: &Env, section: &str, permission: Permission) -> std::path::PathBuf {
+    let tag = unique("ws");
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let dir = root.join("projects").join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "some notes\n").unwrap();
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    let choice = Choice {
+        dir: format!("projects/{tag}"),
+        permission: Some(permission),
+        mode: None,
+    };
+    workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        section,
+        &Place::Local,
+        &choice,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    dir
+}
+
+#[tokio::test]
+async fn a_local_shell_at_read_runs_only_what_read_allows() {
+    let env = Env::builder().spawn().await;
+    let s = unique("omt_readsh");
+    local_workspace(&env, &s, Permission::Read).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(
+        &env,
+        &s,
+        &id,
+        &[
+            "type git | head -1; cat notes.txt\r",
+            "python3 -c 'print(6*7, \"ran\")'\r",
+        ],
+        2,
+    )
+    .await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    assert!(
+        r[2].contains("nothing was sent") && r[2].contains("permission `read`"),
+        "{r:?}"
+    );
+    // `git` is the read-only one, as for a terminal command at `read`.
+    until(
+        &env,
+        &s,
+        &id,
+        ReadMode::Raw,
+        "git is a function[\\s\\S]*some notes",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!raw_output(&env, &s, &id).await.contains("42 ran"));
+    let refused: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'by' FROM audit_log WHERE action = 'tool.refused' AND section = $1",
+    )
+    .bind(&s)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(refused, ["permission"]);
+}
+
+#[tokio::test]
+async fn below_full_a_program_that_runs_what_is_typed_into_it_is_asked() {
+    let env = approving(Env::builder()).await;
+    let s = unique("omt_escape");
+    local_workspace(&env, &s, Permission::ReadWrite).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let msg = unique("om_less");
+    env.llm.push(
+        MODEL,
+        call(
+            "shell_write",
+            json!({"shell_id": id, "data": "less notes.txt\r"}),
+        ),
+    );
+    accept(&env.app, &s, &msg, "page it").await;
+    let card = crate::approvals::parked_card(&env, &s, &msg).await;
+    let shown = card.1.to_string();
+    assert!(
+        shown.contains("less notes.txt") && shown.contains("runs what is typed into it"),
+        "{shown}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let opts = ReadOpts {
+        mode: ReadMode::Screen,
+        since: None,
+        wait: Duration::ZERO,
+        expect: None,
+    };
+    let v = read(&env, &s, &id, opts).await.screen.unwrap();
+    assert!(
+        !v.text().contains("some notes"),
+        "paged before the click: {v:?}"
+    );
+    env.llm.push(MODEL, say("paged"));
+    crate::approvals::press(&env.app, "ou_user", &card, "btn_once").await;
+    wait_turns_ended(&env.app, &s, 2).await;
+    let r = tool_results(&env.llm);
+    assert!(
+        r[1].contains("allowed by") && r[1].contains("sent "),
+        "{r:?}"
+    );
+    until(&env, &s, &id, ReadMode::Screen, "some notes").await;
+}
+
+#[tokio::test]
+async fn a_local_shell_opened_above_read_takes_nothing_once_the_workspace_is_read() {
+    let env = Env::builder().spawn().await;
+    let s = unique("omt_lowered");
+    let dir = local_workspace(&env, &s, Permission::ReadWrite).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let choice = Choice {
+        dir: dir.strip_prefix(&root).unwrap().display().to_string(),
+        permission: Some(Permission::Read),
+        mode: None,
+    };
+    let rules = LocalRules::from_config(&env.app.state.config.exec);
+    workspace::set(
+        &env.app.state.db,
+        &rules,
+        "ou_user",
+        &s,
+        &Place::Local,
+        &choice,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    // Its sandbox still lets it write: it takes no more input at all.
+    let r = typed_by_the_model(&env, &s, &id, &["cat notes.txt\r", "q"], 2).await;
+    for refused in &r[1..] {
+        assert!(
+            refused.contains("nothing was sent") && refused.contains("open another"),
+            "{r:?}"
+        );
+    }
+}

@@ -11,28 +11,38 @@
 //! open, write, read and listing (a binding whose chat lost a hop's allow-list fails before),
 //! so a target disabled since stops the next of them; `shell_close` needs only the binding.
 //!
-//! Every line a `shell_write` submits at the shell's prompt (not to a full-screen program) is
-//! judged by the command guard first: a line it refuses is never sent; a line it would ask
-//! about is asked of a person, unless a person (or the backend's policy) allowed the shell
-//! itself — every such line of one write on the one card, which an allowance in the thread
-//! then covers only as written, in that shell. Both are refusals nothing was sent for,
-//! audited. A shell is a stateful interpreter,
-//! so this reads each line on its own — defence in depth behind the permission and the policy.
+//! Every line a `shell_write` submits is judged first as a shell line
+//! (`workspace::verdict::judge_typed`: the workspace permission, then the command guard, in the
+//! directory of the program that reads it), unless the terminal's state shows a program the
+//! shell started from a judged line that runs what is typed into it anyway (`exec::pty`:
+//! never the screen). A line refused is never sent; a line asked about is asked of a person,
+//! unless a person (or the backend's policy) allowed the shell itself — every such line of one
+//! write on the one card, which an allowance in the thread then covers only as written, in that
+//! shell. Below `full` (a local shell) a line starting such a program (an editor, a pager, a
+//! prompt) is asked too. Both are refusals nothing was sent for, audited. A local shell is held
+//! to the workspace permission line by line — at `read` only the read-only list runs, with the
+//! read-only `git` defined — and one opened at a higher permission than the section's now takes
+//! no more lines. A shell is a stateful interpreter, so this reads each line on its own —
+//! defence in depth behind the permission, the sandbox and the policy.
+//!
+//! Opening, typing into and closing a shell are audit rows (`shell.open`, `shell.input`,
+//! `shell.close`), written with the call's result: the text typed is redacted as commands are,
+//! and input typed with echo off (a password prompt) is recorded as `[input hidden]`.
 
 use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Asked, Refused, StartMark, ToolOutcome, refused};
+use super::{Asked, Refused, ShellRow, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
 use crate::config::Risky;
 use crate::exec::Place;
-use crate::exec::guard::Objection;
-use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellRead};
+use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellRead};
 use crate::llm::Tool;
 use crate::llm::args::Args;
 use crate::shell::Verdict;
+use crate::workspace::verdict::{Judgement, TypedAt, judge_typed, shell_prelude};
 use crate::workspace::{self, Permission};
 
 /// The tool names.
@@ -46,6 +56,9 @@ pub const TOOLS: [&str; 5] = [
 
 /// Longest `expect` pattern.
 const MAX_EXPECT: usize = 1024;
+
+/// Typed text kept in an audit row.
+const AUDIT_INPUT_CHARS: usize = 1024;
 
 /// Why opening a shell on a target whose policy is `ask` is asked of a person.
 const OPEN_ASKED: &str = "an interactive shell: lines typed at its prompt are judged one by one, but what is typed into a program it runs (a REPL, an editor) cannot be";
@@ -142,12 +155,22 @@ pub(super) async fn call(
         },
     };
     let mut asked = None;
+    let mut row = None;
     let at = Here {
         section,
         place: &place,
         location: &location,
     };
-    let result = run(deps, &at, tool, args, cancel, (approved, mark), &mut asked).await;
+    let result = run(
+        deps,
+        &at,
+        tool,
+        args,
+        cancel,
+        (approved, mark),
+        (&mut asked, &mut row),
+    )
+    .await;
     let result = match note {
         Some(n) => result
             .map(|t| format!("note: {n}\n{t}"))
@@ -161,6 +184,7 @@ pub(super) async fn call(
         exit: None,
         binding_fails: None,
         asked,
+        shell_row: row,
     }
 }
 
@@ -178,7 +202,7 @@ async fn run(
     args: &Args<'_>,
     cancel: &CancellationToken,
     (approved, mark): (bool, Option<&mut StartMark<'_>>),
-    asked: &mut Option<Asked>,
+    (asked, row): (&mut Option<Asked>, &mut Option<ShellRow>),
 ) -> Result<String, String> {
     let Here {
         section,
@@ -211,6 +235,10 @@ async fn run(
     if tool == "shell_close" {
         let id = args.str("shell_id")?;
         shells.close(section, &id).map_err(|e| e.to_string())?;
+        *row = Some(ShellRow {
+            action: "shell.close",
+            detail: json!({"shell_id": id}),
+        });
         return Ok(format!("closed shell {id}"));
     }
     // Opening, typing and reading: allowed where the rules allow a shell now.
@@ -253,6 +281,7 @@ async fn run(
                         section,
                         std::path::Path::new(&ws.dir),
                         ws.permission > Permission::Read,
+                        shell_prelude(ws.permission),
                     )
                 }
                 Place::Target(_) => deps.exec.pty_host(section, place).await,
@@ -262,6 +291,10 @@ async fn run(
                 .open(host, section, opts)
                 .await
                 .map_err(|e| e.to_string())?;
+            *row = Some(ShellRow {
+                action: "shell.open",
+                detail: json!({"shell_id": info.shell_id}),
+            });
             Ok(format!(
                 "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{}",
                 info.shell_id,
@@ -275,56 +308,100 @@ async fn run(
             let data = args.str("data")?;
             let entering = shells
                 .entering(section, &id, data.as_bytes())
+                .await
                 .map_err(|e| e.to_string())?;
-            if !entering.full_screen {
-                // Every line a person is asked about goes on the one card (an approval covers
-                // what it showed, never a line beside it); a refused line refuses the write.
-                let mut asks: Vec<(&str, Objection)> = Vec::new();
-                for line in &entering.lines {
-                    let text = line.text.trim();
-                    let Some(o) = deps.exec.judge_typed(text) else {
-                        continue;
+            // Keys typed into a program that runs what is typed into it anyway are not judged;
+            // nothing at all is typed into a local shell opened at more than `read` once the
+            // permission is `read`.
+            let judged =
+                !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
+            let above_read = *place == Place::Local && !entering.read_only;
+            if judged || above_read {
+                let (permission, workspace_dir, home) = judged_in(deps, section, place).await?;
+                let at = TypedAt {
+                    workspace: &workspace_dir,
+                    home: home.as_deref(),
+                    cwd: entering.cwd.as_deref(),
+                };
+                if above_read && permission == Permission::Read {
+                    let r = Refused {
+                        by: "permission",
+                        verdict: Verdict::Refuse,
+                        reason: format!(
+                            "nothing was sent to {id}: it was opened when this thread's workspace allowed more than `read`, its permission now; close it and open another"
+                        ),
                     };
-                    let ask_ok = approved || entering.risky_allowed;
-                    if o.verdict == Verdict::Ask && ask_ok {
-                        continue;
-                    }
-                    if o.verdict == Verdict::Ask {
-                        asks.push((text, o));
-                        continue;
-                    }
                     return Err(
-                        typed_refused(deps, section, place, location, tool, &id, text, &o).await,
+                        refused(deps, section, place.name(), Some(location), tool, &r).await,
                     );
                 }
-                if let Some((text, o)) = asks.first() {
+                let mut asks: Vec<(&str, Judgement)> = Vec::new();
+                for line in entering.lines.iter().filter(|_| judged) {
+                    let text = line.text.trim();
+                    let j = judge_typed(deps.exec.guard(), permission, line, &at);
+                    let ask_ok = (approved || entering.risky_allowed) && !entering.hidden;
+                    if j.verdict == Verdict::Allow || (j.verdict == Verdict::Ask && ask_ok) {
+                        continue;
+                    }
+                    // A person can be asked only about what they may see; every line a person
+                    // is asked about goes on the one card (an approval covers what it showed,
+                    // never a line beside it); a refused line refuses the write.
+                    if j.verdict == Verdict::Ask && !entering.hidden {
+                        asks.push((text, j));
+                        continue;
+                    }
+                    return Err(typed_refused(
+                        deps,
+                        section,
+                        (place, location, tool, &id),
+                        text,
+                        entering.hidden,
+                        &j,
+                    )
+                    .await);
+                }
+                if let Some((text, j)) = asks.first() {
                     let command = asks.iter().map(|(t, _)| *t).collect::<Vec<_>>().join("\n");
-                    let cwd = format!("(the directory of shell {id})");
+                    // What else a shell holds (its functions, variables) is unknown: only these
+                    // lines, in this shell, are covered.
+                    let shell_dir = format!("(the directory of shell {id})");
                     *asked = Some(Asked {
-                        // What else a shell holds (its directory, functions, variables) is
-                        // unknown: only these lines, in this shell, are covered.
-                        cover: crate::shell::cover::exact(&command, &cwd),
+                        cover: crate::shell::cover::exact(&command, &shell_dir),
                         command,
-                        reason: o.reason.clone(),
+                        reason: j.reason.clone(),
                         location: location.to_string(),
-                        cwd,
+                        cwd: entering.cwd.clone().unwrap_or(shell_dir),
                         target: match place {
                             Place::Target(alias) => Some(alias.clone()),
                             Place::Local => None,
                         },
                     });
-                    return Err(
-                        typed_refused(deps, section, place, location, tool, &id, text, o).await,
-                    );
+                    return Err(typed_refused(
+                        deps,
+                        section,
+                        (place, location, tool, &id),
+                        text,
+                        false,
+                        j,
+                    )
+                    .await);
                 }
             }
             if let Some(m) = mark {
                 m.write().await?;
             }
             shells
-                .write(section, &id, data.as_bytes())
+                .write_entered(section, &id, data.as_bytes(), &entering)
                 .await
                 .map_err(|e| e.to_string())?;
+            *row = Some(ShellRow {
+                action: "shell.input",
+                detail: json!({
+                    "shell_id": id,
+                    "bytes": data.len(),
+                    "text": entering.recorded(&data, AUDIT_INPUT_CHARS),
+                }),
+            });
             Ok(format!(
                 "sent {} bytes to {id}; read it with shell_read",
                 data.len()
@@ -413,27 +490,34 @@ async fn allowed(
     }
 }
 
-/// Nothing of a write was sent: the line `text` it would submit was refused or is asked
-/// about (audited as refused).
-#[allow(clippy::too_many_arguments)]
+/// Nothing of a write was sent: the line `text` it would submit was refused or is asked about
+/// (audited as refused); a line typed with echo off is never shown.
 async fn typed_refused(
     deps: &AgentDeps,
     section: &str,
-    place: &Place,
-    location: &str,
-    tool: &str,
-    id: &str,
+    (place, location, tool, id): (&Place, &str, &str, &str),
     text: &str,
-    o: &Objection,
+    hidden: bool,
+    j: &Judgement,
 ) -> String {
+    let (shown, why) = if hidden {
+        (
+            "a line typed with echo off (not shown)".to_string(),
+            format!("is refused by the {} (rule `{}`)", j.by, j.rule),
+        )
+    } else {
+        (
+            format!("the line `{}`", crate::agent::conversation::clip(text, 200)),
+            match j.verdict {
+                Verdict::Ask => format!("needs a person's approval: {}", j.reason),
+                _ => j.reason.clone(),
+            },
+        )
+    };
     let r = Refused {
-        by: "guard",
-        verdict: o.verdict,
-        reason: format!(
-            "nothing was sent to {id}: the line `{}` it would submit {}",
-            crate::agent::conversation::clip(text, 200),
-            o.message
-        ),
+        by: j.by,
+        verdict: j.verdict,
+        reason: format!("nothing was sent to {id}: {shown} it would submit {why}"),
     };
     refused(deps, section, place.name(), Some(location), tool, &r).await
 }
@@ -463,6 +547,30 @@ async fn reachable(
             Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
         }
     }
+}
+
+/// The workspace a line typed in `section`'s shell on `place` is judged in: its permission
+/// now, and its directory and the account's home on the shell's host.
+async fn judged_in(
+    deps: &AgentDeps,
+    section: &str,
+    place: &Place,
+) -> Result<(Permission, String, Option<String>), String> {
+    let ws = workspace::current(&deps.db, &deps.workspaces, section, place)
+        .await
+        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+    let ops = match place {
+        Place::Local => deps.exec.local_ops_in(
+            section,
+            std::path::Path::new(&ws.dir),
+            ws.permission > Permission::Read,
+        ),
+        Place::Target(_) => deps.exec.ops_for(section, place).await,
+    }
+    .map_err(|e| e.to_string())?;
+    let dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
+    let home = ops.backend().home().await.ok();
+    Ok((ws.permission, dir, home))
 }
 
 fn small(v: Option<u64>, default: u16) -> u16 {

@@ -16,12 +16,24 @@
 //! At a password prompt (on the cursor's line) a shell takes only control input — Enter,
 //! Ctrl-C, Ctrl-D — never text: a secret is never typed by the agent. Each shell keeps the line
 //! being typed ([`typed`]), so a caller can judge the lines a write would submit
-//! ([`Shells::entering`]) before it sends it.
+//! ([`Shells::entering`]) before it sends them ([`Shells::write_entered`]).
+//!
+//! Who reads those lines is taken from the terminal's kernel state ([`probe`]), never from the
+//! screen (which the commands being judged draw): the shell itself when its process group has
+//! the terminal, or when that cannot be read. A line goes to a program unjudged only when the
+//! program leading the foreground group is one that runs what is typed into it anyway (an
+//! editor, a pager, a prompt: [`crate::shell::spec::runs_typed_input`]), a child of the shell
+//! started after a write whose judged lines started such a program and before the next write
+//! the shell read — so a job started otherwise, or one that took the terminal from the
+//! background, has its lines judged as shell lines, and so does whatever such a program leaves
+//! behind in the input for the shell. The same state says when input is typed with echo off
+//! (a password prompt), for the caller's audit.
 //!
 //! Never: knows chats, models or bindings (a caller tells it the section's backend changed,
 //! [`Shells::follow`]); falls back from a remote backend to the local one; keeps anything
 //! unbounded.
 
+pub mod probe;
 pub mod screen;
 mod typed;
 
@@ -36,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::ExecError;
+pub use probe::{Leader, PtyProbe, TtyState};
 pub use screen::{RawChunk, ScreenView};
 pub use typed::EnteredLine;
 
@@ -112,10 +125,11 @@ pub trait PtyInput: Send + Sync {
     async fn close(&self);
 }
 
-/// An open PTY: its output and its input.
+/// An open PTY: its output, its input, and its terminal's state read beside it.
 pub struct PtyIo {
     pub output: Box<dyn PtyOutput>,
     pub input: Arc<dyn PtyInput>,
+    pub probe: Arc<dyn PtyProbe>,
 }
 
 /// A backend that can open a PTY running the user's shell.
@@ -130,6 +144,11 @@ pub trait PtyHost: Send + Sync {
     /// Opens a PTY of `size` with `TERM=term` running the user's login shell, and returns once
     /// the host confirmed both.
     async fn open_pty(&self, size: Size, term: &str) -> Result<PtyIo, ExecError>;
+    /// Whether its shells may only read their workspace (a local `read` workspace: the sandbox
+    /// grants it read-only, and the shell defines the read-only `git`).
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Errors of the shell registry, for the model.
@@ -212,16 +231,105 @@ pub struct ShellRead {
     pub cancelled: bool,
 }
 
+/// What an audit row records for input typed with echo off.
+pub const HIDDEN_INPUT: &str = "[input hidden]";
+
+/// Who reads what is typed, by the terminal's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reader {
+    /// The shell: its process group has the terminal, or that cannot be read.
+    Shell,
+    /// A program the shell was not seen to start from a judged line (a job of another kind, a
+    /// shell's own jobs, one that took the terminal): what it reads may reach the shell, so its
+    /// lines are judged as shell lines too.
+    Unknown,
+    /// This program, which runs what is typed into it anyway, started by the shell from a
+    /// write whose lines were judged: its keys are not shell lines.
+    Program(String),
+}
+
 /// What a write would submit to a shell, for its caller to judge.
 #[derive(Debug, Clone)]
 pub struct Entering {
     /// The lines its Enters submit.
     pub lines: Vec<EnteredLine>,
-    /// A full-screen program (an editor, a pager) has the screen: what is typed are its keys,
-    /// not command lines.
-    pub full_screen: bool,
+    /// Who reads them.
+    pub reader: Reader,
+    /// The working directory of the program that reads them (the shell's, when it does), to
+    /// judge relative paths against; `None` when it cannot be read.
+    pub cwd: Option<String>,
+    /// Typed with echo off (a password prompt), or at what the screen shows as one when the
+    /// terminal's state cannot be read: never to be recorded as typed.
+    pub hidden: bool,
     /// The shell was opened with [`OpenOpts::risky_allowed`].
     pub risky_allowed: bool,
+    /// The shell may only read its workspace ([`PtyHost::read_only`]).
+    pub read_only: bool,
+    /// When the terminal's state was read ([`Leader::start`]'s clock).
+    now: Option<u64>,
+    /// The shell's count of writes then: a write between this and [`Shells::write_entered`]
+    /// makes it stale.
+    writes: u64,
+}
+
+impl Entering {
+    /// What an audit row records of `data`, the input this was read for: redacted of
+    /// secret-like words (as commands are) and clipped to `max` characters, or
+    /// [`HIDDEN_INPUT`] when it is typed with echo off.
+    pub fn recorded(&self, data: &str, max: usize) -> String {
+        if self.hidden {
+            return HIDDEN_INPUT.to_string();
+        }
+        crate::llm::classify::redact(data)
+            .chars()
+            .take(max)
+            .collect()
+    }
+}
+
+/// Which jobs of a shell run what is typed into them, as far as its judged writes tell.
+#[derive(Debug, Default)]
+struct Jobs {
+    /// Children of the shell started in this span (from, until: [`Leader::start`]'s clock)
+    /// came from a write whose lines were judged and started a program that runs what is typed
+    /// into it.
+    window: Option<(u64, Option<u64>)>,
+    /// Writes sent so far.
+    writes: u64,
+}
+
+impl Jobs {
+    /// Whether `leader`, the foreground group's leader, is such a program of `shell`.
+    fn trusts(&self, shell: u32, leader: &Leader) -> bool {
+        let Some((from, until)) = self.window else {
+            return false;
+        };
+        leader.ppid == shell
+            && leader.start >= from
+            && until.is_none_or(|u| leader.start < u)
+            && crate::shell::spec::typed_input_program(&leader.name)
+    }
+
+    /// After `e` was sent: a write of judged shell lines starting such a program (none in the
+    /// background) opens the window; other lines read by the shell close it; lines given to a
+    /// program end it for jobs started from then on.
+    fn sent(&mut self, e: &Entering) {
+        self.writes += 1;
+        if e.lines.is_empty() {
+            return;
+        }
+        self.window = match (&e.reader, self.window) {
+            (Reader::Program(_), Some((from, None))) => e.now.map(|t| (from, Some(t))),
+            (Reader::Program(_), w) => w,
+            (Reader::Shell, _)
+                if e.lines.iter().any(|l| l.starts.is_some())
+                    && !e.lines.iter().any(|l| l.backgrounds) =>
+            {
+                e.now.map(|t| (t, None))
+            }
+            _ => None,
+        };
+    }
 }
 
 /// One open shell.
@@ -246,7 +354,14 @@ struct Shell {
     read_mark: StdMutex<u64>,
     /// The line being typed.
     typed: StdMutex<typed::TypedLine>,
+    /// What its judged writes say about its jobs.
+    jobs: StdMutex<Jobs>,
+    /// Held by a write from its check to its record, so writes do not interleave.
+    writing: tokio::sync::Mutex<()>,
+    /// Reads the terminal's state.
+    probe: Arc<dyn PtyProbe>,
     risky_allowed: bool,
+    read_only: bool,
 }
 
 impl Shell {
@@ -421,7 +536,11 @@ impl Shells {
             last_used: StdMutex::new(Instant::now()),
             read_mark: StdMutex::new(0),
             typed: StdMutex::new(typed::TypedLine::default()),
+            jobs: StdMutex::new(Jobs::default()),
+            writing: tokio::sync::Mutex::new(()),
+            probe: io.probe,
             risky_allowed: opts.risky_allowed,
+            read_only: host.read_only(),
         });
         self.registry
             .shells
@@ -461,25 +580,68 @@ impl Shells {
     }
 
     /// The lines `data` would submit to the shell (the line typed so far, continued by `data`),
-    /// without sending anything: for a caller to judge before [`Shells::write`].
-    pub fn entering(
+    /// who would read them and where, by the terminal's state read now (bounded), without
+    /// sending anything: for a caller to judge before [`Shells::write_entered`].
+    pub async fn entering(
         &self,
         section: &str,
         shell_id: &str,
         data: &[u8],
     ) -> Result<Entering, ShellError> {
         let shell = self.lookup(section, shell_id)?;
-        let lines = shell.typed.lock().expect("shell lock").clone().feed(data);
-        let full_screen = shell.emu.lock().expect("shell lock").screen().alternate;
+        let state = shell.probe.probe().await;
+        let writes = shell.jobs.lock().expect("shell lock").writes;
+        let mut lines = shell.typed.lock().expect("shell lock").clone().feed(data);
+        let leader = state.leader.as_ref();
+        let reader = match (state.shell, state.foreground, leader) {
+            (Some(own), Some(fg), _) if own == fg => Reader::Shell,
+            (Some(own), Some(_), Some(l)) => {
+                if shell.jobs.lock().expect("shell lock").trusts(own, l) {
+                    Reader::Program(l.name.clone())
+                } else {
+                    Reader::Unknown
+                }
+            }
+            (Some(_), Some(_), None) => Reader::Unknown,
+            // The signal cannot be read: the shell, as far as anyone can tell.
+            _ => Reader::Shell,
+        };
+        let cwd = leader.and_then(|l| l.cwd.clone());
+        for line in &mut lines {
+            let start = crate::shell::effects::Start {
+                cwd: cwd.as_deref(),
+                ..Default::default()
+            };
+            line.starts = crate::shell::effects::typed_input_runner(&line.text, start);
+            line.backgrounds = crate::shell::parse::backgrounds(&line.text);
+        }
+        let at_prompt = password_prompt(
+            &shell
+                .emu
+                .lock()
+                .expect("shell lock")
+                .screen()
+                .before_cursor(),
+        );
+        let hidden = match state.echo {
+            Some(_) => state.hidden_input() || at_prompt,
+            None => at_prompt,
+        };
         Ok(Entering {
             lines,
-            full_screen,
+            reader,
+            cwd,
+            hidden,
             risky_allowed: shell.risky_allowed,
+            read_only: shell.read_only,
+            now: state.now,
+            writes,
         })
     }
 
-    /// Sends `data` to the shell, as typed. Refused at a password prompt unless it is only
-    /// control input (Enter, Ctrl-C, Ctrl-D, Ctrl-Z).
+    /// Sends `data` to the shell, as typed, unjudged. Refused at a password prompt unless it
+    /// is only control input (Enter, Ctrl-C, Ctrl-D, Ctrl-Z). A caller that judges what it
+    /// types sends with [`Shells::write_entered`].
     pub async fn write(
         &self,
         section: &str,
@@ -487,10 +649,43 @@ impl Shells {
         data: &[u8],
     ) -> Result<(), ShellError> {
         let shell = self.lookup(section, shell_id)?;
+        let _writing = shell.writing.lock().await;
+        self.send(&shell, data).await?;
+        let mut jobs = shell.jobs.lock().expect("shell lock");
+        jobs.writes += 1;
+        // Nothing of it was judged: no job it starts runs unjudged.
+        jobs.window = None;
+        Ok(())
+    }
+
+    /// Sends `data`, whose lines `entering` ([`Shells::entering`] of the same data) showed its
+    /// caller, who judged them; refused when another write reached the shell in between (the
+    /// lines would not be the ones judged), and as [`Shells::write`] is.
+    pub async fn write_entered(
+        &self,
+        section: &str,
+        shell_id: &str,
+        data: &[u8],
+        entering: &Entering,
+    ) -> Result<(), ShellError> {
+        let shell = self.lookup(section, shell_id)?;
+        let _writing = shell.writing.lock().await;
+        if shell.jobs.lock().expect("shell lock").writes != entering.writes {
+            return Err(ShellError::Invalid(format!(
+                "nothing was sent: shell `{shell_id}` was written to while this write was judged; send it again"
+            )));
+        }
+        self.send(&shell, data).await?;
+        shell.jobs.lock().expect("shell lock").sent(entering);
+        Ok(())
+    }
+
+    async fn send(&self, shell: &Arc<Shell>, data: &[u8]) -> Result<(), ShellError> {
         if let Some(why) = shell.ended() {
-            self.forget(&shell, &why);
+            self.forget(shell, &why);
             return Err(ShellError::Closed(format!(
-                "shell `{shell_id}` has ended: {why}"
+                "shell `{}` has ended: {why}",
+                shell.id
             )));
         }
         if data.len() > WRITE_BYTES {
@@ -815,6 +1010,74 @@ async fn drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entering(reader: Reader, lines: &[(Option<&str>, bool)], now: u64) -> Entering {
+        Entering {
+            lines: lines
+                .iter()
+                .map(|(starts, backgrounds)| EnteredLine {
+                    text: String::new(),
+                    edited: false,
+                    starts: starts.map(str::to_owned),
+                    backgrounds: *backgrounds,
+                })
+                .collect(),
+            reader,
+            cwd: None,
+            hidden: false,
+            risky_allowed: false,
+            read_only: false,
+            now: Some(now),
+            writes: 0,
+        }
+    }
+
+    fn leader(ppid: u32, start: u64, name: &str) -> Leader {
+        Leader {
+            pid: 900,
+            ppid,
+            start,
+            name: name.into(),
+            cwd: None,
+        }
+    }
+
+    #[test]
+    fn only_such_a_program_the_shell_started_from_a_judged_write_is_trusted() {
+        const SHELL: u32 = 100;
+        let mut jobs = Jobs::default();
+        // Nothing judged yet: no job is trusted.
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 50, "vim")));
+        // A judged write that starts vim opens the window at its probe.
+        jobs.sent(&entering(Reader::Shell, &[(Some("vim"), false)], 10));
+        assert!(jobs.trusts(SHELL, &leader(SHELL, 10, "vim")));
+        assert!(jobs.trusts(SHELL, &leader(SHELL, 12, "less")));
+        // Started before it, by another parent, or not such a program: judged.
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 9, "vim")));
+        assert!(!jobs.trusts(SHELL, &leader(4242, 12, "vim")));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 12, "sleep")));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 12, "bash")));
+        // Keys given to it: jobs started from then on are not its.
+        jobs.sent(&entering(
+            Reader::Program("vim".into()),
+            &[(None, false)],
+            20,
+        ));
+        assert!(jobs.trusts(SHELL, &leader(SHELL, 12, "vim")));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 20, "vim")));
+        // The next lines the shell reads end it; a write without an Enter changes nothing.
+        jobs.sent(&entering(Reader::Shell, &[], 25));
+        assert!(jobs.trusts(SHELL, &leader(SHELL, 12, "vim")));
+        jobs.sent(&entering(Reader::Shell, &[(None, false)], 30));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 12, "vim")));
+        // A line that also starts a job in the background, or lines read by a program the
+        // shell did not start from them, open nothing.
+        jobs.sent(&entering(Reader::Shell, &[(Some("vim"), true)], 40));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 41, "vim")));
+        jobs.sent(&entering(Reader::Unknown, &[(Some("vim"), false)], 50));
+        assert!(!jobs.trusts(SHELL, &leader(SHELL, 51, "vim")));
+        assert_eq!(jobs.writes, 6);
+    }
 
     #[test]
     fn password_prompts_are_recognised() {

@@ -15,6 +15,12 @@ pub struct EnteredLine {
     pub text: String,
     /// Editing keys were used whose effect is not known here.
     pub edited: bool,
+    /// Read as a shell line: the first program it starts that runs what is typed into it later
+    /// (an editor, a pager, a client with a shell escape, an interpreter's prompt:
+    /// [`crate::shell::spec::runs_typed_input`]).
+    pub starts: Option<String>,
+    /// Read as a shell line: it starts a job in the background (`&`, `coproc`).
+    pub backgrounds: bool,
 }
 
 /// The line being typed.
@@ -36,6 +42,8 @@ impl TypedLine {
                     entered.push(EnteredLine {
                         text: std::mem::take(&mut self.text),
                         edited: std::mem::take(&mut self.edited),
+                        starts: None,
+                        backgrounds: false,
                     });
                 }
                 '\x7f' | '\x08' => {

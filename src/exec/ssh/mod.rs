@@ -1120,8 +1120,36 @@ async fn kill_group(conn: &Conn, pid: u32, alias: &str) -> GroupKill {
 
 /// One run of the kill `script` on a second channel of `conn`, and what it reported.
 async fn kill_once(conn: &Conn, script: &str) -> GroupKill {
-    // On the same connection, outside the channel count (it is short-lived); sshd may
-    // refuse it for a moment at its session limit, so retry a few times.
+    // Bounded: the answer is one short word.
+    let said = match beside(conn, script, 64).await {
+        Ok(said) => said,
+        Err(Beside::NoChannel) => return GroupKill::Unknown("no second channel on the connection"),
+        Err(Beside::Refused) => return GroupKill::Unknown("the server refused a second channel"),
+        Err(Beside::NotStarted) => return GroupKill::Unknown("the kill could not be started"),
+    };
+    match said.trim_ascii() {
+        b"ended" => GroupKill::Ended,
+        b"alive" => GroupKill::Alive,
+        _ => GroupKill::Unknown("the kill did not report back"),
+    }
+}
+
+/// Why a script could not be run beside a connection's channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    /// The connection gave no channel.
+    NoChannel,
+    /// The server kept refusing one (its session limit).
+    Refused,
+    /// The channel did not take the script.
+    NotStarted,
+}
+
+/// Runs `script` on a second channel of `conn` (outside the channel count: it is
+/// short-lived), and returns its standard output, at most `limit` bytes of it, once the
+/// channel closes. Unbounded in time: the caller bounds it.
+async fn beside(conn: &Conn, script: &str, limit: usize) -> Result<Vec<u8>, Beside> {
+    // sshd may refuse a channel for a moment at its session limit, so retry a few times.
     let mut ch = None;
     for _ in 0..OPEN_ATTEMPTS {
         match conn.handle.channel_open_session().await {
@@ -1132,29 +1160,25 @@ async fn kill_once(conn: &Conn, script: &str) -> GroupKill {
             Err(russh::Error::ChannelOpenFailure(_)) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(_) => return GroupKill::Unknown("no second channel on the connection"),
+            Err(_) => return Err(Beside::NoChannel),
         }
     }
-    let Some(mut ch) = ch else {
-        return GroupKill::Unknown("the server refused a second channel");
-    };
+    let mut ch = ch.ok_or(Beside::Refused)?;
     if ch.exec(true, script.as_bytes().to_vec()).await.is_err() {
-        return GroupKill::Unknown("the kill could not be started");
+        return Err(Beside::NotStarted);
     }
-    // Bounded: the answer is one short word.
     let mut said = Vec::new();
     while let Some(msg) = ch.wait().await {
         match msg {
-            ChannelMsg::Data { data } if said.len() < 64 => said.extend_from_slice(&data),
+            ChannelMsg::Data { data } if said.len() < limit => {
+                let room = limit - said.len();
+                said.extend_from_slice(&data[..data.len().min(room)]);
+            }
             ChannelMsg::Close => break,
             _ => {}
         }
     }
-    match said.trim_ascii() {
-        b"ended" => GroupKill::Ended,
-        b"alive" => GroupKill::Alive,
-        _ => GroupKill::Unknown("the kill did not report back"),
-    }
+    Ok(said)
 }
 
 /// Most stderr bytes searched for the pid line (login scripts may print before it); past

@@ -10,11 +10,16 @@
 //! target's `risky` policy is `refuse`; they are checked again before each write and read, with
 //! the token's way there (the target and every jump host on its way approved and among its
 //! targets: a target disabled since stops the next write, read or listing), and a refusal is
-//! audited. Closing is always allowed. Each line a write would submit at the shell's prompt is
-//! judged first as `exec` judges a command (a refusal, or an `ask` where the policy does not
-//! allow it, sends nothing). At a password prompt only Enter, Ctrl-C or Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the token's name as actor
-//! (`shell.open`, `shell.input` with the text redacted, `shell.close`); what a read returns
-//! passes the secret filter.
+//! audited. Closing is always allowed. Each line a write would submit is judged first as `exec`
+//! judges a command, at the token's permission, in the directory of the program that reads it
+//! (`workspace::verdict::judge_typed`), unless the terminal's state shows a program the shell
+//! started from a judged line that runs what is typed into it anyway (`exec::pty`); a refusal,
+//! or an `ask` where the policy does not allow it, sends nothing. A local shell is held to the
+//! permission line by line, as on the chat path. At a password prompt only Enter, Ctrl-C or
+//! Ctrl-D are typed (the registry's rule). Opening, typing and closing are audit rows with the
+//! token's name as actor (`shell.open`, `shell.input` with the text redacted — `[input hidden]`
+//! when typed with echo off — and `shell.close`); what a read returns passes the secret
+//! filter.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,10 +34,13 @@ use tokio_util::sync::CancellationToken;
 use super::{Fail, Tools, place_of};
 use crate::config::Risky;
 use crate::exec::Place;
-use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellError, ShellRead};
+use crate::exec::pty::{
+    Entering, OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellError, ShellRead,
+};
 use crate::mcp::token::Token;
 use crate::shell::Verdict;
 use crate::workspace::Permission;
+use crate::workspace::verdict::{TypedAt, judge_typed, shell_prelude};
 
 /// Longest `expect` pattern.
 const MAX_EXPECT: usize = 1024;
@@ -127,6 +135,7 @@ impl Tools {
                 &section,
                 std::path::Path::new(&ws.dir),
                 ws.permission > Permission::Read,
+                shell_prelude(ws.permission),
             ),
             Place::Target(_) => deps.exec.pty_host(&section, &place).await,
         }
@@ -169,17 +178,19 @@ impl Tools {
         let place = self
             .shell_place(&token, &args.shell_id, "shell_write")
             .await?;
-        self.judge_lines(&token, &place, &args).await?;
+        let entering = self.judge_lines(&token, &place, &args).await?;
         self.deps
             .exec
             .shells
-            .write(&token.key(), &args.shell_id, args.data.as_bytes())
+            .write_entered(
+                &token.key(),
+                &args.shell_id,
+                args.data.as_bytes(),
+                &entering,
+            )
             .await
             .map_err(shell_error)?;
-        let typed: String = crate::llm::classify::redact(&args.data)
-            .chars()
-            .take(AUDIT_INPUT_CHARS)
-            .collect();
+        let typed = entering.recorded(&args.data, AUDIT_INPUT_CHARS);
         self.shell_audit(
             &token,
             &place,
@@ -378,45 +389,88 @@ impl Tools {
         }
     }
 
-    /// Judges the lines a write would submit at the shell's prompt (not to a full-screen
-    /// program), as `exec` judges a command: one the guard refuses, or asks about where the
-    /// policy does not allow that, stops the write before anything is sent (audited).
+    /// Judges the lines a write would submit, as `exec` judges a command, at the token's
+    /// permission in the directory of the program that reads them: one refused, or asked about
+    /// where the policy does not allow that, stops the write before anything is sent (audited).
+    /// Returns what the write is to be sent with.
     async fn judge_lines(
         &self,
         token: &Token,
         place: &Place,
         args: &WriteArgs,
-    ) -> Result<(), Fail> {
+    ) -> Result<Entering, Fail> {
         let entering = self
             .deps
             .exec
             .shells
             .entering(&token.key(), &args.shell_id, args.data.as_bytes())
+            .await
             .map_err(shell_error)?;
-        if entering.full_screen {
-            return Ok(());
+        // Keys typed into a program that runs what is typed into it anyway are not judged;
+        // nothing at all is typed into a local shell opened at more than `read` once the
+        // permission is `read`.
+        let judged = !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
+        let above_read = *place == Place::Local && !entering.read_only;
+        if !judged && !above_read {
+            return Ok(entering);
         }
-        for line in &entering.lines {
+        let here = self.here(token, place.name(), "shell_write").await?;
+        let home = here.ops.backend().home().await.ok();
+        let at = TypedAt {
+            workspace: &here.workspace_dir,
+            home: home.as_deref(),
+            cwd: entering.cwd.as_deref(),
+        };
+        if above_read && here.permission == Permission::Read {
+            let why = format!(
+                "nothing was sent to {}: it was opened when this token's workspace allowed more than `read`, its permission now; close it and open another",
+                args.shell_id
+            );
+            self.refused(
+                token,
+                place,
+                "shell_write",
+                "permission",
+                Verdict::Refuse,
+                &why,
+            )
+            .await;
+            return Err(why);
+        }
+        for line in entering.lines.iter().filter(|_| judged) {
             let text = line.text.trim();
-            let Some(o) = self.deps.exec.judge_typed(text) else {
-                continue;
-            };
-            if o.verdict == Verdict::Ask && entering.risky_allowed {
+            let j = judge_typed(self.deps.exec.guard(), here.permission, line, &at);
+            if j.verdict == Verdict::Allow
+                || (j.verdict == Verdict::Ask && entering.risky_allowed && !entering.hidden)
+            {
                 continue;
             }
-            let why = match o.verdict {
-                Verdict::Ask => super::approval_needed(place, &o.reason),
-                _ => o.message.clone(),
+            let (shown, why, reason) = if entering.hidden {
+                let why = format!("is refused by the {} (rule `{}`)", j.by, j.rule);
+                (
+                    "a line typed with echo off (not shown)".to_string(),
+                    why.clone(),
+                    why,
+                )
+            } else {
+                let why = match j.verdict {
+                    Verdict::Ask => super::approval_needed(place, &j.reason),
+                    _ => j.reason.clone(),
+                };
+                (
+                    format!("the line `{}`", text.chars().take(200).collect::<String>()),
+                    why,
+                    j.reason.clone(),
+                )
             };
-            self.refused(token, place, "shell_write", "guard", o.verdict, &o.reason)
+            self.refused(token, place, "shell_write", j.by, j.verdict, &reason)
                 .await;
             return Err(format!(
-                "nothing was sent to {}: the line `{}` it would submit: {why}",
-                args.shell_id,
-                text.chars().take(200).collect::<String>()
+                "nothing was sent to {}: {shown} it would submit: {why}",
+                args.shell_id
             ));
         }
-        Ok(())
+        Ok(entering)
     }
 
     async fn shell_audit(&self, token: &Token, place: &Place, action: &str, detail: Value) {
