@@ -157,10 +157,16 @@ impl Core {
     }
 
     /// Starts the core's background work on `tasks` until `shutdown`: the turn runner, the
-    /// SSH pool's reaper and the router's probes.
+    /// SSH pool's reaper, the audit of shells that closed on their own account and the router's
+    /// probes.
     pub fn spawn(&self, shutdown: &CancellationToken, tasks: &TaskTracker) {
         tasks.spawn(self.turns.clone().run(shutdown.clone(), tasks.clone()));
         tasks.spawn(self.exec.clone().run_reaper(shutdown.clone()));
+        tasks.spawn(audit_closed_shells(
+            self.exec.shells.clone(),
+            self.db.clone(),
+            shutdown.clone(),
+        ));
         if let Some(router) = &self.llm {
             tasks.spawn(router.clone().probe_loop(shutdown.clone()));
         }
@@ -178,4 +184,59 @@ impl Core {
             exec: self.exec.clone(),
         }
     }
+}
+
+/// Records every interactive shell that closed on its own account — it ended, idled out, its
+/// thread's backend changed, the service stopped — as a `shell.close` audit row (actor
+/// `system`, with the reason), so that every shell opened has its close on record; closes a
+/// caller made (`shell_close`, a revoked token's sweep) are recorded by that caller. Runs until
+/// `shutdown`, then records what the shutdown itself closed.
+async fn audit_closed_shells(
+    shells: Arc<crate::exec::pty::Shells>,
+    db: PgPool,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stopping = tokio::select! {
+            _ = shutdown.cancelled() => true,
+            _ = shells.closed_changed() => false,
+        };
+        if stopping {
+            // The registry closes every shell on the same signal: let it finish, boundedly.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        for closed in shells.take_closed() {
+            if let Err(e) = record_closed_shell(&db, &closed).await {
+                tracing::warn!(error = %e, "a shell's close could not be audited");
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+async fn record_closed_shell(db: &PgPool, c: &crate::exec::pty::ClosedShell) -> sqlx::Result<()> {
+    // An MCP token's shells are kept under the token's id; the audit names its section.
+    let (section, token) = match crate::mcp::token::split_key(&c.section) {
+        Some((section, _)) if c.section.starts_with("mcp:") => {
+            (section, section.strip_prefix("mcp:"))
+        }
+        _ => (c.section.as_str(), None),
+    };
+    let mut detail = serde_json::json!({"shell_id": c.shell_id, "reason": c.why});
+    if let Some(name) = token {
+        detail["via"] = "mcp".into();
+        detail["token"] = name.into();
+    }
+    let entry = crate::audit::ChatEntry {
+        actor: "system",
+        action: "shell.close",
+        section: Some(section),
+        target: (c.host != "local").then_some(c.host.as_str()),
+        outcome: "ok",
+        detail,
+    };
+    let mut conn = db.acquire().await?;
+    crate::audit::record_chat(&mut conn, entry).await
 }

@@ -983,6 +983,40 @@ async fn audited_with_hidden_input(place: Place) {
     assert_eq!(leaked, 0, "the hidden line is in the audit trail");
 }
 
+/// A shell that closes on its own account — here its shell exits — is on record too: a
+/// `shell.close` row by `system`, with the reason, after the open and the input.
+#[tokio::test]
+async fn a_shell_that_ends_by_itself_has_its_close_audited() {
+    let s = unique("omt_ended");
+    let env = shell_env(&Place::Local, &s).await;
+    let id = opened_by_the_model(&env, &s).await;
+    let r = typed_by_the_model(&env, &s, &id, &["exit\r"], 2).await;
+    assert!(r[1].contains("sent "), "{r:?}");
+    let mut rows = Vec::new();
+    eventually("the close on record", Duration::from_secs(10), async || {
+        rows = shell_rows(&env, &s).await;
+        rows.len() == 3
+    })
+    .await;
+    let actions: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|(actor, action, _, _)| (actor.as_str(), action.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("ou_user", "shell.open"),
+            ("ou_user", "shell.input"),
+            ("system", "shell.close"),
+        ]
+    );
+    assert_eq!(rows[2].3["shell_id"], id.as_str(), "{rows:?}");
+    assert!(
+        rows[2].3["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{rows:?}"
+    );
+}
+
 #[tokio::test]
 async fn printing_the_alternate_screen_does_not_let_a_line_past_the_guard() {
     alternate_screen_bypass(Place::Local).await;

@@ -29,6 +29,10 @@
 //! behind in the input for the shell. The same state says when input is typed with echo off
 //! (a password prompt), for the caller's audit.
 //!
+//! A shell that closes on its own account (it ended, idled out, its section's backend changed,
+//! the service stopped) is queued, boundedly, for the audit ([`Shells::take_closed`]); a close a
+//! caller asked for is recorded by that caller.
+//!
 //! Never: knows chats, models or bindings (a caller tells it the section's backend changed,
 //! [`Shells::follow`]); falls back from a remote backend to the local one; keeps anything
 //! unbounded.
@@ -362,6 +366,8 @@ struct Shell {
     probe: Arc<dyn PtyProbe>,
     risky_allowed: bool,
     read_only: bool,
+    /// The caller that closed it records the close itself.
+    reported: std::sync::atomic::AtomicBool,
 }
 
 impl Shell {
@@ -386,6 +392,22 @@ impl Shell {
 #[derive(Default)]
 struct Registry {
     shells: StdMutex<Shelves>,
+    /// Shells that closed without a caller recording it, for the audit ([`Shells::take_closed`]).
+    unreported: StdMutex<VecDeque<ClosedShell>>,
+    /// Woken when `unreported` grows.
+    closed_wake: tokio::sync::Notify,
+}
+
+/// A shell that closed on its own account — it ended, idled out, its section's backend changed,
+/// the service stopped — rather than by a caller that records the close itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedShell {
+    /// The registry's key of its section.
+    pub section: String,
+    pub shell_id: String,
+    /// `local` or the target's alias.
+    pub host: String,
+    pub why: String,
 }
 
 #[derive(Default)]
@@ -541,6 +563,7 @@ impl Shells {
             probe: io.probe,
             risky_allowed: opts.risky_allowed,
             read_only: host.read_only(),
+            reported: Default::default(),
         });
         self.registry
             .shells
@@ -804,6 +827,9 @@ impl Shells {
     pub fn close(&self, section: &str, shell_id: &str) -> Result<(), ShellError> {
         let shell = self.lookup(section, shell_id)?;
         let why = "closed by shell_close".to_string();
+        shell
+            .reported
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         shell.close(&why);
         self.forget(&shell, &why);
         Ok(())
@@ -882,6 +908,9 @@ impl Shells {
                 .collect()
         };
         for shell in &shells {
+            shell
+                .reported
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             shell.close(why);
             self.forget(shell, why);
         }
@@ -919,6 +948,18 @@ impl Shells {
         s.section_notes.remove(i).map(|(_, n)| n)
     }
 
+    /// The shells that closed on their own account since the last call (oldest first), for the
+    /// audit; [`Shells::closed_changed`] wakes when there are more.
+    pub fn take_closed(&self) -> Vec<ClosedShell> {
+        let mut q = self.registry.unreported.lock().expect("closed lock");
+        q.drain(..).collect()
+    }
+
+    /// Waits until a shell closed on its own account (see [`Shells::take_closed`]).
+    pub async fn closed_changed(&self) {
+        self.registry.closed_wake.notified().await
+    }
+
     /// Closes every shell (shutdown).
     pub fn close_all(&self, why: &str) {
         let shells: Vec<Arc<Shell>> = {
@@ -944,13 +985,31 @@ impl Shells {
 
 fn forget(registry: &Registry, shell: &Shell, why: &str) {
     let mut s = registry.shells.lock().expect("shells lock");
-    if s.open
+    let first = s
+        .open
         .get(&shell.id)
-        .is_some_and(|o| std::ptr::eq(&**o, shell))
-    {
+        .is_some_and(|o| std::ptr::eq(&**o, shell));
+    if first {
         s.open.remove(&shell.id);
     }
     Shelves::remember(&mut s.closed, &shell.id, why.to_string());
+    drop(s);
+    if first && !shell.reported.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut q = registry.unreported.lock().expect("closed lock");
+        // Bounded: at most every shell there can be, twice over; the oldest goes first.
+        if q.len() >= 2 * TOTAL {
+            q.pop_front();
+            tracing::warn!("the closed-shell queue is full: the oldest close is not audited");
+        }
+        q.push_back(ClosedShell {
+            section: shell.section.clone(),
+            shell_id: shell.id.clone(),
+            host: shell.host.clone(),
+            why: why.to_string(),
+        });
+        drop(q);
+        registry.closed_wake.notify_one();
+    }
 }
 
 /// Whether the text before the cursor is a password prompt.
