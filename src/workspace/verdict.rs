@@ -47,20 +47,7 @@ pub fn judge_command(
         env: &[],
         workspace: Some(scope.workspace),
     };
-    match guard.assess(command, &context).refusal {
-        None => Judgement {
-            verdict: Verdict::Allow,
-            by: "",
-            rule: String::new(),
-            reason: String::new(),
-        },
-        Some(r) => Judgement {
-            verdict: r.verdict,
-            by: "guard",
-            rule: r.rule,
-            reason: r.reason,
-        },
-    }
+    from_guard(guard.assess(command, &context).refusal)
 }
 
 /// What a local interactive shell at `permission` starts with defined (as a `terminal` command
@@ -136,7 +123,12 @@ pub fn judge_typed(
             ),
         };
     }
-    match guard_says {
+    from_guard(guard_says)
+}
+
+/// The guard's answer as a judgement: allowed, or its objection.
+fn from_guard(objection: Option<crate::exec::guard::Objection>) -> Judgement {
+    match objection {
         None => Judgement {
             verdict: Verdict::Allow,
             by: "",

@@ -863,14 +863,7 @@ impl Shells {
 
     /// Closes every shell of `section`, leaving `note` for its next shell call.
     pub fn close_section(&self, section: &str, note: &str) -> usize {
-        let shells: Vec<Arc<Shell>> = {
-            let s = self.registry.shells.lock().expect("shells lock");
-            s.open
-                .values()
-                .filter(|sh| sh.section == section)
-                .cloned()
-                .collect()
-        };
+        let shells = self.section_shells(section);
         for shell in &shells {
             shell.close(note);
             self.forget(shell, note);
@@ -880,6 +873,16 @@ impl Shells {
             Shelves::remember(&mut s.section_notes, section, note.to_string());
         }
         shells.len()
+    }
+
+    /// The open shells of `section`.
+    fn section_shells(&self, section: &str) -> Vec<Arc<Shell>> {
+        let s = self.registry.shells.lock().expect("shells lock");
+        s.open
+            .values()
+            .filter(|sh| sh.section == section)
+            .cloned()
+            .collect()
     }
 
     /// The sections with a shell open whose key starts with `prefix` (at most [`TOTAL`]).
@@ -899,14 +902,7 @@ impl Shells {
     /// Closes every shell of `section`, each remembered closed for `why`; the (id, host) of
     /// each, for the caller's audit.
     pub fn close_every(&self, section: &str, why: &str) -> Vec<(String, String)> {
-        let shells: Vec<Arc<Shell>> = {
-            let s = self.registry.shells.lock().expect("shells lock");
-            s.open
-                .values()
-                .filter(|sh| sh.section == section)
-                .cloned()
-                .collect()
-        };
+        let shells = self.section_shells(section);
         for shell in &shells {
             shell
                 .reported
