@@ -43,11 +43,7 @@ impl PtyHost for LocalBackend {
             ));
         };
         let dirs = self.open_dirs()?;
-        let prepared = self
-            .host
-            .sandbox
-            .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
-            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let prepared = self.prepare(&dirs)?;
         let local = |what: &str, e: std::io::Error| {
             ExecError::Local(format!("cannot open a terminal ({what}): {e}"))
         };
