@@ -340,8 +340,8 @@ async fn a_setsid_process_does_not_outlive_its_command() {
 }
 
 /// Each command has its own PID namespace and `/proc`: it sees its own processes only, not
-/// another section's running script; `/proc/self` works under Landlock; the shell, its
-/// sequences and pipelines run as usual as PID 1.
+/// another section's running script, nor PID 1 (root's); `/proc/self` works under Landlock;
+/// the shell, its sequences and pipelines run as usual.
 #[tokio::test]
 async fn a_command_sees_only_its_own_processes() {
     assert!(
@@ -398,7 +398,12 @@ async fn a_command_sees_only_its_own_processes() {
         pids.len() <= 8,
         "more than the command's own processes:\n{out}"
     );
-    assert!(out.starts_with("1 "), "the shell is not PID 1:\n{out}");
+    // PID 1 of the namespace is root's (the launcher's): not listed at all (`hidepid=2`). The
+    // shell it started comes first.
+    assert!(
+        out.starts_with("2 "),
+        "PID 1 is listed, or the shell does not come first:\n{out}"
+    );
     assert!(out.ends_with("PIPED\n"), "{out}");
     let status_lines: usize = out.lines().rev().nth(1).unwrap().parse().unwrap();
     assert!(
@@ -528,7 +533,12 @@ async fn a_launcher_that_cannot_set_up_does_not_run_the_command() {
     use sshmode::exec::local::server::{LaunchServer, Reply};
     use std::os::fd::AsFd;
     assert!(is_root(), "the PID namespace needs root, as CI runs it");
-    let server = LaunchServer::start(env!("CARGO_BIN_EXE_sshmode").as_ref(), 4).unwrap();
+    let server = LaunchServer::start(
+        env!("CARGO_BIN_EXE_sshmode").as_ref(),
+        4,
+        Default::default(),
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("ran");
     let null = std::fs::File::open("/dev/null").unwrap();
@@ -714,6 +724,15 @@ async fn without_a_launcher_the_level_has_no_pidns() {
     assert!(!level.to_string().contains("pidns"), "{level}");
     assert!(
         level.leaves_open().iter().any(|o| o.contains("setsid")),
+        "{:?}",
+        level.leaves_open()
+    );
+    // Nor is the data directory hidden: its names and sizes show to `stat`, and it says so.
+    assert!(
+        level
+            .leaves_open()
+            .iter()
+            .any(|o| o.contains("data directory")),
         "{:?}",
         level.leaves_open()
     );

@@ -34,6 +34,7 @@ mod lark_webhook;
 mod lark_ws;
 mod live_output;
 mod llm;
+mod local_sandbox;
 mod mcp;
 mod ops_cli;
 mod progress;

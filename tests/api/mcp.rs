@@ -44,7 +44,7 @@ fn python() -> String {
 }
 
 /// Runs the Python client with `plan`; its JSON answer.
-async fn client(plan: Value) -> Value {
+pub(crate) async fn client(plan: Value) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api/mcp_client.py");
     let mut child = tokio::process::Command::new(python())
         .arg(script)

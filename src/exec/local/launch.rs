@@ -16,9 +16,17 @@
 //! answering on the call's socket.
 //!
 //! PID 1 asks for `SIGKILL` when the server dies, places the call's descriptors at fixed
-//! numbers and closes every other one, enters a mount namespace of its own, makes every mount
-//! private, mounts a fresh procfs over `/proc` and adds a rule for it to the ruleset (a Landlock
-//! rule on the old `/proc` does not cover a mount on top of it: [`grant_new_proc`]). For a
+//! numbers and closes every other one, copies the workspace and the tmp directory as detached
+//! mounts (`open_tree`), enters a mount namespace of its own, makes every mount private, mounts a
+//! fresh procfs over `/proc` with `hidepid=2` (a tool sees no process of another account, PID 1
+//! included) and adds a rule for it to the ruleset (a Landlock rule on the old `/proc` does not
+//! cover a mount on top of it: [`grant_new_proc`]). Then it hides the service's directories
+//! ([`View`], [`hide`]): the data directory and the workspace root are each replaced by an empty
+//! tmpfs that holds nothing but the call's own workspace and tmp directory, attached at the paths
+//! the command knows them by (`HOME`, `TMPDIR`), and a command starts in that copy of its
+//! workspace. `stat`, `ls`, `readlink`, `find` or `du` on the master key, `pg.password`, the
+//! cluster, the logs or another section's workspace find nothing there: no name, size, time or
+//! link target (Landlock governs what a tool may open, not what it may `stat`). For a
 //! command it then forks the shell ([`init`]), which calls `setsid` (and for an interactive shell
 //! takes its standard input, a PTY's slave end, as controlling terminal), applies limits, drops the
 //! capability bounding set, switches to the tools account, sets `NO_NEW_PRIVS`, restricts
@@ -38,13 +46,17 @@
 //! A step that fails is reported on the call's socket ([`REFUSED`]) and the command is never
 //! started: a command is never run less isolated than the level says.
 //!
-//! Never: follows a path a tool could change (it only opens `/proc` and the shell, both the
-//! system's); keeps a descriptor of the service or of another call open into a command; runs
-//! a command with a capability, as root, or without the ruleset it was given; holds a secret.
+//! Never: follows a path a tool could change (it opens by path only `/proc`, the shell and the
+//! hidden directories, the operator's, found again without following a symlink and only if
+//! they are the directories the service saw at start-up; every mount is made on descriptors);
+//! keeps a descriptor of the service or of another call open into a command; runs a command
+//! with a capability, as root, or without the ruleset it was given, or shows it the data
+//! directory or another section's workspace; holds a secret.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI32;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -86,6 +98,32 @@ pub struct Setup {
     pub drop_capabilities: bool,
     /// Restrict with the ruleset (the last descriptor of the request).
     pub landlock: bool,
+    /// What the call's mount namespace shows of the service's directories.
+    #[serde(default)]
+    pub view: View,
+}
+
+/// What a call's mount namespace shows of the service's directories: each hidden directory is
+/// replaced by an empty tmpfs that holds nothing but the call's own workspace and tmp directory
+/// (its descriptors, attached at the paths the command knows them by).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct View {
+    /// The data directory and the workspace root (one of them when it holds the other).
+    pub hidden: Vec<Hidden>,
+    /// Where the workspace appears (`HOME`); `None` for a probe.
+    pub workspace: Option<PathBuf>,
+    /// Where the tmp directory appears (`TMPDIR`); `None` for a probe.
+    pub tmp: Option<PathBuf>,
+}
+
+/// A directory of the service no tool may see, as the service found it at start-up.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Hidden {
+    /// Absolute and without symlinks: found again in the call's namespace following none.
+    pub path: PathBuf,
+    /// The directory found again must be this one (device and inode).
+    pub dev: u64,
+    pub ino: u64,
 }
 
 /// One request to the server.
@@ -497,23 +535,32 @@ fn child_main(request: &Request, received: &[i32], liveness: i32) -> ! {
         // SAFETY: ending this child without running anything of the server's.
         unsafe { libc::_exit(SETUP_FAILED) };
     }
+    let view = &request.setup.view;
     let r = match &request.job {
-        Job::Probe => enter_namespace().map(|()| {
+        Job::Probe => enter_namespace(view, false).map(|_| {
             // SAFETY: getpid has no preconditions.
             if unsafe { libc::getpid() } == 1 { 0 } else { 1 }
         }),
         Job::Run { argv, env, tty } => {
-            // SAFETY: a plain system call on a descriptor placed above.
+            // SAFETY: a plain system call on a descriptor placed above (the working directory
+            // follows into the new namespace; the workspace's place there replaces it).
             if unsafe { libc::fchdir(WORKSPACE_FD) } != 0 {
                 Err(os_err("cannot enter the workspace"))
             } else {
-                enter_namespace()
+                enter_namespace(view, true)
+                    .and_then(|workspace| match workspace {
+                        // SAFETY: a plain system call on a descriptor we hold.
+                        Some(w) if unsafe { libc::fchdir(w.as_raw_fd()) } != 0 => {
+                            Err(os_err("cannot enter the workspace in the namespace"))
+                        }
+                        _ => Ok(()),
+                    })
                     .and_then(|()| grant_new_proc(&request.setup))
                     .and_then(|()| init(&request.setup, argv, env, *tty))
             }
         }
-        Job::File(req) => enter_namespace()
-            .and_then(|()| grant_new_proc(&request.setup))
+        Job::File(req) => enter_namespace(view, true)
+            .and_then(|_| grant_new_proc(&request.setup))
             .and_then(|()| apply(&request.setup))
             .map(|()| file_op(req)),
     };
@@ -702,8 +749,12 @@ fn init(
     }
 }
 
-/// In PID 1 of the new namespace: dies with the server, private mounts, its own `/proc`.
-fn enter_namespace() -> Result<(), String> {
+/// In PID 1 of the new namespace: dies with the server, private mounts, its own `/proc` (in
+/// which processes of another account, PID 1 among them, do not exist: `hidepid=2`), and the
+/// service's directories hidden ([`hide`]). With `dirs` (a command or a file operation) the
+/// call's workspace and tmp directory are attached where the view places them; the workspace as
+/// the namespace shows it is returned, when it was placed.
+fn enter_namespace(view: &View, dirs: bool) -> Result<Option<OwnedFd>, String> {
     // SAFETY: plain system calls on valid, NUL-terminated arguments.
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -719,6 +770,23 @@ fn enter_namespace() -> Result<(), String> {
         if libc::poll(&mut poll, 1, 0) != 0 {
             return Err("the launch server is gone".into());
         }
+    }
+    // Copies of the workspace and the tmp directory, made before the new namespace: a
+    // directory of another namespace cannot be copied from inside it, but a detached copy can
+    // be attached there.
+    let trees = if dirs {
+        [
+            view.workspace
+                .as_ref()
+                .map(|_| clone_tree(WORKSPACE_FD))
+                .transpose()?,
+            view.tmp.as_ref().map(|_| clone_tree(TMP_FD)).transpose()?,
+        ]
+    } else {
+        [None, None]
+    };
+    // SAFETY: plain system calls on valid, NUL-terminated arguments.
+    unsafe {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             return Err(os_err("cannot create a mount namespace (unshare)"));
         }
@@ -740,11 +808,283 @@ fn enter_namespace() -> Result<(), String> {
             proc_.as_ptr(),
             c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
+            c"hidepid=2".as_ptr().cast(),
         ) != 0
         {
             return Err(os_err("cannot mount /proc for the namespace"));
         }
+    }
+    hide(view, trees)
+}
+
+/// `open_tree(OPEN_TREE_CLONE)`: a detached copy of the directory `fd` (not of the mounts
+/// beneath it).
+fn clone_tree(fd: i32) -> Result<OwnedFd, String> {
+    // SAFETY: an empty, NUL-terminated path on a descriptor this process holds.
+    let raw = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            fd,
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_EMPTY_PATH as u32,
+        )
+    };
+    if raw < 0 {
+        return Err(os_err("cannot copy a call's directory (open_tree)"));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// `open_tree` flag: a detached copy rather than the mount itself.
+const OPEN_TREE_CLONE: u32 = 1;
+/// `move_mount` flags: the source, and the target, is the descriptor itself.
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x04;
+const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
+/// `fsconfig` commands.
+const FSCONFIG_SET_STRING: u32 = 1;
+const FSCONFIG_CMD_CREATE: u32 = 6;
+/// `fsmount` attributes of the stand-ins: nothing on them runs or is a device.
+const MOUNT_ATTR_NOSUID: u32 = 0x2;
+const MOUNT_ATTR_NODEV: u32 = 0x4;
+const MOUNT_ATTR_NOEXEC: u32 = 0x8;
+
+/// One stand-in of a call's namespace: the hidden directory it replaces, and the call's
+/// directories attached inside it.
+#[derive(Debug)]
+pub struct StandIn<'a> {
+    pub hidden: &'a Hidden,
+    /// Which kept directory (its index), at which path relative to the stand-in.
+    pub places: Vec<(usize, PathBuf)>,
+}
+
+/// Where the call's directories go: a stand-in for each hidden directory that no other one
+/// holds (in the order given), with the kept directories beneath it. A kept directory beneath
+/// no hidden one stays where it is; one that holds a hidden directory (it would show it) is
+/// refused, as is a path that is not absolute or holds `..`.
+pub fn plan<'a>(hidden: &'a [Hidden], kept: &[Option<&Path>]) -> Result<Vec<StandIn<'a>>, String> {
+    let plain = |p: &Path| {
+        p.is_absolute()
+            && p.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::RootDir | std::path::Component::Normal(_)
+                )
+            })
+    };
+    for p in hidden
+        .iter()
+        .map(|h| h.path.as_path())
+        .chain(kept.iter().flatten().copied())
+    {
+        if !plain(p) {
+            return Err(format!(
+                "{}: not an absolute path without `..`",
+                p.display()
+            ));
+        }
+    }
+    for k in kept.iter().flatten() {
+        if let Some(h) = hidden.iter().find(|h| h.path.starts_with(k)) {
+            return Err(format!(
+                "{} holds {}, which no tool may see",
+                k.display(),
+                h.path.display()
+            ));
+        }
+    }
+    let outer: Vec<&Hidden> = hidden
+        .iter()
+        .enumerate()
+        .filter(|(i, h)| {
+            !hidden.iter().enumerate().any(|(j, o)| {
+                j != *i && h.path.starts_with(&o.path) && (o.path != h.path || j < *i)
+            })
+        })
+        .map(|(_, h)| h)
+        .collect();
+    Ok(outer
+        .into_iter()
+        .map(|h| {
+            let places = kept
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| {
+                    let rel = k.and_then(|k| k.strip_prefix(&h.path).ok())?;
+                    Some((i, rel.to_path_buf()))
+                })
+                .collect();
+            StandIn { hidden: h, places }
+        })
+        .collect())
+}
+
+/// Replaces each hidden directory of `view` by an empty tmpfs (after finding it again by its
+/// path, following no symlink, and checking it is the directory the service saw), and attaches
+/// the detached copies `trees` (the workspace, the tmp directory) at their places inside. Every
+/// mount is made on a descriptor. Returns the workspace's copy when it was attached.
+fn hide(view: &View, trees: [Option<OwnedFd>; 2]) -> Result<Option<OwnedFd>, String> {
+    let kept = [view.workspace.as_deref(), view.tmp.as_deref()];
+    let plan = plan(&view.hidden, &kept)?;
+    let mut placed = [false, false];
+    for StandIn { hidden, places } in plan {
+        let at = find_again(hidden)?;
+        let stand_in = empty_tmpfs()?;
+        for (_, rel) in &places {
+            make_dirs(&stand_in, rel)?;
+        }
+        move_mount(&stand_in, &at)
+            .map_err(|e| format!("cannot hide {}: {e}", hidden.path.display()))?;
+        for (i, rel) in &places {
+            let Some(tree) = &trees[*i] else { continue };
+            let target = open_beneath(&stand_in, rel)
+                .map_err(|e| format!("the place of a call's directory: {e}"))?;
+            move_mount(tree, &target)
+                .map_err(|e| format!("cannot attach a call's directory: {e}"))?;
+            placed[*i] = true;
+        }
+    }
+    let [workspace, _] = trees;
+    Ok(workspace.filter(|_| placed[0]))
+}
+
+/// The hidden directory, found again in this namespace by its path without following any
+/// symlink, and only if it is the directory the service saw.
+fn find_again(hidden: &Hidden) -> Result<OwnedFd, String> {
+    let root = open_absolute(&hidden.path)
+        .map_err(|e| format!("cannot find {} to hide it: {e}", hidden.path.display()))?;
+    // SAFETY: a zeroed stat is a valid out-parameter; a descriptor we hold.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(root.as_raw_fd(), &mut st) } != 0 {
+        return Err(os_err("fstat"));
+    }
+    if st.st_dev != hidden.dev || st.st_ino != hidden.ino {
+        return Err(format!(
+            "{} is no longer the directory the service started with (restart it)",
+            hidden.path.display()
+        ));
+    }
+    Ok(root)
+}
+
+/// A new, empty, detached tmpfs (0755, root's; nothing on it runs or is a device).
+fn empty_tmpfs() -> Result<OwnedFd, String> {
+    // SAFETY: NUL-terminated strings; descriptors checked before use and owned once made.
+    unsafe {
+        let fs = libc::syscall(
+            libc::SYS_fsopen,
+            c"tmpfs".as_ptr(),
+            1u32, /* FSOPEN_CLOEXEC */
+        );
+        if fs < 0 {
+            return Err(os_err("cannot create a tmpfs (fsopen)"));
+        }
+        let fs = OwnedFd::from_raw_fd(fs as i32);
+        let config = |cmd: u32, key: *const libc::c_char, value: *const libc::c_char| {
+            libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), cmd, key, value, 0)
+        };
+        if config(FSCONFIG_SET_STRING, c"mode".as_ptr(), c"0755".as_ptr()) != 0
+            || config(FSCONFIG_CMD_CREATE, std::ptr::null(), std::ptr::null()) != 0
+        {
+            return Err(os_err("cannot create a tmpfs (fsconfig)"));
+        }
+        let mnt = libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            1u32, // FSMOUNT_CLOEXEC
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        );
+        if mnt < 0 {
+            return Err(os_err("cannot mount a tmpfs (fsmount)"));
+        }
+        Ok(OwnedFd::from_raw_fd(mnt as i32))
+    }
+}
+
+/// Creates each directory of `rel` beneath `root` (0755) that is not there yet.
+fn make_dirs(root: &OwnedFd, rel: &Path) -> Result<(), String> {
+    let mut dir = open_beneath(root, Path::new("")).map_err(|e| format!("the stand-in: {e}"))?;
+    for part in rel.components() {
+        let name = CString::new(part.as_os_str().as_encoded_bytes())
+            .map_err(|_| "NUL in a path".to_string())?;
+        // SAFETY: a descriptor we hold and a NUL-terminated name.
+        if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) } != 0
+            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+        {
+            return Err(os_err("cannot make a place in the stand-in"));
+        }
+        dir = open_beneath(&dir, Path::new(part.as_os_str()))
+            .map_err(|e| format!("the stand-in: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Path resolution of the mount steps: no symlink anywhere on the way.
+const NO_LINKS: u64 = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+
+/// `openat2(dir, rel, O_PATH | O_DIRECTORY)` beneath `dir`, following no symlink.
+fn open_beneath(dir: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    openat2(
+        dir.as_raw_fd(),
+        rel,
+        libc::O_PATH | libc::O_DIRECTORY,
+        libc::RESOLVE_BENEATH | NO_LINKS,
+    )
+}
+
+/// `openat2(AT_FDCWD, path, O_PATH | O_DIRECTORY)` of an absolute path, following no symlink.
+fn open_absolute(path: &Path) -> std::io::Result<OwnedFd> {
+    openat2(
+        libc::AT_FDCWD,
+        path,
+        libc::O_PATH | libc::O_DIRECTORY,
+        NO_LINKS,
+    )
+}
+
+fn openat2(dir: i32, rel: &Path, flags: i32, resolve: u64) -> std::io::Result<OwnedFd> {
+    let c = CString::new(rel.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a zeroed open_how is valid; its fields are set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.resolve = resolve;
+    // SAFETY: a descriptor (or AT_FDCWD), a NUL-terminated path, `how` valid for its size.
+    let raw = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// `move_mount` of the detached (or attached) mount `from` onto the directory `onto`.
+fn move_mount(from: &OwnedFd, onto: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: two descriptors we hold and empty, NUL-terminated paths.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            c"".as_ptr(),
+            onto.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -875,7 +1215,6 @@ fn exec(program: &[CString], env: &[CString]) -> Result<(), String> {
 /// One read or write as the account this process now is. Output: for a read, 8 bytes of the
 /// file's size (big-endian) then the bytes; for a refusal, `KIND\tmessage` on stderr and 1.
 fn file_op(req: &FileRequest) -> i32 {
-    use std::os::fd::{FromRawFd, OwnedFd};
     use std::sync::Arc;
     // SAFETY: the service placed these descriptors here for this process alone.
     let (ws, tmp) = unsafe {
@@ -958,6 +1297,15 @@ mod tests {
                 limits: vec![(libc::RLIMIT_CPU, 600), (libc::RLIMIT_NOFILE, 1024)],
                 drop_capabilities: true,
                 landlock: true,
+                view: View {
+                    hidden: vec![Hidden {
+                        path: "/var/lib/sshmode".into(),
+                        dev: 2049,
+                        ino: 7,
+                    }],
+                    workspace: Some("/var/lib/sshmode/workspaces/sections/oc_1".into()),
+                    tmp: Some("/var/lib/sshmode/tmp/oc_1".into()),
+                },
             },
             job: Job::Run {
                 argv: vec!["/bin/sh".into(), "-c".into(), "true".into()],
@@ -969,6 +1317,67 @@ mod tests {
         assert_eq!(back.setup, r.setup);
         assert_eq!(back.job.fds(&back.setup), 7);
         assert_eq!(Job::Probe.fds(&back.setup), 1);
+    }
+
+    #[test]
+    fn the_call_s_directories_are_placed_in_the_stand_in_that_holds_them() {
+        let hidden = |p: &str| Hidden {
+            path: p.into(),
+            dev: 1,
+            ino: 2,
+        };
+        let paths = |plan: Vec<StandIn>| -> Vec<(String, Vec<(usize, String)>)> {
+            plan.into_iter()
+                .map(|StandIn { hidden, places }| {
+                    (
+                        hidden.path.display().to_string(),
+                        places
+                            .into_iter()
+                            .map(|(i, rel)| (i, rel.display().to_string()))
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
+        let (ws, tmp) = (Path::new("/d/workspaces/sections/a"), Path::new("/d/tmp/a"));
+        // The default layout: the workspace root inside the data directory.
+        let one = [hidden("/d")];
+        assert_eq!(
+            paths(plan(&one, &[Some(ws), Some(tmp)]).unwrap()),
+            vec![(
+                "/d".into(),
+                vec![(0, "workspaces/sections/a".into()), (1, "tmp/a".into())]
+            )]
+        );
+        // A probe places nothing; a directory held by another hidden one is hidden with it.
+        let nested = [hidden("/d"), hidden("/d/workspaces"), hidden("/d")];
+        assert_eq!(
+            paths(plan(&nested, &[None, None]).unwrap()),
+            vec![("/d".into(), vec![])]
+        );
+        // A workspace root elsewhere has a stand-in of its own.
+        let two = [hidden("/d"), hidden("/w")];
+        assert_eq!(
+            paths(plan(&two, &[Some(Path::new("/w/sections/a")), Some(tmp)]).unwrap()),
+            vec![
+                ("/d".into(), vec![(1, "tmp/a".into())]),
+                ("/w".into(), vec![(0, "sections/a".into())])
+            ]
+        );
+        // A directory beneath no hidden one stays where it is.
+        assert_eq!(
+            paths(plan(&one, &[Some(Path::new("/srv/a")), Some(tmp)]).unwrap()),
+            vec![("/d".into(), vec![(1, "tmp/a".into())])]
+        );
+        // A call's directory that would show a hidden one, and paths that are not plain.
+        for kept in ["/d", "/", "/w"] {
+            let e = plan(&two, &[Some(Path::new(kept)), None]).unwrap_err();
+            assert!(e.contains("holds"), "{e}");
+        }
+        for bad in ["d/tmp", "/d/../etc", "/d/tmp/.."] {
+            assert!(plan(&one, &[None, Some(Path::new(bad))]).is_err(), "{bad}");
+            assert!(plan(&[hidden(bad)], &[None, None]).is_err(), "{bad}");
+        }
     }
 
     #[test]

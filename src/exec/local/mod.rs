@@ -26,7 +26,7 @@
 //! |---|---|---|
 //! | `exec/local/mod.rs` | `LocalHost` (workspace root, tmp root, sandbox, concurrency semaphore) and the per-section `LocalBackend`: spawn with a clean environment, `pre_exec`, pipes, group kill; file reads/writes on the blocking pool under a 30 s timeout | passing the service's environment |
 //! | `exec/local/sandbox.rs` | `Sandbox::probe` (tools account, data-directory modes, Landlock and launcher probes → `Level` and what it leaves open), the per-command Landlock ruleset, rlimits, the allow-listed environment, `Prepared::command` (through the launcher, or the `pre_exec` hook that does it all) | allocating or locking after fork |
-//! | `exec/local/launch.rs` | the launch server, `sshmode __sshmode-launch serve` (started once, empty environment): per request a clone into new PID and mount namespaces, a fresh `/proc` (granted in the ruleset), a small PID 1 that runs the command and passes `TERM` and its status on over the call's socket, the account/limits/Landlock steps, the file helper | running anything less isolated than asked; keeping a descriptor of the service or of another call open into a command |
+//! | `exec/local/launch.rs` | the launch server, `sshmode __sshmode-launch serve` (started once, empty environment): per request a clone into new PID and mount namespaces, a fresh `/proc` (`hidepid=2`, granted in the ruleset), the data directory and workspace root replaced by an empty tmpfs holding only the call's workspace and tmp, a small PID 1 that runs the command and passes `TERM` and its status on over the call's socket, the account/limits/Landlock steps, the file helper | running anything less isolated than asked; keeping a descriptor of the service or of another call open into a command; showing a command the data directory or another section |
 //! | `exec/local/server.rs` | the service's side: starts (and restarts) the server, sends a request with its descriptors (`SCM_RIGHTS`), a `Call` to wait for or stop | falling back to running without the server |
 //! | `exec/local/files.rs` | file reads and writes beneath a root descriptor with `openat2(RESOLVE_BENEATH \| RESOLVE_NO_MAGICLINKS)`; regular files only, opened non-blocking; DAC check for the tools account under root | opening by a path checked earlier |
 //!
@@ -59,8 +59,12 @@
 //! **The launcher** (root, level with `pidns`). No hook: the backend sends the ruleset,
 //! workspace, tmp and stdio descriptors and the setup to the launch server, a single-threaded
 //! re-exec started once that may fork and mount; it clones PID 1 of a new namespace per call. PID 1
-//! mounts `/proc` afresh and adds a rule for it (a Landlock rule on the old `/proc` does not cover
-//! a mount on top), then forks the command, which applies the steps above and execs the shell.
+//! mounts `/proc` afresh (`hidepid=2`: no process of another account, itself included) and adds a
+//! rule for it (a Landlock rule on the old `/proc` does not cover a mount on top), replaces the
+//! data directory and the workspace root by an empty tmpfs that holds only this call's workspace
+//! and tmp directory at their usual paths (so `stat` and `readlink`, which Landlock does not
+//! cover, find neither the master key nor another section), then forks the command, which
+//! applies the steps above and execs the shell.
 //! The backend stops a command through the call's socket (`TERM`, then closing it ends PID 1);
 //! PID 1 dies with the server (`PR_SET_PDEATHSIG`), and the whole namespace with PID 1. File reads and writes run
 //! `files::read`/`write` in a PID 1 of the server, as the tools account in the same sandbox
@@ -75,7 +79,8 @@
 //!
 //! **Shared workspaces.** `Executors::local_ops_in(section, dir)` gives a section a backend whose
 //! workspace is `dir` (below the workspace root, not the root itself, not `sections/`, not another
-//! section's own); the ruleset then grants that directory instead of `sections/<section>`.
+//! section's own, not one holding the data directory); the ruleset then grants that directory
+//! instead of `sections/<section>`, and the launcher shows it in place of that.
 //!
 //! **Why both an account and Landlock.** Landlock below V9 does not cover connecting to a
 //! pathname unix socket, and below V6 does not scope signals; an account of its own (root
@@ -145,8 +150,10 @@ impl LocalHost {
         use anyhow::Context;
         let tmp_root = config.data_dir.join("tmp");
         let sandbox = Sandbox::probe(config, &workspace_root, &tmp_root)?;
-        // Compared with canonical paths (a workspace a section chooses is resolved).
+        // Compared with canonical paths (a workspace a section chooses is resolved), and a
+        // command's namespace shows both at their canonical paths.
         let workspace_root = std::fs::canonicalize(&workspace_root).unwrap_or(workspace_root);
+        let tmp_root = std::fs::canonicalize(&tmp_root).unwrap_or(tmp_root);
         // `sections/` is the service's; an existing one is used as it is (never re-moded), and
         // one that is a link is refused.
         let root = files::open_root(&workspace_root)
@@ -213,12 +220,13 @@ impl LocalHost {
                 )
             });
         let mut backend = self.for_section(section);
-        // Another section's own workspace is never shared.
+        // Another section's own workspace is never shared, and no workspace holds what no tool
+        // may see (the data directory, when it lies below the workspace root).
         let foreign = workspace.starts_with(self.workspace_root.join("sections"))
             && !workspace.starts_with(&backend.workspace);
-        if !beneath || foreign {
+        if !beneath || foreign || self.sandbox.holds_excluded(workspace) {
             return Err(ExecError::Invalid(format!(
-                "{}: a local workspace must be a directory below {}, outside other sections' own",
+                "{}: a local workspace must be a directory below {}, outside other sections' own and the data directory",
                 workspace.display(),
                 self.workspace_root.display()
             )));
@@ -301,6 +309,22 @@ impl LocalBackend {
             workspace: Arc::new(workspace),
             tmp: Arc::new(tmp),
         })
+    }
+
+    /// The sandbox of one call on its directories, shown at the workspace's and tmp's paths.
+    fn prepare(&self, dirs: &Dirs) -> Result<sandbox::Prepared, ExecError> {
+        self.host
+            .sandbox
+            .prepare(
+                sandbox::CallDirs {
+                    workspace: &dirs.workspace,
+                    workspace_path: &self.workspace,
+                    tmp: &dirs.tmp,
+                    tmp_path: &self.tmp,
+                },
+                self.workspace_writable,
+            )
+            .map_err(|e| ExecError::Local(e.to_string()))
     }
 
     /// The workspace relative to the workspace root.
@@ -424,9 +448,7 @@ impl Backend for LocalBackend {
                 exit: Exit::Cancelled,
             }),
         };
-        let prepared = sandbox
-            .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
-            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let prepared = self.prepare(&dirs)?;
         let shell = LocalHost::shell();
         if let Some(server) = sandbox.launcher() {
             return self
@@ -704,11 +726,7 @@ impl LocalBackend {
                 tmp: self.tmp.clone(),
             }),
         };
-        let prepared = self
-            .host
-            .sandbox
-            .prepare(&dirs.workspace, &dirs.tmp, self.workspace_writable)
-            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let prepared = self.prepare(dirs)?;
         let request = launch::Request {
             setup: prepared.launch_setup(),
             ..request

@@ -77,11 +77,7 @@ impl PtyHost for ShellHost {
             ));
         };
         let dirs = this.open_dirs()?;
-        let prepared = this
-            .host
-            .sandbox
-            .prepare(&dirs.workspace, &dirs.tmp, this.workspace_writable)
-            .map_err(|e| ExecError::Local(e.to_string()))?;
+        let prepared = this.prepare(&dirs)?;
         let local = |what: &str, e: std::io::Error| {
             ExecError::Local(format!("cannot open a terminal ({what}): {e}"))
         };

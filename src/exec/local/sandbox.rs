@@ -14,8 +14,12 @@
 //!
 //! With a launch server (root, its start-up probe passed: the level has `pidns`) there is no
 //! hook: the backend hands this call's descriptors and [`Prepared::launch_setup`] to the server
-//! ([`super::server`]), which applies the same steps in a PID namespace ([`launch`]). Without
-//! one, the level says so and what that leaves open ([`Level::leaves_open`]).
+//! ([`super::server`]), which applies the same steps in a PID namespace ([`launch`]), in a mount
+//! namespace where the data directory and the workspace root are an empty stand-in holding only
+//! the call's own workspace and tmp directory (the [`launch::View`] built here: the directories
+//! as found at start-up, canonical, with their device and inode). Without one, the level says
+//! so and what that leaves open ([`Level::leaves_open`]): a tool may then `stat` what it may not
+//! open (Landlock does not cover metadata).
 //!
 //! Never: passes a variable of the service's environment that is not on the allow-list; grants
 //! a tool anything in the data directory but its own workspace and temporary directory; runs a
@@ -131,10 +135,18 @@ impl Level {
         if !self.pidns {
             open.push("every process of the machine in /proc (command lines, working directories)");
             open.push("a process that calls setsid outlives its command");
+            open.push(
+                "the names, sizes, times and link targets of files in the data directory and in \
+                 other sections' workspaces (stat and readlink: Landlock does not cover them)",
+            );
         }
         if self.landlock_abi.is_none() {
             open.push("every file the tools account may read by its permissions");
         }
+        open.push(
+            "the paths of listening unix sockets in /proc/net/unix (the embedded cluster's among \
+             them; the network namespace is the machine's)",
+        );
         open.push("the network, unless SSHMODE_LOCAL_TCP_PORTS is set (Landlock V4+)");
         open
     }
@@ -185,6 +197,9 @@ pub struct Sandbox {
     level: Level,
     /// Paths no rule may cover: the data directory and the protected files.
     excluded: Vec<PathBuf>,
+    /// What a command's mount namespace replaces by an empty stand-in: the data directory and
+    /// the workspace root (canonical, as found at start-up).
+    hidden: Vec<launch::Hidden>,
     /// The launch server every command and file operation goes through (root, probe passed).
     launcher: Option<std::sync::Arc<LaunchServer>>,
 }
@@ -233,9 +248,20 @@ impl Sandbox {
                 landlock_abi: None,
             },
             excluded,
+            hidden: Vec::new(),
             launcher: None,
         };
         sandbox.prepare_dirs(workspace_root, tmp_root)?;
+        // The excluded paths also as the kernel resolves them (a data directory reached
+        // through a link), now that they exist.
+        let resolved: Vec<PathBuf> = sandbox
+            .excluded
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|p| !sandbox.excluded.contains(p))
+            .collect();
+        sandbox.excluded.extend(resolved);
+        sandbox.hidden = hidden_dirs(&config.data_dir, workspace_root)?;
         if sandbox.identity.is_none() && !config.simulate_no_sandbox {
             // Tools share the service's uid: make its /proc entries (environ, mem, fds) root's,
             // reachable only with CAP_SYS_PTRACE, which a tool never has. Landlock does not
@@ -250,7 +276,11 @@ impl Sandbox {
         };
         sandbox.landlock = abi.is_some();
         if sandbox.identity.is_some() {
-            sandbox.launcher = start_launcher(config.launcher.as_deref(), config.max_concurrent);
+            sandbox.launcher = start_launcher(
+                config.launcher.as_deref(),
+                config.max_concurrent,
+                sandbox.view(None),
+            );
         }
         sandbox.level = Level {
             separate_uid: sandbox.identity.is_some(),
@@ -278,6 +308,15 @@ impl Sandbox {
     /// Paths no rule covers: the data directory and the protected files.
     pub fn excluded(&self) -> &[PathBuf] {
         &self.excluded
+    }
+
+    /// Whether `dir` holds (or is) a path no tool may reach: the data directory, a protected
+    /// file, the workspace root.
+    pub fn holds_excluded(&self, dir: &Path) -> bool {
+        self.excluded
+            .iter()
+            .chain(self.hidden.iter().map(|h| &h.path))
+            .any(|x| x.starts_with(dir))
     }
 
     /// Whether local tools may run: something is enforced, or the operator opted out.
@@ -516,15 +555,21 @@ impl Sandbox {
     }
 
     /// Everything one command needs, prepared in the parent: the ruleset's descriptor, the
-    /// workspace's descriptor (the command's working directory) and the values the child
-    /// sets. `workspace` and `tmp` are the descriptors the backend opened for this call.
+    /// workspace's descriptor (the command's working directory), the values the child sets and
+    /// what its mount namespace shows. `dirs` are the descriptors the backend opened for this
+    /// call and the paths the command knows them by.
     pub fn prepare(
         &self,
-        workspace: &OwnedFd,
-        tmp: &OwnedFd,
+        dirs: CallDirs<'_>,
         workspace_writable: bool,
     ) -> Result<Prepared, SandboxError> {
         use std::os::fd::AsFd;
+        let CallDirs {
+            workspace,
+            workspace_path,
+            tmp,
+            tmp_path,
+        } = dirs;
         self.check_allowed()?;
         let cwd = workspace
             .try_clone()
@@ -562,7 +607,18 @@ impl Sandbox {
             limits,
             // SAFETY: geteuid has no preconditions.
             drop_capabilities: unsafe { libc::geteuid() } == 0,
+            view: self.view(Some((workspace_path, tmp_path))),
         })
+    }
+
+    /// What a command's mount namespace hides, and where it shows the call's workspace and tmp
+    /// directory (`None`: a probe, which places none).
+    fn view(&self, dirs: Option<(&Path, &Path)>) -> launch::View {
+        launch::View {
+            hidden: self.hidden.clone(),
+            workspace: dirs.map(|(w, _)| w.to_path_buf()),
+            tmp: dirs.map(|(_, t)| t.to_path_buf()),
+        }
     }
 
     /// The environment of a local command: the allow-list, nothing else.
@@ -587,6 +643,15 @@ impl Sandbox {
     }
 }
 
+/// The workspace and tmp directory of one call: the descriptors the backend opened, and the
+/// paths the command knows them by (`HOME`, `TMPDIR`).
+pub struct CallDirs<'a> {
+    pub workspace: &'a OwnedFd,
+    pub workspace_path: &'a Path,
+    pub tmp: &'a OwnedFd,
+    pub tmp_path: &'a Path,
+}
+
 /// What the child applies between fork and exec.
 pub struct Prepared {
     /// The Landlock ruleset (closed on exec: the kernel opens it `O_CLOEXEC`).
@@ -601,6 +666,9 @@ pub struct Prepared {
     /// Empty the capability bounding set (the service runs as root): a command never regains
     /// a capability, not even by running as uid 0.
     drop_capabilities: bool,
+    /// What the launch server's mount namespace hides, and where it shows the workspace and
+    /// the tmp directory.
+    view: launch::View,
 }
 
 impl Prepared {
@@ -624,6 +692,7 @@ impl Prepared {
             limits: self.limits.clone(),
             drop_capabilities: self.drop_capabilities,
             landlock: self.ruleset.is_some(),
+            view: self.view.clone(),
         }
     }
 
@@ -696,14 +765,15 @@ impl Prepared {
 }
 
 /// Starts the launch server of `launcher` and probes that it can create the namespaces a
-/// command runs in (bounded). `None` when there is no launcher or it cannot. It may run
-/// `max_concurrent` commands and some file operations at once.
+/// command runs in and show `view` there (bounded). `None` when there is no launcher or it
+/// cannot. It may run `max_concurrent` commands and some file operations at once.
 fn start_launcher(
     launcher: Option<&Path>,
     max_concurrent: usize,
+    view: launch::View,
 ) -> Option<std::sync::Arc<LaunchServer>> {
     let launcher = launcher?;
-    match LaunchServer::start(launcher, max_concurrent + 32) {
+    match LaunchServer::start(launcher, max_concurrent + 32, view) {
         Ok(s) => Some(std::sync::Arc::new(s)),
         Err(e) => {
             tracing::warn!(launcher = %launcher.display(), error = %e, "the launch server could not start or create a PID namespace");
@@ -724,6 +794,31 @@ pub fn kernel_landlock_abi() -> i32 {
         )
     };
     if v < 0 { 0 } else { v as i32 }
+}
+
+/// The directories a command's mount namespace hides: the data directory and the workspace
+/// root, canonical, with the device and inode they have now; one of them alone when it holds
+/// the other. These are the operator's paths, resolved at start-up only.
+fn hidden_dirs(data_dir: &Path, workspace_root: &Path) -> anyhow::Result<Vec<launch::Hidden>> {
+    use anyhow::Context;
+    use std::os::unix::fs::MetadataExt;
+    let mut found: Vec<launch::Hidden> = Vec::new();
+    for dir in [data_dir, workspace_root] {
+        let path = std::fs::canonicalize(dir)
+            .with_context(|| format!("cannot resolve {}", dir.display()))?;
+        let meta =
+            std::fs::metadata(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        if found.iter().any(|h| path.starts_with(&h.path)) {
+            continue;
+        }
+        found.retain(|h| !h.path.starts_with(&path));
+        found.push(launch::Hidden {
+            path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        });
+    }
+    Ok(found)
 }
 
 fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
@@ -888,8 +983,14 @@ mod tests {
             open.contains("ssh-agent") && open.contains("setsid"),
             "{open}"
         );
+        assert!(open.contains("data directory"), "{open}");
         let open = l(true, true, Some(9)).leaves_open().join("\n");
-        assert!(!open.contains("setsid") && !open.contains("unix"), "{open}");
+        assert!(
+            !open.contains("setsid") && !open.contains("pathname unix"),
+            "{open}"
+        );
+        // With the launcher, the data directory and other sections are hidden.
+        assert!(!open.contains("data directory"), "{open}");
         // Agent targets are warned about only where their socket is reachable.
         assert!(l(false, false, Some(7)).agent_warning(2).is_some());
         assert!(l(false, false, Some(7)).agent_warning(0).is_none());

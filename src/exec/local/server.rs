@@ -56,8 +56,9 @@ pub enum Reply {
 }
 
 impl LaunchServer {
-    /// Starts the server and checks that it can create the namespaces (blocking, bounded).
-    pub fn start(exe: &Path, max_calls: usize) -> Result<Self, String> {
+    /// Starts the server and checks that it can create the namespaces and show `view` in them
+    /// (blocking, bounded).
+    pub fn start(exe: &Path, max_calls: usize, view: launch::View) -> Result<Self, String> {
         let server = LaunchServer {
             exe: exe.to_path_buf(),
             max_calls,
@@ -66,7 +67,10 @@ impl LaunchServer {
         let sock = server.socket()?;
         let (mine, theirs) = call_pair()?;
         let probe = Request {
-            setup: launch::Setup::default(),
+            setup: launch::Setup {
+                view,
+                ..launch::Setup::default()
+            },
             job: Job::Probe,
         };
         let msg = serde_json::to_vec(&probe).expect("a request serialises");
