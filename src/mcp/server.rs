@@ -477,17 +477,7 @@ impl Tools {
             return Err(format!("at most {MAX_ENV} variables in `env`"));
         }
         if let Err(d) = judge::check_env(here.permission, &env, self.deps.exec.tool_env_allow()) {
-            let text = d.to_string();
-            self.refused(
-                &token,
-                &here.place,
-                "exec",
-                "permission",
-                Verdict::Refuse,
-                &text,
-            )
-            .await;
-            return Err(text);
+            return Err(self.refused_exec(&token, &here.place, d).await);
         }
         if here.permission < Permission::Full {
             let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
@@ -504,17 +494,7 @@ impl Tools {
             }
             for c in judged {
                 if let Err(d) = judge::check_command(here.permission, &c, &scope) {
-                    let text = d.to_string();
-                    self.refused(
-                        &token,
-                        &here.place,
-                        "exec",
-                        "permission",
-                        Verdict::Refuse,
-                        &text,
-                    )
-                    .await;
-                    return Err(text);
+                    return Err(self.refused_exec(&token, &here.place, d).await);
                 }
             }
         }
@@ -837,6 +817,19 @@ impl Tools {
     }
 
     /// Audits a refused call (by the workspace permission or the guard).
+    /// `exec` refused by the workspace permission (audited): the text for the client.
+    async fn refused_exec(
+        &self,
+        token: &Token,
+        place: &Place,
+        d: impl std::fmt::Display,
+    ) -> String {
+        let text = d.to_string();
+        self.refused(token, place, "exec", "permission", Verdict::Refuse, &text)
+            .await;
+        text
+    }
+
     async fn refused(
         &self,
         token: &Token,

@@ -34,12 +34,7 @@ pub fn judge_command(
     scope: &Scope<'_>,
 ) -> Judgement {
     if let Err(d) = judge::check_command(permission, command, scope) {
-        return Judgement {
-            verdict: Verdict::Refuse,
-            by: "permission",
-            rule: "permission".into(),
-            reason: d.to_string(),
-        };
+        return refused_by_permission(d);
     }
     let context = Context {
         cwd: Some(scope.cwd),
@@ -89,12 +84,7 @@ pub fn judge_typed(
         home: at.home,
     };
     if let Err(d) = judge::check_command(permission, text, &scope) {
-        return Judgement {
-            verdict: Verdict::Refuse,
-            by: "permission",
-            rule: "permission".into(),
-            reason: d.to_string(),
-        };
+        return refused_by_permission(d);
     }
     let context = Context {
         cwd: at.cwd,
@@ -103,13 +93,11 @@ pub fn judge_typed(
         workspace: Some(at.workspace),
     };
     let guard_says = guard.assess(text, &context).refusal;
-    if let Some(r) = guard_says.as_ref().filter(|r| r.verdict == Verdict::Refuse) {
-        return Judgement {
-            verdict: Verdict::Refuse,
-            by: "guard",
-            rule: r.rule.clone(),
-            reason: r.reason.clone(),
-        };
+    if guard_says
+        .as_ref()
+        .is_some_and(|r| r.verdict == Verdict::Refuse)
+    {
+        return from_guard(guard_says);
     }
     if permission < Permission::Full
         && let Some(program) = &line.starts
@@ -124,6 +112,16 @@ pub fn judge_typed(
         };
     }
     from_guard(guard_says)
+}
+
+/// The permission judge's refusal as a judgement.
+fn refused_by_permission(d: impl std::fmt::Display) -> Judgement {
+    Judgement {
+        verdict: Verdict::Refuse,
+        by: "permission",
+        rule: "permission".into(),
+        reason: d.to_string(),
+    }
 }
 
 /// The guard's answer as a judgement: allowed, or its objection.

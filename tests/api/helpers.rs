@@ -174,3 +174,12 @@ impl TestAppBuilder {
         }
     }
 }
+
+/// How many audit rows hold `text` anywhere in their detail.
+pub async fn audit_rows_mentioning(db: &sqlx::PgPool, text: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE strpos(detail::text, $1) > 0")
+        .bind(text)
+        .fetch_one(db)
+        .await
+        .unwrap()
+}

@@ -1405,13 +1405,11 @@ async fn shell_lines_are_judged_by_the_terminal_not_the_screen_and_hidden_input_
     .unwrap();
     assert_eq!(typed.len(), 5, "{typed:?}");
     assert_eq!(typed[1], "[input hidden]", "{typed:?}");
-    let leaked: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM audit_log WHERE detail::text LIKE '%s3cret-tok3n%'",
-    )
-    .fetch_one(&env.app.state.db)
-    .await
-    .unwrap();
-    assert_eq!(leaked, 0, "the hidden line is in the audit trail");
+    assert_eq!(
+        crate::helpers::audit_rows_mentioning(&env.app.state.db, "s3cret-tok3n").await,
+        0,
+        "the hidden line is in the audit trail"
+    );
 }
 
 /// A local shell takes only the lines the token's permission allows: at `read` no

@@ -350,21 +350,39 @@ fn openat2(
     mode: u64,
     resolve: u64,
 ) -> std::io::Result<OwnedFd> {
+    openat2_at(
+        dir.as_raw_fd(),
+        rel,
+        flags,
+        mode,
+        resolve | libc::RESOLVE_BENEATH,
+    )
+}
+
+/// The `openat2` system call (`O_CLOEXEC` always; an empty `rel` is `dir` itself): `dir` a descriptor or `AT_FDCWD`.
+pub(super) fn openat2_at(
+    dir: i32,
+    rel: &Path,
+    flags: i32,
+    mode: u64,
+    resolve: u64,
+) -> std::io::Result<OwnedFd> {
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
         rel
     };
     let c = CString::new(rel.as_os_str().as_bytes())?;
+    // SAFETY: a zeroed open_how is valid; its fields are set below.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.mode = mode;
-    how.resolve = resolve | libc::RESOLVE_BENEATH;
-    // SAFETY: valid descriptor, NUL-terminated path, `how` valid for its size.
+    how.resolve = resolve;
+    // SAFETY: a descriptor (or AT_FDCWD), a NUL-terminated path, `how` valid for its size.
     let raw = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            dir.as_raw_fd(),
+            dir,
             c.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),
@@ -373,7 +391,7 @@ fn openat2(
     if raw < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: fresh descriptor we own.
+    // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
 }
 

@@ -1024,11 +1024,6 @@ const NO_LINKS: u64 = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
 
 /// `openat2(dir, rel, O_PATH | O_DIRECTORY)` beneath `dir`, following no symlink.
 fn open_beneath(dir: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
-    let rel = if rel.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel
-    };
     openat2(
         dir.as_raw_fd(),
         rel,
@@ -1048,26 +1043,7 @@ fn open_absolute(path: &Path) -> std::io::Result<OwnedFd> {
 }
 
 fn openat2(dir: i32, rel: &Path, flags: i32, resolve: u64) -> std::io::Result<OwnedFd> {
-    let c = CString::new(rel.as_os_str().as_encoded_bytes())?;
-    // SAFETY: a zeroed open_how is valid; its fields are set below.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.resolve = resolve;
-    // SAFETY: a descriptor (or AT_FDCWD), a NUL-terminated path, `how` valid for its size.
-    let raw = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir,
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+    super::files::openat2_at(dir, rel, flags, 0, resolve)
 }
 
 /// `move_mount` of the detached (or attached) mount `from` onto the directory `onto`.
