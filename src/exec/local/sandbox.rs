@@ -335,9 +335,11 @@ impl Sandbox {
             tracing::warn!(
                 launcher = %self.config.launcher.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
                 "local commands run without a PID namespace (the launcher is not configured \
-                 or could not create one): a tool sees every process of the machine and a \
-                 `setsid` process outlives its command; set SSHMODE_LAUNCHER to the sshmode \
-                 binary, on a kernel and in a container that allow new PID namespaces"
+                 or could not create one): a tool sees every process of the machine, `stat` \
+                 shows it the names and sizes of the data directory's files and other \
+                 sections', and a `setsid` process outlives its command; set SSHMODE_LAUNCHER \
+                 to the sshmode binary, on a kernel and in a container that allow new PID and \
+                 mount namespaces"
             );
         }
         if self.level.unix_sockets_open() {
@@ -776,7 +778,7 @@ fn start_launcher(
     match LaunchServer::start(launcher, max_concurrent + 32, view) {
         Ok(s) => Some(std::sync::Arc::new(s)),
         Err(e) => {
-            tracing::warn!(launcher = %launcher.display(), error = %e, "the launch server could not start or create a PID namespace");
+            tracing::warn!(launcher = %launcher.display(), error = %e, "the launch server could not start, or not set up a PID and mount namespace that hides the data directory");
             None
         }
     }
