@@ -159,6 +159,12 @@ pub struct Env {
     pub cwd: Option<String>,
     /// The home directory as an absolute path, when the caller knows it.
     pub home: Option<String>,
+    /// The positional parameters (`"$@"`), when every one is known: set by a function call
+    /// or `set --`. `None`: unknown.
+    pub args: Option<Vec<String>>,
+    /// Links the script made before this point (link path → target, both absolute): a
+    /// path through one is judged where it leads ([`Env::resolve`]).
+    pub links: std::sync::Arc<[(String, String)]>,
 }
 
 impl Env {
@@ -179,12 +185,27 @@ impl Env {
         if path.is_empty() {
             return path.into();
         }
-        let absolute: std::borrow::Cow<'a, str> = match &self.cwd {
+        let mut absolute: std::borrow::Cow<'a, str> = match &self.cwd {
             Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
                 format!("{cwd}/{path}").into()
             }
             _ => path.into(),
         };
+        if !self.links.is_empty() {
+            let home = self.home.as_deref().map(|h| h.trim_end_matches('/'));
+            let full = match (absolute.strip_prefix('~'), home) {
+                (Some(rest), Some(home)) if rest.is_empty() || rest.starts_with('/') => {
+                    format!("{home}{rest}")
+                }
+                _ => absolute.clone().into_owned(),
+            };
+            if !full.starts_with('~') {
+                let followed = super::effects::follow_links(&full, &self.links);
+                if followed != full {
+                    absolute = followed.into();
+                }
+            }
+        }
         if let Some(home) = self.home.as_deref().map(|h| h.trim_end_matches('/'))
             && !home.is_empty()
             && let Some(rest) = absolute.strip_prefix(home)
@@ -293,7 +314,7 @@ impl Expander {
         for w in words {
             fields.extend(self.expand(w, env)?);
         }
-        Ok(echo_output(&fields))
+        Ok(echo_output(&fields).or_else(|| path_output(&fields)))
     }
 
     /// The value of one part: `Ok(text)`, or `Err(display)` when it is unknown before the
@@ -301,9 +322,11 @@ impl Expander {
     fn part_value(&mut self, p: &Part, env: &Env) -> Result<Result<String, String>, Bound> {
         Ok(match p {
             Part::Lit { text, .. } => Ok(text.clone()),
-            Part::Param { name, .. } => {
-                self.lookup(name, env).ok_or_else(|| format!("${{{name}}}"))
-            }
+            Part::Param { name, .. } => match (name.as_str(), &env.args) {
+                ("@" | "*", Some(args)) => Ok(args.join(" ")),
+                ("#", Some(args)) => Ok(args.len().to_string()),
+                _ => self.lookup(name, env).ok_or_else(|| format!("${{{name}}}")),
+            },
             Part::Subst {
                 toks,
                 source,
@@ -352,6 +375,21 @@ impl Expander {
                     p,
                     Part::Param { quoted: true, .. } | Part::Subst { quoted: true, .. }
                 );
+                // `"$@"`: one field per positional parameter, when they are known.
+                if let (Part::Param { name, quoted: true }, Some(args)) = (p, &env.args)
+                    && name == "@"
+                {
+                    for (k, a) in args.iter().enumerate() {
+                        if k > 0 {
+                            cur.keep = true;
+                            cur.finish(&mut out);
+                        }
+                        self.spend(a.len())?;
+                        cur.push(a);
+                        cur.keep = true;
+                    }
+                    continue;
+                }
                 match self.part_value(p, env)? {
                     Ok(v) => self.push_value(&mut cur, &mut out, &v, quoted, env)?,
                     Err(display) => cur.unknown_part(p, &display),
@@ -608,6 +646,81 @@ pub fn echo_output(fields: &[Field]) -> Option<String> {
             Some(format.to_owned())
         }
         _ => None,
+    }
+}
+
+/// Output of the programs that only print paths they are given, computed lexically:
+/// `readlink -f`/`realpath` (of an absolute path, as normalised), `dirname`, `basename`, and
+/// `ls` naming files (`ls /etc/sudoers` prints its operand). A path the script linked is
+/// not followed here; the policies follow links where the path is used.
+pub fn path_output(fields: &[Field]) -> Option<String> {
+    let name = super::basename(fields.first()?.val()?);
+    let args: Option<Vec<&str>> = fields[1..].iter().map(Field::val).collect();
+    let args = args?;
+    let (opts, operands): (Vec<&str>, Vec<&str>) = args
+        .iter()
+        .partition(|a| a.starts_with('-') && a.len() > 1 && **a != "--");
+    let operands: Vec<&str> = operands.into_iter().filter(|a| *a != "--").collect();
+    let only = |allowed: &[&str]| opts.iter().all(|o| allowed.contains(o));
+    let out: Vec<String> = match name {
+        "readlink" | "realpath" if !operands.is_empty() => {
+            let canonical = name == "realpath"
+                || opts.iter().any(|o| {
+                    o.len() > 1 && !o.starts_with("--") && o[1..].contains(['f', 'e', 'm'])
+                });
+            if !canonical
+                || !only(&[
+                    "-f", "-e", "-m", "-n", "-q", "-s", "-z", "-fn", "-nf", "-en", "-ne",
+                ])
+                || !operands.iter().all(|p| p.starts_with('/'))
+            {
+                return None;
+            }
+            operands
+                .iter()
+                .map(|p| super::effects::normalise("/", p))
+                .collect()
+        }
+        "dirname" if !operands.is_empty() && opts.is_empty() => {
+            operands.iter().map(|p| dirname(p)).collect()
+        }
+        "basename" if (1..=2).contains(&operands.len()) && opts.is_empty() => {
+            let base = operands[0].trim_end_matches('/');
+            let base = base.rsplit('/').next().unwrap_or(base);
+            let base = match operands.get(1) {
+                Some(suffix) if base != *suffix => base.strip_suffix(suffix).unwrap_or(base),
+                _ => base,
+            };
+            vec![base.to_owned()]
+        }
+        "ls" if !operands.is_empty() && only(&["-d", "-1"]) => {
+            operands.iter().map(|p| (*p).to_owned()).collect()
+        }
+        _ => return None,
+    };
+    Some(out.join("\n"))
+}
+
+/// `dirname PATH`, lexically.
+fn dirname(path: &str) -> String {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return if path.is_empty() {
+            ".".into()
+        } else {
+            "/".into()
+        };
+    }
+    match trimmed.rfind('/') {
+        None => ".".into(),
+        Some(at) => {
+            let parent = trimmed[..at].trim_end_matches('/');
+            if parent.is_empty() {
+                "/".into()
+            } else {
+                parent.to_owned()
+            }
+        }
     }
 }
 
