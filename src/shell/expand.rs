@@ -300,8 +300,10 @@ impl Expander {
         }
     }
 
-    /// The value of a command substitution when it is a plain `echo`/`printf` of known text.
-    fn subst_output(&mut self, toks: &[Tok], env: &Env) -> Result<Option<String>, Bound> {
+    /// The output of a command substitution of one simple command: `Some((text, true))`
+    /// when it is known (a plain `echo`/`printf` of known text, `dirname`, `basename`,
+    /// `ls -d`), `Some((text, false))` when it is only likely ([`path_output`]).
+    fn subst_output(&mut self, toks: &[Tok], env: &Env) -> Result<Option<(String, bool)>, Bound> {
         let mut words = Vec::new();
         for t in toks {
             match t {
@@ -314,7 +316,24 @@ impl Expander {
         for w in words {
             fields.extend(self.expand(w, env)?);
         }
-        Ok(echo_output(&fields).or_else(|| path_output(&fields)))
+        Ok(echo_output(&fields)
+            .map(|t| (t, true))
+            .or_else(|| path_output(&fields)))
+    }
+
+    /// The likely output of a substitution whose output is not known
+    /// (`"$(readlink -f /etc/passwd)"`): judged as the value with its unknown parts
+    /// empty, while the value stays unknown.
+    fn likely(&mut self, p: &Part, env: &Env) -> Result<Option<String>, Bound> {
+        match p {
+            Part::Subst {
+                toks, output: true, ..
+            } => Ok(match self.subst_output(toks, env)? {
+                Some((text, false)) => Some(text.trim_end().to_owned()),
+                _ => None,
+            }),
+            _ => Ok(None),
+        }
     }
 
     /// The value of one part: `Ok(text)`, or `Err(display)` when it is unknown before the
@@ -333,11 +352,11 @@ impl Expander {
                 output,
                 ..
             } => {
-                let value = if *output {
-                    self.subst_output(toks, env)?
-                } else {
-                    None
-                };
+                let value = match *output {
+                    true => self.subst_output(toks, env)?.filter(|(_, known)| *known),
+                    false => None,
+                }
+                .map(|(text, _)| text);
                 let open = if *output { "$(" } else { "<(" };
                 value
                     .map(|v| v.trim_end().to_owned())
@@ -392,7 +411,12 @@ impl Expander {
                 }
                 match self.part_value(p, env)? {
                     Ok(v) => self.push_value(&mut cur, &mut out, &v, quoted, env)?,
-                    Err(display) => cur.unknown_part(p, &display),
+                    Err(display) => {
+                        cur.unknown_part(p, &display);
+                        if let Some(likely) = self.likely(p, env)? {
+                            cur.if_empty.push_str(&likely);
+                        }
+                    }
                 }
             }
             cur.finish(&mut out);
@@ -455,7 +479,12 @@ impl Expander {
                     self.spend(v.len())?;
                     cur.push(&v);
                 }
-                Err(display) => cur.unknown_part(p, &display),
+                Err(display) => {
+                    cur.unknown_part(p, &display);
+                    if let Some(likely) = self.likely(p, env)? {
+                        cur.if_empty.push_str(&likely);
+                    }
+                }
             }
         }
         let mut f = Field {
@@ -649,11 +678,13 @@ pub fn echo_output(fields: &[Field]) -> Option<String> {
     }
 }
 
-/// Output of the programs that only print paths they are given, computed lexically:
-/// `readlink -f`/`realpath` (of an absolute path, as normalised), `dirname`, `basename`, and
-/// `ls` naming files (`ls /etc/sudoers` prints its operand). A path the script linked is
-/// not followed here; the policies follow links where the path is used.
-pub fn path_output(fields: &[Field]) -> Option<String> {
+/// Output of the programs that print the paths they are given, computed lexically, and
+/// whether it is certain: `dirname`, `basename` and `ls -d` (certain), `readlink -f` and
+/// `realpath` of an absolute path (as normalised: likely, the filesystem's links aside) and
+/// `ls` of files (`ls /etc/sudoers` prints its operand; of a directory, its entries:
+/// likely). A path the script linked is not followed here; the policies follow links where
+/// the path is used.
+pub fn path_output(fields: &[Field]) -> Option<(String, bool)> {
     let name = super::basename(fields.first()?.val()?);
     let args: Option<Vec<&str>> = fields[1..].iter().map(Field::val).collect();
     let args = args?;
@@ -662,6 +693,11 @@ pub fn path_output(fields: &[Field]) -> Option<String> {
         .partition(|a| a.starts_with('-') && a.len() > 1 && **a != "--");
     let operands: Vec<&str> = operands.into_iter().filter(|a| *a != "--").collect();
     let only = |allowed: &[&str]| opts.iter().all(|o| allowed.contains(o));
+    let certain = match name {
+        "dirname" | "basename" => true,
+        "ls" => opts.contains(&"-d"),
+        _ => false,
+    };
     let out: Vec<String> = match name {
         "readlink" | "realpath" if !operands.is_empty() => {
             let canonical = name == "realpath"
@@ -698,7 +734,7 @@ pub fn path_output(fields: &[Field]) -> Option<String> {
         }
         _ => return None,
     };
-    Some(out.join("\n"))
+    Some((out.join("\n"), certain))
 }
 
 /// `dirname PATH`, lexically.
@@ -765,6 +801,34 @@ mod tests {
         assert_eq!(values("$NOPE", &env), [None]);
         assert_eq!(values("$(echo rm)", &env), [Some("rm".to_owned())]);
         assert_eq!(values("$(printf '\\x72')", &env), [None]);
+    }
+
+    #[test]
+    fn printed_paths_are_known_or_likely() {
+        let env = Env::default();
+        assert_eq!(
+            values("$(dirname /etc/hosts)", &env),
+            [Some("/etc".to_owned())]
+        );
+        assert_eq!(
+            values("$(basename /a/b.txt .txt)", &env),
+            [Some("b".to_owned())]
+        );
+        assert_eq!(values("$(ls -d /e*)", &env), [Some("/e*".to_owned())]);
+        // What depends on the filesystem stays unknown, judged as its likely value.
+        for (word, likely) in [
+            ("\"$(readlink -f /etc/../etc/passwd)\"", "/etc/passwd"),
+            ("\"$(realpath /boot/x)\"", "/boot/x"),
+            ("`ls /etc/sudoers`", "/etc/sudoers"),
+        ] {
+            let f = fields(word, &env).unwrap();
+            assert_eq!(
+                (f[0].value.clone(), f[0].judged()),
+                (None, likely),
+                "{word}"
+            );
+        }
+        assert_eq!(values("$(readlink x)", &env), [None]);
     }
 
     #[test]
