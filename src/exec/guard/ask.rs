@@ -180,9 +180,9 @@ pub(super) fn code_that_acts(code: &str) -> Option<&'static str> {
     CODE_THAT_ACTS.iter().copied().find(|w| mentions(&text, w))
 }
 
-/// A destructive command's target known only when it runs, with nothing fixed before the
-/// unknown part (`rm -f "$(ls -t | tail -1)"`, `cp x "$DEST"`): where it lands cannot be
-/// judged. Only where a workspace is named (as the tools do); a target that starts with a
+/// A destructive command's target that a command prints when it runs, with nothing fixed
+/// before it (`rm -f "$(ls -t | tail -1)"`, `cat /dev/zero > "$(findmnt -no SOURCE /)"`):
+/// where it lands cannot be judged. Only where a workspace is named (as the tools do); a target that starts with a
 /// fixed directory is judged by it (`rules`).
 fn unknown_target(
     name: &str,
@@ -219,7 +219,7 @@ fn unknown_target(
         },
         "dd" => {
             let of = rest.iter().find(|f| f.display.starts_with("of="))?;
-            return (of.value.is_none() && of.display["of=".len()..].starts_with(['$', '<']))
+            return (of.value.is_none() && printed(&of.display["of=".len()..]))
                 .then(|| unknown_target_ask(cmd, &of.display["of=".len()..]));
         }
         _ => return None,
@@ -230,9 +230,16 @@ fn unknown_target(
         .map(|f| unknown_target_ask(cmd, &f.display))
 }
 
-/// Whether a word's value is unknown from its start (`"$X/…"`, `"$(…)"`).
+/// Whether a word's value is unknown from its start, where a command's output begins it
+/// (`"$(…)"`, a backtick substitution).
 pub(super) fn starts_unknown(f: &Field) -> bool {
-    f.value.is_none() && f.display.starts_with(['$', '<'])
+    f.value.is_none() && printed(&f.display)
+}
+
+/// Whether a word as shown starts with a command's output (`$(…)`, `` `…` ``, `<(…)`). A
+/// plain variable is not counted: a loop's or the caller's variables are ordinary there.
+pub(super) fn printed(display: &str) -> bool {
+    display.starts_with("$(") || display.starts_with("<(")
 }
 
 pub(super) fn unknown_target_ask(cmd: &str, target: &str) -> Objection {
@@ -559,5 +566,44 @@ mod tests {
         ] {
             assert_allowed(cmd);
         }
+    }
+
+    #[test]
+    fn a_target_a_command_prints_asks_where_a_workspace_is_named() {
+        use super::super::{Context, Guard, Verdict};
+        let g = Guard::default();
+        let at = |cmd: &str| {
+            let context = Context {
+                cwd: Some("/srv/ws"),
+                home: Some("/home/u"),
+                workspace: Some("/srv/ws"),
+                ..Context::default()
+            };
+            let a = g.assess(cmd, &context);
+            (a.verdict, a.refusal.map(|r| r.rule).unwrap_or_default())
+        };
+        for cmd in [
+            "rm -f \"$(ls -t | tail -1)\"",
+            "cat /dev/zero > \"$(findmnt -no SOURCE /)\"",
+            "mv \"$(cat list)\" /tmp/",
+            "cp x `cat dest`",
+            "dd if=/dev/zero of=\"$(cat disk)\"",
+        ] {
+            assert_eq!(
+                at(cmd),
+                (Verdict::Ask, "unknown-target".to_owned()),
+                "{cmd}"
+            );
+        }
+        for cmd in [
+            "for f in *.bak; do rm \"$f\"; done",
+            "rm -f \"logs/$(date +%F).log\"",
+            "echo x > \"$LOG\"",
+            "cp \"$(ls -t | head -1)\" ./latest",
+        ] {
+            assert_eq!(at(cmd), (Verdict::Allow, String::new()), "{cmd}");
+        }
+        // Without a workspace (a bare `Guard::check`), not judged.
+        assert!(g.check("rm -f \"$(ls -t | tail -1)\"").is_ok());
     }
 }

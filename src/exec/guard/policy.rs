@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::ask::{risky_rules, unknown_target_ask};
+use super::ask::{printed, risky_rules, unknown_target_ask};
 use super::code::code_as_data;
 use super::host::kernel_target;
 use super::rules::{broad_pattern, builtin_rules, danger, shown, vital_pattern, write_target};
@@ -159,12 +159,12 @@ impl Policy<'_> {
                         ));
                     }
                 }
-                // A file known only when it runs, from its first character (`> "$(…)"`).
+                // A file a command prints when it runs (`> "$(…)"`).
                 if ask.is_none()
                     && self.workspace.is_some()
                     && how == Written::Truncated
                     && target.literal.is_none()
-                    && target.source.starts_with(['$', '<'])
+                    && printed(&target.source)
                 {
                     ask = Some(unknown_target_ask(&what, &target.source));
                 }
