@@ -564,6 +564,28 @@ fn link_operands(
         ),
         _ => ("", &[]),
     };
+    // `cp` and `mount` make links only with these options, named literally.
+    let named = |short: &str, long: &[&str]| {
+        args.iter()
+            .filter_map(|w| w.literal.as_deref())
+            .any(|l| match l.strip_prefix("--") {
+                Some(name) => long.iter().any(|n| name.split('=').next() == Some(*n)),
+                None => l.starts_with('-') && l[1..].contains(|c| short.contains(c)),
+            })
+    };
+    let maybe = match program {
+        "cp" => named("sl", &["symbolic-link", "link"]),
+        "mount" => {
+            named("BR", &["bind", "rbind"])
+                || args
+                    .iter()
+                    .any(|w| w.literal.as_deref().is_some_and(|l| l.contains("bind")))
+        }
+        _ => true,
+    };
+    if !maybe {
+        return None;
+    }
     let s = match scan(args, with_arg, long, usize::MAX, false) {
         Ok(s) => s,
         Err(why) => return Some(Err(why)),
