@@ -49,6 +49,9 @@ pub struct Expander {
     cpu_start: Duration,
     /// Spends since the CPU clock was last read (reading it is a system call).
     since_clock: u32,
+    /// The likely output of the substitution [`Expander::part_value`] just read as
+    /// unknown, if it has one.
+    likely: Option<String>,
 }
 
 impl Expander {
@@ -60,6 +63,7 @@ impl Expander {
             cpu_limit,
             cpu_start: thread_cpu_time(),
             since_clock: 0,
+            likely: None,
         }
     }
 
@@ -321,24 +325,12 @@ impl Expander {
             .or_else(|| path_output(&fields)))
     }
 
-    /// The likely output of a substitution whose output is not known
-    /// (`"$(readlink -f /etc/passwd)"`): judged as the value with its unknown parts
-    /// empty, while the value stays unknown.
-    fn likely(&mut self, p: &Part, env: &Env) -> Result<Option<String>, Bound> {
-        match p {
-            Part::Subst {
-                toks, output: true, ..
-            } => Ok(match self.subst_output(toks, env)? {
-                Some((text, false)) => Some(text.trim_end().to_owned()),
-                _ => None,
-            }),
-            _ => Ok(None),
-        }
-    }
-
     /// The value of one part: `Ok(text)`, or `Err(display)` when it is unknown before the
-    /// command runs.
+    /// command runs — then, for a substitution whose output is only likely
+    /// (`"$(readlink -f /etc/passwd)"`), that output in [`Expander::likely`], to judge the
+    /// value by while it stays unknown.
     fn part_value(&mut self, p: &Part, env: &Env) -> Result<Result<String, String>, Bound> {
+        self.likely = None;
         Ok(match p {
             Part::Lit { text, .. } => Ok(text.clone()),
             Part::Param { name, .. } => match (name.as_str(), &env.args) {
@@ -353,10 +345,16 @@ impl Expander {
                 ..
             } => {
                 let value = match *output {
-                    true => self.subst_output(toks, env)?.filter(|(_, known)| *known),
+                    true => match self.subst_output(toks, env)? {
+                        Some((text, true)) => Some(text),
+                        Some((text, false)) => {
+                            self.likely = Some(text.trim_end().to_owned());
+                            None
+                        }
+                        None => None,
+                    },
                     false => None,
-                }
-                .map(|(text, _)| text);
+                };
                 let open = if *output { "$(" } else { "<(" };
                 value
                     .map(|v| v.trim_end().to_owned())
@@ -413,7 +411,7 @@ impl Expander {
                     Ok(v) => self.push_value(&mut cur, &mut out, &v, quoted, env)?,
                     Err(display) => {
                         cur.unknown_part(p, &display);
-                        if let Some(likely) = self.likely(p, env)? {
+                        if let Some(likely) = self.likely.take() {
                             cur.if_empty.push_str(&likely);
                         }
                     }
@@ -481,7 +479,7 @@ impl Expander {
                 }
                 Err(display) => {
                     cur.unknown_part(p, &display);
-                    if let Some(likely) = self.likely(p, env)? {
+                    if let Some(likely) = self.likely.take() {
                         cur.if_empty.push_str(&likely);
                     }
                 }

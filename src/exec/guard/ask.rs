@@ -191,6 +191,9 @@ fn unknown_target(
     cmd: &str,
 ) -> Option<Objection> {
     workspace?;
+    if rest.iter().all(|f| f.value.is_some()) {
+        return None;
+    }
     let operands: Vec<&Field> = rest
         .iter()
         .filter(|f| !f.val().is_some_and(|v| v.starts_with('-') && v.len() > 1))
@@ -321,8 +324,8 @@ fn clean_outside(
     workspace: Option<&str>,
     cmd: &str,
 ) -> Option<Objection> {
-    let workspace = lexical("/", workspace?)?;
     let dir = git_clean_place(args)?;
+    let workspace = lexical("/", workspace?)?;
     let at = place(&env.resolve(&dir), env).filter(|p| inside(&workspace, p));
     at.is_none().then(|| {
         Objection::ask(

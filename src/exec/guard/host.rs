@@ -116,6 +116,25 @@ pub(super) fn identity_rules(args: &[Field], env: &Env) -> Result<(), Objection>
     let Some(name) = args.first().and_then(Field::val).map(basename) else {
         return Ok(());
     };
+    if !matches!(
+        name,
+        "rm" | "unlink"
+            | "srm"
+            | "wipe"
+            | "shred"
+            | "mv"
+            | "ln"
+            | "link"
+            | "chmod"
+            | "chown"
+            | "chgrp"
+            | "chattr"
+            | "setfacl"
+            | "chcon"
+            | "setfattr"
+    ) {
+        return Ok(());
+    }
     let cmd = shown(args, 160);
     let operands: Vec<&Field> = operands(&args[1..]);
     let hit = |f: &Field| identity_file(&env.resolve(f.judged()));
@@ -174,6 +193,24 @@ pub(super) fn storage_rules(args: &[Field]) -> Result<(), Objection> {
     let Some(name) = args.first().and_then(Field::val).map(basename) else {
         return Ok(());
     };
+    if !matches!(
+        name,
+        "pvremove"
+            | "vgremove"
+            | "lvremove"
+            | "zpool"
+            | "zfs"
+            | "cryptsetup"
+            | "nvme"
+            | "mdadm"
+            | "sgdisk"
+            | "killall5"
+            | "pkill"
+            | "killall"
+            | "umount"
+    ) {
+        return Ok(());
+    }
     let cmd = shown(args, 160);
     let vals: Vec<&str> = args[1..].iter().map(Field::judged).collect();
     let has = |w: &str| vals.contains(&w);
@@ -254,6 +291,38 @@ pub(super) fn storage_rules(args: &[Field]) -> Result<(), Objection> {
 /// by name, crontabs installed, containers' data, boot entries and images, kernel settings.
 pub(super) fn state_asks(args: &[Field], env: &Env) -> Option<Objection> {
     let name = basename(args.first()?.val()?);
+    if !matches!(
+        name,
+        "swapoff"
+            | "mount"
+            | "ip"
+            | "ifconfig"
+            | "ifdown"
+            | "if-down"
+            | "nmcli"
+            | "pkill"
+            | "killall"
+            | "crontab"
+            | "docker"
+            | "podman"
+            | "nerdctl"
+            | "efibootmgr"
+            | "update-initramfs"
+            | "update-grub"
+            | "update-grub2"
+            | "grub-install"
+            | "grub2-install"
+            | "grub-mkconfig"
+            | "grub2-mkconfig"
+            | "dracut"
+            | "mkinitcpio"
+            | "kernel-install"
+            | "bootctl"
+            | "sysctl"
+            | "tee"
+    ) {
+        return None;
+    }
     let cmd = shown(args, 160);
     let vals: Vec<&str> = args[1..].iter().map(Field::judged).collect();
     let words: Vec<&str> = vals

@@ -421,6 +421,14 @@ fn git_clean(args: &[Field], env: &Env, cmd: &str) -> Result<(), Objection> {
 /// The work tree a forced `git clean` (not a dry run) deletes in, as written (`.` for the
 /// working directory); `None` for any other git command.
 pub(super) fn git_clean_place(args: &[Field]) -> Option<String> {
+    if args
+        .first()
+        .and_then(Field::val)
+        .map(crate::shell::basename)
+        != Some("git")
+    {
+        return None;
+    }
     let mut place = String::from(".");
     let mut k = 1;
     while let Some(f) = args.get(k) {
