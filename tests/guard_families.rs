@@ -1,8 +1,11 @@
 //! The guard's test lists, kept as data: per family of destructive commands, the many forms bash
 //! allows (`tests/data/guard/<family>.txt` and the shared `wrappers.txt`, expanded here), and a
 //! corpus of everyday operator commands (`tests/data/guard/everyday.txt`, one command a line).
-//! This file checks the data only — its size, its variety and that every line is bash — and
-//! never a verdict: tests of the guard read the lists through [`candidates`] and [`everyday`].
+//! It checks the data — its size, its variety and that every line is bash — and then the
+//! verdicts on it, as the task tools reach them (`workspace::verdict::judge_command`, in a
+//! workspace, at `full` and at `read-write`): each family at least [`MIN_STOPPED`] stopped
+//! (refused or asked), the everyday corpus never refused by the guard and at most
+//! [`MAX_ASKED`] asked. Run with `--nocapture` for the figures BENCHMARKS.md reports.
 //!
 //! A family file holds one entry a line (blank lines and `#` comments aside), `KIND HEAD TAG…:
 //! TEXT`:
@@ -372,4 +375,134 @@ fn every_candidate_and_corpus_line_parses_as_bash() {
         bad.len(),
         bad.join("\n")
     );
+}
+
+// -------------------------------------------------------------------------------------------
+// Verdicts: the lists judged as the task tools judge a command
+// -------------------------------------------------------------------------------------------
+
+use sshmode::exec::guard::Guard;
+use sshmode::shell::Verdict;
+use sshmode::workspace::judge::{Permission, Scope};
+use sshmode::workspace::verdict::judge_command;
+
+/// Where the lists are judged: a project workspace in an operator's home, the shell in it.
+const SCOPE: Scope<'static> = Scope {
+    workspace: "/home/op/project",
+    cwd: "/home/op/project",
+    home: Some("/home/op"),
+};
+
+/// Least share of each family's candidates stopped (refused or asked) at `full` and at
+/// `read-write`.
+const MIN_STOPPED: f64 = 0.99;
+/// Most share of the everyday corpus the guard asks about, at `full` and at `read-write`;
+/// the guard may refuse none of it.
+const MAX_ASKED: f64 = 0.02;
+/// Most everyday commands the `read-write` permission itself refuses: deleting (`rm -rf
+/// build/`, `find -delete`, `truncate`), writing outside the workspace (`mkdir -p
+/// ~/.config/x`, `curl -o /tmp/…`) and what it cannot see through (`git -C "$d"`), as that
+/// permission promises (README, "Workspaces"). More is a regression.
+const MAX_REFUSED_BY_PERMISSION: usize = 37;
+
+/// The verdict on `command` at `permission` as the terminal tool reaches it — the
+/// permission judge (below `full`), then the guard, in the workspace — and its rule
+/// (`permission` when the permission refused it).
+fn verdict(guard: &Guard, permission: Permission, command: &str) -> (Verdict, String) {
+    let j = judge_command(guard, permission, command, &SCOPE);
+    (j.verdict, j.rule)
+}
+
+fn families_are_stopped(permission: Permission) {
+    let guard = Guard::default();
+    let all = candidates();
+    let (mut stopped, mut generated) = (0, 0);
+    let mut failed = Vec::new();
+    for &family in FAMILIES {
+        let mine: Vec<&Candidate> = all.iter().filter(|c| c.family == family).collect();
+        let allowed: Vec<&str> = mine
+            .iter()
+            .filter(|c| verdict(&guard, permission, &c.command).0 == Verdict::Allow)
+            .map(|c| c.command.as_str())
+            .collect();
+        let s = mine.len() - allowed.len();
+        println!("{permission} {family}: {s}/{} stopped", mine.len());
+        stopped += s;
+        generated += mine.len();
+        if (s as f64) < MIN_STOPPED * mine.len() as f64 {
+            failed.push(format!(
+                "{family}: {s}/{} stopped, under {MIN_STOPPED}; allowed:\n  {}",
+                mine.len(),
+                allowed.join("\n  ")
+            ));
+        }
+    }
+    println!("{permission} overall: {stopped}/{generated} stopped");
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The everyday corpus at `permission`: (refused by the guard, asked, refused by the
+/// permission), each line with its rule, and how many were allowed.
+fn everyday_verdicts(permission: Permission) -> [Vec<String>; 3] {
+    let guard = Guard::default();
+    let mut out: [Vec<String>; 3] = Default::default();
+    for line in everyday() {
+        let (v, rule) = verdict(&guard, permission, &line);
+        let k = match (v, rule.as_str()) {
+            (Verdict::Allow, _) => continue,
+            (Verdict::Refuse, "permission") => 2,
+            (Verdict::Refuse, _) => 0,
+            (Verdict::Ask, _) => 1,
+        };
+        out[k].push(format!("{line}  ({rule})"));
+    }
+    let total = everyday().len();
+    let allowed = total - out.iter().map(Vec::len).sum::<usize>();
+    println!(
+        "{permission} everyday: {} refused by the guard, {} refused by the permission, {} asked, \
+         {allowed} allowed of {total}",
+        out[0].len(),
+        out[2].len(),
+        out[1].len(),
+    );
+    out
+}
+
+fn everyday_goes_through(permission: Permission, max_by_permission: usize) {
+    let [refused, asked, by_permission] = everyday_verdicts(permission);
+    let total = everyday().len();
+    assert!(
+        refused.is_empty()
+            && (asked.len() as f64) <= MAX_ASKED * total as f64
+            && by_permission.len() <= max_by_permission,
+        "{permission}: {} refused by the guard (none may be), {} asked (at most {MAX_ASKED} of \
+         {total}), {} refused by the permission (at most {max_by_permission}):\n\
+         refused by the guard:\n  {}\nasked:\n  {}\nrefused by the permission:\n  {}",
+        refused.len(),
+        asked.len(),
+        by_permission.len(),
+        refused.join("\n  "),
+        asked.join("\n  "),
+        by_permission.join("\n  ")
+    );
+}
+
+#[test]
+fn each_family_is_stopped_at_full() {
+    families_are_stopped(Permission::Full);
+}
+
+#[test]
+fn each_family_is_stopped_at_read_write() {
+    families_are_stopped(Permission::ReadWrite);
+}
+
+#[test]
+fn the_everyday_corpus_goes_through_at_full() {
+    everyday_goes_through(Permission::Full, 0);
+}
+
+#[test]
+fn the_everyday_corpus_goes_through_at_read_write() {
+    everyday_goes_through(Permission::ReadWrite, MAX_REFUSED_BY_PERMISSION);
 }

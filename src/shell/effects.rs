@@ -19,11 +19,20 @@
 //! words itself, is to be the second). It never runs anything and never touches the
 //! filesystem (paths are normalised lexically).
 //!
+//! Three parts of the walk have files of their own: `state`, what the script defines and
+//! makes that later commands run through (aliases and functions, walked where used; `hash
+//! -p`; variable attributes; links, followed; files written, read where they run; variables
+//! that hold a command); `code`, programs that take code as data (an `awk` or `sed` program,
+//! `vim`, `ed` and `gdb` commands as scripts in their language; git settings and
+//! subcommands, makefiles, `at` and crontab jobs as shell code); `elsewhere`, commands run on
+//! other hosts, in containers (their bind mounts links to this host's paths) or sandboxes,
+//! walked where nothing about the place is known.
+//!
 //! Every bound fails closed: nesting deeper than [`MAX_DEPTH`], more than [`MAX_WRAPPERS`]
 //! wrappers unwrapped, more than [`MAX_TEXT`] characters of nested scripts, more than
-//! [`MAX_EFFECTS`] effects, or an expansion past its budget of text or [`MAX_CPU`] (or past
-//! [`super::expand::MAX_BRACE`] words, or with an unknown `IFS`) is a `Bound` effect, which
-//! a policy refuses (it is not a question for a person); more than [`MAX_CWDS`] places, or
+//! [`MAX_EFFECTS`] effects, more than [`MAX_LINKS`] links, or an expansion past its budget of
+//! text or [`MAX_CPU`] (or past [`super::expand::MAX_BRACE`] words, or with an unknown `IFS`)
+//! is a `Bound` effect, which a policy refuses (it is not a question for a person); more than [`MAX_CWDS`] places, or
 //! [`MAX_CWD_BYTES`] of them, is an unknown place.
 
 use std::sync::Arc;
@@ -37,6 +46,10 @@ use super::parse::{
 };
 use super::spec::{self, SHELLS, Wrapper, maybe_option, option_is, scan, unknown_option};
 use super::{MAX_DEPTH, MAX_WRAPPERS, basename};
+
+mod code;
+mod elsewhere;
+mod state;
 
 /// Most effects one walk lists; past it the walk stops with a `Bound` effect.
 pub const MAX_EFFECTS: usize = 16 * 1024;
@@ -70,13 +83,20 @@ pub struct Start<'a> {
 pub struct Place {
     pub cwds: Arc<[String]>,
     pub home: Option<Arc<str>>,
+    /// The links the script made before (link → target, absolute), and the mounts of a
+    /// container the command runs in: a path through one is where it leads.
+    pub links: Arc<[(String, String)]>,
 }
 
 impl Place {
-    /// Where `path` can be, for each possible working directory; `None` when it cannot be
-    /// known.
+    /// Where `path` can be, for each possible working directory, links followed; `None`
+    /// when it cannot be known.
     pub fn resolve(&self, path: &str) -> Option<Vec<String>> {
-        resolve(path, &self.cwds, self.home.as_deref())
+        let all = resolve(path, &self.cwds, self.home.as_deref())?;
+        Some(match self.links.is_empty() {
+            true => all,
+            false => all.iter().map(|p| follow_links(p, &self.links)).collect(),
+        })
     }
 }
 
@@ -104,6 +124,9 @@ pub enum Nesting {
     Option,
     /// `<<< CODE` into a shell or an interpreter.
     HereString,
+    /// A command given to run elsewhere: by a shell on another host (`ssh HOST CMD`,
+    /// `ansible -a CMD`), or in a container (`docker run IMAGE CMD`).
+    Remote,
     /// A here-document into a shell or an interpreter.
     HereDocument,
     /// `… | sh`: the output of the command before it.
@@ -225,6 +248,10 @@ pub fn walk_within(script: &str, start: Start<'_>, cpu: std::time::Duration) -> 
         expander: Expander::new(MAX_TEXT, cpu),
         stopped: false,
         output: None,
+        defs: state::Defs::default(),
+        inherited: None,
+        last_find: None,
+        find_piped: None,
     };
     w.notice(&[script]);
     w.script(script, 0);
@@ -255,6 +282,16 @@ struct Walk {
     /// The output of the program last walked, when it is known text (`echo`, `printf`,
     /// `cat` passing on known input).
     output: Option<String>,
+    /// What the script defined and made so far that later commands run through: aliases,
+    /// functions, `hash -p` names, links, files written, variable attributes (`state`).
+    defs: state::Defs,
+    /// The standard input the first command of the next nested script reads (a function's
+    /// body, an alias's text, a remote command).
+    inherited: Stdin,
+    /// The `find` walked last and whether the next command reads its output (`find … |
+    /// xargs rm`): its arguments.
+    last_find: Option<Vec<ShellWord>>,
+    find_piped: Option<Vec<ShellWord>>,
 }
 
 /// A word of the walk as a field of an expanded word.
@@ -318,6 +355,7 @@ impl Walk {
         Place {
             cwds: self.cwds.clone(),
             home: self.home.clone(),
+            links: self.defs.links.clone(),
         }
     }
 
@@ -405,6 +443,7 @@ impl Walk {
             }
             Err(b) => return self.expansion_bound("the script", b),
         }
+        let definitions = self.define_functions(toks);
         // The places before the `cd … &&` that starts the and-list being walked: the list
         // may stop at any of its commands, so they stay possible after it.
         let mut before_and: Option<Arc<[String]>> = None;
@@ -414,10 +453,26 @@ impl Walk {
         // it is known text (`echo … | sh`).
         let mut piped = false;
         let mut input: Option<String> = None;
-        for tok in toks.iter().map(Some).chain([None]) {
+        let mut at = 0;
+        while at <= toks.len() {
             if self.stopped || self.full() {
                 return;
             }
+            // A function definition: its body is walked as it would run, but not here — what
+            // it assigns and where it `cd`s stay inside it (a call walks it again, `state`).
+            if words.is_empty()
+                && redirs.is_empty()
+                && let Some(&(_, start, end)) = definitions.iter().find(|(from, ..)| *from == at)
+            {
+                let saved = (self.env.clone(), self.cwds.clone());
+                self.tokens(&toks[start..end], depth);
+                (self.env, self.cwds) = saved;
+                (piped, input) = (false, None);
+                at = end;
+                continue;
+            }
+            let tok = toks.get(at);
+            at += 1;
             match tok {
                 Some(Tok::Word(w)) => words.push(w),
                 Some(Tok::Redir(r)) => redirs.push(r),
@@ -426,9 +481,11 @@ impl Walk {
                         self.substitutions(&w.parts, depth);
                     }
                     if !words.is_empty() || !redirs.is_empty() {
+                        self.last_find = None;
                         let output = self.simple(&words, &redirs, depth, piped, input.take());
                         piped = matches!(tok, Some(Tok::Op(Op::Pipe)));
                         input = output.filter(|_| piped);
+                        self.find_piped = self.last_find.take().filter(|_| piped);
                         // `cd DIR && …`: what follows runs only where the `cd` went.
                         let cd = self.cd_to.take();
                         if matches!(tok, Some(Tok::Op(Op::And))) {
@@ -497,6 +554,10 @@ impl Walk {
             self.expansion_bound("the script", b);
             return None;
         }
+        // A nested script's first command reads what the script was given; a command reads
+        // the `find` piped into it.
+        let inherited = self.inherited.take();
+        let from_find = self.find_piped.take();
         let mut names = Vec::new();
         for w in words {
             param_names(&w.parts, &mut names);
@@ -511,6 +572,8 @@ impl Walk {
             for value in values {
                 let saved = self.env.clone();
                 self.env.set(name.clone(), Some(value));
+                self.inherited = inherited.clone();
+                self.find_piped = from_find.clone();
                 self.simple(words, redirs, depth, piped, input.clone());
                 self.env = saved;
             }
@@ -519,11 +582,16 @@ impl Walk {
         for w in words {
             fallback_names(&w.parts, &mut defaulted);
         }
+        for r in redirs {
+            fallback_names(&r.target.parts, &mut defaulted);
+        }
         if let Some(name) = defaulted.into_iter().find(|n| {
             !self.env.vars.contains_key(n) && self.expander.lookup(n, &self.env).is_none()
         }) {
             let saved = self.env.clone();
             self.env.set(name, Some(String::new()));
+            self.inherited = inherited.clone();
+            self.find_piped = from_find.clone();
             self.simple(words, redirs, depth, piped, input.clone());
             self.env = saved;
         }
@@ -606,8 +674,10 @@ impl Walk {
             }
             shown.join(" ").into()
         };
-        let mut stdin: Stdin = piped.then_some((Nesting::Pipe, input));
+        let mut stdin: Stdin = piped.then_some((Nesting::Pipe, input)).or(inherited);
         let mut here = None;
+        // Files this command writes by redirection, named literally: what it prints goes there.
+        let mut written: Vec<(String, bool)> = Vec::new();
         for r in redirs {
             let mut shown = parse::redirection(r);
             // A redirection's target is one word: expanded when it makes exactly one.
@@ -636,6 +706,12 @@ impl Walk {
                 }
             }
             self.redirect(&shown, &what, &mut stdin);
+            if let (RedirKind::Output | RedirKind::Append, Some(target)) =
+                (r.kind, &shown.target.literal)
+                && shown.fd.as_deref().is_none_or(|fd| fd == "1")
+            {
+                written.push((target.clone(), r.kind == RedirKind::Append));
+            }
             if let Some(text) = here.take() {
                 stdin = Some((Nesting::HereString, Some(text)));
             }
@@ -652,15 +728,30 @@ impl Walk {
         }
         if rest.is_empty() {
             for w in &assignments {
-                if let Some((name, parts, append)) = w.assignment()
-                    && !self.assign(name, &parts, append, &what)
-                {
-                    return None;
+                if let Some((name, parts, append)) = w.assignment() {
+                    if !self.assign(name.clone(), &parts, append, &what) {
+                        return None;
+                    }
+                    self.code_variable(&name, &what, depth);
                 }
             }
             return None;
         }
-        if !self.declarations(rest, &what) {
+        // Prefix assignments hold only for the command, but a variable that holds a command
+        // (`GIT_SSH_COMMAND=… git fetch`) is code it may run.
+        if !assignments.is_empty() {
+            let saved = self.env.clone();
+            for w in &assignments {
+                if let Some((name, parts, append)) = w.assignment() {
+                    if !self.assign(name.clone(), &parts, append, &what) {
+                        return None;
+                    }
+                    self.code_variable(&name, &what, depth);
+                }
+            }
+            self.env = saved;
+        }
+        if !self.declarations(rest, &what, depth) {
             return None;
         }
         let mut argv = Vec::new();
@@ -672,7 +763,14 @@ impl Walk {
             return None;
         }
         self.output = None;
+        self.find_piped = from_find;
         self.command(&argv, &what, depth, stdin);
+        self.find_piped = None;
+        if !written.is_empty() {
+            let text = self.output.take();
+            self.wrote(&written, text, &what, depth);
+            return None;
+        }
         self.output.take()
     }
 
@@ -708,6 +806,9 @@ impl Walk {
                 return false;
             }
         };
+        if self.assigned_attributed(&name) {
+            return true;
+        }
         let value = if append {
             // Not set on this line: it may come from the environment.
             let before = self.env.vars.get(&name).cloned().flatten();
@@ -721,19 +822,13 @@ impl Walk {
 
     /// `export X=…`, `unset X`, `read X`: the variables follow. False when a bound stopped
     /// the walk.
-    fn declarations(&mut self, rest: &[&Word], what: &Arc<str>) -> bool {
+    fn declarations(&mut self, rest: &[&Word], what: &Arc<str>, depth: usize) -> bool {
         let Some(first) = rest[0].bare() else {
             return true;
         };
         match first {
             "export" | "declare" | "typeset" | "local" | "readonly" => {
-                for w in &rest[1..] {
-                    if let Some((name, parts, append)) = w.assignment()
-                        && !self.assign(name, &parts, append, what)
-                    {
-                        return false;
-                    }
-                }
+                return self.declare(rest, what, depth);
             }
             "unset" => {
                 for w in &rest[1..] {
@@ -806,6 +901,10 @@ impl Walk {
             return;
         };
         let piped = matches!(stdin, Some((Nesting::Pipe, _)));
+        // A name `hash -p` bound runs the program it names.
+        if let Some(hashed) = self.hashed(words) {
+            return self.command(&hashed, what, depth, stdin);
+        }
         let Some(name) = first.literal.as_deref() else {
             return self.unknown_name(words, what, depth, stdin);
         };
@@ -819,6 +918,8 @@ impl Walk {
         if spec::is_glob_name(base) {
             return self.globbed(words, what, depth, stdin);
         }
+        // An alias or a function the script defined runs its own commands.
+        self.defined(words, what, depth, &stdin);
         self.output = match base {
             "echo" | "printf" => echo_output(&words.iter().map(field).collect::<Vec<_>>()),
             // `cat` with options only passes its input on.
@@ -836,6 +937,7 @@ impl Walk {
             "cd" => self.cd(args),
             "pushd" | "popd" => self.cwds = Arc::from([]),
             "find" => {
+                self.last_find = Some(words.to_vec());
                 self.find(args, what, depth);
                 // What `-exec` prints is not what the walk follows into a pipe.
                 self.output = None;
@@ -846,7 +948,15 @@ impl Walk {
             }
             "eval" => self.joined(args, what, depth),
             "watch" => self.watch(args, what, depth),
-            "alias" => self.alias(args, what, depth),
+            "alias" => {
+                self.record_aliases(args);
+                self.alias(args, what, depth);
+            }
+            "hash" => self.hash(args),
+            "set" => self.set_positional(args),
+            "let" => self.arithmetic_names(args),
+            "ln" | "cp" | "link" | "mount" => self.link(base, args, what),
+            "source" | "." => self.source(args, what, depth, stdin),
             "trap" => match scan(args, "", &[], usize::MAX, false) {
                 Ok(s) => self.nested("sh", Nesting::Deferred, s.operands.first(), what, depth),
                 Err(why) => self.opaque(what.clone(), why),
@@ -864,6 +974,8 @@ impl Walk {
             }
             "su" => self.su(args, what, depth, stdin),
             _ if SHELLS.contains(&base) => self.shell(base, args, what, depth, stdin),
+            _ if self.code_taker(base, args, what, depth, &stdin) => {}
+            _ if self.elsewhere_runner(base, args, what, depth, &stdin) => {}
             _ => {
                 if let Some(w) = spec::wrapper(base) {
                     self.wrapper(w, args, what, depth, stdin);
@@ -1177,6 +1289,18 @@ impl Walk {
         if inner.is_empty() {
             inner.push(spec::word("echo"));
         }
+        // `find … | xargs CMD` runs CMD on what find lists, as `find … -exec CMD {} +` does.
+        if let Some(mut find) = self.find_piped.take() {
+            find.push(spec::word("-exec"));
+            find.extend(inner.iter().cloned());
+            find.extend([spec::word("{}"), spec::word("+")]);
+            self.push(Effect::Program {
+                argv: find,
+                at: self.place(),
+                piped: false,
+                what: what.clone(),
+            });
+        }
         match (input, replace.filter(|r| !r.is_empty())) {
             (Some(text), Some(r)) => {
                 let line = text.lines().next().unwrap_or("").trim().to_owned();
@@ -1308,6 +1432,9 @@ impl Walk {
             return;
         }
         match args.get(i) {
+            // A script file the script wrote: its text.
+            Some(file) if self.run_written(file, Nesting::File, what, depth) => {}
+            Some(file) if stdin_path(file) => self.reads_input(name, true, stdin, what, depth),
             Some(_) => self.push(Effect::Script {
                 language: name.to_owned(),
                 how: Nesting::File,
@@ -1315,6 +1442,31 @@ impl Walk {
                 what: what.clone(),
             }),
             None => self.reads_input(name, true, stdin, what, depth),
+        }
+    }
+
+    /// `source FILE`, `. FILE`: in this shell, a file the script wrote (its text), or its
+    /// standard input (`. /dev/stdin`).
+    fn source(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize, stdin: Stdin) {
+        let Some(file) = args.iter().find(|w| w.literal.as_deref() != Some("--")) else {
+            return;
+        };
+        if self.run_written(file, Nesting::Eval, what, depth) {
+            return;
+        }
+        if stdin_path(file) {
+            match stdin {
+                Some((how, Some(code))) => {
+                    self.push(Effect::Script {
+                        language: "sh".into(),
+                        how,
+                        code: Some(code.clone()),
+                        what: what.clone(),
+                    });
+                    self.script(&code, depth + 1);
+                }
+                other => self.reads_input("sh", true, other, what, depth),
+            }
         }
     }
 
@@ -1351,6 +1503,19 @@ impl Walk {
                 return;
             }
         };
+        // `env GIT_SSH_COMMAND=… git fetch`: a variable that holds a command is code.
+        if w.assignments {
+            let end = s.command.unwrap_or(args.len());
+            for a in &args[..end] {
+                let Some((name, value)) = a.literal.as_deref().and_then(|l| l.split_once('='))
+                else {
+                    continue;
+                };
+                if spec::CODE_VARIABLES.contains(&name) {
+                    self.code("sh", Nesting::Deferred, value, what, depth);
+                }
+            }
+        }
         for file in s.values(w.dest).flatten() {
             self.push(Effect::Write {
                 target: file.clone(),
@@ -1489,6 +1654,17 @@ impl Walk {
             None => self.reads_input(i.name, false, stdin, what, 0),
         }
     }
+}
+
+/// Whether a word names this process's standard input (`/dev/stdin`, `/dev/fd/0`,
+/// `/proc/self/fd/0`).
+fn stdin_path(w: &ShellWord) -> bool {
+    w.literal.as_deref().is_some_and(|p| {
+        matches!(
+            normalise("/", p).as_str(),
+            "/dev/stdin" | "/dev/fd/0" | "/proc/self/fd/0" | "/proc/thread-self/fd/0"
+        )
+    })
 }
 
 /// Fork bomb: a function that calls itself in a pipeline or in the background.
@@ -1661,6 +1837,71 @@ pub fn resolve(path: &str, cwds: &[String], home: Option<&str>) -> Option<Vec<St
         return None;
     }
     Some(cwds.iter().map(|cwd| normalise(cwd, path)).collect())
+}
+
+/// Most links one walk tracks (those the script makes, and the mounts of the containers it
+/// runs); past it the walk stops with a `Bound`.
+pub const MAX_LINKS: usize = 64;
+
+/// `path` with every link the script made followed: a path at or below a link (a component
+/// of `path` may be a pattern matching the link's) is taken at the link's target, then
+/// again, at most [`MAX_LINKS`] times (links can point at each other). A relative path is
+/// matched against the links made where the working directory was unknown, named as
+/// written.
+pub fn follow_links(path: &str, links: &[(String, String)]) -> String {
+    let mut current = match path.starts_with('/') {
+        true => normalise("/", path),
+        false => relative(path),
+    };
+    for _ in 0..MAX_LINKS {
+        // A link named literally first; a pattern matching a link's name otherwise.
+        // (A pattern that ends the path stays a pattern: `b/*` is every name in `b`.)
+        let through = |literal: bool| {
+            links.iter().rev().find_map(|(link, target)| {
+                let rest = below(&current, link, literal).filter(|r| literal || !r.is_empty())?;
+                Some(normalise("/", &format!("{target}/{rest}")))
+            })
+        };
+        let Some(next) = through(true).or_else(|| through(false)) else {
+            break;
+        };
+        if next == current {
+            break;
+        }
+        current = next;
+    }
+    current
+}
+
+/// What follows `link` in `path` when `path` is `link` or beneath it (component by
+/// component, a component of `path` may be a pattern that matches the link's).
+fn below(path: &str, link: &str, literal: bool) -> Option<String> {
+    if path.starts_with('/') != link.starts_with('/') || link.is_empty() {
+        return None;
+    }
+    let mut parts = path.split('/').filter(|c| !c.is_empty());
+    for l in link.split('/').filter(|c| !c.is_empty()) {
+        let p = parts.next()?;
+        if p != l && (literal || !(spec::has_glob(p) && spec::glob_match(p, l))) {
+            return None;
+        }
+    }
+    Some(parts.collect::<Vec<_>>().join("/"))
+}
+
+/// A relative path with `.` and `dir/..` removed, lexically (a leading `..` stays).
+pub fn relative(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if parts.last().is_some_and(|p| *p != "..") => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    parts.join("/")
 }
 
 /// Whether a redirection to `path` would open a network connection: bash (and ksh) read

@@ -49,6 +49,9 @@ pub struct Expander {
     cpu_start: Duration,
     /// Spends since the CPU clock was last read (reading it is a system call).
     since_clock: u32,
+    /// The likely output of the substitution [`Expander::part_value`] just read as
+    /// unknown, if it has one.
+    likely: Option<String>,
 }
 
 impl Expander {
@@ -60,6 +63,7 @@ impl Expander {
             cpu_limit,
             cpu_start: thread_cpu_time(),
             since_clock: 0,
+            likely: None,
         }
     }
 
@@ -159,6 +163,12 @@ pub struct Env {
     pub cwd: Option<String>,
     /// The home directory as an absolute path, when the caller knows it.
     pub home: Option<String>,
+    /// The positional parameters (`"$@"`), when every one is known: set by a function call
+    /// or `set --`. `None`: unknown.
+    pub args: Option<Vec<String>>,
+    /// Links the script made before this point (link path → target, both absolute): a
+    /// path through one is judged where it leads ([`Env::resolve`]).
+    pub links: std::sync::Arc<[(String, String)]>,
 }
 
 impl Env {
@@ -179,12 +189,27 @@ impl Env {
         if path.is_empty() {
             return path.into();
         }
-        let absolute: std::borrow::Cow<'a, str> = match &self.cwd {
+        let mut absolute: std::borrow::Cow<'a, str> = match &self.cwd {
             Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
                 format!("{cwd}/{path}").into()
             }
             _ => path.into(),
         };
+        if !self.links.is_empty() {
+            let home = self.home.as_deref().map(|h| h.trim_end_matches('/'));
+            let full = match (absolute.strip_prefix('~'), home) {
+                (Some(rest), Some(home)) if rest.is_empty() || rest.starts_with('/') => {
+                    format!("{home}{rest}")
+                }
+                _ => absolute.clone().into_owned(),
+            };
+            if !full.starts_with('~') {
+                let followed = super::effects::follow_links(&full, &self.links);
+                if followed != full {
+                    absolute = followed.into();
+                }
+            }
+        }
         if let Some(home) = self.home.as_deref().map(|h| h.trim_end_matches('/'))
             && !home.is_empty()
             && let Some(rest) = absolute.strip_prefix(home)
@@ -279,8 +304,10 @@ impl Expander {
         }
     }
 
-    /// The value of a command substitution when it is a plain `echo`/`printf` of known text.
-    fn subst_output(&mut self, toks: &[Tok], env: &Env) -> Result<Option<String>, Bound> {
+    /// The output of a command substitution of one simple command: `Some((text, true))`
+    /// when it is known (a plain `echo`/`printf` of known text, `dirname`, `basename`,
+    /// `ls -d`), `Some((text, false))` when it is only likely ([`path_output`]).
+    fn subst_output(&mut self, toks: &[Tok], env: &Env) -> Result<Option<(String, bool)>, Bound> {
         let mut words = Vec::new();
         for t in toks {
             match t {
@@ -293,27 +320,40 @@ impl Expander {
         for w in words {
             fields.extend(self.expand(w, env)?);
         }
-        Ok(echo_output(&fields))
+        Ok(echo_output(&fields)
+            .map(|t| (t, true))
+            .or_else(|| path_output(&fields)))
     }
 
     /// The value of one part: `Ok(text)`, or `Err(display)` when it is unknown before the
-    /// command runs.
+    /// command runs — then, for a substitution whose output is only likely
+    /// (`"$(readlink -f /etc/passwd)"`), that output in [`Expander::likely`], to judge the
+    /// value by while it stays unknown.
     fn part_value(&mut self, p: &Part, env: &Env) -> Result<Result<String, String>, Bound> {
+        self.likely = None;
         Ok(match p {
             Part::Lit { text, .. } => Ok(text.clone()),
-            Part::Param { name, .. } => {
-                self.lookup(name, env).ok_or_else(|| format!("${{{name}}}"))
-            }
+            Part::Param { name, .. } => match (name.as_str(), &env.args) {
+                ("@" | "*", Some(args)) => Ok(args.join(" ")),
+                ("#", Some(args)) => Ok(args.len().to_string()),
+                _ => self.lookup(name, env).ok_or_else(|| format!("${{{name}}}")),
+            },
             Part::Subst {
                 toks,
                 source,
                 output,
                 ..
             } => {
-                let value = if *output {
-                    self.subst_output(toks, env)?
-                } else {
-                    None
+                let value = match *output {
+                    true => match self.subst_output(toks, env)? {
+                        Some((text, true)) => Some(text),
+                        Some((text, false)) => {
+                            self.likely = Some(text.trim_end().to_owned());
+                            None
+                        }
+                        None => None,
+                    },
+                    false => None,
                 };
                 let open = if *output { "$(" } else { "<(" };
                 value
@@ -352,9 +392,29 @@ impl Expander {
                     p,
                     Part::Param { quoted: true, .. } | Part::Subst { quoted: true, .. }
                 );
+                // `"$@"`: one field per positional parameter, when they are known.
+                if let (Part::Param { name, quoted: true }, Some(args)) = (p, &env.args)
+                    && name == "@"
+                {
+                    for (k, a) in args.iter().enumerate() {
+                        if k > 0 {
+                            cur.keep = true;
+                            cur.finish(&mut out);
+                        }
+                        self.spend(a.len())?;
+                        cur.push(a);
+                        cur.keep = true;
+                    }
+                    continue;
+                }
                 match self.part_value(p, env)? {
                     Ok(v) => self.push_value(&mut cur, &mut out, &v, quoted, env)?,
-                    Err(display) => cur.unknown_part(p, &display),
+                    Err(display) => {
+                        cur.unknown_part(p, &display);
+                        if let Some(likely) = self.likely.take() {
+                            cur.if_empty.push_str(&likely);
+                        }
+                    }
                 }
             }
             cur.finish(&mut out);
@@ -417,7 +477,12 @@ impl Expander {
                     self.spend(v.len())?;
                     cur.push(&v);
                 }
-                Err(display) => cur.unknown_part(p, &display),
+                Err(display) => {
+                    cur.unknown_part(p, &display);
+                    if let Some(likely) = self.likely.take() {
+                        cur.if_empty.push_str(&likely);
+                    }
+                }
             }
         }
         let mut f = Field {
@@ -611,6 +676,88 @@ pub fn echo_output(fields: &[Field]) -> Option<String> {
     }
 }
 
+/// Output of the programs that print the paths they are given, computed lexically, and
+/// whether it is certain: `dirname`, `basename` and `ls -d` (certain), `readlink -f` and
+/// `realpath` of an absolute path (as normalised: likely, the filesystem's links aside) and
+/// `ls` of files (`ls /etc/sudoers` prints its operand; of a directory, its entries:
+/// likely). A path the script linked is not followed here; the policies follow links where
+/// the path is used.
+pub fn path_output(fields: &[Field]) -> Option<(String, bool)> {
+    let name = super::basename(fields.first()?.val()?);
+    let args: Option<Vec<&str>> = fields[1..].iter().map(Field::val).collect();
+    let args = args?;
+    let (opts, operands): (Vec<&str>, Vec<&str>) = args
+        .iter()
+        .partition(|a| a.starts_with('-') && a.len() > 1 && **a != "--");
+    let operands: Vec<&str> = operands.into_iter().filter(|a| *a != "--").collect();
+    let only = |allowed: &[&str]| opts.iter().all(|o| allowed.contains(o));
+    let certain = match name {
+        "dirname" | "basename" => true,
+        "ls" => opts.contains(&"-d"),
+        _ => false,
+    };
+    let out: Vec<String> = match name {
+        "readlink" | "realpath" if !operands.is_empty() => {
+            let canonical = name == "realpath"
+                || opts.iter().any(|o| {
+                    o.len() > 1 && !o.starts_with("--") && o[1..].contains(['f', 'e', 'm'])
+                });
+            if !canonical
+                || !only(&[
+                    "-f", "-e", "-m", "-n", "-q", "-s", "-z", "-fn", "-nf", "-en", "-ne",
+                ])
+                || !operands.iter().all(|p| p.starts_with('/'))
+            {
+                return None;
+            }
+            operands
+                .iter()
+                .map(|p| super::effects::normalise("/", p))
+                .collect()
+        }
+        "dirname" if !operands.is_empty() && opts.is_empty() => {
+            operands.iter().map(|p| dirname(p)).collect()
+        }
+        "basename" if (1..=2).contains(&operands.len()) && opts.is_empty() => {
+            let base = operands[0].trim_end_matches('/');
+            let base = base.rsplit('/').next().unwrap_or(base);
+            let base = match operands.get(1) {
+                Some(suffix) if base != *suffix => base.strip_suffix(suffix).unwrap_or(base),
+                _ => base,
+            };
+            vec![base.to_owned()]
+        }
+        "ls" if !operands.is_empty() && only(&["-d", "-1"]) => {
+            operands.iter().map(|p| (*p).to_owned()).collect()
+        }
+        _ => return None,
+    };
+    Some((out.join("\n"), certain))
+}
+
+/// `dirname PATH`, lexically.
+fn dirname(path: &str) -> String {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return if path.is_empty() {
+            ".".into()
+        } else {
+            "/".into()
+        };
+    }
+    match trimmed.rfind('/') {
+        None => ".".into(),
+        Some(at) => {
+            let parent = trimmed[..at].trim_end_matches('/');
+            if parent.is_empty() {
+                "/".into()
+            } else {
+                parent.to_owned()
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,6 +799,34 @@ mod tests {
         assert_eq!(values("$NOPE", &env), [None]);
         assert_eq!(values("$(echo rm)", &env), [Some("rm".to_owned())]);
         assert_eq!(values("$(printf '\\x72')", &env), [None]);
+    }
+
+    #[test]
+    fn printed_paths_are_known_or_likely() {
+        let env = Env::default();
+        assert_eq!(
+            values("$(dirname /etc/hosts)", &env),
+            [Some("/etc".to_owned())]
+        );
+        assert_eq!(
+            values("$(basename /a/b.txt .txt)", &env),
+            [Some("b".to_owned())]
+        );
+        assert_eq!(values("$(ls -d /e*)", &env), [Some("/e*".to_owned())]);
+        // What depends on the filesystem stays unknown, judged as its likely value.
+        for (word, likely) in [
+            ("\"$(readlink -f /etc/../etc/passwd)\"", "/etc/passwd"),
+            ("\"$(realpath /boot/x)\"", "/boot/x"),
+            ("`ls /etc/sudoers`", "/etc/sudoers"),
+        ] {
+            let f = fields(word, &env).unwrap();
+            assert_eq!(
+                (f[0].value.clone(), f[0].judged()),
+                (None, likely),
+                "{word}"
+            );
+        }
+        assert_eq!(values("$(readlink x)", &env), [None]);
     }
 
     #[test]

@@ -295,6 +295,149 @@ pub const WRAPPERS: &[Wrapper] = &[
         ..WRAPPER
     },
     Wrapper {
+        name: "ltrace",
+        with_arg: "aADeFlnopsuwx",
+        long_with_arg: &["output", "library", "align", "config"],
+        dest: ("o", &["output"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "valgrind",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "perf",
+        with_arg: "eoxrptCGIDjMFcm",
+        long_with_arg: &[
+            "event",
+            "output",
+            "field-separator",
+            "repeat",
+            "pid",
+            "tid",
+            "cpu",
+        ],
+        // Its subcommand (`stat`, `record`, `trace`), then the command it measures.
+        operands: 1,
+        dest: ("o", &["output"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "setpriv",
+        long_with_arg: &[
+            "reuid",
+            "regid",
+            "ruid",
+            "euid",
+            "rgid",
+            "egid",
+            "groups",
+            "inh-caps",
+            "ambient-caps",
+            "bounding-set",
+            "securebits",
+            "pdeathsig",
+            "selinux-label",
+            "apparmor-profile",
+            "landlock-access",
+            "landlock-rule",
+        ],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "firejail",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "fakeroot",
+        with_arg: "lsib",
+        long_with_arg: &["lib", "faked"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "fakechroot",
+        with_arg: "ecld",
+        long_with_arg: &["environment", "config-dir", "lib", "elfloader"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "proot",
+        with_arg: "rbqwkivRSm",
+        long_with_arg: &["rootfs", "bind", "qemu", "cwd", "kernel-release"],
+        chdir: ("w", &["cwd"]),
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "torsocks",
+        with_arg: "upaP",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "proxychains",
+        with_arg: "f",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "proxychains4",
+        with_arg: "f",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "catchsegv",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "xvfb-run",
+        with_arg: "efnpsw",
+        long_with_arg: &[
+            "error-file",
+            "auth-file",
+            "server-num",
+            "xauth-protocol",
+            "server-args",
+            "wait",
+        ],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "dbus-run-session",
+        long_with_arg: &["config-file", "dbus-daemon"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "systemd-inhibit",
+        long_with_arg: &["what", "who", "why", "mode"],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "cgexec",
+        with_arg: "g",
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "numactl",
+        with_arg: "impNCoLMSf",
+        long_with_arg: &[
+            "interleave",
+            "preferred",
+            "membind",
+            "cpunodebind",
+            "physcpubind",
+            "offset",
+            "length",
+            "shmmode",
+            "shm",
+            "file",
+            "shmid",
+        ],
+        ..WRAPPER
+    },
+    Wrapper {
+        name: "faketime",
+        operands: 1,
+        ..WRAPPER
+    },
+    Wrapper {
         name: "command",
         no_command: "vV",
         ..WRAPPER
@@ -358,6 +501,88 @@ pub const WRAPPERS: &[Wrapper] = &[
         ..WRAPPER
     },
 ];
+
+/// Variables whose value is a command another program runs through a shell: the prompt
+/// hook, the pagers, editors and ssh commands git, less, man and others run.
+pub const CODE_VARIABLES: &[&str] = &[
+    "PROMPT_COMMAND",
+    "GIT_SSH_COMMAND",
+    "GIT_SSH",
+    "GIT_PAGER",
+    "GIT_EDITOR",
+    "GIT_SEQUENCE_EDITOR",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_ASKPASS",
+    "GIT_PROXY_COMMAND",
+    "SSH_ASKPASS",
+    "SUDO_ASKPASS",
+    "PAGER",
+    "MANPAGER",
+    "SYSTEMD_PAGER",
+    "EDITOR",
+    "VISUAL",
+    "SUDO_EDITOR",
+    "FCEDIT",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "BROWSER",
+];
+
+/// Files a shell runs when it starts (`~/.bashrc`, `/etc/profile.d/*`, …), by their
+/// absolute path: text written to one is code.
+pub fn startup_file(path: &str) -> bool {
+    const IN_HOME: &[&str] = &[
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zshenv",
+        ".zprofile",
+        ".zlogin",
+        ".kshrc",
+        ".mkshrc",
+        ".cshrc",
+        ".tcshrc",
+        ".login",
+    ];
+    const SYSTEM: &[&str] = &[
+        "/etc/profile",
+        "/etc/bash.bashrc",
+        "/etc/bashrc",
+        "/etc/zshrc",
+        "/etc/zsh/zshrc",
+        "/etc/zsh/zshenv",
+        "/etc/zsh/zprofile",
+        "/etc/environment",
+        "/etc/csh.cshrc",
+        "/etc/csh.login",
+    ];
+    let name = super::basename(path);
+    IN_HOME.contains(&name)
+        || SYSTEM.contains(&path)
+        || path
+            .strip_prefix("/etc/profile.d/")
+            .is_some_and(|r| !r.is_empty())
+}
+
+/// A file cron reads jobs from, by its absolute path: `Some(fields)`, the fields before each
+/// job's command (6 in the system's tables, which name a user; 5 in a user's), or 0 for a
+/// script cron runs whole (`/etc/cron.daily/*`).
+pub fn cron_file(path: &str) -> Option<usize> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    match parts.as_slice() {
+        ["etc", "crontab"] | ["etc", "cron.d", _] => Some(6),
+        [
+            "etc",
+            "cron.hourly" | "cron.daily" | "cron.weekly" | "cron.monthly",
+            _,
+        ] => Some(0),
+        ["var", "spool", "cron", "crontabs", _] | ["var", "spool", "cron", _] => Some(5),
+        _ => None,
+    }
+}
 
 /// `runuser -u USER [--] CMD …` runs CMD directly; without `-u`, `runuser` reads like `su`.
 pub const RUNUSER_AS: Wrapper = Wrapper {

@@ -9,7 +9,8 @@
 //! is `rules`'.
 
 use super::Objection;
-use super::rules::shown;
+use super::host::state_asks;
+use super::rules::{git_clean_place, shown};
 use crate::shell::expand::{Env, Field};
 use crate::shell::{basename, spec};
 
@@ -72,7 +73,8 @@ const FIREWALL_LISTING: &[&str] = &[
 
 const ACCOUNTS: &[&str] = &[
     "useradd", "userdel", "usermod", "adduser", "deluser", "groupadd", "groupdel", "groupmod",
-    "addgroup", "delgroup", "chpasswd", "chage", "vipw", "vigr",
+    "addgroup", "delgroup", "chpasswd", "chage", "vipw", "vigr", "gpasswd", "newusers", "chsh",
+    "chfn", "pwconv", "grpconv", "visudo",
 ];
 
 /// `systemctl`/`service` verbs that take a service away or change what starts at boot.
@@ -103,6 +105,15 @@ pub(super) fn risky_rules(
     let cmd = shown(args, 160);
     let rest = &args[1..];
     if let Some(r) = delete_outside(name, rest, env, workspace, &cmd) {
+        return Some(r);
+    }
+    if let Some(r) = unknown_target(name, rest, workspace, &cmd) {
+        return Some(r);
+    }
+    if let Some(r) = clean_outside(args, env, workspace, &cmd) {
+        return Some(r);
+    }
+    if let Some(r) = state_asks(args, env) {
         return Some(r);
     }
     let vals = || rest.iter().filter_map(Field::val);
@@ -147,8 +158,13 @@ pub(super) fn risky_rules(
         "perl" => vals().any(|v| short_has(v, 'i')),
         _ => false,
     };
+    // A file named in part by a substitution is judged by its fixed part
+    // (`/boot/vmlinuz-$(uname -r)`), and through the links the script made.
     if in_place
-        && let Some(file) = vals().find(|v| SYSTEM_PREFIXES.iter().any(|p| v.starts_with(p)))
+        && let Some(file) = rest
+            .iter()
+            .map(|f| env.resolve(f.judged()).into_owned())
+            .find(|v| SYSTEM_PREFIXES.iter().any(|p| v.starts_with(p)))
     {
         return ask(
             "system-edit",
@@ -158,9 +174,90 @@ pub(super) fn risky_rules(
     None
 }
 
+/// The first word of [`CODE_THAT_ACTS`] that `code` mentions.
+pub(super) fn code_that_acts(code: &str) -> Option<&'static str> {
+    let text = code.to_ascii_lowercase();
+    CODE_THAT_ACTS.iter().copied().find(|w| mentions(&text, w))
+}
+
+/// A destructive command's target that a command prints when it runs, with nothing fixed
+/// before it (`rm -f "$(ls -t | tail -1)"`, `cat /dev/zero > "$(findmnt -no SOURCE /)"`):
+/// where it lands cannot be judged. Only where a workspace is named (as the tools do); a target that starts with a
+/// fixed directory is judged by it (`rules`).
+fn unknown_target(
+    name: &str,
+    rest: &[Field],
+    workspace: Option<&str>,
+    cmd: &str,
+) -> Option<Objection> {
+    workspace?;
+    if rest.iter().all(|f| f.value.is_some()) {
+        return None;
+    }
+    let operands: Vec<&Field> = rest
+        .iter()
+        .filter(|f| !f.val().is_some_and(|v| v.starts_with('-') && v.len() > 1))
+        .collect();
+    let targets: Vec<&Field> = match name {
+        "rm" | "unlink" | "shred" | "mv" | "tee" | "srm" => operands,
+        "truncate" => {
+            let mut out = Vec::new();
+            let mut skip = false;
+            for f in rest {
+                let v = f.judged();
+                if skip {
+                    skip = false;
+                } else if matches!(v, "-s" | "-r" | "--size" | "--reference") {
+                    skip = true;
+                } else if !v.starts_with('-') {
+                    out.push(f);
+                }
+            }
+            out
+        }
+        "chmod" | "chown" | "chgrp" => operands.into_iter().skip(1).collect(),
+        "cp" | "install" | "ln" => match operands.len() {
+            0 | 1 => Vec::new(),
+            n => vec![operands[n - 1]],
+        },
+        "dd" => {
+            let of = rest.iter().find(|f| f.display.starts_with("of="))?;
+            return (of.value.is_none() && printed(&of.display["of=".len()..]))
+                .then(|| unknown_target_ask(cmd, &of.display["of=".len()..]));
+        }
+        _ => return None,
+    };
+    targets
+        .into_iter()
+        .find(|f| starts_unknown(f))
+        .map(|f| unknown_target_ask(cmd, &f.display))
+}
+
+/// Whether a word's value is unknown from its start, where a command's output begins it
+/// (`"$(…)"`, a backtick substitution).
+pub(super) fn starts_unknown(f: &Field) -> bool {
+    f.value.is_none() && printed(&f.display)
+}
+
+/// Whether a word as shown starts with a command's output (`$(…)`, `` `…` ``, `<(…)`). A
+/// plain variable is not counted: a loop's or the caller's variables are ordinary there.
+pub(super) fn printed(display: &str) -> bool {
+    display.starts_with("$(") || display.starts_with("<(")
+}
+
+pub(super) fn unknown_target_ask(cmd: &str, target: &str) -> Objection {
+    Objection::ask(
+        "unknown-target",
+        format!(
+            "`{cmd}` writes to, moves or deletes `{target}`, a path known only when it runs, so \
+             nobody can see which file it is"
+        ),
+    )
+}
+
 /// Whether `word` starts a word of `text` (`os.remove(` yes, `str.removeprefix` yes too,
 /// `platform_release` no).
-fn mentions(text: &str, word: &str) -> bool {
+pub(super) fn mentions(text: &str, word: &str) -> bool {
     text.match_indices(word).any(|(at, _)| {
         !text[..at]
             .chars()
@@ -217,6 +314,28 @@ fn delete_outside(
         }
     }
     None
+}
+
+/// A forced `git clean` outside the workspace, or somewhere known only when it runs: it
+/// deletes every untracked file there, as a recursive delete does.
+fn clean_outside(
+    args: &[Field],
+    env: &Env,
+    workspace: Option<&str>,
+    cmd: &str,
+) -> Option<Objection> {
+    let dir = git_clean_place(args)?;
+    let workspace = lexical("/", workspace?)?;
+    let at = place(&env.resolve(&dir), env).filter(|p| inside(&workspace, p));
+    at.is_none().then(|| {
+        Objection::ask(
+            "delete-outside",
+            format!(
+                "`{cmd}` deletes every file git does not track in `{dir}`, outside the \
+                 workspace {workspace} (or somewhere known only when it runs)"
+            ),
+        )
+    })
 }
 
 /// Where `path` is, lexically, from the working directory and the home; `None` if unknown.
@@ -450,5 +569,44 @@ mod tests {
         ] {
             assert_allowed(cmd);
         }
+    }
+
+    #[test]
+    fn a_target_a_command_prints_asks_where_a_workspace_is_named() {
+        use super::super::{Context, Guard, Verdict};
+        let g = Guard::default();
+        let at = |cmd: &str| {
+            let context = Context {
+                cwd: Some("/srv/ws"),
+                home: Some("/home/u"),
+                workspace: Some("/srv/ws"),
+                ..Context::default()
+            };
+            let a = g.assess(cmd, &context);
+            (a.verdict, a.refusal.map(|r| r.rule).unwrap_or_default())
+        };
+        for cmd in [
+            "rm -f \"$(ls -t | tail -1)\"",
+            "cat /dev/zero > \"$(findmnt -no SOURCE /)\"",
+            "mv \"$(cat list)\" /tmp/",
+            "cp x `cat dest`",
+            "dd if=/dev/zero of=\"$(cat disk)\"",
+        ] {
+            assert_eq!(
+                at(cmd),
+                (Verdict::Ask, "unknown-target".to_owned()),
+                "{cmd}"
+            );
+        }
+        for cmd in [
+            "for f in *.bak; do rm \"$f\"; done",
+            "rm -f \"logs/$(date +%F).log\"",
+            "echo x > \"$LOG\"",
+            "cp \"$(ls -t | head -1)\" ./latest",
+        ] {
+            assert_eq!(at(cmd), (Verdict::Allow, String::new()), "{cmd}");
+        }
+        // Without a workspace (a bare `Guard::check`), not judged.
+        assert!(g.check("rm -f \"$(ls -t | tail -1)\"").is_ok());
     }
 }

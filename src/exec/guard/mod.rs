@@ -19,6 +19,10 @@
 //! - `policy`: from effects to verdicts (bounds and fork bombs refused, what cannot be seen
 //!   through asked, every program judged where it may run, operator patterns).
 //! - `rules`: what is refused, on one normalised command or write target.
+//! - `host`: the host's identity and boot files (refused whatever writes, moves, removes,
+//!   links or re-permissions them) and its storage and system state (refused or asked).
+//! - `code`: code given to a program as data (awk, sed, vim, ed, gdb, interpreters fed on
+//!   their input), asked when it can run commands.
 //! - `ask`: what a person should decide (risky or opaque, not catastrophic).
 //!
 //! Its answer is a [`Verdict`] ([`Guard::assess`]): `refuse`, `ask` or `allow`; a refusal
@@ -43,6 +47,8 @@ use crate::shell::Verdict;
 mod ask;
 #[cfg(test)]
 mod cases;
+mod code;
+mod host;
 mod policy;
 mod rules;
 

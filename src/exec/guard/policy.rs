@@ -14,8 +14,10 @@
 
 use std::time::Duration;
 
-use super::ask::risky_rules;
-use super::rules::{broad_pattern, builtin_rules, danger, shown, write_target};
+use super::ask::{printed, risky_rules, unknown_target_ask};
+use super::code::code_as_data;
+use super::host::kernel_target;
+use super::rules::{broad_pattern, builtin_rules, danger, shown, vital_pattern, write_target};
 use super::{Guard, Objection, abbreviate};
 use crate::shell::basename;
 use crate::shell::effects::{self, Effect, Limit, Nesting, Place, Start, Written};
@@ -114,7 +116,10 @@ impl Policy<'_> {
                     self.operator_rules(code)?;
                 }
                 let shell = SHELLS.contains(&language.as_str());
-                Ok((shell && how == Nesting::Pipe && code.is_none()).then(|| {
+                if !shell {
+                    return Ok(code_as_data(&language, how, code.as_deref()));
+                }
+                Ok((how == Nesting::Pipe && code.is_none()).then(|| {
                     Objection::ask(
                         "pipe-to-shell",
                         "it pipes text known only when it runs (fetched or decoded) into a \
@@ -137,12 +142,33 @@ impl Policy<'_> {
                     .as_deref()
                     .or(target.if_empty.as_deref())
                     .unwrap_or_default();
+                let mut ask = None;
                 for env in places(&at) {
                     write_target(&env.resolve(path), how == Written::Appended, &|| {
                         what.to_string()
                     })?;
+                    let field = Field::lit(path);
+                    if ask.is_none()
+                        && let Some(p) = kernel_target(std::iter::once(&field), &env)
+                    {
+                        ask = Some(Objection::ask(
+                            "kernel-state",
+                            format!(
+                                "`{what}` writes to {p}, which changes the kernel's state at once"
+                            ),
+                        ));
+                    }
                 }
-                Ok(None)
+                // A file a command prints when it runs (`> "$(…)"`).
+                if ask.is_none()
+                    && self.workspace.is_some()
+                    && how == Written::Truncated
+                    && target.literal.is_none()
+                    && printed(&target.source)
+                {
+                    ask = Some(unknown_target_ask(&what, &target.source));
+                }
+                Ok(ask)
             }
             Effect::Network { .. } | Effect::Duplicate { .. } => Ok(None),
         }
@@ -230,6 +256,7 @@ fn places(at: &Place) -> Vec<Env> {
     let env = |cwd: Option<&String>| Env {
         cwd: cwd.cloned(),
         home: home.clone(),
+        links: at.links.clone(),
         ..Env::default()
     };
     match at.cwds.is_empty() {
@@ -275,10 +302,19 @@ fn find(argv: &[ShellWord], fields: &[Field], env: &Env) -> Result<(), Objection
     while let Some(w) = expr.get(k) {
         k += 1;
         match w.literal.as_deref().unwrap_or("?") {
-            "-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-iwholename" | "-regex"
-            | "-iregex" | "-lname" | "-ilname" => {
-                let pattern = expr.get(k).and_then(|w| w.literal.as_deref());
-                narrowed |= !broad_pattern(pattern.unwrap_or("*"));
+            test @ ("-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-iwholename"
+            | "-regex" | "-iregex" | "-lname" | "-ilname") => {
+                let pattern = expr
+                    .get(k)
+                    .and_then(|w| w.literal.as_deref())
+                    .unwrap_or("*");
+                // A pattern that matches the files the host needs (`*.so*`) narrows nothing.
+                let vital = match test {
+                    "-name" => vital_pattern(pattern),
+                    "-iname" => vital_pattern(&pattern.to_ascii_lowercase()),
+                    _ => false,
+                };
+                narrowed |= !broad_pattern(pattern) && !vital;
                 k += 1;
             }
             "!" | "-not" | "-o" | "-or" | "," => widened = true,
@@ -308,7 +344,7 @@ fn find(argv: &[ShellWord], fields: &[Field], env: &Env) -> Result<(), Objection
     }
     if (delete || deletes) && (widened || !narrowed) {
         for s in start_fields() {
-            if let Some(what) = danger(&env.resolve(s.judged()), false) {
+            if let Some(what) = danger(&env.resolve(s.judged()), true) {
                 return Err(Objection::new(
                     FIND_DELETE,
                     format!(

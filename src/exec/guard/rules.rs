@@ -7,8 +7,10 @@
 //! `..` is resolved and against globs (`/u*/b*`). An argument whose value is unknown is
 //! judged as if its unknown parts were empty. Rules never expand, parse or run anything.
 
+use super::host::{identity_file, identity_refusal, identity_rules, storage_rules};
 use super::{Objection, abbreviate};
 use crate::shell::expand::{Env, Field};
+use crate::shell::spec;
 
 /// Top-level directories whose recursive deletion or re-permissioning breaks the system.
 const SYSTEM_DIRS: &[&str] = &[
@@ -83,7 +85,8 @@ pub(super) fn device_write(cmd: &str, dev: &str) -> Objection {
 }
 
 /// A write onto `path` (already resolved against the working directory): refused onto
-/// block devices and `/proc/sysrq-trigger`, and — when it truncates — onto system files.
+/// block devices, `/proc/sysrq-trigger` and the host's identity and boot files, and — when
+/// it truncates — onto system files.
 pub(super) fn write_target(
     path: &str,
     append: bool,
@@ -101,6 +104,12 @@ pub(super) fn write_target(
                 abbreviate(&cmd(), 160)
             ),
         ));
+    }
+    if let Some(file) = identity_file(path) {
+        return Err(match append {
+            true => identity_refusal(&cmd(), &file, "append to"),
+            false => truncation(&cmd(), &file),
+        });
     }
     if !append && let Some(file) = system_file(path) {
         return Err(truncation(&cmd(), &file));
@@ -150,7 +159,15 @@ fn if_empty(f: &Field) -> String {
     }
 }
 
+/// Every refusal rule on one normalised simple command: those of the programs named here,
+/// then the host's identity files and storage (`host`).
 pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> {
+    named_rules(args, env)?;
+    identity_rules(args, env)?;
+    storage_rules(args)
+}
+
+fn named_rules(args: &[Field], env: &Env) -> Result<(), Objection> {
     let Some(name) = args
         .first()
         .and_then(Field::val)
@@ -181,6 +198,23 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> 
                         && (o.contains('R') || (name == "rm" && o.contains('r'))))
             });
             if !recursive {
+                // `rm -f /usr/bin/*`: every file of a system tree.
+                for p in operands.iter().filter(|_| name == "rm") {
+                    let target = path(p);
+                    let last = target.rsplit('/').next().unwrap_or_default();
+                    if broad_glob(last)
+                        && let Some(what) = danger(&target, true)
+                    {
+                        return Err(Objection::new(
+                            "recursive-delete",
+                            format!(
+                                "refused: `{cmd}` would delete {what}{}; name the exact files \
+                                 instead",
+                                if_empty(p)
+                            ),
+                        ));
+                    }
+                }
                 return Ok(());
             }
             // chmod's mode and chown's owner are operands too; they never look like paths
@@ -329,6 +363,8 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> 
             Ok(())
         }
         "kill" => kill(args, &cmd),
+        "git" => git_clean(args, env, &cmd),
+        "tar" => tar_remove(args, env, &cmd),
         "shutdown" | "reboot" | "halt" | "poweroff" => Err(power(&cmd)),
         "init" | "telinit"
             if operands
@@ -362,6 +398,138 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> 
         }
         _ => Ok(()),
     }
+}
+
+/// `git clean -f` where the work tree is the root, a system tree or the home: it deletes
+/// every file git does not track there — in a directory that is not a repository, all of
+/// them.
+fn git_clean(args: &[Field], env: &Env, cmd: &str) -> Result<(), Objection> {
+    if let Some(place) = git_clean_place(args)
+        && let Some(what) = danger(&env.resolve(&place), true)
+    {
+        return Err(Objection::new(
+            "git-clean",
+            format!(
+                "refused: `{cmd}` would delete every file git does not track in {what}; run it \
+                 inside a repository's own directory"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The work tree a forced `git clean` (not a dry run) deletes in, as written (`.` for the
+/// working directory); `None` for any other git command.
+pub(super) fn git_clean_place(args: &[Field]) -> Option<String> {
+    if args
+        .first()
+        .and_then(Field::val)
+        .map(crate::shell::basename)
+        != Some("git")
+    {
+        return None;
+    }
+    let mut place = String::from(".");
+    let mut k = 1;
+    while let Some(f) = args.get(k) {
+        k += 1;
+        let v = f.judged();
+        match v {
+            "-C" => {
+                let dir = args.get(k).map(Field::judged).unwrap_or_default();
+                k += 1;
+                place = match dir.starts_with('/') || dir.starts_with('~') {
+                    true => dir.to_owned(),
+                    false => format!("{place}/{dir}"),
+                };
+            }
+            _ if v.starts_with("--work-tree=") => place = v["--work-tree=".len()..].to_owned(),
+            "--work-tree" | "--git-dir" | "-c" | "--namespace" => k += 1,
+            _ if v.starts_with('-') => {}
+            "clean" => {
+                let opts = || args[k..].iter().map(Field::judged);
+                let short =
+                    |o: &str, c: char| o.starts_with('-') && !o.starts_with("--") && o.contains(c);
+                let force = opts().any(|o| o == "--force" || short(o, 'f'));
+                let dry = opts().any(|o| o == "--dry-run" || short(o, 'n'));
+                return (force && !dry).then_some(place);
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// `tar --remove-files`: the files it archives are deleted afterwards, so each is judged as
+/// a recursive delete.
+fn tar_remove(args: &[Field], env: &Env, cmd: &str) -> Result<(), Objection> {
+    let removes = args[1..].iter().any(|f| {
+        f.val()
+            .is_some_and(|v| v.len() >= 9 && long_is(v, "remove-files"))
+    });
+    if !removes {
+        return Ok(());
+    }
+    // Old-style first word (`tar cf a.tar x`): its letters are options.
+    let mut rest = args[1..].iter().map(Field::judged);
+    let mut pending = 0;
+    if let Some(first) = args.get(1).map(Field::judged)
+        && !first.starts_with('-')
+    {
+        rest.next();
+        pending = first
+            .chars()
+            .filter(|c| spec::TAR_WITH_ARG.contains(*c))
+            .count();
+    }
+    let mut dir = String::from(".");
+    let mut rest = rest.peekable();
+    while pending > 0 && rest.next().is_some() {
+        pending -= 1;
+    }
+    while let Some(v) = rest.next() {
+        if let Some(long) = v.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or(long);
+            if !long.contains('=') && spec::long_option_is(name, spec::TAR_LONG_WITH_ARG) {
+                let value = rest.next().unwrap_or_default();
+                if spec::long_option_is(name, &["directory"]) {
+                    dir = value.to_owned();
+                }
+            } else if let Some(d) = long.strip_prefix("directory=") {
+                dir = d.to_owned();
+            }
+            continue;
+        }
+        if v.starts_with('-') && v.len() > 1 {
+            for (at, c) in v.char_indices().skip(1) {
+                if spec::TAR_WITH_ARG.contains(c) {
+                    let value = match v[at + 1..].is_empty() {
+                        true => rest.next().unwrap_or_default().to_owned(),
+                        false => v[at + 1..].to_owned(),
+                    };
+                    if c == 'C' {
+                        dir = value;
+                    }
+                    break;
+                }
+            }
+            continue;
+        }
+        let target = match v.starts_with('/') || v.starts_with('~') {
+            true => v.to_owned(),
+            false => format!("{dir}/{v}"),
+        };
+        if let Some(what) = danger(&env.resolve(&target), true) {
+            return Err(Objection::new(
+                "recursive-delete",
+                format!(
+                    "refused: `{cmd}` would archive and then delete {what}; archive without \
+                     --remove-files, or name the exact directory"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `kill` aimed at every process (`-1`) or at init (`1`).
@@ -412,7 +580,7 @@ fn power(cmd: &str) -> Objection {
 
 /// Components of an absolute or `~`-relative path after removing `.`, `..` and empty parts;
 /// `None` when `..` climbs above the start.
-fn normalize(path: &str) -> Option<Vec<&str>> {
+pub(super) fn normalize(path: &str) -> Option<Vec<&str>> {
     let mut out = Vec::new();
     for c in path.split('/') {
         match c {
@@ -477,7 +645,7 @@ pub(super) fn danger(path: &str, home: bool) -> Option<String> {
 }
 
 /// `component` is `name`, or a glob that matches it.
-fn comp_matches(component: &str, name: &str) -> bool {
+pub(super) fn comp_matches(component: &str, name: &str) -> bool {
     component == name || (has_glob(component) && glob_match(component, name))
 }
 
@@ -549,6 +717,42 @@ fn broad_glob(c: &str) -> bool {
         }
     }
     simplified.contains('*') && simplified.chars().all(|ch| matches!(ch, '*' | '?' | '.'))
+}
+
+/// Names of files the host needs to run: a `find -name` pattern matching one of them does
+/// not narrow a delete throughout a system tree.
+const VITAL_NAMES: &[&str] = &[
+    "libc.so.6",
+    "ld-linux-x86-64.so.2",
+    "libssl.so.3",
+    "libsystemd.so.0",
+    "libpam.so.0",
+    "ld.so.cache",
+    "passwd",
+    "shadow",
+    "group",
+    "sudoers",
+    "fstab",
+    "nsswitch.conf",
+    "resolv.conf",
+    "sshd_config",
+    "vmlinuz",
+    "vmlinuz-6.1.0-18-amd64",
+    "initrd.img-6.1.0-18-amd64",
+    "grub.cfg",
+    "init",
+    "systemd",
+    "bash",
+    "sh",
+    "sshd",
+    "python3",
+    "modules.dep",
+    "ext4.ko",
+];
+
+/// Whether a `find -name` pattern matches the name of a file the host needs.
+pub(super) fn vital_pattern(pattern: &str) -> bool {
+    VITAL_NAMES.iter().any(|n| glob_match(pattern, n))
 }
 
 /// A `find -name`/`-path`/`-regex` pattern that matches (nearly) everything.
