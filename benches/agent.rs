@@ -27,7 +27,7 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 use sshmode::agent::ChatOut;
-use sshmode::chat::ChatSshMode;
+use sshmode::chat::ChatBindings;
 use sshmode::chat::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
@@ -242,7 +242,7 @@ async fn run() {
             llm: Some(router.clone()),
             model: config.model.clone(),
             // The service's own chat control: the binding read at every call and prompt.
-            control: Arc::new(ChatSshMode {
+            bindings: Arc::new(ChatBindings {
                 db: db.clone(),
                 clock: Arc::new(sshmode::clock::SystemClock),
                 yolo_ttl: config.chat.yolo_ttl,

@@ -119,7 +119,7 @@ impl ChatOut for Cards {
 struct Bound(Option<String>);
 
 #[async_trait]
-impl sshmode::agent::SshMode for Bound {
+impl sshmode::agent::Bindings for Bound {
     async fn place(&self, _: &str) -> anyhow::Result<Place> {
         Ok(match &self.0 {
             Some(alias) => Place::Target(alias.clone()),
@@ -221,7 +221,7 @@ async fn run(turns: usize, ssh: bool) {
         exec: exec.clone(),
         llm: Some(router),
         model: config.model.clone(),
-        control: Arc::new(Bound(ssh.then(|| "web".to_string()))),
+        bindings: Arc::new(Bound(ssh.then(|| "web".to_string()))),
         plane: Arc::new(sshmode::plane::ControlPlane::new(
             &config,
             db.clone(),

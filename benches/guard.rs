@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
+use sshmode::bash::Verdict;
 use sshmode::exec::guard::Guard;
-use sshmode::shell::Verdict;
 use sshmode::workspace::judge::{Permission, Scope};
 use sshmode::workspace::verdict::judge_command;
 

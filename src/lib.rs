@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod app;
 pub mod audit;
+pub mod bash;
 pub mod chat;
 pub mod clock;
 pub mod config;
@@ -26,7 +27,6 @@ pub mod mcp;
 pub mod metrics;
 pub mod plane;
 pub mod progress;
-pub mod shell;
 pub mod store;
 pub mod target;
 pub mod telemetry;

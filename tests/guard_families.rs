@@ -381,8 +381,8 @@ fn every_candidate_and_corpus_line_parses_as_bash() {
 // Verdicts: the lists judged as the task tools judge a command
 // -------------------------------------------------------------------------------------------
 
+use sshmode::bash::Verdict;
 use sshmode::exec::guard::Guard;
-use sshmode::shell::Verdict;
 use sshmode::workspace::judge::{Permission, Scope};
 use sshmode::workspace::verdict::judge_command;
 

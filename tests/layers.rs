@@ -21,7 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "eventlog",
         ],
     ),
-    ("platform libraries", &["lark", "shell", "llm"]),
+    ("platform libraries", &["lark", "bash", "llm"]),
     ("execution", &["exec"]),
     ("workspaces", &["workspace"]),
     ("targets", &["target"]),

@@ -313,7 +313,7 @@ async fn show(deps: &AgentDeps, turn: &ActiveTurn, key: &str) {
 }
 
 /// Who allowed, in this thread, calls this one's cover takes in
-/// ([`crate::shell::cover`]), if an allowance covers it: (open_id, as [`who`] says it).
+/// ([`crate::bash::cover`]), if an allowance covers it: (open_id, as [`who`] says it).
 pub(super) async fn covered(
     deps: &AgentDeps,
     turn: &ActiveTurn,

@@ -4,7 +4,7 @@
 //! call*, stores every model reply and tool result before the next step, enforces the bounds,
 //! and answers in the chat.
 //!
-//! It reaches the rest of the system through small seams: [`SshMode`] (the section's
+//! It reaches the rest of the system through small seams: [`Bindings`] (the section's
 //! backend and the `ssh_mode` domain API, owned by chat control), [`ChatOut`] (reactions and
 //! replies; implemented for the Lark client), and [`StepSink`] (step events for a live progress
 //! view). Durability, leases and cancellation come from [`crate::turns`], which calls
@@ -20,7 +20,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `src/turns/` | turn requests (idempotent on the message id), section leases with heartbeat and generation fencing, the `/stop` flag, the budget across resumes, the runner | models, tools or chats (the work is injected as `TurnWork`); a process-global registry |
-//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`approval`) | picking a backend (it asks `SshMode::place` at each call); falling back to local; re-running a call with an unknown outcome |
+//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`approval`) | picking a backend (it asks `Bindings::place` at each call); falling back to local; re-running a call with an unknown outcome |
 //!
 //! **A turn's path.**
 //! ```
@@ -32,7 +32,7 @@
 //!                           oldest waiting request first (FOR UPDATE SKIP LOCKED; generation += 1)
 //!    └─ hold(section): open_turn = resume the running turn, or a new turn taking ALL waiting requests in order
 //!         └─ drive: Agent::run_turn  ∥  heartbeat every 0.5 s (renew lease, add spent time, read stop flag)
-//!               system prompt (SshMode::place, target user@host, stored cwd, workspace,
+//!               system prompt (Bindings::place, target user@host, stored cwd, workspace,
 //!                              ssh_mode status, notes; reused while the place and one fingerprint
 //!                              read — binding, live grants, cwds, workspaces, targets, notes, the
 //!                              minute — are unchanged)
@@ -41,7 +41,7 @@
 //!               llm::Router::chat (dropped on cancel) ── store assistant reply + event log agent.step
 //!                                                        + `tool_started` of its first call (one commit)
 //!                                                     ∥ tools::resolve(first call)
-//!               per tool call: tools::resolve = place = SshMode::place(section), then
+//!               per tool call: tools::resolve = place = Bindings::place(section), then
 //!                              workspace::current ∥ (a target) Executors::ops_for — reads only
 //!                              (a binding that fails its checks fails the call: refusal
 //!                              audited, the thread told once)
@@ -115,8 +115,8 @@
 //! the oldest whole turns are replaced by an extractive summary (requests, tools used, answers),
 //! stored in `agent_summaries` before they leave the context.
 //!
-//! **Seams for chat control and progress.** `agent::SshMode` (the section's place and the
-//! `ssh_mode` domain API) is `chat::ChatSshMode` (tests may pass their own through
+//! **Seams for chat control and progress.** `agent::Bindings` (the section's place and the
+//! `ssh_mode` domain API) is `chat::ChatBindings` (tests may pass their own through
 //! `app::Overrides::ssh_mode`). `agent::ChatOut` is implemented by the front-ends
 //! (`frontend` for `LarkClient`, the console's `Terminal`). `agent::StepSink` receives
 //! `StepEvent`s (started, model, tool started/finished, ended, left) for the live progress
@@ -196,7 +196,7 @@ impl SshModeAction {
 
 /// Chat control as the agent needs it (implemented by chat control; tests use their own).
 #[async_trait]
-pub trait SshMode: Send + Sync + 'static {
+pub trait Bindings: Send + Sync + 'static {
     /// The section's backend now (its binding). Called at every task-tool call. A binding that
     /// no longer passes its checks is an error carrying a [`BindingFails`]: the call fails.
     async fn place(&self, section: &str) -> anyhow::Result<Place>;
@@ -415,7 +415,7 @@ pub struct AgentDeps {
     pub llm: Option<Arc<Router>>,
     /// The abstract model name (`SSHMODE_MODEL`); `None` = the router's default chain.
     pub model: Option<String>,
-    pub control: Arc<dyn SshMode>,
+    pub bindings: Arc<dyn Bindings>,
     /// The local control plane behind `memory` and `skills` (never a backend).
     pub plane: Arc<crate::plane::ControlPlane>,
     pub out: Arc<dyn ChatOut>,

@@ -40,7 +40,7 @@ const FINGERPRINT: &str = "SELECT md5(concat_ws('|', \
 /// changed, else built afresh. The two are read at the same time; a failed fingerprint read
 /// just builds afresh.
 pub async fn system_prompt(deps: &AgentDeps, section: &str, chat_id: &str) -> String {
-    let (place, fingerprint) = tokio::join!(deps.control.place(section), async {
+    let (place, fingerprint) = tokio::join!(deps.bindings.place(section), async {
         sqlx::query_scalar::<_, String>(FINGERPRINT)
             .bind(section)
             .bind(chat_id)
@@ -123,7 +123,7 @@ async fn build(
         None => "unknown until the backend is known.".to_string(),
     };
     let ssh = match deps
-        .control
+        .bindings
         .ssh_mode(section, chat_id, SshModeAction::Status, None)
         .await
     {

@@ -99,7 +99,7 @@ pub async fn run_turn(deps: &AgentDeps, turn: &ActiveTurn) -> anyhow::Result<()>
 
 /// Tells the progress view the turn (re)started, with the steps of earlier attempts.
 async fn announce(deps: &AgentDeps, turn: &ActiveTurn) {
-    let place = deps.control.place(&turn.section).await.ok();
+    let place = deps.bindings.place(&turn.section).await.ok();
     deps.steps.step(
         &turn.section,
         turn.id,
@@ -440,7 +440,7 @@ impl<'a> Turn<'a> {
 }
 
 async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails, tool: &str) {
-    let tell = match deps.control.refused_call(&turn.section, fails, tool).await {
+    let tell = match deps.bindings.refused_call(&turn.section, fails, tool).await {
         Ok(tell) => tell,
         Err(e) => {
             tracing::warn!(section.id = %turn.section, error = %format!("{e:#}"), "recording a refused call failed");
@@ -466,7 +466,7 @@ async fn binding_fails(deps: &AgentDeps, turn: &ActiveTurn, fails: &BindingFails
         )
         .await;
     let marked = match sent {
-        Ok(()) => deps.control.told(&turn.section, fails).await,
+        Ok(()) => deps.bindings.told(&turn.section, fails).await,
         Err(e) => Err(e),
     };
     if let Err(e) = marked {

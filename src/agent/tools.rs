@@ -1,6 +1,6 @@
 //! The tools the model sees: JSON schemas, argument checking, and dispatch.
 //!
-//! Task tools resolve the section's backend through [`SshMode::place`] at *each* call and
+//! Task tools resolve the section's backend through [`Bindings::place`] at *each* call and
 //! act through [`crate::exec::Executors::ops_for`]; a backend that cannot be reached, or a
 //! binding that no longer passes its checks ([`BindingFails`]), fails the call with the reason. The section's working directory per backend is kept in Postgres
 //! (`section_cwds`) and seeded into the execution layer before each call. `ssh_mode`,
@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::clip;
 use super::{AgentDeps, BindingFails, SshModeAction};
+use crate::bash::Verdict;
+use crate::bash::cover::Cover;
 use crate::exec::live::LiveTail;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
 use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
-use crate::shell::Verdict;
-use crate::shell::cover::Cover;
 use crate::turns::{Fence, Fenced};
 use crate::workspace::{self, Permission, Scope, Workspace, judge};
 
@@ -178,9 +178,9 @@ async fn cover_at(
     env: &[(String, String)],
 ) -> Cover {
     let home = ops.backend().home().await.ok();
-    crate::shell::cover::cover(
+    crate::bash::cover::cover(
         command,
-        &crate::shell::cover::Places {
+        &crate::bash::cover::Places {
             cwd,
             workspace,
             home: home.as_deref(),
@@ -291,7 +291,7 @@ pub async fn resolve(deps: &AgentDeps, section: &str, call: &ToolCall) -> Option
 }
 
 async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
-    let place = match deps.control.place(section).await {
+    let place = match deps.bindings.place(section).await {
         Ok(p) => p,
         Err(e) => return Resolved(Err(e)),
     };
@@ -497,7 +497,7 @@ async fn ssh_mode(
     if action == SshModeAction::RequestUse && target.is_none() {
         return Err(args.bad("`target` is required for request_use".into()));
     }
-    deps.control
+    deps.bindings
         .ssh_mode(section, chat_id, action, target.as_deref())
         .await
         .map_err(|e| format!("ssh_mode failed: {e:#}"))

@@ -11,8 +11,8 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::agent::{Agent, AgentDeps, ChatOut, SshMode, StepSink};
-use crate::chat::{AdminChannel, ChatSshMode, Deps};
+use crate::agent::{Agent, AgentDeps, Bindings, ChatOut, StepSink};
+use crate::chat::{AdminChannel, ChatBindings, Deps};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::exec::Executors;
@@ -62,7 +62,7 @@ impl Core {
         db: PgPool,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
-        ssh_mode: Option<Arc<dyn SshMode>>,
+        ssh_mode: Option<Arc<dyn Bindings>>,
         front: Front,
         tasks: &TaskTracker,
     ) -> anyhow::Result<Core> {
@@ -94,8 +94,8 @@ impl Core {
         )?);
         exec.log_local_level();
         exec.warn_agent_targets(&db).await;
-        let control = ssh_mode.unwrap_or_else(|| {
-            Arc::new(ChatSshMode {
+        let bindings = ssh_mode.unwrap_or_else(|| {
+            Arc::new(ChatBindings {
                 db: db.clone(),
                 clock: clock.clone(),
                 yolo_ttl: config.chat.yolo_ttl,
@@ -107,7 +107,7 @@ impl Core {
             exec: exec.clone(),
             llm: llm.clone(),
             model: config.model.clone(),
-            control,
+            bindings,
             plane,
             out: front.out,
             steps: front.steps,

@@ -34,7 +34,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct Overrides {
     pub clock: Arc<dyn Clock>,
     /// The agent's view of chat control (bindings, `ssh_mode`); `None` = chat control itself.
-    pub ssh_mode: Option<Arc<dyn crate::agent::SshMode>>,
+    pub ssh_mode: Option<Arc<dyn crate::agent::Bindings>>,
 }
 
 impl Default for Overrides {

@@ -77,4 +77,4 @@ pub use port::{
     AdminChannel, AgentPort, AgentRequest, ApprovalView, CardState, FileRef, Incoming, Quoted,
     Reply, Source, ThreadError, Unavailable,
 };
-pub use ssh_mode::ChatSshMode;
+pub use ssh_mode::ChatBindings;

@@ -1,5 +1,5 @@
-//! Where chat control meets the agent, in both directions: [`ChatSshMode`] is the agent's
-//! [`SshMode`] (the section's binding and the model's side of SSH Mode, from
+//! Where chat control meets the agent, in both directions: [`ChatBindings`] is the agent's
+//! [`Bindings`] (the section's binding and the model's side of SSH Mode, from
 //! [`super::binding`] and [`super::model_api`]), and [`Agent`] is the dispatcher's
 //! [`AgentPort`]. Translation only: no decisions are made here, so authorisation stays in
 //! [`super::authz`] and turn order in `turns`.
@@ -11,12 +11,12 @@ use sqlx::PgPool;
 
 use super::model_api::{self, Here};
 use super::{AgentPort, AgentRequest, binding};
-use crate::agent::{Agent, BindingFails, SshMode, SshModeAction};
+use crate::agent::{Agent, BindingFails, Bindings, SshModeAction};
 use crate::clock::Clock;
 use crate::exec::Place;
 
 /// Chat control as the agent sees it: bindings read from Postgres at every call.
-pub struct ChatSshMode {
+pub struct ChatBindings {
     pub db: PgPool,
     pub clock: Arc<dyn Clock>,
     /// `SSHMODE_YOLO_TTL_HOURS`: how long a model-made binding may outlive nothing.
@@ -24,7 +24,7 @@ pub struct ChatSshMode {
 }
 
 #[async_trait]
-impl SshMode for ChatSshMode {
+impl Bindings for ChatBindings {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
         match binding::resolve_use(&self.db, section, self.clock.now()).await? {
             Ok(place) => Ok(place),

@@ -15,7 +15,7 @@
 //! # In detail
 //!
 //! `sshmode chat` is a second front-end on the same core. It builds only what a section needs —
-//! store, model router, vault, executors, the agent with `ChatSshMode`, and a turn runner spawned
+//! store, model router, vault, executors, the agent with `ChatBindings`, and a turn runner spawned
 //! in-process — and no HTTP listener, inbox or Lark client, so it needs no Lark settings. Each
 //! input line becomes an `Incoming` for the section `console:NAME` (used as chat id and thread id,
 //! so the section behaves like a thread and `/ssh use` binds in place) and goes through

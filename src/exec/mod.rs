@@ -122,7 +122,7 @@
 //! neither posix-rename nor its raw session.
 //! **One shell core, two policies.**
 //! ```
-//! command ──▶ shell::parse + shell::spec ──▶ shell::effects::walk: programs (argv, possible cwds),
+//! command ──▶ bash::parse + bash::spec ──▶ bash::effects::walk: programs (argv, possible cwds),
 //!             writes, nested scripts, sockets, descriptors, opaque (unseen, too deep, too big)
 //!               ├─▶ workspace::judge  (permission: read ⊂ read-write ⊂ full)  ─┐ refuse
 //!               └─▶ exec::guard       (refuse | ask | allow, at every level)  ─┴▶ the strictest wins
@@ -131,9 +131,9 @@
 //! `xargs`, `find -exec`, here-strings and pipes into interpreters by the one table, and lists
 //! what it cannot see through as `Opaque`, where a bound stopped it as `Bound`. The read-write
 //! judge is a policy over that list (both are refused); `read` needs no walk (an allow-list over `parse::simple_commands`).
-//! The guard still walks expanded words itself (`check`, over `shell::expand`); moving it onto the list, with
+//! The guard still walks expanded words itself (`check`, over `bash::expand`); moving it onto the list, with
 //! `Opaque` as `ask` and `Bound` (a bound hit, at the guard's limits) as a refusal, is the step
-//! left (first the walk must expand words with `shell::expand`: `X=ls; $X` is opaque to it). Each policy decides only its own question. A permission refusal is never softened to
+//! left (first the walk must expand words with `bash::expand`: `X=ls; $X` is opaque to it). Each policy decides only its own question. A permission refusal is never softened to
 //! `ask`, so strictness only grows from `full` to `read-write` to `read` (a property test checks
 //! it). `ask` is refused until approvals in chat exist (`Objection::verdict`, audited).
 //! `workspace::verdict` puts the two together; `sshmode guard check` (`workspace::cli`) prints it.
@@ -152,11 +152,11 @@
 //! and service changes, `crontab -r`, in-place edits of system files, `rm -r` outside the
 //! workspace the caller names; the walk goes on after an ask, since a later refusal outweighs it. Regex classifiers are bypassed by `sh -c`, `$(…)`,
 //! quoting, wrappers and variables, so the guard reads a command the way bash would, in four
-//! stages: the core's `shell::parse` (quoting, substitutions, arithmetic — `((…))`, `$((…))`,
+//! stages: the core's `bash::parse` (quoting, substitutions, arithmetic — `((…))`, `$((…))`,
 //! `$[…]` are single tokens, so `<<` inside is a shift, not a here-document — redirections,
-//! here-documents), the core's `shell::expand` (brace expansion across quoted parts, variables assigned on the line
+//! here-documents), the core's `bash::expand` (brace expansion across quoted parts, variables assigned on the line
 //! or passed by the call, `+=`, `IFS` splitting, the output of `echo`/`printf` only when nothing
-//! in it is interpreted), `check` (execution order, `cd`, `for` values, every wrapper of `shell::spec` such as `sudo`,
+//! in it is interpreted), `check` (execution order, `cd`, `for` values, every wrapper of `bash::spec` such as `sudo`,
 //! `env`, `nice`, `timeout`, `xargs`, `chroot`, `nsenter`, `systemd-run`, `pkexec`, `runuser`,
 //! `coproc`, `toybox`; nested scripts in `sh -c`, `su -c`/`-lc`/`--command=`, `flock -c`, `script -c`, `tar --to-command`, `rsync -e`, `watch`, `eval`, `trap`,
 //! `alias`, `find -exec`, input piped into a shell; glob command names like `/bin/r?` judged as
@@ -644,7 +644,7 @@ impl CwdStore {
     }
 }
 
-pub use crate::shell::quote as shell_quote;
+pub use crate::bash::quote as shell_quote;
 
 #[cfg(test)]
 mod tests {

@@ -333,7 +333,7 @@ impl Ops {
         };
         match self.guard.check_in(command, &context) {
             Ok(()) => {}
-            Err(o) if approved && o.verdict == crate::shell::Verdict::Ask => {}
+            Err(o) if approved && o.verdict == crate::bash::Verdict::Ask => {}
             Err(o) => return Err(ExecError::Refused(o)),
         }
         let marker = format!("__sshmode_cwd_{}__", uuid::Uuid::new_v4().simple());
@@ -447,7 +447,7 @@ impl Ops {
         let cwd = self.cwd().await?;
         match self.judge_code_in(code, &lang, workspace, &cwd).await {
             None => {}
-            Some(o) if approved && o.verdict == crate::shell::Verdict::Ask => {}
+            Some(o) if approved && o.verdict == crate::bash::Verdict::Ask => {}
             Some(o) => return Err(ExecError::Refused(o)),
         }
         let script = format!(

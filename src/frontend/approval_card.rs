@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_card_says_what_allow_in_this_thread_covers() {
-        let places = crate::shell::cover::Places {
+        let places = crate::bash::cover::Places {
             cwd: "/srv/app",
             workspace: "/srv/app",
             home: Some("/home/deploy"),
@@ -383,7 +383,7 @@ mod tests {
         };
         let text = |p: &Parked| card(p)["body"]["elements"][0]["content"].to_string();
         let mut p = parked("rm -rf build");
-        p.ask.covers = crate::shell::cover::cover("rm -rf build", &places).says();
+        p.ask.covers = crate::bash::cover::cover("rm -rf build", &places).says();
         let waiting = text(&p);
         assert!(
             waiting.contains("**Allow in this thread** covers")
@@ -393,7 +393,7 @@ mod tests {
                 ),
             "{waiting}"
         );
-        p.ask.covers = crate::shell::cover::cover("python3 -c 'print(1)'", &places).says();
+        p.ask.covers = crate::bash::cover::cover("python3 -c 'print(1)'", &places).says();
         assert!(text(&p).contains("exactly this command"), "{}", text(&p));
         // A cover quoting backticks stays inside its block.
         p.ask.covers = "exactly ```this``` command".into();

@@ -30,10 +30,10 @@ use tokio_util::sync::CancellationToken;
 use super::McpDeps;
 use super::fresh::Fresh;
 use super::token::Token;
+use crate::bash::Verdict;
 use crate::config::Risky;
 use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
 use crate::exec::{ExecError, Exit, Place};
-use crate::shell::Verdict;
 use crate::workspace::judge::{self, Scope};
 use crate::workspace::{Permission, Workspace};
 

@@ -10,7 +10,7 @@
 //! a waiting call whose card is not recorded (its post failed, or its runner died first), at
 //! its next try ([`card_failed`]): the resumed turn posts the card and parks again.
 //! "Allow in this thread" also covers later commands whose cover key
-//! ([`crate::shell::cover`], stored as its SHA-256) is the allowed call's — operands that are
+//! ([`crate::bash::cover`], stored as its SHA-256) is the allowed call's — operands that are
 //! data of the same class may differ, code never — at the same location in the section,
 //! until the thread's yolo TTL or `/ssh yolo off` ([`allowed_in_thread`],
 //! [`end_thread_allowances`]). A row written before cover keys (no `cover`) covers only its
@@ -136,7 +136,7 @@ pub struct Ask {
     pub cwd: String,
     pub requester: String,
     pub approvers: Approvers,
-    /// What "Allow in this thread" would cover ([`crate::shell::cover::Cover::says`]).
+    /// What "Allow in this thread" would cover ([`crate::bash::cover::Cover::says`]).
     pub covers: String,
 }
 
@@ -190,7 +190,7 @@ fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
             // A row from before cover keys covers its own command only.
             covers: r
                 .try_get::<Option<String>, _>(18)?
-                .unwrap_or_else(|| crate::shell::cover::exact("", "").says()),
+                .unwrap_or_else(|| crate::bash::cover::exact("", "").says()),
         },
         deadline: r.try_get(11)?,
         decided_by: r.try_get(12)?,
@@ -225,7 +225,7 @@ fn digest(cover: &str) -> String {
 
 /// Parks call `key` of `turn_id` (idempotent: a second park of the same call changes
 /// nothing) and moves the turn to [`AWAITING`]. `cover` is the call's cover key
-/// ([`crate::shell::cover::Cover::key`]). Returns the stored row.
+/// ([`crate::bash::cover::Cover::key`]). Returns the stored row.
 pub async fn park(
     fence: &Fence,
     turn_id: i64,
@@ -428,7 +428,7 @@ pub async fn decide(
 pub struct Covered<'a> {
     /// Where it runs (`local`, `web · deploy@10.0.0.5`).
     pub location: &'a str,
-    /// Its cover key ([`crate::shell::cover::Cover::key`]).
+    /// Its cover key ([`crate::bash::cover::Cover::key`]).
     pub cover: &'a str,
     /// The command, its directory, and whether the call sets environment variables: what
     /// a row from before cover keys is matched by.

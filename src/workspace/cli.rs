@@ -15,9 +15,9 @@ use serde_json::json;
 
 use super::judge::{Permission, Scope};
 use super::verdict::judge_command;
+use crate::bash::MAX_INPUT;
 use crate::config::Config;
 use crate::exec::guard::Guard;
-use crate::shell::MAX_INPUT;
 
 /// `sshmode guard …`
 #[derive(Debug, Subcommand)]

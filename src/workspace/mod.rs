@@ -33,8 +33,8 @@
 //!   of `section_cwds` for that backend, and the audit row (`workspace.set`, refusals too) are one
 //!   transaction.
 //! - `workspace::judge` is pure: `check_tool` (at `read`: no `write_file`, `patch`,
-//!   `execute_code`), `check_command` (the read-only allow-list over `shell::parse::simple_commands`;
-//!   the read-write deletion and destination rules over `shell::effects::walk`; what cannot be
+//!   `execute_code`), `check_command` (the read-only allow-list over `bash::parse::simple_commands`;
+//!   the read-write deletion and destination rules over `bash::effects::walk`; what cannot be
 //!   parsed or seen through refuses), `check_write_path` (component-wise inside the
 //!   workspace), `check_env` (below `full`, the variables a call gives its command only from
 //!   an allow-list of inert names and the operator's `SSHMODE_TOOL_ENV_ALLOW`) and

@@ -10,9 +10,9 @@
 //! asked of a person. It never runs anything.
 
 use super::judge::{self, Permission, Scope};
+use crate::bash::Verdict;
 use crate::exec::guard::{Context, Guard};
 use crate::exec::pty::EnteredLine;
-use crate::shell::Verdict;
 
 /// One command's verdict and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn both_policies_see_through_every_wrapper_in_the_table() {
         let guard = Guard::default();
-        for w in crate::shell::spec::WRAPPERS {
+        for w in crate::bash::spec::WRAPPERS {
             let run = |inner: &str| match w.operands {
                 usize::MAX => {
                     let c = w.script.0.chars().next().expect("a script option");
@@ -412,9 +412,9 @@ mod tests {
     ];
 
     /// Whether the program `name` names runs other commands or scripts.
-    fn runs_others(name: &crate::shell::parse::ShellWord) -> bool {
-        use crate::shell::spec;
-        let Some(base) = name.literal.as_deref().map(crate::shell::basename) else {
+    fn runs_others(name: &crate::bash::parse::ShellWord) -> bool {
+        use crate::bash::spec;
+        let Some(base) = name.literal.as_deref().map(crate::bash::basename) else {
             return true;
         };
         spec::wrapper(base).is_some()
@@ -440,8 +440,8 @@ mod tests {
                 0..12,
             )
         ) {
-            use crate::shell::effects::{self, Effect, Start};
-            use crate::shell::{Verdict, quote};
+            use crate::bash::effects::{self, Effect, Start};
+            use crate::bash::{Verdict, quote};
             let script = parts.concat();
             let guard = Guard::default();
             let context = Context { cwd: Some(SCOPE.cwd), home: SCOPE.home, env: &[], workspace: Some(SCOPE.workspace) };

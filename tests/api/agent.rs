@@ -1,7 +1,7 @@
 //! The agent end to end, below chat control: turn requests go in through `Agent::accept` (as the
 //! chat dispatcher will hand them over), the scripted fake model asks for tools, the tools act on
 //! the section's backend — local, or the real sshd — and the answer and reactions land on the
-//! fake Lark. Sections are bound by a test `SshMode` the test moves at will.
+//! fake Lark. Sections are bound by a test `Bindings` the test moves at will.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Cursor;
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sshmode::agent::{SshMode, SshModeAction};
+use sshmode::agent::{Bindings, SshModeAction};
 use sshmode::exec::Place;
 use sshmode::target::cli::{AddArgs, HostKeyPolicyArg, TargetCmd, run_with};
 use sshmode::turns::TurnRequest;
@@ -47,7 +47,7 @@ impl Control {
 }
 
 #[async_trait]
-impl SshMode for Control {
+impl Bindings for Control {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
         Ok(self
             .places

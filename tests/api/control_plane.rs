@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
-use sshmode::agent::{SshMode, SshModeAction};
+use sshmode::agent::{Bindings, SshModeAction};
 use sshmode::exec::Place;
 use sshmode::plane::{Caller, ControlPlane};
 use sshmode::target::{self, HostKeyPolicy, NewSecrets, NewTarget};
@@ -26,12 +26,12 @@ const MODEL: &str = "m";
 const LLM_KEY: &str = "sk-test-model-key-0123456789";
 const PASSWORD: &str = "Tr0ub4dor-and-3-horses";
 
-/// Bindings as the test sets them; everything unbound is local.
+/// SetBindings as the test sets them; everything unbound is local.
 #[derive(Default)]
-struct Bindings(Mutex<HashMap<String, Place>>);
+struct SetBindings(Mutex<HashMap<String, Place>>);
 
 #[async_trait]
-impl SshMode for Bindings {
+impl Bindings for SetBindings {
     async fn place(&self, section: &str) -> anyhow::Result<Place> {
         Ok(self
             .0
@@ -63,7 +63,7 @@ fn call(tool: &str, args: Value) -> Reply {
     )
 }
 
-fn builder(llm: &FakeProvider, lark: &FakeLark, control: &Arc<Bindings>) -> TestAppBuilder {
+fn builder(llm: &FakeProvider, lark: &FakeLark, control: &Arc<SetBindings>) -> TestAppBuilder {
     TestApp::builder()
         .var("LARK_BASE_URL", &lark.base)
         .var("LLM_BASE_URL", &llm.base)
@@ -162,7 +162,7 @@ async fn memory_and_skills_are_the_same_in_a_bound_thread_and_its_local_parent_a
  {
     let llm = FakeProvider::start().await;
     let lark = FakeLark::start().await;
-    let control = Arc::new(Bindings::default());
+    let control = Arc::new(SetBindings::default());
     // The thread is bound to a target; its parent chat is local. Neither tool resolves it.
     control
         .0
@@ -595,7 +595,7 @@ async fn audited(
 async fn a_skill_stays_in_its_chat_until_an_admin_promotes_it() {
     let llm = FakeProvider::start().await;
     let lark = FakeLark::start().await;
-    let control = Arc::new(Bindings::default());
+    let control = Arc::new(SetBindings::default());
     let app = builder(&llm, &lark, &control).spawn().await;
 
     // Chat A's model writes a skill from a thread of chat A; A's parent chat sees it.

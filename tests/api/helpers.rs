@@ -59,7 +59,7 @@ pub struct TestAppBuilder {
     vars: HashMap<String, String>,
     clock: Arc<dyn Clock>,
     db_url: Option<String>,
-    ssh_mode: Option<Arc<dyn sshmode::agent::SshMode>>,
+    ssh_mode: Option<Arc<dyn sshmode::agent::Bindings>>,
 }
 
 impl TestApp {
@@ -122,7 +122,7 @@ impl TestAppBuilder {
     }
 
     /// The agent's view of chat control (bindings, `ssh_mode`).
-    pub fn ssh_mode(mut self, c: Arc<dyn sshmode::agent::SshMode>) -> Self {
+    pub fn ssh_mode(mut self, c: Arc<dyn sshmode::agent::Bindings>) -> Self {
         self.ssh_mode = Some(c);
         self
     }

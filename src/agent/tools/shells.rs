@@ -36,12 +36,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Asked, Refused, ShellRow, StartMark, ToolOutcome, refused};
 use crate::agent::{AgentDeps, BindingFails};
+use crate::bash::Verdict;
 use crate::config::Risky;
 use crate::exec::Place;
 use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellRead};
 use crate::llm::Tool;
 use crate::llm::args::Args;
-use crate::shell::Verdict;
 use crate::workspace::verdict::{Judgement, TypedAt, judge_typed, shell_prelude};
 use crate::workspace::{self, Permission};
 
@@ -130,7 +130,7 @@ pub(super) async fn call(
     if let Err(e) = args.only(allowed) {
         return ToolOutcome::failed(e);
     }
-    let place = match deps.control.place(section).await {
+    let place = match deps.bindings.place(section).await {
         Ok(p) => p,
         Err(e) => {
             return match e.downcast::<BindingFails>() {
@@ -262,7 +262,7 @@ async fn run(
                     location: location.to_string(),
                     cwd: "~".into(),
                     target: Some(alias.clone()),
-                    cover: crate::shell::cover::exact("shell_open", "~"),
+                    cover: crate::bash::cover::exact("shell_open", "~"),
                 });
                 return Err(format!(
                     "not opened: a shell on `{alias}` needs a person's approval ({OPEN_ASKED})"
@@ -366,7 +366,7 @@ async fn run(
                     // lines, in this shell, are covered.
                     let shell_dir = format!("(the directory of shell {id})");
                     *asked = Some(Asked {
-                        cover: crate::shell::cover::exact(&command, &shell_dir),
+                        cover: crate::bash::cover::exact(&command, &shell_dir),
                         command,
                         reason: j.reason.clone(),
                         location: location.to_string(),

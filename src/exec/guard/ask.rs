@@ -11,8 +11,8 @@
 use super::Objection;
 use super::host::state_asks;
 use super::rules::{git_clean_place, shown};
-use crate::shell::expand::{Env, Field};
-use crate::shell::{basename, spec};
+use crate::bash::expand::{Env, Field};
+use crate::bash::{basename, spec};
 
 /// Words in inline interpreter code that delete files or run programs.
 const CODE_THAT_ACTS: &[&str] = &[

@@ -11,8 +11,8 @@
 //! see, are judged as commands) and never runs anything.
 
 use super::{Objection, abbreviate};
-use crate::shell::effects::Nesting;
-use crate::shell::spec;
+use crate::bash::effects::Nesting;
+use crate::bash::spec;
 
 /// Whether a person should decide on `code` (`None`: known only when it runs) in
 /// `language`, reached `how`.

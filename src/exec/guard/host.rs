@@ -13,8 +13,8 @@
 
 use super::rules::{comp_matches, normalize, shown};
 use super::{Objection, abbreviate};
-use crate::shell::basename;
-use crate::shell::expand::{Env, Field};
+use crate::bash::basename;
+use crate::bash::expand::{Env, Field};
 
 /// Files in `/etc` that hold the accounts or decide how the host boots and logs in.
 const ETC_FILES: &[&str] = &[

@@ -12,7 +12,7 @@
 //! expanded text, brace words, wrappers or CPU time the command is refused, never judged in
 //! part.
 //!
-//! The guard is one of the two policies over the shell-analysis core ([`crate::shell`]):
+//! The guard is one of the two policies over the shell-analysis core ([`crate::bash`]):
 //! the core's walk lists what a command does — programs with their expanded arguments and
 //! the places they run in, writes, nested scripts, what it cannot see through — and the
 //! guard judges each effect. Its parts, one file each:
@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use regex::{Regex, RegexBuilder};
 
-use crate::shell::Verdict;
+use crate::bash::Verdict;
 
 mod ask;
 #[cfg(test)]
@@ -52,8 +52,8 @@ mod host;
 mod policy;
 mod rules;
 
-pub(crate) use crate::shell::abbreviate;
-pub use crate::shell::{MAX_DEPTH, MAX_INPUT, MAX_WRAPPERS};
+pub(crate) use crate::bash::abbreviate;
+pub use crate::bash::{MAX_DEPTH, MAX_INPUT, MAX_WRAPPERS};
 
 /// CPU time one check may take; past it the command is refused. Ordinary commands take
 /// microseconds.

@@ -1,4 +1,4 @@
-//! The guard's policy over the one walk ([`crate::shell::effects`]): the walk lists what a
+//! The guard's policy over the one walk ([`crate::bash::effects`]): the walk lists what a
 //! command does, in order — programs with their expanded arguments and the places they may
 //! run in, writes, nested scripts, what it cannot see through, where a bound stopped it —
 //! and this judges each effect with the rules (`rules`: refuse) and the risks (`ask`: a
@@ -19,11 +19,11 @@ use super::code::code_as_data;
 use super::host::kernel_target;
 use super::rules::{broad_pattern, builtin_rules, danger, shown, vital_pattern, write_target};
 use super::{Guard, Objection, abbreviate};
-use crate::shell::basename;
-use crate::shell::effects::{self, Effect, Limit, Nesting, Place, Start, Written};
-use crate::shell::expand::{Env, Field};
-use crate::shell::parse::ShellWord;
-use crate::shell::spec::{self, SHELLS};
+use crate::bash::basename;
+use crate::bash::effects::{self, Effect, Limit, Nesting, Place, Start, Written};
+use crate::bash::expand::{Env, Field};
+use crate::bash::parse::ShellWord;
+use crate::bash::spec::{self, SHELLS};
 
 /// The guard's judgement of `command` in `context` within `cpu` of CPU time: `Err` refused,
 /// `Ok(Some)` the first reason to ask a person, `Ok(None)` allowed. A refusal anywhere
@@ -369,7 +369,7 @@ fn bound(limit: Limit, what: &str, why: &str) -> Objection {
                 "refused: the command nests shells, eval, substitutions or arithmetic more than \
                  {} levels deep (or opens more of them than it closes), too deep to check \
                  (at `{what}`: {why}); flatten it",
-                crate::shell::MAX_DEPTH
+                crate::bash::MAX_DEPTH
             ),
         ),
         Limit::Ifs => Objection::new(

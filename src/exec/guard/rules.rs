@@ -9,8 +9,8 @@
 
 use super::host::{identity_file, identity_refusal, identity_rules, storage_rules};
 use super::{Objection, abbreviate};
-use crate::shell::expand::{Env, Field};
-use crate::shell::spec;
+use crate::bash::expand::{Env, Field};
+use crate::bash::spec;
 
 /// Top-level directories whose recursive deletion or re-permissioning breaks the system.
 const SYSTEM_DIRS: &[&str] = &[
@@ -68,7 +68,7 @@ const POWER_VERBS: &[&str] = &[
 pub(super) fn shown(args: &[Field], max: usize) -> String {
     let mut words: Vec<&str> = args.iter().map(|f| f.display.as_str()).collect();
     if let Some(name) = args.first().and_then(Field::val) {
-        words[0] = crate::shell::basename(name);
+        words[0] = crate::bash::basename(name);
     }
     abbreviate(&words.join(" "), max)
 }
@@ -168,11 +168,7 @@ pub(super) fn builtin_rules(args: &[Field], env: &Env) -> Result<(), Objection> 
 }
 
 fn named_rules(args: &[Field], env: &Env) -> Result<(), Objection> {
-    let Some(name) = args
-        .first()
-        .and_then(Field::val)
-        .map(crate::shell::basename)
-    else {
+    let Some(name) = args.first().and_then(Field::val).map(crate::bash::basename) else {
         return Ok(());
     };
     let cmd = shown(args, 160);
@@ -421,12 +417,7 @@ fn git_clean(args: &[Field], env: &Env, cmd: &str) -> Result<(), Objection> {
 /// The work tree a forced `git clean` (not a dry run) deletes in, as written (`.` for the
 /// working directory); `None` for any other git command.
 pub(super) fn git_clean_place(args: &[Field]) -> Option<String> {
-    if args
-        .first()
-        .and_then(Field::val)
-        .map(crate::shell::basename)
-        != Some("git")
-    {
+    if args.first().and_then(Field::val).map(crate::bash::basename) != Some("git") {
         return None;
     }
     let mut place = String::from(".");
@@ -698,7 +689,7 @@ fn system_file(path: &str) -> Option<String> {
     hit.then(|| format!("/{}", comps.join("/")))
 }
 
-pub(super) use crate::shell::spec::{glob_match, has_glob};
+pub(super) use crate::bash::spec::{glob_match, has_glob};
 
 /// A component that matches (nearly) every name: `*`, `.*`, `?*`, `[a-z]*`, `*.*`.
 fn broad_glob(c: &str) -> bool {

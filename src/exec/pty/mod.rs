@@ -22,7 +22,7 @@
 //! screen (which the commands being judged draw): the shell itself when its process group has
 //! the terminal, or when that cannot be read. A line goes to a program unjudged only when the
 //! program leading the foreground group is one that runs what is typed into it anyway (an
-//! editor, a pager, a prompt: [`crate::shell::spec::runs_typed_input`]), a child of the shell
+//! editor, a pager, a prompt: [`crate::bash::spec::runs_typed_input`]), a child of the shell
 //! started after a write whose judged lines started such a program and before the next write
 //! the shell read — so a job started otherwise, or one that took the terminal from the
 //! background, has its lines judged as shell lines, and so does whatever such a program leaves
@@ -311,7 +311,7 @@ impl Jobs {
         leader.ppid == shell
             && leader.start >= from
             && until.is_none_or(|u| leader.start < u)
-            && crate::shell::spec::typed_input_program(&leader.name)
+            && crate::bash::spec::typed_input_program(&leader.name)
     }
 
     /// After `e` was sent: a write of judged shell lines starting such a program (none in the
@@ -631,12 +631,12 @@ impl Shells {
         };
         let cwd = leader.and_then(|l| l.cwd.clone());
         for line in &mut lines {
-            let start = crate::shell::effects::Start {
+            let start = crate::bash::effects::Start {
                 cwd: cwd.as_deref(),
                 ..Default::default()
             };
-            line.starts = crate::shell::effects::typed_input_runner(&line.text, start);
-            line.backgrounds = crate::shell::parse::backgrounds(&line.text);
+            line.starts = crate::bash::effects::typed_input_runner(&line.text, start);
+            line.backgrounds = crate::bash::parse::backgrounds(&line.text);
         }
         let at_prompt = password_prompt(
             &shell

@@ -17,7 +17,7 @@ pub struct EnteredLine {
     pub edited: bool,
     /// Read as a shell line: the first program it starts that runs what is typed into it later
     /// (an editor, a pager, a client with a shell escape, an interpreter's prompt:
-    /// [`crate::shell::spec::runs_typed_input`]).
+    /// [`crate::bash::spec::runs_typed_input`]).
     pub starts: Option<String>,
     /// Read as a shell line: it starts a job in the background (`&`, `coproc`).
     pub backgrounds: bool,

@@ -32,13 +32,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{Fail, Tools, place_of};
+use crate::bash::Verdict;
 use crate::config::Risky;
 use crate::exec::Place;
 use crate::exec::pty::{
     Entering, OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellError, ShellRead,
 };
 use crate::mcp::token::Token;
-use crate::shell::Verdict;
 use crate::workspace::Permission;
 use crate::workspace::verdict::{TypedAt, judge_typed, shell_prelude};
 

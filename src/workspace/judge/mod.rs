@@ -6,8 +6,8 @@
 //! It owns the read-only allow-list (commands and their refused options, as tables), the
 //! read-write rules (deleting commands, writers and their destinations) and the shell
 //! preamble that disarms a repository's own configuration for `git` at `read`. It is a policy
-//! over the shell core: `read` judges each simple command of [`crate::shell::parse`];
-//! `read-write` judges the effects the one walk lists ([`crate::shell::effects`]: programs
+//! over the shell core: `read` judges each simple command of [`crate::bash::parse`];
+//! `read-write` judges the effects the one walk lists ([`crate::bash::effects`]: programs
 //! unwrapped from wrappers and nested scripts, where they run, writes, sockets). It fails
 //! closed: a script it cannot parse is refused, so is whatever the walk cannot see through,
 //! and so is any word a rule depends on whose value is only known when it runs.
@@ -33,7 +33,7 @@
 
 use std::fmt;
 
-use crate::shell::effects::{normalise, resolve};
+use crate::bash::effects::{normalise, resolve};
 
 mod env;
 #[cfg(test)]
@@ -129,7 +129,7 @@ impl Denied {
     pub fn new(permission: Permission, what: impl Into<String>, why: impl Into<String>) -> Denied {
         Denied {
             permission,
-            what: crate::shell::abbreviate(&what.into(), MAX_WHAT),
+            what: crate::bash::abbreviate(&what.into(), MAX_WHAT),
             why: why.into(),
             needed: permission.next(),
         }
@@ -480,13 +480,13 @@ mod tests {
         fn read_write_refuses_what_the_walk_cannot_see_through(
             parts in proptest::collection::vec(proptest::sample::select(PIECES), 0..16)
         ) {
-            use crate::shell::effects::{self, Effect, Start};
+            use crate::bash::effects::{self, Effect, Start};
             let script = parts.concat();
             let start = Start { cwd: Some(SCOPE.cwd), home: SCOPE.home, env: &[] };
             let blocked = effects::walk(&script, start).iter().any(|e| match e {
                 Effect::Opaque { .. } | Effect::Bound { .. } | Effect::Network { .. } => true,
                 Effect::Program { argv, .. } => {
-                    argv[0].literal.as_deref().map(crate::shell::basename) == Some("rm")
+                    argv[0].literal.as_deref().map(crate::bash::basename) == Some("rm")
                 }
                 _ => false,
             });

@@ -11,10 +11,10 @@
 //! for `status`, `log`, `diff` and `show`; the options that would still run one are refused
 //! here.
 
-use crate::shell::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
+use crate::bash::parse::{self, Construct, RedirectKind, Redirection, ShellWord, SimpleCommand};
 
 use super::{Denied, Permission};
-use crate::shell::effects::network_path;
+use crate::bash::effects::network_path;
 
 /// How a command on the read-only allow-list is judged.
 enum ReadRule {

@@ -1,5 +1,5 @@
 //! ReadWrite: no deletion, no writes outside the workspace, as far as can be judged. A policy
-//! over the effects of [`crate::shell::effects::walk`]: it owns the commands that delete, the
+//! over the effects of [`crate::bash::effects::walk`]: it owns the commands that delete, the
 //! writers and which of their operands and options they write, and judges each program, file
 //! write and socket the walk lists, in order, where the walk says the script may be. It never
 //! walks the script itself.
@@ -11,9 +11,9 @@
 
 use std::borrow::Cow;
 
-use crate::shell::effects::{self, Effect, Place, Start, is_pattern, normalise, resolve};
-use crate::shell::parse::ShellWord;
-use crate::shell::spec::{
+use crate::bash::effects::{self, Effect, Place, Start, is_pattern, normalise, resolve};
+use crate::bash::parse::ShellWord;
+use crate::bash::spec::{
     self, Scanned, maybe_option, scan, unknown_argument, unknown_option, word,
 };
 
@@ -381,7 +381,7 @@ impl<'a> ReadWrite<'a> {
         let Some(name) = words.first().and_then(|w| w.literal.as_deref()) else {
             return Ok(());
         };
-        let base = crate::shell::basename(name);
+        let base = crate::bash::basename(name);
         let args = &words[1..];
         if let Some((_, why)) = DELETERS.iter().find(|(n, _)| *n == base) {
             return Err(self.deny(what, *why));

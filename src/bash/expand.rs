@@ -761,7 +761,7 @@ fn dirname(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shell::parse::Lexer;
+    use crate::bash::parse::Lexer;
 
     fn fields(word: &str, env: &Env) -> Result<Vec<Field>, Bound> {
         let toks = Lexer::new(word, 0).lex().ok().unwrap();

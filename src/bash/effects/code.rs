@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use super::{Effect, Nesting, Stdin, Walk};
-use crate::shell::parse::ShellWord;
-use crate::shell::spec::{self, maybe_option, scan, unknown_option};
+use crate::bash::parse::ShellWord;
+use crate::bash::spec::{self, maybe_option, scan, unknown_option};
 
 impl Walk {
     /// The code a program takes as data, when `base` is one that does; false otherwise.

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 
 use super::{Limit, MAX_LINKS, Nesting, Stdin, Walk, follow_links, normalise};
-use crate::shell::parse::ShellWord;
-use crate::shell::spec::{self, maybe_option, scan, unknown_option};
+use crate::bash::parse::ShellWord;
+use crate::bash::spec::{self, maybe_option, scan, unknown_option};
 
 /// `ssh`'s short options that take an argument.
 const SSH_WITH_ARG: &str = "BbcDEeFIiJLlmOopQRSWw";

@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Limit, MAX_LINKS, Nesting, Stdin, Walk, follow_links, normalise, relative, resolve};
-use crate::shell::expand::MAX_VALUE;
-use crate::shell::parse::{Op, Part, ShellWord, Tok, Word, is_identifier};
-use crate::shell::spec::{self, scan};
-use crate::shell::{basename, quote};
+use crate::bash::expand::MAX_VALUE;
+use crate::bash::parse::{Op, Part, ShellWord, Tok, Word, is_identifier};
+use crate::bash::spec::{self, scan};
+use crate::bash::{basename, quote};
 
 /// What the script has defined and made so far.
 #[derive(Default)]

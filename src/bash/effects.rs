@@ -1919,7 +1919,7 @@ pub fn network_path(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shell::abbreviate;
+    use crate::bash::abbreviate;
 
     const START: Start<'static> = Start {
         cwd: Some("/srv/ws"),
@@ -2172,7 +2172,7 @@ mod tests {
             assert_eq!(opaque(script), Vec::<String>::new(), "{script}");
         }
         // Bounds fail closed.
-        assert!(!opaque(&"x".repeat(crate::shell::MAX_INPUT + 1)).is_empty());
+        assert!(!opaque(&"x".repeat(crate::bash::MAX_INPUT + 1)).is_empty());
         let mut nested = "ls".to_owned();
         for _ in 0..=MAX_DEPTH {
             nested = format!("eval {}", shell_quote(&nested));
@@ -2309,7 +2309,7 @@ mod tests {
         for _ in 0..=MAX_DEPTH {
             nested = format!("eval {}", shell_quote(&nested));
         }
-        let long = "x".repeat(crate::shell::MAX_INPUT + 1);
+        let long = "x".repeat(crate::bash::MAX_INPUT + 1);
         let many = "ls>a;".repeat(MAX_EFFECTS / 2 + 1);
         let deep = format!("echo {}", "$(".repeat(MAX_DEPTH + 2));
         let stacked = format!("{}rm -rf /x", "nice ".repeat(MAX_WRAPPERS + 1));
