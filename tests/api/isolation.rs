@@ -1124,7 +1124,7 @@ async fn tcp_connects_are_limited_to_the_listed_ports() {
     let r = run(
         &ops,
         &format!(
-            "for port in {p} {q}; do python3 -c \"import socket,sys; socket.create_connection(('127.0.0.1', $port), 5); print(sys.argv[1])\" $port; done; true"
+            "for port in {p} {q}; do python3 -c \"import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 5); print(sys.argv[1])\" $port; done; true"
         ),
     )
     .await;
