@@ -19,6 +19,7 @@ pub mod console;
 pub mod eventlog;
 pub mod exec;
 pub mod frontend;
+pub mod gate;
 pub mod http;
 pub mod inbox;
 pub mod lark;

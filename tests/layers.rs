@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("workspaces", &["workspace"]),
     ("targets", &["target"]),
     ("control plane and turns", &["plane", "turns"]),
+    ("gate", &["gate"]),
     ("agent", &["agent"]),
     ("progress", &["progress"]),
     ("chat", &["chat"]),

@@ -188,20 +188,11 @@ pub(super) async fn park(
     refused: &str,
 ) -> Result<Park, Fenced> {
     // The backend's policy: local sections answer to their requester, targets to theirs.
-    let (risky, approvers) = match &asked.target {
-        None => (deps.config.local_risky, Approvers::Requester),
-        Some(alias) => match crate::target::policy::get(&deps.db, alias).await {
-            Ok(p) => (
-                p.risky,
-                Approvers::parse(&p.approvers).unwrap_or(Approvers::Admins),
-            ),
-            // Unreadable: asked, of admins (the strictest that still lets work go on).
-            Err(e) => {
-                tracing::warn!(turn.section = %turn.section, error = %e, "reading a target's approval policy failed");
-                (Risky::Ask, Approvers::Admins)
-            }
-        },
+    let place = match &asked.target {
+        None => crate::exec::Place::Local,
+        Some(alias) => crate::exec::Place::Target(alias.clone()),
     };
+    let (risky, approvers) = crate::gate::policy(&deps.db, &place, deps.config.local_risky).await;
     // Headed like every task tool's error, with where it would have run.
     let refuse = |why: String| Park::Refused(format!("[{}] error: {why}", asked.location));
     match risky {

@@ -492,18 +492,7 @@ fn summarise(previous: &str, rows: &[Stored]) -> String {
     s
 }
 
-/// `s` cut to `max` bytes at a character boundary, with an ellipsis when cut.
-pub fn clip(s: &str, max: usize) -> String {
-    let s = s.trim();
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
+pub use crate::gate::clip;
 
 #[cfg(test)]
 mod tests {

@@ -427,6 +427,19 @@ pub struct AgentDeps {
     pub workspaces: crate::workspace::LocalRules,
 }
 
+impl AgentDeps {
+    /// The gate every task-tool call of this agent passes.
+    pub fn gate(&self) -> crate::gate::Gate<'_> {
+        crate::gate::Gate {
+            db: &self.db,
+            exec: &self.exec,
+            secrets: self.plane.filter(),
+            tool_timeout: self.config.tool_timeout,
+            local_risky: self.config.local_risky,
+        }
+    }
+}
+
 /// The most characters of a waiting command a `/ssh status` line shows.
 const STATUS_COMMAND: usize = 80;
 

@@ -884,12 +884,9 @@ async fn run_call(
     live::watched(deps, &turn.section, turn.id, tail.as_deref(), run).await
 }
 
-/// The longest command text an audit row keeps.
-const AUDIT_COMMAND_CHARS: usize = 4096;
-
 /// The audit row of a command-running call (`terminal`, `execute_code`); `None` for other
-/// tools. The actor is the sender of the turn's latest message; the command text is redacted of
-/// secret-like words and clipped.
+/// tools. The actor is the sender of the turn's latest message; the row is the gate's
+/// ([`crate::gate::command_row`]), with the turn.
 fn command_run(
     turn: &ActiveTurn,
     call: &ToolCall,
@@ -905,24 +902,25 @@ fn command_run(
     };
     let args = call.parsed_arguments().unwrap_or_default();
     let text = args.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-    let text: String = crate::llm::classify::redact(text)
-        .chars()
-        .take(AUDIT_COMMAND_CHARS)
-        .collect();
-    Some(crate::audit::CommandRun {
-        action: crate::audit::COMMAND_RUN,
-        actor: sender(turn),
-        target: target.map(str::to_string),
-        outcome: outcome.to_string(),
-        detail: json!({
-            "tool": call.function.name,
-            "command": text,
+    let actor = sender(turn);
+    let caller = crate::gate::Caller {
+        actor: &actor,
+        section: &turn.section,
+        via: "chat",
+        tool: &call.function.name,
+    };
+    Some(crate::gate::command_row(
+        &caller,
+        target,
+        text,
+        outcome,
+        json!({
             "language": args.get("language"),
             "exit": exit,
             "duration_ms": millis,
             "turn": turn.id,
         }),
-    })
+    ))
 }
 
 /// Who a turn's audit rows name: the sender of its latest message.

@@ -23,13 +23,14 @@ use super::{AgentDeps, BindingFails, SshModeAction};
 use crate::bash::Verdict;
 use crate::bash::cover::Cover;
 use crate::exec::live::LiveTail;
-use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
+use crate::exec::ops::{Ops, ReadRange, SearchRequest, SearchTarget};
 use crate::exec::truncate::HeadTail;
 use crate::exec::{ExecError, Exit, Output, Place};
+use crate::gate::{self, Caller, Done, Outcome};
 use crate::llm::args::Args;
 use crate::llm::{Tool, ToolCall};
 use crate::turns::{Fence, Fenced};
-use crate::workspace::{self, Permission, Scope, Workspace, judge};
+use crate::workspace::{self, Permission, Workspace};
 
 /// The tool definitions sent with every model call.
 pub fn definitions() -> Vec<Tool> {
@@ -107,7 +108,7 @@ pub fn definitions() -> Vec<Tool> {
 
 /// What `terminal`'s `env` may hold, for its schema.
 fn env_description() -> String {
-    let names: Vec<&str> = judge::built_in_env_names().collect();
+    let names: Vec<&str> = crate::workspace::judge::built_in_env_names().collect();
     format!(
         "Environment variables for this call only (names: letters, digits, `_`). Below the \
          workspace permission `full` only {} and names the operator allows.",
@@ -158,35 +159,6 @@ pub struct Asked {
     pub target: Option<String>,
     /// What "Allow in this thread" of it would cover.
     pub cover: Cover,
-}
-
-/// A command the guard asked about, as [`task`] reports it.
-struct TaskAsk {
-    command: String,
-    reason: String,
-    cwd: String,
-    cover: Cover,
-}
-
-/// The cover of a command the guard asks about, where it would run (`env`: the call's own
-/// environment variables).
-async fn cover_at(
-    ops: &Ops,
-    command: &str,
-    cwd: &str,
-    workspace: &str,
-    env: &[(String, String)],
-) -> Cover {
-    let home = ops.backend().home().await.ok();
-    crate::bash::cover::cover(
-        command,
-        &crate::bash::cover::Places {
-            cwd,
-            workspace,
-            home: home.as_deref(),
-            env,
-        },
-    )
 }
 
 /// Whether `call` runs a command (`terminal`, `execute_code`) or acts in an interactive shell
@@ -341,6 +313,11 @@ pub async fn run(
         Some(l) => format!("[{l}] {text}"),
         None => text,
     };
+    let text = if o.by_policy {
+        format!("allowed by this backend's policy (risky: allow):\n{text}")
+    } else {
+        text
+    };
     ToolResult {
         text: cut(&text, deps.config.tool_result_limit),
         ok,
@@ -367,6 +344,8 @@ struct ToolOutcome {
     binding_fails: Option<BindingFails>,
     asked: Option<Asked>,
     shell_row: Option<ShellRow>,
+    /// The guard asked about it and the backend's policy (`risky: allow`) let it run.
+    by_policy: bool,
 }
 
 impl ToolOutcome {
@@ -380,6 +359,7 @@ impl ToolOutcome {
             binding_fails: None,
             asked: None,
             shell_row: None,
+            by_policy: false,
         }
     }
 
@@ -459,13 +439,13 @@ async fn dispatch(
         Place::Local => None,
         Place::Target(alias) => Some(alias.clone()),
     };
-    let (result, exit, asked) = task(
+    let t = task(
         deps, section, tool, &args, at, &location, cancel, approved, live, mark,
     )
     .await;
     ToolOutcome {
-        result,
-        asked: asked.map(|a| Asked {
+        result: t.result,
+        asked: t.asked.map(|a| Asked {
             command: a.command,
             reason: a.reason,
             location: location.clone(),
@@ -475,9 +455,10 @@ async fn dispatch(
         }),
         backend: Some(backend),
         location: Some(location),
-        exit,
+        exit: t.exit,
         binding_fails: None,
         shell_row: None,
+        by_policy: t.by_policy,
     }
 }
 
@@ -550,12 +531,14 @@ async fn location_of(deps: &AgentDeps, at: &Where) -> String {
     }
 }
 
-/// Runs a task tool where `at` says: the workspace permission judged first, then the tool
-/// (its commands read by the judge and the guard), its working directory kept, a refusal
-/// audited. Returns the result, how a command ended when one ran, and (command, reason,
-/// directory) when the guard asks a person about a `terminal` command, which then did not run.
-/// `approved`: a person allowed this call, so the guard's `ask` does not stop it. A command is
-/// judged by the guard before `mark` (its start mark) is written, and runs only after.
+/// Runs a task tool where `at` says, through the gate: the permission, the judge, the guard,
+/// the backend's policy, the audit of a refusal and the secret filter are the gate's
+/// ([`crate::gate`]); here the arguments are read, the place made ready (the operations, the
+/// workspace on the backend's host, the stored working directory seeded), and the outcome
+/// written for the model. Returns the result, how a command ended when one ran, what a person
+/// is asked about (the call then did not run), and whether the backend's policy let an asked
+/// call through. `approved`: a person allowed this call. A command is judged before `mark`
+/// (its start mark) is written, and runs only after.
 #[allow(clippy::too_many_arguments)]
 async fn task(
     deps: &AgentDeps,
@@ -567,27 +550,32 @@ async fn task(
     cancel: &CancellationToken,
     approved: bool,
     live: Option<Arc<LiveTail>>,
-    mut mark: Option<&mut StartMark<'_>>,
-) -> (Result<String, String>, Option<String>, Option<TaskAsk>) {
-    let mut exit_out: Option<String> = None;
-    let mut asked: Option<TaskAsk> = None;
+    mark: Option<&mut StartMark<'_>>,
+) -> TaskOutcome {
+    let mut out = TaskOutcome {
+        result: Ok(String::new()),
+        exit: None,
+        asked: None,
+        by_policy: false,
+    };
+    let gate = deps.gate();
+    let caller = Caller {
+        actor: "model",
+        section,
+        via: "chat",
+        tool,
+    };
     let result: Result<String, String> = async {
+        let call = typed(tool, args, deps.config.tool_timeout)?;
         let Where {
             place,
             workspace: ws,
             remote,
         } = at;
-        let backend_label = place.name().to_string();
         // The workspace and its permission, judged before anything runs.
         let ws = ws.map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
-        if let Err(d) = judge::check_tool(ws.permission, tool) {
-            let r = Refused {
-                by: "permission",
-                verdict: Verdict::Refuse,
-                reason: d.to_string(),
-            };
-            return Err(refused(deps, section, &backend_label, Some(location), tool, &r).await);
-        }
+        gate.check_tool(&caller, &place, location, ws.permission)
+            .await?;
         let ops = match (&place, remote) {
             (Place::Local, _) => deps.exec.local_ops_in(
                 section,
@@ -601,175 +589,37 @@ async fn task(
         .with_live(live);
         let backend_name = ops.backend().name().to_string();
         // The workspace on the backend's host (`~` is that user's home there).
-        let workspace_dir = ops.resolve(&ws.dir).await.map_err(exec_err)?;
-        // The stored working directory (read with the workspace) seeds this replica's; without one
-        // (a new section, or a new workspace) the shell starts in the workspace.
+        let workspace_dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
+        // The stored working directory (read with the workspace) seeds this replica's; without
+        // one (a new section, or a new workspace) the shell starts in the workspace.
         let seeded = ws.cwd.clone();
         let start = seeded.clone().unwrap_or_else(|| workspace_dir.clone());
-        let start_dir = start.clone();
-        deps.exec.cwds().set(&backend_name, section, start.clone());
-        // What the judge needs: the workspace and the working directory on the backend's host.
-        let scope_parts = if ws.permission < Permission::Full {
-            let home = ops.backend().home().await.ok();
-            Some((start, home))
-        } else {
-            None
+        deps.exec.cwds().set(&backend_name, section, start);
+        let at = gate::At {
+            place,
+            location: location.to_string(),
+            ops,
+            workspace: workspace_dir,
+            permission: ws.permission,
         };
-        let scope = scope_parts.as_ref().map(|(c, h)| Scope {
-            workspace: &workspace_dir,
-            cwd: c,
-            home: h.as_deref(),
-        });
-        let mut refusal: Option<Refused> = None;
-
-        let limit = deps.config.tool_timeout;
-        let timeout = |asked: Option<u64>| asked.map(Duration::from_secs).unwrap_or(limit).min(limit);
-        // File operations take no cancellation token: cancel (and the per-tool timeout) drop them.
-        let guarded = async {
-            match tool {
-                "terminal" => {
-                    let command = args.str("command")?;
-                    let workdir = args.opt_str("workdir")?;
-                    let env = args.opt_string_map("env", MAX_CALL_ENV)?;
-                    if let Err(d) =
-                        judge::check_env(ws.permission, &env, deps.exec.tool_env_allow())
-                    {
-                        return Err(deny(&mut refusal, "permission", d.to_string()));
+        let starting = mark.map(|m| m as &mut dyn gate::Starting);
+        let outcome = gate
+            .call(&caller, &at, call, approved, starting, cancel)
+            .await;
+        if let Ok(now) = at.ops.cwd().await
+            && seeded.as_deref() != Some(now.as_str())
+        {
+            store_cwd(deps, section, &backend_name, &now).await;
+        }
+        match outcome {
+            Outcome::Ran(ran) => {
+                out.by_policy = ran.by_policy;
+                Ok(match ran.done {
+                    Done::Command { output, cwd } => {
+                        out.exit = Some(exit_text(&output.exit));
+                        format_output(&output, cwd.as_deref())
                     }
-                    if let Some(scope) = &scope {
-                        // The workdir is judged as the `cd` into it would be, and the command
-                        // from there. Variables given here are not substituted by the judge: a
-                        // `$NAME` stays a word it cannot read, never a literal it trusts.
-                        let mut here = Scope { ..*scope };
-                        let resolved;
-                        if let Some(w) = &workdir {
-                            let enter = format!("cd -- {}", crate::exec::shell_quote(w));
-                            if let Err(d) = judge::check_command(ws.permission, &enter, scope) {
-                                return Err(deny(&mut refusal, "permission", d.to_string()));
-                            }
-                            resolved = ops.resolve(w).await.map_err(exec_err)?;
-                            here.cwd = &resolved;
-                        }
-                        if let Err(d) = judge::check_command(ws.permission, &command, &here) {
-                            return Err(deny(&mut refusal, "permission", d.to_string()));
-                        }
-                    }
-                    let opts = RunOptions {
-                        timeout: Some(timeout(args.opt_u64("timeout")?)),
-                        env,
-                        workdir,
-                        prelude: if ws.permission == Permission::Read {
-                            judge::read_preamble()
-                        } else {
-                            ""
-                        },
-                        workspace: Some(workspace_dir.clone()),
-                    };
-                    let cwd_here = match &opts.workdir {
-                        Some(w) => ops.resolve(w).await.unwrap_or_else(|_| w.clone()),
-                        None => start_dir.clone(),
-                    };
-                    // The verdict first: an `ask` parks the call before any start is recorded.
-                    let objection = ops
-                        .judge_terminal(&command, &opts)
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    if let Some(o) = objection
-                        && !(approved && o.verdict == Verdict::Ask)
-                    {
-                        if o.verdict == Verdict::Ask {
-                            let cover =
-                                cover_at(&ops, &command, &cwd_here, &workspace_dir, &opts.env)
-                                    .await;
-                            asked = Some(TaskAsk {
-                                command: command.clone(),
-                                reason: o.reason.clone(),
-                                cwd: cwd_here.clone(),
-                                cover,
-                            });
-                        }
-                        return Err(guard_err(&mut refusal, ExecError::Refused(o)));
-                    }
-                    if let Some(m) = mark.as_deref_mut() {
-                        m.write().await?;
-                    }
-                    let ran = if approved {
-                        ops.terminal_approved(&command, opts, cancel).await
-                    } else {
-                        ops.terminal(&command, opts, cancel).await
-                    };
-                    let r = ran.map_err(|e| guard_err(&mut refusal, e))?;
-                    exit_out = Some(exit_text(&r.output.exit));
-                    Ok(format_output(&r.output, Some(&r.cwd)))
-                }
-                "execute_code" => {
-                    let code = args.str("code")?;
-                    let lang = args.opt_str("language")?;
-                    let t = timeout(args.opt_u64("timeout")?);
-                    // Shell code can be judged like a terminal command; other languages cannot
-                    // (locally the sandbox holds the workspace limit).
-                    let shell = matches!(
-                        lang.as_deref().map(str::to_ascii_lowercase).as_deref(),
-                        Some("bash" | "sh" | "shell")
-                    );
-                    if shell
-                        && let Some(scope) = &scope
-                        && let Err(d) = judge::check_command(ws.permission, &code, scope)
-                    {
-                        return Err(deny(&mut refusal, "permission", d.to_string()));
-                    }
-                    // Shell code the guard asks about parks the call, as a command does: judged
-                    // before its start is recorded.
-                    let objection = ops
-                        .judge_code(&code, lang.as_deref(), Some(workspace_dir.as_str()))
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    if let Some(o) = objection
-                        && !(approved && o.verdict == Verdict::Ask)
-                    {
-                        if o.verdict == Verdict::Ask {
-                            let cwd = ops.cwd().await.unwrap_or_default();
-                            let cover = cover_at(&ops, &code, &cwd, &workspace_dir, &[]).await;
-                            asked = Some(TaskAsk {
-                                command: code.clone(),
-                                reason: o.reason.clone(),
-                                cwd,
-                                cover,
-                            });
-                        }
-                        return Err(guard_err(&mut refusal, ExecError::Refused(o)));
-                    }
-                    if let Some(m) = mark.as_deref_mut() {
-                        m.write().await?;
-                    }
-                    let ran = ops
-                        .execute_code_as(
-                            &code,
-                            lang.as_deref(),
-                            Some(t),
-                            Some(workspace_dir.as_str()),
-                            cancel,
-                            approved,
-                        )
-                        .await;
-                    let out = ran.map_err(|e| guard_err(&mut refusal, e))?;
-                    exit_out = Some(exit_text(&out.exit));
-                    Ok(format_output(&out, None))
-                }
-                "read_file" => {
-                    let path = args.str("path")?;
-                    let range = match (args.opt_u64("offset")?, args.opt_u64("limit")?) {
-                        (None, None) => ReadRange::Whole,
-                        (start, count) => ReadRange::Lines {
-                            start: start.unwrap_or(1),
-                            count: count.unwrap_or(2000),
-                        },
-                    };
-                    let r = ops
-                        .read_file(&path, range)
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    Ok(match r.text {
+                    Done::Read(r) => match r.text {
                         None => format!("{} is a binary file of {} bytes", r.path, r.size),
                         Some(t) => format!(
                             "{} ({} bytes{}):\n{t}",
@@ -781,167 +631,112 @@ async fn task(
                                 ""
                             }
                         ),
-                    })
-                }
-                "write_file" => {
-                    let path = args.str("path")?;
-                    let content = args.str("content")?;
-                    if let Some(scope) = &scope {
-                        check_write(&ops, ws.permission, &path, scope, cancel)
-                            .await
-                            .map_err(|d| deny(&mut refusal, "permission", d))?;
+                    },
+                    Done::Wrote { path, bytes } => format!("wrote {bytes} bytes to {path}"),
+                    Done::Patched(r) => {
+                        format!("patched {}: {} replacement(s)", r.path, r.replacements)
                     }
-                    let p = ops
-                        .write_file(&path, content.as_bytes())
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    Ok(format!("wrote {} bytes to {p}", content.len()))
-                }
-                "patch" => {
-                    if let Some(scope) = &scope {
-                        check_write(&ops, ws.permission, &args.str("path")?, scope, cancel)
-                            .await
-                            .map_err(|d| deny(&mut refusal, "permission", d))?;
-                    }
-                    let r = ops
-                        .patch(
-                            &args.str("path")?,
-                            &args.str("old_string")?,
-                            &args.str("new_string")?,
-                            args.opt_bool("replace_all")?,
-                        )
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    Ok(format!(
-                        "patched {}: {} replacement(s)",
-                        r.path, r.replacements
-                    ))
-                }
-                _ => {
-                    let target = match args.opt_str("target")?.as_deref() {
-                        None | Some("content") => SearchTarget::Content,
-                        Some("files") => SearchTarget::Files,
-                        Some(_) => return Err(args.bad("`target` must be content or files".into())),
-                    };
-                    let req = SearchRequest {
-                        pattern: args.str("pattern")?,
-                        path: args.opt_str("path")?,
-                        target,
-                        file_glob: args.opt_str("file_glob")?,
-                        max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
-                    };
-                    let r = ops
-                        .search(&req, cancel)
-                        .await
-                        .map_err(|e| guard_err(&mut refusal, e))?;
-                    Ok(if r.matches.is_empty() {
-                        "no matches".to_string()
-                    } else {
-                        format!(
-                            "{}{}",
-                            r.matches.join("\n"),
-                            if r.truncated {
-                                "\n(more results exist; narrow the search)"
-                            } else {
-                                ""
-                            }
-                        )
-                    })
-                }
+                    Done::Found(r) if r.matches.is_empty() => "no matches".to_string(),
+                    Done::Found(r) => format!(
+                        "{}{}",
+                        r.matches.join("\n"),
+                        if r.truncated {
+                            "\n(more results exist; narrow the search)"
+                        } else {
+                            ""
+                        }
+                    ),
+                })
             }
-        };
-        // A little beyond the command's own timeout, so a command is killed by its own timeout
-        // first; this catches file operations that hang.
-        let outer = limit + Duration::from_secs(15);
-        let result = tokio::select! {
-            r = tokio::time::timeout(outer, guarded) => match r {
-                Ok(r) => r,
-                Err(_) => Err(format!("the tool did not finish within {} s and was abandoned", outer.as_secs())),
-            },
-            _ = cancel.cancelled(), if tool != "terminal" && tool != "execute_code" && tool != "search_files" => {
-                Err("cancelled".into())
+            Outcome::Asked(a) => {
+                let text = a.text.clone();
+                out.asked = Some(a);
+                Err(text)
             }
-        };
-        if let Ok(now) = ops.cwd().await
-            && seeded.as_deref() != Some(now.as_str())
-        {
-            store_cwd(deps, section, &backend_name, &now).await;
-        }
-        match (result, refusal) {
-            (Err(_), Some(r)) => Err(refused(deps, section, &backend_label, Some(location), tool, &r).await),
-            (result, _) => result,
+            Outcome::Refused(text) | Outcome::Failed(text) => Err(text),
         }
     }
     .await;
-    (result, exit_out, asked)
+    out.result = result;
+    out
+}
+
+/// What [`task`] reports of a call.
+struct TaskOutcome {
+    result: Result<String, String>,
+    exit: Option<String>,
+    asked: Option<gate::Asked>,
+    by_policy: bool,
+}
+
+/// A task tool's call from its arguments (already checked by [`check_task_args`]).
+fn typed(tool: &str, args: &Args<'_>, limit: Duration) -> Result<gate::Tool, String> {
+    let secs = |v: Option<u64>| v.map(Duration::from_secs).map(|d| d.min(limit));
+    Ok(match tool {
+        "terminal" => gate::Tool::Terminal {
+            command: args.str("command")?,
+            workdir: args.opt_str("workdir")?,
+            env: args.opt_string_map("env", MAX_CALL_ENV)?,
+            timeout: secs(args.opt_u64("timeout")?),
+        },
+        "execute_code" => gate::Tool::Code {
+            code: args.str("code")?,
+            language: args.opt_str("language")?,
+            timeout: secs(args.opt_u64("timeout")?),
+        },
+        "read_file" => gate::Tool::Read {
+            path: args.str("path")?,
+            range: match (args.opt_u64("offset")?, args.opt_u64("limit")?) {
+                (None, None) => ReadRange::Whole,
+                (start, count) => ReadRange::Lines {
+                    start: start.unwrap_or(1),
+                    count: count.unwrap_or(2000),
+                },
+            },
+        },
+        "write_file" => gate::Tool::Write {
+            path: args.str("path")?,
+            content: args.str("content")?,
+        },
+        "patch" => gate::Tool::Patch {
+            path: args.str("path")?,
+            old: args.str("old_string")?,
+            new: args.str("new_string")?,
+            all: args.opt_bool("replace_all")?,
+        },
+        _ => gate::Tool::Search(SearchRequest {
+            pattern: args.str("pattern")?,
+            path: args.opt_str("path")?,
+            target: match args.opt_str("target")?.as_deref() {
+                None | Some("content") => SearchTarget::Content,
+                Some("files") => SearchTarget::Files,
+                Some(_) => return Err(args.bad("`target` must be content or files".into())),
+            },
+            file_glob: args.opt_str("file_glob")?,
+            max_results: args.opt_u64("max_results")?.unwrap_or(100) as usize,
+        }),
+    })
+}
+
+#[async_trait::async_trait]
+impl gate::Starting for StartMark<'_> {
+    async fn started(&mut self) -> Result<(), String> {
+        self.write().await
+    }
 }
 
 /// A refusal noted for the audit: by whom (`permission`, `guard`, `workspace`), the verdict
-/// (`refuse`, or `ask` while approvals do not exist) and the text the model gets.
+/// and the text the model gets.
 struct Refused {
     by: &'static str,
     verdict: Verdict,
     reason: String,
 }
 
-/// Notes a refusal for the audit and returns its text.
-fn deny(slot: &mut Option<Refused>, by: &'static str, reason: String) -> String {
-    deny_as(slot, by, Verdict::Refuse, reason)
-}
-
-fn deny_as(
-    slot: &mut Option<Refused>,
-    by: &'static str,
-    verdict: Verdict,
-    reason: String,
-) -> String {
-    *slot = Some(Refused {
-        by,
-        verdict,
-        reason: reason.clone(),
-    });
-    reason
-}
-
-/// An execution error, noting a refusal (by the guard, or of an unsafe local workspace) for
-/// the audit.
-fn guard_err(slot: &mut Option<Refused>, e: ExecError) -> String {
-    match e {
-        ExecError::Refused(r) => deny_as(slot, "guard", r.verdict, r.to_string()),
-        ExecError::Workspace(why) => deny(slot, "workspace", why),
-        e => e.to_string(),
-    }
-}
-
-/// Judges a file tool's write: where the path really leads on the backend's host (symlinks
-/// resolved there), against the workspace resolved the same way.
-async fn check_write(
-    ops: &crate::exec::ops::Ops,
-    permission: Permission,
-    path: &str,
-    scope: &Scope<'_>,
-    cancel: &CancellationToken,
-) -> Result<(), String> {
-    // (At `read` the writing tools were refused before this.)
-    let resolved = ops.resolve(path).await.map_err(exec_err)?;
-    let real = ops
-        .real_paths(&[scope.workspace, &resolved], cancel)
-        .await
-        .map_err(|e| {
-            format!("the workspace permission `{permission}` allows writes only inside the workspace, and {e}")
-        })?;
-    let real_scope = Scope {
-        workspace: &real[0],
-        cwd: scope.cwd,
-        home: scope.home,
-    };
-    judge::check_write_path(permission, &real[1], &real_scope).map_err(|d| d.to_string())
-}
-
 /// Most variables one `terminal` call may set through its `env` argument.
 const MAX_CALL_ENV: usize = 32;
 
-/// Audits a refused tool call (by the workspace permission or the command guard) and returns
+/// Audits a refused shell call (by the workspace permission or the command guard) and returns
 /// the text the model receives.
 async fn refused(
     deps: &AgentDeps,
@@ -951,33 +746,27 @@ async fn refused(
     tool: &str,
     r: &Refused,
 ) -> String {
-    let entry = crate::audit::ChatEntry {
+    let caller = Caller {
         actor: "model",
-        action: "tool.refused",
-        section: Some(section),
-        target: (backend != "local").then_some(backend),
-        outcome: "refused",
-        detail: json!({
-            "tool": tool,
-            "by": r.by,
-            "verdict": r.verdict.as_str(),
-            "reason": clip(&r.reason, 500),
-            // Where it would have run, with the path (`web · deploy@10.0.0.5 via bastion`).
-            "location": location,
-        }),
+        section,
+        via: "chat",
+        tool,
     };
-    let audited = async {
-        let mut conn = deps.db.acquire().await?;
-        crate::audit::record_chat(&mut conn, entry).await
+    let place = match backend {
+        "local" => Place::Local,
+        alias => Place::Target(alias.to_string()),
     };
-    if let Err(e) = audited.await {
-        tracing::warn!(section.id = %section, error = %e, "auditing a refused tool call failed");
-    }
+    deps.gate()
+        .audit_refusal(
+            &caller,
+            &place,
+            location.unwrap_or(backend),
+            r.by,
+            r.verdict,
+            &r.reason,
+        )
+        .await;
     r.reason.clone()
-}
-
-fn exec_err(e: ExecError) -> String {
-    e.to_string()
 }
 
 fn exit_text(exit: &Exit) -> String {

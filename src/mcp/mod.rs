@@ -55,6 +55,19 @@ use crate::exec::Executors;
 use crate::plane::secrets::SecretFilter;
 use crate::workspace::LocalRules;
 
+impl McpDeps {
+    /// The gate every tool call of the endpoint passes.
+    pub fn gate(&self) -> crate::gate::Gate<'_> {
+        crate::gate::Gate {
+            db: &self.db,
+            exec: &self.exec,
+            secrets: &self.secrets,
+            tool_timeout: self.tool_timeout,
+            local_risky: self.local_risky,
+        }
+    }
+}
+
 /// The route of the endpoint on its listener.
 pub const PATH: &str = "/mcp";
 

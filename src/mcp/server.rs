@@ -31,10 +31,10 @@ use super::McpDeps;
 use super::fresh::Fresh;
 use super::token::Token;
 use crate::bash::Verdict;
-use crate::config::Risky;
-use crate::exec::ops::{Ops, ReadRange, RunOptions, SearchRequest, SearchTarget};
-use crate::exec::{ExecError, Exit, Place};
-use crate::workspace::judge::{self, Scope};
+
+use crate::exec::ops::{ReadRange, SearchRequest, SearchTarget};
+use crate::exec::{Exit, Place};
+use crate::gate::{self, Caller, Done, Outcome};
 use crate::workspace::{Permission, Workspace};
 
 mod shells;
@@ -45,8 +45,6 @@ pub use shells::{SWEEP_EVERY, run_sweeper};
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Most variables one `exec` may set.
 const MAX_ENV: usize = 32;
-/// Command text kept in an audit row.
-const AUDIT_COMMAND_CHARS: usize = 4096;
 
 /// The tools' shared state, built once: the core's handles, the bounds on calls running at
 /// once (in all and per token), and the tool table.
@@ -293,18 +291,25 @@ impl ServerHandler for Server {
     }
 }
 
-/// Where one call runs: the backend's operations, the workspace, and the permission enforced.
-/// Reused by the token's calls on that target for [`FRESH`](super::fresh::FRESH) ([`Tools::here`]).
+/// Where one call runs: the gate's resolved place (the backend's operations, the workspace
+/// and the permission enforced). Reused by the token's calls on that target for
+/// [`FRESH`](super::fresh::FRESH) ([`Tools::here`]).
 struct Here {
-    place: Place,
-    ops: Ops,
-    /// The workspace on the backend's host (absolute).
-    workspace_dir: String,
-    permission: Permission,
+    at: gate::At,
     /// The token's own permission this was resolved for.
     token_permission: Permission,
     /// Where the section's first command there starts: its stored directory, or the workspace.
     start: String,
+}
+
+/// The gate's view of a token's call of `tool`.
+fn caller<'a>(token: &'a Token, section: &'a str, tool: &'a str) -> Caller<'a> {
+    Caller {
+        actor: &token.name,
+        section,
+        via: "mcp",
+        tool,
+    }
 }
 
 impl Tools {
@@ -381,21 +386,17 @@ impl Tools {
                 h
             }
         };
-        if let Err(d) = judge::check_tool(here.permission, tool) {
-            let text = d.to_string();
-            self.refused(
-                token,
-                &here.place,
-                tool,
-                "permission",
-                Verdict::Refuse,
-                &text,
+        self.deps
+            .gate()
+            .check_tool(
+                &caller(token, &section, tool),
+                &here.at.place,
+                &here.at.location,
+                here.at.permission,
             )
-            .await;
-            return Err(text);
-        }
+            .await?;
         // A section's first call here starts in the workspace.
-        let backend = here.ops.backend().name();
+        let backend = here.at.ops.backend().name();
         if deps.exec.cwds().get(backend, &section).is_none() {
             deps.exec.cwds().set(backend, &section, here.start.clone());
         }
@@ -412,13 +413,22 @@ impl Tools {
             .await
             .map_err(|e| format!("{e:#}"))?;
         let permission = permission(&ws, token);
+        let location = match &place {
+            Place::Local => "local".to_string(),
+            Place::Target(alias) => crate::target::get(&deps.db, alias)
+                .await
+                .map(|t| t.location())
+                .unwrap_or_else(|_| alias.clone()),
+        };
         // Refused before the backend is reached.
-        if let Err(d) = judge::check_tool(permission, tool) {
-            let text = d.to_string();
-            self.refused(token, &place, tool, "permission", Verdict::Refuse, &text)
-                .await;
-            return Err(text);
-        }
+        deps.gate()
+            .check_tool(
+                &caller(token, &section, tool),
+                &place,
+                &location,
+                permission,
+            )
+            .await?;
         let ops = match &place {
             Place::Local => deps.exec.local_ops_in(
                 &section,
@@ -428,13 +438,20 @@ impl Tools {
             Place::Target(_) => deps.exec.ops_for(&section, &place).await,
         }
         .map_err(|e| e.to_string())?;
-        let workspace_dir = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
+        let location = match &place {
+            Place::Local => location,
+            Place::Target(_) => ops.backend().location(),
+        };
+        let workspace = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
         Ok(Here {
-            place,
-            ops,
-            start: ws.cwd.unwrap_or_else(|| workspace_dir.clone()),
-            workspace_dir,
-            permission,
+            start: ws.cwd.unwrap_or_else(|| workspace.clone()),
+            at: gate::At {
+                place,
+                location,
+                ops,
+                workspace,
+                permission,
+            },
             token_permission: token.permission,
         })
     }
@@ -471,87 +488,26 @@ impl Tools {
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
         let _slot = self.slot(&token)?;
-        let here = self.here(&token, &args.target, "terminal").await?;
+        let here = self.here(&token, &args.target, "exec").await?;
         let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
         if env.len() > MAX_ENV {
             return Err(format!("at most {MAX_ENV} variables in `env`"));
         }
-        if let Err(d) = judge::check_env(here.permission, &env, self.deps.exec.tool_env_allow()) {
-            return Err(self.refused_exec(&token, &here.place, d).await);
-        }
-        if here.permission < Permission::Full {
-            let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
-            let home = here.ops.backend().home().await.ok();
-            let scope = Scope {
-                workspace: &here.workspace_dir,
-                cwd: &cwd,
-                home: home.as_deref(),
-            };
-            let mut judged = vec![args.command.clone()];
-            if let Some(w) = &args.workdir {
-                // The workdir is judged as the `cd` into it would be.
-                judged.insert(0, format!("cd -- {}", crate::exec::shell_quote(w)));
-            }
-            for c in judged {
-                if let Err(d) = judge::check_command(here.permission, &c, &scope) {
-                    return Err(self.refused_exec(&token, &here.place, d).await);
-                }
-            }
-        }
-        let limit = self.deps.tool_timeout;
-        let timeout = args
-            .timeout_ms
-            .map(Duration::from_millis)
-            .unwrap_or(limit)
-            .min(limit);
-        let opts = RunOptions {
-            timeout: Some(timeout),
+        let tool = gate::Tool::Terminal {
+            command: args.command.clone(),
+            workdir: args.workdir,
             env,
-            workdir: args.workdir.clone(),
-            prelude: if here.permission == Permission::Read {
-                judge::read_preamble()
-            } else {
-                ""
-            },
-            workspace: Some(here.workspace_dir.clone()),
+            timeout: args.timeout_ms.map(Duration::from_millis),
         };
         let started = Instant::now();
         let cancel = ctx.ct.child_token();
-        let ran = with_progress(
-            ctx,
-            &cancel,
-            here.ops.terminal(&args.command, opts.clone(), &cancel),
-        )
-        .await;
-        // Where the backend's policy allows what the guard asks about, it runs (the guard's
-        // refusals never do).
-        let ran = match ran {
-            Err(ExecError::Refused(o))
-                if o.verdict == Verdict::Ask && self.risky(&here.place).await == Risky::Allow =>
-            {
-                with_progress(
-                    ctx,
-                    &cancel,
-                    here.ops.terminal_approved(&args.command, opts, &cancel),
-                )
-                .await
-            }
-            ran => ran,
+        let (ran, section) = self
+            .through(ctx, &token, &here, "exec", tool, &cancel)
+            .await;
+        let ran = ran?;
+        let Done::Command { output: out, cwd } = ran.done else {
+            return Err("the command returned no output".into());
         };
-        let r = match ran {
-            Ok(r) => r,
-            Err(ExecError::Refused(o)) => {
-                let text = match o.verdict {
-                    Verdict::Ask => approval_needed(&here.place, &o.reason),
-                    _ => o.to_string(),
-                };
-                self.refused(&token, &here.place, "exec", "guard", o.verdict, &o.reason)
-                    .await;
-                return Err(text);
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let out = &r.output;
         let (exit_code, outcome) = match &out.exit {
             Exit::Code(c) => (
                 Some(*c),
@@ -565,18 +521,20 @@ impl Tools {
             Exit::TimedOut => (None, "timed out".into()),
             Exit::Cancelled => (None, "cancelled".into()),
         };
-        self.audit_command(&token, &here.place, &args.command, &outcome, started)
-            .await;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        self.no_secret(&stdout).await?;
-        self.no_secret(&stderr).await?;
+        let row = gate::command_row(
+            &caller(&token, &section, "exec"),
+            here.at.place.target(),
+            &args.command,
+            &outcome,
+            json!({ "duration_ms": started.elapsed().as_millis() as u64 }),
+        );
+        self.audit_command(&section, &row).await;
         let mut result = json!({
-            "host": here.ops.backend().location(),
+            "host": here.at.ops.backend().location(),
             "exit_code": exit_code,
-            "stdout": stdout,
-            "stderr": stderr,
-            "cwd": r.cwd,
+            "stdout": String::from_utf8_lossy(&out.stdout),
+            "stderr": String::from_utf8_lossy(&out.stderr),
+            "cwd": cwd,
         });
         if exit_code.is_none() {
             result["ended"] = json!(outcome);
@@ -585,6 +543,30 @@ impl Tools {
             }
         }
         Ok(CallToolResult::structured(result))
+    }
+
+    /// Runs `tool` through the gate at `here` for `token`, with progress notifications while
+    /// it runs; what a person would be asked about is refused with how to get it allowed (an
+    /// MCP call does not wait for a person). Also returns the token's section.
+    async fn through(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        token: &Token,
+        here: &Here,
+        name: &str,
+        tool: gate::Tool,
+        cancel: &CancellationToken,
+    ) -> (Result<gate::Ran, Fail>, String) {
+        let section = token.section();
+        let gate = self.deps.gate();
+        let who = caller(token, &section, name);
+        let call = gate.call(&who, &here.at, tool, false, None, cancel);
+        let r = match with_progress(ctx, cancel, call).await {
+            Outcome::Ran(ran) => Ok(ran),
+            Outcome::Asked(a) => Err(approval_needed(&here.at.place, &a.reason)),
+            Outcome::Refused(text) | Outcome::Failed(text) => Err(text),
+        };
+        (r, section)
     }
 
     async fn read_file(
@@ -602,15 +584,21 @@ impl Tools {
                 count: count.unwrap_or(2000),
             },
         };
-        let r = self
-            .bounded(ctx, here.ops.read_file(&args.path, range))
-            .await?
-            .map_err(|e| e.to_string())?;
-        if let Some(t) = &r.text {
-            self.no_secret(t).await?;
-        }
+        let tool = gate::Tool::Read {
+            path: args.path,
+            range,
+        };
+        let cancel = ctx.ct.child_token();
+        let Done::Read(r) = self
+            .through(ctx, &token, &here, "read_file", tool, &cancel)
+            .await
+            .0?
+            .done
+        else {
+            return Err("the read returned nothing".into());
+        };
         Ok(CallToolResult::structured(json!({
-            "host": here.ops.backend().location(),
+            "host": here.at.ops.backend().location(),
             "path": r.path,
             "size": r.size,
             "binary": r.binary,
@@ -627,49 +615,23 @@ impl Tools {
         let token = Self::caller(ctx)?;
         let _slot = self.slot(&token)?;
         let here = self.here(&token, &args.target, "write_file").await?;
-        if here.permission < Permission::Full {
-            let cancel = ctx.ct.child_token();
-            let resolved = here
-                .ops
-                .resolve(&args.path)
-                .await
-                .map_err(|e| e.to_string())?;
-            let real = here
-                .ops
-                .real_paths(&[&here.workspace_dir, &resolved], &cancel)
-                .await
-                .map_err(|e| e.to_string())?;
-            let cwd = here.ops.cwd().await.map_err(|e| e.to_string())?;
-            let scope = Scope {
-                workspace: &real[0],
-                cwd: &cwd,
-                home: None,
-            };
-            if let Err(d) = judge::check_write_path(here.permission, &real[1], &scope) {
-                let text = d.to_string();
-                self.refused(
-                    &token,
-                    &here.place,
-                    "write_file",
-                    "permission",
-                    Verdict::Refuse,
-                    &text,
-                )
-                .await;
-                return Err(text);
-            }
-        }
-        let path = self
-            .bounded(
-                ctx,
-                here.ops.write_file(&args.path, args.content.as_bytes()),
-            )
-            .await?
-            .map_err(|e| e.to_string())?;
+        let tool = gate::Tool::Write {
+            path: args.path,
+            content: args.content,
+        };
+        let cancel = ctx.ct.child_token();
+        let Done::Wrote { path, bytes } = self
+            .through(ctx, &token, &here, "write_file", tool, &cancel)
+            .await
+            .0?
+            .done
+        else {
+            return Err("the write returned nothing".into());
+        };
         Ok(CallToolResult::structured(json!({
-            "host": here.ops.backend().location(),
+            "host": here.at.ops.backend().location(),
             "path": path,
-            "bytes": args.content.len(),
+            "bytes": bytes,
         })))
     }
 
@@ -686,23 +648,24 @@ impl Tools {
             Some("files") => SearchTarget::Files,
             Some(_) => return Err("`kind` is content or files".into()),
         };
-        let req = SearchRequest {
+        let tool = gate::Tool::Search(SearchRequest {
             pattern: args.pattern,
             path: args.path,
             target,
             file_glob: args.file_glob,
             max_results: args.max_results.unwrap_or(100) as usize,
-        };
+        });
         let cancel = ctx.ct.child_token();
-        let r = here
-            .ops
-            .search(&req, &cancel)
+        let Done::Found(r) = self
+            .through(ctx, &token, &here, "search_files", tool, &cancel)
             .await
-            .map_err(|e| e.to_string())?;
-        let joined = r.matches.join("\n");
-        self.no_secret(&joined).await?;
+            .0?
+            .done
+        else {
+            return Err("the search returned nothing".into());
+        };
         Ok(CallToolResult::structured(json!({
-            "host": here.ops.backend().location(),
+            "host": here.at.ops.backend().location(),
             "matches": r.matches,
             "truncated": r.truncated,
         })))
@@ -741,7 +704,7 @@ impl Tools {
         })
     }
 
-    /// A file operation within the tool timeout (plus a margin), dropped on cancellation.
+    /// A shell operation within the tool timeout (plus a margin), dropped on cancellation.
     async fn bounded<T>(
         &self,
         ctx: &RequestContext<RoleServer>,
@@ -770,66 +733,19 @@ impl Tools {
         }
     }
 
-    async fn audit_command(
-        &self,
-        token: &Token,
-        place: &Place,
-        command: &str,
-        outcome: &str,
-        started: Instant,
-    ) {
-        let text: String = crate::llm::classify::redact(command)
-            .chars()
-            .take(AUDIT_COMMAND_CHARS)
-            .collect();
-        let run = crate::audit::CommandRun {
-            action: crate::audit::COMMAND_RUN,
-            actor: token.name.clone(),
-            target: place.target().map(str::to_string),
-            outcome: outcome.to_string(),
-            detail: json!({
-                "tool": "exec",
-                "via": "mcp",
-                "command": text,
-                "duration_ms": started.elapsed().as_millis() as u64,
-            }),
-        };
-        let section = token.section();
+    /// Writes the audit row of a command that ran (built by the gate).
+    async fn audit_command(&self, section: &str, run: &crate::audit::CommandRun) {
         let audited = async {
             let mut conn = self.deps.db.acquire().await?;
-            crate::audit::record_command(&mut conn, &section, &run).await
+            crate::audit::record_command(&mut conn, section, run).await
         };
         if let Err(e) = audited.await {
             tracing::warn!(section.id = %section, error = %e, "auditing an MCP command failed");
         }
     }
 
-    /// What the policy of `place` does with a command the guard asks about: the target's
-    /// `--risky`, or `SSHMODE_LOCAL_RISKY` locally. An unreadable policy asks.
-    async fn risky(&self, place: &Place) -> Risky {
-        match place {
-            Place::Local => self.deps.local_risky,
-            Place::Target(alias) => crate::target::policy::get(&self.deps.db, alias)
-                .await
-                .map(|p| p.risky)
-                .unwrap_or(Risky::Ask),
-        }
-    }
-
-    /// Audits a refused call (by the workspace permission or the guard).
-    /// `exec` refused by the workspace permission (audited): the text for the client.
-    async fn refused_exec(
-        &self,
-        token: &Token,
-        place: &Place,
-        d: impl std::fmt::Display,
-    ) -> String {
-        let text = d.to_string();
-        self.refused(token, place, "exec", "permission", Verdict::Refuse, &text)
-            .await;
-        text
-    }
-
+    /// Audits a refused call (by the token, the target, the workspace permission or the
+    /// guard), through the gate.
     async fn refused(
         &self,
         token: &Token,
@@ -840,27 +756,21 @@ impl Tools {
         reason: &str,
     ) {
         let section = token.section();
-        let entry = crate::audit::ChatEntry {
-            actor: &token.name,
-            action: "tool.refused",
-            section: Some(&section),
-            target: place.target(),
-            outcome: "refused",
-            detail: json!({
-                "tool": tool,
-                "via": "mcp",
-                "by": by,
-                "verdict": verdict.as_str(),
-                "reason": reason.chars().take(500).collect::<String>(),
-            }),
+        let location = match place {
+            Place::Local => "local",
+            Place::Target(alias) => alias,
         };
-        let audited = async {
-            let mut conn = self.deps.db.acquire().await?;
-            crate::audit::record_chat(&mut conn, entry).await
-        };
-        if let Err(e) = audited.await {
-            tracing::warn!(section.id = %section, error = %e, "auditing a refused MCP call failed");
-        }
+        self.deps
+            .gate()
+            .audit_refusal(
+                &caller(token, &section, tool),
+                place,
+                location,
+                by,
+                verdict,
+                reason,
+            )
+            .await;
     }
 }
 
@@ -985,7 +895,7 @@ mod tests {
     #[test]
     fn the_exec_schema_names_the_variables_allowed_below_full() {
         let schema = serde_json::to_string(&schemars::schema_for!(ExecArgs)).unwrap();
-        for name in judge::built_in_env_names() {
+        for name in crate::workspace::judge::built_in_env_names() {
             assert!(schema.contains(name), "{name}: {schema}");
         }
     }

@@ -137,6 +137,11 @@ impl ControlPlane {
         ))
     }
 
+    /// The secret filter (the service's own keys, target secrets, private-key blocks).
+    pub fn filter(&self) -> &SecretFilter {
+        &self.filter
+    }
+
     /// Whether `text` holds a secret the filter knows; a failure to check counts as holding one.
     pub async fn holds_secret(&self, text: &str) -> bool {
         !matches!(self.filter.check(&self.db, text).await, Ok(Ok(())))

@@ -39,10 +39,12 @@ use crate::agent::{AgentDeps, BindingFails};
 use crate::bash::Verdict;
 use crate::config::Risky;
 use crate::exec::Place;
-use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellRead};
+use crate::exec::pty::{OpenOpts, ReadMode, ReadOpts, ScreenView, ShellRead};
+use crate::gate::Caller;
+use crate::gate::shells::{JudgedIn, Typed, needs_judging};
 use crate::llm::Tool;
 use crate::llm::args::Args;
-use crate::workspace::verdict::{Judgement, TypedAt, judge_typed, shell_prelude};
+use crate::workspace::verdict::shell_prelude;
 use crate::workspace::{self, Permission};
 
 /// The tool names.
@@ -185,6 +187,7 @@ pub(super) async fn call(
         binding_fails: None,
         asked,
         shell_row: row,
+        by_policy: false,
     }
 }
 
@@ -310,82 +313,43 @@ async fn run(
                 .entering(section, &id, data.as_bytes())
                 .await
                 .map_err(|e| e.to_string())?;
-            // Keys typed into a program that runs what is typed into it anyway are not judged;
-            // nothing at all is typed into a local shell opened at more than `read` once the
-            // permission is `read`.
-            let judged =
-                !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
-            let above_read = *place == Place::Local && !entering.read_only;
-            if judged || above_read {
-                let (permission, workspace_dir, home) = judged_in(deps, section, place).await?;
-                let at = TypedAt {
-                    workspace: &workspace_dir,
-                    home: home.as_deref(),
-                    cwd: entering.cwd.as_deref(),
-                };
-                if above_read && permission == Permission::Read {
-                    let r = Refused {
-                        by: "permission",
-                        verdict: Verdict::Refuse,
-                        reason: format!(
-                            "nothing was sent to {id}: it was opened when this thread's workspace allowed more than `read`, its permission now; close it and open another"
-                        ),
-                    };
-                    return Err(
-                        refused(deps, section, place.name(), Some(location), tool, &r).await,
-                    );
-                }
-                let mut asks: Vec<(&str, Judgement)> = Vec::new();
-                for line in entering.lines.iter().filter(|_| judged) {
-                    let text = line.text.trim();
-                    let j = judge_typed(deps.exec.guard(), permission, line, &at);
-                    let ask_ok = (approved || entering.risky_allowed) && !entering.hidden;
-                    if j.verdict == Verdict::Allow || (j.verdict == Verdict::Ask && ask_ok) {
-                        continue;
-                    }
-                    // A person can be asked only about what they may see; every line a person
-                    // is asked about goes on the one card (an approval covers what it showed,
-                    // never a line beside it); a refused line refuses the write.
-                    if j.verdict == Verdict::Ask && !entering.hidden {
-                        asks.push((text, j));
-                        continue;
-                    }
-                    return Err(typed_refused(
-                        deps,
-                        section,
-                        (place, location, tool, &id),
-                        text,
-                        entering.hidden,
-                        &j,
-                    )
-                    .await);
-                }
-                if let Some((text, j)) = asks.first() {
-                    let command = asks.iter().map(|(t, _)| *t).collect::<Vec<_>>().join("\n");
-                    // What else a shell holds (its functions, variables) is unknown: only these
-                    // lines, in this shell, are covered.
-                    let shell_dir = format!("(the directory of shell {id})");
-                    *asked = Some(Asked {
-                        cover: crate::bash::cover::exact(&command, &shell_dir),
-                        command,
-                        reason: j.reason.clone(),
-                        location: location.to_string(),
-                        cwd: entering.cwd.clone().unwrap_or(shell_dir),
-                        target: match place {
-                            Place::Target(alias) => Some(alias.clone()),
-                            Place::Local => None,
-                        },
-                    });
-                    return Err(typed_refused(
-                        deps,
-                        section,
-                        (place, location, tool, &id),
-                        text,
-                        false,
-                        j,
-                    )
-                    .await);
-                }
+            let judged_in = if needs_judging(place, &entering) {
+                let (permission, workspace, home) = judged_in(deps, section, place).await?;
+                Some(JudgedIn {
+                    permission,
+                    workspace,
+                    home,
+                })
+            } else {
+                None
+            };
+            let caller = caller(section, tool);
+            let typed = deps
+                .gate()
+                .typed(
+                    &caller,
+                    (place, location, &id),
+                    &entering,
+                    judged_in.as_ref(),
+                    approved,
+                )
+                .await?;
+            if let Typed::Ask(a) = typed {
+                // What else a shell holds (its functions, variables) is unknown: only these
+                // lines, in this shell, are covered.
+                let shell_dir = format!("(the directory of shell {id})");
+                *asked = Some(Asked {
+                    cover: crate::bash::cover::exact(&a.lines, &shell_dir),
+                    command: a.lines,
+                    reason: a.reason,
+                    location: location.to_string(),
+                    cwd: entering.cwd.clone().unwrap_or(shell_dir),
+                    target: match place {
+                        Place::Target(alias) => Some(alias.clone()),
+                        Place::Local => None,
+                    },
+                });
+                return Err(a.text);
             }
             if let Some(m) = mark {
                 m.write().await?;
@@ -455,71 +419,36 @@ async fn allowed(
     place: &Place,
     location: &str,
 ) -> Result<Risky, String> {
-    let Place::Target(alias) = place else {
+    if *place == Place::Local {
         return Ok(deps.config.local_risky);
-    };
-    reachable(deps, section, tool, place, location).await?;
-    let mut risky = Risky::Ask;
-    let why = match workspace::current(&deps.db, &deps.workspaces, section, place).await {
-        Err(e) => return Err(format!("this thread's workspace cannot be read: {e:#}")),
-        Ok(ws) if ws.permission < Permission::Full => Some(format!(
-            "interactive shells on a target need the workspace permission `full` (what is typed into a shell cannot be judged line by line), and this thread's is `{}`; a user can raise it with `/workspace set {} full`",
-            ws.permission, ws.dir
-        )),
-        Ok(_) => match crate::target::policy::get(&deps.db, alias).await {
-            Ok(p) if p.risky == Risky::Refuse => Some(format!(
-                "interactive shells are disabled on `{alias}`: its policy refuses risky commands, and what is typed into a shell cannot be judged"
-            )),
-            Ok(p) => {
-                risky = p.risky;
-                None
-            }
-            Err(e) => Some(format!("the policy of `{alias}` cannot be read: {e}")),
-        },
-    };
-    match why {
-        None => Ok(risky),
-        Some(reason) => {
-            let r = Refused {
-                by: "permission",
-                verdict: Verdict::Refuse,
-                reason,
-            };
-            Err(refused(deps, section, place.name(), Some(location), tool, &r).await)
-        }
     }
+    reachable(deps, section, tool, place, location).await?;
+    let ws = workspace::current(&deps.db, &deps.workspaces, section, place)
+        .await
+        .map_err(|e| format!("this thread's workspace cannot be read: {e:#}"))?;
+    let raise = format!(
+        "this thread's is `{}`; a user can raise it with `/workspace set {} full`",
+        ws.permission, ws.dir
+    );
+    deps.gate()
+        .shell_allowed(
+            &caller(section, tool),
+            place,
+            location,
+            ws.permission,
+            &raise,
+        )
+        .await
 }
 
-/// Nothing of a write was sent: the line `text` it would submit was refused or is asked about
-/// (audited as refused); a line typed with echo off is never shown.
-async fn typed_refused(
-    deps: &AgentDeps,
-    section: &str,
-    (place, location, tool, id): (&Place, &str, &str, &str),
-    text: &str,
-    hidden: bool,
-    j: &Judgement,
-) -> String {
-    let (shown, why) = if hidden {
-        (
-            "a line typed with echo off (not shown)".to_string(),
-            format!("is refused by the {} (rule `{}`)", j.by, j.rule),
-        )
-    } else {
-        (
-            format!("the line `{}`", crate::agent::conversation::clip(text, 200)),
-            match j.verdict {
-                Verdict::Ask => format!("needs a person's approval: {}", j.reason),
-                _ => j.reason.clone(),
-            },
-        )
-    };
-    let r = Refused {
-        by: j.by,
-        verdict: j.verdict,
-        reason: format!("nothing was sent to {id}: {shown} it would submit {why}"),
-    };
-    refused(deps, section, place.name(), Some(location), tool, &r).await
+/// The gate's view of a shell call of the model in `section`.
+fn caller<'a>(section: &'a str, tool: &'a str) -> Caller<'a> {
+    Caller {
+        actor: "model",
+        section,
+        via: "chat",
+        tool,
+    }
 }
 
 /// Whether `place` is usable now: a target and every jump host on its way still approved, read

@@ -32,15 +32,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{Fail, Tools, place_of};
-use crate::bash::Verdict;
 use crate::config::Risky;
 use crate::exec::Place;
-use crate::exec::pty::{
-    Entering, OpenOpts, ReadMode, ReadOpts, Reader, ScreenView, ShellError, ShellRead,
-};
+use crate::exec::pty::{Entering, OpenOpts, ReadMode, ReadOpts, ScreenView, ShellError, ShellRead};
+use crate::gate::shells::{JudgedIn, Typed, needs_judging};
 use crate::mcp::token::Token;
 use crate::workspace::Permission;
-use crate::workspace::verdict::{TypedAt, judge_typed, shell_prelude};
+use crate::workspace::verdict::shell_prelude;
 
 /// Longest `expect` pattern.
 const MAX_EXPECT: usize = 1024;
@@ -126,7 +124,7 @@ impl Tools {
         let _slot = self.slot(&token)?;
         let place = place_of(&args.target);
         self.route(&token, &place, "shell_open").await?;
-        let ws = self.shell_allowed(&token, &place, "shell_open").await?;
+        let (ws, risky) = self.shell_allowed(&token, &place, "shell_open").await?;
         let section = token.section();
         let deps = &self.deps;
         let host = match &place {
@@ -145,7 +143,7 @@ impl Tools {
             rows: args.rows.unwrap_or(d.rows),
             cols: args.cols.unwrap_or(d.cols),
             term: d.term,
-            risky_allowed: self.risky(&place).await == Risky::Allow,
+            risky_allowed: risky == Risky::Allow,
         };
         let info = self
             .bounded(ctx, deps.exec.shells.open(host, &token.key(), opts))
@@ -356,37 +354,29 @@ impl Tools {
         token: &Token,
         place: &Place,
         tool: &str,
-    ) -> Result<crate::workspace::Workspace, Fail> {
+    ) -> Result<(crate::workspace::Workspace, Risky), Fail> {
         let deps = &self.deps;
-        let mut ws = crate::workspace::current(&deps.db, &deps.workspaces, &token.section(), place)
+        let section = token.section();
+        let mut ws = crate::workspace::current(&deps.db, &deps.workspaces, &section, place)
             .await
             .map_err(|e| format!("{e:#}"))?;
         ws.permission = super::permission(&ws, token);
-        let Place::Target(alias) = place else {
-            return Ok(ws);
-        };
-        let why = if ws.permission < Permission::Full {
-            Some(format!(
-                "interactive shells on a target need the workspace permission `full` (what is typed into a shell cannot be judged line by line), and this token's on `{alias}` is `{}`; an operator can issue a token with `--permission full` where the target's maximum is `full`",
-                ws.permission
-            ))
-        } else {
-            match crate::target::policy::get(&deps.db, alias).await {
-                Ok(p) if p.risky == Risky::Refuse => Some(format!(
-                    "interactive shells are disabled on `{alias}`: its policy refuses risky commands, and what is typed into a shell cannot be judged"
-                )),
-                Ok(_) => None,
-                Err(e) => Some(format!("the policy of `{alias}` cannot be read: {e}")),
-            }
-        };
-        match why {
-            None => Ok(ws),
-            Some(reason) => {
-                self.refused(token, place, tool, "permission", Verdict::Refuse, &reason)
-                    .await;
-                Err(reason)
-            }
-        }
+        let raise = format!(
+            "this token's on `{}` is `{}`; an operator can issue a token with `--permission full` where the target's maximum is `full`",
+            place.name(),
+            ws.permission
+        );
+        let risky = deps
+            .gate()
+            .shell_allowed(
+                &super::caller(token, &section, tool),
+                place,
+                place.name(),
+                ws.permission,
+                &raise,
+            )
+            .await?;
+        Ok((ws, risky))
     }
 
     /// Judges the lines a write would submit, as `exec` judges a command, at the token's
@@ -406,71 +396,38 @@ impl Tools {
             .entering(&token.key(), &args.shell_id, args.data.as_bytes())
             .await
             .map_err(shell_error)?;
-        // Keys typed into a program that runs what is typed into it anyway are not judged;
-        // nothing at all is typed into a local shell opened at more than `read` once the
-        // permission is `read`.
-        let judged = !matches!(entering.reader, Reader::Program(_)) && !entering.lines.is_empty();
-        let above_read = *place == Place::Local && !entering.read_only;
-        if !judged && !above_read {
-            return Ok(entering);
-        }
-        let here = self.here(token, place.name(), "shell_write").await?;
-        let home = here.ops.backend().home().await.ok();
-        let at = TypedAt {
-            workspace: &here.workspace_dir,
-            home: home.as_deref(),
-            cwd: entering.cwd.as_deref(),
+        let judged_in = if needs_judging(place, &entering) {
+            let here = self.here(token, place.name(), "shell_write").await?;
+            Some(JudgedIn {
+                permission: here.at.permission,
+                workspace: here.at.workspace.clone(),
+                home: here.at.ops.backend().home().await.ok(),
+            })
+        } else {
+            None
         };
-        if above_read && here.permission == Permission::Read {
-            let why = format!(
-                "nothing was sent to {}: it was opened when this token's workspace allowed more than `read`, its permission now; close it and open another",
-                args.shell_id
-            );
-            self.refused(
-                token,
-                place,
-                "shell_write",
-                "permission",
-                Verdict::Refuse,
-                &why,
+        let section = token.section();
+        let typed = self
+            .deps
+            .gate()
+            .typed(
+                &super::caller(token, &section, "shell_write"),
+                (place, place.name(), &args.shell_id),
+                &entering,
+                judged_in.as_ref(),
+                false,
             )
-            .await;
-            return Err(why);
+            .await?;
+        match typed {
+            Typed::Send => Ok(entering),
+            // An MCP call does not wait for a person.
+            Typed::Ask(a) => Err(format!(
+                "nothing was sent to {}: the line `{}` it would submit: {}",
+                args.shell_id,
+                crate::gate::clip(a.lines.lines().next().unwrap_or_default(), 200),
+                super::approval_needed(place, &a.reason)
+            )),
         }
-        for line in entering.lines.iter().filter(|_| judged) {
-            let text = line.text.trim();
-            let j = judge_typed(self.deps.exec.guard(), here.permission, line, &at);
-            if j.verdict == Verdict::Allow
-                || (j.verdict == Verdict::Ask && entering.risky_allowed && !entering.hidden)
-            {
-                continue;
-            }
-            let (shown, why, reason) = if entering.hidden {
-                let why = format!("is refused by the {} (rule `{}`)", j.by, j.rule);
-                (
-                    "a line typed with echo off (not shown)".to_string(),
-                    why.clone(),
-                    why,
-                )
-            } else {
-                let why = match j.verdict {
-                    Verdict::Ask => super::approval_needed(place, &j.reason),
-                    _ => j.reason.clone(),
-                };
-                (
-                    format!("the line `{}`", text.chars().take(200).collect::<String>()),
-                    why,
-                    j.reason.clone(),
-                )
-            };
-            self.refused(token, place, "shell_write", j.by, j.verdict, &reason)
-                .await;
-            return Err(format!(
-                "nothing was sent to {}: {shown} it would submit: {why}",
-                args.shell_id
-            ));
-        }
-        Ok(entering)
     }
 
     async fn shell_audit(&self, token: &Token, place: &Place, action: &str, detail: Value) {
