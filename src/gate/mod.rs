@@ -270,6 +270,8 @@ fn exec_failure(e: ExecError) -> Stop {
 /// Why a call stopped short of a result.
 enum Stop {
     Refused(Refusal),
+    /// The guard asked and the backend's policy refuses: the refusal audited, and the text.
+    Policy(Refusal, String),
     Asked(Asked, Refusal),
     Failed(String),
 }
@@ -359,6 +361,10 @@ impl Gate<'_> {
             Err(Stop::Refused(r)) => {
                 Outcome::Refused(self.refused(caller, &at.place, &at.location, &r).await)
             }
+            Err(Stop::Policy(r, text)) => {
+                self.refused(caller, &at.place, &at.location, &r).await;
+                Outcome::Refused(text)
+            }
             Err(Stop::Asked(mut a, r)) => {
                 a.text = self.refused(caller, &at.place, &at.location, &r).await;
                 Outcome::Asked(a)
@@ -442,16 +448,7 @@ impl Gate<'_> {
                     .await
                     .map_err(exec_failure)?;
                 let by_policy = self
-                    .settle(
-                        at,
-                        objection,
-                        approved,
-                        || async {
-                            cover_at(ops, &command, &cwd_here, &at.workspace, &opts.env).await
-                        },
-                        &command,
-                        &cwd_here,
-                    )
+                    .settle(at, objection, approved, (&command, &cwd_here, &opts.env))
                     .await?;
                 if let Some(s) = starting {
                     s.started().await?;
@@ -492,14 +489,7 @@ impl Gate<'_> {
                     .await
                     .map_err(exec_failure)?;
                 let by_policy = self
-                    .settle(
-                        at,
-                        objection,
-                        approved,
-                        || async { cover_at(ops, &code, &cwd, &at.workspace, &[]).await },
-                        &code,
-                        &cwd,
-                    )
+                    .settle(at, objection, approved, (&code, &cwd, &[]))
                     .await?;
                 if let Some(s) = starting {
                     s.started().await?;
@@ -562,19 +552,14 @@ impl Gate<'_> {
     /// What the guard's objection (if any) means for a call: none, or a person already
     /// allowed it — it goes on; an `ask` goes to the backend's policy (`allow`: it goes on,
     /// `by_policy`; `refuse`: refused; `ask`: a person is asked); a refusal stays one.
-    async fn settle<F, C>(
+    /// `asked`: the command, the directory it would run in and the variables the call sets.
+    async fn settle(
         &self,
         at: &At,
         objection: Option<crate::exec::guard::Objection>,
         approved: bool,
-        cover: F,
-        command: &str,
-        cwd: &str,
-    ) -> Result<bool, Stop>
-    where
-        F: FnOnce() -> C,
-        C: std::future::Future<Output = Cover>,
-    {
+        (command, cwd, env): (&str, &str, &[(String, String)]),
+    ) -> Result<bool, Stop> {
         let Some(o) = objection else {
             return Ok(false);
         };
@@ -587,20 +572,24 @@ impl Gate<'_> {
         let (risky, _) = policy(self.db, &at.place, self.local_risky).await;
         match risky {
             Risky::Allow => Ok(true),
-            Risky::Refuse => Err(Stop::Refused(Refusal {
-                by: "policy",
-                verdict: Verdict::Refuse,
-                text: format!(
+            // Audited as what the guard did (it asked); the caller reads the policy's answer.
+            Risky::Refuse => Err(Stop::Policy(
+                Refusal {
+                    by: "guard",
+                    verdict: Verdict::Ask,
+                    text: o.to_string(),
+                },
+                format!(
                     "refused: this needs a person's approval ({}), and this backend's policy refuses such commands instead of asking. Do it another way.",
                     o.reason
                 ),
-            })),
+            )),
             Risky::Ask => {
                 let asked = Asked {
                     command: command.to_string(),
                     reason: o.reason.clone(),
                     cwd: cwd.to_string(),
-                    cover: cover().await,
+                    cover: cover_at(&at.ops, command, cwd, &at.workspace, env).await,
                     text: String::new(),
                 };
                 Err(Stop::Asked(

@@ -488,7 +488,7 @@ impl Tools {
     ) -> Result<CallToolResult, Fail> {
         let token = Self::caller(ctx)?;
         let _slot = self.slot(&token)?;
-        let here = self.here(&token, &args.target, "exec").await?;
+        let here = self.here(&token, &args.target, "terminal").await?;
         let env: Vec<(String, String)> = args.env.unwrap_or_default().into_iter().collect();
         if env.len() > MAX_ENV {
             return Err(format!("at most {MAX_ENV} variables in `env`"));

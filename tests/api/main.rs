@@ -21,6 +21,7 @@ mod fake_lark;
 mod fake_llm;
 mod fake_ws;
 mod foundation;
+mod gate_parity;
 #[allow(dead_code)]
 mod helpers;
 mod isolation;
