@@ -645,19 +645,26 @@ impl Gate<'_> {
             Done::Found(r) => vec![r.matches.join("\n").into()],
             Done::Wrote { .. } | Done::Patched(_) => Vec::new(),
         };
-        for t in texts.iter().filter(|t| !t.is_empty()) {
-            match self.secrets.check(self.db, t).await {
-                Ok(Ok(())) => {}
-                Ok(Err(leak)) => return Err(format!("the result is withheld: {leak}")),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the secret filter failed; withholding a tool result");
-                    return Err(
-                        "the result is withheld: it could not be checked for secrets now".into(),
-                    );
-                }
-            }
+        for t in &texts {
+            self.withheld(t).await?;
         }
         Ok(())
+    }
+
+    /// The secret filter on a text a shell call hands back (its screen, what it read): `Err`
+    /// with the refusal when it holds a secret, or cannot be checked now.
+    pub async fn withheld(&self, text: &str) -> Result<(), String> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        match self.secrets.check(self.db, text).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(leak)) => Err(format!("the result is withheld: {leak}")),
+            Err(e) => {
+                tracing::warn!(error = %e, "the secret filter failed; withholding a tool result");
+                Err("the result is withheld: it could not be checked for secrets now".into())
+            }
+        }
     }
 
     /// Audits a refused call and returns the text the caller gets.

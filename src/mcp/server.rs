@@ -720,17 +720,7 @@ impl Tools {
     /// Refuses to hand back a text holding a secret (a private key, a service key, a target's
     /// credential); the refusal names only the kind.
     async fn no_secret(&self, text: &str) -> Result<(), Fail> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        match self.deps.secrets.check(&self.deps.db, text).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(leak)) => Err(format!("the result is withheld: {leak}")),
-            Err(e) => {
-                tracing::warn!(error = %e, "the secret filter failed; withholding an MCP result");
-                Err("the result is withheld: it could not be checked for secrets now".into())
-            }
-        }
+        self.deps.gate().withheld(text).await
     }
 
     /// Writes the audit row of a command that ran (built by the gate).

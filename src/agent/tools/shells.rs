@@ -298,12 +298,11 @@ async fn run(
                 action: "shell.open",
                 detail: json!({"shell_id": info.shell_id}),
             });
+            let screen = screen_text(&info.screen);
+            deps.gate().withheld(&screen).await?;
             Ok(format!(
-                "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{}",
-                info.shell_id,
-                info.location,
-                info.end,
-                screen_text(&info.screen)
+                "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{screen}",
+                info.shell_id, info.location, info.end,
             ))
         }
         "shell_write" => {
@@ -405,7 +404,9 @@ async fn run(
             if r.cancelled {
                 return Err("cancelled: the wait ended by /stop".into());
             }
-            Ok(read_text(&id, &r))
+            let text = read_text(&id, &r);
+            deps.gate().withheld(&text).await?;
+            Ok(text)
         }
     }
 }
