@@ -343,7 +343,7 @@ pub async fn grant_off(
         Ok(_) => {
             let ids = grant::revoke_all(&mut tx, section, actor.name(), ctl.now).await?;
             // Commands allowed "in this thread" are asked about again.
-            crate::turns::approval::end_thread_allowances(&mut tx, section).await?;
+            crate::turns::call_approval::end_thread_allowances(&mut tx, section).await?;
             audit::record_chat(
                 &mut tx,
                 audit::ChatEntry {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use super::approval;
 use super::authz::Actor;
 use super::change::{self, Conversation, Ctl, Decision};
 use super::command::{self, Command, YoloScope};
 use super::port::{AdminChannel, AgentPort, AgentRequest, Incoming, Reply, ThreadError};
+use super::target_approval;
 use super::{binding, input, render, threads};
 use crate::clock::Clock;
 use crate::config::Config;
@@ -291,7 +291,7 @@ async fn decide(
     Ok(
         match change::decide(&deps.db, actor, alias, decision, section, None).await? {
             Ok(_) => {
-                approval::update_cards(deps, alias).await?;
+                target_approval::update_cards(deps, alias).await?;
                 format!("Target `{alias}` is {}.", decision.word())
             }
             Err(r) => r.to_string(),

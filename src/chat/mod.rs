@@ -1,7 +1,7 @@
 //! The domain of SSH Mode in chats: the typed commands ([`command`]), the dispatcher
 //! ([`dispatch`]), bindings of sections to targets ([`binding`]), the model's grants
 //! ([`grant`]), the one authorisation function ([`authz`]), the operations that combine them
-//! with their audit rows ([`control`]), admin approval of targets ([`approval`]) and the
+//! with their audit rows ([`control`]), admin approval of targets ([`target_approval`]) and the
 //! model's side of SSH Mode ([`model_api`]).
 //!
 //! A section is a thread (`omt_…`) or, for messages outside threads, a chat (`oc_…`).
@@ -21,7 +21,7 @@
 //! | `change.rs` | the operations (bind, release, grant on/off, decide, report, complete pending): facts + state loaded in one transaction, `authorize`, change, audit row (refusals too) in that transaction | wording answers |
 //! | `binding.rs` | `bindings` (one per section, the primary key; each records its chat and target generation), `pending_bindings` and `section_owners`; `resolve_use(db, section, now)` — the backend at call time, an expired model-made binding released first, and in the same read the check that the target still exists in the bound generation and allows the bound chat (`BindingFails` otherwise) | falling back to local when a target fails or a binding no longer passes |
 //! | `grant.rs` | `grants` (one open grant per section and scope, a unique partial index); expiry closes them lazily with audit rows | deciding who may grant |
-//! | `approval.rs` | approval cards to each admin for pending targets (a notifier loop, one card per target generation and admin), clicks applied once per (message, operator, value) and only to what the card showed (pending, its generation, its host key), cards PATCHed with the decision or as expired | answering a click with more than a toast |
+//! | `target_approval.rs` | approval cards to each admin for pending targets (a notifier loop, one card per target generation and admin), clicks applied once per (message, operator, value) and only to what the card showed (pending, its generation, its host key), cards PATCHed with the decision or as expired | answering a click with more than a toast |
 //! | `model_api.rs` | the model's side: `status`, `list_targets`, `request_use`, `request_local` → short texts | secrets, key paths |
 //! | `render.rs` | status and list texts | secrets |
 //!
@@ -42,7 +42,7 @@
 //! thread is told once (`bindings.told_at`, a reply whose uuid names the binding), and `/ssh
 //! local` or a new `/ssh use` frees it.
 //!
-//! **Approval.** A target added without `--approve` is pending; the notifier sends each admin a
+//! **Target approval.** A target added without `--approve` is pending; the notifier sends each admin a
 //! card 2.0 (`receive_id_type=open_id`). A click arrives as `card.action.trigger`: the callback
 //! answers at once with a toast (computed from `SSHMODE_ADMINS` without I/O) and records the event
 //! as express; the worker applies the decision through `authorize` and `target::decide_shown`:
@@ -57,7 +57,6 @@
 //! target, action and outcome (`ok`, `refused`, `approved`, `rejected`) in the transaction of the
 //! change; target status changes keep their own `target.*` rows from the registry.
 
-pub mod approval;
 pub mod authz;
 pub mod binding;
 pub mod change;
@@ -69,12 +68,13 @@ pub mod model_api;
 pub mod port;
 pub mod render;
 pub mod ssh_mode;
+pub mod target_approval;
 pub mod threads;
 
 pub use crate::agent::{NO_MODEL, NOTHING_RUNNING};
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AdminChannel, AgentPort, AgentRequest, ApprovalView, CardState, FileRef, Incoming, Quoted,
-    Reply, Source, ThreadError, Unavailable,
+    AdminChannel, AgentPort, AgentRequest, FileRef, Incoming, Quoted, Reply, Source,
+    TargetApprovalView, TargetCardState, ThreadError, Toast, Unavailable,
 };
 pub use ssh_mode::ChatBindings;

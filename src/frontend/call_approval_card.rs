@@ -11,9 +11,11 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::chat::approval::Toast;
+use crate::chat::Toast;
 use crate::lark::markup;
-use crate::turns::approval::{self as parked, ApprovalState, Approvers, Decided, Parked, Scope};
+use crate::turns::call_approval::{
+    self as parked, Approvers, CallApprovalState, Decided, Parked, Scope,
+};
 
 /// The `act` of a button of this card.
 const ACT: &str = "call_approval";
@@ -190,7 +192,7 @@ pub fn card(p: &Parked) -> Value {
         markup::plain(&p.ask.reason, 500),
         p.ask.command
     );
-    if p.state == ApprovalState::Waiting || p.scope == Some(Scope::Thread) {
+    if p.state == CallApprovalState::Waiting || p.scope == Some(Scope::Thread) {
         // What the allowance covers, as plain text in its own block (it quotes the command).
         let fence = "`".repeat(longest_backtick_run(&p.ask.covers).max(2) + 1);
         body.push_str(&format!(
@@ -206,7 +208,7 @@ pub fn card(p: &Parked) -> Value {
     };
     let by = person(p.decided_by.as_deref().unwrap_or_default());
     let (title, template, note) = match p.state {
-        ApprovalState::Waiting => {
+        CallApprovalState::Waiting => {
             for (label, kind, d, id) in [
                 ("Allow once", "primary", "once", "btn_once"),
                 ("Allow in this thread", "default", "thread", "btn_thread"),
@@ -235,7 +237,7 @@ pub fn card(p: &Parked) -> Value {
                 ),
             )
         }
-        ApprovalState::Allowed => (
+        CallApprovalState::Allowed => (
             "Command allowed",
             "green",
             format!(
@@ -247,17 +249,17 @@ pub fn card(p: &Parked) -> Value {
                 when(p.decided_at)
             ),
         ),
-        ApprovalState::Denied => (
+        CallApprovalState::Denied => (
             "Command denied",
             "red",
             format!("**Denied** by {by} at {}", when(p.decided_at)),
         ),
-        ApprovalState::Expired => (
+        CallApprovalState::Expired => (
             "Approval expired",
             "grey",
             format!("**No answer** by {}: denied", when(Some(p.deadline))),
         ),
-        ApprovalState::Stopped => (
+        CallApprovalState::Stopped => (
             "Approval ended",
             "grey",
             format!("**Stopped** by /stop at {}", when(p.decided_at)),
@@ -304,7 +306,7 @@ mod tests {
             turn_id: 7,
             call_key: "12:call_0".into(),
             section: "omt_x".into(),
-            state: ApprovalState::Waiting,
+            state: CallApprovalState::Waiting,
             scope: None,
             ask: parked::Ask {
                 command: command.into(),
@@ -356,7 +358,7 @@ mod tests {
     #[test]
     fn the_decided_card_names_the_approver_by_a_mention_and_never_renders_other_markup() {
         let mut p = parked("rm -rf /x");
-        p.state = ApprovalState::Allowed;
+        p.state = CallApprovalState::Allowed;
         p.scope = Some(Scope::Once);
         p.decided_by = Some("ou_admin".into());
         let note = |p: &Parked| card(p)["body"]["elements"][1]["content"].to_string();
@@ -367,7 +369,7 @@ mod tests {
         );
         p.decided_by = Some("<at id=all></at>".into());
         assert!(!note(&p).contains("<at"), "{}", note(&p));
-        p.state = ApprovalState::Waiting;
+        p.state = CallApprovalState::Waiting;
         p.ask.approvers = Approvers::Requester;
         let waiting = card(&p).to_string();
         assert!(waiting.contains("asked (<at id=ou_req></at>)"), "{waiting}");
@@ -403,7 +405,7 @@ mod tests {
             text(&p)
         );
         // Once decided, only an allowance in the thread still says what it covers.
-        p.state = ApprovalState::Allowed;
+        p.state = CallApprovalState::Allowed;
         p.scope = Some(Scope::Once);
         assert!(!text(&p).contains("covers"), "{}", text(&p));
         p.scope = Some(Scope::Thread);

@@ -78,7 +78,7 @@ impl Approvers {
 
 /// Where a parked call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApprovalState {
+pub enum CallApprovalState {
     Waiting,
     Allowed,
     Denied,
@@ -88,24 +88,24 @@ pub enum ApprovalState {
     Stopped,
 }
 
-impl ApprovalState {
-    fn parse(s: &str) -> ApprovalState {
+impl CallApprovalState {
+    fn parse(s: &str) -> CallApprovalState {
         match s {
-            "allowed" => ApprovalState::Allowed,
-            "denied" => ApprovalState::Denied,
-            "expired" => ApprovalState::Expired,
-            "stopped" => ApprovalState::Stopped,
-            _ => ApprovalState::Waiting,
+            "allowed" => CallApprovalState::Allowed,
+            "denied" => CallApprovalState::Denied,
+            "expired" => CallApprovalState::Expired,
+            "stopped" => CallApprovalState::Stopped,
+            _ => CallApprovalState::Waiting,
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
-            ApprovalState::Waiting => "waiting",
-            ApprovalState::Allowed => "allowed",
-            ApprovalState::Denied => "denied",
-            ApprovalState::Expired => "expired",
-            ApprovalState::Stopped => "stopped",
+            CallApprovalState::Waiting => "waiting",
+            CallApprovalState::Allowed => "allowed",
+            CallApprovalState::Denied => "denied",
+            CallApprovalState::Expired => "expired",
+            CallApprovalState::Stopped => "stopped",
         }
     }
 }
@@ -146,7 +146,7 @@ pub struct Parked {
     pub turn_id: i64,
     pub call_key: String,
     pub section: String,
-    pub state: ApprovalState,
+    pub state: CallApprovalState,
     pub scope: Option<Scope>,
     pub ask: Ask,
     pub deadline: DateTime<Utc>,
@@ -172,7 +172,7 @@ fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
         turn_id: r.try_get(0)?,
         call_key: r.try_get(1)?,
         section: r.try_get(2)?,
-        state: ApprovalState::parse(r.try_get::<&str, _>(3)?),
+        state: CallApprovalState::parse(r.try_get::<&str, _>(3)?),
         scope: scope.map(|s| {
             if s == "thread" {
                 Scope::Thread
@@ -319,13 +319,13 @@ pub async fn card_failed(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<(
     Ok(())
 }
 
-/// Ends a wait that nobody answered: `state` is [`ApprovalState::Expired`] or
-/// [`ApprovalState::Stopped`]. Returns false when a decision got there first.
+/// Ends a wait that nobody answered: `state` is [`CallApprovalState::Expired`] or
+/// [`CallApprovalState::Stopped`]. Returns false when a decision got there first.
 pub async fn settle(
     fence: &Fence,
     turn_id: i64,
     key: &str,
-    state: ApprovalState,
+    state: CallApprovalState,
 ) -> Result<bool, Fenced> {
     let mut tx = fence.begin().await?;
     let n = sqlx::query(
