@@ -14,10 +14,9 @@ use serde_json::json;
 
 use super::tools::Asked;
 use super::{AgentDeps, StepApproval};
+use crate::authz::Approvers;
 use crate::config::Risky;
-use crate::turns::call_approval::{
-    self as parked, Approvers, Ask, CallApprovalState, Parked, Scope,
-};
+use crate::turns::call_approval::{self as parked, Ask, CallApprovalState, Parked, Scope};
 use crate::turns::{ActiveTurn, Fenced};
 
 /// The longest command an approval card shows (bytes); a longer one is refused, not asked:

@@ -1,9 +1,10 @@
 //! Admin approval of targets: a card to each admin (`SSHMODE_ADMINS`, one-to-one) when a
 //! target becomes pending, decisions by card click or by `/ssh approve|reject`, and the cards
 //! rewritten afterwards to show who decided and when. Owns `approval_cards` and
-//! `card_decisions`. Who may decide is [`super::authz`]'s call, through
-//! [`change::decide`]. Never: answers a click synchronously with anything but a toast
-//! (the platform's callback path makes no outbound call).
+//! `card_decisions`. Who may decide is [`authz::decide_target`]'s call, through
+//! [`change::decide`] (and for a click's toast, [`click_toast`]). Never: answers a click
+//! synchronously with anything but a toast (the platform's callback path makes no outbound
+//! call).
 
 use std::time::Duration;
 
@@ -12,10 +13,10 @@ use serde_json::Value;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::authz::{Actor, Denial};
 use super::change::{self, Decision};
 use super::dispatch::Deps;
 use super::port::{TargetApprovalView, TargetCardState, Toast};
+use crate::authz::{self, Actor, Denial};
 use crate::target::{self, Status};
 
 /// How often pending targets are looked for.
@@ -81,25 +82,24 @@ fn read_value(v: &Value) -> Option<Pressed> {
     })
 }
 
-/// What a click is told at once (`None` for a button that is not an approval's: no answer);
-/// the decision itself is applied by a worker.
-pub fn click_toast(is_admin: bool, value: &Value) -> Option<Toast> {
+/// What a click by `actor` is told at once (`None` for a button that is not a target
+/// approval's: no answer); the decision itself is applied by a worker.
+pub fn click_toast(actor: Actor<'_>, value: &Value) -> Option<Toast> {
     let Pressed {
         alias, decision: d, ..
     } = read_value(value)?;
-    Some(if is_admin {
-        Toast {
+    Some(match authz::decide_target(actor) {
+        Ok(()) => Toast {
             kind: "info",
             text: format!(
                 "Received: `{alias}` will be {}. The card updates shortly.",
                 d.word()
             ),
-        }
-    } else {
-        Toast {
+        },
+        Err(refused) => Toast {
             kind: "error",
-            text: "Only an admin can approve or reject targets.".into(),
-        }
+            text: refused.to_string(),
+        },
     })
 }
 

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::agent::ChatOut;
+use crate::authz::{self, Actor};
 use crate::chat::target_approval;
 use crate::chat::{
     self, AdminChannel, Deps, FileRef, Incoming, Quoted, Reply, Source, TargetApprovalView,
@@ -152,8 +153,8 @@ impl LarkHandler {
     async fn stop_click(&self, a: &CardAction) -> anyhow::Result<()> {
         let value = &a.action.value;
         let operator = a.operator.open_id.as_str();
-        let authorised = crate::progress::stop_click_authorised(value, &a.context.open_chat_id);
-        if !authorised {
+        let card_chat = crate::progress::stop_card_chat(value);
+        if authz::press_stop(card_chat, &a.context.open_chat_id).is_err() {
             let mut conn = self
                 .deps
                 .db
@@ -194,11 +195,14 @@ impl LarkHandler {
     /// card rewritten to show who decided and when.
     async fn call_click(&self, a: &CardAction) -> anyhow::Result<()> {
         let operator = a.operator.open_id.as_str();
+        let actor = Actor::User {
+            open_id: operator,
+            admin: self.deps.config.is_admin(operator),
+        };
         let applied = call_approval_card::apply(
             &self.deps.db,
             &a.action.value,
-            operator,
-            self.deps.config.is_admin(operator),
+            actor,
             &a.context.open_message_id,
             self.deps.config.chat.yolo_ttl,
         )
@@ -532,11 +536,14 @@ impl LarkTriage {
             .await;
             return json!({ "toast": { "type": kind, "content": text } });
         }
-        let is_admin = self.config.is_admin(&a.operator.open_id);
-        if let Some(t) = call_approval_card::toast(&a.action.value, &a.operator.open_id, is_admin) {
+        let actor = Actor::User {
+            open_id: &a.operator.open_id,
+            admin: self.config.is_admin(&a.operator.open_id),
+        };
+        if let Some(t) = call_approval_card::toast(&a.action.value, actor) {
             return json!({ "toast": { "type": t.kind, "content": t.text } });
         }
-        match target_approval::click_toast(is_admin, &a.action.value) {
+        match target_approval::click_toast(actor, &a.action.value) {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),
         }

@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use super::store::{CHANNEL, Fence, Fenced};
+use crate::authz::Approvers;
 
 /// The state of a turn whose call waits for a person (`turns.state`).
 pub const AWAITING: &str = "awaiting_approval";
@@ -41,40 +42,6 @@ pub(crate) const PARKED: &str =
 /// failure, up to [`CARD_RETRY_MAX`].
 const CARD_RETRY_FIRST: Duration = Duration::from_secs(2);
 const CARD_RETRY_MAX: Duration = Duration::from_secs(120);
-
-/// Who may answer a parked call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Approvers {
-    /// Any admin (`SSHMODE_ADMINS`).
-    Admins,
-    /// The sender of the turn's latest message.
-    Requester,
-}
-
-impl Approvers {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Approvers::Admins => "admins",
-            Approvers::Requester => "requester",
-        }
-    }
-
-    /// Who may answer, as a card or a status line says it.
-    pub fn who(self) -> &'static str {
-        match self {
-            Approvers::Admins => "an admin",
-            Approvers::Requester => "the requester",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Approvers> {
-        match s {
-            "admins" => Some(Approvers::Admins),
-            "requester" => Some(Approvers::Requester),
-            _ => None,
-        }
-    }
-}
 
 /// Where a parked call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
