@@ -3,7 +3,7 @@
 //! Each turn's model asks for a local `terminal` command the guard asks about
 //! (`touch approval_mark && rm -rf "$NOPE_DIR"`); the agent parks the call and lets go of the
 //! section. Once the call waits, the decision is recorded as the click's worker records it
-//! (`turns::approval::decide`: the row, the section re-queued, the runners notified) and the
+//! (`turns::call_approval::decide`: the row, the section re-queued, the runners notified) and the
 //! clock runs until the command's first effect, the mark in the workspace, appears (polled
 //! every 0.2 ms). So it measures the resume path: notification, claim, the turn reopened, the
 //! wait settled, the start recorded, the command spawned in the sandbox. The callback's
@@ -31,11 +31,11 @@ use async_trait::async_trait;
 use axum::Json;
 use serde_json::{Value, json};
 use sshmode::agent::ChatOut;
-use sshmode::agent::approval::ApprovalCard;
+use sshmode::agent::call_approval::CallApprovalCard;
 use sshmode::config::Config;
 use sshmode::exec::{Executors, Place};
 use sshmode::turns::TurnRequest;
-use sshmode::turns::approval::{self, Scope};
+use sshmode::turns::call_approval::{self, Scope};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -110,7 +110,7 @@ impl ChatOut for Cards {
     fn can_ask(&self) -> bool {
         true
     }
-    async fn show_approval(&self, c: &ApprovalCard) -> anyhow::Result<Option<String>> {
+    async fn show_call_approval(&self, c: &CallApprovalCard) -> anyhow::Result<Option<String>> {
         Ok(Some(format!("card_{}", c.parked.turn_id)))
     }
 }
@@ -264,7 +264,7 @@ async fn run(turns: usize, ssh: bool) {
             .await
             .unwrap();
         let parked = loop {
-            if let Some(p) = approval::waiting_in(&db, &section).await.unwrap() {
+            if let Some(p) = call_approval::waiting_in(&db, &section).await.unwrap() {
                 break p;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -279,7 +279,7 @@ async fn run(turns: usize, ssh: bool) {
         // The card is posted after the row commits; let the runner let go of the section.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let t0 = Instant::now();
-        approval::decide(
+        call_approval::decide(
             &db,
             parked.0,
             &parked.1,

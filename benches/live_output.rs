@@ -31,7 +31,7 @@ use axum::extract::State;
 use axum::http::Uri;
 use serde_json::{Value, json};
 use sshmode::app::App;
-use sshmode::chat::authz::{Binding, Kind};
+use sshmode::authz::{Binding, Kind};
 use sshmode::config::Config;
 use sshmode::exec::Place;
 use sshmode::exec::live::LiveTail;

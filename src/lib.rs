@@ -5,12 +5,14 @@
 //! parses it, [`inbox`] makes it durable and hands it to a worker, [`frontend`] turns it into
 //! a chat message, [`chat`] decides what it means, [`turns`] and [`agent`] run the turn, and
 //! the task tools act through [`exec`] on the thread's backend. [`llm`] is model access;
-//! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`mcp`] is a
-//! second door to the same tools for MCP clients; [`app`] builds it all. ARCHITECTURE.md has the layers, the map and the invariants.
+//! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`authz`]
+//! decides who may do what; [`mcp`] is a second door to the same tools for MCP clients; [`app`]
+//! builds it all. ARCHITECTURE.md has the layers, the map and the invariants.
 
 pub mod agent;
 pub mod app;
 pub mod audit;
+pub mod authz;
 pub mod bash;
 pub mod chat;
 pub mod clock;

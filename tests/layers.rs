@@ -25,6 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("execution", &["exec"]),
     ("workspaces", &["workspace"]),
     ("targets", &["target"]),
+    ("authorisation", &["authz"]),
     ("control plane and turns", &["plane", "turns"]),
     ("gate", &["gate"]),
     ("agent", &["agent"]),

@@ -20,7 +20,7 @@
 //! | path | owns | never |
 //! |---|---|---|
 //! | `src/turns/` | turn requests (idempotent on the message id), section leases with heartbeat and generation fencing, the `/stop` flag, the budget across resumes, the runner | models, tools or chats (the work is injected as `TurnWork`); a process-global registry |
-//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`approval`) | picking a backend (it asks `Bindings::place` at each call); falling back to local; re-running a call with an unknown outcome |
+//! | `src/agent/` | one turn: context within a token budget, system prompt, the model loop, bounds, tools (schemas, argument checks, dispatch; every task tool result headed `[where]`, `terminal`'s per-call `workdir`/`env`/`timeout`), answers and reactions; a command the guard asks about parked for a person (`call_approval`) | picking a backend (it asks `Bindings::place` at each call); falling back to local; re-running a call with an unknown outcome |
 //!
 //! **A turn's path.**
 //! ```
@@ -125,7 +125,7 @@
 //! filter, sampled at most every 200 ms, and once at its end).
 
 mod answer;
-pub mod approval;
+pub mod call_approval;
 mod conversation;
 pub mod failing;
 mod live;
@@ -268,9 +268,9 @@ pub trait ChatOut: Send + Sync + 'static {
     }
     /// Posts the approval card of a parked call (idempotent per turn and call), or rewrites
     /// it when `card.parked.card_message_id` is set; returns the card's message id.
-    async fn show_approval(
+    async fn show_call_approval(
         &self,
-        _card: &approval::ApprovalCard,
+        _card: &call_approval::CallApprovalCard,
     ) -> anyhow::Result<Option<String>> {
         Ok(None)
     }
@@ -473,11 +473,11 @@ impl Agent {
         let Some(state) = turns::live_state(db, section).await? else {
             return Ok(None);
         };
-        if state != turns::approval::AWAITING {
+        if state != turns::call_approval::AWAITING {
             return Ok(Some("Task: running.".into()));
         }
-        let waiting = match turns::approval::waiting_in(db, section).await? {
-            Some((turn, key)) => turns::approval::get(db, turn, &key).await?,
+        let waiting = match turns::call_approval::waiting_in(db, section).await? {
+            Some((turn, key)) => turns::call_approval::get(db, turn, &key).await?,
             None => None,
         };
         Ok(Some(match waiting {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::approval::{self, Park, Resumed};
+use super::call_approval::{self, Park, Resumed};
 use super::conversation::{self, Flush, Kind, Mark, Stored};
 use super::{
     AgentDeps, BindingFails, EarlierStep, NO_MODEL, StepApproval, StepEvent, answer, live, prompt,
@@ -528,7 +528,7 @@ fn has(stored: &[Stored], kind: Kind, key: &str) -> bool {
 /// mark but no result is not run again: the model gets [`INTERRUPTED`] — unless this runner
 /// wrote that mark itself (`marked`, in the commit of the reply or of the previous result) and
 /// has not started the call yet. A command call that this runner did not name in its last
-/// commit (a resumed turn's) may be parked: its wait is settled first ([`approval::resumed`]);
+/// commit (a resumed turn's) may be parked: its wait is settled first ([`call_approval::resumed`]);
 /// without a mark or a wait it never started, and runs now.
 ///
 /// Each result's commit overlaps the read that follows it: the next call's backend and
@@ -561,7 +561,7 @@ async fn run_calls(
         let mut approval_step: Option<StepApproval> = None;
         if !fresh && (started || command) {
             let short = tools::short_form(call);
-            let settled = match approval::resumed(deps, turn, &key).await {
+            let settled = match call_approval::resumed(deps, turn, &key).await {
                 Ok(r) => r,
                 Err(Fenced::Lost) => return Ok(Some(Halt::Leave)),
                 Err(e) => return Err(e.into()),
@@ -661,7 +661,7 @@ async fn run_calls(
             },
         );
         // A command's start mark, written once the guard let it through (an allowed call's
-        // start is on its approval row, [`approval::resumed`]).
+        // start is on its approval row, [`call_approval::resumed`]).
         let mut start = (command && !ours && allowed_by.is_none())
             .then(|| tools::StartMark::new(&turn.fence, turn.id, &key));
         let mut result = run_call(
@@ -679,7 +679,7 @@ async fn run_calls(
         if let Some(asked) = &result.asked
             && allowed_by.is_none()
             && turn.cancel.reason().is_none()
-            && let Some(by) = approval::covered(deps, turn, asked).await
+            && let Some(by) = call_approval::covered(deps, turn, asked).await
         {
             result = run_call(deps, turn, call, None, true, start.as_mut()).await;
             result.text = format!("allowed in this thread by {}:\n{}", by.1, result.text);
@@ -694,7 +694,7 @@ async fn run_calls(
             && in_thread_by.is_none()
             && turn.cancel.reason().is_none()
         {
-            match approval::park(deps, turn, &key, asked, &result.text).await {
+            match call_approval::park(deps, turn, &key, asked, &result.text).await {
                 Ok(Park::Waiting(approvers)) => {
                     deps.steps.step(
                         &turn.section,

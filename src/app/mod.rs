@@ -191,7 +191,10 @@ impl App {
             progress: progress.clone(),
         }));
         if core.config.lark.is_some() {
-            tasks.spawn(crate::chat::approval::run_notifier(deps, shutdown.clone()));
+            tasks.spawn(crate::chat::target_approval::run_notifier(
+                deps,
+                shutdown.clone(),
+            ));
         }
         tasks.spawn(crate::audit::run_retention(
             db.clone(),

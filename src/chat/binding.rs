@@ -12,17 +12,17 @@
 //! releases or rebinds it.
 //!
 //! Read from Postgres on every use: another replica or a restart sees a change at once. Never:
-//! decides who may bind (that is [`super::authz`]), or falls back to local when a bound
+//! decides who may bind (that is [`crate::authz`]), or falls back to local when a bound
 //! target fails or no longer passes its checks (invariant 2).
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 
-use super::authz::{Binding, Kind};
 use super::grant;
 use crate::agent::failing::{BindingFails, Why};
 use crate::audit;
+use crate::authz::{Binding, Kind};
 use crate::exec::Place;
 use crate::target::allow::allowed_sql;
 

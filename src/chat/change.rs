@@ -1,16 +1,17 @@
 //! The operations of SSH Mode, shared by the users' commands and the model's requests: bind,
 //! release, grant, revoke, decide, and the reports (status, list). Each one loads the facts
-//! and the section's state in one transaction, asks [`authz::authorize`], applies the permit
-//! and writes its audit row (refusals included) in that same transaction (invariant 5).
+//! and the section's state in one transaction, asks [`authz`] (the act's function), applies
+//! the permit and writes its audit row (refusals included) in that same transaction
+//! (invariant 5).
 //! Never: answers anyone (callers turn results into words), or decides by itself who may act.
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::authz::{self, Act, Actor, Binding, Denial, Grant, Kind, Permit, Section};
 use super::{binding, grant};
 use crate::audit;
+use crate::authz::{self, Actor, Bind, Binding, Denial, Grant, Kind, Section};
 use crate::target::{self, Status, Target, allow};
 
 /// What an operation needs: the database, the time of the request, the grant lifetime.
@@ -103,16 +104,15 @@ pub async fn check_use(
     let mut tx = ctl.db.begin().await?;
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
     // The thread this opens is new: nobody owns it yet.
-    let act = Act::Bind {
+    let asked = Bind {
         alias,
         target: facts.as_ref(),
         section: Section::Thread { owner: None },
         current: None,
         grants: &[],
     };
-    let out = match authz::authorize(actor, act) {
-        Ok(Permit::Bind { target, .. } | Permit::AlreadyBound { target }) => Ok(target.clone()),
-        Ok(other) => anyhow::bail!("a bind was answered with {other:?}"),
+    let out = match authz::bind(actor, asked) {
+        Ok(permit) => Ok(permit.target().clone()),
         Err(r) => {
             refuse(
                 &mut tx,
@@ -146,14 +146,14 @@ pub async fn bind(
     let facts = allow::facts(&mut tx, alias, chat_id).await?;
     let grants = grant::live(&mut tx, section, ctl.now).await?;
     let sect = section_facts(&mut tx, section, conv).await?;
-    let act = Act::Bind {
+    let asked = Bind {
         alias,
         target: facts.as_ref(),
         section: as_section(&sect),
         current: current.as_ref(),
         grants: &grants,
     };
-    let out = match authz::authorize(actor, act) {
+    let out = match authz::bind(actor, asked) {
         Err(r) => {
             refuse(
                 &mut tx,
@@ -167,16 +167,13 @@ pub async fn bind(
             Err(r)
         }
         Ok(permit) => {
-            let facts = match permit {
-                Permit::Bind { target, .. } | Permit::AlreadyBound { target } => target,
-                other => anyhow::bail!("a bind was answered with {other:?}"),
-            };
+            let facts = permit.target();
             let replaced = current
                 .as_ref()
                 .filter(|c| c.alias != alias)
                 .map(|c| c.alias.clone());
-            let unchanged = matches!(permit, Permit::AlreadyBound { .. });
-            if let Permit::Bind { kind, grant_id, .. } = permit {
+            let unchanged = matches!(permit, authz::Permit::AlreadyBound { .. });
+            if let authz::Permit::Bind { kind, grant_id, .. } = permit {
                 // The same target by a user turns a model-made binding sticky; that is a change.
                 let b = Binding {
                     section: section.to_string(),
@@ -234,18 +231,13 @@ pub async fn release(
 ) -> anyhow::Result<Result<Option<Binding>, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let current = binding::current(&mut tx, section, ctl.now).await?;
-    let out = match authz::authorize(
-        actor,
-        Act::Release {
-            current: current.as_ref(),
-        },
-    ) {
+    let out = match authz::release(actor, current.as_ref()) {
         Err(r) => {
             let alias = current.as_ref().map(|c| c.alias.as_str());
             refuse(&mut tx, actor, "binding.release", Some(section), alias, &r).await?;
             Err(r)
         }
-        Ok(Permit::Release { binding: b }) => {
+        Ok(Some(b)) => {
             let b = b.clone();
             binding::clear(&mut tx, section).await?;
             audit::record_chat(
@@ -262,7 +254,7 @@ pub async fn release(
             .await?;
             Ok(Some(b))
         }
-        Ok(_) => Ok(None),
+        Ok(None) => Ok(None),
     };
     tx.commit().await?;
     Ok(out)
@@ -284,19 +276,12 @@ pub async fn grant_on(
         None => None,
     };
     let sect = section_facts(&mut tx, section, conv).await?;
-    let out = match authz::authorize(
-        actor,
-        Act::GrantOn {
-            alias,
-            target: facts.as_ref(),
-            section: as_section(&sect),
-        },
-    ) {
+    let out = match authz::grant(actor, alias, facts.as_ref(), as_section(&sect)) {
         Err(r) => {
             refuse(&mut tx, actor, "grant.add", Some(section), alias, &r).await?;
             Err(r)
         }
-        Ok(_) => {
+        Ok(()) => {
             let ttl =
                 chrono::Duration::from_std(ctl.yolo_ttl).unwrap_or(chrono::Duration::hours(12));
             let g = grant::open(&mut tx, section, alias, actor.name(), ctl.now, ttl).await?;
@@ -335,15 +320,15 @@ pub async fn grant_off(
 ) -> anyhow::Result<Result<Revoked, Denial>> {
     let mut tx = ctl.db.begin().await?;
     let before = binding::current(&mut tx, section, ctl.now).await?;
-    let out = match authz::authorize(actor, Act::GrantOff) {
+    let out = match authz::revoke_grants(actor) {
         Err(r) => {
             refuse(&mut tx, actor, "grant.revoke", Some(section), None, &r).await?;
             Err(r)
         }
-        Ok(_) => {
+        Ok(()) => {
             let ids = grant::revoke_all(&mut tx, section, actor.name(), ctl.now).await?;
             // Commands allowed "in this thread" are asked about again.
-            crate::turns::approval::end_thread_allowances(&mut tx, section).await?;
+            crate::turns::call_approval::end_thread_allowances(&mut tx, section).await?;
             audit::record_chat(
                 &mut tx,
                 audit::ChatEntry {
@@ -494,7 +479,7 @@ pub async fn decide(
     section: Option<&str>,
     shown: Option<&target::Shown<'_>>,
 ) -> anyhow::Result<Result<Status, Denial>> {
-    if let Err(r) = authz::authorize(actor, Act::Decide) {
+    if let Err(r) = authz::decide_target(actor) {
         let mut tx = db.begin().await?;
         refuse(&mut tx, actor, "target.decide", section, Some(alias), &r).await?;
         tx.commit().await?;

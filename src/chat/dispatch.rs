@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use super::approval;
-use super::authz::Actor;
 use super::change::{self, Conversation, Ctl, Decision};
 use super::command::{self, Command, YoloScope};
 use super::port::{AdminChannel, AgentPort, AgentRequest, Incoming, Reply, ThreadError};
+use super::target_approval;
 use super::{binding, input, render, threads};
+use crate::authz::{self, Actor};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::exec::Place;
@@ -291,7 +291,7 @@ async fn decide(
     Ok(
         match change::decide(&deps.db, actor, alias, decision, section, None).await? {
             Ok(_) => {
-                approval::update_cards(deps, alias).await?;
+                target_approval::update_cards(deps, alias).await?;
                 format!("Target `{alias}` is {}.", decision.word())
             }
             Err(r) => r.to_string(),
@@ -344,7 +344,12 @@ async fn open_bound_thread(
             binding::drop_pending(&deps.db, &msg.message_id).await?;
             // A group chat itself is an admin's to bind.
             let who = if msg.conversation() == Conversation::Group
-                && !deps.config.is_admin(&msg.sender)
+                && authz::bind_section(
+                    &msg.sender,
+                    deps.config.is_admin(&msg.sender),
+                    authz::Section::Group,
+                )
+                .is_err()
             {
                 "An admin can send"
             } else {

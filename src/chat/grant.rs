@@ -1,14 +1,14 @@
 //! Grants (`/ssh yolo on <alias>|all`): the model's right to enter a target by itself, in one
 //! section, until it expires or is revoked. Owns the `grants` table. At most one open grant per
 //! section and scope (a unique index); expired grants are closed, with their audit row, the
-//! next time the section is touched. Never: decides who may grant (that is [`super::authz`]).
+//! next time the section is touched. Never: decides who may grant (that is [`crate::authz`]).
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::{PgConnection, Row};
 
-use super::authz::Grant;
 use crate::audit;
+use crate::authz::Grant;
 
 /// The stored scope meaning "every target".
 const ALL: &str = "*";

@@ -6,9 +6,9 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::authz::Actor;
 use super::change::{self, Ctl};
 use super::render;
+use crate::authz::Actor;
 
 /// Where the model asks from.
 #[derive(Debug, Clone, Copy)]

@@ -1,8 +1,8 @@
 //! The chat domain's edges: what it receives ([`Incoming`]), how it answers ([`Reply`]), how
-//! it reaches admins ([`AdminChannel`]) and the agent ([`AgentPort`]), and where what a
-//! message quotes or carries is read ([`Source`]). Lark implements the
-//! first two in `lark::reply`; a terminal console can implement them too. Nothing here knows
-//! a platform.
+//! it reaches admins ([`AdminChannel`]) and the agent ([`AgentPort`]), how a click is answered
+//! at once ([`Toast`]), and where what a message quotes or carries is read ([`Source`]). Lark
+//! implements the first two in `lark::reply`; a terminal console can implement them too.
+//! Nothing here knows a platform.
 
 use async_trait::async_trait;
 
@@ -127,9 +127,18 @@ pub trait Reply: Send + Sync {
     }
 }
 
+/// The immediate answer to a card click (a target's or a parked call's approval card),
+/// computed without I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toast {
+    /// `success`, `info`, `warning` or `error`.
+    pub kind: &'static str,
+    pub text: String,
+}
+
 /// A target awaiting (or given) an admin's decision, as an approval card shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApprovalView {
+pub struct TargetApprovalView {
     pub alias: String,
     /// The target's generation (a removed and re-added alias is a new one).
     pub generation: i64,
@@ -137,12 +146,12 @@ pub struct ApprovalView {
     pub destination: Option<String>,
     pub added_by: Option<String>,
     pub fingerprint: Option<String>,
-    pub state: CardState,
+    pub state: TargetCardState,
 }
 
-/// Where an approval card stands.
+/// Where a target's approval card stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CardState {
+pub enum TargetCardState {
     /// Awaiting a decision: the card has its buttons.
     Pending,
     /// Decided: who, what (`approved`, `rejected`) and when.
@@ -159,16 +168,20 @@ pub enum CardState {
 /// Reaches admins one-to-one.
 #[async_trait]
 pub trait AdminChannel: Send + Sync {
-    /// Sends an approval card to an admin; returns the card message's id. `key` makes the
+    /// Sends a target's approval card to an admin; returns the card message's id. `key` makes the
     /// send idempotent.
-    async fn send_approval(
+    async fn send_target_approval(
         &self,
         admin_open_id: &str,
-        view: &ApprovalView,
+        view: &TargetApprovalView,
         key: &str,
     ) -> anyhow::Result<String>;
-    /// Rewrites a sent approval card in place.
-    async fn update_approval(&self, message_id: &str, view: &ApprovalView) -> anyhow::Result<()>;
+    /// Rewrites a sent target approval card in place.
+    async fn update_target_approval(
+        &self,
+        message_id: &str,
+        view: &TargetApprovalView,
+    ) -> anyhow::Result<()>;
 }
 
 /// A request for the agent, made from one message.

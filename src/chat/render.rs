@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Utc};
 
-use super::authz::Kind;
 use super::change::Report;
+use crate::authz::Kind;
 use crate::target::{Status, Target};
 
 fn when(t: DateTime<Utc>) -> String {

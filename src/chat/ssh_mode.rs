@@ -2,7 +2,7 @@
 //! [`Bindings`] (the section's binding and the model's side of SSH Mode, from
 //! [`super::binding`] and [`super::model_api`]), and [`Agent`] is the dispatcher's
 //! [`AgentPort`]. Translation only: no decisions are made here, so authorisation stays in
-//! [`super::authz`] and turn order in `turns`.
+//! [`crate::authz`] and turn order in `turns`.
 
 use std::sync::Arc;
 

@@ -46,7 +46,7 @@ use std::io::{BufRead, Read, Write};
 use crate::chat::{self, Deps, Incoming};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::turns::approval;
+use crate::turns::call_approval;
 use out::LineReply;
 pub use out::{NoAdminChannel, Terminal};
 
@@ -207,7 +207,7 @@ impl Session {
         actor: &str,
         lines: &mut tokio::sync::mpsc::Receiver<Line>,
     ) -> anyhow::Result<Option<String>> {
-        let Some((turn_id, key)) = approval::waiting_in(&self.deps.db, section).await? else {
+        let Some((turn_id, key)) = call_approval::waiting_in(&self.deps.db, section).await? else {
             return Ok(None);
         };
         let line = match lines.recv().await {
@@ -215,13 +215,13 @@ impl Session {
             _ => None,
         };
         let (scope, carried) = match line.as_deref().map(str::to_ascii_lowercase).as_deref() {
-            Some("o" | "once" | "allow once") => (Some(approval::Scope::Once), None),
-            Some("t" | "thread" | "allow in thread") => (Some(approval::Scope::Thread), None),
+            Some("o" | "once" | "allow once") => (Some(call_approval::Scope::Once), None),
+            Some("t" | "thread" | "allow in thread") => (Some(call_approval::Scope::Thread), None),
             Some("d" | "deny") => (None, None),
             // Not an answer (or the end of input): denied, and the line is the next message.
             _ => (None, line.filter(|l| !l.is_empty())),
         };
-        approval::decide(
+        call_approval::decide(
             &self.deps.db,
             turn_id,
             &key,

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::agent::{self, ChatOut, StepEvent, StepSink};
-use crate::chat::{AdminChannel, ApprovalView, Reply, ThreadError};
+use crate::chat::{AdminChannel, Reply, TargetApprovalView, ThreadError};
 
 /// Most idempotency keys remembered; older ones are forgotten (a resend that late is printed
 /// again, which in a terminal is harmless).
@@ -176,9 +176,9 @@ impl ChatOut for Terminal {
     }
 
     /// The card as lines, with the inline question; the read loop takes the answer.
-    async fn show_approval(
+    async fn show_call_approval(
         &self,
-        card: &agent::approval::ApprovalCard,
+        card: &agent::call_approval::CallApprovalCard,
     ) -> anyhow::Result<Option<String>> {
         let p = &card.parked;
         let key = format!("approval:{}:{}", p.turn_id, p.call_key);
@@ -231,11 +231,16 @@ pub struct NoAdminChannel;
 
 #[async_trait]
 impl AdminChannel for NoAdminChannel {
-    async fn send_approval(&self, _: &str, _: &ApprovalView, _: &str) -> anyhow::Result<String> {
+    async fn send_target_approval(
+        &self,
+        _: &str,
+        _: &TargetApprovalView,
+        _: &str,
+    ) -> anyhow::Result<String> {
         anyhow::bail!("the console cannot send approval cards")
     }
 
-    async fn update_approval(&self, _: &str, _: &ApprovalView) -> anyhow::Result<()> {
+    async fn update_target_approval(&self, _: &str, _: &TargetApprovalView) -> anyhow::Result<()> {
         Ok(())
     }
 }

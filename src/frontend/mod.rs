@@ -1,5 +1,6 @@
 //! The Lark front-end of the chat domain: the inbox [`Handler`] that turns Lark events into
-//! the domain's messages and clicks (a parked call's approval card: [`approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
+//! the domain's messages and clicks (a target's approval card: [`target_approval_card`]; a parked
+//! call's: [`call_approval_card`]), the [`Reply`], [`AdminChannel`] and the agent's
 //! [`ChatOut`] that answer through the Open API, the [`Source`] a message's quoted messages and
 //! files are read from (in the worker), and the [`LarkTriage`] the callback path asks
 //! (an event's lane: express, inert or ordered; card toasts) without I/O — but for a progress
@@ -7,9 +8,9 @@
 //! [`busy_answer`] both callback paths give a click they could not record.
 //! Never: decides what a message means (that is [`crate::chat`]).
 
-pub mod approval_card;
-pub mod card;
+pub mod call_approval_card;
 pub mod long_connection;
+pub mod target_approval_card;
 
 use std::sync::Arc;
 
@@ -19,10 +20,11 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::agent::ChatOut;
-use crate::chat::approval::{self, Click};
+use crate::authz::{self, Actor};
+use crate::chat::target_approval;
 use crate::chat::{
-    self, AdminChannel, ApprovalView, Deps, FileRef, Incoming, Quoted, Reply, Source, ThreadError,
-    Unavailable,
+    self, AdminChannel, Deps, FileRef, Incoming, Quoted, Reply, Source, TargetApprovalView,
+    ThreadError, Unavailable,
 };
 use crate::config::Config;
 use crate::inbox::{Handler, InboxEvent};
@@ -95,12 +97,12 @@ impl Handler for LarkHandler {
                 if crate::progress::is_stop_click(&a.action.value) {
                     return self.stop_click(&a).await;
                 }
-                if approval_card::read(&a.action.value).is_some() {
+                if call_approval_card::read(&a.action.value).is_some() {
                     return self.call_click(&a).await;
                 }
-                approval::apply_click(
+                target_approval::apply_click(
                     &self.deps,
-                    &Click {
+                    &target_approval::Click {
                         message_id: a.context.open_message_id,
                         operator: a.operator.open_id,
                         value: a.action.value,
@@ -151,8 +153,8 @@ impl LarkHandler {
     async fn stop_click(&self, a: &CardAction) -> anyhow::Result<()> {
         let value = &a.action.value;
         let operator = a.operator.open_id.as_str();
-        let authorised = crate::progress::stop_click_authorised(value, &a.context.open_chat_id);
-        if !authorised {
+        let card_chat = crate::progress::stop_card_chat(value);
+        if authz::press_stop(card_chat, &a.context.open_chat_id).is_err() {
             let mut conn = self
                 .deps
                 .db
@@ -193,11 +195,14 @@ impl LarkHandler {
     /// card rewritten to show who decided and when.
     async fn call_click(&self, a: &CardAction) -> anyhow::Result<()> {
         let operator = a.operator.open_id.as_str();
-        let applied = approval_card::apply(
+        let actor = Actor::User {
+            open_id: operator,
+            admin: self.deps.config.is_admin(operator),
+        };
+        let applied = call_approval_card::apply(
             &self.deps.db,
             &a.action.value,
-            operator,
-            self.deps.config.is_admin(operator),
+            actor,
             &a.context.open_message_id,
             self.deps.config.chat.yolo_ttl,
         )
@@ -432,17 +437,17 @@ pub struct LarkAdmins {
 
 #[async_trait]
 impl AdminChannel for LarkAdmins {
-    async fn send_approval(
+    async fn send_target_approval(
         &self,
         admin_open_id: &str,
-        view: &ApprovalView,
+        view: &TargetApprovalView,
         key: &str,
     ) -> anyhow::Result<String> {
         let sent = self
             .lark
             .send_to_user(
                 admin_open_id,
-                &Content::Card(card::approval(view)),
+                &Content::Card(target_approval_card::card(view)),
                 &idempotency_key(key, "approval"),
             )
             .await
@@ -450,9 +455,13 @@ impl AdminChannel for LarkAdmins {
         Ok(sent.message_id)
     }
 
-    async fn update_approval(&self, message_id: &str, view: &ApprovalView) -> anyhow::Result<()> {
+    async fn update_target_approval(
+        &self,
+        message_id: &str,
+        view: &TargetApprovalView,
+    ) -> anyhow::Result<()> {
         self.lark
-            .edit(message_id, &Content::Card(card::approval(view)))
+            .edit(message_id, &Content::Card(target_approval_card::card(view)))
             .await
             .context("updating an approval card")?;
         Ok(())
@@ -527,11 +536,14 @@ impl LarkTriage {
             .await;
             return json!({ "toast": { "type": kind, "content": text } });
         }
-        let is_admin = self.config.is_admin(&a.operator.open_id);
-        if let Some(t) = approval_card::toast(&a.action.value, &a.operator.open_id, is_admin) {
+        let actor = Actor::User {
+            open_id: &a.operator.open_id,
+            admin: self.config.is_admin(&a.operator.open_id),
+        };
+        if let Some(t) = call_approval_card::toast(&a.action.value, actor) {
             return json!({ "toast": { "type": t.kind, "content": t.text } });
         }
-        match approval::click_toast(is_admin, &a.action.value) {
+        match target_approval::click_toast(actor, &a.action.value) {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),
         }
@@ -613,11 +625,11 @@ impl ChatOut for LarkClient {
         true
     }
 
-    async fn show_approval(
+    async fn show_call_approval(
         &self,
-        c: &crate::agent::approval::ApprovalCard,
+        c: &crate::agent::call_approval::CallApprovalCard,
     ) -> anyhow::Result<Option<String>> {
-        let content = Content::Card(approval_card::card(&c.parked));
+        let content = Content::Card(call_approval_card::card(&c.parked));
         if let Some(id) = &c.parked.card_message_id {
             self.edit(id, &content).await?;
             return Ok(Some(id.clone()));

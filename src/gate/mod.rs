@@ -27,6 +27,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::authz::Approvers;
 use crate::bash::Verdict;
 use crate::bash::cover::Cover;
 use crate::config::Risky;
@@ -35,7 +36,6 @@ use crate::exec::ops::{
 };
 use crate::exec::{ExecError, Executors, Output, Place};
 use crate::plane::secrets::SecretFilter;
-use crate::turns::approval::Approvers;
 use crate::workspace::Permission;
 use crate::workspace::judge::{self, Scope};
 

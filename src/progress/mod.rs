@@ -91,12 +91,13 @@
 //! pauses streaming and shows "Stopped by @…"; on another replica the writer reads
 //! `stop_requested_by` when the turn ends. The click travels like any card action: the callback
 //! path answers at once from `progress::stop_click_toast` — a refusal unless
-//! `stop_click_authorised` (the click must come from the chat the card was sent to — Lark shows
-//! the card only to its members, and a forwarded card carries no right to stop), else one read
-//! of the turn's row by key (≤ 1 s) for "This task has already finished." (a client still
-//! showing an old card's Stop) or "already stopping", else "Stopping the task…" — and the inbox
-//! worker (`frontend::LarkHandler`) then calls `on_stop_click`, or writes a `turn.stop` /
-//! `refused` audit row.
+//! `authz::press_stop` allows it (the click must come from the chat the card was sent to, which
+//! `stop_card_chat` reads from the button — Lark shows the card only to its members, and a
+//! forwarded card carries no right to stop), else one read of the turn's row by key (≤ 1 s)
+//! for "This task has already finished." (a client still showing an old card's Stop) or
+//! "already stopping", else "Stopping the task…" — and the inbox worker
+//! (`frontend::LarkHandler`) then calls `on_stop_click`, or writes a `turn.stop` / `refused`
+//! audit row.
 
 pub mod card;
 mod writer;
@@ -113,6 +114,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::agent::{Agent, StepEvent, StepSink};
+use crate::authz;
 use crate::config::ProgressConfig;
 use crate::lark::client::LarkClient;
 use crate::metrics::Metrics;
@@ -421,49 +423,44 @@ pub fn is_stop_click(value: &Value) -> bool {
     value.get("act").and_then(Value::as_str) == Some(card::STOP_ACT)
 }
 
-/// Whether a Stop click may stop the task: it must come from the chat the card was sent to.
-/// Lark delivers a click only from someone who sees the card, so a click from that chat is a
-/// member's; a card forwarded into another chat does not carry the right to stop. Pure, so the
-/// callback path can answer with it at once.
-pub fn stop_click_authorised(value: &Value, open_chat_id: &str) -> bool {
-    value
-        .get("chat")
-        .and_then(Value::as_str)
-        .is_some_and(|chat| !chat.is_empty() && chat == open_chat_id)
+/// The chat a Stop button's card was sent to, as the button's value names it: what
+/// [`authz::press_stop`] decides a click by, without I/O, so the callback path can answer with
+/// it at once.
+pub fn stop_card_chat(value: &Value) -> Option<&str> {
+    value.get("chat").and_then(Value::as_str)
 }
 
 /// What a Stop click is told when its turn is over.
 const FINISHED: &str = "This task has already finished.";
 /// … when its turn is stopping already.
 const STOPPING: &str = "This task is already stopping.";
-/// … when it came from outside the card's chat.
-const NOT_MEMBER: &str = "Only members of this conversation can stop its task.";
 /// … when its value is not a Stop button's.
 const NOT_VALID: &str = "This button is not valid any more.";
 
 /// The toast a Stop click is answered with at once, on the callback path, as (type, text): a
-/// refusal when it comes from outside the card's chat ([`stop_click_authorised`]); else one
-/// read of the turn's row by key (at most [`STOP_READ`]) says whether the task already finished
-/// or is stopping. Unread, the click is taken for a live one; the worker decides either way.
+/// refusal when it comes from outside the card's chat ([`authz::press_stop`]); else one read of
+/// the turn's row by key (at most [`STOP_READ`]) says whether the task already finished or is
+/// stopping. Unread, the click is taken for a live one; the worker decides either way.
 pub async fn stop_click_toast(
     db: &PgPool,
     value: &Value,
     open_chat_id: &str,
-) -> (&'static str, &'static str) {
-    if !stop_click_authorised(value, open_chat_id) {
-        return ("error", NOT_MEMBER);
+) -> (&'static str, String) {
+    if let Err(refused) = authz::press_stop(stop_card_chat(value), open_chat_id) {
+        return ("error", refused.to_string());
     }
     let (Some(turn_id), Some(section)) = (
         value.get("turn").and_then(Value::as_i64),
         value.get("section").and_then(Value::as_str),
     ) else {
-        return ("error", NOT_VALID);
+        return ("error", NOT_VALID.into());
     };
-    match tokio::time::timeout(STOP_READ, stoppable(db, turn_id, section)).await {
-        Ok(Ok(None)) => ("info", FINISHED),
-        Ok(Ok(Some(false))) => ("info", STOPPING),
-        _ => ("info", "Stopping the task…"),
-    }
+    let said = match tokio::time::timeout(STOP_READ, stoppable(db, turn_id, section)).await {
+        Ok(Ok(None)) => FINISHED,
+        Ok(Ok(Some(false))) => STOPPING,
+        _ => "Stopping the task…",
+    };
+    ("info", said.into())
 }
 
 /// Whether the turn still runs (or waits for an approval) and no stop was asked for yet;
@@ -481,10 +478,10 @@ async fn stoppable(db: &PgPool, turn_id: i64, section: &str) -> sqlx::Result<Opt
 
 /// The Stop button of a progress card was clicked. `value` is the button's callback value
 /// (`{"act":"progress_stop","turn":…,"section":…}`), `operator` the clicker's open_id, and
-/// `authorised` whether chat control found them allowed (a member of the section, or the
-/// configured role). Requests the stop as `/stop` does, pauses the card's streaming (Lark cannot
-/// update a streaming card from a callback) and makes it show "stopped by …". Returns the toast
-/// text; `None` when `value` is not a progress Stop button.
+/// `authorised` whether [`authz::press_stop`] allowed the click. Requests the stop as `/stop`
+/// does, pauses the card's streaming (Lark cannot update a streaming card from a callback) and
+/// makes it show "stopped by …". Returns the toast text; `None` when `value` is not a progress
+/// Stop button.
 pub async fn on_stop_click(
     progress: &Progress,
     agent: &Agent,
@@ -502,7 +499,7 @@ pub async fn on_stop_click(
         return Some(Ok(NOT_VALID.into()));
     };
     if !authorised {
-        return Some(Ok(NOT_MEMBER.into()));
+        return Some(Ok(authz::Denial::NotMember.to_string()));
     }
     Some(stop_turn(progress, agent, turn_id, section, operator).await)
 }

@@ -2,7 +2,7 @@
 //! usable in every chat. A target behind jump hosts is usable in a chat only where each of them
 //! is too: [`Facts`] carry every hop's status and allow-list, and [`visible_in`] shows a chat no
 //! target behind a jump host it may not use. Changes are audited in the same transaction.
-//! Never: decides who may bind (that is `chat::authz`); it only answers facts.
+//! Never: decides who may bind (that is `authz`); it only answers facts.
 
 use serde_json::json;
 use sqlx::{PgConnection, PgPool, Row};

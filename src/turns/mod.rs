@@ -11,7 +11,7 @@
 //! [`CancelReason`]. Every write the work makes goes through its [`Fence`], which refuses it
 //! once the section has been claimed by someone else.
 //!
-//! A call waiting for a person's approval parks its turn ([`approval`]): the turn reads
+//! A call waiting for a person's approval parks its turn ([`call_approval`]): the turn reads
 //! `awaiting_approval` and the runner lets go of the section, which no runner claims until the
 //! decision, the deadline or a `/stop`; the claim after that makes the turn `running` again.
 //!
@@ -21,7 +21,7 @@
 //! Never: knows models, tools or chats (the work is injected); keeps a process-global registry
 //! of who runs what (replicas share only the database).
 
-pub mod approval;
+pub mod call_approval;
 pub mod inputs;
 mod runner;
 mod store;
@@ -104,7 +104,7 @@ pub async fn request_stop(db: &PgPool, section: &str, by: &str) -> sqlx::Result<
     store::request_stop(db, section, by).await
 }
 
-/// The state of `section`'s live turn — `running`, or [`approval::AWAITING`] while a call
+/// The state of `section`'s live turn — `running`, or [`call_approval::AWAITING`] while a call
 /// waits for a person — if one is live.
 pub async fn live_state(db: &PgPool, section: &str) -> sqlx::Result<Option<String>> {
     store::live_state(db, section).await

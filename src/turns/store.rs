@@ -132,7 +132,7 @@ pub(super) struct Lease {
 
 /// Claims the pending section with the oldest work whose lease is free or expired, among the
 /// sections `scope` covers, leaving alone a section whose call waits for approval
-/// ([`super::approval::PARKED`]).
+/// ([`super::call_approval::PARKED`]).
 pub(super) async fn claim(
     db: &PgPool,
     holder: &str,
@@ -159,7 +159,7 @@ pub(super) async fn claim(
                               AND r.dropped_at IS NULL) NULLS FIRST
                  LIMIT 1 FOR UPDATE SKIP LOCKED)
          RETURNING s.section_id, s.generation",
-        parked = super::approval::PARKED
+        parked = super::call_approval::PARKED
     ))
     .bind(holder)
     .bind(lease.as_secs_f64())
@@ -239,7 +239,7 @@ pub(super) async fn release(db: &PgPool, lease: &Lease) -> sqlx::Result<()> {
                                        AND t.state IN ('running', 'awaiting_approval'))
               WHERE c.section_id = $1 AND c.generation = $2
               RETURNING c.pending AND NOT {parked}",
-            parked = super::approval::PARKED
+            parked = super::call_approval::PARKED
         ))
         .bind(&lease.section)
         .bind(lease.generation)
@@ -266,7 +266,7 @@ pub(super) async fn open_turn(
     // A turn whose call waits for a person is left alone (the section stays occupied).
     let parked: bool = sqlx::query_scalar(&format!(
         "SELECT {} FROM (SELECT $1::text AS section_id) c",
-        super::approval::PARKED
+        super::call_approval::PARKED
     ))
     .bind(&fence.section)
     .fetch_one(&mut *tx)

@@ -750,7 +750,7 @@ async fn ssh_yolo_off_ends_what_was_allowed_in_the_thread() {
         now: Utc::now(),
         yolo_ttl: env.app.state.config.chat.yolo_ttl,
     };
-    let actor = sshmode::chat::authz::Actor::User {
+    let actor = sshmode::authz::Actor::User {
         open_id: "ou_user",
         admin: false,
     };

@@ -27,7 +27,7 @@
 //!
 //! Its answer is a [`Verdict`] ([`Guard::assess`]): `refuse`, `ask` or `allow`; a refusal
 //! anywhere in a command outweighs every ask. [`Guard::check`], for callers that cannot ask a
-//! person (the agent's approvals park the call instead: `agent::approval`), refuses an `ask`
+//! person (the agent's approvals park the call instead: `agent::call_approval`), refuses an `ask`
 //! too, with a message naming the reason.
 //!
 //! Operators can add their own regexes (`SSHMODE_GUARD_EXTRA_FILE`, one per line); each is

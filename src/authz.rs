@@ -1,7 +1,13 @@
-//! The one authorisation function (invariant 6): who may bind what — a user's command, the
-//! model's request, an admin's decision. Pure: it reads facts its callers loaded in the same
-//! transaction as the change, and returns a permit or a refusal whose text the user or the
-//! model can act on. Never: touches the database, or is bypassed by any caller.
+//! Who may do what: every "who may" decision of the service, one function per act —
+//! bind a section to a target ([`bind`]), return it to local ([`release`]), open it to the
+//! model ([`grant`]) or close that again ([`revoke_grants`]), bind a section at all
+//! ([`bind_section`]), approve or reject a target ([`decide_target`]), answer a parked call
+//! ([`decide_call`]), press a progress card's Stop ([`press_stop`]). Pure: each reads facts
+//! its caller loaded (in the same transaction as the change, where there is one) and returns a
+//! permit or a [`Denial`] worded for the asker — a user, the model or an admin. The facts no
+//! lower module defines (who asks, a section's binding and grants, who may answer a parked
+//! call) are defined here; their owners (`chat::binding`, `chat::grant`, `turns`) store them.
+//! Never: touches the database, or is bypassed by any caller.
 
 use chrono::{DateTime, Utc};
 
@@ -100,34 +106,53 @@ impl Grant {
     }
 }
 
-/// What is asked.
-#[derive(Debug, Clone, Copy)]
-pub enum Act<'a> {
-    /// Bind (or switch) the section to `alias`. `target` is `None` when no such target exists.
-    Bind {
-        alias: &'a str,
-        target: Option<&'a Facts>,
-        section: Section<'a>,
-        current: Option<&'a Binding>,
-        grants: &'a [Grant],
-    },
-    /// Return the section to local.
-    Release { current: Option<&'a Binding> },
-    /// Grant the model the right to enter `alias` (or any target, with `None`): a right to
-    /// bind, so only who may bind the section may grant it.
-    GrantOn {
-        alias: Option<&'a str>,
-        target: Option<&'a Facts>,
-        section: Section<'a>,
-    },
-    /// Revoke this section's grants.
-    GrantOff,
-    /// Approve or reject a target.
-    Decide,
+/// Who may answer a parked call (a target's policy, stored with the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approvers {
+    /// Any admin (`SSHMODE_ADMINS`).
+    Admins,
+    /// The sender of the turn's latest message.
+    Requester,
 }
 
-/// What may be done, carrying the facts it was granted on: the caller acts on what the
-/// permit names, never on a fact it must assume the decision checked.
+impl Approvers {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approvers::Admins => "admins",
+            Approvers::Requester => "requester",
+        }
+    }
+
+    /// Who may answer, as a card or a status line says it.
+    pub fn who(self) -> &'static str {
+        match self {
+            Approvers::Admins => "an admin",
+            Approvers::Requester => "the requester",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Approvers> {
+        match s {
+            "admins" => Some(Approvers::Admins),
+            "requester" => Some(Approvers::Requester),
+            _ => None,
+        }
+    }
+}
+
+/// A bind asked for: bind (or switch) `section` to `alias`. `target` is `None` when no such
+/// target exists.
+#[derive(Debug, Clone, Copy)]
+pub struct Bind<'a> {
+    pub alias: &'a str,
+    pub target: Option<&'a Facts>,
+    pub section: Section<'a>,
+    pub current: Option<&'a Binding>,
+    pub grants: &'a [Grant],
+}
+
+/// A bind allowed, carrying the facts it was granted on: the caller acts on what the permit
+/// names, never on a fact it must assume the decision checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permit<'a> {
     /// Bind to `target` with this kind (and, for the model, under this grant).
@@ -138,12 +163,15 @@ pub enum Permit<'a> {
     },
     /// Already bound to `target` this way: nothing to change.
     AlreadyBound { target: &'a Facts },
-    /// Release `binding`.
-    Release { binding: &'a Binding },
-    /// Nothing is bound: nothing to release.
-    AlreadyLocal,
-    /// Go ahead (grants, decisions).
-    Allowed,
+}
+
+impl<'a> Permit<'a> {
+    /// The target the bind is for.
+    pub fn target(&self) -> &'a Facts {
+        match *self {
+            Permit::Bind { target, .. } | Permit::AlreadyBound { target } => target,
+        }
+    }
 }
 
 /// Why not, in words the asker can act on.
@@ -185,6 +213,12 @@ pub enum Denial {
     UsersOnly,
     #[error("Only an admin can approve or reject targets.")]
     NotAdmin,
+    #[error("Only an admin can answer this approval.")]
+    AdminsAnswer,
+    #[error("Only the person who asked, or an admin, can answer this approval.")]
+    RequesterOrAdminsAnswer,
+    #[error("Only members of this conversation can stop its task.")]
+    NotMember,
     #[error(
         "This approval card has expired: `{0}` was decided, removed, added again or given another host key since it was sent. Nothing was decided."
     )]
@@ -206,6 +240,9 @@ impl Denial {
             Denial::GroupAdminsOnly => "group_admins_only",
             Denial::UsersOnly => "users_only",
             Denial::NotAdmin => "not_admin",
+            Denial::AdminsAnswer => "admins_answer",
+            Denial::RequesterOrAdminsAnswer => "requester_or_admins_answer",
+            Denial::NotMember => "not_member",
             Denial::Expired(_) => "expired",
         }
     }
@@ -267,10 +304,10 @@ fn usable<'a>(alias: &str, target: Option<&'a Facts>) -> Result<&'a Facts, Denia
     Ok(t)
 }
 
-/// Whether the user may bind (or switch, or open to the model) `section`: a thread's owner or
-/// an admin, anyone in a thread nobody owns yet or in a one-to-one chat, only an admin in a
-/// group chat itself. Bound or not makes no difference.
-fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Denial> {
+/// Whether a user may bind (or switch, or open to the model) `section`, whatever the target:
+/// a thread's owner or an admin, anyone in a thread nobody owns yet or in a one-to-one chat,
+/// only an admin in a group chat itself. Bound or not makes no difference.
+pub fn bind_section(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Denial> {
     match section {
         Section::Thread { owner: Some(o) } if o != open_id && !admin => Err(Denial::NotOwner {
             owner: o.to_string(),
@@ -280,92 +317,138 @@ fn may_bind(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Deni
     }
 }
 
-/// Decides whether `actor` may do `act`. The only place such a decision is made.
-pub fn authorize<'a>(actor: Actor<'_>, act: Act<'a>) -> Result<Permit<'a>, Denial> {
-    match (actor, act) {
-        (
-            actor,
-            Act::Bind {
-                alias,
-                target,
-                section,
-                current,
-                grants,
-            },
-        ) => {
-            let t = usable(alias, target)?;
-            match actor {
-                Actor::User { open_id, admin } => match current {
-                    // A binding made for an earlier generation of the alias is not this target.
-                    Some(b) if b.kind == Kind::Sticky && b.is_for(t) => {
+/// Whether `actor` may bind the section as `asked`: a user where they may bind the section
+/// ([`bind_section`]), sticky; the model under a live grant, never over a user's binding.
+pub fn bind<'a>(actor: Actor<'_>, asked: Bind<'a>) -> Result<Permit<'a>, Denial> {
+    let Bind {
+        alias,
+        target,
+        section,
+        current,
+        grants,
+    } = asked;
+    let t = usable(alias, target)?;
+    match actor {
+        Actor::User { open_id, admin } => match current {
+            // A binding made for an earlier generation of the alias is not this target.
+            Some(b) if b.kind == Kind::Sticky && b.is_for(t) => {
+                Ok(Permit::AlreadyBound { target: t })
+            }
+            _ => {
+                bind_section(open_id, admin, section)?;
+                Ok(Permit::Bind {
+                    target: t,
+                    kind: Kind::Sticky,
+                    grant_id: None,
+                })
+            }
+        },
+        Actor::Model => {
+            if let Some(b) = current {
+                if b.kind == Kind::Sticky {
+                    return if b.is_for(t) {
                         Ok(Permit::AlreadyBound { target: t })
-                    }
-                    _ => {
-                        may_bind(open_id, admin, section)?;
-                        Ok(Permit::Bind {
-                            target: t,
-                            kind: Kind::Sticky,
-                            grant_id: None,
+                    } else {
+                        Err(Denial::StickyHeld {
+                            alias: b.alias.clone(),
                         })
-                    }
-                },
-                Actor::Model => {
-                    if let Some(b) = current {
-                        if b.kind == Kind::Sticky {
-                            return if b.is_for(t) {
-                                Ok(Permit::AlreadyBound { target: t })
-                            } else {
-                                Err(Denial::StickyHeld {
-                                    alias: b.alias.clone(),
-                                })
-                            };
-                        }
-                        if b.is_for(t) {
-                            return Ok(Permit::AlreadyBound { target: t });
-                        }
-                    }
-                    // A grant for this very target is preferred over `all`.
-                    let grant = grants
-                        .iter()
-                        .find(|g| g.alias.as_deref() == Some(alias))
-                        .or_else(|| grants.iter().find(|g| g.covers(alias)))
-                        .ok_or_else(|| Denial::NoGrant(alias.to_string()))?;
-                    Ok(Permit::Bind {
-                        target: t,
-                        kind: Kind::Model,
-                        grant_id: Some(grant.id),
-                    })
+                    };
+                }
+                if b.is_for(t) {
+                    return Ok(Permit::AlreadyBound { target: t });
                 }
             }
+            // A grant for this very target is preferred over `all`.
+            let grant = grants
+                .iter()
+                .find(|g| g.alias.as_deref() == Some(alias))
+                .or_else(|| grants.iter().find(|g| g.covers(alias)))
+                .ok_or_else(|| Denial::NoGrant(alias.to_string()))?;
+            Ok(Permit::Bind {
+                target: t,
+                kind: Kind::Model,
+                grant_id: Some(grant.id),
+            })
         }
-        (_, Act::Release { current: None }) => Ok(Permit::AlreadyLocal),
-        (Actor::User { .. }, Act::Release { current: Some(b) }) => {
-            Ok(Permit::Release { binding: b })
+    }
+}
+
+/// Whether `actor` may return the section to local: the binding to release, or `None` when
+/// nothing is bound. Any user may; the model only its own binding.
+pub fn release<'a>(
+    actor: Actor<'_>,
+    current: Option<&'a Binding>,
+) -> Result<Option<&'a Binding>, Denial> {
+    let Some(b) = current else {
+        return Ok(None);
+    };
+    match (actor, b.kind) {
+        (Actor::User { .. }, _) | (Actor::Model, Kind::Model) => Ok(Some(b)),
+        (Actor::Model, Kind::Sticky) => Err(Denial::StickyHeld {
+            alias: b.alias.clone(),
+        }),
+    }
+}
+
+/// Whether `actor` may grant the model the right to enter `alias` (or any target, with
+/// `None`) in `section`: a right to bind, so only a user who may bind the section may grant
+/// it, and only a target usable here.
+pub fn grant(
+    actor: Actor<'_>,
+    alias: Option<&str>,
+    target: Option<&Facts>,
+    section: Section<'_>,
+) -> Result<(), Denial> {
+    let Actor::User { open_id, admin } = actor else {
+        return Err(Denial::UsersOnly);
+    };
+    if let Some(alias) = alias {
+        usable(alias, target)?;
+    }
+    bind_section(open_id, admin, section)
+}
+
+/// Whether `actor` may revoke a section's grants: any user, never the model.
+pub fn revoke_grants(actor: Actor<'_>) -> Result<(), Denial> {
+    match actor {
+        Actor::User { .. } => Ok(()),
+        Actor::Model => Err(Denial::UsersOnly),
+    }
+}
+
+/// Whether `actor` may approve or reject a target: admins only.
+pub fn decide_target(actor: Actor<'_>) -> Result<(), Denial> {
+    match actor {
+        Actor::User { admin: true, .. } => Ok(()),
+        _ => Err(Denial::NotAdmin),
+    }
+}
+
+/// Whether `actor` may answer a parked call that `requester` asked for: an admin, or (for a
+/// call its `approvers` leave to the requester) the requester too.
+pub fn decide_call(actor: Actor<'_>, requester: &str, approvers: Approvers) -> Result<(), Denial> {
+    match actor {
+        Actor::User { admin: true, .. } => Ok(()),
+        Actor::User { open_id, .. }
+            if approvers == Approvers::Requester && open_id == requester =>
+        {
+            Ok(())
         }
-        (Actor::Model, Act::Release { current: Some(b) }) => match b.kind {
-            Kind::Model => Ok(Permit::Release { binding: b }),
-            Kind::Sticky => Err(Denial::StickyHeld {
-                alias: b.alias.clone(),
-            }),
-        },
-        (Actor::Model, Act::GrantOn { .. } | Act::GrantOff) => Err(Denial::UsersOnly),
-        (
-            Actor::User { open_id, admin },
-            Act::GrantOn {
-                alias,
-                target,
-                section,
-            },
-        ) => {
-            if let Some(alias) = alias {
-                usable(alias, target)?;
-            }
-            may_bind(open_id, admin, section)?;
-            Ok(Permit::Allowed)
-        }
-        (Actor::User { .. }, Act::GrantOff) => Ok(Permit::Allowed),
-        (Actor::User { admin: true, .. }, Act::Decide) => Ok(Permit::Allowed),
-        (_, Act::Decide) => Err(Denial::NotAdmin),
+        _ => Err(match approvers {
+            Approvers::Admins => Denial::AdminsAnswer,
+            Approvers::Requester => Denial::RequesterOrAdminsAnswer,
+        }),
+    }
+}
+
+/// Whether a click on a progress card's Stop button, sent to `card_chat`, may stop its task:
+/// it must come from that chat (`click_chat`). Lark delivers a click only from someone who
+/// sees the card, so a click from that chat is a member's; a card forwarded into another chat
+/// does not carry the right to stop.
+pub fn press_stop(card_chat: Option<&str>, click_chat: &str) -> Result<(), Denial> {
+    match card_chat {
+        Some(chat) if !chat.is_empty() && chat == click_chat => Ok(()),
+        _ => Err(Denial::NotMember),
     }
 }
 
@@ -395,7 +478,7 @@ mod tests {
             generation: Some(1),
         }
     }
-    fn grant(id: i64, alias: Option<&str>) -> Grant {
+    fn live_grant(id: i64, alias: Option<&str>) -> Grant {
         Grant {
             id,
             section: "omt_1".into(),
@@ -423,12 +506,12 @@ mod tests {
         owner: Some("ou_ann"),
     };
 
-    fn bind<'a>(
+    fn asked<'a>(
         alias: &'a str,
         t: Option<&'a Facts>,
         current: Option<&'a Binding>,
         grants: &'a [Grant],
-    ) -> Act<'a> {
+    ) -> Bind<'a> {
         in_section(alias, t, ANNS, current, grants)
     }
 
@@ -438,8 +521,8 @@ mod tests {
         section: Section<'a>,
         current: Option<&'a Binding>,
         grants: &'a [Grant],
-    ) -> Act<'a> {
-        Act::Bind {
+    ) -> Bind<'a> {
+        Bind {
             alias,
             target: t,
             section,
@@ -454,21 +537,21 @@ mod tests {
         let d = facts("web", Status::Disabled, true);
         let n = facts("web", Status::Approved, false);
         for who in [ANN, ADMIN, Actor::Model] {
-            let g = [grant(1, None)];
+            let g = [live_grant(1, None)];
             assert_eq!(
-                authorize(who, bind("web", None, None, &g)),
+                bind(who, asked("web", None, None, &g)),
                 Err(Denial::UnknownTarget("web".into()))
             );
             assert_eq!(
-                authorize(who, bind("web", Some(&p), None, &g)),
+                bind(who, asked("web", Some(&p), None, &g)),
                 Err(Denial::Pending("web".into()))
             );
             assert_eq!(
-                authorize(who, bind("web", Some(&d), None, &g)),
+                bind(who, asked("web", Some(&d), None, &g)),
                 Err(Denial::Disabled("web".into()))
             );
             assert_eq!(
-                authorize(who, bind("web", Some(&n), None, &g)),
+                bind(who, asked("web", Some(&n), None, &g)),
                 Err(Denial::NotAllowedHere("web".into()))
             );
         }
@@ -487,10 +570,10 @@ mod tests {
             ..facts("web2", Status::Approved, true)
         };
         let ok = behind(vec![hop("edge", Status::Approved, true)]);
-        let g = [grant(1, None)];
+        let g = [live_grant(1, None)];
         for who in [ANN, ADMIN, Actor::Model] {
             assert!(matches!(
-                authorize(who, bind("web2", Some(&ok), None, &g)),
+                bind(who, asked("web2", Some(&ok), None, &g)),
                 Ok(Permit::Bind { .. })
             ));
             for (status, allowed, why) in [
@@ -503,19 +586,17 @@ mod tests {
                     hop("bastion", Status::Approved, true),
                     hop("edge", status, allowed),
                 ]);
-                let want = Err(Denial::Jump {
+                let want = Denial::Jump {
                     alias: "web2".into(),
                     jump: "edge".into(),
                     why,
-                });
-                assert_eq!(authorize(who, bind("web2", Some(&t), None, &g)), want);
+                };
+                assert_eq!(
+                    bind(who, asked("web2", Some(&t), None, &g)),
+                    Err(want.clone())
+                );
                 if who != Actor::Model {
-                    let grant_on = Act::GrantOn {
-                        alias: Some("web2"),
-                        target: Some(&t),
-                        section: ANNS,
-                    };
-                    assert_eq!(authorize(who, grant_on), want);
+                    assert_eq!(grant(who, Some("web2"), Some(&t), ANNS), Err(want));
                 }
             }
         }
@@ -541,39 +622,31 @@ mod tests {
             grant_id: None,
         };
         assert_eq!(
-            authorize(ANN, bind("web", Some(&web), None, &[])),
+            bind(ANN, asked("web", Some(&web), None, &[])),
             Ok(sticky(&web))
         );
         let anns = binding("web", Kind::Sticky, "ou_ann");
         assert_eq!(
-            authorize(ANN, bind("db", Some(&db), Some(&anns), &[])),
+            bind(ANN, asked("db", Some(&db), Some(&anns), &[])),
             Ok(sticky(&db))
         );
         assert!(matches!(
-            authorize(BOB, bind("db", Some(&db), Some(&anns), &[])),
+            bind(BOB, asked("db", Some(&db), Some(&anns), &[])),
             Err(Denial::NotOwner { .. })
         ));
         assert_eq!(
-            authorize(ADMIN, bind("db", Some(&db), Some(&anns), &[])),
+            bind(ADMIN, asked("db", Some(&db), Some(&anns), &[])),
             Ok(sticky(&db))
         );
         // In a thread nobody owns yet, a model-made binding is anyone's to replace.
         let model = binding("web", Kind::Model, "model");
         let unowned = Section::Thread { owner: None };
         assert_eq!(
-            authorize(BOB, in_section("db", Some(&db), unowned, Some(&model), &[])),
+            bind(BOB, in_section("db", Some(&db), unowned, Some(&model), &[])),
             Ok(sticky(&db))
         );
         // Anyone may return to local.
-        assert_eq!(
-            authorize(
-                BOB,
-                Act::Release {
-                    current: Some(&anns)
-                }
-            ),
-            Ok(Permit::Release { binding: &anns })
-        );
+        assert_eq!(release(BOB, Some(&anns)), Ok(Some(&anns)));
     }
 
     #[test]
@@ -588,45 +661,35 @@ mod tests {
         // Released (no binding) or model-made: ann's thread is still ann's.
         for current in [None, Some(&model)] {
             assert_eq!(
-                authorize(BOB, bind("db", Some(&db), current, &[])),
+                bind(BOB, asked("db", Some(&db), current, &[])),
                 Err(Denial::NotOwner {
                     owner: "ou_ann".into()
                 })
             );
-            assert_eq!(authorize(ANN, bind("db", Some(&db), current, &[])), sticky);
-            assert_eq!(
-                authorize(ADMIN, bind("db", Some(&db), current, &[])),
-                sticky
-            );
+            assert_eq!(bind(ANN, asked("db", Some(&db), current, &[])), sticky);
+            assert_eq!(bind(ADMIN, asked("db", Some(&db), current, &[])), sticky);
         }
         // A group chat itself: admins only. A one-to-one chat: its user.
         for (who, want) in [(BOB, Err(Denial::GroupAdminsOnly)), (ADMIN, sticky.clone())] {
             assert_eq!(
-                authorize(who, in_section("db", Some(&db), Section::Group, None, &[])),
+                bind(who, in_section("db", Some(&db), Section::Group, None, &[])),
                 want
             );
         }
         assert_eq!(
-            authorize(BOB, in_section("db", Some(&db), Section::Direct, None, &[])),
+            bind(BOB, in_section("db", Some(&db), Section::Direct, None, &[])),
             sticky
         );
         // Opening the model to a target is binding by proxy: the same rule.
-        let grant_on = |section| Act::GrantOn {
-            alias: Some("db"),
-            target: Some(&db),
-            section,
-        };
+        let grant_on = |who, section| grant(who, Some("db"), Some(&db), section);
         assert_eq!(
-            authorize(BOB, grant_on(ANNS)),
+            grant_on(BOB, ANNS),
             Err(Denial::NotOwner {
                 owner: "ou_ann".into()
             })
         );
-        assert_eq!(
-            authorize(BOB, grant_on(Section::Group)),
-            Err(Denial::GroupAdminsOnly)
-        );
-        assert_eq!(authorize(ANN, grant_on(ANNS)), Ok(Permit::Allowed));
+        assert_eq!(grant_on(BOB, Section::Group), Err(Denial::GroupAdminsOnly));
+        assert_eq!(grant_on(ANN, ANNS), Ok(()));
     }
 
     #[test]
@@ -634,12 +697,12 @@ mod tests {
         let mut web = facts("web", Status::Approved, true);
         let anns = binding("web", Kind::Sticky, "ou_ann");
         assert_eq!(
-            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            bind(ANN, asked("web", Some(&web), Some(&anns), &[])),
             Ok(Permit::AlreadyBound { target: &web })
         );
         web.generation = 2;
         assert_eq!(
-            authorize(ANN, bind("web", Some(&web), Some(&anns), &[])),
+            bind(ANN, asked("web", Some(&web), Some(&anns), &[])),
             Ok(Permit::Bind {
                 target: &web,
                 kind: Kind::Sticky,
@@ -647,9 +710,9 @@ mod tests {
             })
         );
         // The model neither takes it for its own nor replaces it.
-        let all = [grant(4, None)];
+        let all = [live_grant(4, None)];
         assert!(matches!(
-            authorize(Actor::Model, bind("web", Some(&web), Some(&anns), &all)),
+            bind(Actor::Model, asked("web", Some(&web), Some(&anns), &all)),
             Err(Denial::StickyHeld { .. })
         ));
     }
@@ -660,12 +723,12 @@ mod tests {
         let db = facts("db", Status::Approved, true);
         let m = Actor::Model;
         assert_eq!(
-            authorize(m, bind("web", Some(&web), None, &[])),
+            bind(m, asked("web", Some(&web), None, &[])),
             Err(Denial::NoGrant("web".into()))
         );
-        let only_web = [grant(3, Some("web"))];
+        let only_web = [live_grant(3, Some("web"))];
         assert_eq!(
-            authorize(m, bind("web", Some(&web), None, &only_web)),
+            bind(m, asked("web", Some(&web), None, &only_web)),
             Ok(Permit::Bind {
                 target: &web,
                 kind: Kind::Model,
@@ -673,12 +736,12 @@ mod tests {
             })
         );
         assert_eq!(
-            authorize(m, bind("db", Some(&db), None, &only_web)),
+            bind(m, asked("db", Some(&db), None, &only_web)),
             Err(Denial::NoGrant("db".into()))
         );
-        let all = [grant(4, None)];
+        let all = [live_grant(4, None)];
         assert_eq!(
-            authorize(m, bind("db", Some(&db), None, &all)),
+            bind(m, asked("db", Some(&db), None, &all)),
             Ok(Permit::Bind {
                 target: &db,
                 kind: Kind::Model,
@@ -687,47 +750,24 @@ mod tests {
         );
         let sticky = binding("web", Kind::Sticky, "ou_ann");
         assert!(matches!(
-            authorize(m, bind("db", Some(&db), Some(&sticky), &all)),
+            bind(m, asked("db", Some(&db), Some(&sticky), &all)),
             Err(Denial::StickyHeld { .. })
         ));
         assert!(matches!(
-            authorize(
-                m,
-                Act::Release {
-                    current: Some(&sticky)
-                }
-            ),
+            release(m, Some(&sticky)),
             Err(Denial::StickyHeld { .. })
         ));
         let model = binding("web", Kind::Model, "model");
-        assert_eq!(
-            authorize(
-                m,
-                Act::Release {
-                    current: Some(&model)
-                }
-            ),
-            Ok(Permit::Release { binding: &model })
-        );
-        assert_eq!(
-            authorize(
-                m,
-                Act::GrantOn {
-                    alias: None,
-                    target: None,
-                    section: ANNS,
-                }
-            ),
-            Err(Denial::UsersOnly)
-        );
+        assert_eq!(release(m, Some(&model)), Ok(Some(&model)));
+        assert_eq!(grant(m, None, None, ANNS), Err(Denial::UsersOnly));
         let refusal = Denial::NoGrant("web".into()).to_string();
         assert!(refusal.contains("/ssh use web") && refusal.contains("/ssh yolo on web"));
     }
 
     #[test]
     fn only_admins_decide() {
-        assert_eq!(authorize(ADMIN, Act::Decide), Ok(Permit::Allowed));
-        assert_eq!(authorize(ANN, Act::Decide), Err(Denial::NotAdmin));
-        assert_eq!(authorize(Actor::Model, Act::Decide), Err(Denial::NotAdmin));
+        assert_eq!(decide_target(ADMIN), Ok(()));
+        assert_eq!(decide_target(ANN), Err(Denial::NotAdmin));
+        assert_eq!(decide_target(Actor::Model), Err(Denial::NotAdmin));
     }
 }

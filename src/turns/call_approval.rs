@@ -24,6 +24,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use super::store::{CHANNEL, Fence, Fenced};
+use crate::authz::Approvers;
 
 /// The state of a turn whose call waits for a person (`turns.state`).
 pub const AWAITING: &str = "awaiting_approval";
@@ -42,43 +43,9 @@ pub(crate) const PARKED: &str =
 const CARD_RETRY_FIRST: Duration = Duration::from_secs(2);
 const CARD_RETRY_MAX: Duration = Duration::from_secs(120);
 
-/// Who may answer a parked call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Approvers {
-    /// Any admin (`SSHMODE_ADMINS`).
-    Admins,
-    /// The sender of the turn's latest message.
-    Requester,
-}
-
-impl Approvers {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Approvers::Admins => "admins",
-            Approvers::Requester => "requester",
-        }
-    }
-
-    /// Who may answer, as a card or a status line says it.
-    pub fn who(self) -> &'static str {
-        match self {
-            Approvers::Admins => "an admin",
-            Approvers::Requester => "the requester",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Approvers> {
-        match s {
-            "admins" => Some(Approvers::Admins),
-            "requester" => Some(Approvers::Requester),
-            _ => None,
-        }
-    }
-}
-
 /// Where a parked call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApprovalState {
+pub enum CallApprovalState {
     Waiting,
     Allowed,
     Denied,
@@ -88,24 +55,24 @@ pub enum ApprovalState {
     Stopped,
 }
 
-impl ApprovalState {
-    fn parse(s: &str) -> ApprovalState {
+impl CallApprovalState {
+    fn parse(s: &str) -> CallApprovalState {
         match s {
-            "allowed" => ApprovalState::Allowed,
-            "denied" => ApprovalState::Denied,
-            "expired" => ApprovalState::Expired,
-            "stopped" => ApprovalState::Stopped,
-            _ => ApprovalState::Waiting,
+            "allowed" => CallApprovalState::Allowed,
+            "denied" => CallApprovalState::Denied,
+            "expired" => CallApprovalState::Expired,
+            "stopped" => CallApprovalState::Stopped,
+            _ => CallApprovalState::Waiting,
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
-            ApprovalState::Waiting => "waiting",
-            ApprovalState::Allowed => "allowed",
-            ApprovalState::Denied => "denied",
-            ApprovalState::Expired => "expired",
-            ApprovalState::Stopped => "stopped",
+            CallApprovalState::Waiting => "waiting",
+            CallApprovalState::Allowed => "allowed",
+            CallApprovalState::Denied => "denied",
+            CallApprovalState::Expired => "expired",
+            CallApprovalState::Stopped => "stopped",
         }
     }
 }
@@ -146,7 +113,7 @@ pub struct Parked {
     pub turn_id: i64,
     pub call_key: String,
     pub section: String,
-    pub state: ApprovalState,
+    pub state: CallApprovalState,
     pub scope: Option<Scope>,
     pub ask: Ask,
     pub deadline: DateTime<Utc>,
@@ -172,7 +139,7 @@ fn row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Parked> {
         turn_id: r.try_get(0)?,
         call_key: r.try_get(1)?,
         section: r.try_get(2)?,
-        state: ApprovalState::parse(r.try_get::<&str, _>(3)?),
+        state: CallApprovalState::parse(r.try_get::<&str, _>(3)?),
         scope: scope.map(|s| {
             if s == "thread" {
                 Scope::Thread
@@ -319,13 +286,13 @@ pub async fn card_failed(db: &PgPool, turn_id: i64, key: &str) -> sqlx::Result<(
     Ok(())
 }
 
-/// Ends a wait that nobody answered: `state` is [`ApprovalState::Expired`] or
-/// [`ApprovalState::Stopped`]. Returns false when a decision got there first.
+/// Ends a wait that nobody answered: `state` is [`CallApprovalState::Expired`] or
+/// [`CallApprovalState::Stopped`]. Returns false when a decision got there first.
 pub async fn settle(
     fence: &Fence,
     turn_id: i64,
     key: &str,
-    state: ApprovalState,
+    state: CallApprovalState,
 ) -> Result<bool, Fenced> {
     let mut tx = fence.begin().await?;
     let n = sqlx::query(

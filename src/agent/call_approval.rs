@@ -5,7 +5,7 @@
 //! who answered by role and open_id ([`who`]): the service knows no display names (a card
 //! click carries only the clicker's open_id), while the card mentions them by name.
 //!
-//! The card goes out through [`super::ChatOut::show_approval`] (idempotent per turn and
+//! The card goes out through [`super::ChatOut::show_call_approval`] (idempotent per turn and
 //! call); a card that was not recorded — its post failed, or the runner died first — is posted
 //! by the turn resumed to do so. Where nobody can be asked (no card channel) or the command is
 //! too long to show whole, the call stays refused.
@@ -14,8 +14,9 @@ use serde_json::json;
 
 use super::tools::Asked;
 use super::{AgentDeps, StepApproval};
+use crate::authz::Approvers;
 use crate::config::Risky;
-use crate::turns::approval::{self as parked, ApprovalState, Approvers, Ask, Parked, Scope};
+use crate::turns::call_approval::{self as parked, Ask, CallApprovalState, Parked, Scope};
 use crate::turns::{ActiveTurn, Fenced};
 
 /// The longest command an approval card shows (bytes); a longer one is refused, not asked:
@@ -24,7 +25,7 @@ pub const MAX_SHOWN_COMMAND: usize = 2000;
 
 /// What a card for a parked call needs: where to post it and what it shows.
 #[derive(Debug, Clone)]
-pub struct ApprovalCard {
+pub struct CallApprovalCard {
     pub chat_id: String,
     /// The turn's latest message, which the card answers in its thread.
     pub reply_to: String,
@@ -85,20 +86,20 @@ pub(super) async fn resumed(
         return Ok(Resumed::NotParked);
     };
     Ok(match p.state {
-        ApprovalState::Waiting if p.stop_requested => {
-            parked::settle(&turn.fence, turn.id, key, ApprovalState::Stopped).await?;
+        CallApprovalState::Waiting if p.stop_requested => {
+            parked::settle(&turn.fence, turn.id, key, CallApprovalState::Stopped).await?;
             show(deps, turn, key).await;
             Resumed::Stopped(STOPPED.into(), place(&p))
         }
-        ApprovalState::Waiting if p.overdue => {
-            if !parked::settle(&turn.fence, turn.id, key, ApprovalState::Expired).await? {
+        CallApprovalState::Waiting if p.overdue => {
+            if !parked::settle(&turn.fence, turn.id, key, CallApprovalState::Expired).await? {
                 // A decision landed between the read and the settle: read it again.
                 return Box::pin(resumed(deps, turn, key)).await;
             }
             show(deps, turn, key).await;
             Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
         }
-        ApprovalState::Waiting => {
+        CallApprovalState::Waiting => {
             let approvers = p.ask.approvers;
             parked::keep_waiting(&turn.fence, turn.id).await?;
             if p.card_message_id.is_none() {
@@ -107,8 +108,8 @@ pub(super) async fn resumed(
             }
             Resumed::Wait(approvers)
         }
-        ApprovalState::Allowed if p.started => Resumed::Interrupted,
-        ApprovalState::Allowed => {
+        CallApprovalState::Allowed if p.started => Resumed::Interrupted,
+        CallApprovalState::Allowed => {
             parked::mark_started(&turn.fence, turn.id, key).await?;
             let by = p.decided_by.unwrap_or_default();
             Resumed::Run {
@@ -123,7 +124,7 @@ pub(super) async fn resumed(
                 },
             }
         }
-        ApprovalState::Denied => {
+        CallApprovalState::Denied => {
             let by = p.decided_by.clone().unwrap_or_default();
             Resumed::Result(
                 format!(
@@ -137,10 +138,10 @@ pub(super) async fn resumed(
                 place(&p),
             )
         }
-        ApprovalState::Expired => {
+        CallApprovalState::Expired => {
             Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
         }
-        ApprovalState::Stopped => Resumed::Stopped(STOPPED.into(), place(&p)),
+        CallApprovalState::Stopped => Resumed::Stopped(STOPPED.into(), place(&p)),
     })
 }
 
@@ -256,9 +257,9 @@ pub(super) async fn park(
     Ok(Park::Waiting(approvers))
 }
 
-fn card(turn: &ActiveTurn, parked: Parked) -> Option<ApprovalCard> {
+fn card(turn: &ActiveTurn, parked: Parked) -> Option<CallApprovalCard> {
     let last = turn.messages.last()?;
-    Some(ApprovalCard {
+    Some(CallApprovalCard {
         chat_id: turn.chat_id.clone(),
         reply_to: last.message_id.clone(),
         in_thread: last.in_thread,
@@ -271,7 +272,7 @@ fn card(turn: &ActiveTurn, parked: Parked) -> Option<ApprovalCard> {
 async fn post(deps: &AgentDeps, turn: &ActiveTurn, p: Parked) {
     let Some(c) = card(turn, p) else { return };
     let key = &c.parked.call_key;
-    match deps.out.show_approval(&c).await {
+    match deps.out.show_call_approval(&c).await {
         Ok(Some(id)) => {
             if let Err(e) = parked::set_card(&deps.db, turn.id, key, &id).await {
                 tracing::warn!(turn.section = %turn.section, error = %e, "recording an approval card failed");

@@ -1,9 +1,10 @@
 //! Admin approval of targets: a card to each admin (`SSHMODE_ADMINS`, one-to-one) when a
 //! target becomes pending, decisions by card click or by `/ssh approve|reject`, and the cards
 //! rewritten afterwards to show who decided and when. Owns `approval_cards` and
-//! `card_decisions`. Who may decide is [`super::authz`]'s call, through
-//! [`change::decide`]. Never: answers a click synchronously with anything but a toast
-//! (the platform's callback path makes no outbound call).
+//! `card_decisions`. Who may decide is [`authz::decide_target`]'s call, through
+//! [`change::decide`] (and for a click's toast, [`click_toast`]). Never: answers a click
+//! synchronously with anything but a toast (the platform's callback path makes no outbound
+//! call).
 
 use std::time::Duration;
 
@@ -12,10 +13,10 @@ use serde_json::Value;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
-use super::authz::{Actor, Denial};
 use super::change::{self, Decision};
 use super::dispatch::Deps;
-use super::port::{ApprovalView, CardState};
+use super::port::{TargetApprovalView, TargetCardState, Toast};
+use crate::authz::{self, Actor, Denial};
 use crate::target::{self, Status};
 
 /// How often pending targets are looked for.
@@ -81,33 +82,24 @@ fn read_value(v: &Value) -> Option<Pressed> {
     })
 }
 
-/// The immediate toast for a click: computed without I/O.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Toast {
-    /// `success`, `info`, `warning` or `error`.
-    pub kind: &'static str,
-    pub text: String,
-}
-
-/// What a click is told at once (`None` for a button that is not an approval's: no answer);
-/// the decision itself is applied by a worker.
-pub fn click_toast(is_admin: bool, value: &Value) -> Option<Toast> {
+/// What a click by `actor` is told at once (`None` for a button that is not a target
+/// approval's: no answer); the decision itself is applied by a worker.
+pub fn click_toast(actor: Actor<'_>, value: &Value) -> Option<Toast> {
     let Pressed {
         alias, decision: d, ..
     } = read_value(value)?;
-    Some(if is_admin {
-        Toast {
+    Some(match authz::decide_target(actor) {
+        Ok(()) => Toast {
             kind: "info",
             text: format!(
                 "Received: `{alias}` will be {}. The card updates shortly.",
                 d.word()
             ),
-        }
-    } else {
-        Toast {
+        },
+        Err(refused) => Toast {
             kind: "error",
-            text: "Only an admin can approve or reject targets.".into(),
-        }
+            text: refused.to_string(),
+        },
     })
 }
 
@@ -162,7 +154,7 @@ pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
         Ok(Ok(_)) => return update_cards(deps, alias).await,
         Ok(Err(Denial::Expired(_))) => {
             deps.admins
-                .update_approval(&click.message_id, &expired_view(&pressed))
+                .update_target_approval(&click.message_id, &expired_view(&pressed))
                 .await
         }
         Ok(Err(_)) => Ok(()),
@@ -183,19 +175,19 @@ pub async fn apply_click(deps: &Deps, click: &Click) -> anyhow::Result<()> {
 }
 
 /// A card whose click no longer applies, as it is rewritten: what it showed, marked expired.
-fn expired_view(p: &Pressed) -> ApprovalView {
-    ApprovalView {
+fn expired_view(p: &Pressed) -> TargetApprovalView {
+    TargetApprovalView {
         alias: p.alias.clone(),
         generation: p.generation.unwrap_or_default(),
         destination: None,
         added_by: None,
         fingerprint: p.fingerprint.clone().flatten(),
-        state: CardState::Expired,
+        state: TargetCardState::Expired,
     }
 }
 
-fn view(t: &target::Target, state: CardState) -> ApprovalView {
-    ApprovalView {
+fn view(t: &target::Target, state: TargetCardState) -> TargetApprovalView {
+    TargetApprovalView {
         alias: t.alias.clone(),
         generation: t.generation,
         destination: Some(t.destination()),
@@ -238,14 +230,14 @@ pub async fn update_cards(deps: &Deps, alias: &str) -> anyhow::Result<()> {
     .await?;
     let v = view(
         &t,
-        CardState::Decided {
+        TargetCardState::Decided {
             by,
             what,
             when: at.format("%Y-%m-%d %H:%M UTC").to_string(),
         },
     );
     for (_, message_id) in cards {
-        deps.admins.update_approval(&message_id, &v).await?;
+        deps.admins.update_target_approval(&message_id, &v).await?;
     }
     Ok(())
 }
@@ -299,7 +291,7 @@ pub async fn notify_pending(deps: &Deps) -> anyhow::Result<usize> {
         let key = format!("approval:{generation}:{admin}");
         let message_id = deps
             .admins
-            .send_approval(&admin, &view(&t, CardState::Pending), &key)
+            .send_target_approval(&admin, &view(&t, TargetCardState::Pending), &key)
             .await?;
         sqlx::query(
             "UPDATE approval_cards SET message_id = $3, sent_at = $4 WHERE generation = $1 AND admin = $2",

@@ -2,18 +2,20 @@
 //! thread) shows where the command would run, the directory, the command whole in a code
 //! block, the reason, what Allow in this thread would cover (exactly this command, or the
 //! command's form with the classes its data operands may range over), and the buttons Allow
-//! once, Allow in this thread and Deny; once decided, who decided and when. A button's value carries the turn, the call, the
-//! requester's open_id and the approver policy, so a click is triaged without I/O
-//! ([`toast`]) and applied by an inbox worker ([`apply`]): recorded once (a second click
-//! changes nothing), audited, and the card rewritten.
+//! once, Allow in this thread and Deny; once decided, who decided and when. A button's value
+//! carries the turn, the call, the requester's open_id and the approver policy, so a click is
+//! triaged without I/O ([`toast`]) and applied by an inbox worker ([`apply`]): recorded once (a
+//! second click changes nothing), audited, and the card rewritten. Who may answer is
+//! [`authz::decide_call`]'s call.
 
 use anyhow::Context as _;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::chat::approval::Toast;
+use crate::authz::{self, Actor, Approvers};
+use crate::chat::Toast;
 use crate::lark::markup;
-use crate::turns::approval::{self as parked, ApprovalState, Approvers, Decided, Parked, Scope};
+use crate::turns::call_approval::{self as parked, CallApprovalState, Decided, Parked, Scope};
 
 /// The `act` of a button of this card.
 const ACT: &str = "call_approval";
@@ -61,33 +63,23 @@ pub fn read(value: &Value) -> Option<Pressed> {
     })
 }
 
-/// Whether `operator` may decide: an admin, or (for `requester` cards) the requester too.
-pub fn may_decide(p: &Pressed, operator: &str, is_admin: bool) -> bool {
-    is_admin || (p.approvers == Approvers::Requester && operator == p.requester)
-}
-
-/// The immediate answer to a click on this card, without I/O; `None` for other buttons.
-pub fn toast(value: &Value, operator: &str, is_admin: bool) -> Option<Toast> {
+/// The immediate answer to a click by `actor` on this card, without I/O; `None` for other
+/// buttons.
+pub fn toast(value: &Value, actor: Actor<'_>) -> Option<Toast> {
     let p = read(value)?;
-    Some(if may_decide(&p, operator, is_admin) {
-        Toast {
+    Some(match authz::decide_call(actor, &p.requester, p.approvers) {
+        Ok(()) => Toast {
             kind: "info",
             text: match p.scope {
                 Some(Scope::Once) => "Allowed once. The card updates shortly.".into(),
                 Some(Scope::Thread) => "Allowed in this thread. The card updates shortly.".into(),
                 None => "Denied. The card updates shortly.".into(),
             },
-        }
-    } else {
-        Toast {
+        },
+        Err(refused) => Toast {
             kind: "error",
-            text: match p.approvers {
-                Approvers::Admins => "Only an admin can answer this approval.".into(),
-                Approvers::Requester => {
-                    "Only the person who asked, or an admin, can answer this approval.".into()
-                }
-            },
-        }
+            text: refused.to_string(),
+        },
     })
 }
 
@@ -97,20 +89,20 @@ pub struct Applied {
     pub rewrite: Option<(String, Value)>,
 }
 
-/// Applies a click: a stranger's changes nothing (audited as refused); an allowed person's
-/// decision is recorded once and audited, and the card is to be rewritten.
+/// Applies a click by `actor`: a stranger's changes nothing (audited as refused); an allowed
+/// person's decision is recorded once and audited, and the card is to be rewritten.
 pub async fn apply(
     db: &PgPool,
     value: &Value,
-    operator: &str,
-    is_admin: bool,
+    actor: Actor<'_>,
     card_message_id: &str,
     thread_for: std::time::Duration,
 ) -> anyhow::Result<Applied> {
     let Some(p) = read(value) else {
         return Ok(Applied { rewrite: None });
     };
-    let may = may_decide(&p, operator, is_admin);
+    let operator = actor.name();
+    let may = authz::decide_call(actor, &p.requester, p.approvers).is_ok();
     let decision = match p.scope {
         Some(s) => s.as_str(),
         None => "deny",
@@ -190,7 +182,7 @@ pub fn card(p: &Parked) -> Value {
         markup::plain(&p.ask.reason, 500),
         p.ask.command
     );
-    if p.state == ApprovalState::Waiting || p.scope == Some(Scope::Thread) {
+    if p.state == CallApprovalState::Waiting || p.scope == Some(Scope::Thread) {
         // What the allowance covers, as plain text in its own block (it quotes the command).
         let fence = "`".repeat(longest_backtick_run(&p.ask.covers).max(2) + 1);
         body.push_str(&format!(
@@ -206,7 +198,7 @@ pub fn card(p: &Parked) -> Value {
     };
     let by = person(p.decided_by.as_deref().unwrap_or_default());
     let (title, template, note) = match p.state {
-        ApprovalState::Waiting => {
+        CallApprovalState::Waiting => {
             for (label, kind, d, id) in [
                 ("Allow once", "primary", "once", "btn_once"),
                 ("Allow in this thread", "default", "thread", "btn_thread"),
@@ -235,7 +227,7 @@ pub fn card(p: &Parked) -> Value {
                 ),
             )
         }
-        ApprovalState::Allowed => (
+        CallApprovalState::Allowed => (
             "Command allowed",
             "green",
             format!(
@@ -247,17 +239,17 @@ pub fn card(p: &Parked) -> Value {
                 when(p.decided_at)
             ),
         ),
-        ApprovalState::Denied => (
+        CallApprovalState::Denied => (
             "Command denied",
             "red",
             format!("**Denied** by {by} at {}", when(p.decided_at)),
         ),
-        ApprovalState::Expired => (
+        CallApprovalState::Expired => (
             "Approval expired",
             "grey",
             format!("**No answer** by {}: denied", when(Some(p.deadline))),
         ),
-        ApprovalState::Stopped => (
+        CallApprovalState::Stopped => (
             "Approval ended",
             "grey",
             format!("**Stopped** by /stop at {}", when(p.decided_at)),
@@ -304,7 +296,7 @@ mod tests {
             turn_id: 7,
             call_key: "12:call_0".into(),
             section: "omt_x".into(),
-            state: ApprovalState::Waiting,
+            state: CallApprovalState::Waiting,
             scope: None,
             ask: parked::Ask {
                 command: command.into(),
@@ -356,7 +348,7 @@ mod tests {
     #[test]
     fn the_decided_card_names_the_approver_by_a_mention_and_never_renders_other_markup() {
         let mut p = parked("rm -rf /x");
-        p.state = ApprovalState::Allowed;
+        p.state = CallApprovalState::Allowed;
         p.scope = Some(Scope::Once);
         p.decided_by = Some("ou_admin".into());
         let note = |p: &Parked| card(p)["body"]["elements"][1]["content"].to_string();
@@ -367,7 +359,7 @@ mod tests {
         );
         p.decided_by = Some("<at id=all></at>".into());
         assert!(!note(&p).contains("<at"), "{}", note(&p));
-        p.state = ApprovalState::Waiting;
+        p.state = CallApprovalState::Waiting;
         p.ask.approvers = Approvers::Requester;
         let waiting = card(&p).to_string();
         assert!(waiting.contains("asked (<at id=ou_req></at>)"), "{waiting}");
@@ -403,7 +395,7 @@ mod tests {
             text(&p)
         );
         // Once decided, only an allowance in the thread still says what it covers.
-        p.state = ApprovalState::Allowed;
+        p.state = CallApprovalState::Allowed;
         p.scope = Some(Scope::Once);
         assert!(!text(&p).contains("covers"), "{}", text(&p));
         p.scope = Some(Scope::Thread);
@@ -417,13 +409,15 @@ mod tests {
     #[test]
     fn clicks_are_triaged_from_the_value_alone() {
         let mut p = parked("rm -rf /x");
+        let user = |open_id, admin| Actor::User { open_id, admin };
         let v = button_value(&p, "once");
-        assert_eq!(toast(&v, "ou_req", false).unwrap().kind, "error");
-        assert_eq!(toast(&v, "ou_admin", true).unwrap().kind, "info");
+        assert_eq!(toast(&v, user("ou_req", false)).unwrap().kind, "error");
+        assert_eq!(toast(&v, user("ou_admin", true)).unwrap().kind, "info");
         p.ask.approvers = Approvers::Requester;
         let v = button_value(&p, "deny");
-        assert_eq!(toast(&v, "ou_req", false).unwrap().kind, "info");
-        assert_eq!(toast(&v, "ou_other", false).unwrap().kind, "error");
-        assert!(toast(&json!({"act": "approve", "alias": "web"}), "ou_req", true).is_none());
+        assert_eq!(toast(&v, user("ou_req", false)).unwrap().kind, "info");
+        assert_eq!(toast(&v, user("ou_other", false)).unwrap().kind, "error");
+        let other = json!({"act": "approve", "alias": "web"});
+        assert!(toast(&other, user("ou_req", true)).is_none());
     }
 }

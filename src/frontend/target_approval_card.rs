@@ -1,15 +1,15 @@
-//! Cards (JSON 2.0) the service sends: the admin approval card. Rendering only; what a card
-//! says comes from the chat domain.
+//! The approval card of a target (JSON 2.0), sent to each admin one-to-one. Rendering only;
+//! what it says comes from the chat domain ([`crate::chat::target_approval`]).
 
 use serde_json::{Value, json};
 
-use crate::chat::approval::button_value;
 use crate::chat::change::Decision;
-use crate::chat::{ApprovalView, CardState};
+use crate::chat::target_approval;
+use crate::chat::{TargetApprovalView, TargetCardState};
 
 /// The approval card for a target: pending (with Approve and Reject buttons, whose values
 /// carry the generation and host key shown), decided, or expired.
-pub fn approval(v: &ApprovalView) -> Value {
+pub fn card(v: &TargetApprovalView) -> Value {
     let mut lines = format!("**{}**", v.alias);
     if let Some(d) = &v.destination {
         lines.push_str(&format!(" → `{d}`"));
@@ -23,12 +23,17 @@ pub fn approval(v: &ApprovalView) -> Value {
     let mut elements =
         vec![json!({"tag": "markdown", "element_id": "md_target", "content": lines})];
     let (title, template) = match &v.state {
-        CardState::Pending => {
+        TargetCardState::Pending => {
             for (label, kind, d, id) in [
                 ("Approve", "primary", Decision::Approve, "btn_approve"),
                 ("Reject", "danger", Decision::Reject, "btn_reject"),
             ] {
-                let value = button_value(&v.alias, v.generation, v.fingerprint.as_deref(), d);
+                let value = target_approval::button_value(
+                    &v.alias,
+                    v.generation,
+                    v.fingerprint.as_deref(),
+                    d,
+                );
                 elements.push(json!({
                     "tag": "button", "element_id": id,
                     "text": {"tag": "plain_text", "content": label},
@@ -38,7 +43,7 @@ pub fn approval(v: &ApprovalView) -> Value {
             }
             ("Approve SSH target?".to_string(), "orange")
         }
-        CardState::Decided { by, what, when } => {
+        TargetCardState::Decided { by, what, when } => {
             elements.push(json!({
                 "tag": "markdown", "element_id": "md_decided",
                 "content": format!("**{}** by {by} at {when}", capitalised(what)),
@@ -48,7 +53,7 @@ pub fn approval(v: &ApprovalView) -> Value {
                 if what == "approved" { "green" } else { "red" },
             )
         }
-        CardState::Expired => {
+        TargetCardState::Expired => {
             elements.push(json!({
                 "tag": "markdown", "element_id": "md_expired",
                 "content": "**Expired**: this target was decided, removed, added again or given another host key since this card was sent. Nothing was decided; a pending target gets a new card.",
