@@ -441,6 +441,27 @@ pub fn decide_call(actor: Actor<'_>, requester: &str, approvers: Approvers) -> R
     }
 }
 
+/// What an MCP token was issued for, as far as where it may work goes.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenScope<'a> {
+    /// The service's own machine.
+    pub local: bool,
+    /// Every target.
+    pub all_targets: bool,
+    /// The targets named at issue.
+    pub targets: &'a [String],
+}
+
+/// Whether a token issued for `scope` may use `target` (`local` for the service's own
+/// machine). A target must also be approved, with every jump host on its way among the
+/// token's targets; that is checked when it is used.
+pub fn use_target(scope: TokenScope<'_>, target: &str) -> bool {
+    if target == "local" {
+        return scope.local;
+    }
+    scope.all_targets || scope.targets.iter().any(|t| t == target)
+}
+
 /// Whether a click on a progress card's Stop button, sent to `card_chat`, may stop its task:
 /// it must come from that chat (`click_chat`). Lark delivers a click only from someone who
 /// sees the card, so a click from that chat is a member's; a card forwarded into another chat

@@ -69,10 +69,12 @@ impl Token {
     /// Whether it may use `target` (`local` for the service's own machine). A target must
     /// also be approved when used; that is checked then.
     pub fn may_use(&self, target: &str) -> bool {
-        if target == "local" {
-            return self.local;
-        }
-        self.all_targets || self.targets.iter().any(|t| t == target)
+        let scope = crate::authz::TokenScope {
+            local: self.local,
+            all_targets: self.all_targets,
+            targets: &self.targets,
+        };
+        crate::authz::use_target(scope, target)
     }
 }
 
