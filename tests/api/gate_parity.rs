@@ -270,3 +270,103 @@ async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding
     .unwrap();
     assert_eq!(leaked, 0);
 }
+
+/// Lines typed into a local interactive shell, at read-write in the same workspace: what is
+/// sent, what is refused and its audit row are the same through the chat agent's
+/// `shell_write` and MCP's.
+#[tokio::test]
+async fn typed_lines_get_the_same_verdicts_and_audit_rows_through_both() {
+    let env = Env::builder()
+        .vars(&[("SSHMODE_MCP_LISTEN", "127.0.0.1:0")])
+        .spawn()
+        .await;
+    let tag = unique("parity_sh");
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let dir = root.join("projects").join(&tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let shared = format!("projects/{tag}");
+    let url = format!("http://{}/mcp", env.app.state.mcp_addr.unwrap());
+    let lines = [
+        ("echo parity-line\r", true),
+        ("rm -rf /\r", false),
+        ("echo x > /etc/parity-typed\r", false),
+        ("cd / && rm -r etc\r", false),
+    ];
+    let mut differ = Vec::new();
+    for (i, (line, sent)) in lines.iter().enumerate() {
+        let section = unique("oc_parity_sh");
+        read_write(&env, &section, &shared).await;
+        let id = crate::terminals::opened_by_the_model(&env, &section).await;
+        let r = crate::terminals::typed_by_the_model(&env, &section, &id, &[line], 2).await;
+        let chat_text = r.last().expect("a tool result").replace(&id, "SHELL");
+        let chat_refused = chat_text.starts_with("[local] error: ");
+        let chat_text = chat_text
+            .strip_prefix("[local] error: ")
+            .unwrap_or(&chat_text)
+            .to_string();
+        let chat_rows: Vec<Vec<Option<String>>> = rows(&env, &section)
+            .await
+            .into_iter()
+            .map(|r| r.into_iter().map(|c| c.map(|c| c.replace(&id, "SHELL"))).collect())
+            .collect();
+
+        let name = format!("paritysh{i}-{}", unique("t"));
+        let token = token::create(
+            &env.app.state.db,
+            &NewToken {
+                name: name.clone(),
+                targets: Vec::new(),
+                all_targets: false,
+                local: true,
+                permission: Permission::Full,
+                expires_at: None,
+            },
+            "operator",
+        )
+        .await
+        .unwrap();
+        let mcp_section = format!("mcp:{name}");
+        read_write(&env, &mcp_section, &shared).await;
+        let out = crate::mcp::client(json!({
+            "url": url,
+            "token": token,
+            "mode": "2026-07-28",
+            "steps": [
+                {"tool": "shell_open", "args": {"target": "local"}},
+                {"tool": "shell_write", "args": {"shell_id": "{{0.shell_id}}", "data": line}},
+            ],
+        }))
+        .await;
+        assert!(out.get("error").is_none(), "{line}: {out}");
+        let opened = &out["results"][0];
+        assert_eq!(opened["is_error"], false, "{line}: {out}");
+        let mcp_id = opened["structured"]["shell_id"].as_str().unwrap().to_string();
+        let w = &out["results"][1];
+        let mcp_refused = w["is_error"] == true;
+        let mcp_rows: Vec<Vec<Option<String>>> = rows(&env, &mcp_section)
+            .await
+            .into_iter()
+            .map(|r| r.into_iter().map(|c| c.map(|c| c.replace(&mcp_id, "SHELL"))).collect())
+            .collect();
+
+        assert_eq!(chat_refused, !sent, "{line}: chat: {chat_text}");
+        if chat_refused != mcp_refused {
+            differ.push(format!("{line}: chat refused {chat_refused}, MCP {mcp_refused}"));
+        }
+        if chat_refused && mcp_refused {
+            let mcp_text = w["text"].as_str().unwrap_or_default().replace(&mcp_id, "SHELL");
+            if chat_text != mcp_text {
+                differ.push(format!(
+                    "{line}: the texts differ:\n  chat: {chat_text}\n  mcp:  {mcp_text}"
+                ));
+            }
+        }
+        if chat_rows != mcp_rows {
+            differ.push(format!(
+                "{line}: the audit rows differ:\n  chat: {chat_rows:?}\n  mcp:  {mcp_rows:?}"
+            ));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}

@@ -527,7 +527,7 @@ async fn approving(builder: crate::agent::EnvBuilder) -> Env {
 
 /// One turn in which the model types each of `writes` into shell `id` of `section`, the
 /// section's `turns`-th; the tool results of the section so far.
-async fn typed_by_the_model(
+pub(crate) async fn typed_by_the_model(
     env: &Env,
     section: &str,
     id: &str,
@@ -859,7 +859,7 @@ async fn shell_env(place: &Place, section: &str) -> Env {
 }
 
 /// The model opens a shell in `section` (its first turn); its id.
-async fn opened_by_the_model(env: &Env, section: &str) -> String {
+pub(crate) async fn opened_by_the_model(env: &Env, section: &str) -> String {
     env.llm
         .push(MODEL, call("shell_open", json!({})))
         .push(MODEL, say("opened"));
