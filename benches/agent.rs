@@ -3,7 +3,10 @@
 //! by the real runner, local and against a real OpenSSH server on loopback. A step is the time
 //! between two consecutive model requests of a turn; the overhead is that minus the model's
 //! round trip (measured through the router alone) and the command's (the terminal tool alone),
-//! both measured just before each turn so that they share the steps' conditions.
+//! both measured just before each turn so that they share the steps' conditions. Beside the SSH
+//! steps, the same `true` through OpenSSH's own client and a ControlMaster opened once on the
+//! same sshd, measured just before each turn too: the step's ratio to it is what later changes
+//! are held to.
 //!
 //! Run as root with `bash scripts/bench.sh agent` (it provides TEST_DATABASE_URL).
 
@@ -143,6 +146,11 @@ async fn run() {
     let key = dir.join("bench_key");
     sshd::new_key(&key, "ed25519", "");
     sshd.authorize(&dir.join("bench_key.pub"));
+    support::openssh::trust_host(dir, sshd.port, &dir.join("sshd/host_key.pub"));
+    let cm = support::openssh::ControlMaster::open(dir, &key, sshd.port, sshd::USER);
+    for _ in 0..20 {
+        cm.run(&["true"]);
+    }
 
     let mut vars = HashMap::new();
     vars.insert("DATABASE_URL".to_string(), db_url);
@@ -222,9 +230,9 @@ async fn run() {
         ms(read_p99)
     );
     println!(
-        "| backend | model round trip (router alone) median / p99 | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) | per step: transactions / WAL flushes |"
+        "| backend | model round trip (router alone) median / p99 | command round trip (terminal tool alone) median / p99 | step median / p99 | overhead median / p99 (step − model − command medians) | per step: transactions / WAL flushes | `ssh true` through an open ControlMaster median / p99 | step / ControlMaster (medians) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (label, place) in [("local", Place::Local), ("ssh", Place::Target("t".into()))] {
         let never = CancellationToken::new();
         let ops = exec.ops_for("bench_baseline", &place).await.unwrap();
@@ -235,6 +243,8 @@ async fn run() {
         }
         let mut cmd_rt = Vec::with_capacity(RUNS_PER_TURN * TURNS);
         let mut model_rt = Vec::with_capacity(RUNS_PER_TURN * TURNS);
+        // OpenSSH through the ControlMaster, beside the steps over SSH.
+        let mut cm_rt = Vec::with_capacity(RUNS_PER_TURN * TURNS);
 
         let agent = sshmode::agent::Agent::new(sshmode::agent::AgentDeps {
             db: db.clone(),
@@ -300,6 +310,11 @@ async fn run() {
                     model_rt.push(t.elapsed());
                     // The router's read of its entry state, not the turn's.
                     polls += 1;
+                    if matches!(place, Place::Target(_)) {
+                        let t = Instant::now();
+                        cm.run(&["true"]);
+                        cm_rt.push(t.elapsed());
+                    }
                 }
             }
             arrivals.lock().unwrap().clear();
@@ -378,8 +393,19 @@ async fn run() {
         let (cmd_med, cmd_p99) = percentiles(cmd_rt);
         let (model_med, model_p99) = percentiles(model_rt);
         let over = |d: Duration| d.saturating_sub(model_med + cmd_med);
+        let versus_cm = if cm_rt.is_empty() {
+            "— | —".to_string()
+        } else {
+            let (cm_med, cm_p99) = percentiles(cm_rt);
+            format!(
+                "{} / {} | {:.2}×",
+                ms(cm_med),
+                ms(cm_p99),
+                step_med.as_secs_f64() / cm_med.as_secs_f64()
+            )
+        };
         println!(
-            "| {label} | {} / {} | {} / {} | {} / {} | {} / {} | {xacts:.1} / {flushes:.1} |",
+            "| {label} | {} / {} | {} / {} | {} / {} | {} / {} | {xacts:.1} / {flushes:.1} | {versus_cm} |",
             ms(model_med),
             ms(model_p99),
             ms(cmd_med),
@@ -390,6 +416,7 @@ async fn run() {
             ms(over(step_p99))
         );
     }
+    drop(cm);
     drop(sshd);
 }
 

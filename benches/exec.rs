@@ -18,7 +18,6 @@ mod support;
 mod sshd;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::process::{Command as Proc, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,27 +66,6 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Common OpenSSH client options: no user config, strict host-key checking against the
-/// fixture's key, the benchmark key.
-fn ssh_opts(dir: &Path, key: &Path, port: u16) -> Vec<String> {
-    vec![
-        "-F".into(),
-        "/dev/null".into(),
-        "-o".into(),
-        "BatchMode=yes".into(),
-        "-o".into(),
-        "StrictHostKeyChecking=yes".into(),
-        "-o".into(),
-        format!("UserKnownHostsFile={}", dir.join("known_hosts").display()),
-        "-o".into(),
-        "IdentitiesOnly=yes".into(),
-        "-i".into(),
-        key.display().to_string(),
-        "-o".into(),
-        format!("Port={port}"),
-    ]
-}
-
 async fn run() {
     let db_url = database::fresh_database().await;
 
@@ -98,12 +76,7 @@ async fn run() {
     let key = dir.join("bench_key");
     sshd::new_key(&key, "ed25519", "");
     sshd.authorize(&dir.join("bench_key.pub"));
-    let host_pub = std::fs::read_to_string(dir.join("sshd/host_key.pub")).unwrap();
-    std::fs::write(
-        dir.join("known_hosts"),
-        format!("[127.0.0.1]:{port} {host_pub}"),
-    )
-    .unwrap();
+    support::openssh::trust_host(dir, port, &dir.join("sshd/host_key.pub"));
 
     let mut vars = HashMap::new();
     vars.insert("DATABASE_URL".to_string(), db_url);
@@ -194,57 +167,14 @@ async fn run() {
     );
 
     // OpenSSH ControlMaster, opened once.
-    let cm = dir.join("cm");
-    let opts = ssh_opts(dir, &key, port);
-    let target = format!("{}@127.0.0.1", sshd::USER);
-    let mut master = Proc::new("ssh")
-        .args(&opts)
-        .args(["-o", "ControlMaster=yes", "-o"])
-        .arg(format!("ControlPath={}", cm.display()))
-        .args(["-N", &target])
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let check = || {
-        Proc::new("ssh")
-            .args(&opts)
-            .arg("-o")
-            .arg(format!("ControlPath={}", cm.display()))
-            .args(["-O", "check", &target])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    let mut ready = false;
-    for _ in 0..500 {
-        if check() {
-            ready = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(ready, "ControlMaster did not come up");
-    let via_cm = |args: &[&str]| {
-        let st = Proc::new("ssh")
-            .args(&opts)
-            .arg("-o")
-            .arg(format!("ControlPath={}", cm.display()))
-            .arg(&target)
-            .args(args)
-            .stdin(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
+    let cm = support::openssh::ControlMaster::open(dir, &key, port, sshd::USER);
     for _ in 0..10 {
-        via_cm(&["true"]);
+        cm.run(&["true"]);
     }
     let mut cmv = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
         let t = Instant::now();
-        via_cm(&["true"]);
+        cm.run(&["true"]);
         cmv.push(t.elapsed());
     }
     let (cm_med, _) = stats("`ssh` through an open ControlMaster", cmv);
@@ -252,8 +182,8 @@ async fn run() {
     for _ in 0..FRESH_RUNS {
         let t = Instant::now();
         let st = Proc::new("ssh")
-            .args(&opts)
-            .args(["-o", "ControlPath=none", &target, "true"])
+            .args(cm.opts())
+            .args(["-o", "ControlPath=none", cm.target(), "true"])
             .stdin(Stdio::null())
             .status()
             .unwrap();
@@ -350,7 +280,7 @@ async fn run() {
                 dir.join("known_hosts").display()
             ))
             .arg("-o")
-            .arg(format!("ControlPath={}", cm.display()))
+            .arg(format!("ControlPath={}", cm.path().display()))
             .args([
                 "-P",
                 &port.to_string(),
@@ -363,7 +293,7 @@ async fn run() {
             .unwrap();
         assert!(st.success());
     };
-    let remote_scp = format!("{target}:/home/{}/bench-scp.bin", sshd::USER);
+    let remote_scp = format!("{}:/home/{}/bench-scp.bin", cm.target(), sshd::USER);
     let mut w = Vec::new();
     let mut r = Vec::new();
     for _ in 0..FILE_RUNS {
@@ -385,8 +315,7 @@ async fn run() {
         sw.as_secs_f64() / bw.as_secs_f64(),
         sr.as_secs_f64() / br.as_secs_f64()
     );
-    let _ = master.kill();
-    let _ = master.wait();
+    drop(cm);
 
     drop(held);
     drop(exec);

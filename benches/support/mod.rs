@@ -1,7 +1,9 @@
 //! What the benchmarks share: their arguments, percentiles, the load generator's own thread,
-//! and an approved target on a loopback sshd.
+//! an approved target on a loopback sshd, and OpenSSH through a ControlMaster ([`openssh`]).
 
 use std::time::Duration;
+
+pub mod openssh;
 
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

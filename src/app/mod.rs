@@ -231,7 +231,7 @@ impl App {
                     metrics: metrics.clone(),
                 });
                 let status = client.status();
-                tasks.spawn(client.run(deliver, shutdown.clone()));
+                tasks.spawn(client.run(deliver, shutdown.clone(), tasks.clone()));
                 Some(status)
             }
             _ => None,

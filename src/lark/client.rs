@@ -240,7 +240,6 @@ pub struct LarkClient {
 }
 
 impl LarkClient {
-    /// Must be called inside a Tokio runtime (the app budget's dispatcher is spawned on it).
     pub fn new(
         base: &str,
         app_id: &str,

@@ -18,14 +18,15 @@
 //! whichever caller polls first and has no notion of priority or of a window; the budget
 //! itself is a few lines of GCRA, the algorithm governor uses.
 //!
-//! One small task hands out the slots, urgent first. It lives as long as the [`Lanes`]: it ends
-//! when they are dropped. Never sends anything itself.
+//! No task of its own: the call at the head of the lanes (the oldest urgent call, else the
+//! oldest bulk call) takes its slot itself once the budget and the window allow, and every
+//! change of the lanes wakes the call then at their head. Never sends anything itself.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Which lane a call waits in.
@@ -68,43 +69,60 @@ pub enum Overloaded {
     TimedOut(Duration),
 }
 
-/// A waiting call: told through `tx` when its slot is granted.
+/// A waiting call: woken when it may have come to the head of the lanes.
 struct Waiter {
-    tx: oneshot::Sender<()>,
+    id: u64,
+    wake: Arc<Notify>,
 }
 
-#[derive(Default)]
-struct Queues {
+/// The two lanes and the state of the budget.
+struct State {
     urgent: VecDeque<Waiter>,
     bulk: VecDeque<Waiter>,
-    /// Set when the [`Lanes`] are dropped: the dispatcher ends.
-    closed: bool,
+    /// The next waiter's number.
+    next_id: u64,
+    /// The theoretical arrival time of the next call at the sustained rate (GCRA).
+    tat: Instant,
+    /// When the calls of the last window were granted, oldest first (at most `window_max`).
+    recent: VecDeque<Instant>,
 }
 
-struct Shared {
-    queues: Mutex<Queues>,
-    /// Wakes the dispatcher: a call was queued (or the lanes closed).
-    queued: Notify,
-    /// Wakes a bulk call waiting for a place: one was freed.
-    freed: Notify,
+/// What the call at the head of the lanes may do now.
+enum Turn {
+    /// It took its slot.
+    Granted,
+    /// Not before this instant.
+    At(Instant),
+    /// Not until the lanes change: another call heads them, or the window is full and holds
+    /// no grant that could leave it.
+    Later,
 }
 
 /// The two lanes in front of one API's budget.
 pub struct Lanes {
-    shared: Arc<Shared>,
+    state: Mutex<State>,
+    /// Wakes a bulk call waiting for a place: one was freed.
+    freed: Notify,
     config: LaneConfig,
 }
 
 impl Lanes {
-    /// Starts the slot dispatcher on the current Tokio runtime (panics outside one).
     pub fn new(config: LaneConfig) -> Lanes {
-        let shared = Arc::new(Shared {
-            queues: Mutex::default(),
-            queued: Notify::new(),
+        Lanes {
+            state: Mutex::new(State {
+                urgent: VecDeque::new(),
+                bulk: VecDeque::new(),
+                next_id: 0,
+                tat: Instant::now(),
+                recent: VecDeque::new(),
+            }),
             freed: Notify::new(),
-        });
-        tokio::spawn(dispatch(config, shared.clone()));
-        Lanes { shared, config }
+            config,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for a slot in `priority`'s lane; `Err` when the urgent lane is full, or when the
@@ -117,26 +135,22 @@ impl Lanes {
         let capacity = capacity.max(1);
         let deadline = Instant::now() + wait;
         let timed_out = |_| Overloaded::TimedOut(wait);
-        let (tx, rx) = oneshot::channel();
-        let waiter = Waiter { tx };
-        loop {
-            let freed = self.shared.freed.notified();
+        let wake = Arc::new(Notify::new());
+        let id = loop {
+            let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             {
-                let mut q = self.shared.queues.lock().unwrap_or_else(|e| e.into_inner());
-                let lane = match priority {
-                    Priority::Urgent => &mut q.urgent,
-                    Priority::Bulk => &mut q.bulk,
-                };
-                if lane.len() >= capacity {
-                    // Callers that gave up hold no place.
-                    lane.retain(|w| !w.tx.is_closed());
-                }
+                let mut state = self.lock();
+                let id = state.next_id;
+                let lane = state.lane(priority);
                 if lane.len() < capacity {
-                    lane.push_back(waiter);
-                    self.shared.queued.notify_one();
-                    break;
+                    lane.push_back(Waiter {
+                        id,
+                        wake: wake.clone(),
+                    });
+                    state.next_id += 1;
+                    break id;
                 }
                 if priority == Priority::Urgent {
                     return Err(Overloaded::Full);
@@ -145,87 +159,126 @@ impl Lanes {
             tokio::time::timeout_at(deadline, freed)
                 .await
                 .map_err(timed_out)?;
-        }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(())) => Ok(()),
-            // The dispatcher ended: only when the lanes are gone, which `&self` rules out.
-            Ok(Err(_)) => Err(Overloaded::Full),
-            Err(e) => Err(timed_out(e)),
-        }
-    }
-}
-
-impl Drop for Lanes {
-    fn drop(&mut self) {
-        self.shared
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .closed = true;
-        self.shared.queued.notify_one();
-    }
-}
-
-/// Hands out slots at the configured rate (a GCRA: `tat` is the theoretical arrival time of
-/// the next call at the sustained rate), to the oldest urgent waiter while the window has room,
-/// else to the oldest bulk waiter while the window has room beyond the urgent reserve. A
-/// waiter that has gone away does not use up the slot.
-async fn dispatch(config: LaneConfig, shared: Arc<Shared>) {
-    let interval = config.interval;
-    let tolerance = interval * config.burst.max(1).saturating_sub(1);
-    let window_max = config.window_max.max(1);
-    let mut tat = Instant::now();
-    // When the calls of the last window were granted, oldest first (at most `window_max`).
-    let mut recent: VecDeque<Instant> = VecDeque::new();
-    loop {
-        // A slot is free once `tat - tolerance` has passed; it stays free while nobody waits,
-        // so the lane is chosen only when a slot can be given.
-        let free_at = tat.checked_sub(tolerance).unwrap_or(tat);
-        tokio::time::sleep_until(free_at).await;
-        let waiter = loop {
-            let queued = shared.queued.notified();
-            tokio::pin!(queued);
-            queued.as_mut().enable();
-            let window_frees_at = {
-                let mut q = shared.queues.lock().unwrap_or_else(|e| e.into_inner());
-                if q.closed {
-                    return;
-                }
-                let now = Instant::now();
-                while recent.front().is_some_and(|t| *t + config.window <= now) {
-                    recent.pop_front();
-                }
-                let urgent_room = recent.len() < window_max;
-                let bulk_room = recent.len() + config.urgent_reserve < window_max;
-                if urgent_room && let Some(w) = q.urgent.pop_front() {
-                    break w;
-                }
-                if bulk_room && let Some(w) = q.bulk.pop_front() {
-                    shared.freed.notify_one();
-                    break w;
-                }
-                // Whoever waits needs the window: it has room again when its oldest grant
-                // leaves it.
-                let waiting = !(q.urgent.is_empty() && q.bulk.is_empty());
-                recent
-                    .front()
-                    .filter(|_| waiting)
-                    .map(|t| *t + config.window)
-            };
-            match window_frees_at {
-                Some(at) => {
-                    tokio::select! {
-                        _ = queued => {}
-                        _ = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => queued.await,
-            }
         };
-        if waiter.tx.send(()).is_ok() {
-            let now = Instant::now();
-            tat = tat.max(now) + interval;
-            recent.push_back(now);
+        // A call that gives up leaves its lane.
+        let mut place = Place {
+            lanes: self,
+            priority,
+            id,
+            granted: false,
+        };
+        loop {
+            let turn = self.lock().take(id, &self.config, Instant::now());
+            // A wake-up sent since the lock was let go is kept for this wait.
+            let woken = wake.notified();
+            let until = match turn {
+                Turn::Granted => {
+                    place.granted = true;
+                    if priority == Priority::Bulk {
+                        self.freed.notify_one();
+                    }
+                    return Ok(());
+                }
+                Turn::At(at) => Some(at),
+                Turn::Later => None,
+            };
+            let next = async {
+                match until {
+                    Some(at) => tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    },
+                    None => woken.await,
+                }
+            };
+            tokio::time::timeout_at(deadline, next)
+                .await
+                .map_err(timed_out)?;
+        }
+    }
+}
+
+impl State {
+    fn lane(&mut self, priority: Priority) -> &mut VecDeque<Waiter> {
+        match priority {
+            Priority::Urgent => &mut self.urgent,
+            Priority::Bulk => &mut self.bulk,
+        }
+    }
+
+    /// Wakes the call at the head of the lanes: the only one that may take the next slot.
+    fn wake_head(&self) {
+        if let Some(w) = self.urgent.front().or(self.bulk.front()) {
+            w.wake.notify_one();
+        }
+    }
+
+    /// Gives call `id` the next slot if it heads the lanes, the budget has a slot free (a GCRA:
+    /// one is free once `tat - tolerance` has passed) and the window has room: for an urgent
+    /// call while it holds fewer than `window_max` grants, for a bulk call while it has room
+    /// beyond the urgent reserve.
+    fn take(&mut self, id: u64, config: &LaneConfig, now: Instant) -> Turn {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| *t + config.window <= now)
+        {
+            self.recent.pop_front();
+        }
+        let priority = match (self.urgent.front(), self.bulk.front()) {
+            (Some(w), _) if w.id == id => Priority::Urgent,
+            (None, Some(w)) if w.id == id => Priority::Bulk,
+            _ => return Turn::Later,
+        };
+        let window_max = config.window_max.max(1);
+        let room = match priority {
+            Priority::Urgent => self.recent.len() < window_max,
+            Priority::Bulk => self.recent.len() + config.urgent_reserve < window_max,
+        };
+        if !room {
+            // The window has room again when its oldest grant leaves it.
+            return match self.recent.front() {
+                Some(t) => Turn::At(*t + config.window),
+                None => Turn::Later,
+            };
+        }
+        let tolerance = config.interval * config.burst.max(1).saturating_sub(1);
+        let free_at = self.tat.checked_sub(tolerance).unwrap_or(self.tat);
+        if now < free_at {
+            return Turn::At(free_at);
+        }
+        self.lane(priority).pop_front();
+        self.tat = self.tat.max(now) + config.interval;
+        self.recent.push_back(now);
+        self.wake_head();
+        Turn::Granted
+    }
+}
+
+/// A call's place in its lane, given up when the call goes away without its slot.
+struct Place<'a> {
+    lanes: &'a Lanes,
+    priority: Priority,
+    id: u64,
+    granted: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        {
+            let mut state = self.lanes.lock();
+            let id = self.id;
+            let lane = state.lane(self.priority);
+            if let Some(at) = lane.iter().position(|w| w.id == id) {
+                lane.remove(at);
+            }
+            state.wake_head();
+        }
+        if self.priority == Priority::Bulk {
+            self.lanes.freed.notify_one();
         }
     }
 }
@@ -273,6 +326,24 @@ mod tests {
             assert!(Instant::now() < deadline, "only {:?}", log.lock().unwrap());
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    #[test]
+    fn the_lanes_run_no_task_of_their_own() {
+        // Made outside any runtime, so nothing can have been spawned for them.
+        let lanes = Lanes::new(config(100));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let t0 = Instant::now();
+            lanes.acquire(Priority::Bulk).await.unwrap();
+            lanes.acquire(Priority::Urgent).await.unwrap();
+            // The second call still waited for its slot.
+            assert_eq!(t0.elapsed(), Duration::from_millis(100));
+        });
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,11 +11,12 @@
 //! ignored, and final errors (forbidden, too many connections, a client error from the
 //! endpoint) are reported once with the platform's code and retried slowly.
 //!
-//! Each whole message goes to a [`Deliver`] — which records it durably — and is acknowledged
-//! only after it returns: `{"code":200}` (with the callback's response, a card click's toast)
-//! or `{"code":500}`, so the platform redelivers an event that could not be recorded (a card
-//! callback is never redelivered, and a failed one shows the user error 200671: the deliverer
-//! answers one it could not record with code 200 and a toast). It never decides
+//! Each whole message goes to a [`Deliver`] — which records it durably, in a task on the app's
+//! tracker, so that shutdown waits for it — and is acknowledged only after it returns:
+//! `{"code":200}` (with the callback's response, a card click's toast) or `{"code":500}`, so
+//! the platform redelivers an event that could not be recorded (a card callback is never
+//! redelivered, and a failed one shows the user error 200671: the deliverer answers one it
+//! could not record with code 200 and a toast). It never decides
 //! what a message means, never checks it (the deliverer does), and never logs the connection
 //! URL (it carries a ticket).
 
@@ -28,6 +29,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::frame::{ClientConfig, Frame, METHOD_CONTROL, METHOD_DATA};
 use crate::metrics::Metrics;
@@ -218,9 +220,15 @@ impl LongConnection {
         ))
     }
 
-    /// Runs until `stop` is cancelled: connects, hands whole messages to `deliver`, and
-    /// reconnects after every failure, forever.
-    pub async fn run(self: Arc<Self>, deliver: Arc<dyn Deliver>, stop: CancellationToken) {
+    /// Runs until `stop` is cancelled: connects, hands whole messages to `deliver`, each in a
+    /// task on `tasks` (the app's tracker, so that shutdown waits for a message being
+    /// recorded), and reconnects after every failure, forever.
+    pub async fn run(
+        self: Arc<Self>,
+        deliver: Arc<dyn Deliver>,
+        stop: CancellationToken,
+        tasks: TaskTracker,
+    ) {
         let mut config = ClientConfig::default();
         let mut attempts: u64 = 0;
         let mut reported_final = false;
@@ -228,7 +236,7 @@ impl LongConnection {
             self.status.set(State::Connecting);
             let (failure, connected) = tokio::select! {
                 _ = stop.cancelled() => break,
-                f = self.connect_once(&deliver, &mut config) => f,
+                f = self.connect_once(&deliver, &tasks, &mut config) => f,
             };
             self.metrics.lark_ws_connected.set(0);
             // A connection that worked starts the schedule again: the random delay first.
@@ -281,6 +289,7 @@ impl LongConnection {
     async fn connect_once(
         &self,
         deliver: &Arc<dyn Deliver>,
+        tasks: &TaskTracker,
         config: &mut ClientConfig,
     ) -> (Failure, bool) {
         let (url, fetched) = match self.fetch_endpoint().await {
@@ -313,7 +322,10 @@ impl LongConnection {
         tracing::info!(lark.ws_connection = %connection_id, "Lark long connection open");
         self.status.set(State::Connected);
         self.metrics.lark_ws_connected.set(1);
-        (self.session(ws, service_id, deliver, config).await, true)
+        (
+            self.session(ws, service_id, deliver, tasks, config).await,
+            true,
+        )
     }
 
     /// Reads frames until the connection ends; pings, reassembles, delivers, acknowledges.
@@ -322,6 +334,7 @@ impl LongConnection {
         ws: tokio_tungstenite::WebSocketStream<S>,
         service_id: i32,
         deliver: &Arc<dyn Deliver>,
+        tasks: &TaskTracker,
         config: &mut ClientConfig,
     ) -> Failure
     where
@@ -388,7 +401,7 @@ impl LongConnection {
                                 let deliver = deliver.clone();
                                 let acks = acks.clone();
                                 let metrics = self.metrics.clone();
-                                tokio::spawn(async move {
+                                tasks.spawn(async move {
                                     let started = Instant::now();
                                     let outcome = deliver.deliver(kind, payload).await;
                                     let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);

@@ -427,3 +427,71 @@ async fn a_pong_changes_the_client_configuration() {
         ws.wait_connections(n).await;
     }
 }
+
+/// A deliverer that holds each message until the test lets it go.
+struct Held {
+    entered: tokio::sync::mpsc::UnboundedSender<()>,
+    release: tokio::sync::Semaphore,
+    done: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl sshmode::lark::ws::Deliver for Held {
+    async fn deliver(
+        &self,
+        _kind: sshmode::lark::ws::Kind,
+        _payload: Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, ()> {
+        let _ = self.entered.send(());
+        self.release.acquire().await.expect("never closed").forget();
+        self.done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+#[tokio::test]
+async fn a_message_being_delivered_at_shutdown_is_waited_for_on_the_apps_tracker() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    let (lark, ws) = lark_and_ws().await;
+    sshmode::install_crypto_provider();
+    let client = Arc::new(
+        sshmode::lark::ws::LongConnection::new(
+            &lark.base,
+            crate::fake_lark::APP_ID,
+            secrecy::SecretString::from(crate::fake_lark::APP_SECRET),
+            Arc::new(sshmode::metrics::Metrics::new()),
+        )
+        .unwrap(),
+    );
+    let (entered, mut delivering) = tokio::sync::mpsc::unbounded_channel();
+    let held = Arc::new(Held {
+        entered,
+        release: tokio::sync::Semaphore::new(0),
+        done: Default::default(),
+    });
+    let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+    let run = tokio::spawn(client.run(held.clone(), stop.clone(), tasks.clone()));
+    ws.wait_connections(1).await;
+    ws.send(data_frame("event", "m1", 1, 0, b"{}"));
+    tokio::time::timeout(Duration::from_secs(20), delivering.recv())
+        .await
+        .expect("the message reaches the deliverer");
+
+    // Shutdown: the connection ends while the message is still being delivered.
+    stop.cancel();
+    run.await.unwrap();
+    tasks.close();
+    assert_eq!(tasks.len(), 1, "the delivery runs on the tracker");
+    assert_eq!(held.done.load(Ordering::SeqCst), 0);
+
+    // The tracker is done once the delivery is, and not before.
+    held.release.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(20), tasks.wait())
+        .await
+        .expect("the delivery ends once let go");
+    assert_eq!(held.done.load(Ordering::SeqCst), 1);
+}
