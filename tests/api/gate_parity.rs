@@ -21,8 +21,10 @@ struct Case {
     runs: bool,
 }
 
+/// A private key block, as the secret filter knows one.
+const KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----";
+
 fn cases() -> Vec<Case> {
-    let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----";
     vec![
         Case {
             name: "an ordinary command",
@@ -75,7 +77,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a private key in the output is withheld",
             tool: "terminal",
-            args: json!({"command": format!("printf '%s\\n' '{}'", key.replace('\n', "' '"))}),
+            args: json!({"command": format!("printf '%s\\n' '{}'", KEY.replace('\n', "' '"))}),
             runs: false,
         },
         Case {
@@ -139,7 +141,7 @@ async fn read_write(env: &Env, section: &str, dir: &str) {
 
 /// The audit rows of `section` a tool call wrote, without who and through which front-end:
 /// (action, outcome, by, verdict, reason, command).
-async fn rows(env: &Env, section: &str) -> Vec<Vec<Option<String>>> {
+async fn rows(env: &Env, section: &str, id: &str) -> Vec<Vec<Option<String>>> {
     let rows = sqlx::query(
         "SELECT action, outcome, detail->>'by' AS by, detail->>'verdict' AS verdict, \
          detail->>'reason' AS reason, detail->>'command' AS command FROM audit_log \
@@ -154,9 +156,115 @@ async fn rows(env: &Env, section: &str) -> Vec<Vec<Option<String>>> {
             ["action", "outcome", "by", "verdict", "reason", "command"]
                 .iter()
                 .map(|c| r.get::<Option<String>, _>(*c))
+                .map(|c| {
+                    c.map(|c| {
+                        if id.is_empty() {
+                            c
+                        } else {
+                            c.replace(id, "SHELL")
+                        }
+                    })
+                })
                 .collect()
         })
         .collect()
+}
+
+/// What one front-end made of a call: refused, the text it got (without the `[local] error: `
+/// head the chat agent puts on a failed call), and the audit rows.
+struct Seen {
+    refused: bool,
+    text: String,
+    rows: Vec<Vec<Option<String>>>,
+}
+
+/// The differences between what the chat agent and MCP made of the call `name`.
+fn differences(name: &str, chat: &Seen, mcp: &Seen) -> Vec<String> {
+    let mut d = Vec::new();
+    if chat.refused != mcp.refused {
+        d.push(format!(
+            "{name}: chat refused {}, MCP {}",
+            chat.refused, mcp.refused
+        ));
+    }
+    if chat.refused && mcp.refused && chat.text != mcp.text {
+        d.push(format!(
+            "{name}: the texts differ:\n  chat: {}\n  mcp:  {}",
+            chat.text, mcp.text
+        ));
+    }
+    if chat.rows != mcp.rows {
+        d.push(format!(
+            "{name}: the audit rows differ:\n  chat: {:?}\n  mcp:  {:?}",
+            chat.rows, mcp.rows
+        ));
+    }
+    d
+}
+
+/// The chat agent's last tool result as [`Seen`], with `section`'s audit rows; `id` (a shell
+/// id) written as `SHELL`.
+async fn seen_in_chat(env: &Env, section: &str, result: &str, id: &str) -> Seen {
+    let text = if id.is_empty() {
+        result.to_string()
+    } else {
+        result.replace(id, "SHELL")
+    };
+    let refused = text.starts_with("[local] error: ");
+    Seen {
+        refused,
+        text: text
+            .strip_prefix("[local] error: ")
+            .unwrap_or(&text)
+            .to_string(),
+        rows: rows(env, section, id).await,
+    }
+}
+
+/// An MCP result as [`Seen`], with `section`'s audit rows; `id` written as `SHELL`.
+async fn seen_over_mcp(env: &Env, section: &str, result: &Value, id: &str) -> Seen {
+    let text = result["text"].as_str().unwrap_or_default();
+    Seen {
+        refused: result["is_error"] == true,
+        text: if id.is_empty() {
+            text.to_string()
+        } else {
+            text.replace(id, "SHELL")
+        },
+        rows: rows(env, section, id).await,
+    }
+}
+
+/// A token for `local` at `full` named `name`, its section working in `shared` at read-write.
+async fn local_token(env: &Env, name: &str, shared: &str) -> (String, String) {
+    let token = token::create(
+        &env.app.state.db,
+        &NewToken {
+            name: name.to_string(),
+            targets: Vec::new(),
+            all_targets: false,
+            local: true,
+            permission: Permission::Full,
+            expires_at: None,
+        },
+        "operator",
+    )
+    .await
+    .unwrap();
+    let section = format!("mcp:{name}");
+    read_write(env, &section, shared).await;
+    (token, section)
+}
+
+/// A shared directory below the workspace root, writable by the sandbox's user: its path
+/// relative to the root.
+fn shared_dir(env: &Env, tag: &str) -> (std::path::PathBuf, String) {
+    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
+    let dir = root.join("projects").join(tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Shared by the sections of both front-ends, whose commands run as the sandbox's user.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    (dir, format!("projects/{tag}"))
 }
 
 #[tokio::test]
@@ -168,16 +276,9 @@ async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding
         ])
         .spawn()
         .await;
-    let tag = unique("parity");
-    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
-    let dir = root.join("projects").join(&tag);
-    std::fs::create_dir_all(&dir).unwrap();
-    // Shared by the sections of both front-ends, whose commands run as the sandbox's user.
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (dir, shared) = shared_dir(&env, &unique("parity"));
     std::fs::write(dir.join("notes.txt"), "some notes\n").unwrap();
-    let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----\n";
-    std::fs::write(dir.join("key.txt"), key).unwrap();
-    let shared = format!("projects/{tag}");
+    std::fs::write(dir.join("key.txt"), format!("{KEY}\n")).unwrap();
     let url = format!("http://{}/mcp", env.app.state.mcp_addr.unwrap());
     let mut differ = Vec::new();
     for (i, c) in cases().iter().enumerate() {
@@ -189,32 +290,12 @@ async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding
             .push(MODEL, say("done"));
         accept(&env.app, &section, &unique("om_parity"), "go").await;
         assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
-        let chat_text = tool_results(&env.llm).pop().expect("a tool result");
-        let chat_refused = chat_text.starts_with("[local] error: ");
-        let chat_text = chat_text
-            .strip_prefix("[local] error: ")
-            .unwrap_or(&chat_text)
-            .to_string();
-        let chat_rows = rows(&env, &section).await;
+        let result = tool_results(&env.llm).pop().expect("a tool result");
+        let chat = seen_in_chat(&env, &section, &result, "").await;
 
         // Through MCP, with a token of its own (its own section), on the same workspace.
-        let name = format!("parity{i}-{}", unique("t"));
-        let token = token::create(
-            &env.app.state.db,
-            &NewToken {
-                name: name.clone(),
-                targets: Vec::new(),
-                all_targets: false,
-                local: true,
-                permission: Permission::Full,
-                expires_at: None,
-            },
-            "operator",
-        )
-        .await
-        .unwrap();
-        let mcp_section = format!("mcp:{name}");
-        read_write(&env, &mcp_section, &shared).await;
+        let (token, mcp_section) =
+            local_token(&env, &format!("parity{i}-{}", unique("t")), &shared).await;
         let out = crate::mcp::client(json!({
             "url": url,
             "token": token,
@@ -223,40 +304,19 @@ async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding
         }))
         .await;
         assert!(out.get("error").is_none(), "{}: {out}", c.name);
-        let r = &out["results"][0];
-        let mcp_refused = r["is_error"] == true;
-        let mcp_rows = rows(&env, &mcp_section).await;
+        let mcp = seen_over_mcp(&env, &mcp_section, &out["results"][0], "").await;
 
-        assert_eq!(chat_refused, !c.runs, "{}: chat: {chat_text}", c.name);
-        if chat_refused != mcp_refused {
-            differ.push(format!(
-                "{}: chat refused {chat_refused}, MCP {mcp_refused}",
-                c.name
-            ));
-        }
-        if chat_refused && mcp_refused {
-            let mcp_text = r["text"].as_str().unwrap_or_default();
-            if chat_text != mcp_text {
-                differ.push(format!(
-                    "{}: the texts differ:\n  chat: {chat_text}\n  mcp:  {mcp_text}",
-                    c.name
-                ));
-            }
-        }
-        if chat_rows != mcp_rows {
-            differ.push(format!(
-                "{}: the audit rows differ:\n  chat: {chat_rows:?}\n  mcp:  {mcp_rows:?}",
-                c.name
-            ));
-        }
+        assert_eq!(chat.refused, !c.runs, "{}: chat: {}", c.name, chat.text);
+        differ.extend(differences(c.name, &chat, &mcp));
         // Every refusal is audited, with who refused.
         if !c.runs {
             assert!(
-                chat_rows
+                chat.rows
                     .iter()
                     .any(|r| r[0].as_deref() == Some("tool.refused") && r[2].is_some()),
-                "{}: no refusal row: {chat_rows:?}",
-                c.name
+                "{}: no refusal row: {:?}",
+                c.name,
+                chat.rows
             );
         }
     }
@@ -280,12 +340,7 @@ async fn typed_lines_get_the_same_verdicts_and_audit_rows_through_both() {
         .vars(&[("SSHMODE_MCP_LISTEN", "127.0.0.1:0")])
         .spawn()
         .await;
-    let tag = unique("parity_sh");
-    let root = std::fs::canonicalize(&env.app.state.config.exec.workspace_root).unwrap();
-    let dir = root.join("projects").join(&tag);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let shared = format!("projects/{tag}");
+    let (_, shared) = shared_dir(&env, &unique("parity_sh"));
     let url = format!("http://{}/mcp", env.app.state.mcp_addr.unwrap());
     let lines = [
         ("echo parity-line\r", true),
@@ -299,35 +354,10 @@ async fn typed_lines_get_the_same_verdicts_and_audit_rows_through_both() {
         read_write(&env, &section, &shared).await;
         let id = crate::terminals::opened_by_the_model(&env, &section).await;
         let r = crate::terminals::typed_by_the_model(&env, &section, &id, &[line], 2).await;
-        let chat_text = r.last().expect("a tool result").replace(&id, "SHELL");
-        let chat_refused = chat_text.starts_with("[local] error: ");
-        let chat_text = chat_text
-            .strip_prefix("[local] error: ")
-            .unwrap_or(&chat_text)
-            .to_string();
-        let chat_rows: Vec<Vec<Option<String>>> = rows(&env, &section)
-            .await
-            .into_iter()
-            .map(|r| r.into_iter().map(|c| c.map(|c| c.replace(&id, "SHELL"))).collect())
-            .collect();
+        let chat = seen_in_chat(&env, &section, r.last().expect("a tool result"), &id).await;
 
-        let name = format!("paritysh{i}-{}", unique("t"));
-        let token = token::create(
-            &env.app.state.db,
-            &NewToken {
-                name: name.clone(),
-                targets: Vec::new(),
-                all_targets: false,
-                local: true,
-                permission: Permission::Full,
-                expires_at: None,
-            },
-            "operator",
-        )
-        .await
-        .unwrap();
-        let mcp_section = format!("mcp:{name}");
-        read_write(&env, &mcp_section, &shared).await;
+        let (token, mcp_section) =
+            local_token(&env, &format!("paritysh{i}-{}", unique("t")), &shared).await;
         let out = crate::mcp::client(json!({
             "url": url,
             "token": token,
@@ -341,32 +371,11 @@ async fn typed_lines_get_the_same_verdicts_and_audit_rows_through_both() {
         assert!(out.get("error").is_none(), "{line}: {out}");
         let opened = &out["results"][0];
         assert_eq!(opened["is_error"], false, "{line}: {out}");
-        let mcp_id = opened["structured"]["shell_id"].as_str().unwrap().to_string();
-        let w = &out["results"][1];
-        let mcp_refused = w["is_error"] == true;
-        let mcp_rows: Vec<Vec<Option<String>>> = rows(&env, &mcp_section)
-            .await
-            .into_iter()
-            .map(|r| r.into_iter().map(|c| c.map(|c| c.replace(&mcp_id, "SHELL"))).collect())
-            .collect();
+        let mcp_id = opened["structured"]["shell_id"].as_str().unwrap();
+        let mcp = seen_over_mcp(&env, &mcp_section, &out["results"][1], mcp_id).await;
 
-        assert_eq!(chat_refused, !sent, "{line}: chat: {chat_text}");
-        if chat_refused != mcp_refused {
-            differ.push(format!("{line}: chat refused {chat_refused}, MCP {mcp_refused}"));
-        }
-        if chat_refused && mcp_refused {
-            let mcp_text = w["text"].as_str().unwrap_or_default().replace(&mcp_id, "SHELL");
-            if chat_text != mcp_text {
-                differ.push(format!(
-                    "{line}: the texts differ:\n  chat: {chat_text}\n  mcp:  {mcp_text}"
-                ));
-            }
-        }
-        if chat_rows != mcp_rows {
-            differ.push(format!(
-                "{line}: the audit rows differ:\n  chat: {chat_rows:?}\n  mcp:  {mcp_rows:?}"
-            ));
-        }
+        assert_eq!(chat.refused, !sent, "{line}: chat: {}", chat.text);
+        differ.extend(differences(line, &chat, &mcp));
     }
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
