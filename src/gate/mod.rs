@@ -636,19 +636,19 @@ impl Gate<'_> {
     /// The secret filter on what a call hands back: a text holding a secret (a private key,
     /// a service key, a target's credential) is withheld; the refusal names only the kind.
     async fn screen(&self, done: &Done) -> Result<(), String> {
-        let texts: Vec<std::borrow::Cow<'_, str>> = match done {
-            Done::Command { output, .. } => vec![
+        let text: std::borrow::Cow<'_, str> = match done {
+            // One reading of both streams: one look at the registry's secrets.
+            Done::Command { output, .. } => format!(
+                "{}\n{}",
                 String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr),
-            ],
-            Done::Read(r) => r.text.as_deref().map(Into::into).into_iter().collect(),
-            Done::Found(r) => vec![r.matches.join("\n").into()],
-            Done::Wrote { .. } | Done::Patched(_) => Vec::new(),
+                String::from_utf8_lossy(&output.stderr)
+            )
+            .into(),
+            Done::Read(r) => r.text.as_deref().unwrap_or_default().into(),
+            Done::Found(r) => r.matches.join("\n").into(),
+            Done::Wrote { .. } | Done::Patched(_) => "".into(),
         };
-        for t in &texts {
-            self.withheld(t).await?;
-        }
-        Ok(())
+        self.withheld(text.trim_matches('\n')).await
     }
 
     /// The secret filter on a text a shell call hands back (its screen, what it read): `Err`
