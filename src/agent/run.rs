@@ -34,14 +34,14 @@ Run it again if it is still needed.";
 /// that runs no command; a command's mark waits for the guard's verdict, [`tools::StartMark`]).
 struct Next {
     key: String,
-    resolved: Option<tools::Resolved>,
+    resolved: Option<tools::ReadAhead>,
     marked: bool,
 }
 
 /// What was read while a result committed.
 enum Ahead {
     /// The next call's backend and workspace.
-    Call(Option<tools::Resolved>),
+    Call(Option<tools::ReadAhead>),
     /// The next step's system prompt.
     Prompt(String),
     Nothing,
@@ -865,7 +865,7 @@ async fn run_call(
     deps: &AgentDeps,
     turn: &ActiveTurn,
     call: &ToolCall,
-    resolved: Option<tools::Resolved>,
+    resolved: Option<tools::ReadAhead>,
     approved: bool,
     mark: Option<&mut tools::StartMark<'_>>,
 ) -> tools::ToolResult {

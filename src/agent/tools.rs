@@ -242,10 +242,11 @@ const TASK_TOOLS: [&str; 6] = [
 
 /// What a task-tool call acts on, read for that call: the section's backend (its binding at
 /// the time of the read), the workspace on it with the stored working directory, and for a
-/// target its registry entry. Failures are kept and reported by [`run`] in its usual order.
-pub struct Resolved(anyhow::Result<Box<Where>>);
+/// target its registry entry; it becomes the gate's resolved place ([`gate::At`]) when the call
+/// runs. Failures are kept and reported by [`run`] in its usual order.
+pub struct ReadAhead(anyhow::Result<Box<Read>>);
 
-struct Where {
+struct Read {
     place: Place,
     workspace: anyhow::Result<Workspace>,
     /// A target's operations (the registry read: removed or disabled targets fail here).
@@ -255,17 +256,17 @@ struct Where {
 /// Reads what the call needs from the section's state, without running anything; `None` for
 /// calls that take no backend (control-plane tools, unknown tools). The workspace and a
 /// target's registry entry are read at the same time.
-pub async fn resolve(deps: &AgentDeps, section: &str, call: &ToolCall) -> Option<Resolved> {
+pub async fn resolve(deps: &AgentDeps, section: &str, call: &ToolCall) -> Option<ReadAhead> {
     if !TASK_TOOLS.contains(&call.function.name.as_str()) {
         return None;
     }
     Some(resolve_task(deps, section).await)
 }
 
-async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
+async fn resolve_task(deps: &AgentDeps, section: &str) -> ReadAhead {
     let place = match deps.bindings.place(section).await {
         Ok(p) => p,
-        Err(e) => return Resolved(Err(e)),
+        Err(e) => return ReadAhead(Err(e)),
     };
     let read = workspace::current(&deps.db, &deps.workspaces, section, &place);
     let (workspace, remote) = match &place {
@@ -275,7 +276,7 @@ async fn resolve_task(deps: &AgentDeps, section: &str) -> Resolved {
             (w, Some(o))
         }
     };
-    Resolved(Ok(Box::new(Where {
+    ReadAhead(Ok(Box::new(Read {
         place,
         workspace,
         remote,
@@ -294,7 +295,7 @@ pub async fn run(
     chat_id: &str,
     call: &ToolCall,
     cancel: &CancellationToken,
-    resolved: Option<Resolved>,
+    resolved: Option<ReadAhead>,
     approved: bool,
     live: Option<Arc<LiveTail>>,
     mark: Option<&mut StartMark<'_>>,
@@ -387,7 +388,7 @@ async fn dispatch(
     chat_id: &str,
     call: &ToolCall,
     cancel: &CancellationToken,
-    resolved: Option<Resolved>,
+    resolved: Option<ReadAhead>,
     approved: bool,
     live: Option<Arc<LiveTail>>,
     mark: Option<&mut StartMark<'_>>,
@@ -518,7 +519,7 @@ fn check_task_args(tool: &str, args: &Args<'_>) -> Result<(), String> {
 /// Where a task tool runs, for its result: `local`, or the target's location from the
 /// registry entry the backend was made with (when there is none, because the target is
 /// unavailable, from the registry all the same, so a failure names it in full).
-async fn location_of(deps: &AgentDeps, at: &Where) -> String {
+async fn location_of(deps: &AgentDeps, at: &Read) -> String {
     match &at.place {
         Place::Local => "local".to_string(),
         Place::Target(alias) => match &at.remote {
@@ -545,7 +546,7 @@ async fn task(
     section: &str,
     tool: &str,
     args: &Args<'_>,
-    at: Where,
+    at: Read,
     location: &str,
     cancel: &CancellationToken,
     approved: bool,
@@ -567,7 +568,7 @@ async fn task(
     };
     let result: Result<String, String> = async {
         let call = typed(tool, args, deps.config.tool_timeout)?;
-        let Where {
+        let Read {
             place,
             workspace: ws,
             remote,

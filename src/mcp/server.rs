@@ -56,7 +56,7 @@ pub struct Tools {
     router: ToolRouter<Server>,
     /// Each token's resolved places, by ([`Token::key`], target), reused for
     /// [`FRESH`](super::fresh::FRESH).
-    places: Fresh<(String, String), Arc<Here>>,
+    places: Fresh<(String, String), Arc<Placed>>,
 }
 
 impl Tools {
@@ -294,7 +294,7 @@ impl ServerHandler for Server {
 /// Where one call runs: the gate's resolved place (the backend's operations, the workspace
 /// and the permission enforced). Reused by the token's calls on that target for
 /// [`FRESH`](super::fresh::FRESH) ([`Tools::here`]).
-struct Here {
+struct Placed {
     at: gate::At,
     /// The token's own permission this was resolved for.
     token_permission: Permission,
@@ -361,7 +361,7 @@ impl Tools {
     ///
     /// A resolution is reused by the token's next calls on that target for [`FRESH`](super::fresh::FRESH): a
     /// target disabled, a maximum lowered or a workspace chosen since reaches them within it.
-    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Arc<Here>, Fail> {
+    async fn here(&self, token: &Token, target: &str, tool: &str) -> Result<Arc<Placed>, Fail> {
         let deps = &self.deps;
         if !token.may_use(target) {
             let text = not_its_target(token, target);
@@ -404,7 +404,7 @@ impl Tools {
     }
 
     /// [`Tools::here`] from the database and the backend.
-    async fn resolve(&self, token: &Token, target: &str, tool: &str) -> Result<Here, Fail> {
+    async fn resolve(&self, token: &Token, target: &str, tool: &str) -> Result<Placed, Fail> {
         let deps = &self.deps;
         let place = place_of(target);
         self.route(token, &place, tool).await?;
@@ -443,7 +443,7 @@ impl Tools {
             Place::Target(_) => ops.backend().location(),
         };
         let workspace = ops.resolve(&ws.dir).await.map_err(|e| e.to_string())?;
-        Ok(Here {
+        Ok(Placed {
             start: ws.cwd.unwrap_or_else(|| workspace.clone()),
             at: gate::At {
                 place,
@@ -552,7 +552,7 @@ impl Tools {
         &self,
         ctx: &RequestContext<RoleServer>,
         token: &Token,
-        here: &Here,
+        here: &Placed,
         name: &str,
         tool: gate::Tool,
         cancel: &CancellationToken,

@@ -158,7 +158,7 @@ pub(super) async fn call(
     };
     let mut asked = None;
     let mut row = None;
-    let at = Here {
+    let at = ShellCall {
         section,
         place: &place,
         location: &location,
@@ -192,7 +192,7 @@ pub(super) async fn call(
 }
 
 /// Where a shell call acts.
-struct Here<'a> {
+struct ShellCall<'a> {
     section: &'a str,
     place: &'a Place,
     location: &'a str,
@@ -200,14 +200,14 @@ struct Here<'a> {
 
 async fn run(
     deps: &AgentDeps,
-    at: &Here<'_>,
+    at: &ShellCall<'_>,
     tool: &str,
     args: &Args<'_>,
     cancel: &CancellationToken,
     (approved, mark): (bool, Option<&mut StartMark<'_>>),
     (asked, row): (&mut Option<Asked>, &mut Option<ShellRow>),
 ) -> Result<String, String> {
-    let Here {
+    let ShellCall {
         section,
         place,
         location,
