@@ -1921,14 +1921,15 @@ mod tests {
     use super::*;
     use crate::bash::abbreviate;
 
-    const START: Start<'static> = Start {
+    /// Where the tests of the walk and its parts start.
+    pub(super) const START: Start<'static> = Start {
         cwd: Some("/srv/ws"),
         home: Some("/home/u"),
         env: &[],
     };
 
     /// Every program's argv (as literal text, unknown words as written), in order.
-    fn programs(script: &str) -> Vec<Vec<String>> {
+    pub(super) fn programs(script: &str) -> Vec<Vec<String>> {
         walk(script, START)
             .into_iter()
             .filter_map(|e| match e {

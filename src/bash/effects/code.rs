@@ -638,13 +638,8 @@ pub(super) fn cron_commands(text: &str, fields: usize) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Effect, Start, walk};
-
-    const START: Start<'static> = Start {
-        cwd: Some("/srv/ws"),
-        home: Some("/home/u"),
-        env: &[],
-    };
+    use super::super::tests::START;
+    use super::super::{Effect, walk};
 
     fn runs_rm(script: &str) -> bool {
         walk(script, START).iter().any(|e| {

@@ -901,13 +901,8 @@ impl Walk {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Effect, Place, Start, walk};
-
-    const START: Start<'static> = Start {
-        cwd: Some("/srv/ws"),
-        home: Some("/home/u"),
-        env: &[],
-    };
+    use super::super::tests::START;
+    use super::super::{Effect, Place, walk};
 
     /// Where `rm` runs in `script`, when it does.
     fn rm_at(script: &str) -> Option<Place> {

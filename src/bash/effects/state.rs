@@ -778,28 +778,8 @@ fn local_names(body: &[Tok]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Effect, Start, walk};
-
-    const START: Start<'static> = Start {
-        cwd: Some("/srv/ws"),
-        home: Some("/home/u"),
-        env: &[],
-    };
-
-    /// Every program's argv (literal text, unknown words as written), in order.
-    fn programs(script: &str) -> Vec<Vec<String>> {
-        walk(script, START)
-            .into_iter()
-            .filter_map(|e| match e {
-                Effect::Program { argv, .. } => Some(
-                    argv.iter()
-                        .map(|w| w.literal.clone().unwrap_or_else(|| w.source.clone()))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect()
-    }
+    use super::super::tests::{START, programs};
+    use super::super::{Effect, walk};
 
     fn runs(script: &str, argv: &[&str]) -> bool {
         programs(script).iter().any(|p| p == argv)
