@@ -320,6 +320,24 @@ type CdTo = (Arc<[String]>, Arc<[String]>);
 type Stdin = Option<(Nesting, Option<String>)>;
 
 impl Walk {
+    /// `args` read as a program's options and operands (it wraps no command); when a word
+    /// could be any option, `what` is opaque and there is nothing to read.
+    fn options(
+        &mut self,
+        args: &[ShellWord],
+        with_arg: &str,
+        long_with_arg: &[&str],
+        what: &Arc<str>,
+    ) -> Option<crate::bash::spec::Scanned> {
+        match scan(args, with_arg, long_with_arg, usize::MAX, false) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                self.opaque(what.clone(), why);
+                None
+            }
+        }
+    }
+
     fn full(&self) -> bool {
         self.out.len() >= MAX_EFFECTS
     }
@@ -1579,9 +1597,8 @@ impl Walk {
         } else {
             args.to_vec()
         };
-        let s = match scan(&words, r.with_arg, r.long_with_arg, usize::MAX, false) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+        let Some(s) = self.options(&words, r.with_arg, r.long_with_arg, what) else {
+            return;
         };
         for script in s.values(r.script) {
             self.nested("sh", Nesting::Option, script, what, depth);

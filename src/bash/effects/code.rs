@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{Effect, Nesting, Stdin, Walk};
 use crate::bash::parse::ShellWord;
-use crate::bash::spec::{self, maybe_option, scan, unknown_option};
+use crate::bash::spec::{self, maybe_option, unknown_option};
 
 impl Walk {
     /// The code a program takes as data, when `base` is one that does; false otherwise.
@@ -59,7 +59,7 @@ impl Walk {
 
     /// `awk [-v …] 'PROGRAM' FILE…`, `awk -f FILE`, `gawk -e PROGRAM`.
     fn awk(&mut self, args: &[ShellWord], what: &Arc<str>) {
-        let s = match scan(
+        let Some(s) = self.options(
             args,
             "FvfeilE",
             &[
@@ -71,11 +71,9 @@ impl Walk {
                 "load",
                 "exec",
             ],
-            usize::MAX,
-            false,
-        ) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+            what,
+        ) else {
+            return;
         };
         let sources: Vec<Option<&ShellWord>> = s.values(("e", &["source"])).collect();
         for code in &sources {
@@ -95,15 +93,9 @@ impl Walk {
     /// `sed [-n] SCRIPT FILE…`, `sed -e SCRIPT…`, `sed -f FILE`; `--sandbox` runs no
     /// command and writes no file.
     fn sed(&mut self, args: &[ShellWord], what: &Arc<str>) {
-        let s = match scan(
-            args,
-            "efl",
-            &["expression", "file", "line-length"],
-            usize::MAX,
-            false,
-        ) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+        let Some(s) = self.options(args, "efl", &["expression", "file", "line-length"], what)
+        else {
+            return;
         };
         if s.has("", &["sandbox"]) {
             return;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{Limit, MAX_LINKS, Nesting, Stdin, Walk, follow_links, normalise};
 use crate::bash::parse::ShellWord;
-use crate::bash::spec::{self, maybe_option, scan, unknown_option};
+use crate::bash::spec::{self, maybe_option, unknown_option};
 
 /// `ssh`'s short options that take an argument.
 const SSH_WITH_ARG: &str = "BbcDEeFIiJLlmOopQRSWw";
@@ -669,7 +669,7 @@ impl Walk {
 
     /// `ansible PATTERN -m command|shell|raw -a CMD`: the command on every host.
     fn ansible(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
-        let s = match scan(
+        let Some(s) = self.options(
             args,
             "amiueflBPtMcT",
             &[
@@ -700,11 +700,9 @@ impl Walk {
                 "playbook-dir",
                 "task-timeout",
             ],
-            usize::MAX,
-            false,
-        ) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+            what,
+        ) else {
+            return;
         };
         let module = s
             .values(("m", &["module-name"]))
@@ -735,9 +733,8 @@ impl Walk {
             "clush" => "wxgXlftuoOR",
             _ => "hHlpoetOxX",
         };
-        let s = match scan(args, with_arg, &[], usize::MAX, false) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+        let Some(s) = self.options(args, with_arg, &[], what) else {
+            return;
         };
         self.remote(&s.operands, what, depth, &None);
     }
@@ -745,15 +742,9 @@ impl Walk {
     /// `salt TARGET cmd.run CMD` (and `cmd.shell`, `cmd.run_all`, …): the command on every
     /// minion.
     fn salt(&mut self, args: &[ShellWord], what: &Arc<str>, depth: usize) {
-        let s = match scan(
-            args,
-            "tcbl",
-            &["timeout", "config-dir", "batch-size"],
-            usize::MAX,
-            false,
-        ) {
-            Ok(s) => s,
-            Err(why) => return self.opaque(what.clone(), why),
+        let Some(s) = self.options(args, "tcbl", &["timeout", "config-dir", "batch-size"], what)
+        else {
+            return;
         };
         let Some(function) = s.operands.get(1) else {
             return;
