@@ -117,7 +117,12 @@ fn main() -> ExitCode {
         _ if config.log_filter_set => config.log_filter.as_str(),
         _ => "warn",
     };
-    sshmode::telemetry::init(config.log_format, filter, config.log_file.as_ref());
+    sshmode::telemetry::init(
+        config.log_format,
+        filter,
+        config.log_file.as_ref(),
+        config.no_color,
+    );
     tracing::debug!(data_dir = %config.data_dir.display(), master_key_file = %config.master_key_file.display(), "paths resolved");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -35,13 +35,15 @@ where
 
 /// Installs the global subscriber; a second call is a no-op. A filter that does not parse
 /// falls back to `info` with a warning, rather than silencing the service; a log file that
-/// cannot be opened is warned about and left out.
-pub fn init(format: LogFormat, filter: &str, file: Option<&LogFileConfig>) {
+/// cannot be opened is warned about and left out. Colour codes go to standard error only when
+/// it is a terminal and `no_color` (`NO_COLOR`) is not set; never into a file.
+pub fn init(format: LogFormat, filter: &str, file: Option<&LogFileConfig>, no_color: bool) {
     let (filter, bad) = match EnvFilter::try_new(filter) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e.to_string())),
     };
-    let mut layers: Vec<BoxedLayer> = vec![layer(format, io::stderr, true)];
+    let ansi = colour(io::IsTerminal::is_terminal(&io::stderr()), no_color);
+    let mut layers: Vec<BoxedLayer> = vec![layer(format, io::stderr, ansi)];
     let mut file_error = None;
     if let Some(f) = file {
         match RotatingFile::open(&f.path, f.max_bytes, f.keep) {
@@ -59,6 +61,11 @@ pub fn init(format: LogFormat, filter: &str, file: Option<&LogFileConfig>) {
     if let Some((path, e)) = file_error {
         tracing::warn!(path = %path.display(), error = %e, "SSHMODE_LOG_FILE cannot be opened; logging to stderr only");
     }
+}
+
+/// Whether log lines carry colour codes: on a terminal, unless `NO_COLOR` says no.
+fn colour(terminal: bool, no_color: bool) -> bool {
+    terminal && !no_color
 }
 
 /// A log file rotated by size: a write that would take it past `max_bytes` first moves it to
@@ -142,8 +149,16 @@ impl Write for RotatingFile {
 
 #[cfg(test)]
 mod tests {
-    use super::RotatingFile;
+    use super::{RotatingFile, colour};
     use std::io::Write;
+
+    #[test]
+    fn colour_only_on_a_terminal_and_never_with_no_color() {
+        assert!(colour(true, false));
+        assert!(!colour(true, true));
+        assert!(!colour(false, false));
+        assert!(!colour(false, true));
+    }
 
     #[test]
     fn the_log_file_rotates_at_its_size_and_keeps_n() {

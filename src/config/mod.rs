@@ -135,6 +135,8 @@ pub struct Config {
     pub master_key_file: PathBuf,
     /// `SSHMODE_LOG_FORMAT`.
     pub log_format: LogFormat,
+    /// `NO_COLOR` set (to anything): no colour codes in logs, even on a terminal.
+    pub no_color: bool,
     /// `RUST_LOG`: the tracing filter directives.
     pub log_filter: String,
     /// Whether `RUST_LOG` was set (one-shot commands log at `warn` unless it was).
@@ -717,6 +719,8 @@ impl Config {
             .map(|p| normalize(&abs(p)))
             .unwrap_or_else(|| data_dir.join("master.key"));
 
+        // no-color.org: set to a non-empty value.
+        let no_color = get("NO_COLOR").is_some_and(|v| !v.is_empty());
         let log_format = match var("SSHMODE_LOG_FORMAT").as_deref() {
             None | Some("pretty") => LogFormat::Pretty,
             Some("json") => LogFormat::Json,
@@ -866,6 +870,7 @@ impl Config {
             api_token: var("SSHMODE_API_TOKEN").map(SecretString::from),
             master_key_file,
             log_format,
+            no_color,
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
             log_filter_set: var("RUST_LOG").is_some(),
             log_file,
@@ -1158,6 +1163,10 @@ mod tests {
         assert!(e.contains("SSHMODE_LISTEN"), "{e}");
         let e = load(&[("LLM_MODEL", "m")]).unwrap_err().to_string();
         assert!(e.contains("LLM_BASE_URL"), "{e}");
+        // NO_COLOR: any non-empty value (no-color.org).
+        assert!(load(&[("NO_COLOR", "1")]).unwrap().no_color);
+        assert!(!load(&[("NO_COLOR", "")]).unwrap().no_color);
+        assert!(!load(&[]).unwrap().no_color);
         let e = load(&[("SSHMODE_LOG_FORMAT", "xml")])
             .unwrap_err()
             .to_string();

@@ -256,3 +256,35 @@ async fn embedded_cluster_unreachable_dir_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// Logs written to standard error that is not a terminal (a pipe, a file, journald) carry no
+/// colour codes.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(["guard", "check"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("SSHMODE_DATA_DIR", dir.path())
+        .env("RUST_LOG", "debug")
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"ls\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("paths resolved"),
+        "no log line to look at: {log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}
