@@ -101,7 +101,22 @@ pub async fn run(cmd: AuditCmd, config: &Config) -> anyhow::Result<i32> {
     let result = run_with(cmd, &store.pool, &mut out).await;
     drop(out);
     store.close().await;
-    result
+    match result {
+        // A reader that has read enough (`audit export | head -1`) is no failure.
+        Err(e) if closed_pipe(&e) => Ok(0),
+        r => r,
+    }
+}
+
+/// Whether `e` comes of writing to a pipe whose reader has gone.
+fn closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let kind = c
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| c.downcast_ref::<serde_json::Error>()?.io_error_kind());
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// [`run`] on a given database and output.

@@ -210,3 +210,47 @@ async fn only_the_retention_purge_deletes_audit_rows_and_only_past_retention() {
     .await;
     app.stop().await;
 }
+
+/// `audit export | head -1`: the reader goes away after one line, and `export` ends quietly
+/// with status 0 (the rows are many more than a pipe holds, so the write fails).
+#[tokio::test]
+async fn export_into_a_pipe_closed_early_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    let app = TestApp::builder().spawn().await;
+    let section = unique("oc_pipe");
+    let detail = json!({"note": "x".repeat(200)});
+    let mut tx = app.state.db.begin().await.unwrap();
+    for _ in 0..2000 {
+        let entry = sshmode::audit::ChatEntry {
+            actor: "system",
+            action: "grant.expire",
+            section: Some(&section),
+            target: None,
+            outcome: "ok",
+            detail: detail.clone(),
+        };
+        sshmode::audit::record_chat(&mut tx, entry).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(["audit", "export", "--section", &section])
+        .current_dir(data.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", &app.db_url)
+        .env("SSHMODE_DATA_DIR", data.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let stdout = child.stdout.take().unwrap();
+    BufReader::new(stdout).read_line(&mut first).unwrap();
+    assert!(first.contains("grant.expire"), "{first}");
+    // The reader is gone (its end of the pipe closed when it was dropped above).
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.to_lowercase().contains("pipe"), "{err}");
+}
