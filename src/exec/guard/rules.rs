@@ -32,23 +32,6 @@ const SYSTEM_SUBDIRS: &[(&str, &[&str])] = &[
     ("etc", &["pam.d", "security", "systemd", "ssh"]),
 ];
 
-/// Files in `/etc` whose truncation locks everyone out or stops the machine from booting.
-const SYSTEM_FILES_ETC: &[&str] = &[
-    "passwd",
-    "shadow",
-    "group",
-    "gshadow",
-    "sudoers",
-    "fstab",
-    "crypttab",
-    "login.defs",
-    "nsswitch.conf",
-    "ld.so.preload",
-    "ld.so.conf",
-    "pam.conf",
-    "inittab",
-];
-
 /// `systemctl`/`loginctl` verbs that stop or cut off the machine.
 const POWER_VERBS: &[&str] = &[
     "poweroff",
@@ -660,18 +643,15 @@ fn system_subdir(first: &str, second: &str) -> Option<String> {
     })
 }
 
-/// The system file a truncating write onto `path` would destroy: the files in
-/// [`SYSTEM_FILES_ETC`], PAM's configuration, and anything in `/boot` or among the system's
-/// programs and libraries.
+/// The system file a truncating write onto `path` would destroy: the host's identity and boot
+/// files ([`identity_file`]), and anything among the system's programs and libraries.
 fn system_file(path: &str) -> Option<String> {
     if !path.starts_with('/') {
         return None;
     }
     let comps = normalize(path).unwrap_or_default();
     let hit = match comps.as_slice() {
-        [e, f] if comp_matches(e, "etc") => SYSTEM_FILES_ETC.iter().any(|n| comp_matches(f, n)),
-        [e, d, _] if comp_matches(e, "etc") => comp_matches(d, "pam.d"),
-        [b, _, ..] if comp_matches(b, "boot") => true,
+        _ if identity_file(path).is_some() => true,
         [d, _, ..]
             if ["bin", "sbin", "lib", "lib32", "lib64", "libx32"]
                 .iter()
