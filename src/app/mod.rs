@@ -112,6 +112,9 @@ impl App {
         let tasks = TaskTracker::new();
         match Self::wire(config, &store, shutdown, overrides, &tasks).await {
             Ok((mut state, mcp_router)) => {
+                if let Some(keep) = store.keep_embedded_running(state.shutdown.clone()) {
+                    tasks.spawn(keep);
+                }
                 let mcp = mcp_listener.zip(mcp_router);
                 state.mcp_addr = mcp.as_ref().and_then(|(l, _)| l.local_addr().ok());
                 Ok(App {

@@ -1,10 +1,17 @@
 //! The embedded default: a private PostgreSQL cluster at `$SSHMODE_DATA_DIR/pg`, made from the
 //! machine's PostgreSQL binaries and reached only over a unix socket inside that directory.
 //!
-//! A command attaches to the cluster when it is already running, or starts it and then owns
-//! it: only the owner stops it. `pg.lock` beside the cluster serialises start and stop, so two
-//! commands at once never race on `initdb` or `pg_ctl`. PostgreSQL refuses to run as root, so
-//! under root the cluster runs as the unprivileged `postgres` account.
+//! Owns creating, starting, attaching to and stopping that cluster; never touches a cluster
+//! named by `DATABASE_URL`, and never stops the cluster while another process is attached.
+//!
+//! The cluster belongs to no single process. Every command using it is *attached*: it holds
+//! an exclusive file lock on its own file in `pg.attached/` for as long as it uses the
+//! cluster. The first to come starts it; each one leaving removes its file and stops the
+//! cluster only if no other attached file is still locked (the kernel drops the lock of a
+//! killed process, so a stale file does not count). `pg.lock` beside the cluster serialises
+//! these decisions, `initdb`, start and stop, so two commands at once never race. PostgreSQL
+//! refuses to run as root, so under root the cluster runs as the unprivileged `postgres`
+//! account.
 //!
 //! The cluster authenticates: scram-sha-256 on its socket, with a password generated on first
 //! use and kept in `pg.password` (0600) in the data directory. A cluster made by an older
@@ -20,10 +27,15 @@
 //! `store::embedded` runs a private cluster at `$SSHMODE_DATA_DIR/pg` from the machine's
 //! PostgreSQL binaries (PATH, else the newest `/usr/lib/postgresql/*/bin`). It listens on no TCP
 //! port: `listen_addresses=''` and a unix socket inside the cluster directory (mode 0700). A
-//! command attaches when `pg_ctl status` says the cluster runs; otherwise it starts it and is its
-//! owner, and only the owner stops it (`pg_ctl stop -m fast`) when the command ends. `pg.lock` in
-//! the data directory (an exclusive file lock) serialises `initdb`, start and stop across
-//! processes (a wait for it is bounded: 120 s, then a clear error). The cluster authenticates
+//! command attaches by creating `pg.attached/<pid>.<n>` and holding an exclusive `flock` on it
+//! until it ends; it starts the cluster when `pg_ctl status` says it is not running. On leaving
+//! it removes its file, then tries to lock every other file there: one it can lock belongs to a
+//! process that is gone (removed); one it cannot is a live attachment. With none left it stops
+//! the cluster (`pg_ctl stop -m fast`). `pg.lock` in the data directory (an exclusive file lock)
+//! is held over each of these decisions and over `initdb`, start and stop (a wait for it is
+//! bounded: 120 s, then a clear error). A long-lived attached process (`serve`) also runs
+//! [`keep_running`]: when the cluster goes away under it (stopped from outside, or crashed) it
+//! starts it again, at most [`RESTART_ATTEMPTS`] times in a row. The cluster authenticates
 //! with scram-sha-256 on its socket (`pg_hba.conf`: `local all all scram-sha-256`); the password
 //! is generated on first use into `pg.password` (0600) and handed to `initdb --pwfile`; a cluster
 //! found still trusting its socket gets the password and the new `pg_hba.conf` and is reloaded.
@@ -37,11 +49,13 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::postgres::PgConnectOptions;
+use tokio_util::sync::CancellationToken;
 
 /// Database and role the service uses inside its cluster.
 const DB_NAME: &str = "sshmode";
@@ -55,22 +69,44 @@ const PG_CTL_WAIT_SECS: &str = "60";
 const LOCK_WAIT: Duration = Duration::from_secs(120);
 /// The file holding the service role's password, in the data directory.
 const PASSWORD_FILE: &str = "pg.password";
+/// The directory of attached processes' lock files, in the data directory.
+const ATTACHED_DIR: &str = "pg.attached";
+/// How often [`keep_running`] looks whether the cluster still runs.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// Failed starts in a row after which [`keep_running`] gives up.
+pub const RESTART_ATTEMPTS: u32 = 5;
 
-/// A running cluster this process uses; stops it on release only if this process started it.
+/// This process's attachment to the running cluster; on release it leaves, and stops the
+/// cluster if it was the last attached process.
 pub struct EmbeddedCluster {
+    cluster: Arc<Cluster>,
+    /// `None` once released.
+    attachment: Option<Attachment>,
+}
+
+/// What running the cluster needs; shared with [`Keeper`].
+struct Cluster {
     dir: PathBuf,
     bin: PathBuf,
     /// The service role's password (from `pg.password`).
     password: zeroize::Zeroizing<String>,
     run_as: Option<Account>,
-    started_here: bool,
+    /// Set when this process is leaving: a [`Keeper`] then starts nothing.
+    leaving: AtomicBool,
+}
+
+/// This process's file in `pg.attached/`, locked for as long as the process uses the cluster.
+struct Attachment {
+    path: PathBuf,
+    /// Holds the lock; closing it releases the lock.
+    _file: File,
 }
 
 impl std::fmt::Debug for EmbeddedCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedCluster")
-            .field("dir", &self.dir)
-            .field("started_here", &self.started_here)
+            .field("dir", &self.cluster.dir)
+            .field("attached", &self.attachment.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +119,7 @@ struct Account {
 }
 
 impl EmbeddedCluster {
-    /// Creates the cluster on first use, then starts it or attaches to it. Blocking.
+    /// Creates the cluster on first use, attaches to it, and starts it unless it runs. Blocking.
     pub fn ensure_running(dir: &Path) -> anyhow::Result<Self> {
         let parent = dir
             .parent()
@@ -100,7 +136,7 @@ impl EmbeddedCluster {
         }
         let bin = find_binaries()?;
         let run_as = unprivileged_account()?;
-        let _lock = lock(parent)?;
+        let control = lock(parent)?;
 
         if let Some(account) = &run_as {
             check_reachable(parent, account)?;
@@ -109,61 +145,236 @@ impl EmbeddedCluster {
         if !dir.join("PG_VERSION").exists() {
             init(dir, &bin, run_as.as_ref(), &password)?;
         }
-        let mut cluster = EmbeddedCluster {
-            dir: dir.to_path_buf(),
-            bin,
-            password,
-            run_as,
-            started_here: false,
+        let mut this = EmbeddedCluster {
+            cluster: Arc::new(Cluster {
+                dir: dir.to_path_buf(),
+                bin,
+                password,
+                run_as,
+                leaving: AtomicBool::new(false),
+            }),
+            attachment: None,
         };
-        if !cluster.is_running() {
-            cluster.start()?;
-            cluster.started_here = true;
-        }
-        cluster.require_password()?;
-        cluster.ensure_database()?;
-        Ok(cluster)
+        // Attached before starting: should a later step fail, dropping `this` (once the
+        // control lock is free again) stops a cluster nobody else uses.
+        let ready = attach(parent).and_then(|a| {
+            this.attachment = Some(a);
+            if !this.cluster.is_running() {
+                this.cluster.start()?;
+            }
+            this.cluster.require_password()?;
+            this.cluster.ensure_database()
+        });
+        drop(control);
+        ready?;
+        Ok(this)
     }
 
     /// How sqlx reaches the cluster: the unix socket in the cluster directory.
     pub fn connect_options(&self) -> PgConnectOptions {
         PgConnectOptions::new()
-            .socket(&self.dir)
+            .socket(&self.cluster.dir)
             .port(PORT)
             .username(DB_NAME)
-            .password(&self.password)
+            .password(&self.cluster.password)
             .database(DB_NAME)
     }
 
-    /// Stops the cluster if this process started it. Blocking.
-    pub fn release(mut self) {
-        self.stop_if_owner();
+    /// What [`keep_running`] needs to start the cluster again while this process is attached.
+    pub fn keeper(&self) -> Keeper {
+        Keeper {
+            cluster: Arc::clone(&self.cluster),
+        }
     }
 
-    fn stop_if_owner(&mut self) {
-        if !self.started_here {
-            return;
-        }
-        self.started_here = false;
-        let Ok(_lock) = lock(self.dir.parent().unwrap_or(&self.dir)) else {
+    /// Leaves the cluster, stopping it if no other process is attached. Blocking.
+    pub fn release(mut self) {
+        self.leave();
+    }
+
+    fn leave(&mut self) {
+        let Some(attachment) = self.attachment.take() else {
             return;
         };
+        self.cluster.leaving.store(true, Ordering::SeqCst);
+        let parent = self.cluster.parent();
+        let _control = match lock(parent) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, pg.dir = %self.cluster.dir.display(), "embedded PostgreSQL left running: cannot tell whether another command still uses it");
+                return;
+            }
+        };
+        let _ = fs::remove_file(&attachment.path);
+        drop(attachment);
+        let others = live_attachments(parent);
+        if others > 0 {
+            tracing::info!(pg.dir = %self.cluster.dir.display(), pg.attached = others, "embedded PostgreSQL left running for the other commands using it");
+            return;
+        }
+        if !self.cluster.is_running() {
+            return;
+        }
         let status = self
+            .cluster
             .pg_ctl()
             .args(["stop", "-D"])
-            .arg(&self.dir)
+            .arg(&self.cluster.dir)
             .args(["-m", "fast", "-w", "-t", PG_CTL_WAIT_SECS])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
         match status {
             Ok(s) if s.success() => {
-                tracing::info!(pg.dir = %self.dir.display(), "embedded PostgreSQL stopped")
+                tracing::info!(pg.dir = %self.cluster.dir.display(), "embedded PostgreSQL stopped")
             }
             _ => {
-                tracing::warn!(pg.dir = %self.dir.display(), "embedded PostgreSQL did not stop cleanly")
+                tracing::warn!(pg.dir = %self.cluster.dir.display(), "embedded PostgreSQL did not stop cleanly")
             }
         }
+    }
+}
+
+impl Drop for EmbeddedCluster {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// Starts the cluster again when it goes away while this process is attached.
+pub struct Keeper {
+    cluster: Arc<Cluster>,
+}
+
+impl Keeper {
+    /// Cheap: `postmaster.pid` names a live process, not a zombie (else, when the file cannot
+    /// be read, asks `pg_ctl status`).
+    fn seems_running(&self) -> bool {
+        match fs::read_to_string(self.cluster.dir.join("postmaster.pid")) {
+            Ok(text) => text
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<u32>().ok())
+                .and_then(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+                .and_then(|stat| {
+                    let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+                    Some(state != "Z" && state != "X")
+                })
+                .unwrap_or(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(_) => self.cluster.is_running(),
+        }
+    }
+
+    /// Under `pg.lock`: starts the cluster unless it runs or this process is leaving. `true`
+    /// when it started it. Blocking.
+    fn restart_if_gone(&self) -> anyhow::Result<bool> {
+        let _control = lock(self.cluster.parent())?;
+        if self.cluster.leaving.load(Ordering::SeqCst) || self.cluster.is_running() {
+            return Ok(false);
+        }
+        self.cluster.start()?;
+        Ok(true)
+    }
+}
+
+/// Until `shutdown`: looks every [`WATCH_EVERY`] whether the cluster still runs, and starts it
+/// again when it does not. After [`RESTART_ATTEMPTS`] failed starts in a row it gives up with
+/// an error in the log (readiness then stays failed, so an orchestrator restarts the service).
+pub async fn keep_running(keeper: Keeper, shutdown: CancellationToken) {
+    let keeper = Arc::new(keeper);
+    let mut failures = 0u32;
+    let mut pause = WATCH_EVERY;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = WATCH_EVERY;
+        if keeper.seems_running() {
+            continue;
+        }
+        let k = Arc::clone(&keeper);
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = tokio::task::spawn_blocking(move || k.restart_if_gone()) => r,
+        };
+        match attempt {
+            Ok(Ok(true)) => {
+                failures = 0;
+                tracing::warn!(pg.dir = %keeper.cluster.dir.display(), "embedded PostgreSQL had stopped under this service; started it again");
+            }
+            Ok(Ok(false)) => failures = 0,
+            Ok(Err(e)) => {
+                failures += 1;
+                if failures >= RESTART_ATTEMPTS {
+                    tracing::error!(error = %e, pg.dir = %keeper.cluster.dir.display(), "embedded PostgreSQL is gone and {RESTART_ATTEMPTS} starts failed; giving up: restart the service once the cause (see pg.log) is fixed");
+                    return;
+                }
+                tracing::error!(error = %e, pg.dir = %keeper.cluster.dir.display(), attempt = failures, "embedded PostgreSQL is gone and could not be started again; retrying");
+                pause = WATCH_EVERY * 2u32.pow(failures);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the embedded PostgreSQL keeper's start task failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Creates and locks this process's file in `pg.attached/` (under `pg.lock`).
+fn attach(parent: &Path) -> anyhow::Result<Attachment> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = parent.join(ATTACHED_DIR);
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    let path = dir.join(format!(
+        "{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.try_lock()
+        .map_err(|e| anyhow::anyhow!("cannot lock {}: {e}", path.display()))?;
+    Ok(Attachment { path, _file: file })
+}
+
+/// How many files in `pg.attached/` are locked by a live process (under `pg.lock`); the files
+/// of processes that are gone are removed.
+fn live_attachments(parent: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(parent.join(ATTACHED_DIR)) else {
+        return 0;
+    };
+    let mut live = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        match file.try_lock() {
+            // Nobody holds it: its process is gone.
+            Ok(()) => {
+                let _ = fs::remove_file(&path);
+            }
+            Err(fs::TryLockError::WouldBlock) => live += 1,
+            Err(fs::TryLockError::Error(e)) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot tell whether this attachment is live; counting it");
+                live += 1;
+            }
+        }
+    }
+    live
+}
+
+impl Cluster {
+    fn parent(&self) -> &Path {
+        self.dir.parent().unwrap_or(&self.dir)
     }
 
     fn is_running(&self) -> bool {
@@ -335,12 +546,6 @@ impl EmbeddedCluster {
         }
         cmd.current_dir(self.dir.parent().unwrap_or(&self.dir));
         cmd
-    }
-}
-
-impl Drop for EmbeddedCluster {
-    fn drop(&mut self) {
-        self.stop_if_owner();
     }
 }
 

@@ -13,6 +13,7 @@ use anyhow::Context;
 use secrecy::ExposeSecret;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgPool};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use embedded::EmbeddedCluster;
@@ -28,11 +29,11 @@ const PING_IDLE: Duration = Duration::from_secs(1);
 /// The embedded migrations (timestamp-named, append-only).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// An open, migrated database, plus the embedded cluster when this process started it.
+/// An open, migrated database, plus this process's attachment to the embedded cluster.
 pub struct Store {
     pub pool: PgPool,
-    /// `Some` when the embedded default is in use; stopped by [`Store::close`] only if this
-    /// process started it.
+    /// `Some` when the embedded default is in use; [`Store::close`] leaves it, stopping it
+    /// only when no other process is attached.
     embedded: Option<EmbeddedCluster>,
 }
 
@@ -81,7 +82,18 @@ impl Store {
         Ok(store)
     }
 
-    /// Closes the pool and, if this process started the embedded cluster, stops it.
+    /// With the embedded cluster: a task, for a long-lived process, that starts the cluster
+    /// again when it goes away under it (see [`embedded::keep_running`]); ends at `shutdown`.
+    pub fn keep_embedded_running(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let keeper = self.embedded.as_ref()?.keeper();
+        Some(embedded::keep_running(keeper, shutdown))
+    }
+
+    /// Closes the pool and leaves the embedded cluster, which stops it when no other process
+    /// is attached.
     pub async fn close(self) {
         self.pool.close().await;
         if let Some(cluster) = self.embedded {

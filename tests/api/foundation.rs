@@ -185,7 +185,7 @@ async fn session_log_export_writes_jsonl_in_order() {
 }
 
 /// With no DATABASE_URL: a private cluster is created, a second opener attaches to it, and
-/// only the opener that started it stops it.
+/// the last one to close stops it, whichever started it.
 #[tokio::test]
 async fn embedded_cluster_starts_attaches_and_stops() {
     let dir = tempfile::tempdir().unwrap();
@@ -200,25 +200,25 @@ async fn embedded_cluster_starts_attaches_and_stops() {
     let config = config_from(&vars, dir.path());
     let pid_file = dir.path().join("d/pg/postmaster.pid");
 
-    let owner = Store::open(&config).await.expect("embedded cluster starts");
+    let starter = Store::open(&config).await.expect("embedded cluster starts");
     assert!(pid_file.exists());
     let guest = Store::open(&config).await.expect("second command attaches");
     sqlx::query("CREATE TABLE t (x int)")
         .execute(&guest.pool)
         .await
         .unwrap();
-    guest.close().await;
+    starter.close().await;
     assert!(
         pid_file.exists(),
-        "an attaching command must not stop the cluster"
+        "the starting command must not stop the cluster another still uses"
     );
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t")
-        .fetch_one(&owner.pool)
+        .fetch_one(&guest.pool)
         .await
         .unwrap();
     assert_eq!(n, 0);
-    owner.close().await;
-    assert!(!pid_file.exists(), "the starting command stops the cluster");
+    guest.close().await;
+    assert!(!pid_file.exists(), "the last command out stops the cluster");
 
     // Restart on the existing cluster keeps the data.
     let again = Store::open(&config).await.unwrap();

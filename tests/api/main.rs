@@ -13,6 +13,7 @@ mod deploy;
 mod doctor;
 #[allow(dead_code)]
 mod dropbear;
+mod embedded_cluster;
 mod exec;
 mod exec_ssh;
 #[allow(dead_code)]
