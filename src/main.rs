@@ -81,9 +81,15 @@ struct SkillArgs {
 
 #[derive(Debug, Subcommand)]
 enum VaultCmd {
-    /// A new master key: every target's secrets re-sealed with it (audited); the previous
-    /// key is kept beside it as `<key>.old`. Stop every `serve` first.
-    RotateKey,
+    /// A new master key: every target's secrets and the vault's canary re-sealed with it in
+    /// one transaction (audited); the previous key is kept beside it as `<key>.old`. Refused
+    /// while `serve` or `chat` runs on the database (a live heartbeat): stop them first.
+    RotateKey {
+        /// Rotate even while the service runs; restart every replica right after (until then
+        /// it cannot open any target's secret).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -195,7 +201,9 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         }
         Cmd::Skill(SkillArgs { cmd, .. }) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
-        Cmd::Vault(VaultCmd::RotateKey) => sshmode::target::cli::rotate_key(&config).await,
+        Cmd::Vault(VaultCmd::RotateKey { force }) => {
+            sshmode::target::cli::rotate_key(&config, force).await
+        }
         Cmd::Doctor { url, json } => {
             let checks =
                 sshmode::app::doctor::run(config, &sshmode::app::doctor::Options { url }).await;

@@ -10,6 +10,11 @@
 //! only) are opened once more, by the start-up re-seal, and never again. The vault never logs, formats or returns
 //! plaintext in an error, never holds the raw key outside `Zeroizing` memory (the working copy
 //! lives inside ring's key schedule), and never accepts a key file other users could read.
+//!
+//! Which key belongs to a database is [`keyring`]'s part: it opens the key file only where the
+//! key opens the database's canary record, and never creates a key over sealed secrets.
+
+pub mod keyring;
 
 use std::fmt;
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -72,6 +77,10 @@ impl Slot<'_> {
         aad
     }
 }
+/// The canary's associated data: unlike a slot's, it holds no generation or alias.
+const CANARY_AAD: &[u8] = b"sshmode.vault.canary.v1";
+/// What the canary holds.
+const CANARY_TEXT: &[u8] = b"sshmode vault canary";
 /// AES-GCM tag length.
 const TAG_LEN: usize = 16;
 const HEADER_LEN: usize = 1 + NONCE_LEN;
@@ -135,7 +144,9 @@ impl fmt::Debug for Vault {
 impl Vault {
     /// Opens the master key at `path`, creating it (32 random bytes, mode 0600, parent
     /// directories 0700) when it does not exist. An existing file is refused when group or
-    /// others may access it, or when its length is wrong.
+    /// others may access it, or when its length is wrong. It does not look at the database:
+    /// the service and the commands open the key through [`keyring::open`], which refuses
+    /// to create one while secrets are sealed.
     pub fn open_or_create(path: &Path) -> Result<Vault, VaultError> {
         let rng = SystemRandom::new();
         let key = match Self::read_key(path) {
@@ -153,6 +164,26 @@ impl Vault {
             other => other?,
         };
         Self::with_key(path, &key[..], rng)
+    }
+
+    /// Opens the master key at `path`, which must exist (it is never created here).
+    pub fn open_existing(path: &Path) -> Result<Vault, VaultError> {
+        let key = Self::read_key(path)?;
+        Self::with_key(path, &key[..], SystemRandom::new())
+    }
+
+    /// A vault under a random key held only in memory, for a check that needs a vault but
+    /// opens no record (doctor's isolation check); nothing it seals outlives it.
+    pub fn ephemeral() -> Result<Vault, VaultError> {
+        let rng = SystemRandom::new();
+        let mut key = Zeroizing::new([0u8; KEY_LEN]);
+        rng.fill(&mut key[..]).map_err(|_| VaultError::Random)?;
+        Self::with_key(Path::new("(in memory)"), &key[..], rng)
+    }
+
+    /// Where the key was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Creates a new master key at `path`, which must not exist yet (`vault rotate-key`
@@ -262,6 +293,18 @@ impl Vault {
     /// any altered or missing byte fails.
     pub fn open(&self, place: &Slot<'_>, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, VaultError> {
         self.open_with(VERSION, &place.aad(), place.alias, sealed)
+    }
+
+    /// Seals the canary: a fixed text under associated data no target slot can have, so
+    /// that whether a key is the database's can be told without a target.
+    pub fn seal_canary(&self) -> Result<Vec<u8>, VaultError> {
+        self.seal_with(VERSION, CANARY_AAD, "(canary)", CANARY_TEXT)
+    }
+
+    /// Whether `sealed` is a canary sealed under this key.
+    pub fn opens_canary(&self, sealed: &[u8]) -> bool {
+        self.open_with(VERSION, CANARY_AAD, "(canary)", sealed)
+            .is_ok_and(|plain| plain[..] == *CANARY_TEXT)
     }
 
     /// Opens a version 1 record (the alias alone as associated data), only so that the
@@ -641,6 +684,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = Vault::open_or_create(dir.path()).unwrap_err();
         assert!(matches!(err, VaultError::NotAFile { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn the_canary_opens_only_under_its_key_and_is_no_target_record() {
+        let (_d1, p1, v1) = fresh();
+        let (_d2, _p2, v2) = fresh();
+        let canary = v1.seal_canary().unwrap();
+        assert!(v1.opens_canary(&canary));
+        assert!(!v2.opens_canary(&canary));
+        assert!(Vault::open_existing(&p1).unwrap().opens_canary(&canary));
+        // Not a target's record, nor a target's record a canary.
+        assert!(v1.open(&at("db"), &canary).is_err());
+        let record = v1.seal(&at("db"), b"sshmode vault canary").unwrap();
+        assert!(!v1.opens_canary(&record));
+        assert!(!Vault::ephemeral().unwrap().opens_canary(&canary));
+    }
+
+    #[test]
+    fn open_existing_never_creates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.key");
+        let err = Vault::open_existing(&path).unwrap_err();
+        assert!(matches!(err, VaultError::Io { .. }), "{err:?}");
+        assert!(!path.exists());
     }
 
     #[test]

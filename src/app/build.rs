@@ -1,8 +1,9 @@
-//! The core every front-end runs on, built in one place: the store's pool, the vault (records
-//! re-sealed), the model router, the control plane, the executors, chat control as the agent
-//! sees it, the agent and a turn runner. `serve` adds HTTP and Lark around it
-//! ([`super::App`]), and the MCP endpoint when it is configured ([`Core::mcp`]); `sshmode chat`
-//! adds its terminal ([`crate::console`]).
+//! The core every front-end runs on, built in one place: the store's pool, the vault (its key
+//! checked against the database's canary, records re-sealed), the model router, the control
+//! plane, the executors, chat control as the agent sees it, the agent, a turn runner and the
+//! replica's heartbeat. `serve` adds HTTP and Lark around it ([`super::App`]), and the MCP
+//! endpoint when it is configured ([`Core::mcp`]); `sshmode chat` adds its terminal
+//! ([`crate::console`]).
 
 use std::sync::Arc;
 
@@ -19,7 +20,6 @@ use crate::exec::Executors;
 use crate::llm::Router;
 use crate::metrics::Metrics;
 use crate::turns::{Runner, RunnerConfig, SectionFilter};
-use crate::vault::Vault;
 use crate::workspace::LocalRules;
 
 /// How often an idle turn runner looks for work without a wake-up.
@@ -52,6 +52,8 @@ pub struct Core {
     pub workspaces: LocalRules,
     /// What never goes back to an MCP client (private keys, service keys, target secrets).
     pub secrets: Arc<crate::plane::SecretFilter>,
+    /// This process's row in `replicas`, its heartbeat renewed while it runs.
+    pub replica: String,
 }
 
 impl Core {
@@ -69,12 +71,12 @@ impl Core {
         let llm = Router::from_config(&config, db.clone(), clock.clone(), metrics.clone())
             .context("building the model router")?
             .map(Arc::new);
-        let vault = Arc::new(Vault::open_or_create(&config.master_key_file).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
-                config.master_key_file.display()
-            )
-        })?);
+        // Only the key that opens this database's vault (never a fresh one over sealed secrets).
+        let vault = Arc::new(
+            crate::vault::keyring::open(&db, &config.master_key_file)
+                .await
+                .map_err(anyhow::Error::new)?,
+        );
         // Vault records still bound to the alias alone are sealed again for their row and field.
         crate::target::reseal_legacy(&db, &vault)
             .await
@@ -126,7 +128,12 @@ impl Core {
             agent.clone(),
             front.scope,
         );
+        // Seen as running from here (`vault rotate-key` refuses while it is).
+        let replica = crate::store::replicas::register(&db)
+            .await
+            .context("recording this process as a running replica")?;
         Ok(Core {
+            replica,
             config: Arc::new(config),
             db,
             metrics,
@@ -157,9 +164,14 @@ impl Core {
     }
 
     /// Starts the core's background work on `tasks` until `shutdown`: the turn runner, the
-    /// SSH pool's reaper, the audit of shells that closed on their own account and the router's
-    /// probes.
+    /// SSH pool's reaper, the audit of shells that closed on their own account, the router's
+    /// probes and the replica heartbeat.
     pub fn spawn(&self, shutdown: &CancellationToken, tasks: &TaskTracker) {
+        tasks.spawn(crate::store::replicas::run(
+            self.db.clone(),
+            self.replica.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(self.turns.clone().run(shutdown.clone(), tasks.clone()));
         tasks.spawn(self.exec.clone().run_reaper(shutdown.clone()));
         tasks.spawn(audit_closed_shells(

@@ -1,6 +1,7 @@
 //! `sshmode doctor`: checks a deployment the way its first user would find it broken, one
 //! [`Check`] per line with ✓ (fine), ! (works, with a caveat) or ✗ (broken) and one line of
-//! advice — the config, the database and its migrations, the local isolation level, Lark (a
+//! advice — the config, the database and its migrations, the vault key (it opens the
+//! vault's canary record), the local isolation level, Lark (a
 //! tenant token, the bot's info, the scope to read quoted messages, the Encrypt Key, and with
 //! `--url` a signed `url_verification` round trip through the public event URL), one
 //! `max_tokens = 1` request per model entry, and
@@ -152,6 +153,7 @@ pub async fn run(config: Config, opts: &Options) -> Vec<Check> {
         }
     };
     let tasks = TaskTracker::new();
+    checks.push(vault(&config, store.as_ref().map(|s| &s.pool)).await);
     checks.push(isolation(&config, &tasks, store.as_ref().map(|s| &s.pool)));
     checks.extend(lark(&config, opts).await);
     match &store {
@@ -183,6 +185,34 @@ fn database_failure(config: &Config, error: &str) -> Check {
     Check::fail("database", error.to_string(), advice)
 }
 
+/// The master key opens the vault (its canary record), as `serve` checks at start; on an
+/// empty vault the key is created, as `serve` would.
+async fn vault(config: &Config, db: Option<&sqlx::PgPool>) -> Check {
+    let Some(db) = db else {
+        return Check::fail(
+            "vault",
+            "not checked: the database is unreachable",
+            "fix the database first",
+        );
+    };
+    let path = &config.master_key_file;
+    match crate::vault::keyring::open(db, path).await {
+        Ok(_) => Check::ok(
+            "vault",
+            format!("the master key {} opens the vault", path.display()),
+        ),
+        Err(e) => Check::fail(
+            "vault",
+            e.problem,
+            e.advice.unwrap_or_else(|| {
+                "check SSHMODE_MASTER_KEY_FILE: a 32-byte file readable by the service alone \
+                 (mode 0600)"
+                    .into()
+            }),
+        ),
+    }
+}
+
 /// The local isolation level, found as `serve` finds it.
 fn isolation(config: &Config, tasks: &TaskTracker, db: Option<&sqlx::PgPool>) -> Check {
     let Some(db) = db else {
@@ -192,16 +222,15 @@ fn isolation(config: &Config, tasks: &TaskTracker, db: Option<&sqlx::PgPool>) ->
             "fix the database first",
         );
     };
-    let vault = match Vault::open_or_create(&config.master_key_file) {
+    // The level does not depend on the key: a vault in memory (the `vault` check opens the
+    // real one, and never creates one over sealed secrets).
+    let vault = match Vault::ephemeral() {
         Ok(v) => Arc::new(v),
         Err(e) => {
             return Check::fail(
-                "vault",
-                format!(
-                    "cannot open the master key {}: {e}",
-                    config.master_key_file.display()
-                ),
-                "check SSHMODE_MASTER_KEY_FILE: the file must be readable by the service (mode 0600)",
+                "isolation",
+                e.to_string(),
+                "check the system's random source",
             );
         }
     };

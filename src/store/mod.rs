@@ -5,6 +5,7 @@
 //! database goes through [`Store::open`], which applies pending migrations first.
 
 pub mod embedded;
+pub mod replicas;
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -449,24 +449,44 @@ pub async fn check(
 }
 
 /// `sshmode vault rotate-key`: a new master key, written beside the current one
-/// (`<key>.new`), every target's records re-sealed with it in one transaction (audited as
-/// `vault.rotate`), then the files swapped: the current key becomes `<key>.old` and the new one
-/// takes its place. Stop every `serve` first: a running service holds the old key in memory.
-pub async fn rotate_key(config: &Config) -> anyhow::Result<i32> {
+/// (`<key>.new`), every target's records and the vault's canary re-sealed with it in one
+/// transaction (audited as `vault.rotate`), then the files swapped: the current key becomes
+/// `<key>.old` and the new one takes its place. Refused while a replica of the service has a
+/// live heartbeat on this database (it holds the old key in memory) unless `force`.
+pub async fn rotate_key(config: &Config, force: bool) -> anyhow::Result<i32> {
     let store = crate::store::Store::open(config).await?;
-    let result = rotate_key_with(config, &store.pool).await;
+    let result = rotate_key_with(config, &store.pool, force).await;
     store.close().await;
-    let (n, old) = result?;
+    let rotated = result?;
     println!(
-        "re-sealed the secrets of {n} target(s) with a new master key at {}; the previous key is \
+        "re-sealed the secrets of {} target(s) with a new master key at {}; the previous key is \
          {}: replace the key in your backups, then delete it",
+        rotated.targets,
         config.master_key_file.display(),
-        old.display()
+        rotated.old.display()
     );
+    if !rotated.running.is_empty() {
+        eprintln!(
+            "warning: still running with the previous key: {}; restart it now, until then it \
+             cannot open any target's secret",
+            rotated.running.join(", ")
+        );
+    }
     Ok(0)
 }
 
-async fn rotate_key_with(config: &Config, db: &PgPool) -> anyhow::Result<(usize, PathBuf)> {
+/// What a rotation did.
+pub struct Rotated {
+    /// Targets whose records were re-sealed.
+    pub targets: usize,
+    /// Where the previous key now is.
+    pub old: PathBuf,
+    /// Replicas that were running (with `--force`), as `pid P on HOST (…)`.
+    pub running: Vec<String>,
+}
+
+/// [`rotate_key`] on a given database.
+pub async fn rotate_key_with(config: &Config, db: &PgPool, force: bool) -> anyhow::Result<Rotated> {
     let current = &config.master_key_file;
     if !current.exists() {
         bail!(
@@ -480,15 +500,50 @@ async fn rotate_key_with(config: &Config, db: &PgPool) -> anyhow::Result<(usize,
         PathBuf::from(s)
     };
     let (next_path, old_path) = (with(".new"), with(".old"));
-    for p in [&next_path, &old_path] {
-        if p.exists() {
+    if old_path.exists() {
+        bail!(
+            "{} exists: it holds the key an earlier rotation replaced; once your backups hold \
+             the current key {}, delete it and run this again",
+            old_path.display(),
+            current.display()
+        );
+    }
+    if next_path.exists() {
+        // Left by a rotation that stopped: before its commit (nothing changed) or after it,
+        // before the key was moved into place. The canary tells which.
+        let sealed_with_next = match Vault::open_existing(&next_path) {
+            Ok(next) => crate::vault::keyring::opens_canary(db, &next)
+                .await?
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        if sealed_with_next {
             bail!(
-                "{} exists: an earlier rotation left it; if `sshmode audit list --kind vault` shows \
-                 that rotation, the database is sealed with `.new` (move it over the key); \
-                 otherwise delete it and run this again",
-                p.display()
+                "{next} holds the key this database is now sealed with (an earlier rotation \
+                 stopped before moving it into place): move {cur} to {old}, then {next} to {cur}",
+                next = next_path.display(),
+                cur = current.display(),
+                old = old_path.display()
             );
         }
+        bail!(
+            "{} is left from an earlier rotation that changed nothing (the database does not \
+             use it): delete it and run this again",
+            next_path.display()
+        );
+    }
+    let running: Vec<String> = crate::store::replicas::live(db)
+        .await?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if !running.is_empty() && !force {
+        bail!(
+            "the service is running on this database ({}): it holds the current key and would \
+             fail to open every secret after the rotation; stop every `sshmode serve` and \
+             `sshmode chat` first, or pass --force and restart them right after",
+            running.join(", ")
+        );
     }
     let old = open_vault(config, db).await?;
     let next = Vault::create(&next_path)
@@ -513,17 +568,17 @@ async fn rotate_key_with(config: &Config, db: &PgPool) -> anyhow::Result<(usize,
     if let Some(dir) = current.parent() {
         let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
     }
-    Ok((n, old_path))
+    Ok(Rotated {
+        targets: n,
+        old: old_path,
+        running,
+    })
 }
 
 /// Opens the vault and re-seals any records still in the first format (idempotent).
 async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
-    let vault = Vault::open_or_create(&config.master_key_file).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot open the vault key {} (SSHMODE_MASTER_KEY_FILE): {e}",
-            config.master_key_file.display()
-        )
-    })?;
+    // Only the key that opens this database's vault (never a fresh one over sealed secrets).
+    let vault = crate::vault::keyring::open(db, &config.master_key_file).await?;
     super::reseal_legacy(db, &vault).await.map_err(user_error)?;
     Ok(vault)
 }

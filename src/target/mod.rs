@@ -938,6 +938,57 @@ pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool
     Ok(vault.contains_secret(text, &records))
 }
 
+/// How many targets hold a sealed secret (a key, certificate or password): what a new master
+/// key would leave unreadable.
+pub async fn sealed_count(db: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM targets WHERE sealed_key IS NOT NULL OR sealed_cert IS NOT NULL \
+         OR sealed_password IS NOT NULL",
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Most rows [`opens_a_record`] tries.
+const MAX_PROBED: i64 = 1000;
+
+/// Whether `vault` opens at least one target's sealed record (in either format): the proof,
+/// before a database has a canary, that this key is the one its secrets were sealed with.
+pub async fn opens_a_record(db: &PgPool, vault: &Vault) -> Result<bool, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT alias, generation, seal_version, sealed_key, sealed_cert, sealed_password \
+         FROM targets ORDER BY generation LIMIT $1",
+    )
+    .bind(MAX_PROBED)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.iter().any(|row| {
+        let alias: String = row.get("alias");
+        let generation: i64 = row.get("generation");
+        let legacy = row.get::<i16, _>("seal_version") == 1;
+        [
+            (Field::Key, "sealed_key"),
+            (Field::Cert, "sealed_cert"),
+            (Field::Password, "sealed_password"),
+        ]
+        .into_iter()
+        .any(|(field, column)| {
+            let Some(sealed) = row.get::<Option<Vec<u8>>, _>(column) else {
+                return false;
+            };
+            if legacy {
+                return vault.open_legacy(&alias, &sealed).is_ok();
+            }
+            let place = Slot {
+                alias: &alias,
+                generation,
+                field,
+            };
+            vault.open(&place, &sealed).is_ok()
+        })
+    }))
+}
+
 /// Re-seals every row still at seal version 1 (vault records bound to the alias alone) for
 /// its (alias, generation, field), one row per transaction; idempotent, and safe to run from
 /// several processes at once (a row is locked and re-checked). A row whose records do not
@@ -1019,8 +1070,9 @@ pub async fn reseal_legacy(db: &PgPool, vault: &Vault) -> Result<usize, TargetEr
 /// Most targets one key rotation re-seals.
 const MAX_RESEAL: i64 = 100_000;
 
-/// Re-seals every target's vault records, opened with `old`, under `new`, in one transaction
-/// with its audit row (`vault.rotate`): either every record moves to the new key or none does.
+/// Re-seals every target's vault records and the vault's canary, opened with `old`, under
+/// `new`, in one transaction with its audit row (`vault.rotate`): either every record moves to
+/// the new key or none does.
 /// A record `old` cannot open fails the whole rotation (nothing is lost by stopping).
 pub async fn reseal_all(
     db: &PgPool,
@@ -1066,6 +1118,14 @@ pub async fn reseal_all(
         .bind(password)
         .execute(&mut *tx)
         .await?;
+    }
+    // The canary moves with them: the new key is the vault's from the same commit.
+    if !crate::vault::keyring::reseal_canary(&mut tx, old, new).await? {
+        return Err(TargetError::Invalid(
+            "the current master key does not open the vault's canary record: it is not the key \
+             this database was sealed with"
+                .into(),
+        ));
     }
     audit::record(
         &mut tx,

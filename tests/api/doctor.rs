@@ -123,6 +123,7 @@ async fn a_healthy_deployment_is_all_checked_and_passes() {
     for name in [
         "config",
         "database",
+        "vault",
         "lark.token",
         "lark.bot",
         "lark.encrypt_key",

@@ -306,8 +306,13 @@ async fn every_authentication_method_works() {
         .unwrap();
     assert!(added.status.success(), "{added:?}");
     std::fs::remove_file(&ak).unwrap();
+    // A second replica on the same database shares its master key.
     let app2 = TestApp::builder()
         .database(&env.app.db_url)
+        .var(
+            "SSHMODE_MASTER_KEY_FILE",
+            &env.app.state.config.master_key_file.display().to_string(),
+        )
         .var("SSH_AUTH_SOCK", sock.to_str().unwrap())
         .spawn()
         .await;

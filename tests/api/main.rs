@@ -47,4 +47,5 @@ mod ssh_trust;
 #[allow(dead_code)]
 mod sshd;
 mod terminals;
+mod vault;
 mod workspaces;
