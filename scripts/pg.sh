@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Sourced by test.sh and bench.sh: installs what is missing (OpenSSH server, Dropbear, PostgreSQL), starts
 # a throwaway PostgreSQL cluster under /tmp as an unprivileged user, exports TEST_DATABASE_URL,
 # and stops and removes the cluster when the sourcing shell exits.

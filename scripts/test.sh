@@ -41,6 +41,10 @@ if ! "$mcp_venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.
 fi
 export SSHMODE_TEST_MCP_PYTHON="$mcp_venv/bin/python"
 
+# deploy/ against the Kubernetes and compose-spec schemas and apparmor_parser, offline, with
+# pinned validators in a virtualenv beside the build; a missing validator fails the run.
+bash scripts/check-deploy.sh
+
 export RUST_BACKTRACE=1
 # Benchmarks are compiled (so they cannot rot) but not run here; see BENCHMARKS.md.
 cargo test --locked --benches --no-run

@@ -6,11 +6,15 @@ use clap::{Parser, Subcommand};
 use sshmode::config::Config;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(test)]
+mod ops_cli_help;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sshmode",
     version,
-    about = "An AI agent for Feishu/Lark chats whose work runs locally or on approved SSH targets"
+    about = "An AI agent for Feishu/Lark chats whose work runs locally or on approved SSH targets",
+    after_help = "Examples:\n  sshmode doctor                 # check the deployment first\n  sshmode chat                   # a terminal chat, no Lark needed\n  sshmode serve                  # the service\n  sshmode target add --help      # every command explains itself"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -20,25 +24,48 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run the service: HTTP server (webhooks, health, metrics, router status) and workers.
+    #[command(
+        after_help = "Examples:\n  sshmode serve                          # settings from .env and the environment\n  SSHMODE_LISTEN=0.0.0.0:8080 sshmode serve"
+    )]
     Serve,
     /// Apply the database migrations and exit.
+    #[command(
+        after_help = "Examples:\n  sshmode migrate                        # before a rollout of several replicas"
+    )]
     Migrate,
     /// Manage SSH targets.
-    Target(TargetArgs),
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode target add web --host web.example.com --user deploy --key ~/.ssh/id_ed25519 --approve\n  sshmode target list\n  sshmode target test web"
+    )]
+    Target(sshmode::target::cli::TargetCmd),
     /// Skills: list them with their scope, show one, promote one to every chat.
-    Skill(SkillArgs),
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode skill list\n  sshmode skill show deploy-checklist\n  sshmode skill promote deploy-checklist"
+    )]
+    Skill(sshmode::plane::cli::SkillCmd),
     /// A terminal chat that is one local section, with the slash commands and the agent.
     /// Needs no Lark settings; with piped input it handles each line in order and exits.
+    #[command(
+        after_help = "Examples:\n  sshmode chat                           # a new section, named after the time\n  sshmode chat --section ops             # resume console:ops\n  echo '/ssh status' | sshmode chat      # one line, then exit"
+    )]
     Chat {
         /// Resume the section `console:NAME` (default: a new section named after the time).
         #[arg(long, value_name = "NAME")]
         section: Option<String>,
     },
     /// The audit trail: every executed command, binding, grant, refusal and target change.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode audit list --since 24h --target prod\n  sshmode audit export --since 7d > audit.jsonl"
+    )]
     Audit(sshmode::audit::cli::AuditCmd),
     /// Check the deployment: config, database, isolation, Lark, the model, every target. One
     /// line per check with advice; exits 1 when anything failed.
+    #[command(
+        after_help = "Examples:\n  sshmode doctor\n  sshmode doctor --url https://bot.example.com/lark/events\n  sshmode doctor --json"
+    )]
     Doctor {
         /// The public event URL (`https://…/lark/events`): send it a signed url_verification.
         #[arg(long, value_name = "URL")]
@@ -48,35 +75,30 @@ enum Cmd {
         json: bool,
     },
     /// The vault of target secrets.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode vault rotate-key               # with every `serve` stopped"
+    )]
     Vault(VaultCmd),
     /// Session event logs.
-    #[command(name = "session-log", subcommand)]
+    #[command(
+        name = "session-log",
+        subcommand,
+        after_help = "Examples:\n  sshmode session-log export omt_xxx > section.jsonl"
+    )]
     SessionLog(SessionLogCmd),
     /// The command guard: `check` prints the verdict on each command read.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode guard check --file commands.txt\n  echo 'rm -rf /tmp/x' | sshmode guard check --permission read"
+    )]
     Guard(sshmode::workspace::cli::GuardCmd),
     /// The MCP endpoint (`SSHMODE_MCP_LISTEN`): `token create|list|revoke`.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode mcp token create --name laptop --targets web,db\n  sshmode mcp token list"
+    )]
     Mcp(sshmode::mcp::cli::McpCmd),
-}
-
-#[derive(Debug, clap::Args)]
-struct TargetArgs {
-    /// With `list` and `show`: JSON instead of text.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    cmd: sshmode::target::cli::TargetCmd,
-}
-
-#[derive(Debug, clap::Args)]
-struct SkillArgs {
-    /// With `list` and `show`: JSON instead of text.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    cmd: sshmode::plane::cli::SkillCmd,
 }
 
 #[derive(Debug, Subcommand)]
@@ -84,6 +106,9 @@ enum VaultCmd {
     /// A new master key: every target's secrets and the vault's canary re-sealed with it in
     /// one transaction (audited); the previous key is kept beside it as `<key>.old`. Refused
     /// while `serve` or `chat` runs on the database (a live heartbeat): stop them first.
+    #[command(
+        after_help = "Examples:\n  sshmode vault rotate-key               # with every `serve` stopped; then back up the new key\n  sshmode vault rotate-key --force       # while it runs; restart every replica right after"
+    )]
     RotateKey {
         /// Rotate even while the service runs; restart every replica right after (until then
         /// it cannot open any target's secret).
@@ -95,6 +120,9 @@ enum VaultCmd {
 #[derive(Debug, Subcommand)]
 enum SessionLogCmd {
     /// Write a section's event log as JSONL to standard output.
+    #[command(
+        after_help = "Examples:\n  sshmode session-log export omt_xxx > section.jsonl\n  sshmode session-log export console:ops | head"
+    )]
     Export {
         /// The section id: a thread id (`omt_…`) or a chat id (`oc_…`).
         section: String,
@@ -192,14 +220,10 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
             println!("migrations applied");
             Ok(0)
         }
-        Cmd::Target(TargetArgs { json: true, cmd }) => {
-            sshmode::target::cli::run_json(cmd, &config).await
-        }
-        Cmd::Target(TargetArgs { cmd, .. }) => sshmode::target::cli::run(cmd, &config).await,
-        Cmd::Skill(SkillArgs { json: true, cmd }) => {
-            sshmode::plane::cli::run_json(cmd, &config).await
-        }
-        Cmd::Skill(SkillArgs { cmd, .. }) => sshmode::plane::cli::run(cmd, &config).await,
+        Cmd::Target(cmd) if cmd.json() => sshmode::target::cli::run_json(cmd, &config).await,
+        Cmd::Target(cmd) => sshmode::target::cli::run(cmd, &config).await,
+        Cmd::Skill(cmd) if cmd.json() => sshmode::plane::cli::run_json(cmd, &config).await,
+        Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
         Cmd::Vault(VaultCmd::RotateKey { force }) => {
             sshmode::target::cli::rotate_key(&config, force).await

@@ -16,6 +16,9 @@ use crate::config::Config;
 pub enum AuditCmd {
     /// The latest audit rows, oldest first: executed commands, bindings, grants, refusals,
     /// target changes.
+    #[command(after_help = "Examples:\n  \
+        sshmode audit list --since 24h --target prod            # what ran on prod since yesterday\n  \
+        sshmode audit list --kind command --actor ou_xxx --json # one person's commands, as JSON")]
     List {
         #[command(flatten)]
         filter: FilterArgs,
@@ -27,6 +30,9 @@ pub enum AuditCmd {
         json: bool,
     },
     /// Every matching audit row as JSONL on standard output, oldest first.
+    #[command(after_help = "Examples:\n  \
+        sshmode audit export --since 7d > audit.jsonl\n  \
+        sshmode audit export --kind target | head -1")]
     Export {
         #[command(flatten)]
         filter: FilterArgs,

@@ -14,7 +14,10 @@ use crate::workspace::Permission;
 #[derive(Debug, Subcommand)]
 pub enum McpCmd {
     /// Bearer tokens of the MCP endpoint (`SSHMODE_MCP_LISTEN`).
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode mcp token create --name laptop --targets web,db --expires 30d\n  sshmode mcp token list\n  sshmode mcp token revoke laptop"
+    )]
     Token(TokenCmd),
 }
 
@@ -22,7 +25,13 @@ pub enum McpCmd {
 #[derive(Debug, Subcommand)]
 pub enum TokenCmd {
     /// Creates a token and prints it once (only its hash is kept).
-    #[command(group(ArgGroup::new("which").args(["targets", "all"])))]
+    #[command(
+        group(ArgGroup::new("which").args(["targets", "all"])),
+        after_help = "Examples:\n  \
+            sshmode mcp token create --name laptop --targets web,db --expires 30d\n  \
+            sshmode mcp token create --name ci --all --permission read\n  \
+            sshmode mcp token create --name ide --local --permission read-write"
+    )]
     Create {
         /// The token's name: the actor in the audit trail; its calls work in section `mcp:NAME`.
         #[arg(long)]
@@ -45,14 +54,20 @@ pub enum TokenCmd {
         expires: Option<Duration>,
     },
     /// The tokens: name, targets, permission, expiry (never the token).
+    #[command(after_help = "Examples:\n  sshmode mcp token list\n  sshmode mcp token list --json")]
     List {
+        /// A JSON array of the tokens (never the token itself) instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Revokes a token: its next request is refused, and the serving process closes its shells
     /// (both within 2 s). A token created again under the name is a new token: it sees none of
     /// the old one's shells.
-    Revoke { name: String },
+    #[command(after_help = "Examples:\n  sshmode mcp token revoke laptop")]
+    Revoke {
+        /// The token's name, as `sshmode mcp token list` prints it.
+        name: String,
+    },
 }
 
 fn parse_permission(s: &str) -> Result<Permission, String> {

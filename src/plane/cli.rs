@@ -20,18 +20,42 @@ const ACTOR: &str = "cli";
 #[derive(Debug, Subcommand)]
 pub enum SkillCmd {
     /// List every stored skill with its scope: the chat that wrote it, all chats, or hidden.
-    List,
+    #[command(after_help = "Examples:\n  sshmode skill list\n  sshmode skill list --json")]
+    List {
+        /// A JSON array (name, scope, built-in, description) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one skill in full, whatever its scope.
+    #[command(
+        after_help = "Examples:\n  sshmode skill show deploy-checklist\n  sshmode skill show deploy-checklist --json"
+    )]
     Show {
         /// The skill's name, as `sshmode skill list` prints it.
         name: String,
+        /// The whole skill as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Make a chat's skill visible to every chat, read-only to the model (audited). Read it
     /// with `show` first: its text becomes guidance for the agent in every chat.
+    #[command(
+        after_help = "Examples:\n  sshmode skill show deploy-checklist      # read it first\n  sshmode skill promote deploy-checklist"
+    )]
     Promote {
         /// The skill's name, as `sshmode skill list` prints it.
         name: String,
     },
+}
+
+impl SkillCmd {
+    /// Whether the command asked for JSON (`list --json`, `show --json`).
+    pub fn json(&self) -> bool {
+        matches!(
+            self,
+            SkillCmd::List { json: true } | SkillCmd::Show { json: true, .. }
+        )
+    }
 }
 
 /// Runs a skill command; returns the process exit code.
@@ -57,7 +81,7 @@ pub async fn run_json(cmd: SkillCmd, config: &Config) -> anyhow::Result<i32> {
 /// [`run_json`] on a given database and output.
 pub async fn json_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
     let value = match cmd {
-        SkillCmd::List => skills::list(db, Viewer::Operator)
+        SkillCmd::List { .. } => skills::list(db, Viewer::Operator)
             .await?
             .into_iter()
             .map(|k| {
@@ -69,7 +93,7 @@ pub async fn json_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyho
                 })
             })
             .collect(),
-        SkillCmd::Show { name } => {
+        SkillCmd::Show { name, .. } => {
             let Some(k) = skills::view(db, Viewer::Operator, &name).await? else {
                 anyhow::bail!("{}", skills::SkillError::NotFound(clip(&name)));
             };
@@ -93,7 +117,7 @@ pub async fn json_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyho
 /// [`run`] on a given database and output (tests call this directly).
 pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
     match cmd {
-        SkillCmd::List => {
+        SkillCmd::List { .. } => {
             let all = skills::list(db, Viewer::Operator).await?;
             for k in all {
                 writeln!(
@@ -110,7 +134,7 @@ pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow
             }
             Ok(0)
         }
-        SkillCmd::Show { name } => {
+        SkillCmd::Show { name, .. } => {
             let Some(k) = skills::view(db, Viewer::Operator, &name).await? else {
                 anyhow::bail!("{}", skills::SkillError::NotFound(clip(&name)));
             };

@@ -24,22 +24,60 @@ const ACTOR: &str = "cli";
 #[derive(Debug, Subcommand)]
 pub enum TargetCmd {
     /// Register an SSH target; key, certificate and password are imported into the vault now.
+    #[command(after_help = "Examples:\n  \
+        sshmode target add web --host web.example.com --user deploy --key ~/.ssh/id_ed25519 --approve\n  \
+        sshmode target add db --host 10.0.0.5 --user root --password-stdin < password.txt\n  \
+        sshmode target add app --host 10.0.1.7 --user ops --agent --jump bastion\n  \
+        sshmode target add hk --host hk.example.com --user ops --key id_ed25519 --host-key-policy strict --host-key SHA256:...")]
     Add(AddArgs),
     /// List targets (never secrets or key paths).
-    List,
+    #[command(after_help = "Examples:\n  sshmode target list\n  sshmode target list --json")]
+    List {
+        /// A JSON array of the targets instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one target (never secrets or key paths).
-    Show { alias: String },
+    #[command(
+        after_help = "Examples:\n  sshmode target show web\n  sshmode target show web --json"
+    )]
+    Show {
+        /// The target's alias.
+        alias: String,
+        /// The target as one JSON object, with its `path` of jump hosts and its `chats`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Approve a pending target so chats may use it.
-    Approve { alias: String },
+    #[command(after_help = "Examples:\n  sshmode target approve web")]
+    Approve {
+        /// The target's alias.
+        alias: String,
+    },
     /// Disable a target: no new commands run on it.
-    Disable { alias: String },
+    #[command(after_help = "Examples:\n  sshmode target disable web")]
+    Disable {
+        /// The target's alias.
+        alias: String,
+    },
     /// Remove a target and its vaulted secrets.
-    Remove { alias: String },
+    #[command(after_help = "Examples:\n  sshmode target remove web")]
+    Remove {
+        /// The target's alias.
+        alias: String,
+    },
     /// Which chats may use the target: the listed chat ids only, or every chat (the default
     /// for a target without a list).
+    #[command(
+        after_help = "Examples:\n  sshmode target allow web oc_aaa oc_bbb\n  sshmode target allow web --all-chats"
+    )]
     Allow(AllowArgs),
     /// Connect, check the host key, run `true`; print the host key fingerprint.
+    #[command(after_help = "Examples:\n  \
+        sshmode target test web\n  \
+        sshmode target test web --trust SHA256:abc...   # pin it if it has the fingerprint you checked")]
     Test {
+        /// The target's alias.
         alias: String,
         /// Pin the presented host key, only if it has the `SHA256:…` fingerprint you checked
         /// on the host (`--trust` alone pins the presented key if no other is recorded).
@@ -48,9 +86,17 @@ pub enum TargetCmd {
     },
     /// The target's default workspace and the highest permission a chat may choose on it
     /// (audited).
+    #[command(after_help = "Examples:\n  \
+        sshmode target set web --workspace /srv/app --permission read-write\n  \
+        sshmode target set web --risky refuse --approvers requester\n  \
+        sshmode target set app --jump bastion")]
     Set(SetArgs),
     /// Replace the recorded or pinned host key after a legitimate change (audited).
+    #[command(after_help = "Examples:\n  \
+        sshmode target rekey web --host-key SHA256:abc...\n  \
+        sshmode target rekey web --host-key 'ssh-ed25519 AAAAC3Nza...'")]
     Rekey {
+        /// The target's alias.
         alias: String,
         /// The new key: a `known_hosts`-style key line or a `SHA256:…` fingerprint, checked
         /// on the host.
@@ -63,6 +109,7 @@ pub enum TargetCmd {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["chats", "all_chats"])))]
 pub struct AllowArgs {
+    /// The target's alias.
     pub alias: String,
     /// Chat ids (`oc_…`) that may use the target.
     pub chats: Vec<String>,
@@ -76,6 +123,7 @@ pub struct AllowArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["workspace", "permission", "jump", "no_jump", "approvers", "risky"])))]
 pub struct SetArgs {
+    /// The target's alias.
     pub alias: String,
     /// Where the target's sections start: an absolute directory or `~/…` on the target;
     /// `~` returns it to the remote user's home.
@@ -123,10 +171,13 @@ pub enum HostKeyPolicyArg {
 pub struct AddArgs {
     /// Short name the chat uses (`/ssh use <alias>`).
     pub alias: String,
+    /// Host name or address (as the jump host sees it, with `--jump`).
     #[arg(long)]
     pub host: String,
+    /// SSH port.
     #[arg(long, default_value_t = 22)]
     pub port: u16,
+    /// The remote user to log in as.
     #[arg(long)]
     pub user: String,
     /// Private key file to import (ed25519, ecdsa or rsa).
@@ -144,8 +195,10 @@ pub struct AddArgs {
     /// OpenSSH user certificate (`…-cert.pub`) to import with the key.
     #[arg(long)]
     pub cert: Option<PathBuf>,
-    #[arg(long)]
+    /// What the target is, in a few words (shown by `target show`, in chats and to MCP clients).
+    #[arg(long, value_name = "TEXT")]
     pub description: Option<String>,
+    /// How the host key is trusted: tofu (the first key seen) or strict (only a pinned key).
     #[arg(long, value_enum, default_value_t = HostKeyPolicyArg::Tofu)]
     pub host_key_policy: HostKeyPolicyArg,
     /// Pin this host key: a `known_hosts`-style key line or a `SHA256:…` fingerprint.
@@ -163,6 +216,16 @@ pub struct AddArgs {
     /// allowed; loops are refused. The jump host must be approved before chats can use this one.
     #[arg(long, value_name = "ALIAS")]
     pub jump: Option<String>,
+}
+
+impl TargetCmd {
+    /// Whether the command asked for JSON (`list --json`, `show --json`).
+    pub fn json(&self) -> bool {
+        matches!(
+            self,
+            TargetCmd::List { json: true } | TargetCmd::Show { json: true, .. }
+        )
+    }
 }
 
 /// Runs a target command; returns the process exit code.
@@ -191,8 +254,8 @@ pub async fn run_json(cmd: TargetCmd, config: &Config) -> anyhow::Result<i32> {
 /// [`run_json`] on a given database and output.
 pub async fn json_with(cmd: TargetCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
     let value = match cmd {
-        TargetCmd::List => serde_json::to_value(super::list(db).await?)?,
-        TargetCmd::Show { alias } => {
+        TargetCmd::List { .. } => serde_json::to_value(super::list(db).await?)?,
+        TargetCmd::Show { alias, .. } => {
             let path = super::path(db, &alias).await.map_err(user_error)?;
             let chats = super::allow::allowed_chats(db, &alias)
                 .await
@@ -269,7 +332,7 @@ pub async fn run_with(
             }
             Ok(0)
         }
-        TargetCmd::List => {
+        TargetCmd::List { .. } => {
             let targets = super::list(db).await?;
             if targets.is_empty() {
                 writeln!(out, "no targets")?;
@@ -296,7 +359,7 @@ pub async fn run_with(
             }
             Ok(0)
         }
-        TargetCmd::Show { alias } => {
+        TargetCmd::Show { alias, .. } => {
             let path = super::path(db, &alias).await.map_err(user_error)?;
             show(&path[0], out)?;
             if path.len() > 1 {

@@ -23,6 +23,10 @@ use crate::exec::guard::Guard;
 #[derive(Debug, Subcommand)]
 pub enum GuardCmd {
     /// Print the verdict (refuse, ask or allow) on each command read, one per line.
+    #[command(after_help = "Examples:\n  \
+        sshmode guard check --file commands.txt\n  \
+        echo 'git push --force' | sshmode guard check --permission read-write\n  \
+        sshmode guard check --workdir /srv/app --json < commands.txt")]
     Check(CheckArgs),
 }
 

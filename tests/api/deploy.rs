@@ -1,5 +1,7 @@
 //! deploy/ as an operator takes it: every YAML and unit file parses and says what the docs
-//! say it does (replicas, migrations first, probes, hardening, capabilities), every variable
+//! say it does (replicas, migrations first, probes, hardening, capabilities; on Kubernetes no
+//! service account token, a NetworkPolicy, two nodes, the AppArmor profile deploy/ ships, a
+//! `privileged` namespace; Compose on loopback with no password of its own), every variable
 //! named there is in `.env.example`, `systemd-analyze verify` accepts the unit, and the service
 //! reaches the strongest isolation level with only the unit's capabilities.
 //!
@@ -77,6 +79,7 @@ fn deploy_files() -> Vec<String> {
     let mut files = vec!["deploy/Dockerfile".to_string(), ".dockerignore".to_string()];
     for dir in [
         "deploy",
+        "deploy/apparmor",
         "deploy/k8s",
         "deploy/systemd",
         "deploy/sysusers.d",
@@ -99,6 +102,8 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
     // a Service, a ConfigMap, an example Secret and a PodDisruptionBudget.
     let mut kinds = BTreeSet::new();
     let mut deployment = None;
+    let mut policy = None;
+    let mut namespace = None;
     for f in deploy_files()
         .iter()
         .filter(|f| f.starts_with("deploy/k8s/"))
@@ -109,8 +114,11 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
                 .unwrap_or_else(|| panic!("{f}: no kind"))
                 .to_string();
             assert!(doc["metadata"]["name"].is_string(), "{f}: no name");
-            if kind == "Deployment" {
-                deployment = Some(doc.clone());
+            match kind.as_str() {
+                "Deployment" => deployment = Some(doc.clone()),
+                "NetworkPolicy" => policy = Some(doc.clone()),
+                "Namespace" => namespace = Some(doc.clone()),
+                _ => {}
             }
             kinds.insert(kind);
         }
@@ -118,6 +126,8 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
     let want: BTreeSet<String> = [
         "ConfigMap",
         "Deployment",
+        "Namespace",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Secret",
         "Service",
@@ -153,6 +163,7 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert!(caps.contains(&"SYS_ADMIN"), "{caps:?}");
+    k8s_passes_a_clusters_defaults(pod, &policy.unwrap(), &namespace.unwrap());
 
     // Compose: PostgreSQL + sshmode, health on /readyz, a named data volume, the env from .env.
     let compose = &yaml_docs("deploy/docker-compose.yml")[0];
@@ -177,6 +188,7 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
         compose["volumes"]["sshmode-data"].is_null()
             || compose["volumes"]["sshmode-data"].is_mapping()
     );
+    compose_is_closed_by_default(compose);
 
     // The unit: the hardening and the capabilities isolation needs, and nothing more.
     let u = unit("deploy/systemd/sshmode.service");
@@ -218,6 +230,134 @@ fn every_deploy_file_parses_and_says_what_the_docs_say() {
     for stage in ["AS build", "AS runtime", "FROM runtime AS embedded"] {
         assert!(docker.contains(stage), "{stage}");
     }
+}
+
+/// A string sequence of a YAML value (empty when absent).
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect()
+}
+
+/// The pod spec, NetworkPolicy and Namespace of deploy/k8s: no service account token, two
+/// replicas on two nodes, the sandbox's AppArmor profile, ingress only to the listener from
+/// the ingress controller's and the monitoring namespace, egress only where the service goes,
+/// and a namespace whose Pod Security level admits `SYS_ADMIN`.
+fn k8s_passes_a_clusters_defaults(pod: &Value, policy: &Value, namespace: &Value) {
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(
+        spread["topologyKey"].as_str(),
+        Some("kubernetes.io/hostname")
+    );
+    assert_eq!(spread["maxSkew"].as_u64(), Some(1));
+    assert_eq!(spread["whenUnsatisfiable"].as_str(), Some("DoNotSchedule"));
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some("sshmode")
+    );
+    let c = &pod["containers"][0];
+    let apparmor = &c["securityContext"]["appArmorProfile"];
+    assert_eq!(apparmor["type"].as_str(), Some("Localhost"));
+    let profile = apparmor["localhostProfile"].as_str().unwrap();
+    // The profile the manifest names is the one deploy/ ships.
+    let shipped = read("deploy/apparmor/sshmode");
+    assert!(
+        shipped.contains(&format!("profile {profile} ")),
+        "deploy/apparmor/sshmode does not define `{profile}`"
+    );
+    assert!(!shipped.contains("deny mount"), "the launcher mounts");
+
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some("sshmode")
+    );
+    assert_eq!(
+        strings(&policy["spec"]["policyTypes"]),
+        ["Ingress", "Egress"]
+    );
+    let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
+    assert_eq!(ingress.len(), 1, "one rule: the listener");
+    assert_eq!(ingress[0]["ports"][0]["port"].as_str(), Some("http"));
+    let from: BTreeSet<&str> = ingress[0]["from"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            assert!(
+                f["podSelector"].is_null() && f["ipBlock"].is_null(),
+                "{f:?}"
+            );
+            f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(from, ["ingress-nginx", "monitoring"].into());
+    let mut egress = BTreeSet::new();
+    for rule in policy["spec"]["egress"].as_sequence().unwrap() {
+        for p in rule["ports"].as_sequence().unwrap() {
+            egress.insert((
+                p["port"].as_u64().unwrap(),
+                p["protocol"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    let want: BTreeSet<(u64, String)> = [
+        (53, "UDP"),
+        (53, "TCP"),
+        (5432, "TCP"),
+        (443, "TCP"),
+        (22, "TCP"),
+    ]
+    .map(|(p, s)| (p, s.to_string()))
+    .into();
+    assert_eq!(egress, want);
+
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].as_str(),
+        Some("privileged")
+    );
+}
+
+/// Compose publishes the port on loopback only and has no database password of its own.
+fn compose_is_closed_by_default(compose: &Value) {
+    let s = &compose["services"]["sshmode"];
+    assert_eq!(strings(&s["ports"]), ["127.0.0.1:8080:8080"]);
+    assert_eq!(strings(&s["security_opt"]), ["apparmor=sshmode"]);
+    let required = "${POSTGRES_PASSWORD:?";
+    let pw = compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
+        .as_str()
+        .unwrap();
+    assert!(pw.starts_with(required), "{pw}");
+    let url = s["environment"]["DATABASE_URL"].as_str().unwrap();
+    assert!(url.contains(required), "{url}");
+    let text = read("deploy/docker-compose.yml");
+    assert!(
+        !text.contains("change-me"),
+        "a default password is in the file"
+    );
+    assert!(!text.contains(":-"), "a variable with a default");
+}
+
+#[test]
+fn the_scripts_have_a_shebang_and_ci_checks_the_deploy_files() {
+    for f in [
+        "scripts/pg.sh",
+        "scripts/test.sh",
+        "scripts/bench.sh",
+        "scripts/check-deploy.sh",
+    ] {
+        assert!(read(f).starts_with("#!/usr/bin/env bash\n"), "{f}");
+    }
+    // CI validates the manifests before the tests, and never skips it.
+    let test = read("scripts/test.sh");
+    let check = test
+        .find("bash scripts/check-deploy.sh")
+        .expect("test.sh runs it");
+    assert!(check < test.find("\ncargo test").unwrap());
 }
 
 #[test]

@@ -656,12 +656,13 @@ async fn target_lifecycle_through_the_cli() {
     // A disabled target's connections are dropped with its pool, not kept until idle.
     let counts = env.app.state.exec.ssh.connection_counts().await;
     assert!(!counts.contains_key("life"), "{counts:?}");
-    let (_, list) = cli(&env.app, TargetCmd::List, "").await;
+    let (_, list) = cli(&env.app, TargetCmd::List { json: false }, "").await;
     assert!(list.contains("life") && list.contains("disabled"), "{list}");
     let (_, show) = cli(
         &env.app,
         TargetCmd::Show {
             alias: "life".into(),
+            json: false,
         },
         "",
     )
@@ -690,7 +691,8 @@ async fn target_lifecycle_through_the_cli() {
         cli(
             &env.app,
             TargetCmd::Show {
-                alias: "life".into()
+                alias: "life".into(),
+                json: false,
             },
             ""
         )
@@ -764,11 +766,12 @@ async fn secrets_never_surface_in_logs_output_or_storage() {
     .await;
     assert_eq!(r, Ok(0));
     let (_, test_out) = env.test_target("secret", None).await;
-    let (_, list) = cli(&env.app, TargetCmd::List, "").await;
+    let (_, list) = cli(&env.app, TargetCmd::List { json: false }, "").await;
     let (_, show) = cli(
         &env.app,
         TargetCmd::Show {
             alias: "secret".into(),
+            json: false,
         },
         "",
     )
@@ -1018,6 +1021,6 @@ async fn bad_target_input_gets_a_short_clear_error() {
     )
     .await;
     assert!(r.unwrap_err().contains("spaces"));
-    let (_, list) = cli(&app, TargetCmd::List, "").await;
+    let (_, list) = cli(&app, TargetCmd::List { json: false }, "").await;
     assert!(!list.contains("bad"), "nothing was added: {list}");
 }

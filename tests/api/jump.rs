@@ -221,6 +221,7 @@ async fn show(app: &TestApp, alias: &str) -> String {
         app,
         TargetCmd::Show {
             alias: alias.into(),
+            json: false,
         },
         "",
     )
@@ -357,7 +358,7 @@ async fn a_target_reachable_only_through_its_jump_host_runs_commands_and_files_t
         )),
         "{shown}"
     );
-    let (_, list) = cli(&app, TargetCmd::List, "").await;
+    let (_, list) = cli(&app, TargetCmd::List { json: false }, "").await;
     assert!(
         list.contains(&format!(
             "inner\t{}@{taddr}:22 via bastion\tapproved",

@@ -1,6 +1,7 @@
 //! What an operator sees of the one-shot commands: quiet logs unless asked, the same events in
 //! a log file, `target list|show` as text with a header or as JSON, errors on one line with
-//! advice, and a password typed at a terminal that is not echoed.
+//! advice, a password typed at a terminal that is not echoed, and `--help` with examples and
+//! `--json` only where the output is JSON.
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -143,15 +144,17 @@ async fn target_list_and_show_as_text_and_json_and_errors_on_one_line() {
         skill["body"].as_str().is_some_and(|b| !b.is_empty()),
         "{skill}"
     );
-    // `--json` with another subcommand is an error, as one line.
+    // `--json` with another subcommand is a usage error, and nothing is done.
     let (code, _, err) = run(
         sshmode(&db, d, &[]),
-        &["target", "approve", "box", "--json"],
+        &["target", "disable", "box", "--json"],
         "",
     );
-    assert_ne!(code, 0);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("--json goes with"), "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unexpected argument '--json'"), "{err}");
+    let (_, out, _) = run(sshmode(&db, d, &[]), &["target", "list", "--json"], "");
+    let list: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["status"], "approved");
     // An unreachable database: one line, with what to check.
     let closed = format!("postgres://u:pw@127.0.0.1:{}/x", crate::sshd::free_port());
     let (code, _, err) = run(sshmode(&closed, d, &[]), &["target", "list"], "");
@@ -177,6 +180,58 @@ async fn target_list_and_show_as_text_and_json_and_errors_on_one_line() {
 }
 
 /// Reads from `r` until `want` has been seen or `within` has passed; returns what was read.
+#[test]
+fn help_shows_examples_and_offers_json_only_where_it_works() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sshmode"))
+            .args(args)
+            .arg("--help")
+            .env_clear()
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let list = help(&["target", "list"]);
+    assert!(list.contains("Examples:\n  sshmode target list"), "{list}");
+    assert!(list.contains("--json"), "{list}");
+    let add = help(&["target", "add"]);
+    assert!(add.contains("Examples:\n  sshmode target add "), "{add}");
+    assert!(!add.contains("--json"), "{add}");
+    // Every option of `target add` says what it is for: no option line stands alone.
+    let options: Vec<&str> = add
+        .split("Options:")
+        .nth(1)
+        .unwrap()
+        .split("Examples:")
+        .next()
+        .unwrap()
+        .lines()
+        .collect();
+    for (i, line) in options.iter().enumerate() {
+        let spec = line.trim_start();
+        // `--long` or `-s, --long`; a possible value's line is `- value: what it means`.
+        if spec.starts_with("--") || (spec.starts_with('-') && spec.get(2..3) == Some(",")) {
+            let next = options.get(i + 1).copied().unwrap_or("").trim_start();
+            let inline = spec.split_once("  ").is_some_and(|(_, h)| {
+                let h = h.trim();
+                !h.is_empty() && !h.starts_with("[default")
+            });
+            let below = !next.is_empty() && !next.starts_with("-") && !next.starts_with("[default");
+            assert!(inline || below, "no help for {line}\n{add}");
+        }
+    }
+    for args in [
+        &["skill", "promote"][..],
+        &["target", "approve"],
+        &["vault"],
+    ] {
+        let h = help(args);
+        assert!(!h.contains("--json"), "{args:?}: {h}");
+        assert!(h.contains("Examples:"), "{args:?}: {h}");
+    }
+}
+
 fn read_until(r: &mut impl Read, want: &str, within: Duration) -> String {
     let deadline = Instant::now() + within;
     let mut got = Vec::new();

@@ -51,6 +51,7 @@ async fn approval_pins_the_key_the_admin_was_shown() {
         &env.app,
         TargetCmd::Show {
             alias: "pend".into(),
+            json: false,
         },
         "",
     )
