@@ -31,11 +31,79 @@ use tokio_util::sync::CancellationToken;
 
 /// The action of an executed command's row.
 pub const COMMAND_RUN: &str = "command.run";
+/// The action of a file written by `write_file`.
+pub const FILE_WRITE: &str = "file.write";
+/// The action of a file changed by `patch`.
+pub const FILE_PATCH: &str = "file.patch";
+
+/// Every action an audit row may carry, by family: `--kind` takes one of them or a family.
+pub const KINDS: &[&str] = &[
+    "binding.expire",
+    "binding.release",
+    "binding.set",
+    "binding.switch",
+    "binding.use",
+    COMMAND_RUN,
+    FILE_PATCH,
+    FILE_WRITE,
+    "grant.add",
+    "grant.expire",
+    "grant.revoke",
+    "hostkey.mismatch",
+    "hostkey.pin",
+    "hostkey.record",
+    "hostkey.rekey",
+    "hostkey.trust_mismatch",
+    "mcp.token.create",
+    "mcp.token.revoke",
+    "memory.add",
+    "memory.remove",
+    "router.enable",
+    "shell.close",
+    "shell.input",
+    "shell.open",
+    "skill.create",
+    "skill.delete",
+    "skill.promote",
+    "skill.update",
+    "target.add",
+    "target.allow",
+    "target.approve",
+    "target.decide",
+    "target.disable",
+    "target.pending",
+    "target.remove",
+    "target.reseal",
+    "target.set",
+    "tool.approval",
+    "tool.refused",
+    "turn.stop",
+    "vault.rotate",
+    "workspace.set",
+];
+
+/// Whether `kind` names an action of [`KINDS`] or a family of them (`binding`, `mcp.token`).
+pub fn is_kind(kind: &str) -> bool {
+    KINDS
+        .iter()
+        .any(|k| *k == kind || k.strip_prefix(kind).is_some_and(|r| r.starts_with('.')))
+}
+
+/// The families of [`KINDS`] (`binding`, `command`, …), for an error that lists them.
+pub fn families() -> Vec<&'static str> {
+    let mut f: Vec<&str> = KINDS
+        .iter()
+        .map(|k| k.split('.').next().unwrap_or(k))
+        .collect();
+    f.dedup();
+    f
+}
 
 /// One audit entry to write.
 #[derive(Debug, Clone)]
 pub struct Entry<'a> {
-    /// `open_id`, `cli`, `model:<section>` or `system`.
+    /// `open_id`, `cli:<user>` (a one-shot command), `model:<section>`, `system`, an MCP
+    /// token's name.
     pub actor: &'a str,
     /// Dotted action name, e.g. `target.add`, `hostkey.mismatch`.
     pub action: &'a str,
@@ -45,16 +113,27 @@ pub struct Entry<'a> {
     pub detail: Value,
 }
 
-/// Appends `entry` using `conn` (pass the transaction of the change being recorded).
+/// Appends `entry` using `conn` (pass the transaction of the change being recorded). A row
+/// about a target (`target.*`, `hostkey.*`) carries its alias as its target too, so
+/// `audit list --target` finds it.
 pub async fn record(conn: &mut PgConnection, entry: Entry<'_>) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO audit_log (actor, action, subject, detail) VALUES ($1, $2, $3, $4)")
-        .bind(entry.actor)
-        .bind(entry.action)
-        .bind(entry.subject)
-        .bind(entry.detail)
-        .execute(conn)
-        .await?;
+    let target = about_a_target(entry.action).then_some(entry.subject);
+    sqlx::query(
+        "INSERT INTO audit_log (actor, action, subject, detail, target) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(entry.actor)
+    .bind(entry.action)
+    .bind(entry.subject)
+    .bind(entry.detail)
+    .bind(target)
+    .execute(conn)
+    .await?;
     Ok(())
+}
+
+/// Actions whose subject is a target's alias.
+fn about_a_target(action: &str) -> bool {
+    action.starts_with("target.") || action.starts_with("hostkey.")
 }
 
 /// One audit entry of a chat-side change or refusal: who, in which section, on which target,
@@ -167,12 +246,16 @@ pub struct Row {
 }
 
 const COLUMNS: &str = "id, at, actor, action, subject, section, target, outcome, detail";
-/// The filter: `$1` since, `$2` target, `$3` section, `$4` actor, `$5` kind.
+/// The filter: `$1` since, `$2` target (rows written before target rows carried their alias
+/// match by subject), `$3` section, `$4` actor (`cli` also matches `cli:<user>`, `model`
+/// `model:<section>`), `$5` kind.
 const MATCHING: &str = "FROM audit_log
      WHERE ($1::timestamptz IS NULL OR at >= $1)
-       AND ($2::text IS NULL OR target = $2)
+       AND ($2::text IS NULL OR target = $2
+            OR (target IS NULL AND subject = $2
+                AND (action LIKE 'target.%' OR action LIKE 'hostkey.%')))
        AND ($3::text IS NULL OR section = $3)
-       AND ($4::text IS NULL OR actor = $4)
+       AND ($4::text IS NULL OR actor = $4 OR left(actor, length($4) + 1) = $4 || ':')
        AND ($5::text IS NULL OR action = $5 OR action LIKE $5 || '.%')";
 
 fn query<'q>(
@@ -274,6 +357,66 @@ pub async fn run_retention(db: PgPool, keep_days: u32, shutdown: CancellationTok
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(RETENTION_EVERY) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dotted action literal of a known family in the sources is one of [`KINDS`], so
+    /// `--kind` never refuses a kind the service writes.
+    #[test]
+    fn every_action_the_sources_write_is_a_kind() {
+        let families = families().join("|").replace('.', "\\.");
+        let literal =
+            regex::Regex::new(&format!(r#""((?:{families})\.[a-z_]+(?:\.[a-z_]+)?)""#)).unwrap();
+        // Literals of those shapes that are no action.
+        let not_actions = ["mcp.example.com"];
+        let mut dirs = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        let mut seen = 0;
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "rs")
+                    && !path.ends_with("src/audit.rs")
+                {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for c in literal.captures_iter(&text) {
+                        let a = &c[1];
+                        if not_actions.contains(&a) {
+                            continue;
+                        }
+                        seen += 1;
+                        assert!(
+                            KINDS.contains(&a),
+                            "{}: `{a}` is not in audit::KINDS",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(seen > 30, "only {seen} action literals found");
+    }
+
+    #[test]
+    fn kinds_are_actions_or_their_families() {
+        for k in [
+            "command.run",
+            "binding",
+            "hostkey",
+            "mcp.token",
+            "mcp",
+            "file.write",
+        ] {
+            assert!(is_kind(k), "{k}");
+        }
+        for k in ["bind", "command.ru", "commands", "", ".", "binding.", "x.y"] {
+            assert!(!is_kind(k), "{k}");
         }
     }
 }

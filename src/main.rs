@@ -80,6 +80,13 @@ enum Cmd {
         after_help = "Examples:\n  sshmode vault rotate-key               # with every `serve` stopped"
     )]
     Vault(VaultCmd),
+    /// The model router: each entry's state, and re-enabling one disabled after its key was
+    /// rejected.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode router status\n  sshmode router enable openai/gpt-4o-mini"
+    )]
+    Router(sshmode::llm::cli::RouterCmd),
     /// Session event logs.
     #[command(
         name = "session-log",
@@ -133,6 +140,18 @@ fn main() -> ExitCode {
     // The launcher of local commands: before anything else, while this is one thread.
     sshmode::exec::local::launch::main_if_launcher();
     let cli = Cli::parse();
+    // `doctor` reports a broken configuration as one of its checks, and runs the others.
+    if let Cmd::Doctor { url, json } = &cli.cmd {
+        let (config, errors) = Config::load_lenient();
+        let opts = sshmode::app::doctor::Options {
+            url: url.clone(),
+            config_errors: errors
+                .iter()
+                .map(|e| (e.variable(), one_line(&e.to_string())))
+                .collect(),
+        };
+        return doctor(config, &opts, *json);
+    }
     let config = match Config::load() {
         Ok(c) => c,
         Err(e) => {
@@ -175,6 +194,39 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `sshmode doctor`: every check, on whatever configuration could be loaded.
+fn doctor(config: Option<Config>, opts: &sshmode::app::doctor::Options, json: bool) -> ExitCode {
+    if let Some(c) = &config {
+        sshmode::telemetry::init(
+            c.log_format,
+            if c.log_filter_set {
+                c.log_filter.as_str()
+            } else {
+                "warn"
+            },
+            c.log_file.as_ref(),
+            c.no_color,
+        );
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sshmode: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let checks = runtime.block_on(sshmode::app::doctor::run(config, opts));
+    let stdout = std::io::stdout();
+    if let Err(e) = sshmode::app::doctor::print(&checks, json, &mut stdout.lock()) {
+        eprintln!("sshmode: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::from(sshmode::app::doctor::exit_code(&checks) as u8)
 }
 
 /// An error as one line on stderr (its causes joined by `: ` already).
@@ -225,16 +277,11 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Skill(cmd) if cmd.json() => sshmode::plane::cli::run_json(cmd, &config).await,
         Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
+        Cmd::Router(cmd) => sshmode::llm::cli::run(cmd, &config).await,
         Cmd::Vault(VaultCmd::RotateKey { force }) => {
             sshmode::target::cli::rotate_key(&config, force).await
         }
-        Cmd::Doctor { url, json } => {
-            let checks =
-                sshmode::app::doctor::run(config, &sshmode::app::doctor::Options { url }).await;
-            let stdout = std::io::stdout();
-            sshmode::app::doctor::print(&checks, json, &mut stdout.lock())?;
-            Ok(sshmode::app::doctor::exit_code(&checks))
-        }
+        Cmd::Doctor { .. } => unreachable!("doctor runs before the configuration is required"),
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::Mcp(cmd) => sshmode::mcp::cli::run(cmd, &config).await,

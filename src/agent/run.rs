@@ -313,8 +313,14 @@ impl<'a> Turn<'a> {
                     json!({"turn": turn.id, "stage": "model", "error": text}),
                 )
                 .await;
+                let next = match e.needs_operator() {
+                    true => {
+                        "an operator of this service must act before I can answer (ask whoever runs it to fix the model's API key); sending the request again will not help until then"
+                    }
+                    false => "send the request again later",
+                };
                 let answer = format!(
-                    "I could not reach the model: {text}. Nothing more was done; send the request again later. {}",
+                    "I could not reach the model: {text}. Nothing more was done; {next}. {}",
                     done_so_far(&self.stored)
                 );
                 return Ok(Step::Halt(Halt::End(TurnEnd::Failed, answer)));
@@ -767,10 +773,14 @@ async fn run_calls(
         // the same commit as its result.
         let audit = match &result.shell_row {
             Some(row) => Some(shell_call(turn, call, target, row, "ok")),
-            None => result.exit.as_deref().and_then(|exit| {
-                let outcome = if exit == "exit 0" { "ok" } else { exit };
-                command_run(turn, call, target, outcome, Some(exit), result.millis)
-            }),
+            None => match result.exit.as_deref() {
+                Some(exit) => {
+                    let outcome = if exit == "exit 0" { "ok" } else { exit };
+                    command_run(turn, call, target, outcome, Some(exit), result.millis)
+                }
+                None if result.ok => file_change(turn, call, target, result.millis),
+                None => None,
+            },
         };
         // The result and its event-log entry commit together, with the start mark of the next
         // call of this reply when there is one (so a step costs one commit, not two) — unless
@@ -921,6 +931,36 @@ fn command_run(
             "turn": turn.id,
         }),
     ))
+}
+
+/// The audit row of a file a call changed (`write_file`, `patch`); `None` for other tools.
+fn file_change(
+    turn: &ActiveTurn,
+    call: &ToolCall,
+    target: Option<&str>,
+    millis: u64,
+) -> Option<crate::audit::CommandRun> {
+    let args = call.parsed_arguments().unwrap_or_default();
+    let path = args
+        .get("path")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let actor = sender(turn);
+    let caller = crate::gate::Caller {
+        actor: &actor,
+        section: &turn.section,
+        via: "chat",
+        tool: &call.function.name,
+    };
+    let detail = match call.function.name.as_str() {
+        "write_file" => json!({
+            "bytes": args.get("content").and_then(|v| v.as_str()).map(str::len),
+            "duration_ms": millis,
+            "turn": turn.id,
+        }),
+        _ => json!({ "duration_ms": millis, "turn": turn.id }),
+    };
+    crate::gate::file_row(&caller, target, path, detail)
 }
 
 /// Who a turn's audit rows name: the sender of its latest message.

@@ -107,60 +107,61 @@ impl Check {
 pub struct Options {
     /// The public event URL (`https://…/lark/events`) to send a signed `url_verification`.
     pub url: Option<String>,
+    /// What was wrong with the configuration: the variable at fault (left out, so its
+    /// default was used) and the error.
+    pub config_errors: Vec<(Option<&'static str>, String)>,
 }
 
-/// Runs every check (the config has loaded, or this would not run).
-pub async fn run(config: Config, opts: &Options) -> Vec<Check> {
+/// Runs every check on the configuration that could be loaded (`None`: none could).
+pub async fn run(config: Option<Config>, opts: &Options) -> Vec<Check> {
     crate::install_crypto_provider();
-    let mut checks = vec![Check::ok(
-        "config",
-        format!(
-            "loaded; data dir {}, database {}",
-            config.data_dir.display(),
-            if config.database_url.is_some() {
-                "DATABASE_URL"
-            } else {
-                "embedded"
-            }
-        ),
-    )];
-    let store = match tokio::time::timeout(DATABASE_WAIT, Store::open(&config)).await {
-        Ok(Ok(store)) => {
-            let n: Result<i64, _> =
-                sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
-                    .fetch_one(&store.pool)
-                    .await;
-            checks.push(match n {
-                Ok(n) => Check::ok("database", format!("reachable; {n} migrations applied")),
-                Err(e) => Check::fail(
-                    "database",
-                    format!("migrations unreadable: {e}"),
-                    "run `sshmode migrate` and check the account may read _sqlx_migrations",
-                ),
-            });
-            Some(store)
-        }
-        Ok(Err(e)) => {
-            checks.push(database_failure(&config, &format!("{e:#}")));
-            None
-        }
-        Err(_) => {
-            checks.push(database_failure(
-                &config,
-                &format!("no answer within {} s", DATABASE_WAIT.as_secs()),
-            ));
-            None
-        }
+    let mut checks: Vec<Check> = opts
+        .config_errors
+        .iter()
+        .map(|(var, e)| {
+            Check::fail(
+                match var {
+                    Some(v) => format!("config {v}"),
+                    None => "config".to_string(),
+                },
+                e.clone(),
+                match var {
+                    Some(v) => format!(
+                        "fix {v} in the environment or .env (see .env.example); the other \
+                         checks ran without it"
+                    ),
+                    None => "fix .env in the working directory (see .env.example)".to_string(),
+                },
+            )
+        })
+        .collect();
+    let Some(config) = config else {
+        return checks;
     };
+    if opts.config_errors.is_empty() {
+        checks.push(Check::ok(
+            "config",
+            format!(
+                "loaded; data dir {}, database {}",
+                config.data_dir.display(),
+                if config.database_url.is_some() {
+                    "DATABASE_URL"
+                } else {
+                    "embedded"
+                }
+            ),
+        ));
+    }
+    checks.push(admins(&config));
+    let (database, store) = database(&config).await;
+    checks.push(database);
     let tasks = TaskTracker::new();
     checks.push(vault(&config, store.as_ref().map(|s| &s.pool)).await);
     checks.push(isolation(&config, &tasks, store.as_ref().map(|s| &s.pool)));
     checks.extend(lark(&config, opts).await);
+    checks.extend(models(&config, store.as_ref().map(|s| &s.pool)).await);
     match &store {
-        Some(store) => {
-            checks.extend(models(&config, &store.pool).await);
-            checks.extend(targets(&config, &store.pool).await);
-        }
+        Some(store) => checks.extend(targets(&config, &store.pool).await),
         None => checks.push(Check::fail(
             "targets",
             "not checked: the database is unreachable",
@@ -172,6 +173,144 @@ pub async fn run(config: Config, opts: &Options) -> Vec<Check> {
         store.close().await;
     }
     checks
+}
+
+/// `SSHMODE_ADMINS`: admins approve targets and allow what the guard asks about; nobody can
+/// when it is empty, and a name that is no open_id never matches a sender.
+fn admins(config: &Config) -> Check {
+    const NAME: &str = "admins";
+    if config.admins.is_empty() {
+        return Check::warn(
+            NAME,
+            "SSHMODE_ADMINS is empty: nobody can approve targets or allow risky commands from a chat",
+            "set SSHMODE_ADMINS to the open_ids (ou_…) of the people who administer the bot, \
+             comma-separated (an admin's open_id is in the `sender` of any event they send)",
+        );
+    }
+    let wrong: Vec<String> = config
+        .admins
+        .iter()
+        .filter(|a| !is_open_id(a))
+        .map(|a| crate::audit::cli::printable(&a.chars().take(40).collect::<String>()))
+        .collect();
+    match wrong.is_empty() {
+        true => Check::ok(
+            NAME,
+            format!("{} admin(s), each an open_id", config.admins.len()),
+        ),
+        false => Check::fail(
+            NAME,
+            format!(
+                "SSHMODE_ADMINS holds what is no open_id, so it matches nobody: {}",
+                wrong.join(", ")
+            ),
+            "name admins by open_id (ou_ followed by letters and digits), not by user_id, \
+             union_id (on_…), e-mail or name",
+        ),
+    }
+}
+
+/// A Lark open_id: `ou_` and letters and digits.
+fn is_open_id(s: &str) -> bool {
+    s.strip_prefix("ou_").is_some_and(|r| {
+        !r.is_empty() && r.len() <= 64 && r.chars().all(|c| c.is_ascii_alphanumeric())
+    })
+}
+
+/// How long the first connection to `DATABASE_URL` may take, so that a refusal is named
+/// within seconds rather than after the pool's wait.
+const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// The database: with `DATABASE_URL`, one plain connection first, so that what is wrong
+/// (refused, unknown host, bad password, not PostgreSQL) is named as the server or the network
+/// said it; then the store as `serve` opens it (migrations, the embedded cluster).
+async fn database(config: &Config) -> (Check, Option<Store>) {
+    if let Some(url) = &config.database_url {
+        use secrecy::ExposeSecret;
+        if let Err(e) = first_connection(url.expose_secret()).await {
+            return (database_failure(config, &e), None);
+        }
+    }
+    match tokio::time::timeout(DATABASE_WAIT, Store::open(config)).await {
+        Ok(Ok(store)) => {
+            let n: Result<i64, _> =
+                sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+                    .fetch_one(&store.pool)
+                    .await;
+            let check = match n {
+                Ok(n) => Check::ok("database", format!("reachable; {n} migrations applied")),
+                Err(e) => Check::fail(
+                    "database",
+                    format!("migrations unreadable: {e}"),
+                    "run `sshmode migrate` and check the account may read _sqlx_migrations",
+                ),
+            };
+            (check, Some(store))
+        }
+        // (Its advice to run doctor is no advice here.)
+        Ok(Err(e)) => (
+            database_failure(config, &format!("{e:#}").replace(" (`sshmode doctor`)", "")),
+            None,
+        ),
+        Err(_) => (
+            database_failure(
+                config,
+                &format!("no answer within {} s", DATABASE_WAIT.as_secs()),
+            ),
+            None,
+        ),
+    }
+}
+
+/// One connection to `url`, as the server or the network answers it (never the URL itself:
+/// it may hold a password).
+async fn first_connection(url: &str) -> Result<(), String> {
+    use sqlx::Connection;
+    use std::str::FromStr;
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("postgres" | "postgresql") => {}
+        Some(other) => {
+            return Err(format!(
+                "DATABASE_URL names a `{}` database; sshmode needs PostgreSQL \
+                 (postgres://user:password@host:5432/database)",
+                crate::audit::cli::printable(&other.chars().take(20).collect::<String>())
+            ));
+        }
+        None => {
+            return Err(
+                "DATABASE_URL is not a URL (postgres://user:password@host:5432/database)".into(),
+            );
+        }
+    }
+    let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+        .map_err(|_| "DATABASE_URL is not a valid PostgreSQL URL".to_string())?;
+    let (host, port) = (opts.get_host().to_string(), opts.get_port());
+    match tokio::time::timeout(FIRST_CONNECT_WAIT, sqlx::PgConnection::connect_with(&opts)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!("{host}:{port}: {}", connection_cause(&e))),
+        Err(_) => Err(format!(
+            "{host}:{port}: no answer within {} s (a firewall dropping packets, or the wrong host)",
+            FIRST_CONNECT_WAIT.as_secs()
+        )),
+    }
+}
+
+/// What a failed connection says, in the words of its deepest cause (`connection refused`,
+/// `password authentication failed for user …`).
+fn connection_cause(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused (is PostgreSQL running and listening on this address?)".into()
+        }
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::Database(db) => db.message().to_string(),
+        sqlx::Error::Tls(t) => format!("TLS: {t}"),
+        other => other.to_string(),
+    }
 }
 
 fn database_failure(config: &Config, error: &str) -> Check {
@@ -516,14 +655,21 @@ fn without_url(e: &reqwest::Error) -> String {
     s
 }
 
-/// One `max_tokens = 1` request per router entry.
-async fn models(config: &Config, db: &sqlx::PgPool) -> Vec<Check> {
+/// One `max_tokens = 1` request per router entry; with the database, each entry the router
+/// disabled is named. Runs without the database too (on a pool that never connects).
+async fn models(config: &Config, db: Option<&sqlx::PgPool>) -> Vec<Check> {
     if matches!(config.llm, LlmConfig::None) {
         return vec![no_model()];
     }
+    let pool = match db {
+        Some(db) => db.clone(),
+        None => sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(sqlx::postgres::PgConnectOptions::new().host("/nonexistent")),
+    };
     let router = crate::llm::Router::from_config(
         config,
-        db.clone(),
+        pool,
         Arc::new(crate::clock::SystemClock),
         Arc::new(Metrics::new()),
     );
@@ -538,18 +684,51 @@ async fn models(config: &Config, db: &sqlx::PgPool) -> Vec<Check> {
             )];
         }
     };
+    let disabled = match db {
+        Some(_) => router.disabled().await,
+        None => Vec::new(),
+    };
     router
         .check_each()
         .await
         .into_iter()
         .map(|c| {
             let name = format!("model {}/{}", c.provider, c.model);
-            match c.result {
-                Ok(()) => Check::ok(name, "answered a max_tokens=1 request"),
-                Err((class, message)) => Check::fail(name, message, model_advice(class)),
+            let entry = format!("{}/{}", c.provider, c.model);
+            let off = disabled.iter().find(|h| h.name() == entry);
+            match (c.result, off) {
+                (Ok(()), None) => Check::ok(name, "answered a max_tokens=1 request"),
+                (Ok(()), Some(h)) => Check::fail(
+                    name,
+                    format!(
+                        "answers now, but disabled{}: its key was rejected then, and no chat \
+                         uses it",
+                        since(h)
+                    ),
+                    format!("if its key is right now, `sshmode router enable {entry}`"),
+                ),
+                (Err((class, message)), None) => Check::fail(name, message, model_advice(class)),
+                (Err((class, message)), Some(h)) => Check::fail(
+                    name,
+                    format!(
+                        "disabled{} after its key was rejected; now: {message}",
+                        since(h)
+                    ),
+                    format!(
+                        "{}; then {}",
+                        model_advice(class),
+                        crate::llm::router::enable_advice(&entry)
+                    ),
+                ),
             }
         })
         .collect()
+}
+
+fn since(h: &crate::llm::router::EntryHealth) -> String {
+    h.since
+        .map(|t| format!(" since {}", t.format("%Y-%m-%d %H:%M:%S UTC")))
+        .unwrap_or_default()
 }
 
 fn no_model() -> Check {

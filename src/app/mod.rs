@@ -213,6 +213,16 @@ impl App {
             .mcp()
             .map(|deps| crate::mcp::router(deps, &shutdown, tasks));
         doctor::log_light(&core.config, core.exec.local_level());
+        if let Some(llm) = &core.llm {
+            for h in llm.disabled().await {
+                tracing::warn!(
+                    llm.entry = %h.name(),
+                    llm.disabled_since = ?h.since,
+                    advice = %crate::llm::router::enable_advice(&h.name()),
+                    "model entry disabled: its provider rejected the API key"
+                );
+            }
+        }
         let triage = Arc::new(LarkTriage {
             config: core.config.clone(),
             db: db.clone(),

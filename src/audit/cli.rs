@@ -51,7 +51,8 @@ pub struct FilterArgs {
     /// Only rows of this section (a thread id `omt_…`, a chat id `oc_…`, `console:…`).
     #[arg(long, value_name = "S")]
     pub section: Option<String>,
-    /// Only rows by this actor (an open_id, `cli`, `model`, `system`).
+    /// Only rows by this actor: an open_id, `cli` (every `cli:<user>`) or `cli:<user>`, `model`,
+    /// `system`, an MCP token's name.
     #[arg(long, value_name = "A")]
     pub actor: Option<String>,
     /// Only this kind of row: an action (`command.run`) or its family (`binding`).
@@ -68,6 +69,14 @@ impl FilterArgs {
                 Some(chrono::Utc::now() - d)
             }
         };
+        if let Some(k) = self.kind.as_deref().filter(|k| !super::is_kind(k)) {
+            anyhow::bail!(
+                "--kind `{}` is no kind of audit row; kinds are an action such as `command.run` \
+                 or one of the families: {}",
+                printable(k),
+                super::families().join(", ")
+            );
+        }
         Ok(Filter {
             since,
             target: self.target,
@@ -187,7 +196,7 @@ fn table(rows: &[Row], out: &mut dyn Write) -> std::io::Result<()> {
 /// carriage return and escape as `\t`, `\r`, `\e`, a backslash doubled, every other control
 /// character (C0, DEL, C1) and every bidirectional override or isolate as `\u{…}` — so a row
 /// shows what was stored, and nothing in it acts on the terminal.
-fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

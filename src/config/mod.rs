@@ -35,6 +35,20 @@ pub enum ConfigError {
          SSHMODE_ALLOW_UNSIGNED_EVENTS=true."
     )]
     UnsignedEvents,
+    /// `.env` in the working directory is unreadable or malformed.
+    #[error("{reason}")]
+    Dotenv { reason: String },
+}
+
+impl ConfigError {
+    /// The variable at fault, when one is.
+    pub fn variable(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Missing { name, .. } | ConfigError::Invalid { name, .. } => Some(name),
+            ConfigError::UnsignedEvents => Some("LARK_ENCRYPT_KEY"),
+            ConfigError::Dotenv { .. } => None,
+        }
+    }
 }
 
 /// How Lark's events reach the service (`SSHMODE_LARK_MODE`).
@@ -137,6 +151,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `NO_COLOR` set (to anything): no colour codes in logs, even on a terminal.
     pub no_color: bool,
+    /// Who runs a one-shot command, as its audit rows name them: `cli:<user>` — `sudo`'s
+    /// caller where `sudo` set `SUDO_USER` (honoured under root only), else the account this
+    /// process runs as.
+    pub operator: String,
     /// `RUST_LOG`: the tracing filter directives.
     pub log_filter: String,
     /// Whether `RUST_LOG` was set (one-shot commands log at `warn` unless it was).
@@ -577,10 +595,71 @@ pub struct ProgressConfig {
     pub answer_wait: Duration,
 }
 
+/// The name of the account this process runs as (`uid<N>` when it has none).
+fn os_user() -> String {
+    // SAFETY: getuid cannot fail; getpwuid_r writes only into the buffers given, and the
+    // name it points at lives in `buf`, read before `buf` is dropped.
+    let uid = unsafe { libc::getuid() };
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc == 0 && !found.is_null() && !pwd.pw_name.is_null() {
+        let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+        if let Ok(name) = name.to_str()
+            && is_account_name(name)
+        {
+            return name.to_string();
+        }
+    }
+    format!("uid{uid}")
+}
+
+/// A plausible login name: what `useradd` accepts, so an audit actor cannot carry anything
+/// else.
+fn is_account_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
+}
+
 impl Config {
     /// Reads `.env` from the working directory (if present; it never overrides the real
     /// environment) and then the process environment.
     pub fn load() -> Result<Self, ConfigError> {
+        let (vars, cwd) = Self::variables()?;
+        Self::from_vars(&|name| vars.get(name).cloned(), &cwd)
+    }
+
+    /// [`Config::load`] for `doctor`, which reports every problem it can: a variable that is
+    /// invalid is reported and left out (its default is used), and loading goes on, so the
+    /// other checks still run. `None` when no configuration could be made at all.
+    pub fn load_lenient() -> (Option<Self>, Vec<ConfigError>) {
+        let (mut vars, cwd) = match Self::variables() {
+            Ok(v) => v,
+            Err(e) => return (None, vec![e]),
+        };
+        let mut errors = Vec::new();
+        // Each round leaves one variable out: bounded by how many there are.
+        for _ in 0..=vars.len() {
+            match Self::from_vars(&|name| vars.get(name).cloned(), &cwd) {
+                Ok(c) => return (Some(c), errors),
+                Err(e) => {
+                    let dropped = e.variable().is_some_and(|n| vars.remove(n).is_some());
+                    errors.push(e);
+                    if !dropped {
+                        break;
+                    }
+                }
+            }
+        }
+        (None, errors)
+    }
+
+    /// `.env` from the working directory (never overriding the real environment), then the
+    /// process environment; and the working directory.
+    fn variables() -> Result<(HashMap<String, String>, PathBuf), ConfigError> {
         let cwd = std::env::current_dir().map_err(|e| ConfigError::Invalid {
             name: "SSHMODE_DATA_DIR",
             reason: format!("cannot read the working directory: {e}"),
@@ -588,13 +667,11 @@ impl Config {
         let mut vars: HashMap<String, String> = HashMap::new();
         let dotenv = cwd.join(".env");
         if dotenv.is_file() {
-            let iter = dotenvy::from_path_iter(&dotenv).map_err(|e| ConfigError::Invalid {
-                name: "SSHMODE_DATA_DIR",
+            let iter = dotenvy::from_path_iter(&dotenv).map_err(|e| ConfigError::Dotenv {
                 reason: format!(".env could not be read: {e}"),
             })?;
             for item in iter {
-                let (k, v) = item.map_err(|e| ConfigError::Invalid {
-                    name: "SSHMODE_DATA_DIR",
+                let (k, v) = item.map_err(|e| ConfigError::Dotenv {
                     reason: dotenv_parse_error(&e),
                 })?;
                 vars.insert(k, v);
@@ -603,7 +680,7 @@ impl Config {
         for (k, v) in std::env::vars() {
             vars.insert(k, v);
         }
-        Self::from_vars(&|name| vars.get(name).cloned(), &cwd)
+        Ok((vars, cwd))
     }
 
     /// Builds the config from any variable source; relative paths are resolved against `cwd`.
@@ -719,6 +796,15 @@ impl Config {
             .map(|p| normalize(&abs(p)))
             .unwrap_or_else(|| data_dir.join("master.key"));
 
+        // `SUDO_USER` only counts under root: anyone else could set it to anything.
+        // SAFETY: getuid cannot fail.
+        let root = unsafe { libc::getuid() } == 0;
+        let operator = format!(
+            "cli:{}",
+            var("SUDO_USER")
+                .filter(|u| root && is_account_name(u))
+                .unwrap_or_else(os_user)
+        );
         // no-color.org: set to a non-empty value.
         let no_color = get("NO_COLOR").is_some_and(|v| !v.is_empty());
         let log_format = match var("SSHMODE_LOG_FORMAT").as_deref() {
@@ -871,6 +957,7 @@ impl Config {
             master_key_file,
             log_format,
             no_color,
+            operator,
             log_filter: var("RUST_LOG").unwrap_or_else(|| "info".into()),
             log_filter_set: var("RUST_LOG").is_some(),
             log_file,
@@ -1045,6 +1132,26 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(&|k| map.get(k).cloned(), Path::new("/srv/app"))
+    }
+
+    #[test]
+    fn the_operator_is_the_os_account_or_sudos_caller_under_root() {
+        let me = load(&[]).unwrap().operator;
+        assert!(me.starts_with("cli:") && me.len() > 4, "{me}");
+        assert_eq!(me, format!("cli:{}", os_user()));
+        let root = unsafe { libc::getuid() } == 0;
+        let sudo = load(&[("SUDO_USER", "alice")]).unwrap().operator;
+        assert_eq!(
+            sudo,
+            if root {
+                "cli:alice".to_string()
+            } else {
+                me.clone()
+            }
+        );
+        // Nothing but a login name ever reaches the audit actor.
+        let odd = load(&[("SUDO_USER", "bob\nforged row")]).unwrap().operator;
+        assert_eq!(odd, me);
     }
 
     #[test]

@@ -232,6 +232,37 @@ pub fn command_row(
     }
 }
 
+/// The audit row of a file a call changed (`write_file`: `file.write`, `patch`:
+/// `file.patch`): actor, target, the path and what the front-end adds (bytes, replacements).
+/// `None` for other tools. Written by the front-end, like [`command_row`]'s.
+pub fn file_row(
+    caller: &Caller<'_>,
+    target: Option<&str>,
+    path: &str,
+    detail: serde_json::Value,
+) -> Option<crate::audit::CommandRun> {
+    let action = match caller.tool {
+        "write_file" => crate::audit::FILE_WRITE,
+        "patch" => crate::audit::FILE_PATCH,
+        _ => return None,
+    };
+    let path: String = crate::llm::classify::redact(path)
+        .chars()
+        .take(AUDIT_COMMAND_CHARS)
+        .collect();
+    let mut d = json!({ "tool": caller.tool, "via": caller.via, "path": path });
+    if let (Some(d), serde_json::Value::Object(more)) = (d.as_object_mut(), detail) {
+        d.extend(more);
+    }
+    Some(crate::audit::CommandRun {
+        action,
+        actor: caller.actor.to_string(),
+        target: target.map(str::to_string),
+        outcome: "ok".to_string(),
+        detail: d,
+    })
+}
+
 /// A refusal on its way to the audit: by whom (`permission`, `guard`, `workspace`, `policy`,
 /// `secrets`), the verdict and the text the caller gets.
 struct Refusal {

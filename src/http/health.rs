@@ -16,7 +16,10 @@ pub fn routes() -> Router<HttpState> {
 }
 
 /// Readiness, with the local tools' isolation level as detail (`local-isolation: …`) and what
-/// that level leaves open (`local-isolation-open: …; …`).
+/// that level leaves open (`local-isolation-open: …; …`), and a `degraded:` line per model
+/// entry disabled after its key was rejected. A disabled entry keeps the answer 200: it needs a
+/// person, and a load balancer pulling every replica for it would only stop the chat
+/// commands too.
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     let level = &state.isolation;
     let mut isolation = format!(
@@ -27,7 +30,24 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         isolation.push_str(&format!("\nlark-long-connection: {}", ws.get().as_str()));
     }
     if crate::store::is_ready(&state.db).await {
-        (StatusCode::OK, format!("ready\n{isolation}\n"))
+        let mut degraded = String::new();
+        if let Some(llm) = &state.llm {
+            for h in llm.disabled().await {
+                degraded.push_str(&format!(
+                    "degraded: model {} disabled{} ({}); {}\n",
+                    h.name(),
+                    h.since
+                        .map(|t| format!(
+                            " since {}",
+                            t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                        ))
+                        .unwrap_or_default(),
+                    h.reason.map(|r| r.describe()).unwrap_or("API key rejected"),
+                    crate::llm::router::enable_advice(&h.name()),
+                ));
+            }
+        }
+        (StatusCode::OK, format!("ready\n{degraded}{isolation}\n"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

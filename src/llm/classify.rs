@@ -175,17 +175,70 @@ pub fn classify(f: &CallFailure) -> FailureClass {
 /// Most characters of a provider message that are kept.
 const MESSAGE_LIMIT: usize = 300;
 
-static SECRET_LIKE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"(?i)(bearer\s+\S+|\b(sk|rk|pk|ak|key)-[A-Za-z0-9_\-*.]{6,}|\b(api[_-]?key|token|secret|password)\s*[=:]\s*\S+|\b[A-Za-z0-9_\-]{32,}\b)",
-    )
-    .expect("valid regex")
+/// Secret-shaped parts of a text (a provider's message, a command line), each with what
+/// replaces it: the name of a setting stays, its value goes.
+static SECRET_LIKE: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
+    let value = r#"("[^"]*"|'[^']*'|[^\s"']\S*)"#;
+    let names = r"[A-Za-z0-9_\-]*(?:passw(?:or)?d|passphrase|pwd|secret|token|api[_\-]?key|access[_\-]?key|private[_\-]?key|credentials?)";
+    [
+        // `scheme://user:password@host`: the password.
+        (
+            r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s/:@]*):[^\s@/]+@".to_string(),
+            "$1:[redacted]@",
+        ),
+        // `PGPASSWORD=…`, `--password=…`, `"token": "…"`, `api_key: …`.
+        (
+            format!(r#"(?i)({names}["']?\s*[=:]\s*){value}"#),
+            "${1}[redacted]",
+        ),
+        // `--password …`, `--token …`, `--api-key …` as separate words.
+        (
+            format!(r"(?i)(\s--?{names}\s+){value}"),
+            "${1}[redacted]",
+        ),
+        // `mysql -pSECRET`, `mysqldump -u root -pSECRET` (`-P` is the port), `sshpass -p …`.
+        (
+            r"(?i)(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)\b[^;&|\n]*?\s(?-i:-p))([^\s-]\S*)".to_string(),
+            "${1}[redacted]",
+        ),
+        (
+            r"(?i)(\bsshpass\b[^;&|\n]*?\s(?-i:-p)\s*)(\S+)".to_string(),
+            "${1}[redacted]",
+        ),
+        // `curl -u user:password`, `--user user:password`, `wget --http-password …`.
+        (
+            r"((?:\s-u|\s--user|\s--proxy-user)[\s=]+[^\s:]+:)(\S+)".to_string(),
+            "${1}[redacted]",
+        ),
+        // `Authorization: Bearer …`, `Basic …`.
+        (
+            r#"(?i)\b(bearer|authorization:\s*basic)\s+[^\s"']+"#.to_string(),
+            "$1 [redacted]",
+        ),
+        // `sk-…` keys and their kin.
+        (
+            r"(?i)\b(sk|rk|pk|ak|key)-[A-Za-z0-9_\-*.]{6,}".to_string(),
+            "[redacted]",
+        ),
+        // Long opaque strings.
+        (r"\b[A-Za-z0-9_\-]{32,}\b".to_string(), "[redacted]"),
+    ]
+    .into_iter()
+    .map(|(re, with)| (Regex::new(&re).expect("valid regex"), with))
+    .collect()
 });
 
-/// `text` with secret-like words (bearer tokens, `sk-…` keys, `password=…`, long opaque
-/// strings) replaced by `[redacted]`; whitespace and length are kept as they are.
+/// `text` with secret-like parts replaced by `[redacted]`: bearer and basic credentials,
+/// `sk-…` keys, the values of `password=…`, `--token …`, `PGPASSWORD=…` and their kin, the
+/// password of a URL, `mysql -p…`, `curl -u user:…`, and long opaque strings.
 pub fn redact(text: &str) -> String {
-    SECRET_LIKE.replace_all(text, "[redacted]").into_owned()
+    let mut s = std::borrow::Cow::Borrowed(text);
+    for (re, with) in SECRET_LIKE.iter() {
+        if let std::borrow::Cow::Owned(o) = re.replace_all(&s, *with) {
+            s = std::borrow::Cow::Owned(o);
+        }
+    }
+    s.into_owned()
 }
 
 /// Makes a provider message safe to store and show: removes the key itself and anything shaped
@@ -195,7 +248,7 @@ pub fn scrub(message: &str, key: Option<&str>) -> String {
     if let Some(k) = key.filter(|k| k.len() >= 4) {
         s = s.replace(k, "[redacted]");
     }
-    let s = SECRET_LIKE.replace_all(&s, "[redacted]");
+    let s = redact(&s);
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     match s.char_indices().nth(MESSAGE_LIMIT) {
         Some((i, _)) => format!("{}…", &s[..i]),
@@ -206,6 +259,50 @@ pub fn scrub(message: &str, key: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_in_command_lines_are_redacted_and_the_rest_kept() {
+        let secret = "Hunter2pass";
+        for line in [
+            "mysql -u root -pHunter2pass app",
+            "mysqldump -h db -P 3306 -u root -pHunter2pass --all-databases",
+            "mariadb -pHunter2pass -e 'select 1'",
+            "PGPASSWORD=Hunter2pass psql -h db -U app",
+            "export DB_PASSWORD='Hunter2pass'",
+            "app --password=Hunter2pass --verbose",
+            "app --password Hunter2pass --verbose",
+            "vault login -method=userpass password=Hunter2pass",
+            "app --api-key Hunter2pass",
+            "app --token=Hunter2pass",
+            "psql postgres://app:Hunter2pass@db:5432/app",
+            "git clone https://deploy:Hunter2pass@git.example.com/repo.git",
+            "redis-cli -u redis://:Hunter2pass@cache:6379",
+            "curl -u admin:Hunter2pass https://example.com",
+            "curl --user admin:Hunter2pass https://example.com",
+            "curl -H 'Authorization: Bearer Hunter2pass' https://x",
+            "curl -H 'Authorization: Basic Hunter2pass' https://x",
+            "sshpass -p Hunter2pass ssh host",
+            r#"echo '{"secret": "Hunter2pass"}'"#,
+            "AWS_SECRET_ACCESS_KEY=Hunter2pass aws s3 ls",
+        ] {
+            let r = redact(line);
+            assert!(!r.contains(secret), "{line} -> {r}");
+            assert!(r.contains("[redacted]"), "{line} -> {r}");
+        }
+        for plain in [
+            "mkdir -p /tmp/x",
+            "cp -p a b",
+            "mysql -P 3306 -u root app",
+            "ps -u root",
+            "sort -u list.txt",
+            "grep -r password src/",
+            "echo basic example output",
+            "ssh deploy@host uptime",
+            "git clone https://git.example.com/repo.git",
+        ] {
+            assert_eq!(redact(plain), plain);
+        }
+    }
 
     fn status(status: u16, code: Option<&str>, kind: Option<&str>, message: &str) -> FailureClass {
         classify(&CallFailure::Status {

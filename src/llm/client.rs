@@ -142,9 +142,26 @@ fn transport(e: reqwest::Error) -> CallFailure {
     if e.is_timeout() {
         CallFailure::Timeout
     } else {
-        // The display of a reqwest error names the URL but never headers.
-        CallFailure::Connection(without_url(e).to_string())
+        // The display of a reqwest error names the URL but never headers; its causes say
+        // what went wrong (`tcp connect error: Connection refused`, a DNS or TLS failure).
+        CallFailure::Connection(with_causes(&without_url(e)))
     }
+}
+
+/// An error and its causes, `: `-joined, each once (bounded: eight levels).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    for _ in 0..8 {
+        let Some(c) = cause else { break };
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cause = c.source();
+    }
+    s
 }
 
 fn without_url(e: reqwest::Error) -> reqwest::Error {

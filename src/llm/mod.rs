@@ -15,6 +15,7 @@
 //! | `llm/args.rs` | `Args`: a tool call's argument object, checked per accessor, with the error the model receives naming the tool and the argument (used by the task tools and the control-plane tools) | deciding what a tool does |
 //! | `llm/classify.rs` | `CallFailure` → `FailureClass` (code, then message, then status); `scrub` for provider messages | I/O |
 //! | `llm/state.rs` | entry state rows in `llm_entry_state` (cooling until / why / disabled / failure streak / last error) | reading the clock (times are passed in) |
+//! | `llm/cli.rs` | `sshmode router status` and `router enable <provider>/<model>` (audited `router.enable`) | changing an entry's configuration |
 //! | `llm/router.rs` | `Router::chat` (walk the chain, react per class, forced try), `probe_now` / `probe_loop`, `health`, `stats`, per-process counters and metrics | tools |
 //! | `http/router.rs` | `/router/health`, `/router/stats` (behind `SSHMODE_API_TOKEN` when set), `/v1/chat/completions` (token → one of 32 places → bounded body read), `/v1/models` | internal detail or keys in responses; reading a body before the token is checked |
 //!
@@ -29,7 +30,12 @@
 //!
 //! **Identity of an entry** is a digest of base URL, model and a fingerprint of the key, so the
 //! same provider model in two chains shares one state, and a corrected key or URL starts clean
-//! (this is how "disabled until the configuration changes" works without any reset command).
+//! (this is how "disabled until the configuration changes" works by itself). A key the provider
+//! rejected disables its entry for every replica until a person acts: a corrected key in the
+//! configuration, or `sshmode router enable` once the provider accepts it again. Disabled entries
+//! are shown with since when and why by `/readyz` (degraded, still 200: a load balancer must not
+//! pull every replica for one bad key), `doctor`, the start-up log and `/router/health`, and the
+//! chat's answer says an operator must act.
 //!
 //! **Decisions.**
 //! - Keys never appear in the router file; `Config` reads the file at load and resolves the
@@ -57,6 +63,7 @@
 
 pub mod args;
 pub mod classify;
+pub mod cli;
 pub mod client;
 pub mod router;
 pub mod state;

@@ -61,10 +61,37 @@ fn unavailable_text(chain: &str, attempts: &[Attempt], disabled: usize) -> Strin
     if disabled > 0 {
         s.push_str(&format!(
             "; {disabled} entr{} disabled because the provider rejected the API key",
-            if disabled == 1 { "y is" } else { "ies are" }
+            if disabled == 1 { "y is" } else { "ies are" },
         ));
     }
+    if disabled > 0 || attempts.iter().any(|a| a.class == FailureClass::Auth) {
+        s.push_str(
+            "; an entry whose key was rejected stays disabled until an operator fixes the key \
+             or runs `sshmode router enable`",
+        );
+    }
     s
+}
+
+/// What to do about an entry disabled after its key was rejected.
+pub fn enable_advice(entry: &str) -> String {
+    format!(
+        "fix its API key in the configuration (a changed key starts clean), or once the \
+         provider accepts it again run `sshmode router enable {entry}`"
+    )
+}
+
+impl RouterError {
+    /// Whether waiting will not help: nothing answered, and some entry of the chain is
+    /// disabled, or was just now, for a rejected key (that needs a person).
+    pub fn needs_operator(&self) -> bool {
+        match self {
+            RouterError::Unavailable {
+                disabled, attempts, ..
+            } => *disabled > 0 || attempts.iter().any(|a| a.class == FailureClass::Auth),
+            _ => false,
+        }
+    }
 }
 
 /// One failed try of one entry, safe to show.
@@ -173,7 +200,25 @@ pub struct EntryHealth {
     pub until: Option<DateTime<Utc>>,
     /// The failure class that caused the cooldown or the disabling.
     pub reason: Option<FailureClass>,
+    /// Since when the entry is disabled, while it is.
+    pub since: Option<DateTime<Utc>>,
     pub last_error: Option<LastErrorView>,
+}
+
+impl EntryHealth {
+    /// The entry's name as `sshmode router enable` takes it: `<provider>/<model>`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.provider, self.model)
+    }
+}
+
+/// Why `sshmode router enable` did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum EnableError {
+    #[error("no model entry is called `{name}`; the entries are: {}", .known.join(", "))]
+    Unknown { name: String, known: Vec<String> },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -719,6 +764,7 @@ impl Router {
                     state: label,
                     until,
                     reason: if label == "ok" { None } else { s.reason },
+                    since: s.disabled_at.filter(|_| label == "disabled"),
                     last_error: s.last_error.map(|l| LastErrorView {
                         class: l.class,
                         message: l.message,
@@ -728,6 +774,60 @@ impl Router {
             }
         }
         out
+    }
+
+    /// The entries that are disabled, once each (an entry in two chains is listed with the
+    /// first), in configuration order.
+    pub async fn disabled(&self) -> Vec<EntryHealth> {
+        let mut seen = std::collections::HashSet::new();
+        self.health()
+            .await
+            .into_iter()
+            .filter(|h| h.state == "disabled" && seen.insert(h.name()))
+            .collect()
+    }
+
+    /// Re-enables the entry `name` (`<provider>/<model>`), audited as `router.enable` by
+    /// `actor` in the same transaction. Returns whether it was disabled (enabling an entry
+    /// that is not is harmless, and audited too).
+    pub async fn enable(&self, name: &str, actor: &str) -> Result<bool, EnableError> {
+        let Some(entry) = self
+            .entries
+            .iter()
+            .find(|e| format!("{}/{}", e.provider, e.model) == name)
+        else {
+            return Err(EnableError::Unknown {
+                name: name.to_string(),
+                known: self
+                    .entries
+                    .iter()
+                    .map(|e| format!("{}/{}", e.provider, e.model))
+                    .collect(),
+            });
+        };
+        let now = self.clock.now();
+        let before = state::load(&self.db, std::slice::from_ref(&entry.key))
+            .await?
+            .remove(&entry.key)
+            .unwrap_or_default();
+        let mut tx = self.db.begin().await?;
+        let was = state::enable(&mut tx, &entry.key, now).await?;
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry {
+                actor,
+                action: "router.enable",
+                subject: name,
+                detail: serde_json::json!({
+                    "was_disabled": was,
+                    "disabled_at": before.disabled_at,
+                    "reason": before.reason.map(FailureClass::as_str),
+                }),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(was)
     }
 
     /// Request counts and latency per chain entry and per chain, since this process started.
@@ -808,11 +908,39 @@ mod tests {
             code: None,
             message: "x".into(),
         };
-        let text = unavailable_text("coder", &[a], 1);
+        let text = unavailable_text("coder", std::slice::from_ref(&a), 1);
         assert!(
             text.contains("`coder`") && text.contains("p/m: quota"),
             "{text}"
         );
         assert!(text.contains("1 entry is disabled"), "{text}");
+        assert!(text.contains("sshmode router enable"), "{text}");
+        // Waiting helps when only a quota ran out; a rejected key, now or before, needs a person.
+        let quota = RouterError::Unavailable {
+            chain: "coder".into(),
+            attempts: vec![a.clone()],
+            disabled: 0,
+        };
+        assert!(!quota.needs_operator());
+        assert!(!quota.to_string().contains("operator"), "{quota}");
+        let auth = Attempt {
+            class: FailureClass::Auth,
+            ..a.clone()
+        };
+        for e in [
+            RouterError::Unavailable {
+                chain: "coder".into(),
+                attempts: vec![a.clone()],
+                disabled: 1,
+            },
+            RouterError::Unavailable {
+                chain: "coder".into(),
+                attempts: vec![auth],
+                disabled: 0,
+            },
+        ] {
+            assert!(e.needs_operator(), "{e}");
+            assert!(e.to_string().contains("an operator fixes the key"), "{e}");
+        }
     }
 }

@@ -21,6 +21,8 @@ pub const TRANSIENT_COOLDOWN: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EntryState {
     pub disabled: bool,
+    /// When the entry was disabled, while it is.
+    pub disabled_at: Option<DateTime<Utc>>,
     /// Cooling while this is in the future.
     pub cooling_until: Option<DateTime<Utc>>,
     /// The class that set the cooldown or disabled the entry.
@@ -74,7 +76,7 @@ pub struct EntryLabel<'a> {
 pub async fn load(pool: &PgPool, keys: &[String]) -> sqlx::Result<HashMap<String, EntryState>> {
     let rows = sqlx::query(
         "SELECT entry_key, state, cooling_until, reason, consecutive_failures,
-                last_error_class, last_error_message, last_error_at
+                last_error_class, last_error_message, last_error_at, disabled_at
            FROM llm_entry_state WHERE entry_key = ANY($1)",
     )
     .bind(keys)
@@ -99,6 +101,10 @@ pub async fn load(pool: &PgPool, keys: &[String]) -> sqlx::Result<HashMap<String
             row.try_get("entry_key")?,
             EntryState {
                 disabled: state == "disabled",
+                disabled_at: match state == "disabled" {
+                    true => row.try_get("disabled_at")?,
+                    false => None,
+                },
                 cooling_until: if state == "cooling" {
                     row.try_get("cooling_until")?
                 } else {
@@ -136,7 +142,7 @@ pub async fn record_failure(
     sqlx::query(
         "INSERT INTO llm_entry_state AS s
             (entry_key, provider, model, state, cooling_until, reason, consecutive_failures,
-             last_error_class, last_error_message, last_error_at, updated_at)
+             last_error_class, last_error_message, last_error_at, updated_at, disabled_at)
          VALUES ($1, $2, $3,
                  CASE WHEN $4 = 'auth' THEN 'disabled'
                       WHEN $6::timestamptz IS NOT NULL THEN 'cooling'
@@ -147,7 +153,8 @@ pub async fn record_failure(
                  CASE WHEN $4 = 'auth' OR $6::timestamptz IS NOT NULL
                         OR ($4 = 'transient' AND 1 >= $8) THEN $4 END,
                  CASE WHEN $4 = 'transient' THEN 1 ELSE 0 END,
-                 $4, $5, $7, $7)
+                 $4, $5, $7, $7,
+                 CASE WHEN $4 = 'auth' THEN $7 END)
          ON CONFLICT (entry_key) DO UPDATE SET
             consecutive_failures = CASE WHEN $4 = 'transient'
                                         THEN s.consecutive_failures + 1 ELSE 0 END,
@@ -169,6 +176,9 @@ pub async fn record_failure(
                 WHEN $4 = 'auth' OR $6::timestamptz IS NOT NULL
                   OR ($4 = 'transient' AND s.consecutive_failures + 1 >= $8) THEN $4
                 ELSE s.reason END,
+            disabled_at = CASE
+                WHEN s.state = 'disabled' THEN s.disabled_at
+                WHEN $4 = 'auth' THEN $7 END,
             provider = EXCLUDED.provider,
             model = EXCLUDED.model,
             last_error_class = $4,
@@ -222,7 +232,10 @@ pub async fn record_probe_failure(
                 updated_at = $4,
                 state = CASE WHEN $2 = 'auth' THEN 'disabled' ELSE state END,
                 cooling_until = CASE WHEN $2 = 'auth' THEN NULL ELSE cooling_until END,
-                reason = CASE WHEN $2 = 'auth' THEN 'auth' ELSE reason END
+                reason = CASE WHEN $2 = 'auth' THEN 'auth' ELSE reason END,
+                disabled_at = CASE
+                    WHEN state = 'disabled' THEN disabled_at
+                    WHEN $2 = 'auth' THEN $4 END
           WHERE entry_key = $1",
     )
     .bind(key)
@@ -232,4 +245,24 @@ pub async fn record_probe_failure(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Re-enables a disabled entry: its state is clean again, its last error kept for the health
+/// page. Returns whether it was disabled. Written in `conn` (the transaction of its audit row).
+pub async fn enable(
+    conn: &mut sqlx::PgConnection,
+    key: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE llm_entry_state
+            SET state = 'ok', cooling_until = NULL, reason = NULL, consecutive_failures = 0,
+                disabled_at = NULL, updated_at = $2
+          WHERE entry_key = $1 AND state = 'disabled'",
+    )
+    .bind(key)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }

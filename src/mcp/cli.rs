@@ -78,13 +78,18 @@ fn parse_permission(s: &str) -> Result<Permission, String> {
 pub async fn run(cmd: McpCmd, config: &Config) -> anyhow::Result<i32> {
     let store = crate::store::Store::open(config).await?;
     let stdout = std::io::stdout();
-    let result = run_with(cmd, &store.pool, &mut stdout.lock()).await;
+    let result = run_with(cmd, &store.pool, &config.operator, &mut stdout.lock()).await;
     store.close().await;
     result
 }
 
-/// Runs `cmd` on `db`, writing to `out`; the exit code.
-pub async fn run_with(cmd: McpCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
+/// Runs `cmd` on `db`, writing to `out` and auditing as `actor`; the exit code.
+pub async fn run_with(
+    cmd: McpCmd,
+    db: &PgPool,
+    actor: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<i32> {
     let McpCmd::Token(cmd) = cmd;
     match cmd {
         TokenCmd::Create {
@@ -107,7 +112,7 @@ pub async fn run_with(cmd: McpCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::
                 permission,
                 expires_at,
             };
-            let t = token::create(db, &new, "operator").await?;
+            let t = token::create(db, &new, actor).await?;
             writeln!(out, "{t}")?;
             writeln!(
                 out,
@@ -153,7 +158,7 @@ pub async fn run_with(cmd: McpCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::
             Ok(0)
         }
         TokenCmd::Revoke { name } => {
-            if token::revoke(db, &name, "operator").await? {
+            if token::revoke(db, &name, actor).await? {
                 writeln!(out, "token `{name}` revoked")?;
                 Ok(0)
             } else {

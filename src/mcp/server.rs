@@ -620,14 +620,20 @@ impl Tools {
             content: args.content,
         };
         let cancel = ctx.ct.child_token();
-        let Done::Wrote { path, bytes } = self
+        let (ran, section) = self
             .through(ctx, &token, &here, "write_file", tool, &cancel)
-            .await
-            .0?
-            .done
-        else {
+            .await;
+        let Done::Wrote { path, bytes } = ran?.done else {
             return Err("the write returned nothing".into());
         };
+        if let Some(row) = gate::file_row(
+            &caller(&token, &section, "write_file"),
+            here.at.place.target(),
+            &path,
+            json!({ "bytes": bytes }),
+        ) {
+            self.audit_command(&section, &row).await;
+        }
         Ok(CallToolResult::structured(json!({
             "host": here.at.ops.backend().location(),
             "path": path,

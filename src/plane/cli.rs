@@ -1,6 +1,6 @@
 //! `sshmode skill …`: the operator's view of skills. `list` shows every stored skill with its
 //! scope, `show <name>` one in full (to read before promoting it), `promote <name>` makes one
-//! visible in every chat (audited as `skill.promote`, actor `cli`).
+//! visible in every chat (audited as `skill.promote`, actor `cli:<user>`).
 //!
 //! Never: changes a skill's text (that is the model's, in its own chat); prints a control
 //! character from a skill (the model wrote it: it must not drive the operator's terminal).
@@ -12,9 +12,6 @@ use sqlx::PgPool;
 
 use super::skills::{self, Viewer, Visibility};
 use crate::config::Config;
-
-/// Who CLI audit rows name.
-const ACTOR: &str = "cli";
 
 /// `sshmode skill …`
 #[derive(Debug, Subcommand)]
@@ -63,7 +60,7 @@ pub async fn run(cmd: SkillCmd, config: &Config) -> anyhow::Result<i32> {
     let store = crate::store::Store::open(config).await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let result = run_with(cmd, &store.pool, &mut out).await;
+    let result = run_with(cmd, &store.pool, &config.operator, &mut out).await;
     store.close().await;
     result
 }
@@ -114,8 +111,13 @@ pub async fn json_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyho
     Ok(0)
 }
 
-/// [`run`] on a given database and output (tests call this directly).
-pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow::Result<i32> {
+/// [`run`] on a given database and output, auditing as `actor` (tests call this directly).
+pub async fn run_with(
+    cmd: SkillCmd,
+    db: &PgPool,
+    actor: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<i32> {
     match cmd {
         SkillCmd::List { .. } => {
             let all = skills::list(db, Viewer::Operator).await?;
@@ -151,7 +153,7 @@ pub async fn run_with(cmd: SkillCmd, db: &PgPool, out: &mut dyn Write) -> anyhow
             writeln!(out, "\n{}", terminal_safe(&k.body))?;
             Ok(0)
         }
-        SkillCmd::Promote { name } => match skills::promote(db, &name, ACTOR).await? {
+        SkillCmd::Promote { name } => match skills::promote(db, &name, actor).await? {
             Ok(p) => {
                 match p.before {
                     Visibility::Shared => {

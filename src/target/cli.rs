@@ -17,9 +17,6 @@ use crate::config::Config;
 use crate::exec::ssh::connect::{self, ConnectOptions};
 use crate::vault::Vault;
 
-/// Who CLI audit rows name.
-const ACTOR: &str = "cli";
-
 /// `sshmode target …`
 #[derive(Debug, Subcommand)]
 pub enum TargetCmd {
@@ -300,7 +297,7 @@ pub async fn run_with(
                 see_host_key(&mut new, config, db, &vault, &jumps).await?;
             }
             let approved = new.approve;
-            let t = super::add(db, &vault, new, ACTOR)
+            let t = super::add(db, &vault, new, &config.operator)
                 .await
                 .map_err(user_error)?;
             writeln!(
@@ -377,7 +374,7 @@ pub async fn run_with(
         }
         TargetCmd::Allow(a) => {
             let chats = (!a.all_chats).then_some(a.chats.as_slice());
-            super::allow::set_allowed(db, &a.alias, chats, "operator")
+            super::allow::set_allowed(db, &a.alias, chats, &config.operator)
                 .await
                 .map_err(user_error)?;
             match chats {
@@ -388,9 +385,15 @@ pub async fn run_with(
         }
         TargetCmd::Set(a) => {
             if a.approvers.is_some() || a.risky.is_some() {
-                let p = super::policy::set(db, &a.alias, a.approvers.as_deref(), a.risky, ACTOR)
-                    .await
-                    .map_err(user_error)?;
+                let p = super::policy::set(
+                    db,
+                    &a.alias,
+                    a.approvers.as_deref(),
+                    a.risky,
+                    &config.operator,
+                )
+                .await
+                .map_err(user_error)?;
                 writeln!(
                     out,
                     "target `{}`: approvals answered by {}, risky commands: {}",
@@ -414,7 +417,7 @@ pub async fn run_with(
                     a.jump.map(Some)
                 },
             };
-            let t = super::set_settings(db, &a.alias, &settings, ACTOR)
+            let t = super::set_settings(db, &a.alias, &settings, &config.operator)
                 .await
                 .map_err(user_error)?;
             writeln!(
@@ -431,7 +434,7 @@ pub async fn run_with(
             Ok(0)
         }
         TargetCmd::Approve { alias } => {
-            let a = super::approve(db, &alias, ACTOR)
+            let a = super::approve(db, &alias, &config.operator)
                 .await
                 .map_err(user_error)?;
             writeln!(out, "target `{alias}`: {} -> approved", a.previous.as_str())?;
@@ -445,7 +448,7 @@ pub async fn run_with(
             Ok(0)
         }
         TargetCmd::Disable { alias } => {
-            let code = status(db, &alias, Status::Disabled, out).await?;
+            let code = status(db, &alias, Status::Disabled, &config.operator, out).await?;
             let behind = super::dependents(db, &alias).await.map_err(user_error)?;
             if !behind.is_empty() {
                 writeln!(
@@ -457,7 +460,9 @@ pub async fn run_with(
             Ok(code)
         }
         TargetCmd::Remove { alias } => {
-            super::remove(db, &alias, ACTOR).await.map_err(user_error)?;
+            super::remove(db, &alias, &config.operator)
+                .await
+                .map_err(user_error)?;
             writeln!(out, "target `{alias}` removed, with its vaulted secrets")?;
             Ok(0)
         }
@@ -479,7 +484,7 @@ pub async fn run_with(
         }
         TargetCmd::Rekey { alias, host_key } => {
             let key = parse_host_key(&host_key)?;
-            let prev = super::rekey(db, &alias, &key, ACTOR)
+            let prev = super::rekey(db, &alias, &key, &config.operator)
                 .await
                 .map_err(user_error)?;
             writeln!(
@@ -611,7 +616,7 @@ pub async fn rotate_key_with(config: &Config, db: &PgPool, force: bool) -> anyho
     let old = open_vault(config, db).await?;
     let next = Vault::create(&next_path)
         .map_err(|e| anyhow::anyhow!("cannot write the new key {}: {e}", next_path.display()))?;
-    let n = match super::reseal_all(db, &old, &next, ACTOR).await {
+    let n = match super::reseal_all(db, &old, &next, &config.operator).await {
         Ok(n) => n,
         Err(e) => {
             let _ = std::fs::remove_file(&next_path);
@@ -666,7 +671,7 @@ async fn see_host_key(
             registry: &registry,
             vault,
             trust: None,
-            actor: ACTOR,
+            actor: &config.operator,
         };
         match connect::open_path(jumps, &opts, new.host.trim(), new.port).await {
             Ok((hops, ch)) => {
@@ -763,9 +768,15 @@ fn user_error(e: TargetError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-async fn status(db: &PgPool, alias: &str, to: Status, out: &mut dyn Write) -> anyhow::Result<i32> {
+async fn status(
+    db: &PgPool,
+    alias: &str,
+    to: Status,
+    actor: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<i32> {
     debug_assert!(to != Status::Approved, "approval goes through `approve`");
-    let prev = super::set_status(db, alias, to, ACTOR)
+    let prev = super::set_status(db, alias, to, actor)
         .await
         .map_err(user_error)?;
     writeln!(
@@ -1030,7 +1041,7 @@ async fn test(
             registry: &super::registry(db.clone()),
             vault,
             trust,
-            actor: ACTOR,
+            actor: &config.operator,
         },
     )
     .await;

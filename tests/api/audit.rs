@@ -254,3 +254,134 @@ async fn export_into_a_pipe_closed_early_ends_quietly() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.to_lowercase().contains("pipe"), "{err}");
 }
+
+/// Files the model writes are audited where they were written; a one-shot command's rows name
+/// the OS account and carry the target's alias, so `--target` and `--actor cli` find them; a
+/// password on a command line never reaches the trail; an unknown `--kind` is an error.
+#[tokio::test]
+async fn file_changes_cli_rows_and_passwords_on_command_lines_are_audited_right() {
+    let env = Env::builder().target("web").spawn().await;
+    let local = unique("oc_audit_files");
+    let remote = unique("omt_audit_files");
+    env.control.bind(&remote, Place::Target("web".into()));
+    env.llm
+        .push(
+            MODEL,
+            call("write_file", json!({"path": "notes.txt", "content": "hello"})),
+        )
+        .push(
+            MODEL,
+            call(
+                "patch",
+                json!({"path": "notes.txt", "old_string": "hello", "new_string": "bye"}),
+            ),
+        )
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "mysql -u root -pHunter2pass -e 'select 1' || PGPASSWORD=Hunter2pass psql postgres://app:Hunter2pass@db/app || true"}),
+            ),
+        )
+        .push(MODEL, say("local done"));
+    accept(&env.app, &local, &unique("om_l"), "write here").await;
+    assert_eq!(wait_turns_ended(&env.app, &local, 1).await, vec!["done"]);
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "write_file",
+                json!({"path": "remote.txt", "content": "there"}),
+            ),
+        )
+        .push(MODEL, say("remote done"));
+    accept(&env.app, &remote, &unique("om_r"), "write there").await;
+    assert_eq!(wait_turns_ended(&env.app, &remote, 1).await, vec!["done"]);
+    let db = env.app.db_url.clone();
+
+    let (code, out, err) = sshmode(&db, &["audit", "export", "--kind", "file"]);
+    assert_eq!(code, 0, "{err}");
+    let rows = jsonl(&out);
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert_eq!(rows[0]["kind"], "file.write");
+    assert_eq!(rows[0]["actor"], "ou_user");
+    assert_eq!(rows[0]["section"], local.as_str());
+    assert_eq!(rows[0]["target"], Value::Null);
+    assert!(
+        rows[0]["detail"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("notes.txt")
+    );
+    assert_eq!(rows[0]["detail"]["bytes"], 5);
+    assert_eq!(rows[1]["kind"], "file.patch");
+    assert_eq!(rows[2]["kind"], "file.write");
+    assert_eq!(rows[2]["target"], "web");
+    assert!(
+        rows[2]["detail"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("remote.txt")
+    );
+
+    let (_, out, _) = sshmode(&db, &["audit", "export", "--kind", "command"]);
+    assert!(out.contains("mysql -u root -p"), "{out}");
+    assert!(!out.contains("Hunter2pass"), "{out}");
+
+    // A one-shot command: its actor is the OS account, and the row carries the alias.
+    let (code, _, err) = sshmode(&db, &["target", "disable", "web"]);
+    assert_eq!(code, 0, "{err}");
+    let me = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let (_, out, _) = sshmode(
+        &db,
+        &["audit", "export", "--target", "web", "--kind", "target"],
+    );
+    let rows = jsonl(&out);
+    let kinds: Vec<&str> = rows.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert!(
+        kinds.contains(&"target.add") && kinds.contains(&"target.disable"),
+        "{rows:#?}"
+    );
+    let disable = rows.iter().find(|r| r["kind"] == "target.disable").unwrap();
+    assert_eq!(disable["actor"], format!("cli:{}", me.trim()));
+    assert_eq!(disable["target"], "web");
+    let fp = env.sshd().unwrap().fingerprint();
+    let (code, _, err) = sshmode(&db, &["target", "rekey", "web", "--host-key", &fp]);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = sshmode(
+        &db,
+        &["audit", "export", "--target", "web", "--kind", "hostkey"],
+    );
+    let rows = jsonl(&out);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0]["kind"], "hostkey.rekey");
+    assert_eq!(rows[0]["actor"], format!("cli:{}", me.trim()));
+    let (_, out, _) = sshmode(
+        &db,
+        &[
+            "audit",
+            "export",
+            "--actor",
+            "cli",
+            "--kind",
+            "target.disable",
+        ],
+    );
+    assert_eq!(jsonl(&out).len(), 1, "{out}");
+
+    // A kind that no row can have is an error that lists the families.
+    let (code, out, err) = sshmode(&db, &["audit", "list", "--kind", "comand"]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("`comand` is no kind") && err.contains("command"),
+        "{err}"
+    );
+}

@@ -571,7 +571,7 @@ async fn skill_cli(app: &TestApp, args: &[&str]) -> (Result<i32, String>, String
         .expect("a valid command line")
         .cmd;
     let mut out = Vec::new();
-    let r = run_with(cmd, &app.state.db, &mut out)
+    let r = run_with(cmd, &app.state.db, "cli:tester", &mut out)
         .await
         .map_err(|e| e.to_string());
     (r, String::from_utf8(out).unwrap())
@@ -690,7 +690,7 @@ async fn a_skill_stays_in_its_chat_until_an_admin_promotes_it() {
     assert_eq!(
         audited(&app, "skill.promote").await,
         [(
-            "cli".to_string(),
+            "cli:tester".to_string(),
             "ok".to_string(),
             Some("oc_a".to_string()),
             Some("oc_a".to_string())
@@ -737,7 +737,7 @@ async fn a_skill_stays_in_its_chat_until_an_admin_promotes_it() {
     assert_eq!(promotes.len(), 2);
     assert_eq!(
         (promotes[1].0.as_str(), promotes[1].1.as_str()),
-        ("cli", "refused")
+        ("cli:tester", "refused")
     );
     app.stop().await;
 }

@@ -356,3 +356,191 @@ async fn a_missing_scope_to_read_messages_is_named() {
     assert_eq!(status(&c, "lark.bot"), "ok", "{c:#?}");
     s.app.stop().await;
 }
+
+/// Runs `sshmode <args>` with `vars` (no `SUDO_USER`: the actor is the account running it):
+/// the exit code, standard output and standard error.
+async fn sshmode(vars: &HashMap<&'static str, String>, args: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
+        .args(args)
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A key the provider rejected once disables the entry for good: `/readyz` stays 200 but names
+/// it, doctor fails on it even while the provider answers again, and `sshmode router enable`
+/// (audited, as the OS account) brings it back.
+#[tokio::test]
+async fn a_disabled_model_entry_is_reported_until_an_operator_enables_it() {
+    let s = Setup::start().await;
+    s.llm.always(
+        MODEL,
+        error(401, json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}})),
+    );
+    let router = s.app.state.llm.clone().expect("a model is configured");
+    let ask = sshmode::llm::ChatRequest {
+        messages: vec![sshmode::llm::Message::user("hello")],
+        ..Default::default()
+    };
+    let e = router.chat(None, ask.clone()).await.unwrap_err();
+    assert!(e.needs_operator(), "{e}");
+    assert!(e.to_string().contains("sshmode router enable"), "{e}");
+    s.llm.heal(MODEL);
+
+    // Degraded, not failed: a load balancer keeps the replica.
+    let r = s.app.http.get(s.app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.unwrap();
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("degraded: model default/m disabled since "))
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(line.contains("sshmode router enable default/m"), "{line}");
+
+    // The provider answers again, but no chat uses the entry: doctor says so, and how to fix it.
+    let (code, c) = doctor(&s.vars(), &[]).await;
+    assert_eq!(
+        (code, status(&c, "model default/m").as_str()),
+        (1, "fail"),
+        "{c:#?}"
+    );
+    assert!(
+        c["model default/m"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("disabled since")
+    );
+    assert!(advice(&c, "model default/m").contains("sshmode router enable default/m"));
+    let (code, out, _) = sshmode(&s.vars(), &["router", "status"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(" default/m: disabled since"), "{out}");
+
+    // A name that is no entry is an error that lists the entries.
+    let (code, _, err) = sshmode(&s.vars(), &["router", "enable", "default/nope"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("default/m"), "{err}");
+
+    let (code, out, err) = sshmode(&s.vars(), &["router", "enable", "default/m"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("default/m enabled"), "{out}");
+    router
+        .chat(None, ask)
+        .await
+        .expect("the entry answers again");
+    let body = s
+        .app
+        .http
+        .get(s.app.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!body.contains("degraded"), "{body}");
+    let (_, c) = doctor(&s.vars(), &[]).await;
+    assert_eq!(status(&c, "model default/m"), "ok", "{c:#?}");
+
+    let (actor, detail): (String, Value) = sqlx::query_as(
+        "SELECT actor, detail FROM audit_log WHERE action = 'router.enable' AND subject = 'default/m'",
+    )
+    .fetch_one(&s.app.state.db)
+    .await
+    .unwrap();
+    let me = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(actor, format!("cli:{}", me.trim()));
+    assert_eq!(detail["was_disabled"], true);
+    assert_eq!(detail["reason"], "auth");
+    s.app.stop().await;
+}
+
+/// Doctor names what is wrong in the words of its cause, and one broken part never hides the
+/// others: a refused database, a URL of another database, an unreachable model, admins that
+/// are no open_ids, an invalid variable.
+#[tokio::test]
+async fn doctor_names_each_cause_and_runs_the_other_checks() {
+    let s = Setup::start().await;
+    let closed = sshd::free_port();
+
+    // A refused database: said so, not "pool timed out", no advice to run doctor; the model
+    // is still checked.
+    let mut v = s.vars();
+    v.insert(
+        "DATABASE_URL",
+        format!("postgres://sshmode:pw@127.0.0.1:{closed}/sshmode"),
+    );
+    let (code, c) = doctor(&v, &[]).await;
+    assert_eq!((code, status(&c, "database").as_str()), (1, "fail"));
+    let detail = c["database"]["detail"].as_str().unwrap();
+    assert!(detail.contains("connection refused"), "{detail}");
+    assert!(!detail.contains("timed out"), "{detail}");
+    assert!(!format!("{c:?}").contains("sshmode doctor"), "{c:#?}");
+    assert!(!format!("{c:?}").contains(":pw@"), "{c:#?}");
+    assert_eq!(status(&c, "model default/m"), "ok", "{c:#?}");
+
+    // Another database's URL is named as such.
+    v.insert("DATABASE_URL", "mysql://app:pw@127.0.0.1/app".into());
+    let (_, c) = doctor(&v, &[]).await;
+    let detail = c["database"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("`mysql`") && detail.contains("PostgreSQL"),
+        "{detail}"
+    );
+
+    // An unreachable model: the HTTP client's cause, whatever the database does.
+    let mut v = s.vars();
+    v.insert("LLM_BASE_URL", format!("http://127.0.0.1:{closed}/v1"));
+    let (code, c) = doctor(&v, &[]).await;
+    assert_eq!((code, status(&c, "model default/m").as_str()), (1, "fail"));
+    let detail = c["model default/m"]["detail"]
+        .as_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(detail.contains("connection refused"), "{detail}");
+
+    // Admins: none is a caveat; a name that is no open_id a failure.
+    let (_, c) = doctor(&s.vars(), &[]).await;
+    assert_eq!(status(&c, "admins"), "warn", "{c:#?}");
+    let mut v = s.vars();
+    v.insert("SSHMODE_ADMINS", "ou_a1b2c3,alice@example.com".into());
+    let (code, c) = doctor(&v, &[]).await;
+    assert_eq!((code, status(&c, "admins").as_str()), (1, "fail"));
+    assert!(
+        c["admins"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("alice@example.com")
+    );
+    v.insert("SSHMODE_ADMINS", "ou_a1b2c3".into());
+    let (_, c) = doctor(&v, &[]).await;
+    assert_eq!(status(&c, "admins"), "ok", "{c:#?}");
+
+    // An invalid variable is a cross of its own, and every other check still runs.
+    let mut v = s.vars();
+    v.insert("SSHMODE_LOG_FORMAT", "xml".into());
+    let (code, c) = doctor(&v, &[]).await;
+    assert_eq!(code, 1);
+    assert_eq!(status(&c, "config SSHMODE_LOG_FORMAT"), "fail", "{c:#?}");
+    assert!(advice(&c, "config SSHMODE_LOG_FORMAT").contains("other checks ran"));
+    for name in ["database", "lark.token", "model default/m", "target web"] {
+        assert_eq!(status(&c, name), "ok", "{name}: {c:#?}");
+    }
+    s.app.stop().await;
+}

@@ -1048,7 +1048,7 @@ async fn a_revoked_tokens_shells_close_and_a_new_token_of_its_name_sees_none() {
     let revoke = sshmode::mcp::cli::McpCmd::Token(sshmode::mcp::cli::TokenCmd::Revoke {
         name: "laptop".into(),
     });
-    let code = sshmode::mcp::cli::run_with(revoke, &env.app.state.db, &mut said)
+    let code = sshmode::mcp::cli::run_with(revoke, &env.app.state.db, "cli:tester", &mut said)
         .await
         .unwrap();
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&said));
