@@ -273,3 +273,45 @@ async fn mcp_exec_on_local_sees_nothing_of_the_data_directory_other_sections_or_
     let typed = r[7]["structured"]["text"].as_str().unwrap();
     assert_nothing_leaked(&layout, typed, "MCP shell");
 }
+
+/// A local command starts with every signal at its default action, however the service was
+/// started: `nohup` ignores SIGHUP, a shell's background job SIGINT and SIGQUIT, and an
+/// ignored signal survives `exec` — so a Ctrl-C typed into a tool's terminal would not stop
+/// its command.
+#[tokio::test]
+async fn local_commands_start_with_every_signal_at_its_default_whatever_the_service_ignores() {
+    // As `nohup` and a background job start the service (SIGINT is left alone: this test
+    // binary's other tests stop their children with it).
+    for sig in [libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: changes only what this process and its children do with these signals.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let env = Env::builder().spawn().await;
+    let section = unique("oc_signals");
+    env.llm
+        .push(
+            MODEL,
+            call(
+                "terminal",
+                json!({"command": "grep SigIgn /proc/self/status"}),
+            ),
+        )
+        .push(MODEL, say("done"));
+    accept(&env.app, &section, &unique("om_signals"), "signals").await;
+    assert_eq!(wait_turns_ended(&env.app, &section, 1).await, vec!["done"]);
+    let results = tool_results(&env.llm);
+    let ignored = results[0]
+        .split("SigIgn:")
+        .nth(1)
+        .map(|r| r.trim_start().chars().take(16).collect::<String>())
+        .unwrap_or_else(|| panic!("no SigIgn line: {}", results[0]));
+    let mask = u64::from_str_radix(&ignored, 16).unwrap();
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGPIPE] {
+        assert_eq!(
+            mask & (1 << (sig - 1)),
+            0,
+            "signal {sig} ignored: {}",
+            results[0]
+        );
+    }
+}

@@ -1158,8 +1158,23 @@ fn apply(setup: &Setup) -> Result<(), String> {
     Ok(())
 }
 
-/// Closes every descriptor above stderr, restores the signal mask and `SIGPIPE`, execs with
-/// exactly `env`.
+/// Every signal back to its default action, as a command started from a terminal has it: Rust
+/// ignores `SIGPIPE` in its programs, and whatever started the service may have ignored
+/// `SIGINT`, `SIGQUIT` (a shell's background job) or `SIGHUP` (`nohup`) — dispositions an
+/// `exec` keeps, so without this a Ctrl-C typed into a tool's terminal would not stop its
+/// command. Async-signal-safe: only `signal` calls.
+pub(super) fn default_signals() {
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: setting a disposition to its default; a number the kernel does not
+            // know fails harmlessly.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+}
+
+/// Closes every descriptor above stderr, restores the signal mask and every signal's default
+/// action ([`default_signals`]), execs with exactly `env`.
 fn exec(program: &[CString], env: &[CString]) -> Result<(), String> {
     let mut argv: Vec<*const libc::c_char> = program.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -1177,8 +1192,7 @@ fn exec(program: &[CString], env: &[CString]) -> Result<(), String> {
         {
             return Err(os_err("close_range"));
         }
-        // Rust ignores SIGPIPE in its programs; a shell must get the default back.
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        default_signals();
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::execve(argv[0], argv.as_ptr(), envp.as_ptr());
     }

@@ -730,6 +730,7 @@ impl Prepared {
                 if libc::fchdir(cwd) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                super::launch::default_signals();
                 for (res, value) in &limits {
                     let lim = libc::rlimit {
                         rlim_cur: *value,
