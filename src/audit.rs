@@ -140,7 +140,7 @@ fn about_a_target(action: &str) -> bool {
 /// what, and how it ended.
 #[derive(Debug, Clone)]
 pub struct ChatEntry<'a> {
-    /// A user's open_id, `model`, `system` (expiry) or `operator` (the CLI).
+    /// A user's open_id, `model`, `system` (expiry) or `cli:<user>` (a one-shot command).
     pub actor: &'a str,
     /// Dotted action name: `binding.set`, `binding.switch`, `binding.release`,
     /// `binding.expire`, `grant.add`, `grant.revoke`, `grant.expire`, `target.decide`, …

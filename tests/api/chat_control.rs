@@ -983,8 +983,9 @@ async fn target_allow_limits_chats_and_is_shown() {
     assert!(shown.contains("chats:           all"), "{shown}");
     assert_eq!(visible("oc_z").await, 1);
     let audited: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM audit_log WHERE action = 'target.allow' AND actor = 'operator' AND target = 'web'",
+        "SELECT count(*) FROM audit_log WHERE action = 'target.allow' AND actor = $1 AND target = 'web'",
     )
+    .bind(&app.state.config.operator)
     .fetch_one(&app.state.db)
     .await
     .unwrap();
