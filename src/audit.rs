@@ -155,10 +155,20 @@ pub struct ChatEntry<'a> {
 
 /// Appends a chat-side entry using `conn` (pass the transaction of the change being recorded).
 pub async fn record_chat(conn: &mut PgConnection, e: ChatEntry<'_>) -> sqlx::Result<()> {
+    record_chat_at(conn, e, None).await
+}
+
+/// [`record_chat`] of something that happened at `at` (`None`: the commit's time), for rows
+/// written after what they record (a shell found closed).
+pub async fn record_chat_at(
+    conn: &mut PgConnection,
+    e: ChatEntry<'_>,
+    at: Option<DateTime<Utc>>,
+) -> sqlx::Result<()> {
     let subject = e.section.or(e.target).unwrap_or("-");
     sqlx::query(
-        "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome, at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8::timestamptz, now()))",
     )
     .bind(e.actor)
     .bind(e.action)
@@ -167,6 +177,7 @@ pub async fn record_chat(conn: &mut PgConnection, e: ChatEntry<'_>) -> sqlx::Res
     .bind(e.section)
     .bind(e.target)
     .bind(e.outcome)
+    .bind(at)
     .execute(conn)
     .await?;
     Ok(())
@@ -190,6 +201,9 @@ pub struct CommandRun {
     pub outcome: String,
     /// `tool`, `command` (redacted, clipped), `exit`, `duration_ms`, `turn`.
     pub detail: Value,
+    /// When it happened, where that differs from when its row commits (a shell's input,
+    /// which may end the shell before the row commits); `None`: the commit's time.
+    pub at: Option<DateTime<Utc>>,
 }
 
 /// Appends an executed command's row outside a turn (the MCP endpoint's calls): subject and
@@ -203,8 +217,8 @@ pub async fn record_command(
     run: &CommandRun,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
-         SELECT $1, $2, COALESCE($3, 'local'), $4, $5, $3, $6
+        "INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome, at)
+         SELECT $1, $2, COALESCE($3, 'local'), $4, $5, $3, $6, COALESCE($7::timestamptz, now())
          FROM (SELECT set_config('synchronous_commit', 'off', true)) AS later",
     )
     .bind(&run.actor)
@@ -213,6 +227,7 @@ pub async fn record_command(
     .bind(&run.detail)
     .bind(section)
     .bind(&run.outcome)
+    .bind(run.at)
     .execute(conn)
     .await?;
     Ok(())

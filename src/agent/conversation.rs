@@ -183,6 +183,7 @@ pub async fn append_logged(
             .bind(audit.map(|a| &a.detail))
             .bind(audit.map(|a| a.outcome.as_str()))
             .bind(audit.map(|a| a.action))
+            .bind(audit.and_then(|a| a.at))
     };
     let ids = match bind(APPEND_LOGGED).fetch_optional(fence.db()).await {
         Err(e) if crate::eventlog::seq_taken(&e) => {
@@ -228,10 +229,10 @@ const APPEND_LOGGED: &str = "WITH l AS (
         WHERE $10::text IS NOT NULL OR $11::text IS NOT NULL
        RETURNING id),
      a AS (
-       INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome)
+       INSERT INTO audit_log (actor, action, subject, detail, section, target, outcome, at)
        SELECT $15, $19,
               COALESCE($16, CASE WHEN $18 = 'interrupted' THEN 'unknown' ELSE 'local' END),
-              $17, $1, $16, $18
+              $17, $1, $16, $18, COALESCE($20::timestamptz, now())
          FROM m
         WHERE $15::text IS NOT NULL)
      SELECT m.id, (SELECT id FROM k) FROM m, e";

@@ -988,6 +988,7 @@ fn shell_call(
         target: target.map(str::to_string),
         outcome: outcome.to_string(),
         detail,
+        at: row.at,
     }
 }
 
@@ -1000,6 +1001,7 @@ fn interrupted_shell_call(turn: &ActiveTurn, call: &ToolCall) -> Option<crate::a
         "shell_open" => tools::ShellRow {
             action: "shell.open",
             detail: json!({}),
+            at: None,
         },
         "shell_write" => tools::ShellRow {
             action: "shell.input",
@@ -1007,6 +1009,7 @@ fn interrupted_shell_call(turn: &ActiveTurn, call: &ToolCall) -> Option<crate::a
                 "shell_id": args.get("shell_id"),
                 "text": crate::exec::pty::HIDDEN_INPUT,
             }),
+            at: None,
         },
         _ => return None,
     };

@@ -144,6 +144,9 @@ pub struct ToolResult {
 pub struct ShellRow {
     pub action: &'static str,
     pub detail: Value,
+    /// When it happened, where the row's commit may come after what it caused (the input
+    /// that ends a shell, whose close is audited on its own); `None`: the commit's time.
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A command the guard asks a person about, as it would have run.

@@ -250,5 +250,5 @@ async fn record_closed_shell(db: &PgPool, c: &crate::exec::pty::ClosedShell) -> 
         detail,
     };
     let mut conn = db.acquire().await?;
-    crate::audit::record_chat(&mut conn, entry).await
+    crate::audit::record_chat_at(&mut conn, entry, Some(c.at)).await
 }

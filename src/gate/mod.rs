@@ -229,6 +229,7 @@ pub fn command_row(
         target: target.map(str::to_string),
         outcome: outcome.to_string(),
         detail: d,
+        at: None,
     }
 }
 
@@ -260,6 +261,7 @@ pub fn file_row(
         target: target.map(str::to_string),
         outcome: "ok".to_string(),
         detail: d,
+        at: None,
     })
 }
 

@@ -887,10 +887,11 @@ async fn until_alternate(env: &Env, section: &str, id: &str) {
     .await;
 }
 
-/// The `shell.*` audit rows of `section`: (actor, action, outcome, detail).
+/// The `shell.*` audit rows of `section`: (actor, action, outcome, detail), in the audit
+/// trail's order (`audit list` and `export`: by time).
 async fn shell_rows(env: &Env, section: &str) -> Vec<(String, String, String, serde_json::Value)> {
     sqlx::query_as(
-        "SELECT actor, action, outcome, detail FROM audit_log WHERE section = $1 AND action LIKE 'shell.%' ORDER BY id",
+        "SELECT actor, action, outcome, detail FROM audit_log WHERE section = $1 AND action LIKE 'shell.%' ORDER BY at, id",
     )
     .bind(section)
     .fetch_all(&env.app.state.db)

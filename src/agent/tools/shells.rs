@@ -241,6 +241,7 @@ async fn run(
         *row = Some(ShellRow {
             action: "shell.close",
             detail: json!({"shell_id": id}),
+            at: None,
         });
         return Ok(format!("closed shell {id}"));
     }
@@ -297,6 +298,7 @@ async fn run(
             *row = Some(ShellRow {
                 action: "shell.open",
                 detail: json!({"shell_id": info.shell_id}),
+                at: None,
             });
             let screen = screen_text(&info.screen);
             deps.gate().withheld(&screen).await?;
@@ -353,6 +355,7 @@ async fn run(
             if let Some(m) = mark {
                 m.write().await?;
             }
+            let at = chrono::Utc::now();
             shells
                 .write_entered(section, &id, data.as_bytes(), &entering)
                 .await
@@ -364,6 +367,7 @@ async fn run(
                     "bytes": data.len(),
                     "text": entering.recorded(&data, AUDIT_INPUT_CHARS),
                 }),
+                at: Some(at),
             });
             Ok(format!(
                 "sent {} bytes to {id}; read it with shell_read",

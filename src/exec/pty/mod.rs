@@ -408,6 +408,9 @@ pub struct ClosedShell {
     /// `local` or the target's alias.
     pub host: String,
     pub why: String,
+    /// When it was found closed: its audit row's time, so that the row follows the input
+    /// that ended it even when that input's own row commits later.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Default)]
@@ -1002,6 +1005,7 @@ fn forget(registry: &Registry, shell: &Shell, why: &str) {
             shell_id: shell.id.clone(),
             host: shell.host.clone(),
             why: why.to_string(),
+            at: chrono::Utc::now(),
         });
         drop(q);
         registry.closed_wake.notify_one();

@@ -177,6 +177,8 @@ impl Tools {
             .shell_place(&token, &args.shell_id, "shell_write")
             .await?;
         let entering = self.judge_lines(&token, &place, &args).await?;
+        // The row's time is the input's: a shell the input ends is audited closed after it.
+        let at = chrono::Utc::now();
         self.deps
             .exec
             .shells
@@ -189,11 +191,12 @@ impl Tools {
             .await
             .map_err(shell_error)?;
         let typed = entering.recorded(&args.data, AUDIT_INPUT_CHARS);
-        self.shell_audit(
+        self.shell_audit_at(
             &token,
             &place,
             "shell.input",
             json!({"shell_id": args.shell_id, "bytes": args.data.len(), "text": typed}),
+            Some(at),
         )
         .await;
         Ok(CallToolResult::structured(json!({
@@ -431,6 +434,19 @@ impl Tools {
     }
 
     async fn shell_audit(&self, token: &Token, place: &Place, action: &str, detail: Value) {
+        self.shell_audit_at(token, place, action, detail, None)
+            .await
+    }
+
+    /// [`Self::shell_audit`] of what happened at `at` (`None`: the commit's time).
+    async fn shell_audit_at(
+        &self,
+        token: &Token,
+        place: &Place,
+        action: &str,
+        detail: Value,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
         let section = token.section();
         let mut detail = detail;
         detail["via"] = json!("mcp");
@@ -444,7 +460,7 @@ impl Tools {
         };
         let audited = async {
             let mut conn = self.deps.db.acquire().await?;
-            crate::audit::record_chat(&mut conn, entry).await
+            crate::audit::record_chat_at(&mut conn, entry, at).await
         };
         if let Err(e) = audited.await {
             tracing::warn!(section.id = %section, error = %e, "auditing an MCP shell call failed");
