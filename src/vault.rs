@@ -14,8 +14,6 @@
 //! Which key belongs to a database is [`keyring`]'s part: it opens the key file only where the
 //! key opens the database's canary record, and never creates a key over sealed secrets.
 
-pub mod keyring;
-
 use std::fmt;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -145,7 +143,7 @@ impl Vault {
     /// Opens the master key at `path`, creating it (32 random bytes, mode 0600, parent
     /// directories 0700) when it does not exist. An existing file is refused when group or
     /// others may access it, or when its length is wrong. It does not look at the database:
-    /// the service and the commands open the key through [`keyring::open`], which refuses
+    /// the service and the commands open the key through [`crate::target::keyring::open`], which refuses
     /// to create one while secrets are sealed.
     pub fn open_or_create(path: &Path) -> Result<Vault, VaultError> {
         let rng = SystemRandom::new();

@@ -73,7 +73,7 @@ impl Core {
             .map(Arc::new);
         // Only the key that opens this database's vault (never a fresh one over sealed secrets).
         let vault = Arc::new(
-            crate::vault::keyring::open(&db, &config.master_key_file)
+            crate::target::keyring::open(&db, &config.master_key_file)
                 .await
                 .map_err(anyhow::Error::new)?,
         );

@@ -335,7 +335,7 @@ async fn vault(config: &Config, db: Option<&sqlx::PgPool>) -> Check {
         );
     };
     let path = &config.master_key_file;
-    match crate::vault::keyring::open(db, path).await {
+    match crate::target::keyring::open(db, path).await {
         Ok(_) => Check::ok(
             "vault",
             format!("the master key {} opens the vault", path.display()),

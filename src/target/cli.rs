@@ -580,7 +580,7 @@ pub async fn rotate_key_with(config: &Config, db: &PgPool, force: bool) -> anyho
         // Left by a rotation that stopped: before its commit (nothing changed) or after it,
         // before the key was moved into place. The canary tells which.
         let sealed_with_next = match Vault::open_existing(&next_path) {
-            Ok(next) => crate::vault::keyring::opens_canary(db, &next)
+            Ok(next) => crate::target::keyring::opens_canary(db, &next)
                 .await?
                 .unwrap_or(false),
             Err(_) => false,
@@ -646,7 +646,7 @@ pub async fn rotate_key_with(config: &Config, db: &PgPool, force: bool) -> anyho
 /// Opens the vault and re-seals any records still in the first format (idempotent).
 async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
     // Only the key that opens this database's vault (never a fresh one over sealed secrets).
-    let vault = crate::vault::keyring::open(db, &config.master_key_file).await?;
+    let vault = crate::target::keyring::open(db, &config.master_key_file).await?;
     super::reseal_legacy(db, &vault).await.map_err(user_error)?;
     Ok(vault)
 }

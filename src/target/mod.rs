@@ -15,6 +15,7 @@
 
 pub mod allow;
 pub mod cli;
+pub mod keyring;
 pub mod policy;
 
 use chrono::{DateTime, Utc};
@@ -1120,7 +1121,7 @@ pub async fn reseal_all(
         .await?;
     }
     // The canary moves with them: the new key is the vault's from the same commit.
-    if !crate::vault::keyring::reseal_canary(&mut tx, old, new).await? {
+    if !crate::target::keyring::reseal_canary(&mut tx, old, new).await? {
         return Err(TargetError::Invalid(
             "the current master key does not open the vault's canary record: it is not the key \
              this database was sealed with"

@@ -141,7 +141,7 @@ async fn password_under(db: &str, alias: &str, key: &Path) -> Option<String> {
 async fn canary_under(db: &str, key: &Path) -> Option<bool> {
     let pool = sqlx::PgPool::connect(db).await.unwrap();
     let vault = Vault::open_existing(key).unwrap();
-    let opens = sshmode::vault::keyring::opens_canary(&pool, &vault)
+    let opens = sshmode::target::keyring::opens_canary(&pool, &vault)
         .await
         .unwrap();
     pool.close().await;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use sqlx::{PgConnection, PgPool};
 
-use super::{Vault, VaultError};
+use crate::vault::{Vault, VaultError};
 
 /// What to do when the key is missing or wrong while secrets are sealed.
 const RESTORE: &str = "point SSHMODE_MASTER_KEY_FILE at the key that sealed them, or restore \
@@ -84,17 +84,13 @@ pub async fn open(db: &PgPool, path: &Path) -> Result<Vault, KeyError> {
             match canary {
                 Some(c) if vault.opens_canary(&c) => return Ok(vault),
                 Some(_) => {
-                    let sealed = crate::target::sealed_count(db)
-                        .await
-                        .map_err(KeyError::db)?;
+                    let sealed = super::sealed_count(db).await.map_err(KeyError::db)?;
                     return Err(KeyError::wrong_key(path, sealed));
                 }
                 None => {
-                    let sealed = crate::target::sealed_count(db)
-                        .await
-                        .map_err(KeyError::db)?;
+                    let sealed = super::sealed_count(db).await.map_err(KeyError::db)?;
                     if sealed > 0
-                        && !crate::target::opens_a_record(db, &vault)
+                        && !super::opens_a_record(db, &vault)
                             .await
                             .map_err(KeyError::db)?
                     {
@@ -106,9 +102,7 @@ pub async fn open(db: &PgPool, path: &Path) -> Result<Vault, KeyError> {
             Ok(vault)
         }
         Err(VaultError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
-            let sealed = crate::target::sealed_count(db)
-                .await
-                .map_err(KeyError::db)?;
+            let sealed = super::sealed_count(db).await.map_err(KeyError::db)?;
             if sealed > 0 {
                 return Err(KeyError {
                     problem: format!(
@@ -174,9 +168,7 @@ async fn write_canary(db: &PgPool, vault: &Vault, replace: bool) -> Result<(), K
     match read_canary(db).await.map_err(KeyError::db)? {
         Some(c) if vault.opens_canary(&c) => Ok(()),
         _ => {
-            let sealed = crate::target::sealed_count(db)
-                .await
-                .map_err(KeyError::db)?;
+            let sealed = super::sealed_count(db).await.map_err(KeyError::db)?;
             Err(KeyError::wrong_key(vault.path(), sealed))
         }
     }
