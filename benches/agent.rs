@@ -252,11 +252,11 @@ async fn run() {
             llm: Some(router.clone()),
             model: config.model.clone(),
             // The service's own chat control: the binding read at every call and prompt.
-            bindings: Arc::new(ChatBindings {
-                db: db.clone(),
-                clock: Arc::new(sshmode::clock::SystemClock),
-                yolo_ttl: config.chat.yolo_ttl,
-            }),
+            bindings: Arc::new(ChatBindings::new(
+                db.clone(),
+                Arc::new(sshmode::clock::SystemClock),
+                &config,
+            )),
             plane: Arc::new(sshmode::plane::ControlPlane::new(
                 &config,
                 db.clone(),

@@ -2,7 +2,8 @@
 //! bind a section to a target ([`bind`]), return it to local ([`release`]), open it to the
 //! model ([`grant`]) or close that again ([`revoke_grants`]), bind a section at all
 //! ([`bind_section`]), approve or reject a target ([`decide_target`]), answer a parked call
-//! ([`decide_call`]), press a progress card's Stop ([`press_stop`]). Pure: each reads facts
+//! ([`decide_call`]), press a progress card's Stop ([`press_stop`]), manage a section's
+//! schedules ([`schedule`]). Pure: each reads facts
 //! its caller loaded (in the same transaction as the change, where there is one) and returns a
 //! permit or a [`Denial`] worded for the asker — a user, the model or an admin. The facts no
 //! lower module defines (who asks, a section's binding and grants, who may answer a parked
@@ -209,6 +210,12 @@ pub enum Denial {
         "Only an admin can bind this group chat itself. Send `/ssh use <alias>` without `--here` to open a thread of your own."
     )]
     GroupAdminsOnly,
+    #[error(
+        "This thread belongs to {owner}; only they or an admin can add or change its schedules. `/cron add` in the chat opens a thread of your own."
+    )]
+    ScheduleNotOwner { owner: String },
+    #[error("Only an admin can add or change the schedules of this group chat itself.")]
+    ScheduleAdminsOnly,
     #[error("Only a user can do that, with `/ssh yolo on <alias>` or `/ssh yolo off`.")]
     UsersOnly,
     #[error("Only an admin can approve or reject targets.")]
@@ -238,6 +245,8 @@ impl Denial {
             Denial::StickyHeld { .. } => "sticky",
             Denial::NotOwner { .. } => "not_owner",
             Denial::GroupAdminsOnly => "group_admins_only",
+            Denial::ScheduleNotOwner { .. } => "not_owner",
+            Denial::ScheduleAdminsOnly => "group_admins_only",
             Denial::UsersOnly => "users_only",
             Denial::NotAdmin => "not_admin",
             Denial::AdminsAnswer => "admins_answer",
@@ -315,6 +324,17 @@ pub fn bind_section(open_id: &str, admin: bool, section: Section<'_>) -> Result<
         Section::Group if !admin => Err(Denial::GroupAdminsOnly),
         _ => Ok(()),
     }
+}
+
+/// Whether a user may add, pause, resume, remove or run a schedule of `section` (or confirm
+/// the model's proposal of one): the same people who may bind it — a thread's owner or an
+/// admin, anyone in a thread nobody owns yet (they become its owner) or in their one-to-one
+/// chat, only an admin in a group chat itself. Anyone may list schedules.
+pub fn schedule(open_id: &str, admin: bool, section: Section<'_>) -> Result<(), Denial> {
+    bind_section(open_id, admin, section).map_err(|d| match d {
+        Denial::NotOwner { owner } => Denial::ScheduleNotOwner { owner },
+        _ => Denial::ScheduleAdminsOnly,
+    })
 }
 
 /// Whether `actor` may bind the section as `asked`: a user where they may bind the section

@@ -100,6 +100,12 @@ enum Cmd {
         after_help = "Examples:\n  sshmode guard check --file commands.txt\n  echo 'rm -rf /tmp/x' | sshmode guard check --permission read"
     )]
     Guard(sshmode::workspace::cli::GuardCmd),
+    /// Every chat's schedules (`/cron` in a chat adds them): list, pause, resume, remove.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  sshmode schedule list\n  sshmode schedule pause 12"
+    )]
+    Schedule(sshmode::schedule::cli::ScheduleCmd),
     /// The MCP endpoint (`SSHMODE_MCP_LISTEN`): `token create|list|revoke`.
     #[command(
         subcommand,
@@ -278,6 +284,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Skill(cmd) => sshmode::plane::cli::run(cmd, &config).await,
         Cmd::Audit(cmd) => sshmode::audit::cli::run(cmd, &config).await,
         Cmd::Router(cmd) => sshmode::llm::cli::run(cmd, &config).await,
+        Cmd::Schedule(cmd) => sshmode::schedule::cli::run(cmd, &config).await,
         Cmd::Vault(VaultCmd::RotateKey { force }) => {
             sshmode::target::cli::rotate_key(&config, force).await
         }

@@ -14,6 +14,12 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// `result` label (schedule firings).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
 /// Lark Open API call labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LarkCallLabels {
@@ -81,6 +87,10 @@ pub struct Metrics {
     pub lark_ws_frames: Family<ReasonLabel, Counter>,
     /// From a message's last frame to its acknowledgement.
     pub lark_ws_ack_seconds: Histogram,
+    /// Schedule firings by result (`fired`, `skipped`, `paused`, `gone`).
+    pub schedule_firings: Family<ResultLabel, Counter>,
+    /// How late a firing was claimed after its due time.
+    pub schedule_lateness_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -118,8 +128,20 @@ impl Metrics {
             lark_ws_reconnects: Family::default(),
             lark_ws_frames: Family::default(),
             lark_ws_ack_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            schedule_firings: Family::default(),
+            schedule_lateness_seconds: Histogram::new(exponential_buckets(0.25, 4.0, 10)),
             registry: Registry::default(),
         };
+        registry.register(
+            "schedule_firings",
+            "Schedule firings by result",
+            m.schedule_firings.clone(),
+        );
+        registry.register(
+            "schedule_lateness_seconds",
+            "How late a schedule's firing was claimed after its due time",
+            m.schedule_lateness_seconds.clone(),
+        );
         registry.register(
             "events_received",
             "Lark events accepted and recorded",

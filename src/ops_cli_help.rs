@@ -13,6 +13,7 @@ const JSON: &[&str] = &[
     "doctor",
     "guard check",
     "mcp token list",
+    "schedule list",
     "skill list",
     "skill show",
     "target list",

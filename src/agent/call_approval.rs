@@ -49,6 +49,9 @@ pub(super) enum Resumed {
     Result(String, StepApproval, String),
     /// `/stop` ended the wait; the model receives this and the turn stops.
     Stopped(String, String),
+    /// Nobody answered in a scheduled run (nobody watches it): the model receives the text,
+    /// the step shows the note, at `place`, and the run ends with the text.
+    Ended(String, StepApproval, String),
 }
 
 /// Who answered, for the model: by role and open_id. An answer from anyone but the requester
@@ -97,7 +100,7 @@ pub(super) async fn resumed(
                 return Box::pin(resumed(deps, turn, key)).await;
             }
             show(deps, turn, key).await;
-            Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
+            expired(deps, turn, &p)
         }
         CallApprovalState::Waiting => {
             let approvers = p.ask.approvers;
@@ -138,11 +141,27 @@ pub(super) async fn resumed(
                 place(&p),
             )
         }
-        CallApprovalState::Expired => {
-            Resumed::Result(no_answer(deps), unanswered(waited(deps)), place(&p))
-        }
+        CallApprovalState::Expired => expired(deps, turn, &p),
         CallApprovalState::Stopped => Resumed::Stopped(STOPPED.into(), place(&p)),
     })
+}
+
+/// What an unanswered wait comes to: in a scheduled run the run ends (nobody watches it);
+/// otherwise the model reads that nobody answered and goes on.
+fn expired(deps: &AgentDeps, turn: &ActiveTurn, p: &Parked) -> Resumed {
+    let note = unanswered(waited(deps));
+    match turn.messages.iter().find_map(|m| m.schedule_id) {
+        Some(id) => Resumed::Ended(
+            format!(
+                "Scheduled run #{id} ended: nobody answered the approval of `{}` in {}, so it was not run.",
+                p.ask.command.replace('`', "'"),
+                wait(deps)
+            ),
+            note,
+            place(p),
+        ),
+        None => Resumed::Result(no_answer(deps), note, place(p)),
+    }
 }
 
 const STOPPED: &str = "not run: /stop ended the wait for a person's approval.";

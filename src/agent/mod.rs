@@ -226,6 +226,39 @@ pub trait Bindings: Send + Sync + 'static {
         action: SshModeAction,
         target: Option<&str>,
     ) -> anyhow::Result<String>;
+
+    /// The model's `cron list`: this chat's schedules, as text.
+    async fn cron_list(&self, _chat_id: &str) -> anyhow::Result<String> {
+        Ok("Schedules are not available here.".into())
+    }
+
+    /// The model's `cron propose`: stores a proposal for a person to confirm, or says why not
+    /// (`Ok(Err(text))`). `asked` is the turn's latest message (who asked, and where the card
+    /// answers).
+    async fn cron_propose(
+        &self,
+        _asked: &ProposalAsk<'_>,
+        _schedule: &str,
+        _prompt: &str,
+    ) -> anyhow::Result<Result<crate::schedule::ProposalView, String>> {
+        Ok(Err("Schedules are not available here.".into()))
+    }
+
+    /// Records the card a proposal was shown on.
+    async fn cron_card(&self, _proposal: i64, _message_id: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a proposal of the model's comes from: the section, its chat, and the turn's latest
+/// message (its sender asked; the card answers it).
+#[derive(Debug, Clone)]
+pub struct ProposalAsk<'a> {
+    pub section: &'a str,
+    pub chat_id: &'a str,
+    pub message_id: &'a str,
+    pub sender: &'a str,
+    pub in_thread: bool,
 }
 
 /// Where answers go: reactions and markdown replies. Every reply carries a deterministic `uuid`
@@ -263,6 +296,18 @@ pub trait ChatOut: Send + Sync + 'static {
     ) -> anyhow::Result<()>;
     /// Whether this channel can show an approval card and take its answer. Without it a call
     /// the guard asks about is refused.
+    /// Shows a schedule the model proposed on a card with Add and Cancel, answering
+    /// `reply_to`; returns the card's message id, or `None` where no card can be shown.
+    async fn show_schedule_proposal(
+        &self,
+        _chat_id: &str,
+        _reply_to: &str,
+        _in_thread: bool,
+        _view: &crate::schedule::ProposalView,
+    ) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
+
     fn can_ask(&self) -> bool {
         false
     }
@@ -463,6 +508,20 @@ impl Agent {
     pub async fn accept(&self, req: &TurnRequest) -> anyhow::Result<Enqueued> {
         let queued = turns::enqueue(&self.deps.db, req).await?;
         answer::receipt(&self.deps, &req.message_id).await;
+        Ok(queued)
+    }
+
+    /// Queues a schedule's firing (its anchor message is the request's message) as a turn of
+    /// its own, and puts the receipt reaction on the anchor.
+    pub async fn accept_scheduled(
+        &self,
+        req: &TurnRequest,
+        schedule_id: i64,
+    ) -> anyhow::Result<Enqueued> {
+        let queued = turns::enqueue_scheduled(&self.deps.db, req, schedule_id).await?;
+        if queued.new {
+            answer::receipt(&self.deps, &req.message_id).await;
+        }
         Ok(queued)
     }
 

@@ -605,6 +605,13 @@ async fn run_calls(
                     turn.cancel.cancel(CancelReason::Stop);
                     return Ok(halted(turn, stored));
                 }
+                Resumed::Ended(text, step, place) => {
+                    not_run(deps, turn, stored, (&key, call, short), &text, step, place).await?;
+                    return Ok(Some(Halt::End(
+                        TurnEnd::Stopped,
+                        format!("{text} {}", done_so_far(stored)),
+                    )));
+                }
                 // Neither marked nor parked: it never started (its verdict was not known yet).
                 Resumed::NotParked if !started => {}
                 Resumed::NotParked | Resumed::Interrupted => {

@@ -100,6 +100,15 @@ pub fn definitions() -> Vec<Tool> {
                 "target": {"type": "string", "description": "The target alias, for request_use."}
             }, "required": ["action"], "additionalProperties": false}),
         ),
+        Tool::function(
+            "cron",
+            "Schedules of this chat: `list` them, or `propose` one (a 5-field cron expression in the chat's time zone, or `every <n>s|m|h|d`, and the prompt to run as a turn in this thread at those times). A proposal is a card with Add and Cancel: it is scheduled only when a person who may (the thread's owner or an admin) presses Add.",
+            json!({"type": "object", "properties": {
+                "action": {"type": "string", "enum": ["list", "propose"]},
+                "schedule": {"type": "string", "description": "For propose: e.g. `0 9 * * 1-5` or `every 10m`."},
+                "prompt": {"type": "string", "description": "For propose: what to do at each run, written as a request to you."}
+            }, "required": ["action"], "additionalProperties": false}),
+        ),
     ];
     tools.extend(shells::definitions());
     tools.extend(crate::plane::ControlPlane::definitions());
@@ -225,7 +234,7 @@ pub fn short_form(call: &ToolCall) -> String {
         "execute_code" => "code",
         "search_files" => "pattern",
         "shell_write" | "shell_read" | "shell_close" => "shell_id",
-        "ssh_mode" | "memory" | "skills" => "action",
+        "ssh_mode" | "memory" | "skills" | "cron" => "action",
         _ => "path",
     };
     let s = args.get(key).and_then(Value::as_str).unwrap_or_default();
@@ -405,6 +414,9 @@ async fn dispatch(
     if tool == "ssh_mode" {
         return ToolOutcome::control(ssh_mode(deps, section, chat_id, &args).await);
     }
+    if tool == "cron" {
+        return ToolOutcome::control(cron(deps, section, chat_id, &args).await);
+    }
     if crate::plane::ControlPlane::owns(tool) {
         let caller = crate::plane::Caller { section, chat_id };
         return ToolOutcome::control(deps.plane.call(tool, caller, &map).await);
@@ -488,11 +500,80 @@ async fn ssh_mode(
         .map_err(|e| format!("ssh_mode failed: {e:#}"))
 }
 
+/// `cron`: the chat's schedules, and proposals a person confirms on a card.
+async fn cron(
+    deps: &AgentDeps,
+    section: &str,
+    chat_id: &str,
+    args: &Args<'_>,
+) -> Result<String, String> {
+    args.only(&["action", "schedule", "prompt"])?;
+    let failed = |e: anyhow::Error| format!("cron failed: {e:#}");
+    match args.str("action")?.as_str() {
+        "list" => deps.bindings.cron_list(chat_id).await.map_err(failed),
+        "propose" => {
+            let (Some(schedule), Some(prompt)) =
+                (args.opt_str("schedule")?, args.opt_str("prompt")?)
+            else {
+                return Err(args.bad("`schedule` and `prompt` are required for propose".into()));
+            };
+            let Some((message_id, sender, in_thread)) =
+                crate::turns::live_latest_message(&deps.db, section)
+                    .await
+                    .map_err(|e| failed(e.into()))?
+            else {
+                return Err(
+                    "cron propose needs a person's message to answer; none is live here".into(),
+                );
+            };
+            let asked = super::ProposalAsk {
+                section,
+                chat_id,
+                message_id: &message_id,
+                sender: &sender,
+                in_thread,
+            };
+            let view = match deps
+                .bindings
+                .cron_propose(&asked, &schedule, &prompt)
+                .await
+                .map_err(failed)?
+            {
+                Ok(v) => v,
+                Err(refused) => return Err(refused),
+            };
+            let shown = deps
+                .out
+                .show_schedule_proposal(chat_id, &message_id, in_thread, &view)
+                .await
+                .map_err(failed)?;
+            let Some(card) = shown else {
+                return Ok(format!(
+                    "No card can be shown here, so nothing was scheduled. Ask the person to send: /cron add \"{}\" {}",
+                    view.spec, view.prompt
+                ));
+            };
+            deps.bindings
+                .cron_card(view.id, &card)
+                .await
+                .map_err(failed)?;
+            Ok(format!(
+                "Proposed (proposal {}): `{}` ({}), next runs {}. Nothing is scheduled until a person who may (the thread's owner or an admin) presses Add on the card; do not propose it again.",
+                view.id,
+                view.spec,
+                view.tz,
+                view.next.join(", ")
+            ))
+        }
+        _ => Err(args.bad("`action` must be list or propose".into())),
+    }
+}
+
 /// A task tool's arguments, checked before anything is resolved or run.
 fn check_task_args(tool: &str, args: &Args<'_>) -> Result<(), String> {
     if !TASK_TOOLS.contains(&tool) {
         return Err(format!(
-            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, shell_open, shell_write, shell_read, shell_close, shell_list, ssh_mode, memory or skills"
+            "there is no tool called `{tool}`; use terminal, read_file, write_file, patch, search_files, execute_code, shell_open, shell_write, shell_read, shell_close, shell_list, ssh_mode, cron, memory or skills"
         ));
     }
     // Check the arguments before anything is resolved or run.

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent::{Agent, AgentDeps, Bindings, ChatOut, StepSink};
-use crate::chat::{AdminChannel, ChatBindings, Deps};
+use crate::chat::{AdminChannel, Anchors, ChatBindings, Deps};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::exec::Executors;
@@ -96,13 +96,8 @@ impl Core {
         )?);
         exec.log_local_level();
         exec.warn_agent_targets(&db).await;
-        let bindings = ssh_mode.unwrap_or_else(|| {
-            Arc::new(ChatBindings {
-                db: db.clone(),
-                clock: clock.clone(),
-                yolo_ttl: config.chat.yolo_ttl,
-            })
-        });
+        let bindings = ssh_mode
+            .unwrap_or_else(|| Arc::new(ChatBindings::new(db.clone(), clock.clone(), &config)));
         let workspaces = LocalRules::from_config(&config.exec);
         let agent = Agent::new(AgentDeps {
             db: db.clone(),
@@ -185,8 +180,10 @@ impl Core {
     }
 
     /// The chat dispatcher's dependencies, with the front-end's channel to admins.
-    pub fn chat_deps(&self, admins: Arc<dyn AdminChannel>) -> Deps {
+    pub fn chat_deps(&self, admins: Arc<dyn AdminChannel>, anchors: Arc<dyn Anchors>) -> Deps {
         Deps {
+            anchors,
+            metrics: self.metrics.clone(),
             db: self.db.clone(),
             clock: self.clock.clone(),
             config: self.config.clone(),

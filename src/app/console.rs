@@ -78,8 +78,19 @@ async fn session(
     .await?;
     core.spawn(shutdown, tasks);
     let turn_wait = core.config.agent.turn_budget + core.config.agent.turn_lease * 2;
+    let deps = core.chat_deps(Arc::new(NoAdminChannel), term.clone());
+    // This section's schedules fire here, while the console runs (it has no inbox).
+    let scheduler = crate::scheduler::Scheduler {
+        db: core.db.clone(),
+        clock: core.clock.clone(),
+        deliver: crate::scheduler::Deliver::Direct(Box::new(deps.clone())),
+        metrics: core.metrics.clone(),
+        only: Some(section.to_string()),
+        except: None,
+    };
+    tasks.spawn(scheduler.run(shutdown.clone()));
     Ok(Session {
-        deps: core.chat_deps(Arc::new(NoAdminChannel)),
+        deps,
         term,
         turn_wait,
     })

@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::frontend::{LarkAdmins, LarkHandler, LarkTriage};
+use crate::frontend::{LarkAdmins, LarkAnchors, LarkHandler, LarkTriage};
 use crate::http::HttpState;
 use crate::inbox::{Inbox, InboxDeps};
 use crate::lark::client::LarkClient;
@@ -185,7 +185,10 @@ impl App {
             crate::inbox::ADMITTED_MAX,
             tasks.clone(),
         );
-        let deps = core.chat_deps(Arc::new(LarkAdmins { lark: lark.clone() }));
+        let deps = core.chat_deps(
+            Arc::new(LarkAdmins { lark: lark.clone() }),
+            Arc::new(LarkAnchors { lark: lark.clone() }),
+        );
         // The inbox is handed its handler: it never calls the chat domain by name.
         inbox.spawn_workers(Arc::new(LarkHandler {
             lark: lark.clone(),
@@ -198,6 +201,18 @@ impl App {
                 deps,
                 shutdown.clone(),
             ));
+        }
+        // Schedules fire through the inbox, so only where its workers run.
+        if core.config.inbox.workers_enabled {
+            let scheduler = crate::scheduler::Scheduler {
+                db: db.clone(),
+                clock: core.clock.clone(),
+                deliver: crate::scheduler::Deliver::Inbox(inbox.clone()),
+                metrics: metrics.clone(),
+                only: None,
+                except: Some(crate::console::SECTION_PREFIX.into()),
+            };
+            tasks.spawn(scheduler.run(shutdown.clone()));
         }
         tasks.spawn(crate::audit::run_retention(
             db.clone(),

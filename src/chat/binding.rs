@@ -351,6 +351,8 @@ pub enum Owned {
     Opened,
     /// Bound first, by a user.
     Bound,
+    /// Given a schedule first, by a user (`/cron add`).
+    Scheduled,
 }
 
 /// Records `owner` as the owner of thread `section`, unless it has one. Returns whether it
@@ -371,6 +373,7 @@ pub async fn claim_owner(
     .bind(match how {
         Owned::Opened => "opened",
         Owned::Bound => "bound",
+        Owned::Scheduled => "scheduled",
     })
     .bind(now)
     .execute(conn)

@@ -80,6 +80,27 @@ commands! {
     /// Show this thread's workspace: directory, permission and mode.
     usage "/workspace show"
     WorkspaceShow,
+    /// Run the prompt as a turn in this thread at set times, in the chat's time zone: a 5-field cron expression (minute hour day month weekday) or `every <n>s|m|h|d`. In a group's main chat it opens a thread for the schedule. The thread's owner or an admin.
+    usage "/cron add \"<schedule>\" <prompt>"
+    CronAdd { schedule: String, prompt: String },
+    /// List this chat's schedules: id, schedule, next run, last result, creator, paused.
+    usage "/cron list"
+    CronList,
+    /// Pause a schedule (the owner of its thread or an admin).
+    usage "/cron pause <id>"
+    CronPause { id: i64 },
+    /// Resume a paused schedule (what it missed is not run).
+    usage "/cron resume <id>"
+    CronResume { id: i64 },
+    /// Remove a schedule.
+    usage "/cron remove <id>"
+    CronRemove { id: i64 },
+    /// Run a schedule once, now, in its thread.
+    usage "/cron run <id>"
+    CronRun { id: i64 },
+    /// Set the time zone of this chat's new schedules (`Area/City`); without one, show it.
+    usage "/cron tz <Area/City>"
+    CronTz { zone: Option<String> },
 }
 
 /// Words that can never be an alias.
@@ -143,6 +164,10 @@ pub fn parse(text: &str) -> Option<Result<Command, UsageError>> {
         "/ssh" => {}
         "/memory" => return Some(parse_memory(&rest)),
         "/workspace" => return Some(parse_workspace(&rest)),
+        "/cron" => {
+            let raw = text[text.find(char::is_whitespace).unwrap_or(text.len())..].trim();
+            return Some(parse_cron(raw));
+        }
         _ => return None,
     }
     // Keywords lower-cased; aliases kept exactly as written.
@@ -221,6 +246,75 @@ fn parse_memory(rest: &[&str]) -> Result<Command, UsageError> {
         ["forget", ..] => usage("MemoryForget"),
         _ => usage("MemoryList"),
     }
+}
+
+/// The quotes a schedule may be written in (clients turn straight quotes into curly ones).
+const QUOTES: [(char, char); 4] = [('"', '"'), ('“', '”'), ('「', '」'), ('\'', '\'')];
+
+/// `/cron add "<schedule>" <prompt>` (the schedule quoted; `every <n><unit>` also unquoted),
+/// `/cron list`, `/cron pause|resume|remove|run <id>`, `/cron tz [<Area/City>]`. The prompt
+/// keeps its case and spacing.
+fn parse_cron(rest: &str) -> Result<Command, UsageError> {
+    let mut words = rest.split_whitespace();
+    let kw = words.next().map(str::to_lowercase);
+    let args: Vec<&str> = words.collect();
+    let id = |variant: &str| match args.as_slice() {
+        [id] => match id.trim_start_matches('#').parse::<i64>() {
+            Ok(id) if id > 0 => Ok(id),
+            _ => usage(variant),
+        },
+        _ => usage(variant),
+    };
+    match kw.as_deref() {
+        None | Some("list") if args.is_empty() => Ok(Command::CronList),
+        None | Some("list") => usage("CronList"),
+        Some("pause") => id("CronPause").map(|id| Command::CronPause { id }),
+        Some("resume") => id("CronResume").map(|id| Command::CronResume { id }),
+        Some("remove") | Some("rm") | Some("delete") => {
+            id("CronRemove").map(|id| Command::CronRemove { id })
+        }
+        Some("run") => id("CronRun").map(|id| Command::CronRun { id }),
+        Some("tz") => match args.as_slice() {
+            [] => Ok(Command::CronTz { zone: None }),
+            [z] => Ok(Command::CronTz {
+                zone: Some(z.to_string()),
+            }),
+            _ => usage("CronTz"),
+        },
+        Some("add") => {
+            let after = rest.trim_start()[3..].trim_start();
+            let (schedule, prompt) =
+                split_schedule(after).ok_or_else(|| usage::<()>("CronAdd").unwrap_err())?;
+            if schedule.trim().is_empty() || prompt.trim().is_empty() {
+                return usage("CronAdd");
+            }
+            Ok(Command::CronAdd {
+                schedule: schedule.trim().to_string(),
+                prompt: prompt.trim().to_string(),
+            })
+        }
+        Some(other) => Err(UsageError(format!(
+            "Unknown command `/cron {}`. Send /ssh help for the list.",
+            other.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
+/// The schedule (quoted, or an unquoted `every <n><unit>`) and the prompt after it.
+fn split_schedule(text: &str) -> Option<(&str, &str)> {
+    let first = text.chars().next()?;
+    if let Some((_, close)) = QUOTES.iter().find(|(open, _)| *open == first) {
+        let inner = &text[first.len_utf8()..];
+        let end = inner.find(*close)?;
+        return Some((&inner[..end], &inner[end + close.len_utf8()..]));
+    }
+    let mut parts = text.splitn(3, char::is_whitespace);
+    let (every, n) = (parts.next()?, parts.next()?);
+    if !every.eq_ignore_ascii_case("every") {
+        return None;
+    }
+    let prompt = parts.next().unwrap_or("");
+    Some((&text[..every.len() + 1 + n.len()], prompt))
 }
 
 /// `/workspace set <dir> [permission] [mode]` (the last two in either order) and
@@ -428,8 +522,75 @@ mod tests {
             "MemoryForget",
             "WorkspaceSet",
             "WorkspaceShow",
+            "CronAdd",
+            "CronList",
+            "CronPause",
+            "CronResume",
+            "CronRemove",
+            "CronRun",
+            "CronTz",
         ] {
             assert_ne!(usage_of(v), "/ssh help", "{v}");
         }
+    }
+
+    #[test]
+    fn cron_commands_keep_the_prompt_as_written() {
+        let add = |schedule: &str, prompt: &str| Command::CronAdd {
+            schedule: schedule.into(),
+            prompt: prompt.into(),
+        };
+        let cases = [
+            (
+                "/cron add \"0 9 * * 1-5\" Check the disks on prod, tell us  here",
+                add("0 9 * * 1-5", "Check the disks on prod, tell us  here"),
+            ),
+            (
+                "/CRON ADD “*/10 * * * *” Look at `df -h`",
+                add("*/10 * * * *", "Look at `df -h`"),
+            ),
+            ("/cron add every 10m ping it", add("every 10m", "ping it")),
+            ("/cron add 'every 2h' Report", add("every 2h", "Report")),
+            ("/cron", Command::CronList),
+            ("/cron list", Command::CronList),
+            ("/cron pause 3", Command::CronPause { id: 3 }),
+            ("/cron resume #3", Command::CronResume { id: 3 }),
+            ("/cron remove 12", Command::CronRemove { id: 12 }),
+            ("/cron run 1", Command::CronRun { id: 1 }),
+            ("/cron tz", Command::CronTz { zone: None }),
+            (
+                "/cron tz Europe/Berlin",
+                Command::CronTz {
+                    zone: Some("Europe/Berlin".into()),
+                },
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse(text), Some(Ok(want)), "{text}");
+        }
+        for bad in [
+            "/cron add",
+            "/cron add \"0 9 * * *\"",
+            "/cron add \"0 9 * * * no closing quote",
+            "/cron add 0 9 * * * prompt",
+            "/cron add \"\" prompt",
+            "/cron pause",
+            "/cron pause x",
+            "/cron pause 0",
+            "/cron run 1 2",
+            "/cron tz a b",
+            "/cron list all",
+            "/cron frobnicate",
+        ] {
+            assert!(
+                matches!(parse(bad), Some(Err(_))),
+                "{bad}: {:?}",
+                parse(bad)
+            );
+        }
+        let Some(Err(UsageError(u))) = parse("/cron add") else {
+            panic!()
+        };
+        assert!(u.contains("/cron add \"<schedule>\" <prompt>"), "{u}");
     }
 }

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use super::change::{self, Conversation, Ctl, Decision};
 use super::command::{self, Command, YoloScope};
-use super::port::{AdminChannel, AgentPort, AgentRequest, Incoming, Reply, ThreadError};
+use super::port::{AdminChannel, AgentPort, AgentRequest, Anchors, Incoming, Reply, ThreadError};
 use super::target_approval;
 use super::{binding, input, render, threads};
 use crate::authz::{self, Actor};
@@ -29,6 +29,9 @@ pub struct Deps {
     pub workspaces: workspace::LocalRules,
     /// The backends, for placing the files a message carries (`input`).
     pub exec: Arc<crate::exec::Executors>,
+    /// Where a schedule's firing posts its anchor and notices.
+    pub anchors: Arc<dyn Anchors>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Deps {
@@ -75,6 +78,9 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
             };
             // The bot answers here, so it is in this thread from now on.
             joined_thread(deps, msg).await?;
+            if msg.direct && msg.thread_id.is_none() {
+                threads::record_direct(&deps.db, &msg.chat_id, deps.clock.now()).await?;
+            }
             if let Some(text) = deps.agent.enqueue(&req).await? {
                 reply.answer(&text, "agent").await?;
             }
@@ -231,6 +237,19 @@ pub async fn dispatch(deps: &Deps, msg: &Incoming, reply: &dyn Reply) -> anyhow:
         Command::Approve { alias } => {
             decide(deps, actor, &alias, Decision::Approve, Some(section)).await?
         }
+        cmd @ (Command::CronAdd { .. }
+        | Command::CronList
+        | Command::CronPause { .. }
+        | Command::CronResume { .. }
+        | Command::CronRemove { .. }
+        | Command::CronRun { .. }
+        | Command::CronTz { .. }) => match super::cron::command(deps, msg, reply, cmd).await? {
+            Some(text) => text,
+            None => {
+                joined_thread(deps, msg).await?;
+                return Ok(());
+            }
+        },
         Command::Reject { alias } => {
             decide(deps, actor, &alias, Decision::Reject, Some(section)).await?
         }

@@ -59,6 +59,7 @@
 pub mod binding;
 pub mod change;
 pub mod command;
+pub mod cron;
 pub mod dispatch;
 pub mod grant;
 pub mod input;
@@ -72,7 +73,7 @@ pub mod threads;
 pub use crate::agent::{NO_MODEL, NOTHING_RUNNING};
 pub use dispatch::{Deps, dispatch};
 pub use port::{
-    AdminChannel, AgentPort, AgentRequest, FileRef, Incoming, Quoted, Reply, Source,
-    TargetApprovalView, TargetCardState, ThreadError, Toast, Unavailable,
+    AdminChannel, AgentPort, AgentRequest, AnchorPlace, Anchors, FileRef, Incoming, Quoted, Reply,
+    Source, TargetApprovalView, TargetCardState, ThreadError, Toast, Unavailable,
 };
 pub use ssh_mode::ChatBindings;

@@ -184,6 +184,24 @@ pub trait AdminChannel: Send + Sync {
     ) -> anyhow::Result<()>;
 }
 
+/// Where a schedule's firing posts its anchor message: the thread (a reply in it to its root)
+/// or the chat itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnchorPlace {
+    pub chat_id: String,
+    pub section: String,
+    /// The thread's root message, when the schedule lives in a thread.
+    pub root_message_id: Option<String>,
+}
+
+/// Posts what a schedule's firing says in its place ([`AnchorPlace`]) — the anchor its turn
+/// answers, and notices (skipped, paused). `key` makes a post idempotent: a retried firing
+/// posts nothing new and gets the same message id.
+#[async_trait]
+pub trait Anchors: Send + Sync {
+    async fn post(&self, place: &AnchorPlace, text: &str, key: &str) -> anyhow::Result<String>;
+}
+
 /// A request for the agent, made from one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentRequest {
@@ -202,6 +220,13 @@ pub trait AgentPort: Send + Sync {
     /// Queues a turn for the message (idempotent on its message id). `Some(text)` is an answer
     /// to send at once (e.g. no model configured); `None` when the agent answers later itself.
     async fn enqueue(&self, req: &AgentRequest) -> anyhow::Result<Option<String>>;
+    /// Queues a schedule's firing as a turn of its own (idempotent on the anchor's message id),
+    /// with the schedule's creator as its sender.
+    async fn enqueue_scheduled(
+        &self,
+        req: &AgentRequest,
+        schedule_id: i64,
+    ) -> anyhow::Result<Option<String>>;
     /// Cancels the section's running turn; returns what to tell the user.
     async fn stop(&self, section: &str, by: &str) -> anyhow::Result<String>;
     /// One line on running and queued turns for `/ssh status`, if there is anything to say.

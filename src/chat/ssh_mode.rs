@@ -21,6 +21,24 @@ pub struct ChatBindings {
     pub clock: Arc<dyn Clock>,
     /// `SSHMODE_YOLO_TTL_HOURS`: how long a model-made binding may outlive nothing.
     pub yolo_ttl: std::time::Duration,
+    /// What the model's `cron` proposals are held to.
+    pub schedules: super::cron::Rules,
+}
+
+impl ChatBindings {
+    /// Chat control for the agent, held to `config`'s grant lifetime and schedule rules.
+    pub fn new(db: PgPool, clock: Arc<dyn Clock>, config: &crate::config::Config) -> Self {
+        ChatBindings {
+            db,
+            clock,
+            yolo_ttl: config.chat.yolo_ttl,
+            schedules: super::cron::Rules {
+                timezone: config.chat.timezone.clone(),
+                min: config.chat.schedule_min,
+                max_per_chat: config.chat.schedule_max_per_chat,
+            },
+        }
+    }
 }
 
 #[async_trait]
@@ -70,6 +88,42 @@ impl Bindings for ChatBindings {
             SshModeAction::RequestLocal => model_api::request_local(&self.db, now, here).await,
         }
     }
+
+    async fn cron_list(&self, chat_id: &str) -> anyhow::Result<String> {
+        super::cron::list_for_model(&self.db, chat_id, self.clock.now()).await
+    }
+
+    async fn cron_propose(
+        &self,
+        asked: &crate::agent::ProposalAsk<'_>,
+        schedule: &str,
+        prompt: &str,
+    ) -> anyhow::Result<Result<crate::schedule::ProposalView, String>> {
+        super::cron::propose(
+            &self.db,
+            &self.schedules,
+            self.clock.now(),
+            asked,
+            schedule,
+            prompt,
+        )
+        .await
+    }
+
+    async fn cron_card(&self, proposal: i64, message_id: &str) -> anyhow::Result<()> {
+        Ok(crate::schedule::set_proposal_card(&self.db, proposal, message_id).await?)
+    }
+}
+
+fn turn_request(req: &AgentRequest) -> crate::turns::TurnRequest {
+    crate::turns::TurnRequest {
+        section: req.section.clone(),
+        chat_id: req.chat_id.clone(),
+        message_id: req.message_id.clone(),
+        sender: req.sender_open_id.clone(),
+        text: req.text.clone(),
+        in_thread: req.in_thread,
+    }
 }
 
 #[async_trait]
@@ -78,15 +132,20 @@ impl AgentPort for Agent {
         if !self.has_model() {
             return Ok(Some(crate::agent::NO_MODEL.to_string()));
         }
-        self.accept(&crate::turns::TurnRequest {
-            section: req.section.clone(),
-            chat_id: req.chat_id.clone(),
-            message_id: req.message_id.clone(),
-            sender: req.sender_open_id.clone(),
-            text: req.text.clone(),
-            in_thread: req.in_thread,
-        })
-        .await?;
+        self.accept(&turn_request(req)).await?;
+        Ok(None)
+    }
+
+    async fn enqueue_scheduled(
+        &self,
+        req: &AgentRequest,
+        schedule_id: i64,
+    ) -> anyhow::Result<Option<String>> {
+        if !self.has_model() {
+            return Ok(Some(crate::agent::NO_MODEL.to_string()));
+        }
+        self.accept_scheduled(&turn_request(req), schedule_id)
+            .await?;
         Ok(None)
     }
 

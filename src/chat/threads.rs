@@ -1,5 +1,5 @@
 //! The threads the bot takes part in: the ones it opened with `/ssh use` and the ones it has
-//! answered in. Any message in such a thread starts a turn, mention or not. This only records
+//! answered in; and the one-to-one chats it was asked something in. Any message in such a thread starts a turn, mention or not. This only records
 //! and answers "is the bot in this thread"; it never decides what a message means.
 
 use chrono::{DateTime, Utc};
@@ -49,6 +49,32 @@ pub async fn joined(db: &PgPool, thread_id: &str) -> anyhow::Result<bool> {
     Ok(
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM bot_threads WHERE thread_id = $1)")
             .bind(thread_id)
+            .fetch_one(db)
+            .await?,
+    )
+}
+
+/// Records that `chat_id` is a one-to-one chat (idempotent).
+pub async fn record_direct(
+    db: impl PgExecutor<'_>,
+    chat_id: &str,
+    now: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO direct_chats (chat_id, since) VALUES ($1, $2) ON CONFLICT (chat_id) DO NOTHING",
+    )
+    .bind(chat_id)
+    .bind(now)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Whether `chat_id` is a one-to-one chat the bot was asked something in.
+pub async fn is_direct(db: impl PgExecutor<'_>, chat_id: &str) -> anyhow::Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM direct_chats WHERE chat_id = $1)")
+            .bind(chat_id)
             .fetch_one(db)
             .await?,
     )

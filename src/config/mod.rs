@@ -273,6 +273,13 @@ pub struct ChatConfig {
     /// `SSHMODE_ATTACHMENT_MAX_MB` in bytes: the largest file or image a person may send the
     /// bot (default 20 MB, at most Lark's own 100 MB); a larger one is refused with a message.
     pub attachment_max_bytes: u64,
+    /// `SSHMODE_TIMEZONE`: the zone of new schedules in a chat without `/cron tz` (`Area/City`,
+    /// default `UTC`).
+    pub timezone: String,
+    /// `SSHMODE_SCHEDULE_MIN_SECS`: the shortest interval a schedule may have (default 60).
+    pub schedule_min: Duration,
+    /// `SSHMODE_SCHEDULE_MAX_PER_CHAT`: schedules a chat may hold (default 20).
+    pub schedule_max_per_chat: usize,
 }
 
 /// Execution tunables.
@@ -891,6 +898,21 @@ impl Config {
                 }
                 mb as u64 * 1024 * 1024
             },
+            timezone: {
+                let tz = var("SSHMODE_TIMEZONE").unwrap_or_else(|| "UTC".into());
+                let tz = tz.trim().to_string();
+                if tz.parse::<chrono_tz::Tz>().is_err() {
+                    return Err(ConfigError::Invalid {
+                        name: "SSHMODE_TIMEZONE",
+                        reason: format!(
+                            "`{tz}` is not a time zone; write one as `Area/City`, e.g. `Europe/Berlin`"
+                        ),
+                    });
+                }
+                tz
+            },
+            schedule_min: secs("SSHMODE_SCHEDULE_MIN_SECS", 60)?,
+            schedule_max_per_chat: count("SSHMODE_SCHEDULE_MAX_PER_CHAT", 20)?,
         };
         let agent = AgentConfig {
             turn_budget: secs("SSHMODE_TURN_BUDGET_SECS", 900)?,

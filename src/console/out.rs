@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::agent::{self, ChatOut, StepEvent, StepSink};
-use crate::chat::{AdminChannel, Reply, TargetApprovalView, ThreadError};
+use crate::chat::{AdminChannel, AnchorPlace, Anchors, Reply, TargetApprovalView, ThreadError};
 
 /// Most idempotency keys remembered; older ones are forgotten (a resend that late is printed
 /// again, which in a terminal is harmless).
@@ -140,6 +140,17 @@ impl Reply for LineReply<'_> {
     /// The console is one section already; there are no threads to open.
     async fn open_thread(&self, _: &str, _: &str) -> Result<Option<String>, ThreadError> {
         Err(ThreadError::NotAllowed)
+    }
+}
+
+/// A schedule's firing in the console: its anchor printed once, named by its key (the turn's
+/// message id).
+#[async_trait]
+impl Anchors for Terminal {
+    async fn post(&self, place: &AnchorPlace, text: &str, key: &str) -> anyhow::Result<String> {
+        let id = format!("{}:{key}", place.section);
+        self.say_once(&id, text);
+        Ok(id)
     }
 }
 

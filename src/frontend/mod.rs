@@ -10,6 +10,7 @@
 
 pub mod call_approval_card;
 pub mod long_connection;
+pub mod schedule_card;
 pub mod target_approval_card;
 
 use std::sync::Arc;
@@ -100,6 +101,20 @@ impl Handler for LarkHandler {
                 if call_approval_card::read(&a.action.value).is_some() {
                     return self.call_click(&a).await;
                 }
+                if let Some((proposal, add)) = schedule_card::read(&a.action.value) {
+                    let decided =
+                        chat::cron::decide_proposal(&self.deps, proposal, &a.operator.open_id, add)
+                            .await?;
+                    if let Some((view, Some(card))) = decided
+                        && let Err(e) = self
+                            .lark
+                            .edit(&card, &Content::Card(schedule_card::card(&view)))
+                            .await
+                    {
+                        tracing::warn!(lark.message_id = %card, error = %e, "updating a schedule card failed");
+                    }
+                    return Ok(());
+                }
                 target_approval::apply_click(
                     &self.deps,
                     &target_approval::Click {
@@ -109,6 +124,24 @@ impl Handler for LarkHandler {
                     },
                 )
                 .await
+            }
+            // A schedule's firing, written by the scheduler in the thread's order.
+            crate::schedule::FIRED => {
+                let firing = match ev
+                    .payload
+                    .get("firing")
+                    .cloned()
+                    .map(serde_json::from_value::<crate::schedule::Firing>)
+                {
+                    Some(Ok(f)) => f,
+                    _ => {
+                        tracing::warn!(inbox.event_id = %ev.event_id, "unreadable schedule firing; skipped");
+                        return Ok(());
+                    }
+                };
+                let state = chat::cron::fire(&self.deps, &firing).await?;
+                tracing::info!(schedule.id = firing.schedule_id, schedule.due = %firing.due_at, schedule.result = state.as_str(), "schedule fired");
+                Ok(())
             }
             // `LarkTriage::lane` records these inert, so only an event recorded before it did
             // reaches this arm; an event type handled above must have its lane there too.
@@ -430,6 +463,34 @@ impl Reply for LarkReply {
     }
 }
 
+/// Where schedules' firings post: a reply in the thread to its root, or a message to the chat.
+pub struct LarkAnchors {
+    pub lark: Arc<LarkClient>,
+}
+
+#[async_trait]
+impl chat::Anchors for LarkAnchors {
+    async fn post(
+        &self,
+        place: &chat::AnchorPlace,
+        text: &str,
+        key: &str,
+    ) -> anyhow::Result<String> {
+        let content = Content::Post(post_content(text));
+        let uuid = idempotency_key(key, "schedule");
+        let sent = match &place.root_message_id {
+            Some(root) => {
+                self.lark
+                    .reply(root, &content, true, &uuid, Some(&place.chat_id))
+                    .await
+            }
+            None => self.lark.send(&place.chat_id, &content, &uuid).await,
+        }
+        .context("posting a schedule's message in Lark")?;
+        Ok(sent.message_id)
+    }
+}
+
 /// Approval cards to admins, one-to-one.
 pub struct LarkAdmins {
     pub lark: Arc<LarkClient>,
@@ -543,6 +604,9 @@ impl LarkTriage {
         if let Some(t) = call_approval_card::toast(&a.action.value, actor) {
             return json!({ "toast": { "type": t.kind, "content": t.text } });
         }
+        if let Some(t) = schedule_card::toast(&a.action.value) {
+            return json!({ "toast": { "type": t.kind, "content": t.text } });
+        }
         match target_approval::click_toast(actor, &a.action.value) {
             Some(t) => json!({ "toast": { "type": t.kind, "content": t.text } }),
             None => json!({}),
@@ -623,6 +687,25 @@ impl ChatOut for LarkClient {
 
     fn can_ask(&self) -> bool {
         true
+    }
+
+    async fn show_schedule_proposal(
+        &self,
+        chat_id: &str,
+        reply_to: &str,
+        in_thread: bool,
+        view: &crate::schedule::ProposalView,
+    ) -> anyhow::Result<Option<String>> {
+        let sent = self
+            .reply(
+                reply_to,
+                &Content::Card(schedule_card::card(view)),
+                in_thread,
+                &idempotency_key(&format!("schedule-proposal:{}", view.id), "card"),
+                Some(chat_id),
+            )
+            .await?;
+        Ok(Some(sent.message_id))
     }
 
     async fn show_call_approval(

@@ -339,6 +339,15 @@ impl Inbox {
     /// none for an event queued behind its section's head: that one is claimed after the head
     /// is done, by the worker that finishes it.
     fn woken(&self, claimable: usize) {
+        self.wake_n(claimable);
+    }
+
+    /// Wakes an idle worker: an event was recorded outside [`Inbox::record`] ([`record_in`]).
+    pub fn wake(&self) {
+        self.wake_n(1);
+    }
+
+    fn wake_n(&self, claimable: usize) {
         for _ in 0..claimable {
             self.deps.metrics.inbox_wakeups.inc();
             self.wake.notify_one();
@@ -570,6 +579,32 @@ async fn try_insert(db: &PgPool, batch: &[Pending]) -> Result<Vec<Inserted>, sql
         .bind(&inert)
         .fetch_all(db)
         .await
+}
+
+/// Records one event in the caller's transaction (a schedule's firing, written with the
+/// schedule's next due time), ordered in its section like any other. Returns `false` when its
+/// id (or its message id) was recorded before. Call [`Inbox::wake`] after the commit, or the
+/// workers' poll finds it.
+pub async fn record_in(
+    conn: &mut sqlx::PgConnection,
+    ev: &NewEvent,
+    at: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    let mut ev = ev.clone();
+    storable(&mut ev);
+    let ordered = !ev.inert && !ev.express && ev.section.is_some();
+    let rows: Vec<Inserted> = sqlx::query_as(if ordered { RECORD } else { RECORD_FREE })
+        .bind([ev.event_id.as_str()])
+        .bind([ev.event_type.as_str()])
+        .bind([ev.payload.as_str()])
+        .bind([at])
+        .bind([ev.section.as_deref()])
+        .bind([ev.message_id.as_deref()])
+        .bind([ev.express])
+        .bind([ev.inert])
+        .fetch_all(conn)
+        .await?;
+    Ok(!rows.is_empty())
 }
 
 /// The claim: an express or unsectioned due event (oldest first) if there is one, else up to

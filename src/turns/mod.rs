@@ -74,7 +74,17 @@ pub struct Enqueued {
 /// Stores `req` and marks its section pending; a second call for the same message id changes
 /// nothing. Wakes runners on every replica with a notification (they poll anyway).
 pub async fn enqueue(db: &PgPool, req: &TurnRequest) -> sqlx::Result<Enqueued> {
-    store::enqueue(db, req).await
+    store::enqueue(db, req, None).await
+}
+
+/// Queues a schedule's firing like [`enqueue`]; it runs as a turn of its own, never together
+/// with people's messages.
+pub async fn enqueue_scheduled(
+    db: &PgPool,
+    req: &TurnRequest,
+    schedule_id: i64,
+) -> sqlx::Result<Enqueued> {
+    store::enqueue(db, req, Some(schedule_id)).await
 }
 
 /// What [`request_stop`] did.
@@ -164,6 +174,8 @@ pub struct TurnMessage {
     pub sender: String,
     pub text: String,
     pub in_thread: bool,
+    /// The schedule whose firing this is (the turn has no other message then).
+    pub schedule_id: Option<i64>,
 }
 
 /// A turn as the work sees it.
@@ -229,6 +241,22 @@ pub async fn request_settled(db: &PgPool, message_id: &str) -> sqlx::Result<Opti
           WHERE r.message_id = $1",
     )
     .bind(message_id)
+    .fetch_optional(db)
+    .await
+}
+
+/// The latest message of `section`'s live turn: `(message_id, sender, in_thread)`.
+pub async fn live_latest_message(
+    db: &PgPool,
+    section: &str,
+) -> sqlx::Result<Option<(String, String, bool)>> {
+    sqlx::query_as(
+        "SELECT r.message_id, r.sender, r.in_thread FROM turns t
+           JOIN turn_requests r ON r.turn_id = t.id
+          WHERE t.section_id = $1 AND t.state IN ('running', 'awaiting_approval')
+          ORDER BY r.id DESC LIMIT 1",
+    )
+    .bind(section)
     .fetch_optional(db)
     .await
 }

@@ -17,7 +17,11 @@ pub(crate) const CHANNEL: &str = "sshmode_turns";
 /// Most requests one turn takes; the rest wait for the next turn.
 const MAX_MESSAGES_PER_TURN: i64 = 100;
 
-pub(super) async fn enqueue(db: &PgPool, req: &TurnRequest) -> sqlx::Result<Enqueued> {
+pub(super) async fn enqueue(
+    db: &PgPool,
+    req: &TurnRequest,
+    schedule: Option<i64>,
+) -> sqlx::Result<Enqueued> {
     let mut tx = db.begin().await?;
     sqlx::query(
         "INSERT INTO turn_sections (section_id, pending) VALUES ($1, true)
@@ -27,8 +31,9 @@ pub(super) async fn enqueue(db: &PgPool, req: &TurnRequest) -> sqlx::Result<Enqu
     .execute(&mut *tx)
     .await?;
     let inserted: Option<i64> = sqlx::query_scalar(
-        "INSERT INTO turn_requests (section_id, message_id, chat_id, sender, text, in_thread)
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_id) DO NOTHING RETURNING id",
+        "INSERT INTO turn_requests (section_id, message_id, chat_id, sender, text, in_thread,
+             schedule_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (message_id) DO NOTHING RETURNING id",
     )
     .bind(&req.section)
     .bind(&req.message_id)
@@ -36,6 +41,7 @@ pub(super) async fn enqueue(db: &PgPool, req: &TurnRequest) -> sqlx::Result<Enqu
     .bind(&req.sender)
     .bind(&req.text)
     .bind(req.in_thread)
+    .bind(schedule)
     .fetch_optional(&mut *tx)
     .await?;
     let out = match inserted {
@@ -300,8 +306,8 @@ pub(super) async fn open_turn(
             r.try_get::<bool, _>(5)?,
         ),
         None => {
-            let waiting: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT id, chat_id FROM turn_requests
+            let mut waiting: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
+                "SELECT id, chat_id, schedule_id FROM turn_requests
                   WHERE section_id = $1 AND turn_id IS NULL AND dropped_at IS NULL
                   ORDER BY id LIMIT $2 FOR UPDATE",
             )
@@ -309,7 +315,17 @@ pub(super) async fn open_turn(
             .bind(MAX_MESSAGES_PER_TURN)
             .fetch_all(&mut *tx)
             .await?;
-            let Some((_, chat_id)) = waiting.last().cloned() else {
+            // A schedule's firing is a turn of its own (its actor is the schedule's creator):
+            // alone when it comes first, else the messages before it.
+            let cut = match waiting.first() {
+                Some((_, _, Some(_))) => 1,
+                _ => waiting
+                    .iter()
+                    .position(|(_, _, s)| s.is_some())
+                    .unwrap_or(waiting.len()),
+            };
+            waiting.truncate(cut);
+            let Some((_, chat_id, _)) = waiting.last().cloned() else {
                 tx.commit().await?;
                 return Ok(None);
             };
@@ -320,7 +336,7 @@ pub(super) async fn open_turn(
             .bind(&chat_id)
             .fetch_one(&mut *tx)
             .await?;
-            let ids: Vec<i64> = waiting.iter().map(|(id, _)| *id).collect();
+            let ids: Vec<i64> = waiting.iter().map(|(id, _, _)| *id).collect();
             sqlx::query("UPDATE turn_requests SET turn_id = $1 WHERE id = ANY($2)")
                 .bind(id)
                 .bind(&ids)
@@ -330,7 +346,7 @@ pub(super) async fn open_turn(
         }
     };
     let messages = sqlx::query(
-        "SELECT id, message_id, sender, text, in_thread FROM turn_requests
+        "SELECT id, message_id, sender, text, in_thread, schedule_id FROM turn_requests
           WHERE turn_id = $1 ORDER BY id",
     )
     .bind(id)
@@ -344,6 +360,7 @@ pub(super) async fn open_turn(
             sender: r.try_get(2)?,
             text: r.try_get(3)?,
             in_thread: r.try_get(4)?,
+            schedule_id: r.try_get(5)?,
         })
     })
     .collect::<sqlx::Result<Vec<_>>>()?;

@@ -457,3 +457,55 @@ async fn console_piped_output_shows_a_running_command_s_lines_as_they_come() {
     let answer = out.find("counted").expect("the answer");
     assert!(step < first && first < answer, "{out}");
 }
+
+/// `/cron` in the console: added and listed; a console section's due schedule fires while
+/// that console runs (its anchor printed, its turn queued), and `serve` leaves it alone.
+#[tokio::test]
+async fn console_schedules_are_added_listed_and_fired_by_their_console() {
+    let env = Env {
+        db_url: fresh_database().await,
+        data_dir: tempfile::tempdir().unwrap(),
+        llm: FakeProvider::start().await,
+    };
+    let (code, out, err) = env
+        .chat(
+            &["--section", "cron"],
+            &["/cron add \"every 1h\" report the load", "/cron list"],
+        )
+        .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("⏰ Scheduled #1: `every 1h`"), "{out}");
+    assert!(out.contains("#1 `every 1h` (UTC) · next: "), "{out}");
+    // Due now: the next run of this console fires it.
+    let db = sqlx::PgPool::connect(&env.db_url).await.unwrap();
+    sqlx::query("UPDATE schedules SET next_due = now() - interval '1 second' WHERE id = 1")
+        .execute(&db)
+        .await
+        .unwrap();
+    // Each model answer takes a moment, so the console is still running when the tick comes.
+    env.llm.always(
+        MODEL,
+        Reply::Delayed(
+            Duration::from_millis(1500),
+            Box::new(crate::fake_llm::text(MODEL, "done")),
+        ),
+    );
+    let (code, out, err) = env.chat(&["--section", "cron"], &["hello"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("⏰ scheduled #1: report the load"), "{out}");
+    let fired: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT state, anchor_message_id FROM schedule_firings WHERE schedule_id = 1",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0].0, "fired");
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM turn_requests WHERE schedule_id = 1 AND section_id = 'console:cron'",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(queued, 1);
+}

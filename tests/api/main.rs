@@ -41,6 +41,7 @@ mod mcp;
 mod ops_cli;
 mod progress;
 mod rich_input;
+mod schedules;
 mod ssh_files;
 mod ssh_kill;
 mod ssh_trust;
