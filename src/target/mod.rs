@@ -17,6 +17,7 @@ pub mod allow;
 pub mod cli;
 pub mod keyring;
 pub mod policy;
+pub mod ssh_config;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
