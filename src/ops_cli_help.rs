@@ -15,6 +15,7 @@ const JSON: &[&str] = &[
     "mcp token list",
     "skill list",
     "skill show",
+    "target import",
     "target list",
     "target show",
 ];

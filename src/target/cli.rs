@@ -1,7 +1,8 @@
 //! `sshmode target …`: add (which sees the host key once, unless `--offline`), list, show,
 //! approve (which pins the key shown), disable, remove, test (`--trust [SHA256:…]` pins only
 //! the key the operator checked), rekey. A target added with `--jump <alias>` is seen, tested
-//! and used through that jump host (and its own jump hosts, if any).
+//! and used through that jump host (and its own jump hosts, if any). `import` reads an OpenSSH
+//! client config into targets (`super::import`).
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -88,6 +89,14 @@ pub enum TargetCmd {
         sshmode target set web --risky refuse --approvers requester\n  \
         sshmode target set app --jump bastion")]
     Set(SetArgs),
+    /// Read the hosts of an OpenSSH client config (`~/.ssh/config` by default) and print what
+    /// would be added; `--apply` adds them pending approval (audited), jump hosts first.
+    #[command(after_help = "Examples:\n  \
+        sshmode target import                          # dry run of ~/.ssh/config\n  \
+        sshmode target import ./team_ssh_config --json\n  \
+        sshmode target import --apply                  # add them, pending approval\n  \
+        sshmode target import --apply --passphrase-stdin   # type each encrypted key's passphrase")]
+    Import(ImportArgs),
     /// Replace the recorded or pinned host key after a legitimate change (audited).
     #[command(after_help = "Examples:\n  \
         sshmode target rekey web --host-key SHA256:abc...\n  \
@@ -100,6 +109,25 @@ pub enum TargetCmd {
         #[arg(long)]
         host_key: String,
     },
+}
+
+/// `sshmode target import [PATH] [--apply] [--passphrase-stdin] [--json]`
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The OpenSSH client config to read (default: `~/.ssh/config`); its `Include`s are
+    /// followed.
+    pub path: Option<PathBuf>,
+    /// Add the targets (pending approval, audited) and pin the host keys their known_hosts
+    /// list; without it nothing is changed.
+    #[arg(long)]
+    pub apply: bool,
+    /// With --apply: read the passphrase of each encrypted key from standard input, one line
+    /// each, in the order of the table (without it, hosts with an encrypted key are skipped).
+    #[arg(long)]
+    pub passphrase_stdin: bool,
+    /// The plan (or what was done) as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `sshmode target allow <alias> (<chat_id>… | --all-chats)`
@@ -329,6 +357,7 @@ pub async fn run_with(
             }
             Ok(0)
         }
+        TargetCmd::Import(args) => super::import::run(args, config, db, input, out).await,
         TargetCmd::List { .. } => {
             let targets = super::list(db).await?;
             if targets.is_empty() {

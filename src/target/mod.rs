@@ -15,6 +15,7 @@
 
 pub mod allow;
 pub mod cli;
+pub mod import;
 pub mod keyring;
 pub mod policy;
 pub mod ssh_config;
