@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by test.sh and bench.sh: installs what is missing (OpenSSH server, Dropbear, PostgreSQL), starts
+# Sourced by test.sh and bench.sh: installs what is missing (OpenSSH server and client, Dropbear, PostgreSQL), starts
 # a throwaway PostgreSQL cluster under /tmp as an unprivileged user, exports TEST_DATABASE_URL,
 # and stops and removes the cluster when the sourcing shell exits.
 
@@ -10,6 +10,8 @@ need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 # The SSH tests also run against Dropbear, the server of routers and small images.
 [ -x /usr/sbin/dropbear ] || need+=(dropbear-bin)
+# `target import` is checked against the OpenSSH client's own reading (`ssh -G`).
+[ -x /usr/bin/ssh ] || need+=(openssh-client)
 # The deploy tests verify the systemd unit with systemd-analyze.
 command -v systemd-analyze >/dev/null || need+=(systemd)
 pg_bin=""

@@ -16,6 +16,7 @@ const JSON: &[&str] = &[
     "schedule list",
     "skill list",
     "skill show",
+    "target import",
     "target list",
     "target show",
 ];

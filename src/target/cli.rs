@@ -1,7 +1,8 @@
 //! `sshmode target …`: add (which sees the host key once, unless `--offline`), list, show,
 //! approve (which pins the key shown), disable, remove, test (`--trust [SHA256:…]` pins only
 //! the key the operator checked), rekey. A target added with `--jump <alias>` is seen, tested
-//! and used through that jump host (and its own jump hosts, if any).
+//! and used through that jump host (and its own jump hosts, if any). `import` reads an OpenSSH
+//! client config into targets (`super::import`).
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -88,6 +89,14 @@ pub enum TargetCmd {
         sshmode target set web --risky refuse --approvers requester\n  \
         sshmode target set app --jump bastion")]
     Set(SetArgs),
+    /// Read the hosts of an OpenSSH client config (`~/.ssh/config` by default) and print what
+    /// would be added; `--apply` adds them pending approval (audited), jump hosts first.
+    #[command(after_help = "Examples:\n  \
+        sshmode target import                          # dry run of ~/.ssh/config\n  \
+        sshmode target import ./team_ssh_config --json\n  \
+        sshmode target import --apply                  # add them, pending approval\n  \
+        sshmode target import --apply --passphrase-stdin   # type each encrypted key's passphrase")]
+    Import(ImportArgs),
     /// Replace the recorded or pinned host key after a legitimate change (audited).
     #[command(after_help = "Examples:\n  \
         sshmode target rekey web --host-key SHA256:abc...\n  \
@@ -100,6 +109,25 @@ pub enum TargetCmd {
         #[arg(long)]
         host_key: String,
     },
+}
+
+/// `sshmode target import [PATH] [--apply] [--passphrase-stdin] [--json]`
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The OpenSSH client config to read (default: `~/.ssh/config`); its `Include`s are
+    /// followed.
+    pub path: Option<PathBuf>,
+    /// Add the targets (pending approval, audited) and pin the host keys their known_hosts
+    /// list; without it nothing is changed.
+    #[arg(long)]
+    pub apply: bool,
+    /// With --apply: read the passphrase of each encrypted key from standard input, one line
+    /// each, in the order of the table (without it, hosts with an encrypted key are skipped).
+    #[arg(long)]
+    pub passphrase_stdin: bool,
+    /// The plan (or what was done) as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `sshmode target allow <alias> (<chat_id>… | --all-chats)`
@@ -329,6 +357,7 @@ pub async fn run_with(
             }
             Ok(0)
         }
+        TargetCmd::Import(args) => super::import::run(args, config, db, input, out).await,
         TargetCmd::List { .. } => {
             let targets = super::list(db).await?;
             if targets.is_empty() {
@@ -644,7 +673,7 @@ pub async fn rotate_key_with(config: &Config, db: &PgPool, force: bool) -> anyho
 }
 
 /// Opens the vault and re-seals any records still in the first format (idempotent).
-async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
+pub(super) async fn open_vault(config: &Config, db: &PgPool) -> anyhow::Result<Vault> {
     // Only the key that opens this database's vault (never a fresh one over sealed secrets).
     let vault = crate::target::keyring::open(db, &config.master_key_file).await?;
     super::reseal_legacy(db, &vault).await.map_err(user_error)?;
@@ -764,7 +793,7 @@ fn describe_path(path: &[Target]) -> String {
     hops.join(" → ")
 }
 
-fn user_error(e: TargetError) -> anyhow::Error {
+pub(super) fn user_error(e: TargetError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
@@ -866,7 +895,7 @@ impl Drop for EchoOff {
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
 
 /// Reads a key or certificate file of at most [`MAX_SECRET_BYTES`], as text.
-fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>> {
+pub(super) fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>> {
     let file = std::fs::File::open(path)
         .with_context(|| format!("cannot read the {what} {}", path.display()))?;
     let mut bytes = Zeroizing::new(Vec::new());
@@ -886,7 +915,10 @@ fn read_small_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<String>>
 }
 
 /// Reads one line of standard input without its line ending.
-fn read_secret_line(input: &mut dyn BufRead, what: &str) -> anyhow::Result<Zeroizing<String>> {
+pub(super) fn read_secret_line(
+    input: &mut dyn BufRead,
+    what: &str,
+) -> anyhow::Result<Zeroizing<String>> {
     // Typed at a terminal, the secret is not echoed (restored when `_quiet` drops).
     let _quiet = EchoOff::on_terminal_stdin(what);
     let mut line = Zeroizing::new(String::new());
@@ -915,38 +947,12 @@ fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarge
         } else {
             None
         };
-        let key = russh::keys::decode_secret_key(&text, passphrase.as_deref().map(|p| p.as_str()))
-            .map_err(|e| match e {
-                russh::keys::Error::KeyIsEncrypted => anyhow::anyhow!(
-                    "the key {} is encrypted: pass its passphrase with --passphrase-stdin",
-                    path.display()
-                ),
-                _ => anyhow::anyhow!(
-                    "the key {} could not be read (wrong passphrase, or not an ed25519/ecdsa/rsa private key)",
-                    path.display()
-                ),
-            })?;
+        let key = decode_key(&text, path, passphrase.as_deref().map(|p| p.as_str()))?;
         let cert = match &args.cert {
-            Some(cpath) => {
-                let ctext = read_small_file(cpath, "certificate")?;
-                let cert = Certificate::from_openssh(ctext.trim()).map_err(|_| {
-                    anyhow::anyhow!("{} is not an OpenSSH certificate", cpath.display())
-                })?;
-                if cert.public_key() != key.public_key().key_data() {
-                    bail!(
-                        "the certificate {} was not issued for this key",
-                        cpath.display()
-                    );
-                }
-                Some(ctext.trim().to_string())
-            }
+            Some(cpath) => Some(read_cert(cpath, &key)?),
             None => None,
         };
-        // Stored decrypted (then vault-sealed): the passphrase itself is never kept.
-        let pem = key
-            .to_openssh(russh::keys::ssh_key::LineEnding::LF)
-            .map_err(|_| anyhow::anyhow!("the key could not be re-encoded"))?;
-        NewSecrets::Key { key: pem, cert }
+        key_secrets(&key, cert)?
     } else if args.password_stdin {
         if args.cert.is_some() {
             bail!("--cert goes with --key");
@@ -974,6 +980,52 @@ fn new_target(args: AddArgs, input: &mut dyn BufRead) -> anyhow::Result<NewTarge
         approve: args.approve,
         jump: args.jump,
     })
+}
+
+/// A private key (ed25519, ecdsa or rsa) read from `path` as `text`, decrypted with
+/// `passphrase` if it is encrypted; an encrypted key without one is an error that says how to
+/// give it.
+pub(super) fn decode_key(
+    text: &str,
+    path: &Path,
+    passphrase: Option<&str>,
+) -> anyhow::Result<russh::keys::PrivateKey> {
+    russh::keys::decode_secret_key(text, passphrase).map_err(|e| match e {
+        russh::keys::Error::KeyIsEncrypted => anyhow::anyhow!(
+            "the key {} is encrypted: pass its passphrase with --passphrase-stdin",
+            path.display()
+        ),
+        _ => anyhow::anyhow!(
+            "the key {} could not be read (wrong passphrase, or not an ed25519/ecdsa/rsa private key)",
+            path.display()
+        ),
+    })
+}
+
+/// Reads an OpenSSH user certificate and checks it was issued for `key`; its text.
+pub(super) fn read_cert(path: &Path, key: &russh::keys::PrivateKey) -> anyhow::Result<String> {
+    let ctext = read_small_file(path, "certificate")?;
+    let cert = Certificate::from_openssh(ctext.trim())
+        .map_err(|_| anyhow::anyhow!("{} is not an OpenSSH certificate", path.display()))?;
+    if cert.public_key() != key.public_key().key_data() {
+        bail!(
+            "the certificate {} was not issued for this key",
+            path.display()
+        );
+    }
+    Ok(ctext.trim().to_string())
+}
+
+/// A key (and its certificate) as the vault takes it: stored decrypted, then sealed — the
+/// passphrase itself is never kept.
+pub(super) fn key_secrets(
+    key: &russh::keys::PrivateKey,
+    cert: Option<String>,
+) -> anyhow::Result<NewSecrets> {
+    let pem = key
+        .to_openssh(russh::keys::ssh_key::LineEnding::LF)
+        .map_err(|_| anyhow::anyhow!("the key could not be re-encoded"))?;
+    Ok(NewSecrets::Key { key: pem, cert })
 }
 
 /// A `SHA256:…` fingerprint, or a key line (`[hosts] type base64 [comment]`, as in

@@ -15,8 +15,10 @@
 
 pub mod allow;
 pub mod cli;
+pub mod import;
 pub mod keyring;
 pub mod policy;
+pub mod ssh_config;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -35,7 +35,7 @@ fn ip(args: &[&str]) {
 /// pair (`10.201.N.1` here, `10.201.N.2` in J), and T (the target's), joined to J only
 /// (`10.202.N.1` in J, `10.202.N.2` in T). Nothing routes from here to `10.202.N.0/30`, and J
 /// does not forward: T is reachable only through a connection J makes. Deleted on drop.
-struct Namespaces {
+pub struct Namespaces {
     n: u32,
     jump_ns: String,
     target_ns: String,
@@ -118,12 +118,12 @@ impl Namespaces {
     }
 
     /// The jump host's address, as the service reaches it.
-    fn jump_addr(&self) -> String {
+    pub fn jump_addr(&self) -> String {
         format!("10.201.{}.2", self.n)
     }
 
     /// The target's address, as the jump host reaches it.
-    fn target_addr(&self) -> String {
+    pub fn target_addr(&self) -> String {
         format!("10.202.{}.2", self.n)
     }
 }
@@ -146,14 +146,14 @@ impl Drop for Namespaces {
 
 /// The namespaces and the two servers in them. The servers are dropped (killed) before the
 /// namespaces are deleted.
-struct Lab {
-    jump: Sshd,
-    target: Sshd,
-    ns: Namespaces,
+pub struct Lab {
+    pub jump: Sshd,
+    pub target: Sshd,
+    pub ns: Namespaces,
 }
 
 impl Lab {
-    fn start(dir: &Path, jump_extra: &str) -> Lab {
+    pub fn start(dir: &Path, jump_extra: &str) -> Lab {
         let ns = Namespaces::create();
         let jump_dir = dir.join("jump-sshd");
         let target_dir = dir.join("target-sshd");
@@ -166,7 +166,7 @@ impl Lab {
 }
 
 /// A fresh key pair authorized on each of `servers`.
-fn key_for(dir: &Path, name: &str, servers: &[&Sshd]) -> PathBuf {
+pub fn key_for(dir: &Path, name: &str, servers: &[&Sshd]) -> PathBuf {
     let p = dir.join(name);
     sshd::new_key(&p, "ed25519", "");
     for s in servers {

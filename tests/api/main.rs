@@ -47,6 +47,7 @@ mod ssh_kill;
 mod ssh_trust;
 #[allow(dead_code)]
 mod sshd;
+mod target_import;
 mod terminals;
 mod vault;
 mod workspaces;
