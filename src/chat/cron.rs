@@ -733,8 +733,8 @@ pub async fn decide_proposal(
         // Decided before: a second click changes nothing.
         return Ok(None);
     }
-    let owner = binding::owner(&mut tx, &p.section_id).await?;
-    let is_chat = p.section_id == p.chat_id;
+    let owner = binding::owner(&mut tx, &p.schedule.section_id).await?;
+    let is_chat = p.schedule.section_id == p.schedule.chat_id;
     let action = if add {
         "schedule.add"
     } else {
@@ -743,36 +743,36 @@ pub async fn decide_proposal(
     if let Err(d) = authz::schedule(
         operator,
         deps.config.is_admin(operator),
-        kind(owner.as_deref(), !p.direct, is_chat),
+        kind(owner.as_deref(), !p.schedule.direct, is_chat),
     ) {
         audit::record_chat(
             &mut tx,
             ChatEntry {
                 actor: operator,
                 action,
-                section: Some(&p.section_id),
+                section: Some(&p.schedule.section_id),
                 target: None,
                 outcome: "refused",
-                detail: json!({"proposal": id, "reason": d.code(), "chat": p.chat_id}),
+                detail: json!({"proposal": id, "reason": d.code(), "chat": p.schedule.chat_id}),
             },
         )
         .await?;
         tx.commit().await?;
         return Ok(None);
     }
-    let tz = zone(&p.tz);
-    let spec = Spec::parse(&p.spec, std::time::Duration::ZERO);
+    let tz = zone(&p.schedule.tz);
+    let spec = Spec::parse(&p.schedule.spec, std::time::Duration::ZERO);
     let next = spec
         .as_ref()
         .map(|s| schedule::upcoming(s, tz, now, now))
         .unwrap_or_default();
     let mut view = schedule::ProposalView {
         id,
-        spec: p.spec.clone(),
-        tz: p.tz.clone(),
-        prompt: p.prompt.clone(),
+        spec: p.schedule.spec.clone(),
+        tz: p.schedule.tz.clone(),
+        prompt: p.schedule.prompt.clone(),
         next: next.iter().map(|t| local(*t, tz)).collect(),
-        asked_by: p.asked_by.clone(),
+        asked_by: p.schedule.creator.clone(),
         state: schedule::ProposalState::Cancelled {
             by: operator.to_string(),
         },
@@ -784,8 +784,8 @@ pub async fn decide_proposal(
         return Ok(Some((view, card)));
     }
     let max = deps.config.chat.schedule_max_per_chat as i64;
-    schedule::lock_chat(&mut tx, &p.chat_id).await?;
-    let full = schedule::count_in_chat(&mut tx, &p.chat_id).await? >= max;
+    schedule::lock_chat(&mut tx, &p.schedule.chat_id).await?;
+    let full = schedule::count_in_chat(&mut tx, &p.schedule.chat_id).await? >= max;
     let (Some(first), false) = (next.first().copied(), full) else {
         view.state = schedule::ProposalState::Failed(if full {
             format!("this chat already holds {max} schedules")
@@ -796,19 +796,19 @@ pub async fn decide_proposal(
         return Ok(Some((view, card)));
     };
     if !is_chat && owner.is_none() {
-        binding::claim_owner(&mut tx, &p.section_id, operator, Owned::Scheduled, now).await?;
+        binding::claim_owner(
+            &mut tx,
+            &p.schedule.section_id,
+            operator,
+            Owned::Scheduled,
+            now,
+        )
+        .await?;
     }
     let sid = schedule::reserve_id(&deps.db).await?;
     let new = NewSchedule {
-        chat_id: p.chat_id.clone(),
-        section_id: p.section_id.clone(),
-        root_message_id: p.root_message_id.clone(),
-        in_thread: p.in_thread,
-        direct: p.direct,
-        spec: p.spec.clone(),
-        tz: p.tz.clone(),
-        prompt: p.prompt.clone(),
         creator: operator.to_string(),
+        ..p.schedule.clone()
     };
     schedule::add(&mut tx, sid, &new, now, first).await?;
     schedule::decide_proposal(&mut tx, id, "added", operator, now, Some(sid)).await?;
@@ -817,11 +817,11 @@ pub async fn decide_proposal(
         ChatEntry {
             actor: operator,
             action: "schedule.add",
-            section: Some(&p.section_id),
+            section: Some(&p.schedule.section_id),
             target: None,
             outcome: "ok",
             detail: json!({"schedule": sid, "proposal": id, "proposed_by": "model",
-                           "spec": p.spec, "tz": p.tz, "chat": p.chat_id}),
+                           "spec": p.schedule.spec, "tz": p.schedule.tz, "chat": p.schedule.chat_id}),
         },
     )
     .await?;

@@ -266,7 +266,7 @@ pub fn card(p: &Parked) -> Value {
 
 /// A person on the card, by name: a mention of their open_id, which Lark shows as their name;
 /// anything that is not an id stays plain text.
-fn person(open_id: &str) -> String {
+pub(super) fn person(open_id: &str) -> String {
     if !open_id.is_empty()
         && open_id
             .chars()

@@ -6,6 +6,7 @@
 
 use serde_json::{Value, json};
 
+use super::call_approval_card::person;
 use crate::chat::Toast;
 use crate::lark::markup;
 use crate::schedule::{ProposalState, ProposalView};
@@ -97,19 +98,6 @@ pub fn card(v: &ProposalView) -> Value {
         "header": {"title": {"tag": "plain_text", "content": title}, "template": template},
         "body": {"elements": elements},
     })
-}
-
-/// A person by mention (Lark shows the name); anything that is not an id stays plain.
-fn person(open_id: &str) -> String {
-    if !open_id.is_empty()
-        && open_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        format!("<at id={open_id}></at>")
-    } else {
-        markup::plain(open_id, 80)
-    }
 }
 
 #[cfg(test)]

@@ -596,19 +596,12 @@ pub enum ProposalState {
     Failed(String),
 }
 
-/// A proposal of the model's, waiting for a click.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A proposal of the model's, waiting for a click: the schedule it would add (its `creator`
+/// is who asked; the person who adds it becomes the schedule's) and its decision.
+#[derive(Debug, Clone)]
 pub struct Proposal {
     pub id: i64,
-    pub chat_id: String,
-    pub section_id: String,
-    pub root_message_id: Option<String>,
-    pub in_thread: bool,
-    pub direct: bool,
-    pub spec: String,
-    pub tz: String,
-    pub prompt: String,
-    pub asked_by: String,
+    pub schedule: NewSchedule,
     pub decision: Option<String>,
     pub decided_by: Option<String>,
     pub schedule_id: Option<i64>,
@@ -652,18 +645,20 @@ pub async fn proposal(conn: &mut PgConnection, id: i64) -> sqlx::Result<Option<P
     .map(|r| {
         Ok(Proposal {
             id: r.try_get(0)?,
-            chat_id: r.try_get(1)?,
-            section_id: r.try_get(2)?,
-            root_message_id: r.try_get(3)?,
-            in_thread: r.try_get(4)?,
-            spec: r.try_get(5)?,
-            tz: r.try_get(6)?,
-            prompt: r.try_get(7)?,
-            asked_by: r.try_get(8)?,
+            schedule: NewSchedule {
+                chat_id: r.try_get(1)?,
+                section_id: r.try_get(2)?,
+                root_message_id: r.try_get(3)?,
+                in_thread: r.try_get(4)?,
+                direct: r.try_get(12)?,
+                spec: r.try_get(5)?,
+                tz: r.try_get(6)?,
+                prompt: r.try_get(7)?,
+                creator: r.try_get(8)?,
+            },
             decision: r.try_get(9)?,
             decided_by: r.try_get(10)?,
             schedule_id: r.try_get(11)?,
-            direct: r.try_get(12)?,
         })
     })
     .transpose()
