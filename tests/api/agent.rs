@@ -451,14 +451,16 @@ async fn local_turn_runs_every_tool_and_answers_in_place() {
             .unwrap()
             .contains("local backend")
     );
-    // Seven task and chat-control tools, the five interactive shell tools, memory and skills.
+    // Six task tools, two of chat control (ssh_mode, cron), the five interactive shell tools,
+    // memory and skills.
     let names: Vec<&str> = reqs[0].body["tools"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 14, "{names:?}");
+    assert_eq!(names.len(), 15, "{names:?}");
+    assert!(names.contains(&"cron"), "{names:?}");
     for shell in [
         "shell_open",
         "shell_write",
