@@ -14,6 +14,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,8 +32,17 @@ pub struct LaunchServer {
     exe: PathBuf,
     /// Calls the server runs at once; it refuses more.
     max_calls: usize,
-    /// The request socket of the running server; `None` until started or after it died.
-    socket: Mutex<Option<Arc<OwnedFd>>>,
+    /// The running server; `None` until started or after it died.
+    socket: Mutex<Option<Running>>,
+}
+
+/// A started server: its request socket, and whether it has ended (set by the thread that
+/// waits for it). A server that ended is replaced before a request is sent: its socket may
+/// still take one while a process of a call it started holds the other end, and nobody would
+/// read it.
+struct Running {
+    sock: Arc<OwnedFd>,
+    ended: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for LaunchServer {
@@ -94,21 +104,28 @@ impl LaunchServer {
         }
     }
 
-    /// The request socket of a running server, starting one when there is none.
+    /// The request socket of a running server, starting one when there is none (or the
+    /// last one ended).
     fn socket(&self) -> Result<Arc<OwnedFd>, String> {
         let mut current = self.socket.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = &*current {
-            return Ok(s.clone());
+        if let Some(r) = &*current
+            && !r.ended.load(Ordering::Acquire)
+        {
+            return Ok(r.sock.clone());
         }
-        let s = Arc::new(spawn(&self.exe, self.max_calls)?);
-        *current = Some(s.clone());
-        Ok(s)
+        let (sock, ended) = spawn(&self.exe, self.max_calls)?;
+        let sock = Arc::new(sock);
+        *current = Some(Running {
+            sock: sock.clone(),
+            ended,
+        });
+        Ok(sock)
     }
 
     /// Forgets `dead` (a server that no longer answers), so the next call starts a new one.
     fn forget(&self, dead: &Arc<OwnedFd>) {
         let mut current = self.socket.lock().unwrap_or_else(|p| p.into_inner());
-        if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, dead)) {
+        if current.as_ref().is_some_and(|r| Arc::ptr_eq(&r.sock, dead)) {
             *current = None;
         }
     }
@@ -236,8 +253,10 @@ fn call_pair() -> Result<(OwnedFd, OwnedFd), String> {
 /// Starts `exe __sshmode-launch serve` from a thread that waits for it (its death signal
 /// follows that thread), with an empty environment, in a session of its own; returns the
 /// service's end of its request socket.
-fn spawn(exe: &Path, max_calls: usize) -> Result<OwnedFd, String> {
+fn spawn(exe: &Path, max_calls: usize) -> Result<(OwnedFd, Arc<AtomicBool>), String> {
     let (mine, theirs) = call_pair()?;
+    let ended = Arc::new(AtomicBool::new(false));
+    let ended_here = ended.clone();
     let shown = exe.display().to_string();
     let exe = exe.to_path_buf();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -268,6 +287,7 @@ fn spawn(exe: &Path, max_calls: usize) -> Result<OwnedFd, String> {
                     let _ = tx.send(Ok(child.id()));
                     // Waits as long as the server lives (it ends with its request socket).
                     let status = child.wait();
+                    ended_here.store(true, Ordering::Release);
                     tracing::debug!(launcher.status = ?status, "the launch server ended");
                 }
                 Err(e) => {
@@ -279,7 +299,7 @@ fn spawn(exe: &Path, max_calls: usize) -> Result<OwnedFd, String> {
     match rx.recv_timeout(START_TIMEOUT) {
         Ok(Ok(pid)) => {
             tracing::debug!(launcher.pid = pid, "launch server started");
-            Ok(mine)
+            Ok((mine, ended))
         }
         Ok(Err(e)) => Err(format!("cannot start the launch server {shown}: {e}")),
         Err(_) => Err("the launch server did not start in time".into()),
