@@ -148,9 +148,15 @@ impl Data {
         );
         assert_eq!(self.cluster_processes(), Vec::<i32>::new());
         assert!(
-            !alive(old_postmaster),
+            !self.runs(old_postmaster),
             "postmaster {old_postmaster} is alive"
         );
+    }
+
+    /// `pid` is alive and is this cluster's postmaster (a pid the system gave another process
+    /// since does not count).
+    fn runs(&self, pid: i32) -> bool {
+        alive(pid) && self.cluster_processes().contains(&pid)
     }
 }
 
@@ -256,7 +262,7 @@ async fn embedded_cluster_stops_with_the_last_live_command_after_a_kill() {
     let postmaster = data.postmaster().expect("chat started the cluster");
     chat.kill().await.unwrap();
     assert!(
-        alive(postmaster),
+        data.runs(postmaster),
         "killing the chat does not stop the cluster"
     );
 
@@ -277,14 +283,14 @@ async fn embedded_cluster_is_started_again_by_serve_when_it_goes_away() {
     // SAFETY: signalling a process of this test (root, or the same user).
     assert_eq!(unsafe { libc::kill(first, libc::SIGINT) }, 0);
     eventually("the first postmaster to exit", EXIT_LIMIT, async || {
-        !alive(first)
+        !data.runs(first)
     })
     .await;
 
     eventually(
         "serve to start the cluster again",
         AGAIN_LIMIT,
-        async || matches!(data.postmaster(), Some(p) if p != first && alive(p)),
+        async || matches!(data.postmaster(), Some(p) if p != first && data.runs(p)),
     )
     .await;
     serve
