@@ -44,6 +44,8 @@ pub const KINDS: &[&str] = &[
     "binding.switch",
     "binding.use",
     COMMAND_RUN,
+    "content.erase",
+    "content.redact",
     FILE_PATCH,
     FILE_WRITE,
     "grant.add",

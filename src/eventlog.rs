@@ -1,5 +1,7 @@
 //! The per-section event log (event sourcing): every conversation is an ordered, append-only
 //! series of events in Postgres, exportable as JSONL. Control plane: always the local store.
+//! Entries leave or change only through [`crate::lifecycle`]'s functions (retention, a recalled
+//! message's redaction, an erasure).
 
 use std::io::Write;
 

@@ -6,7 +6,7 @@
 //! a chat message, [`chat`] decides what it means, [`turns`] and [`agent`] run the turn, and
 //! the task tools act through [`exec`] on the thread's backend. [`llm`] is model access;
 //! [`store`], [`vault`], [`target`] and [`audit`] are the control plane's state; [`authz`]
-//! decides who may do what; [`schedule`] and [`scheduler`] fire turns at set times; [`mcp`] is a second door to the same tools for MCP clients; [`app`]
+//! decides who may do what; [`schedule`] and [`scheduler`] fire turns at set times; [`lifecycle`] keeps stored content only as long as it should be and takes it back (retention, erasure, recalls); [`mcp`] is a second door to the same tools for MCP clients; [`app`]
 //! builds it all. ARCHITECTURE.md has the layers, the map and the invariants.
 
 pub mod agent;
@@ -25,6 +25,7 @@ pub mod gate;
 pub mod http;
 pub mod inbox;
 pub mod lark;
+pub mod lifecycle;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;

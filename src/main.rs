@@ -112,6 +112,12 @@ enum Cmd {
         after_help = "Examples:\n  sshmode mcp token create --name laptop --targets web,db\n  sshmode mcp token list"
     )]
     Mcp(sshmode::mcp::cli::McpCmd),
+    /// Remove a chat's or a person's content — messages' text, attachments, transcripts, event
+    /// logs, notes, workspaces — keeping the audit facts; prints what it removed (audited).
+    #[command(
+        after_help = "Examples:\n  sshmode erase --chat oc_xxx            # a chat that left, or asked to be forgotten\n  sshmode erase --person ou_xxx          # a person who left the company"
+    )]
+    Erase(sshmode::lifecycle::cli::EraseArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -292,6 +298,7 @@ async fn run(cmd: Cmd, config: Config) -> anyhow::Result<i32> {
         Cmd::Chat { section } => sshmode::app::console::run(config, section).await,
         Cmd::Guard(cmd) => sshmode::workspace::cli::run(cmd, &config),
         Cmd::Mcp(cmd) => sshmode::mcp::cli::run(cmd, &config).await,
+        Cmd::Erase(args) => sshmode::lifecycle::cli::run(args, &config).await,
         Cmd::SessionLog(SessionLogCmd::Export { section }) => {
             let store = sshmode::store::Store::open(&config).await?;
             let stdout = std::io::stdout();

@@ -26,7 +26,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("workspaces", &["workspace"]),
     ("targets", &["target"]),
     ("authorisation", &["authz"]),
-    ("control plane and turns", &["plane", "turns", "schedule"]),
+    (
+        "control plane and turns",
+        &["plane", "turns", "schedule", "lifecycle"],
+    ),
     ("gate", &["gate"]),
     ("agent", &["agent"]),
     ("progress", &["progress"]),

@@ -4,7 +4,8 @@
 //! turn's fence) before the next step. The context sent to the model is the latest summary plus
 //! the messages after it, within the token budget: old tool outputs are masked first, then the
 //! oldest whole turns are summarised — the summary is stored before they leave the context.
-//! Nothing is ever deleted from the stored log.
+//! Compaction never deletes from the stored log; only retention, a recalled message and an
+//! erasure take content out of it, through [`crate::lifecycle`].
 
 use serde_json::Value;
 use sqlx::{PgPool, Row};

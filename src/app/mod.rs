@@ -219,6 +219,12 @@ impl App {
             core.config.audit_retention_days,
             shutdown.clone(),
         ));
+        tasks.spawn(crate::lifecycle::run_retention(
+            db.clone(),
+            core.config.retention,
+            crate::lifecycle::Roots::of(&core.config),
+            shutdown.clone(),
+        ));
         tasks.spawn(crate::turns::inputs::run_image_purge(
             db.clone(),
             shutdown.clone(),

@@ -357,6 +357,8 @@ async fn place_files(
                 continue;
             }
         };
+        // Recorded where it was placed, so a recall, an erasure or retention finds it.
+        crate::lifecycle::record_file(&deps.db, message_id, section, place.name(), &path).await?;
         notes.push(format!(
             "[Attachment ({}{}): {path} on {} — {}, {mime}.]",
             f.kind,

@@ -163,6 +163,9 @@ pub struct Config {
     pub log_file: Option<LogFileConfig>,
     /// `SSHMODE_AUDIT_RETENTION_DAYS` (default 180): `serve` deletes older audit rows.
     pub audit_retention_days: u32,
+    /// How long the rest of what is stored is kept (`SSHMODE_*_RETENTION_DAYS`,
+    /// `SSHMODE_WORKSPACE_IDLE_DAYS`): `serve` enforces it in small batches.
+    pub retention: RetentionConfig,
     /// Inbox (durable event queue) tunables.
     pub inbox: InboxConfig,
     /// Execution-layer tunables.
@@ -248,12 +251,44 @@ pub enum LlmConfig {
     RouterFile(PathBuf),
 }
 
+/// How long each kind of stored content is kept, in days (each at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// `SSHMODE_EVENTLOG_RETENTION_DAYS` (default 90): section event logs and the stored
+    /// conversations (transcripts, turn requests' text, summaries).
+    pub eventlog_days: u32,
+    /// `SSHMODE_INBOX_RETENTION_DAYS` (default 14): handled inbox rows (the events as they
+    /// came). Never longer than the de-duplication window needs: rows go at the shorter of this
+    /// and `SSHMODE_DEDUP_RETENTION_HOURS`.
+    pub inbox_days: u32,
+    /// `SSHMODE_ATTACHMENT_RETENTION_DAYS` (default 30): files people sent, as placed in local
+    /// workspaces, and kept images (which also never outlive their two days).
+    pub attachment_days: u32,
+    /// `SSHMODE_WORKSPACE_IDLE_DAYS` (default 90): a local section's own workspace is removed
+    /// once its section has been idle this long.
+    pub workspace_idle_days: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            eventlog_days: 90,
+            inbox_days: 14,
+            attachment_days: 30,
+            workspace_idle_days: 90,
+        }
+    }
+}
+
 /// Inbox tunables.
 #[derive(Debug, Clone)]
 pub struct InboxConfig {
     /// `SSHMODE_DEDUP_RETENTION_HOURS`: how long event ids are remembered, and the age past
     /// which a request is refused as a replay. Longer than Lark's ≈ 7 h retry window.
     pub dedup_retention: Duration,
+    /// How long a handled row is kept: the shorter of [`Self::dedup_retention`] and
+    /// `SSHMODE_INBOX_RETENTION_DAYS`.
+    pub handled_retention: Duration,
     /// `SSHMODE_INBOX_WORKERS`: concurrent event handlers.
     pub workers: usize,
     /// `SSHMODE_INBOX_MAX_ATTEMPTS`: attempts before an event is dead-lettered.
@@ -846,8 +881,21 @@ impl Config {
             Ok(n)
         };
 
+        let days = |name: &'static str, default: usize| -> Result<u32, ConfigError> {
+            Ok(count(name, default)?.min(100 * 365) as u32)
+        };
+        let retention = RetentionConfig {
+            eventlog_days: days("SSHMODE_EVENTLOG_RETENTION_DAYS", 90)?,
+            inbox_days: days("SSHMODE_INBOX_RETENTION_DAYS", 14)?,
+            attachment_days: days("SSHMODE_ATTACHMENT_RETENTION_DAYS", 30)?,
+            workspace_idle_days: days("SSHMODE_WORKSPACE_IDLE_DAYS", 90)?,
+        };
+        let dedup_retention = secs("SSHMODE_DEDUP_RETENTION_HOURS", 7 * 24)?.saturating_mul(3600);
         let inbox = InboxConfig {
-            dedup_retention: secs("SSHMODE_DEDUP_RETENTION_HOURS", 7 * 24)?.saturating_mul(3600),
+            dedup_retention,
+            handled_retention: dedup_retention.min(Duration::from_secs(
+                u64::from(retention.inbox_days) * 24 * 3600,
+            )),
             workers: count("SSHMODE_INBOX_WORKERS", 4)?,
             max_attempts: count("SSHMODE_INBOX_MAX_ATTEMPTS", 5)?.min(1000) as i32,
             lease: secs("SSHMODE_INBOX_LEASE_SECS", 300)?,
@@ -984,6 +1032,7 @@ impl Config {
             log_filter_set: var("RUST_LOG").is_some(),
             log_file,
             audit_retention_days,
+            retention,
             inbox,
             exec,
             chat,
@@ -1194,6 +1243,27 @@ mod tests {
             })
         );
         assert_eq!(c.audit_retention_days, 30);
+        let c = load(&[
+            ("SSHMODE_EVENTLOG_RETENTION_DAYS", "7"),
+            ("SSHMODE_INBOX_RETENTION_DAYS", "2"),
+            ("SSHMODE_ATTACHMENT_RETENTION_DAYS", "3"),
+            ("SSHMODE_WORKSPACE_IDLE_DAYS", "4"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.retention,
+            RetentionConfig {
+                eventlog_days: 7,
+                inbox_days: 2,
+                attachment_days: 3,
+                workspace_idle_days: 4
+            }
+        );
+        assert_eq!(
+            c.inbox.handled_retention,
+            Duration::from_secs(2 * 24 * 3600)
+        );
+        assert!(load(&[("SSHMODE_INBOX_RETENTION_DAYS", "0")]).is_err());
         let e = load(&[("SSHMODE_AUDIT_RETENTION_DAYS", "0")]).unwrap_err();
         assert!(
             e.to_string().contains("SSHMODE_AUDIT_RETENTION_DAYS"),
@@ -1239,6 +1309,12 @@ mod tests {
         assert!(matches!(c.llm, LlmConfig::None));
         assert_eq!(c.inbox.dedup_retention, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(c.audit_retention_days, 180);
+        assert_eq!(c.retention, RetentionConfig::default());
+        assert_eq!(
+            c.inbox.handled_retention,
+            Duration::from_secs(7 * 24 * 3600),
+            "de-duplication's week is shorter than the inbox's two"
+        );
         assert_eq!(c.log_file, None);
         let c = load(&[("SSHMODE_DATA_DIR", "../state/./x")]).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/srv/state/x"));

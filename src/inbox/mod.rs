@@ -1127,7 +1127,7 @@ async fn failed(
 async fn cleanup_loop(inbox: Arc<Inbox>) {
     let d = &inbox.deps;
     let retention =
-        chrono::Duration::from_std(d.config.dedup_retention).unwrap_or(chrono::Duration::days(7));
+        chrono::Duration::from_std(d.config.handled_retention).unwrap_or(chrono::Duration::days(7));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(CLEANUP_EVERY) => {}

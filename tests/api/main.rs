@@ -34,6 +34,7 @@ mod lark_inbox;
 mod lark_support;
 mod lark_webhook;
 mod lark_ws;
+mod lifecycle;
 mod live_output;
 mod llm;
 mod local_sandbox;
