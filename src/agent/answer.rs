@@ -261,6 +261,11 @@ pub(super) async fn send(deps: &AgentDeps, turn: &ActiveTurn, text: &str) -> any
     let Some(last) = turn.messages.last() else {
         return Ok(0);
     };
+    // The bot left the chat (removed, or the chat disbanded): nothing is posted there.
+    if crate::lifecycle::is_departed(&deps.db, &turn.chat_id).await? {
+        tracing::info!(section.id = %turn.section, lark.chat_id = %turn.chat_id, "the bot left this chat; the answer is not posted");
+        return Ok(0);
+    }
     let mut sent = 0;
     let key = format!("turn:{}", turn.id);
     let size = |c: &str| deps.out.answer_size(c);

@@ -143,6 +143,9 @@ use crate::exec::{Executors, Place};
 use crate::llm::Router;
 use crate::turns::{self, ActiveTurn, Enqueued, StopOutcome, TurnRequest, TurnWork};
 
+/// The actor of a recall's audit row: the platform told the service, nobody here decided it.
+const RECALL_ACTOR: &str = "system";
+
 pub use answer::markdown_chunks;
 pub use tools::definitions as tool_definitions;
 
@@ -555,6 +558,66 @@ impl Agent {
             // The deadline passed or a stop came: the turn resumes to settle it.
             None => "Task: waiting for approval; the wait is ending.".into(),
         }))
+    }
+
+    /// A recalled message: its request dropped while it waits (its receipt reaction taken off)
+    /// or its turn stopped as by `/stop` while it runs, and its content replaced by
+    /// [`crate::lifecycle::RECALLED`] wherever it was stored — the event log, the turn request,
+    /// the conversation, the inbox, its kept images, and the files it brought on the backend
+    /// they were placed on. Idempotent: a second call finds nothing more to do.
+    pub async fn recall(&self, message_id: &str, chat_id: Option<&str>) -> anyhow::Result<()> {
+        use crate::lifecycle::{self, RECALLED};
+        let db = &self.deps.db;
+        lifecycle::mark_recalled(db, message_id, chat_id).await?;
+        match turns::recall_request(db, message_id, RECALL_ACTOR).await? {
+            turns::RecallOutcome::Dropped {
+                receipt_reaction: Some(r),
+            } => {
+                if let Err(e) = self.deps.out.remove_reaction(message_id, &r).await {
+                    tracing::warn!(lark.message_id = %message_id, error = %format!("{e:#}"), "removing a recalled message's receipt failed");
+                }
+            }
+            turns::RecallOutcome::Stopping { turn_id } => {
+                tracing::info!(turn.id = turn_id, lark.message_id = %message_id, "a recalled message's turn is stopping");
+            }
+            _ => {}
+        }
+        let redacted = lifecycle::redact_message(db, message_id, RECALL_ACTOR, RECALLED).await?;
+        let section = redacted
+            .section
+            .clone()
+            .or(chat_id.map(str::to_string))
+            .unwrap_or_default();
+        for f in lifecycle::files_of(db, message_id).await? {
+            let written = if f.backend == "local" {
+                // Placed by this service, on this machine: replaced in place, never created.
+                match tokio::fs::metadata(&f.path).await {
+                    Ok(m) if m.is_file() => tokio::fs::write(&f.path, RECALLED)
+                        .await
+                        .map_err(anyhow::Error::from),
+                    _ => Ok(()),
+                }
+            } else {
+                match self
+                    .deps
+                    .exec
+                    .ops_for(&section, &Place::Target(f.backend.clone()))
+                    .await
+                {
+                    Ok(ops) => ops
+                        .write_file(&f.path, RECALLED.as_bytes())
+                        .await
+                        .map(|_| ())
+                        .map_err(anyhow::Error::from),
+                    Err(e) => Err(anyhow::Error::from(e)),
+                }
+            };
+            if let Err(e) = written {
+                tracing::warn!(lark.message_id = %message_id, file.backend = %f.backend, error = %format!("{e:#}"), "replacing a recalled message's file failed");
+            }
+        }
+        tracing::info!(lark.message_id = %message_id, section.id = %section, recall.events = redacted.events, recall.transcript = redacted.transcript, recall.inbox = redacted.inbox, "recalled message erased");
+        Ok(())
     }
 
     /// `/stop` in `section` by `by`: asks the running turn to stop (it says itself what it had

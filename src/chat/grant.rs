@@ -128,3 +128,24 @@ pub async fn revoke_all(
     .fetch_all(conn)
     .await
 }
+
+/// Closes every open grant `grantor` opened in these sections; returns them with their section.
+pub async fn revoke_by(
+    conn: &mut PgConnection,
+    sections: &[String],
+    grantor: &str,
+    by: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<(i64, String)>> {
+    sqlx::query_as(
+        "UPDATE grants SET closed_at = $4, closed_by = $3
+         WHERE section = ANY($1) AND granted_by = $2 AND closed_at IS NULL
+         RETURNING id, section",
+    )
+    .bind(sections)
+    .bind(grantor)
+    .bind(by)
+    .bind(now)
+    .fetch_all(conn)
+    .await
+}

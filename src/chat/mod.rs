@@ -63,6 +63,7 @@ pub mod cron;
 pub mod dispatch;
 pub mod grant;
 pub mod input;
+pub mod leave;
 pub mod model_api;
 pub mod port;
 pub mod render;

@@ -65,6 +65,15 @@ impl Handler for LarkHandler {
                 let Some(msg) = self.message(ev).await? else {
                     return Ok(());
                 };
+                // Recalled before it was handled: not handled, nothing of it stored.
+                if crate::lifecycle::is_recalled(&self.deps.db, &msg.message_id)
+                    .await
+                    .context("reading recalls")?
+                {
+                    tracing::info!(lark.message_id = %msg.message_id, "message recalled before it was handled; skipped");
+                    // The inbox's copy of it, stored before the recall was known, goes too.
+                    return self.agent.recall(&msg.message_id, Some(&msg.chat_id)).await;
+                }
                 let retry = ev.attempts > 1;
                 log(
                     &self.deps.db,
@@ -85,7 +94,29 @@ impl Handler for LarkHandler {
                     msg: msg.clone(),
                     retry,
                 };
-                chat::dispatch(&self.deps, &incoming(&msg), &reply).await
+                chat::dispatch(&self.deps, &incoming(&msg), &reply).await?;
+                // Recalled while it was being handled: what was stored meanwhile goes too.
+                if crate::lifecycle::is_recalled(&self.deps.db, &msg.message_id)
+                    .await
+                    .context("reading recalls")?
+                {
+                    self.agent
+                        .recall(&msg.message_id, Some(&msg.chat_id))
+                        .await?;
+                }
+                Ok(())
+            }
+            event::MESSAGE_RECALLED => {
+                let r = match event::MessageRecalled::from_envelope(&ev.payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable recall event; skipped");
+                        return Ok(());
+                    }
+                };
+                tracing::info!(lark.message_id = %r.message_id, lark.recall_type = %r.recall_type, "message recalled");
+                let chat = (!r.chat_id.is_empty()).then_some(r.chat_id.as_str());
+                self.agent.recall(&r.message_id, chat).await
             }
             event::CARD_ACTION => {
                 let a = match CardAction::from_envelope(&ev.payload) {
@@ -124,6 +155,44 @@ impl Handler for LarkHandler {
                     },
                 )
                 .await
+            }
+            event::BOT_REMOVED | event::CHAT_DISBANDED => {
+                let m = match event::ChatMembers::from_envelope(&ev.payload, event::BOT_REMOVED) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable chat event; skipped");
+                        return Ok(());
+                    }
+                };
+                let gone = if ev.event_type == event::CHAT_DISBANDED {
+                    chat::leave::Gone::Disbanded
+                } else {
+                    chat::leave::Gone::Removed
+                };
+                let operator = m.operator_id.as_ref().and_then(|o| o.open_id.as_deref());
+                chat::leave::bot_left(&self.deps, &m.chat_id, gone, operator).await?;
+                Ok(())
+            }
+            event::BOT_ADDED => {
+                let m = match event::ChatMembers::from_envelope(&ev.payload, event::BOT_ADDED) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable chat event; skipped");
+                        return Ok(());
+                    }
+                };
+                chat::leave::bot_added(&self.deps, &m.chat_id).await
+            }
+            event::USERS_REMOVED => {
+                let m = match event::ChatMembers::from_envelope(&ev.payload, event::USERS_REMOVED) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(lark.event_id = %ev.event_id, error = %e, "unreadable chat event; skipped");
+                        return Ok(());
+                    }
+                };
+                chat::leave::people_left(&self.deps, &m.chat_id, &m.open_ids()).await?;
+                Ok(())
             }
             // A schedule's firing, written by the scheduler in the thread's order.
             crate::schedule::FIRED => {
@@ -556,6 +625,14 @@ impl LarkTriage {
     pub fn lane(&self, env: &Envelope) -> Lane {
         match env.event_type.as_str() {
             event::CARD_ACTION => Lane::Express,
+            // A recall must catch its message before or while it is handled, and names no
+            // thread: it waits for no section.
+            event::MESSAGE_RECALLED => Lane::Express,
+            // What a chat's end stops must not wait behind the chat's own messages.
+            event::BOT_REMOVED
+            | event::CHAT_DISBANDED
+            | event::BOT_ADDED
+            | event::USERS_REMOVED => Lane::Express,
             event::MESSAGE_RECEIVE => match MessageReceive::from_envelope_text(&env.payload) {
                 // The handler skips these; the same rule (`from_bot`) decides here.
                 Ok(m) if m.from_bot() => Lane::Inert,
@@ -820,7 +897,16 @@ mod tests {
             Lane::Ordered
         );
         assert_eq!(lane(event::CARD_ACTION, json!({})), Lane::Express);
-        assert_eq!(lane("im.chat.member.bot.added_v1", json!({})), Lane::Inert);
+        assert_eq!(lane("im.chat.updated_v1", json!({})), Lane::Inert);
+        for handled in [
+            event::MESSAGE_RECALLED,
+            event::BOT_REMOVED,
+            event::BOT_ADDED,
+            event::CHAT_DISBANDED,
+            event::USERS_REMOVED,
+        ] {
+            assert_eq!(lane(handled, json!({})), Lane::Express, "{handled}");
+        }
         let event = triage.inbox_event(envelope(event::MESSAGE_RECEIVE, message("app", "x")));
         assert!(event.inert && !event.express);
     }

@@ -11,6 +11,16 @@ use super::json::Members;
 pub const MESSAGE_RECEIVE: &str = "im.message.receive_v1";
 /// The event type of a card button click.
 pub const CARD_ACTION: &str = "card.action.trigger";
+/// The event type of a message its sender (or a chat's owner or manager) recalled.
+pub const MESSAGE_RECALLED: &str = "im.message.recalled_v1";
+/// The event type of the bot removed from a group chat.
+pub const BOT_REMOVED: &str = "im.chat.member.bot.deleted_v1";
+/// The event type of the bot added to a group chat.
+pub const BOT_ADDED: &str = "im.chat.member.bot.added_v1";
+/// The event type of a group chat disbanded.
+pub const CHAT_DISBANDED: &str = "im.chat.disbanded_v1";
+/// The event type of people removed from (or leaving) a group chat.
+pub const USERS_REMOVED: &str = "im.chat.member.user.deleted_v1";
 
 /// Where an event belongs, read from its envelope when it is verified: the inbox stores it
 /// beside the event so it never parses bodies.
@@ -111,6 +121,87 @@ impl CardAction {
             .get("event")
             .ok_or_else(|| EventError::Shape(CARD_ACTION, "no `event`".into()))?;
         CardAction::deserialize(event).map_err(|e| EventError::Shape(CARD_ACTION, e.to_string()))
+    }
+}
+
+/// Reads `event` of a stored v2 envelope as `T` (`kind` names the event type in errors).
+fn stored_event<T: serde::de::DeserializeOwned>(
+    payload: &Value,
+    kind: &'static str,
+) -> Result<T, EventError> {
+    let event = payload
+        .get("event")
+        .ok_or_else(|| EventError::Shape(kind, "no `event`".into()))?;
+    T::deserialize(event).map_err(|e| EventError::Shape(kind, e.to_string()))
+}
+
+/// `event` of `im.message.recalled_v1`, as sent: `message_id`, `chat_id`, `recall_time`
+/// (milliseconds, a string) and `recall_type` (`message_owner`, `group_owner`,
+/// `group_manager`, `enterprise_manager`). It names neither the thread nor who recalled.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageRecalled {
+    pub message_id: String,
+    #[serde(default)]
+    pub chat_id: String,
+    #[serde(default)]
+    pub recall_time: String,
+    #[serde(default)]
+    pub recall_type: String,
+}
+
+impl MessageRecalled {
+    /// Reads `event` out of a stored v2 envelope.
+    pub fn from_envelope(payload: &Value) -> Result<Self, EventError> {
+        let r: MessageRecalled = stored_event(payload, MESSAGE_RECALLED)?;
+        if r.message_id.is_empty() {
+            return Err(EventError::Shape(
+                MESSAGE_RECALLED,
+                "empty `message_id`".into(),
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// `event` of the chat member and chat events (`im.chat.member.bot.deleted_v1`,
+/// `im.chat.member.bot.added_v1`, `im.chat.disbanded_v1`, `im.chat.member.user.deleted_v1`), as
+/// sent: `chat_id`, `operator_id{open_id,user_id,union_id}`, `external`, `operator_tenant_key`,
+/// `name`, `i18n_names`; the user event also `users[]{name,tenant_key,user_id{open_id,…}}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMembers {
+    pub chat_id: String,
+    #[serde(default)]
+    pub operator_id: Option<UserIds>,
+    #[serde(default)]
+    pub users: Vec<ChatMember>,
+}
+
+/// One person of `users` in a chat member event.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMember {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub user_id: Option<UserIds>,
+}
+
+impl ChatMembers {
+    /// Reads `event` of `kind` out of a stored v2 envelope.
+    pub fn from_envelope(payload: &Value, kind: &'static str) -> Result<Self, EventError> {
+        let m: ChatMembers = stored_event(payload, kind)?;
+        if m.chat_id.is_empty() {
+            return Err(EventError::Shape(kind, "empty `chat_id`".into()));
+        }
+        Ok(m)
+    }
+
+    /// The open_ids of the people the event names.
+    pub fn open_ids(&self) -> Vec<String> {
+        self.users
+            .iter()
+            .filter_map(|u| u.user_id.as_ref().and_then(|i| i.open_id.clone()))
+            .filter(|id| !id.is_empty())
+            .collect()
     }
 }
 

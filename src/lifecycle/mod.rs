@@ -143,6 +143,45 @@ pub async fn is_recalled(db: &PgPool, message_id: &str) -> sqlx::Result<bool> {
         .await
 }
 
+/// Marks `chat_id` departed (`reason`: `removed` or `disbanded`, by `operator`): nothing is
+/// posted there until [`clear_departed`].
+pub async fn mark_departed(
+    db: &PgPool,
+    chat_id: &str,
+    reason: &str,
+    operator: Option<&str>,
+    at: chrono::DateTime<chrono::Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO departed_chats (chat_id, reason, operator, at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (chat_id) DO UPDATE SET reason = $2, operator = $3, at = $4",
+    )
+    .bind(chat_id)
+    .bind(reason)
+    .bind(operator)
+    .bind(at)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The bot is in `chat_id` again.
+pub async fn clear_departed(db: &PgPool, chat_id: &str) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM departed_chats WHERE chat_id = $1")
+        .bind(chat_id)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Whether the bot left `chat_id` (and was not added back): nothing is posted there.
+pub async fn is_departed(db: &PgPool, chat_id: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM departed_chats WHERE chat_id = $1)")
+        .bind(chat_id)
+        .fetch_one(db)
+        .await
+}
+
 /// What a redaction touched (rows per place), as `sshmode_redact_message` returns it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct Redacted {

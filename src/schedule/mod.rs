@@ -245,6 +245,25 @@ pub async fn list(db: &PgPool, chat: Option<&str>) -> sqlx::Result<Vec<Listed>> 
         .collect()
 }
 
+/// The live (neither paused nor removed) schedules of `chat_id`, of `creator` only when given:
+/// (id, section, the thread's root message).
+pub async fn live_in_chat(
+    db: &sqlx::PgPool,
+    chat_id: &str,
+    creator: Option<&str>,
+) -> sqlx::Result<Vec<(i64, String, Option<String>)>> {
+    sqlx::query_as(
+        "SELECT id, section_id, root_message_id FROM schedules
+          WHERE chat_id = $1 AND removed_at IS NULL AND paused_at IS NULL
+            AND ($2::text IS NULL OR creator = $2)
+          ORDER BY id",
+    )
+    .bind(chat_id)
+    .bind(creator)
+    .fetch_all(db)
+    .await
+}
+
 /// Pauses a schedule (`reason`: why, when the service paused it).
 pub async fn pause(
     conn: &mut PgConnection,

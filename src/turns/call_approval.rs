@@ -445,6 +445,43 @@ pub async fn end_thread_allowances(
     .rows_affected())
 }
 
+/// Ends the allowances `person` gave in these sections' threads, in the caller's transaction.
+pub async fn end_allowances_by(
+    conn: &mut sqlx::PgConnection,
+    sections: &[String],
+    person: &str,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE call_approvals SET thread_until = now()
+          WHERE section_id = ANY($1) AND decided_by = $2 AND scope = 'thread'
+            AND thread_until > now()",
+    )
+    .bind(sections)
+    .bind(person)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// Lets the waiting calls of `section` (only those `requester` asked for, when given) lapse
+/// now: their deadline passes, and the turn settles them as a wait that timed out.
+pub async fn lapse_waiting(
+    conn: &mut sqlx::PgConnection,
+    section: &str,
+    requester: Option<&str>,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE call_approvals SET deadline = now()
+          WHERE section_id = $1 AND state = 'waiting' AND deadline > now()
+            AND ($2::text IS NULL OR requester = $2)",
+    )
+    .bind(section)
+    .bind(requester)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
 /// The call of `section` waiting for a person now, as (turn, call key), if any.
 pub async fn waiting_in(db: &PgPool, section: &str) -> sqlx::Result<Option<(i64, String)>> {
     sqlx::query_as(

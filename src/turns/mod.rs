@@ -114,6 +114,27 @@ pub async fn request_stop(db: &PgPool, section: &str, by: &str) -> sqlx::Result<
     store::request_stop(db, section, by).await
 }
 
+/// What a recall did to its message's request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecallOutcome {
+    /// It was waiting: dropped, never to run (its receipt reaction, to take off).
+    Dropped { receipt_reaction: Option<String> },
+    /// Its turn was live: stopped as by `/stop`.
+    Stopping { turn_id: i64 },
+    /// No request, or its turn had ended.
+    Settled,
+}
+
+/// A recalled message's request: dropped while it waits, its turn stopped while it runs (a
+/// stop flag like `/stop`'s, by `by`), else nothing.
+pub async fn recall_request(
+    db: &PgPool,
+    message_id: &str,
+    by: &str,
+) -> sqlx::Result<RecallOutcome> {
+    store::recall_request(db, message_id, by).await
+}
+
 /// The state of `section`'s live turn — `running`, or [`call_approval::AWAITING`] while a call
 /// waits for a person — if one is live.
 pub async fn live_state(db: &PgPool, section: &str) -> sqlx::Result<Option<String>> {

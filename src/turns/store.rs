@@ -8,8 +8,8 @@ use std::time::Duration;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
 use super::{
-    ActiveTurn, DroppedRequest, Enqueued, StopOutcome, TurnCancel, TurnEnd, TurnMessage,
-    TurnRequest,
+    ActiveTurn, DroppedRequest, Enqueued, RecallOutcome, StopOutcome, TurnCancel, TurnEnd,
+    TurnMessage, TurnRequest,
 };
 
 /// The notification channel runners listen on (a wake-up only; the tables are the truth).
@@ -113,6 +113,52 @@ pub(super) async fn request_stop(
                 StopOutcome::Idle
             } else {
                 StopOutcome::DroppedWaiting { dropped }
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(out)
+}
+
+pub(super) async fn recall_request(
+    db: &PgPool,
+    message_id: &str,
+    by: &str,
+) -> sqlx::Result<RecallOutcome> {
+    let mut tx = db.begin().await?;
+    let dropped: Option<Option<String>> = sqlx::query_scalar(
+        "UPDATE turn_requests SET dropped_at = now(), final_reaction = 'recalled'
+          WHERE message_id = $1 AND turn_id IS NULL AND dropped_at IS NULL
+         RETURNING receipt_reaction",
+    )
+    .bind(message_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let out = match dropped {
+        Some(receipt_reaction) => RecallOutcome::Dropped { receipt_reaction },
+        None => {
+            let live: Option<i64> = sqlx::query_scalar(
+                "SELECT t.id FROM turn_requests r JOIN turns t ON t.id = r.turn_id
+                  WHERE r.message_id = $1 AND t.state IN ('running', 'awaiting_approval')
+                  FOR UPDATE OF t",
+            )
+            .bind(message_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match live {
+                Some(turn_id) => {
+                    sqlx::query(
+                        "UPDATE turns SET stop_requested_at = COALESCE(stop_requested_at, now()),
+                                stop_requested_by = COALESCE(stop_requested_by, $2)
+                          WHERE id = $1",
+                    )
+                    .bind(turn_id)
+                    .bind(by)
+                    .execute(&mut *tx)
+                    .await?;
+                    RecallOutcome::Stopping { turn_id }
+                }
+                None => RecallOutcome::Settled,
             }
         }
     };

@@ -111,7 +111,7 @@ async fn events_that_need_no_handling_are_recorded_done_and_never_claimed() {
     from_bot.sender_type = "app";
     let mut other = from_bot.envelope(TOKEN);
     other["header"]["event_id"] = json!("ev_other_type");
-    other["header"]["event_type"] = json!("im.chat.member.bot.added_v1");
+    other["header"]["event_type"] = json!("im.chat.updated_v1");
     other["event"] = json!({"chat_id": from_bot.chat_id, "operator_id": {"open_id": "ou_x"}});
     assert_eq!(
         post(&app, sealed_now(&from_bot.envelope(TOKEN))).await.0,

@@ -201,3 +201,56 @@ pub async fn wait_state(app: &TestApp, event_id: &str, state: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// A v2 envelope of `event_type` carrying `event`, as the platform sends it.
+pub fn platform_event(event_id: &str, event_type: &str, event: Value) -> Value {
+    let now = chrono::Utc::now().timestamp_millis().to_string();
+    json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "event_type": event_type, "create_time": now,
+            "token": TOKEN, "app_id": crate::fake_lark::APP_ID, "tenant_key": "tk"},
+        "event": event
+    })
+}
+
+/// `im.message.recalled_v1`: its sender recalled `message_id` in `chat_id`.
+pub fn recalled(event_id: &str, message_id: &str, chat_id: &str) -> Value {
+    let now = chrono::Utc::now().timestamp_millis().to_string();
+    platform_event(
+        event_id,
+        "im.message.recalled_v1",
+        json!({"message_id": message_id, "chat_id": chat_id, "recall_time": now,
+               "recall_type": "message_owner"}),
+    )
+}
+
+/// The chat events' common body (`im.chat.member.bot.deleted_v1`, `im.chat.disbanded_v1`, …):
+/// `operator` acted on `chat_id`.
+pub fn chat_event(event_id: &str, event_type: &str, chat_id: &str, operator: &str) -> Value {
+    platform_event(
+        event_id,
+        event_type,
+        json!({"chat_id": chat_id,
+               "operator_id": {"open_id": operator, "user_id": "u_op", "union_id": "on_op"},
+               "external": false, "operator_tenant_key": "tk", "name": "ops",
+               "i18n_names": {"zh_cn": "ops", "en_us": "ops", "ja_jp": ""}}),
+    )
+}
+
+/// `im.chat.member.user.deleted_v1`: `operator` removed `users` (open_ids) from `chat_id`.
+pub fn users_removed(event_id: &str, chat_id: &str, operator: &str, users: &[&str]) -> Value {
+    let mut v = chat_event(
+        event_id,
+        "im.chat.member.user.deleted_v1",
+        chat_id,
+        operator,
+    );
+    v["event"]["users"] = users
+        .iter()
+        .map(|u| {
+            json!({"name": u, "tenant_key": "tk",
+                        "user_id": {"open_id": u, "user_id": "u_x", "union_id": "on_x"}})
+        })
+        .collect();
+    v
+}

@@ -8,7 +8,13 @@ use sqlx::PgPool;
 use sshmode::config::RetentionConfig;
 use sshmode::lifecycle::{self, Roots};
 
-use crate::helpers::{TestApp, audit_rows_mentioning};
+use crate::helpers::{TestApp, audit_rows_mentioning, eventually};
+use crate::lark_support::{
+    Msg, TOKEN, chat_event, post, recalled, sealed_now, users_removed, wait_state,
+};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
 
 /// A turn of `section` in `chat`, started `days_ago`.
 async fn turn(db: &PgPool, section: &str, chat: &str, days_ago: i32) -> i64 {
@@ -304,4 +310,428 @@ async fn erase_removes_a_chats_and_a_persons_content_and_keeps_the_audit_facts()
         assert_eq!(audit_rows_mentioning(db, secret).await, 0, "{secret}");
     }
     app.stop().await;
+}
+
+/// Sends `v` signed now and waits until the inbox has handled it.
+async fn deliver(app: &TestApp, event_id: &str, v: &serde_json::Value) {
+    let (status, body) = post(app, sealed_now(v)).await;
+    assert_eq!(status, 200, "{body}");
+    wait_state(app, event_id, "done").await;
+}
+
+/// Rows anywhere the service keeps content (event log, conversation, summaries, turn
+/// requests, the inbox, audit details) that hold `text`.
+async fn stored_anywhere(db: &PgPool, text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (table, sql) in [
+        (
+            "session_events",
+            "SELECT count(*) FROM session_events WHERE strpos(payload::text, $1) > 0",
+        ),
+        (
+            "agent_messages",
+            "SELECT count(*) FROM agent_messages WHERE strpos(message::text, $1) > 0",
+        ),
+        (
+            "agent_summaries",
+            "SELECT count(*) FROM agent_summaries WHERE strpos(summary, $1) > 0",
+        ),
+        (
+            "turn_requests",
+            "SELECT count(*) FROM turn_requests WHERE strpos(text, $1) > 0",
+        ),
+        (
+            "inbox_events",
+            "SELECT count(*) FROM inbox_events WHERE strpos(payload::text, $1) > 0",
+        ),
+        (
+            "audit_log",
+            "SELECT count(*) FROM audit_log WHERE strpos(detail::text, $1) > 0",
+        ),
+    ] {
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(text)
+            .fetch_one(db)
+            .await
+            .unwrap();
+        if n > 0 {
+            found.push(format!("{table}: {n}"));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_message_recalled_before_or_while_it_is_handled_is_dropped_or_stopped_and_erased() {
+    use crate::agent::{Env, MODEL, call, reactions, say, wait_turns_ended};
+    let env = Env::builder().chat_control().spawn().await;
+    let (app, db) = (&env.app, &env.app.state.db);
+    // The first message's turn runs a command that waits; the second waits behind it.
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "while [ ! -f go ]; do sleep 0.05; done"}),
+        ),
+    );
+    let m1 = Msg::new("ev_m1", "deploy with password hunter2-one");
+    deliver(app, "ev_m1", &m1.envelope(TOKEN)).await;
+    eventually("the first turn's tool to start", WAIT, async || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM agent_messages WHERE section_id = 'oc_chat' AND kind = 'tool_started'",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    let m2 = Msg::new("ev_m2", "and the token is hunter2-two");
+    deliver(app, "ev_m2", &m2.envelope(TOKEN)).await;
+    eventually("the waiting message's receipt", WAIT, async || {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT receipt_reaction FROM turn_requests WHERE message_id = 'om_ev_m2'",
+        )
+        .fetch_optional(db)
+        .await
+        .unwrap()
+        .flatten()
+        .is_some()
+    })
+    .await;
+
+    // Recalled before it was handled: dropped, its receipt taken off, its text gone.
+    deliver(app, "ev_r2", &recalled("ev_r2", "om_ev_m2", "oc_chat")).await;
+    let (dropped, text): (bool, String) = sqlx::query_as(
+        "SELECT dropped_at IS NOT NULL, text FROM turn_requests WHERE message_id = 'om_ev_m2'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    assert!(dropped);
+    assert_eq!(text, lifecycle::RECALLED);
+    assert!(
+        env.lark
+            .requests_to("/messages/om_ev_m2/reactions/")
+            .iter()
+            .any(|r| r.method == "DELETE"),
+        "the receipt is taken off"
+    );
+    assert_eq!(
+        stored_anywhere(db, "hunter2-two").await,
+        Vec::<String>::new()
+    );
+
+    // Recalled while its turn runs: stopped as by /stop, and erased.
+    deliver(app, "ev_r1", &recalled("ev_r1", "om_ev_m1", "oc_chat")).await;
+    assert_eq!(wait_turns_ended(app, "oc_chat", 1).await, vec!["stopped"]);
+    assert_eq!(
+        stored_anywhere(db, "hunter2-one").await,
+        Vec::<String>::new()
+    );
+
+    // Recalled before its message arrived: the message is never handled.
+    deliver(app, "ev_r3", &recalled("ev_r3", "om_ev_m3", "oc_chat")).await;
+    let m3 = Msg::new("ev_m3", "one more secret hunter2-three");
+    deliver(app, "ev_m3", &m3.envelope(TOKEN)).await;
+    let requests: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM turn_requests WHERE message_id = 'om_ev_m3'")
+            .fetch_one(db)
+            .await
+            .unwrap();
+    assert_eq!(requests, 0, "a message recalled first is not handled");
+    assert!(reactions(&env.lark, "om_ev_m3").is_empty());
+    assert_eq!(
+        stored_anywhere(db, "hunter2-three").await,
+        Vec::<String>::new()
+    );
+
+    // A recall is an event of its own: delivered again, it changes nothing; and it is never
+    // taken for a redelivery of the message it names.
+    deliver(app, "ev_r1", &recalled("ev_r1", "om_ev_m1", "oc_chat")).await;
+    let recalls: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_events WHERE event_type = 'im.message.recalled_v1'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    assert_eq!(recalls, 3);
+
+    // A later turn's model context holds none of it.
+    env.llm.push(MODEL, say("ok"));
+    let m4 = Msg::new("ev_m4", "what now?");
+    deliver(app, "ev_m4", &m4.envelope(TOKEN)).await;
+    wait_turns_ended(app, "oc_chat", 2).await;
+    let sent = env.llm.requests().last().unwrap().body.to_string();
+    assert!(!sent.contains("hunter2"), "{sent}");
+    assert!(sent.contains(lifecycle::RECALLED), "{sent}");
+    // The audit trail keeps that it happened, not what it said.
+    let redactions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'content.redact'")
+            .fetch_one(db)
+            .await
+            .unwrap();
+    assert!(redactions >= 3, "{redactions}");
+}
+
+/// Runs `sql` (seeding a test's state).
+async fn exec(db: &PgPool, sql: &str) {
+    sqlx::query(sql).execute(db).await.unwrap();
+}
+
+async fn count(db: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_bot_removed_or_the_chat_disbanded_leaves_nothing_running_or_granted() {
+    use crate::agent::{Env, MODEL, call, replies_to, wait_turns_ended};
+    let env = Env::builder().chat_control().spawn().await;
+    let (app, db) = (&env.app, &env.app.state.db);
+    env.llm.push(
+        MODEL,
+        call(
+            "terminal",
+            json!({"command": "while [ ! -f go ]; do sleep 0.05; done"}),
+        ),
+    );
+    let mut m = Msg::new("ev_g1", "@_user_1 run the long thing");
+    m.chat_type = "group";
+    m.mention_bot = true;
+    m.chat_id = "oc_g".into();
+    m.thread_id = Some("omt_g1".into());
+    m.root_id = Some("om_groot".into());
+    deliver(app, "ev_g1", &m.envelope(TOKEN)).await;
+    eventually("the turn's tool to start", WAIT, async || {
+        count(
+            db,
+            "SELECT count(*) FROM agent_messages WHERE section_id = 'omt_g1' AND kind = 'tool_started'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    let turn: i64 = count(db, "SELECT id FROM turns WHERE section_id = 'omt_g1'").await;
+    exec(
+        db,
+        "INSERT INTO bindings (section, alias, kind, owner, bound_at, chat_id)
+               VALUES ('omt_g1', 'web', 'sticky', 'ou_user', now(), 'oc_g')",
+    )
+    .await;
+    exec(
+        db,
+        "INSERT INTO grants (section, scope, granted_by, granted_at, expires_at)
+               VALUES ('omt_g1', 'web', 'ou_user', now(), now() + interval '1 hour')",
+    )
+    .await;
+    exec(
+        db,
+        "INSERT INTO schedules (chat_id, section_id, root_message_id, in_thread, spec, tz,
+                                      prompt, creator, created_at, next_due)
+               VALUES ('oc_g', 'omt_g1', 'om_groot', true, 'every 1h', 'UTC', 'check', 'ou_user',
+                       now(), now() + interval '1 hour')",
+    )
+    .await;
+    exec(
+        db,
+        &format!(
+            "INSERT INTO call_approvals (turn_id, call_key, section_id, state, scope,
+                         command, thread_until, reason, location, cwd, requester, approvers,
+                         deadline, decided_by)
+               VALUES ({turn}, 'k1', 'omt_g1', 'allowed', 'thread', 'ls', now() + interval '1 hour',
+                       'r', 'local', '/', 'ou_user', 'requester', now() + interval '1 hour',
+                       'ou_user')"
+        ),
+    )
+    .await;
+
+    deliver(
+        app,
+        "ev_bot_out",
+        &chat_event(
+            "ev_bot_out",
+            "im.chat.member.bot.deleted_v1",
+            "oc_g",
+            "ou_owner",
+        ),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_g1", 1).await, vec!["stopped"]);
+    assert_eq!(
+        count(db, "SELECT count(*) FROM bindings WHERE chat_id = 'oc_g'").await,
+        0
+    );
+    assert_eq!(
+        count(
+            db,
+            "SELECT count(*) FROM grants WHERE section = 'omt_g1' AND closed_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(db, "SELECT count(*) FROM call_approvals WHERE section_id = 'omt_g1' AND thread_until > now()").await,
+        0,
+        "allowances end"
+    );
+    assert_eq!(
+        count(
+            db,
+            "SELECT count(*) FROM schedules WHERE chat_id = 'oc_g' AND paused_at IS NULL"
+        )
+        .await,
+        0,
+        "schedules pause"
+    );
+    for action in ["binding.release", "grant.revoke", "schedule.pause"] {
+        assert_eq!(
+            count(db, &format!("SELECT count(*) FROM audit_log WHERE actor = 'system' AND action = '{action}' AND section = 'omt_g1'")).await,
+            1,
+            "{action}"
+        );
+    }
+    // Nothing is posted there again: the stopped turn's answer is not sent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(replies_to(&env.lark, "om_ev_g1").is_empty());
+    assert!(lifecycle::is_departed(db, "oc_g").await.unwrap());
+    // Added back, it starts clean.
+    deliver(
+        app,
+        "ev_bot_in",
+        &chat_event(
+            "ev_bot_in",
+            "im.chat.member.bot.added_v1",
+            "oc_g",
+            "ou_owner",
+        ),
+    )
+    .await;
+    assert!(!lifecycle::is_departed(db, "oc_g").await.unwrap());
+    assert_eq!(
+        count(db, "SELECT count(*) FROM bindings WHERE chat_id = 'oc_g'").await,
+        0
+    );
+
+    // A chat disbanded ends the same way.
+    exec(
+        db,
+        "INSERT INTO bindings (section, alias, kind, owner, bound_at, chat_id)
+               VALUES ('oc_d', 'web', 'sticky', 'ou_user', now(), 'oc_d')",
+    )
+    .await;
+    deliver(
+        app,
+        "ev_gone",
+        &chat_event("ev_gone", "im.chat.disbanded_v1", "oc_d", "ou_owner"),
+    )
+    .await;
+    assert_eq!(
+        count(db, "SELECT count(*) FROM bindings WHERE chat_id = 'oc_d'").await,
+        0
+    );
+    assert!(lifecycle::is_departed(db, "oc_d").await.unwrap());
+}
+
+#[tokio::test]
+async fn a_person_removed_loses_their_allowances_approvals_and_schedules_there() {
+    use crate::agent::Env;
+    let env = Env::builder().chat_control().spawn().await;
+    let (app, db) = (&env.app, &env.app.state.db);
+    let turn: i64 = count(
+        db,
+        "INSERT INTO turns (section_id, chat_id, state) VALUES ('omt_p', 'oc_p', 'done') RETURNING id",
+    )
+    .await;
+    for (key, who, state) in [
+        ("a_p", "ou_p", "allowed"),
+        ("a_q", "ou_q", "allowed"),
+        ("w_p", "ou_p", "waiting"),
+    ] {
+        let (scope, decided) = if state == "allowed" {
+            ("'thread'", format!("'{who}'"))
+        } else {
+            ("NULL", "NULL".to_string())
+        };
+        exec(db, &format!("INSERT INTO call_approvals (turn_id, call_key, section_id, state, scope,
+                             command, thread_until, reason, location, cwd, requester, approvers,
+                             deadline, decided_by)
+                   VALUES ({turn}, '{key}', 'omt_p', '{state}', {scope}, 'ls', now() + interval '1 hour',
+                           'r', 'local', '/', '{who}', 'requester', now() + interval '1 hour',
+                           {decided})")).await;
+    }
+    for who in ["ou_p", "ou_q"] {
+        exec(
+            db,
+            &format!(
+                "INSERT INTO grants (section, scope, granted_by, granted_at, expires_at)
+                   VALUES ('omt_p', 'web-{who}', '{who}', now(), now() + interval '1 hour')"
+            ),
+        )
+        .await;
+        exec(
+            db,
+            &format!(
+                "INSERT INTO schedules (chat_id, section_id, root_message_id, in_thread,
+                             spec, tz, prompt, creator, created_at, next_due)
+                   VALUES ('oc_p', 'omt_p', 'om_proot', true, 'every 1h', 'UTC', 'check', '{who}',
+                           now(), now() + interval '1 hour')"
+            ),
+        )
+        .await;
+    }
+
+    deliver(
+        app,
+        "ev_left",
+        &users_removed("ev_left", "oc_p", "ou_owner", &["ou_p"]),
+    )
+    .await;
+
+    let live = |who: &str| {
+        format!(
+            "SELECT count(*) FROM call_approvals WHERE decided_by = '{who}' AND thread_until > now()"
+        )
+    };
+    assert_eq!(count(db, &live("ou_p")).await, 0, "their allowances end");
+    assert_eq!(count(db, &live("ou_q")).await, 1, "others' stay");
+    assert_eq!(
+        count(
+            db,
+            "SELECT count(*) FROM call_approvals WHERE call_key = 'w_p' AND deadline > now()"
+        )
+        .await,
+        0,
+        "their pending approval lapses"
+    );
+    assert_eq!(
+        count(db, "SELECT count(*) FROM grants WHERE closed_at IS NULL").await,
+        1,
+        "only the other person's grant is open"
+    );
+    let paused: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT creator, paused_reason FROM schedules ORDER BY creator")
+            .fetch_all(db)
+            .await
+            .unwrap();
+    assert_eq!(paused[0].0, "ou_p");
+    assert!(
+        paused[0]
+            .1
+            .as_deref()
+            .unwrap_or_default()
+            .contains("left the chat"),
+        "{paused:?}"
+    );
+    assert_eq!(paused[1], ("ou_q".to_string(), None));
+    let said: Vec<String> = env
+        .lark
+        .requests_to("/messages/om_proot/reply")
+        .iter()
+        .map(|r| crate::fake_lark::message_text(r.body["content"].as_str().unwrap()))
+        .collect();
+    assert!(
+        said.iter()
+            .any(|t| t.contains("is paused") && t.contains("left the chat")),
+        "{said:?}"
+    );
 }

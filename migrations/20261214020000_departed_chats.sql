@@ -1,0 +1,10 @@
+-- Chats the bot is no longer in: removed from them (`im.chat.member.bot.deleted_v1`) or
+-- disbanded (`im.chat.disbanded_v1`). While a chat's row is here nothing is posted there; the
+-- bot added back (`im.chat.member.bot.added_v1`) deletes it, and the chat starts clean.
+CREATE TABLE departed_chats (
+    chat_id   TEXT PRIMARY KEY,
+    reason    TEXT NOT NULL CHECK (reason IN ('removed', 'disbanded')),
+    -- Who removed the bot or disbanded the chat (an open_id), when the event says.
+    operator  TEXT,
+    at        TIMESTAMPTZ NOT NULL
+);
