@@ -589,28 +589,21 @@ impl Agent {
             .or(chat_id.map(str::to_string))
             .unwrap_or_default();
         for f in lifecycle::files_of(db, message_id).await? {
-            let written = if f.backend == "local" {
-                // Placed by this service, on this machine: replaced in place, never created.
-                match tokio::fs::metadata(&f.path).await {
-                    Ok(m) if m.is_file() => tokio::fs::write(&f.path, RECALLED)
-                        .await
-                        .map_err(anyhow::Error::from),
-                    _ => Ok(()),
-                }
+            // Through the backend's own file operations, as the file was placed: locally
+            // beneath the workspace's descriptor (a link a tool put in its place is not
+            // followed out of it), on a target as its user.
+            let place = if f.backend == "local" {
+                Place::Local
             } else {
-                match self
-                    .deps
-                    .exec
-                    .ops_for(&section, &Place::Target(f.backend.clone()))
+                Place::Target(f.backend.clone())
+            };
+            let written = match self.deps.exec.ops_for(&section, &place).await {
+                Ok(ops) => ops
+                    .write_file(&f.path, RECALLED.as_bytes())
                     .await
-                {
-                    Ok(ops) => ops
-                        .write_file(&f.path, RECALLED.as_bytes())
-                        .await
-                        .map(|_| ())
-                        .map_err(anyhow::Error::from),
-                    Err(e) => Err(anyhow::Error::from(e)),
-                }
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::Error::from(e)),
             };
             if let Err(e) = written {
                 tracing::warn!(lark.message_id = %message_id, file.backend = %f.backend, error = %format!("{e:#}"), "replacing a recalled message's file failed");

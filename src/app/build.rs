@@ -159,8 +159,9 @@ impl Core {
     }
 
     /// Starts the core's background work on `tasks` until `shutdown`: the turn runner, the
-    /// SSH pool's reaper, the audit of shells that closed on their own account, the router's
-    /// probes and the replica heartbeat.
+    /// SSH pool's reaper, the audit of shells that closed on their own account, the closing of
+    /// what this replica holds of chats the bot left, the router's probes and the replica
+    /// heartbeat.
     pub fn spawn(&self, shutdown: &CancellationToken, tasks: &TaskTracker) {
         tasks.spawn(crate::store::replicas::run(
             self.db.clone(),
@@ -169,6 +170,11 @@ impl Core {
         ));
         tasks.spawn(self.turns.clone().run(shutdown.clone(), tasks.clone()));
         tasks.spawn(self.exec.clone().run_reaper(shutdown.clone()));
+        tasks.spawn(crate::chat::leave::follow_departures(
+            self.db.clone(),
+            self.exec.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(audit_closed_shells(
             self.exec.shells.clone(),
             self.db.clone(),

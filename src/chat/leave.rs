@@ -8,11 +8,18 @@
 //! schedules they created there pause and say why. Every change is audited with `system` as
 //! the actor.
 //!
+//! Every replica follows the chats the bot left ([`follow_departures`]) and closes what it
+//! holds of them: interactive shells, and the pooled connections of the targets released.
+//!
 //! Never: deletes content (retention and `sshmode erase` do); posts in a departed chat.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use super::AnchorPlace;
 use super::binding;
@@ -94,6 +101,7 @@ pub async fn bot_left(
         sections: sections.len(),
         ..Left::default()
     };
+    let mut released: Vec<String> = Vec::new();
     for s in &sections {
         // As `/stop` twice: the running turn stops, the waiting requests are dropped.
         if let StopOutcome::Stopping { .. } = turns::request_stop(&deps.db, s, SYSTEM).await? {
@@ -123,6 +131,9 @@ pub async fn bot_left(
         if let Some(b) = bound {
             binding::clear(&mut tx, s).await?;
             left.bindings += 1;
+            if !released.contains(&b.alias) {
+                released.push(b.alias.clone());
+            }
             record(
                 &mut tx,
                 "binding.release",
@@ -134,6 +145,16 @@ pub async fn bot_left(
         }
         tx.commit().await?;
     }
+    // Every replica closes the pooled connections of these targets that nothing else binds
+    // (this one at once, the others when they follow the departure).
+    if !released.is_empty() {
+        crate::lifecycle::released(&deps.db, chat_id, &released).await?;
+        for alias in &released {
+            if !bound_anywhere(&deps.db, alias).await? {
+                deps.exec.ssh.close_unused(alias).await;
+            }
+        }
+    }
     // The chat is gone: its schedules pause without a word (nothing can be posted there).
     for (id, section, _) in crate::schedule::live_in_chat(&deps.db, chat_id, None).await? {
         pause(deps, id, &section, gone.why(), now).await?;
@@ -141,6 +162,104 @@ pub async fn bot_left(
     }
     tracing::info!(lark.chat_id = %chat_id, chat.gone = gone.as_str(), sections = left.sections, turns = left.turns_stopped, shells = left.shells, bindings = left.bindings, schedules = left.schedules, "the bot left a chat");
     Ok(left)
+}
+
+/// Whether any thread is bound to `alias`.
+async fn bound_anywhere(db: &PgPool, alias: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM bindings WHERE alias = $1)")
+        .bind(alias)
+        .fetch_one(db)
+        .await
+}
+
+/// How often every replica looks for chats the bot left.
+const FOLLOW_EVERY: Duration = Duration::from_secs(2);
+/// Departures read at once.
+const FOLLOW_BATCH: i64 = 100;
+/// How long a released target's busy connections are waited for before they are left to
+/// idle out.
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+/// Released targets followed at once (there are never more than the approved targets).
+const RELEASE_MAX: usize = 1_000;
+
+/// Every replica's part in a chat's end: what this process holds of a chat the bot left —
+/// its interactive shells, and the pooled connections of the targets its bindings held and
+/// nothing binds now — is closed, whichever replica handled the event. Follows
+/// `departed_chats` in order, from the newest departure at start, until `shutdown`.
+pub async fn follow_departures(
+    db: PgPool,
+    exec: Arc<crate::exec::Executors>,
+    shutdown: CancellationToken,
+) {
+    let mut seen = loop {
+        match crate::lifecycle::last_departure(&db).await {
+            Ok(n) => break n,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading departures failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+                }
+            }
+        }
+    };
+    // Released targets whose connections were busy: (alias, until when to try again).
+    let mut closing: Vec<(String, tokio::time::Instant)> = Vec::new();
+    let mut tick = tokio::time::interval(FOLLOW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let departures = match crate::lifecycle::departures_since(&db, seen, FOLLOW_BATCH).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading departures failed; retrying");
+                continue;
+            }
+        };
+        for d in departures {
+            seen = d.seq;
+            let why = if d.reason == "disbanded" {
+                Gone::Disbanded.why()
+            } else {
+                Gone::Removed.why()
+            };
+            match sections_of(&db, &d.chat_id).await {
+                Ok(sections) => {
+                    for s in &sections {
+                        exec.shells.close_section(s, why);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(lark.chat_id = %d.chat_id, error = %e, "the sections of a chat the bot left could not be read; its shells idle out")
+                }
+            }
+            let until = tokio::time::Instant::now() + RELEASE_WAIT;
+            for alias in d.released {
+                if closing.len() < RELEASE_MAX && !closing.iter().any(|(a, _)| *a == alias) {
+                    closing.push((alias, until));
+                }
+            }
+        }
+        let now = tokio::time::Instant::now();
+        let mut kept = Vec::with_capacity(closing.len());
+        for (alias, until) in closing.drain(..) {
+            match bound_anywhere(&db, &alias).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(_) => {
+                    kept.push((alias, until));
+                    continue;
+                }
+            }
+            if exec.ssh.close_unused(&alias).await > 0 && now < until {
+                kept.push((alias, until));
+            }
+        }
+        closing = kept;
+    }
 }
 
 /// The bot was added to `chat_id`: a departed chat starts clean (what ended stays ended; paused

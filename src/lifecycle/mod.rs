@@ -68,6 +68,17 @@ impl Roots {
         ]
     }
 
+    /// The root `path` lies below and its path relative to it (never a root itself, never
+    /// through `..`).
+    fn split<'a>(&'a self, path: &'a Path) -> Option<(&'a Path, &'a Path)> {
+        if !self.holds(path) {
+            return None;
+        }
+        [&self.workspace_root, &self.tmp_root]
+            .into_iter()
+            .find_map(|r| Some((r.as_path(), path.strip_prefix(r).ok()?)))
+    }
+
     /// Whether `path` is a file below one of the roots (never a root itself, never through
     /// `..`).
     fn holds(&self, path: &Path) -> bool {
@@ -154,7 +165,8 @@ pub async fn mark_departed(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO departed_chats (chat_id, reason, operator, at) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (chat_id) DO UPDATE SET reason = $2, operator = $3, at = $4",
+         ON CONFLICT (chat_id) DO UPDATE
+            SET reason = $2, operator = $3, at = $4, seq = nextval('departed_chats_seq')",
     )
     .bind(chat_id)
     .bind(reason)
@@ -172,6 +184,50 @@ pub async fn clear_departed(db: &PgPool, chat_id: &str) -> sqlx::Result<()> {
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// Adds `aliases` to the targets whose bindings `chat_id`'s departure released, and makes the
+/// departure new again, so every replica closes their pooled connections.
+pub async fn released(db: &PgPool, chat_id: &str, aliases: &[String]) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE departed_chats
+            SET released = ARRAY(SELECT DISTINCT a FROM unnest(released || $2::text[]) a),
+                seq = nextval('departed_chats_seq')
+          WHERE chat_id = $1",
+    )
+    .bind(chat_id)
+    .bind(aliases)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A departure as the replicas follow it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Departure {
+    pub seq: i64,
+    pub chat_id: String,
+    pub reason: String,
+    pub released: Vec<String>,
+}
+
+/// The departures after `seq` (a bounded number, oldest first).
+pub async fn departures_since(db: &PgPool, seq: i64, limit: i64) -> sqlx::Result<Vec<Departure>> {
+    sqlx::query_as(
+        "SELECT seq, chat_id, reason, released FROM departed_chats
+          WHERE seq > $1 ORDER BY seq LIMIT $2",
+    )
+    .bind(seq)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// The newest departure's number (0 when none).
+pub async fn last_departure(db: &PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT COALESCE(max(seq), 0) FROM departed_chats")
+        .fetch_one(db)
+        .await
 }
 
 /// Whether the bot left `chat_id` (and was not added back): nothing is posted there.
@@ -284,9 +340,44 @@ pub async fn erase(db: &PgPool, whom: &Whom, actor: &str, roots: &Roots) -> anyh
     Ok(erased)
 }
 
-/// Removes a local file below the roots; whether it was there to remove.
+/// Removes a local regular file below the roots; whether it was there to remove. Works on
+/// descriptors: the root is opened as itself, the file's directory beneath it without
+/// following any symlink (a tool may have swapped a directory on the way for a link), and the
+/// name is unlinked in that directory only when it is a regular file there, never followed.
 fn remove_file(roots: &Roots, path: &Path) -> bool {
-    roots.holds(path) && path.is_file() && std::fs::remove_file(path).is_ok()
+    use crate::exec::local::files;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let Some((root, rel)) = roots.split(path) else {
+        return false;
+    };
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return false;
+    };
+    let Ok(name) = std::ffi::CString::new(name.as_bytes()) else {
+        return false;
+    };
+    let Ok(root) = files::open_root(root) else {
+        return false;
+    };
+    let Ok(dir) = files::open_dir_beneath(&root, parent) else {
+        return false;
+    };
+    // SAFETY: a zeroed stat is a valid out-parameter; valid descriptor, NUL-terminated name.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let found = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } == 0;
+    if !found || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return false;
+    }
+    // SAFETY: valid descriptor and NUL-terminated name; unlinkat never follows the name.
+    unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) == 0 }
 }
 
 /// Deletes the event log, conversation, turn-request and recall rows older than `keep_days`,
@@ -486,5 +577,39 @@ mod tests {
         assert!(!roots.holds(Path::new("/srv/ws/../etc/passwd")));
         assert!(!roots.holds(Path::new("/etc/passwd")));
         assert!(!roots.holds(Path::new("attachments/a.png")));
+    }
+
+    /// A directory on the way swapped for a symlink (as a tool in the workspace could) is not
+    /// followed: the file it points at stays, and so does a symlink named as the file's target.
+    #[test]
+    fn removal_follows_no_symlink_on_the_way_or_at_the_end() {
+        let base = std::env::temp_dir().join(format!("sshmode-rm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (ws, outside) = (base.join("ws"), base.join("outside"));
+        std::fs::create_dir_all(ws.join("sections/s1/attachments")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("precious"), "keep").unwrap();
+        let roots = Roots {
+            workspace_root: ws.clone(),
+            tmp_root: base.join("tmp"),
+        };
+        // A plain file below the root is removed.
+        let plain = ws.join("sections/s1/attachments/a.txt");
+        std::fs::write(&plain, "x").unwrap();
+        assert!(remove_file(&roots, &plain));
+        assert!(!plain.exists());
+        // The attachments directory swapped for a link to the outside.
+        std::fs::remove_dir(ws.join("sections/s1/attachments")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("sections/s1/attachments")).unwrap();
+        assert!(!remove_file(
+            &roots,
+            &ws.join("sections/s1/attachments/precious")
+        ));
+        assert!(outside.join("precious").exists());
+        // The file itself a link: not followed, not a regular file, left.
+        std::os::unix::fs::symlink(outside.join("precious"), ws.join("sections/s1/b.txt")).unwrap();
+        assert!(!remove_file(&roots, &ws.join("sections/s1/b.txt")));
+        assert!(outside.join("precious").exists());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

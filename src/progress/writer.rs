@@ -107,7 +107,12 @@ struct Writer<'a> {
     chat_calls: Option<u32>,
     /// `ToolStarted` events applied: the number of the step a tail must carry to be shown.
     steps_started: u64,
+    /// When the writer last looked whether the bot left the chat.
+    looked_at: Option<Instant>,
 }
+
+/// How often a card being written looks whether the bot left its chat.
+const DEPARTED_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) async fn run(
     shared: &Shared,
@@ -166,6 +171,7 @@ pub(super) async fn run(
         calls: 0,
         chat_calls: None,
         steps_started: 0,
+        looked_at: None,
     };
     if !w.has_card().await {
         // No card until the first tool call: an answer without tools costs none. The events
@@ -678,6 +684,8 @@ impl Writer<'_> {
     ) {
         let mut ended = false;
         let mut tails_open = true;
+        // Whether the bot's leaving the chat was looked for since the turn ended.
+        let mut looked = false;
         loop {
             let wake = self.next_wake(ended);
             tokio::select! {
@@ -695,6 +703,12 @@ impl Writer<'_> {
                     Err(_) => tails_open = false,
                 },
                 _ = tokio::time::sleep_until(wake) => {}
+            }
+            if ended && !looked {
+                looked = true;
+                if self.departed().await {
+                    return;
+                }
             }
             let now = Instant::now();
             if !ended && (self.left || self.last_event_idle(now)) {
@@ -726,6 +740,14 @@ impl Writer<'_> {
                 continue;
             }
             if self.dirty && now >= self.write_at() {
+                // The bot may have left the chat (on any replica): looked for at most every
+                // few seconds while the card is written.
+                if self.looked_at.is_none_or(|t| now >= t + DEPARTED_EVERY) {
+                    self.looked_at = Some(now);
+                    if self.departed().await {
+                        return;
+                    }
+                }
                 self.write().await;
             }
             if ended && !self.dirty {
@@ -807,7 +829,7 @@ impl Writer<'_> {
         match m {
             Msg::StoppedBy(by) => {
                 self.view.stopped_by = Some(by);
-                if self.mode == Mode::CardKit {
+                if self.mode == Mode::CardKit && !self.departed().await {
                     // A streaming card cannot be updated from a callback: pause streaming
                     // (best effort); the next renewal turns it on again.
                     let pause = json!({"streaming_mode": false});
@@ -1003,6 +1025,27 @@ impl Writer<'_> {
         self.backoff = (self.backoff * 2).clamp(Duration::from_millis(500), MAX_BACKOFF);
         self.not_before = Instant::now() + self.backoff;
         true
+    }
+
+    /// Whether the bot left the turn's chat (removed, or the chat disbanded): then nothing is
+    /// written there again, and the card stays as it was. One read, at a stop and at the end.
+    async fn departed(&mut self) -> bool {
+        if self.mode == Mode::None {
+            return true;
+        }
+        match crate::lifecycle::is_departed(&self.shared.db, &self.chat_id).await {
+            Ok(false) => false,
+            Ok(true) => {
+                tracing::info!(turn_id = self.turn_id, lark.chat_id = %self.chat_id, "the bot left this chat; its progress card is not written again");
+                self.mode = Mode::None;
+                self.dirty = false;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(turn_id = self.turn_id, error = %e, "could not read whether the bot left the chat");
+                false
+            }
+        }
     }
 
     /// The end of the turn on a CardKit card: streaming closed with the summary, then the

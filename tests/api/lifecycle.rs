@@ -735,3 +735,196 @@ async fn a_person_removed_loses_their_allowances_approvals_and_schedules_there()
         "{said:?}"
     );
 }
+
+/// The bot removed from a chat while a replica holds the chat's interactive shell on a target
+/// and a running turn, the event handled by whichever replica takes it: the shell closes
+/// (audited, by `system`, with the reason), the turn stops, its progress card is written no
+/// more, and the pooled connections to the target, which nothing else binds, close.
+#[tokio::test]
+async fn a_chat_the_bot_left_keeps_no_shell_connection_or_card_on_any_replica() {
+    use crate::agent::{Env, MODEL, call, say, wait_turns_ended};
+    use sshmode::exec::Place;
+    use sshmode::workspace::{self, Choice, LocalRules, Permission};
+    let env = Env::builder()
+        .chat_control()
+        .progress()
+        .target("web")
+        .spawn()
+        .await;
+    let (app, db) = (&env.app, &env.app.state.db);
+    let group = |id: &str, text: &str, thread: Option<&str>| {
+        let mut m = Msg::new(id, &format!("@_user_1 {text}"));
+        m.chat_type = "group";
+        m.mention_bot = true;
+        m.chat_id = "oc_left".into();
+        if let Some(t) = thread {
+            m.thread_id = Some(t.into());
+            m.root_id = Some("om_use".into());
+        }
+        m
+    };
+    deliver(
+        app,
+        "use",
+        &group("use", "/ssh use web", None).envelope(TOKEN),
+    )
+    .await;
+    let web = Place::Target("web".into());
+    assert_eq!(
+        sshmode::chat::binding::resolve_place(db, "omt_use", app.state.clock.now())
+            .await
+            .unwrap(),
+        web
+    );
+    let mut out = Vec::new();
+    let set = sshmode::target::cli::run_with(
+        sshmode::target::cli::TargetCmd::Set(sshmode::target::cli::SetArgs {
+            permission: Some(Permission::Full),
+            risky: Some(sshmode::config::Risky::Allow),
+            ..crate::exec_ssh::set_args("web")
+        }),
+        &app.state.config,
+        db,
+        &mut std::io::Cursor::new(Vec::new()),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    assert_eq!(set, 0, "{}", String::from_utf8_lossy(&out));
+    let choice = Choice {
+        dir: "~".into(),
+        permission: Some(Permission::Full),
+        mode: None,
+    };
+    let rules = LocalRules::from_config(&app.state.config.exec);
+    workspace::set(db, &rules, "ou_user", "omt_use", &web, &choice)
+        .await
+        .unwrap()
+        .unwrap_or_else(|why| panic!("workspace refused: {why}"));
+    env.llm
+        .push(MODEL, call("shell_open", json!({})))
+        .push(MODEL, say("open"));
+    deliver(
+        app,
+        "t1",
+        &group("t1", "open a shell", Some("omt_use")).envelope(TOKEN),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    assert_eq!(
+        app.state.exec.shells.list("omt_use").len(),
+        1,
+        "{:?}",
+        crate::agent::tool_results(&env.llm)
+    );
+    // A long command keeps a turn, and its progress card, running.
+    env.llm
+        .push(MODEL, call("terminal", json!({"command": "sleep 600"})))
+        .push(MODEL, say("never reached"));
+    deliver(
+        app,
+        "t2",
+        &group("t2", "wait a while", Some("omt_use")).envelope(TOKEN),
+    )
+    .await;
+    eventually("the remote sleep and a progress card", WAIT, async || {
+        count(
+            db,
+            "SELECT count(*) FROM agent_messages WHERE section_id = 'omt_use' AND kind = 'tool_started'",
+        )
+        .await
+            > 1
+            && !env.lark.requests_to("/cardkit/").is_empty()
+    })
+    .await;
+    assert!(app.state.exec.ssh.connection_counts().await["web"] >= 1);
+    // A second replica joins: the event may be handled by either; what the first holds must
+    // end either way.
+    let other = crate::lark_support::app_with(&env.lark)
+        .var("LLM_BASE_URL", &env.llm.base)
+        .var("LLM_MODEL", MODEL)
+        .var("SSHMODE_PROGRESS", "false")
+        .var(
+            "SSHMODE_MASTER_KEY_FILE",
+            &app.state.config.master_key_file.display().to_string(),
+        )
+        .database(&app.db_url)
+        .spawn()
+        .await;
+
+    deliver(
+        &other,
+        "ev_left",
+        &chat_event(
+            "ev_left",
+            "im.chat.member.bot.deleted_v1",
+            "oc_left",
+            "ou_owner",
+        ),
+    )
+    .await;
+    let card_writes = || {
+        env.lark.requests_to("/cardkit/").len()
+            + env
+                .lark
+                .requests()
+                .iter()
+                .filter(|r| r.method == "PATCH" && r.path.contains("/im/v1/messages/"))
+                .count()
+    };
+    assert_eq!(
+        wait_turns_ended(app, "omt_use", 2).await,
+        vec!["done", "stopped"]
+    );
+    let at_end = card_writes();
+    eventually(
+        "the shell closed on the replica holding it",
+        WAIT,
+        async || app.state.exec.shells.list("omt_use").is_empty(),
+    )
+    .await;
+    eventually("the shell's close audited", WAIT, async || {
+        count(
+            db,
+            "SELECT count(*) FROM audit_log WHERE action = 'shell.close' AND actor = 'system'
+               AND section = 'omt_use' AND detail::text LIKE '%the bot was removed from this chat%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    eventually("the pooled connections closed", WAIT, async || {
+        app.state
+            .exec
+            .ssh
+            .connection_counts()
+            .await
+            .get("web")
+            .copied()
+            .unwrap_or(0)
+            == 0
+    })
+    .await;
+    assert!(other.state.exec.shells.list("omt_use").is_empty());
+    assert_eq!(
+        other
+            .state
+            .exec
+            .ssh
+            .connection_counts()
+            .await
+            .get("web")
+            .copied()
+            .unwrap_or(0),
+        0
+    );
+    // The stopped turn's card is not closed or replaced: nothing is written there again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(card_writes(), at_end, "card writes after the bot left");
+    assert!(
+        env.lark
+            .requests_to("/reply")
+            .iter()
+            .all(|r| !r.body.to_string().contains("never reached"))
+    );
+}

@@ -707,3 +707,71 @@ async fn images_past_their_retention_are_purged_without_a_new_image() {
     .await;
     app.stop().await;
 }
+
+/// A recalled file is overwritten with `[recalled]` where it landed, in the local workspace
+/// and on a target; locally, a directory on the way swapped for a link out of the workspace
+/// (as a tool could) is not followed: the file it points at stays as it was.
+#[tokio::test]
+async fn a_recalled_file_is_overwritten_where_it_landed_and_no_link_is_followed_out() {
+    let env = Env::builder().chat_control().target("web").spawn().await;
+    let app = &env.app;
+    let recalled_text = sshmode::lifecycle::RECALLED.as_bytes();
+    let file = |id: &str, name: &str, content: &[u8]| {
+        env.lark
+            .add_resource(&format!("om_{id}"), &format!("file_{id}"), content.to_vec());
+        env.llm.push(MODEL, say("read"));
+        rich(
+            id,
+            "file",
+            json!({"file_key": format!("file_{id}"), "file_name": name}),
+        )
+    };
+    send(app, &file("rf1", "a.env", b"password=one\n")).await;
+    wait_turns_ended(app, "oc_chat", 1).await;
+    let first = told_path(&last_user_text(&env.llm));
+    send(app, &file("rf2", "b.env", b"password=two\n")).await;
+    wait_turns_ended(app, "oc_chat", 2).await;
+    let second = told_path(&last_user_text(&env.llm));
+    assert_eq!(std::fs::read(&second).unwrap(), b"password=two\n");
+
+    send_env(app, &recalled("ev_rc1", "om_rf1", "oc_chat")).await;
+    wait_state(app, "ev_rc1", "done").await;
+    assert_eq!(std::fs::read(&first).unwrap(), recalled_text);
+
+    // The attachments directory becomes a link to a directory outside the workspace holding a
+    // file of the recalled one's name.
+    let outside = tempfile::tempdir().unwrap();
+    let name = Path::new(&second).file_name().unwrap();
+    std::fs::write(outside.path().join(name), "precious").unwrap();
+    let dir = Path::new(&second).parent().unwrap();
+    std::fs::rename(dir, dir.with_extension("moved")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir).unwrap();
+    send_env(app, &recalled("ev_rc2", "om_rf2", "oc_chat")).await;
+    wait_state(app, "ev_rc2", "done").await;
+    assert_eq!(
+        std::fs::read(outside.path().join(name)).unwrap(),
+        b"precious"
+    );
+
+    // On a target, as its user.
+    let mut use_web = Msg::new("use", "@_user_1 /ssh use web");
+    use_web.chat_type = "group";
+    use_web.mention_bot = true;
+    send(app, &use_web).await;
+    wait_state(app, "use", "done").await;
+    let mut m = file("rf3", "c.env", b"password=three\n");
+    m.chat_type = "group";
+    m.thread_id = Some("omt_use".into());
+    m.root_id = Some("om_use".into());
+    send(app, &m).await;
+    assert_eq!(wait_turns_ended(app, "omt_use", 1).await, vec!["done"]);
+    let remote = told_path(&last_user_text(&env.llm));
+    assert!(
+        remote.starts_with(&format!("/home/{}/", sshd::USER)),
+        "{remote}"
+    );
+    assert_eq!(std::fs::read(&remote).unwrap(), b"password=three\n");
+    send_env(app, &recalled("ev_rc3", "om_rf3", "oc_chat")).await;
+    wait_state(app, "ev_rc3", "done").await;
+    assert_eq!(std::fs::read(&remote).unwrap(), recalled_text);
+}

@@ -181,6 +181,23 @@ impl SshPool {
         }
     }
 
+    /// Closes `alias`'s pooled connections that carry nothing now (no channel, no tunnel):
+    /// its bindings were released. Returns the connections still open (busy ones close at a
+    /// later call, or idle out).
+    pub async fn close_unused(&self, alias: &str) -> usize {
+        let pool = self
+            .targets
+            .lock()
+            .expect("ssh pool lock")
+            .get(alias)
+            .cloned();
+        let Some(pool) = pool else {
+            return 0;
+        };
+        pool.close_idle(Duration::ZERO).await;
+        pool.live_connections().await
+    }
+
     /// Open connections per target alias (for metrics and tests).
     pub async fn connection_counts(&self) -> HashMap<String, usize> {
         let pools: Vec<_> = self
