@@ -2,7 +2,8 @@
 # Validates deploy/ offline, before the tests (scripts/test.sh runs it, so CI does): every
 # Kubernetes manifest against the schemas of the oldest Kubernetes the manifests support
 # (kubernetes-validate bundles them), the Compose file against the compose-spec schema
-# (check-jsonschema vendors it) and the AppArmor profile with apparmor_parser. The validators
+# (check-jsonschema vendors it), the AppArmor profile with apparmor_parser, and the Prometheus
+# alert rules with promtool (checked, and their unit tests run). The validators
 # are pinned, in a virtualenv beside the build (made once, remade when a pin changes); a
 # validator that cannot be installed fails this script, it never skips.
 set -euo pipefail
@@ -37,6 +38,21 @@ if ! command -v apparmor_parser >/dev/null; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq apparmor >/dev/null
 fi
 
+# promtool checks and unit-tests the alert rules (deploy/prometheus). Debian's prometheus
+# package carries it; its version is pinned by major.minor.
+promtool_pin="2.42"
+if ! promtool --version 2>/dev/null | grep -q "version $promtool_pin\."; then
+  log "installing prometheus (promtool) $promtool_pin"
+  as_root apt-get update -qq
+  # Only the tool is wanted: the package's daemon is not started (no service manager here).
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+  if ! promtool --version 2>/dev/null | grep -q "version $promtool_pin\."; then
+    log "promtool $promtool_pin is not available: $(promtool --version 2>&1 | head -1)"
+    exit 1
+  fi
+fi
+
 manifests=(deploy/k8s/*.yaml)
 log "Kubernetes $k8s_version schemas (strict): ${manifests[*]}"
 "$venv/bin/kubernetes-validate" --kubernetes-version "$k8s_version" --strict --quiet "${manifests[@]}"
@@ -47,4 +63,7 @@ log "compose-spec schema: deploy/docker-compose.yml"
 log "AppArmor: deploy/apparmor/sshmode"
 # Compiled, not loaded (no kernel interface is needed); the cache notice is noise.
 apparmor_parser --skip-kernel-load --skip-cache --quiet deploy/apparmor/sshmode 2> >(grep -v '^Cache read/write disabled' >&2)
+log "Prometheus alert rules: deploy/prometheus/alerts.yml (promtool check and unit tests)"
+promtool check rules deploy/prometheus/alerts.yml >/dev/null
+(cd deploy/prometheus && promtool test rules alerts.test.yml)
 log "deploy/ is valid"

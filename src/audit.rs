@@ -137,8 +137,14 @@ pub async fn record(conn: &mut PgConnection, entry: Entry<'_>) -> sqlx::Result<(
     .bind(entry.detail)
     .bind(target)
     .execute(conn)
-    .await?;
+    .await
+    .inspect_err(count_failure)?;
     Ok(())
+}
+
+/// Counts an audit row that could not be written (`sshmode_audit_write_failures_total`).
+fn count_failure(_: &sqlx::Error) {
+    crate::metrics::AUDIT_WRITE_FAILURES.inc();
 }
 
 /// Actions whose subject is a target's alias.
@@ -189,7 +195,8 @@ pub async fn record_chat_at(
     .bind(e.outcome)
     .bind(at)
     .execute(conn)
-    .await?;
+    .await
+    .inspect_err(count_failure)?;
     Ok(())
 }
 
@@ -239,7 +246,8 @@ pub async fn record_command(
     .bind(&run.outcome)
     .bind(run.at)
     .execute(conn)
-    .await?;
+    .await
+    .inspect_err(count_failure)?;
     Ok(())
 }
 

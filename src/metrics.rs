@@ -50,6 +50,11 @@ pub struct CardOpLabels {
     pub outcome: String,
 }
 
+/// Audit rows that could not be written, counted where they are written (`audit`), which
+/// knows no app: one count per process, exported by every app's registry.
+pub static AUDIT_WRITE_FAILURES: std::sync::LazyLock<Counter> =
+    std::sync::LazyLock::new(Counter::default);
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -87,6 +92,18 @@ pub struct Metrics {
     pub lark_ws_frames: Family<ReasonLabel, Counter>,
     /// From a message's last frame to its acknowledgement.
     pub lark_ws_ack_seconds: Histogram,
+    /// 1 while this process holds the long connection (it was configured), else 0.
+    pub lark_ws_enabled: Gauge,
+    /// A callback's time from its body read to its answer (the platform's acknowledgement).
+    pub event_ack_seconds: Histogram,
+    /// 1 when this replica is ready (the database reachable and migrated), else 0; refreshed
+    /// when `/metrics` is scraped.
+    pub ready: Gauge,
+    /// 1 when the database answered a ping at the last scrape, else 0.
+    pub database_up: Gauge,
+    /// Model entries disabled after their key was rejected; refreshed when `/metrics` is
+    /// scraped.
+    pub llm_entries_disabled: Gauge,
     /// Schedule firings by result (`fired`, `skipped`, `paused`, `gone`).
     pub schedule_firings: Family<ResultLabel, Counter>,
     /// How late a firing was claimed after its due time.
@@ -128,6 +145,11 @@ impl Metrics {
             lark_ws_reconnects: Family::default(),
             lark_ws_frames: Family::default(),
             lark_ws_ack_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            lark_ws_enabled: Gauge::default(),
+            event_ack_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            ready: Gauge::default(),
+            database_up: Gauge::default(),
+            llm_entries_disabled: Gauge::default(),
             schedule_firings: Family::default(),
             schedule_lateness_seconds: Histogram::new(exponential_buckets(0.25, 4.0, 10)),
             registry: Registry::default(),
@@ -257,6 +279,51 @@ impl Metrics {
             "Long connection: a message's last frame to its acknowledgement",
             m.lark_ws_ack_seconds.clone(),
         );
+        registry.register(
+            "lark_ws_enabled",
+            "1 while this process holds the long connection to Lark (configured)",
+            m.lark_ws_enabled.clone(),
+        );
+        registry.register(
+            "event_ack_seconds",
+            "Callback: from its body read to its answer (the platform's acknowledgement)",
+            m.event_ack_seconds.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 when this replica is ready (database reachable and migrated)",
+            m.ready.clone(),
+        );
+        registry.register(
+            "database_up",
+            "1 when the database answered a ping at the last scrape",
+            m.database_up.clone(),
+        );
+        registry.register(
+            "llm_entries_disabled",
+            "Model entries disabled after their key was rejected",
+            m.llm_entries_disabled.clone(),
+        );
+        registry.register(
+            "audit_write_failures",
+            "Audit rows that could not be written (process-wide)",
+            AUDIT_WRITE_FAILURES.clone(),
+        );
+        // Series an alert reads with `increase()` exist from the start, at zero: a series
+        // that first appears at 1 shows no increase, and its first event would page nobody.
+        m.ssh_connects
+            .get_or_create(&ReasonLabel {
+                reason: "host_key_mismatch".into(),
+            })
+            .inc_by(0);
+        for outcome in ["error", "transport", "ok"] {
+            m.lark_api_calls
+                .get_or_create(&LarkCallLabels {
+                    api: "token".into(),
+                    outcome: outcome.into(),
+                })
+                .inc_by(0);
+        }
         Metrics { registry, ..m }
     }
 
@@ -286,5 +353,43 @@ impl Metrics {
                 reason: what.to_string(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the alert rules (deploy/prometheus/alerts.yml) read is one this service
+    /// exports, and the series they read with `increase()` exist before their first event.
+    #[test]
+    fn the_alert_rules_read_metrics_that_exist() {
+        let rules = include_str!("../deploy/prometheus/alerts.yml");
+        let out = Metrics::new().render();
+        let mut names: Vec<&str> = rules
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("sshmode_"))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert!(names.len() >= 10, "{names:?}");
+        for name in names {
+            let base = name
+                .strip_suffix("_total")
+                .or_else(|| name.strip_suffix("_bucket"))
+                .unwrap_or(name);
+            assert!(
+                out.contains(&format!("# TYPE {base} ")),
+                "{name} is not exported:\n{out}"
+            );
+        }
+        assert!(
+            out.contains("sshmode_ssh_connects_total{reason=\"host_key_mismatch\"} 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("sshmode_lark_api_calls_total{api=\"token\",outcome=\"error\"} 0"),
+            "{out}"
+        );
     }
 }

@@ -56,8 +56,32 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     }
 }
 
+/// How long a scrape waits for the database's answers.
+const SCRAPE_DB_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The metrics, with what is read at scrape time refreshed first: the inbox's depth, whether
+/// the database answers and this replica is ready, and the model entries disabled.
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     state.inbox.refresh_depth().await;
+    let up = tokio::time::timeout(
+        SCRAPE_DB_WAIT,
+        sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&state.db),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    state.metrics.database_up.set(i64::from(up));
+    let ready = up
+        && tokio::time::timeout(SCRAPE_DB_WAIT, crate::store::is_ready(&state.db))
+            .await
+            .unwrap_or(false);
+    state.metrics.ready.set(i64::from(ready));
+    if let Some(llm) = &state.llm {
+        let disabled = llm.disabled().await.len();
+        state
+            .metrics
+            .llm_entries_disabled
+            .set(i64::try_from(disabled).unwrap_or(i64::MAX));
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -146,7 +146,13 @@ async fn receive(State(state): State<HttpState>, request: Request) -> Response {
     // waiting on its writes. Without an admission the request is still checked, so that a
     // card click is told apart (it is answered 200, see `busy_click`), but nothing is recorded.
     let admitted = state.inbox.admit();
-    match receive_inner(&state, &headers, &body, admitted.is_some()).await {
+    let started = std::time::Instant::now();
+    let answer = receive_inner(&state, &headers, &body, admitted.is_some()).await;
+    state
+        .metrics
+        .event_ack_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match answer {
         Ok(r) => r,
         Err(Failure::Rejected(r)) => refused(&state, r),
         Err(Failure::Saturated) => {

@@ -232,6 +232,7 @@ impl LongConnection {
         let mut config = ClientConfig::default();
         let mut attempts: u64 = 0;
         let mut reported_final = false;
+        self.metrics.lark_ws_enabled.set(1);
         loop {
             self.status.set(State::Connecting);
             let (failure, connected) = tokio::select! {

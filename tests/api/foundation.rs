@@ -21,6 +21,13 @@ async fn health_ready_and_metrics() {
         .collect();
     assert!(!samples.is_empty());
     assert!(samples.iter().all(|l| l.starts_with("sshmode_")), "{body}");
+    // What the alert rules read at scrape time: ready, the database up.
+    assert!(samples.contains(&"sshmode_ready 1"), "{body}");
+    assert!(samples.contains(&"sshmode_database_up 1"), "{body}");
+    assert!(
+        samples.contains(&"sshmode_llm_entries_disabled 0"),
+        "{body}"
+    );
     app.stop().await;
 }
 
@@ -35,6 +42,10 @@ async fn readyz_fails_when_migrations_are_missing() {
     .unwrap();
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 503);
+    // The replica is not ready (an alert reads it), though its database answers.
+    let body = app.metrics().await;
+    assert!(body.lines().any(|l| l == "sshmode_ready 0"), "{body}");
+    assert!(body.lines().any(|l| l == "sshmode_database_up 1"), "{body}");
     app.stop().await;
 }
 
