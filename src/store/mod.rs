@@ -27,8 +27,16 @@ const POOL_MAX: u32 = 20;
 /// one-row INSERT's, paid by every inbox batch (BENCHMARKS.md).
 const PING_IDLE: Duration = Duration::from_secs(1);
 
-/// The embedded migrations (timestamp-named, append-only).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// The embedded migrations (timestamp-named, append-only), applied at start. Migrations a
+/// newer version applied are accepted: in a rolling upgrade the previous version keeps running
+/// beside the newer schema, which only ever expands it (README, "Upgrading";
+/// `store::tests::migrations_only_expand_unless_marked`).
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| {
+        let mut m = sqlx::migrate!("./migrations");
+        m.set_ignore_missing(true);
+        m
+    });
 
 /// An open, migrated database, plus this process's attachment to the embedded cluster.
 pub struct Store {
@@ -103,14 +111,102 @@ impl Store {
     }
 }
 
-/// Readiness: the database answers and every embedded migration is applied.
+/// Readiness: the database answers and every embedded migration is applied (newer ones a
+/// newer version applied do not count).
 pub async fn is_ready(pool: &PgPool) -> bool {
-    let Ok(applied) =
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool)
-            .await
+    let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let Ok(applied) = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM _sqlx_migrations WHERE success AND version = ANY($1)",
+    )
+    .bind(&versions)
+    .fetch_one(pool)
+    .await
     else {
         return false;
     };
-    applied >= MIGRATOR.iter().count() as i64
+    applied == versions.len() as i64
+}
+
+/// The last migration from before rolling upgrades: later ones only expand the schema (the
+/// previous version keeps running on it) unless their file says `-- rolling: no`.
+pub const ROLLING_SINCE: i64 = 20261214020000;
+
+/// What in a migration's SQL would break the previous version still running on the schema:
+/// a table or column dropped or renamed, a column's type changed or made `NOT NULL`, a
+/// constraint added (the previous version's writes may not meet it), a column added
+/// `NOT NULL` without a default (its inserts do not name it). Comments are not read.
+pub fn contracting(sql: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in sql.lines() {
+        let code = line.split("--").next().unwrap_or("").to_ascii_uppercase();
+        let code = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        let rules: [(&str, bool); 7] = [
+            ("DROP COLUMN", code.contains("DROP COLUMN")),
+            ("DROP TABLE", code.contains("DROP TABLE")),
+            ("RENAME", code.contains(" RENAME ")),
+            ("a column's type", code.contains("ALTER COLUMN") && code.contains(" TYPE ")),
+            ("SET NOT NULL", code.contains("SET NOT NULL")),
+            ("ADD CONSTRAINT", code.contains("ADD CONSTRAINT")),
+            (
+                "a NOT NULL column without a default",
+                code.contains("ADD COLUMN")
+                    && code.contains("NOT NULL")
+                    && !code.contains("DEFAULT"),
+            ),
+        ];
+        for (what, hit) in rules {
+            if hit {
+                found.push(format!("{what}: {}", line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every migration after [`ROLLING_SINCE`] only expands the schema, or says in its file
+    /// that it cannot be rolled (`-- rolling: no — <why>`: every replica stopped first).
+    #[test]
+    fn migrations_only_expand_unless_marked() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        for m in MIGRATOR.iter().filter(|m| m.version > ROLLING_SINCE) {
+            let name = format!("{}_{}.sql", m.version, m.description.replace(' ', "_"));
+            let sql = std::fs::read_to_string(dir.join(&name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            if sql.lines().any(|l| l.trim_start().starts_with("-- rolling: no")) {
+                continue;
+            }
+            let found = contracting(&sql);
+            assert!(found.is_empty(), "{name} contracts the schema: {found:?}");
+        }
+        assert!(MIGRATOR.iter().any(|m| m.version == ROLLING_SINCE));
+    }
+
+    #[test]
+    fn contracting_statements_are_found_and_comments_and_expansions_pass() {
+        for sql in [
+            "ALTER TABLE turns DROP COLUMN parked;",
+            "DROP TABLE old_things;",
+            "ALTER TABLE a RENAME COLUMN b TO c;",
+            "ALTER TABLE a ALTER COLUMN b TYPE bigint;",
+            "ALTER TABLE a ALTER COLUMN b SET NOT NULL;",
+            "ALTER TABLE a ADD CONSTRAINT c CHECK (b > 0);",
+            "ALTER TABLE a ADD COLUMN b TEXT NOT NULL;",
+            "alter table a\n  drop   column b;",
+        ] {
+            assert!(!contracting(sql).is_empty(), "{sql}");
+        }
+        for sql in [
+            "-- DROP COLUMN in a comment",
+            "ALTER TABLE a ADD COLUMN b TEXT;",
+            "ALTER TABLE a ADD COLUMN b BOOLEAN NOT NULL DEFAULT false;",
+            "CREATE TABLE t (id BIGINT PRIMARY KEY, name TEXT NOT NULL);",
+            "CREATE INDEX t_by_name ON t (name);",
+        ] {
+            assert_eq!(contracting(sql), Vec::<String>::new(), "{sql}");
+        }
+    }
 }
