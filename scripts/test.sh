@@ -45,6 +45,27 @@ export SSHMODE_TEST_MCP_PYTHON="$mcp_venv/bin/python"
 # pinned validators in a virtualenv beside the build; a missing validator fails the run.
 bash scripts/check-deploy.sh
 
+# The previous version, for the rolling-upgrade test (tests/api/upgrade.rs names its commit):
+# built once from that commit into a target directory of its own beside the build, and kept
+# there (a first build costs the dependencies again, once; later runs reuse it).
+previous="$(sed -n 's/^const PREVIOUS: &str = "\([0-9a-f]\{40\}\)";$/\1/p' tests/api/upgrade.rs)"
+if [ -z "$previous" ]; then
+  log "tests/api/upgrade.rs names no previous version"
+  exit 1
+fi
+previous_dir="${CARGO_TARGET_DIR:-$PWD/target}/previous"
+previous_bin="$previous_dir/sshmode-$previous"
+if [ ! -x "$previous_bin" ]; then
+  log "building the previous version $previous (once)"
+  rm -rf "$previous_dir/src"
+  mkdir -p "$previous_dir/src"
+  git archive "$previous" | tar -x -C "$previous_dir/src"
+  (cd "$previous_dir/src" && CARGO_TARGET_DIR="$previous_dir/target" cargo build --locked --bin sshmode)
+  cp "$previous_dir/target/debug/sshmode" "$previous_bin.part"
+  mv "$previous_bin.part" "$previous_bin"
+fi
+export SSHMODE_TEST_PREVIOUS_BIN="$previous_bin"
+
 export RUST_BACKTRACE=1
 # Benchmarks are compiled (so they cannot rot) but not run here; see BENCHMARKS.md.
 cargo test --locked --benches --no-run

@@ -722,6 +722,7 @@ pub async fn decide_proposal(
     deps: &Deps,
     id: i64,
     operator: &str,
+    click_chat: &str,
     add: bool,
 ) -> anyhow::Result<Option<(schedule::ProposalView, Option<String>)>> {
     let now = deps.clock.now();
@@ -740,11 +741,18 @@ pub async fn decide_proposal(
     } else {
         "schedule.cancel"
     };
-    if let Err(d) = authz::schedule(
-        operator,
-        deps.config.is_admin(operator),
-        kind(owner.as_deref(), !p.schedule.direct, is_chat),
-    ) {
+    // A card forwarded elsewhere still takes clicks: only one in the proposal's own chat counts.
+    let decided = if click_chat != p.schedule.chat_id {
+        Err("another_chat")
+    } else {
+        authz::schedule(
+            operator,
+            deps.config.is_admin(operator),
+            kind(owner.as_deref(), !p.schedule.direct, is_chat),
+        )
+        .map_err(|d| d.code())
+    };
+    if let Err(reason) = decided {
         audit::record_chat(
             &mut tx,
             ChatEntry {
@@ -753,7 +761,7 @@ pub async fn decide_proposal(
                 section: Some(&p.schedule.section_id),
                 target: None,
                 outcome: "refused",
-                detail: json!({"proposal": id, "reason": d.code(), "chat": p.schedule.chat_id}),
+                detail: json!({"proposal": id, "reason": reason, "chat": p.schedule.chat_id, "clicked_in": click_chat}),
             },
         )
         .await?;

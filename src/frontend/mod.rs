@@ -133,9 +133,14 @@ impl Handler for LarkHandler {
                     return self.call_click(&a).await;
                 }
                 if let Some((proposal, add)) = schedule_card::read(&a.action.value) {
-                    let decided =
-                        chat::cron::decide_proposal(&self.deps, proposal, &a.operator.open_id, add)
-                            .await?;
+                    let decided = chat::cron::decide_proposal(
+                        &self.deps,
+                        proposal,
+                        &a.operator.open_id,
+                        &a.context.open_chat_id,
+                        add,
+                    )
+                    .await?;
                     if let Some((view, Some(card))) = decided
                         && let Err(e) = self
                             .lark

@@ -144,7 +144,10 @@ pub fn contracting(sql: &str) -> Vec<String> {
             ("DROP COLUMN", code.contains("DROP COLUMN")),
             ("DROP TABLE", code.contains("DROP TABLE")),
             ("RENAME", code.contains(" RENAME ")),
-            ("a column's type", code.contains("ALTER COLUMN") && code.contains(" TYPE ")),
+            (
+                "a column's type",
+                code.contains("ALTER COLUMN") && code.contains(" TYPE "),
+            ),
             ("SET NOT NULL", code.contains("SET NOT NULL")),
             ("ADD CONSTRAINT", code.contains("ADD CONSTRAINT")),
             (
@@ -174,9 +177,12 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
         for m in MIGRATOR.iter().filter(|m| m.version > ROLLING_SINCE) {
             let name = format!("{}_{}.sql", m.version, m.description.replace(' ', "_"));
-            let sql = std::fs::read_to_string(dir.join(&name))
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            if sql.lines().any(|l| l.trim_start().starts_with("-- rolling: no")) {
+            let sql =
+                std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if sql
+                .lines()
+                .any(|l| l.trim_start().starts_with("-- rolling: no"))
+            {
                 continue;
             }
             let found = contracting(&sql);

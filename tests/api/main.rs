@@ -50,5 +50,6 @@ mod ssh_trust;
 mod sshd;
 mod target_import;
 mod terminals;
+mod upgrade;
 mod vault;
 mod workspaces;

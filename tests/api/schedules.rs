@@ -565,7 +565,7 @@ async fn the_models_proposal_is_added_only_by_someone_who_may() {
         .fetch_one(&a.state.db)
         .await
         .unwrap();
-    let click = |ev: &str, who: &str| {
+    let click = |ev: &str, who: &str, chat: &str| {
         json!({
             "schema": "2.0",
             "header": {"event_id": ev, "event_type": "card.action.trigger",
@@ -574,13 +574,18 @@ async fn the_models_proposal_is_added_only_by_someone_who_may() {
             "event": {"operator": {"open_id": who, "tenant_key": "tk"}, "token": "c-t",
                 "action": {"value": {"act": "schedule_proposal", "proposal": proposal, "d": "add"}, "tag": "button"},
                 "host": "im_message",
-                "context": {"open_message_id": card_id, "open_chat_id": "oc_chat"}}
+                "context": {"open_message_id": card_id, "open_chat_id": chat}}
         })
     };
-    for (ev, who) in [("k1", "ou_other"), ("k2", "ou_owner")] {
+    // The card forwarded to another chat: a click there does not count, whoever makes it.
+    for (ev, who, chat) in [
+        ("k0", "ou_owner", "oc_elsewhere"),
+        ("k1", "ou_other", "oc_chat"),
+        ("k2", "ou_owner", "oc_chat"),
+    ] {
         let (status, body) = post(
             &a,
-            sealed(&click(ev, who), ENCRYPT_KEY, clock.now().timestamp()),
+            sealed(&click(ev, who, chat), ENCRYPT_KEY, clock.now().timestamp()),
         )
         .await;
         assert_eq!(status, 200);
@@ -603,6 +608,14 @@ async fn the_models_proposal_is_added_only_by_someone_who_may() {
     .await
     .unwrap();
     assert_eq!(refused, 1);
+    let elsewhere: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'schedule.add' AND outcome = 'refused'
+            AND actor = 'ou_owner' AND detail->>'reason' = 'another_chat'",
+    )
+    .fetch_one(&a.state.db)
+    .await
+    .unwrap();
+    assert_eq!(elsewhere, 1);
     let patched = lark.patched(&card_id);
     assert_eq!(patched.len(), 1, "only the owner's click rewrote the card");
     assert!(patched[0].1.to_string().contains("Schedule added"));
