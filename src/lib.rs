@@ -26,6 +26,7 @@ pub mod http;
 pub mod inbox;
 pub mod lark;
 pub mod llm;
+pub mod mask;
 pub mod mcp;
 pub mod metrics;
 pub mod plane;

@@ -215,7 +215,7 @@ pub fn command_row(
     outcome: &str,
     detail: serde_json::Value,
 ) -> crate::audit::CommandRun {
-    let text: String = crate::llm::classify::redact(command)
+    let text: String = crate::mask::redact(command)
         .chars()
         .take(AUDIT_COMMAND_CHARS)
         .collect();
@@ -247,7 +247,7 @@ pub fn file_row(
         "patch" => crate::audit::FILE_PATCH,
         _ => return None,
     };
-    let path: String = crate::llm::classify::redact(path)
+    let path: String = crate::mask::redact(path)
         .chars()
         .take(AUDIT_COMMAND_CHARS)
         .collect();

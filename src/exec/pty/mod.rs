@@ -284,7 +284,7 @@ impl Entering {
         if self.hidden {
             return HIDDEN_INPUT.to_string();
         }
-        crate::llm::classify::redact(data)
+        crate::mask::redact(data)
             .chars()
             .take(max)
             .collect()
