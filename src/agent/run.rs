@@ -618,7 +618,7 @@ async fn run_calls(
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
                     // A command that was running when its runner went away ran, with an
                     // unknown end.
-                    let audit = command_run(turn, call, None, "interrupted", None, 0)
+                    let audit = command_run(turn, call, None, "interrupted", None, None)
                         .or_else(|| interrupted_shell_call(turn, call));
                     store_result(
                         turn,
@@ -783,7 +783,7 @@ async fn run_calls(
             None => match result.exit.as_deref() {
                 Some(exit) => {
                     let outcome = if exit == "exit 0" { "ok" } else { exit };
-                    command_run(turn, call, target, outcome, Some(exit), result.millis)
+                    command_run(turn, call, target, outcome, Some(exit), Some(&result))
                 }
                 None if result.ok => file_change(turn, call, target, result.millis),
                 None => None,
@@ -910,7 +910,7 @@ fn command_run(
     target: Option<&str>,
     outcome: &str,
     exit: Option<&str>,
-    millis: u64,
+    result: Option<&tools::ToolResult>,
 ) -> Option<crate::audit::CommandRun> {
     let key = match call.function.name.as_str() {
         "terminal" => "command",
@@ -934,8 +934,9 @@ fn command_run(
         json!({
             "language": args.get("language"),
             "exit": exit,
-            "duration_ms": millis,
+            "duration_ms": result.map_or(0, |r| r.millis),
             "turn": turn.id,
+            "masked": result.map(|r| &r.masked).filter(|m| !m.is_empty()),
         }),
     ))
 }

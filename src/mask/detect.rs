@@ -37,7 +37,8 @@ const STRONG: &str = r"(?:passw(?:or)?d|passphrase|[_.\-]pass|\bpass|pwd|secret|
 /// Names whose value is a secret when it looks random.
 const WEAK: &str = r"(?:key|secret|token|passw(?:or)?d|auth|credentials?|signature|sig|salt|cookie|session|bearer|pat)";
 /// What may follow a secret-ish name: an environment or a number (`DB_PASSWORD_PROD`).
-const SUFFIX: &str = r"(?:[_.\-](?:prod|production|dev|development|test|staging|stage|live|local|old|new|[0-9]+))?";
+const SUFFIX: &str =
+    r"(?:[_.\-](?:prod|production|dev|development|test|staging|stage|live|local|old|new|[0-9]+))?";
 /// An assigned value: double-quoted, single-quoted or a bare word.
 const VALUE: &str = r#"(?:"(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<v>[^\s"',;&]+))"#;
 
@@ -285,7 +286,8 @@ fn placeholder(value: &str, any_length: bool) -> bool {
             .count();
         n > 0 && !b[0].is_ascii_digit() && b.get(n) == Some(&c)
     };
-    if (v.starts_with('!') && v[1..].bytes().all(|b| b.is_ascii_alphanumeric())) || word_then(b'(') {
+    if (v.starts_with('!') && v[1..].bytes().all(|b| b.is_ascii_alphanumeric())) || word_then(b'(')
+    {
         return true;
     }
     let lower = v.to_ascii_lowercase();
@@ -364,12 +366,14 @@ fn entropy(s: &str) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::mask::redact;
 
     /// Each family: a line holding a secret, and the secret that must be gone.
     const FAMILIES: &[(&str, &str)] = &[
-        ("aws_access_key_id = AKIAZCOJCBEUDBISVFZ6", "AKIAZCOJCBEUDBISVFZ6"),
+        (
+            "aws_access_key_id = AKIAZCOJCBEUDBISVFZ6",
+            "AKIAZCOJCBEUDBISVFZ6",
+        ),
         (
             "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
@@ -382,7 +386,10 @@ mod tests {
             "origin https://ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789@github.com/a/b (fetch)",
             "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789",
         ),
-        ("registered glpat-x8Yz3kLmN0pQrStUvW12", "glpat-x8Yz3kLmN0pQrStUvW12"),
+        (
+            "registered glpat-x8Yz3kLmN0pQrStUvW12",
+            "glpat-x8Yz3kLmN0pQrStUvW12",
+        ),
         (
             "using xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
             "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
@@ -415,7 +422,10 @@ mod tests {
         ("  password: Hunter2pass", "Hunter2pass"),
         ("\"client_secret\": \"Hunter2pass\",", "Hunter2pass"),
         ("secret = Hunter2pass", "Hunter2pass"),
-        ("Authorization: Basic YWRtaW46SHVudGVyMnBhc3M=", "YWRtaW46SHVudGVyMnBhc3M="),
+        (
+            "Authorization: Basic YWRtaW46SHVudGVyMnBhc3M=",
+            "YWRtaW46SHVudGVyMnBhc3M=",
+        ),
         (
             "signing_key: 9f8e7d6c5b4a39281706f5e4d3c2b1a0",
             "9f8e7d6c5b4a39281706f5e4d3c2b1a0",

@@ -214,10 +214,7 @@ mod tests {
             ],
             &|v| Some(format!("{}", v.len())),
         );
-        assert_eq!(
-            m.text,
-            "a=[secret: password #11] b=[secret: token #beef]"
-        );
+        assert_eq!(m.text, "a=[secret: password #11] b=[secret: token #beef]");
         assert_eq!(m.counts.get("password"), Some(&1));
         assert_eq!(m.counts.get("token"), Some(&1));
         assert_eq!(m.total(), 2);
@@ -229,9 +226,11 @@ mod tests {
         let s = "correct-horse-battery";
         let b64 = base64::engine::general_purpose::STANDARD.encode(s);
         let text = format!("a {s} b {b64} c {} d", hex::encode(s));
-        let m = apply(&text, find_known(&text, s, "service-secret", "0a0b"), &|_| {
-            None
-        });
+        let m = apply(
+            &text,
+            find_known(&text, s, "service-secret", "0a0b"),
+            &|_| None,
+        );
         assert_eq!(
             m.text,
             "a [secret: service-secret #0a0b] b [secret: service-secret #0a0b] c [secret: service-secret #0a0b] d"

@@ -505,6 +505,7 @@ impl Tools {
             .through(ctx, &token, &here, "exec", tool, &cancel)
             .await;
         let ran = ran?;
+        let masked = ran.masked;
         let Done::Command { output: out, cwd } = ran.done else {
             return Err("the command returned no output".into());
         };
@@ -526,7 +527,10 @@ impl Tools {
             here.at.place.target(),
             &args.command,
             &outcome,
-            json!({ "duration_ms": started.elapsed().as_millis() as u64 }),
+            json!({
+                "duration_ms": started.elapsed().as_millis() as u64,
+                "masked": (!masked.is_empty()).then_some(&masked),
+            }),
         );
         self.audit_command(&section, &row).await;
         let mut result = json!({
@@ -723,10 +727,9 @@ impl Tools {
         }
     }
 
-    /// Refuses to hand back a text holding a secret (a private key, a service key, a target's
-    /// credential); the refusal names only the kind.
-    async fn no_secret(&self, text: &str) -> Result<(), Fail> {
-        self.deps.gate().withheld(text).await
+    /// A text handed back with its secrets masked (as every tool result is, by the gate).
+    async fn masked(&self, text: &str) -> Result<String, Fail> {
+        self.deps.gate().masked(text).await
     }
 
     /// Writes the audit row of a command that ran (built by the gate).

@@ -84,6 +84,12 @@ impl ControlPlane {
         }
     }
 
+    /// The plane, counting the masks of its secret filter in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> ControlPlane {
+        self.filter = self.filter.with_metrics(metrics);
+        self
+    }
+
     /// Whether this is a control-plane tool.
     pub fn owns(tool: &str) -> bool {
         matches!(tool, "memory" | "skills")
