@@ -9,7 +9,7 @@
 use std::ops::Range;
 use std::sync::LazyLock;
 
-use regex::{Regex, RegexSet};
+use regex::Regex;
 
 use super::Found;
 
@@ -22,6 +22,9 @@ enum Check {
     Value,
     /// A string after a weaker name: not a placeholder, and random-looking.
     Random,
+    /// The value of a command-line option (`--password …`): the name is an option (`-` or
+    /// `--` after a space or at a line's start), the value not a placeholder.
+    Option,
 }
 
 /// One detector: the kind it names (`None`: from the name it found, see [`kind_of_name`]), its
@@ -128,20 +131,21 @@ fn rules() -> Vec<Rule> {
             r"(?:[ \t]-u|[ \t]--user|[ \t]--proxy-user)[ \t=]+[^\s:]+:(?P<v>\S+)".to_string(),
         ),
         // `--password …`, `--token …` as separate words.
-        value(
-            None,
-            format!(r"(?im)(?:^|[ \t])--?(?P<n>[A-Za-z0-9_\-]*{STRONG}{SUFFIX})[ \t]+{VALUE}"),
-        ),
+        Rule {
+            kind: None,
+            pattern: format!(r"(?i)(?P<n>{STRONG}{SUFFIX})[ \t]+{VALUE}"),
+            check: Check::Option,
+        },
         // `PASSWORD=…`, `password: …`, `"token": "…"`, `Password=…;` (connection strings).
         value(
             None,
-            format!(r#"(?i)(?P<n>[A-Za-z0-9_.\-]*{STRONG}{SUFFIX})["']?[ \t]*[=:][ \t]*{VALUE}"#),
+            format!(r#"(?i)(?P<n>{STRONG}{SUFFIX})["']?[ \t]*[=:][ \t]*{VALUE}"#),
         ),
         // A random-looking string after a weaker name, or a secret-ish name and a space.
         Rule {
             kind: None,
             pattern: format!(
-                r#"(?i)(?P<n>[A-Za-z0-9_.\-]*{WEAK}{SUFFIX})["']?(?:[ \t]*[=:][ \t]*|[ \t]+)["']?(?P<v>[A-Za-z0-9+/_.~\-]{{16,}}={{0,2}})"#
+                r#"(?i)(?P<n>{WEAK}{SUFFIX})["']?(?:[ \t]*[=:][ \t]*|[ \t]+)["']?(?P<v>[A-Za-z0-9+/_.~\-]{{16,}}={{0,2}})"#
             ),
             check: Check::Random,
         },
@@ -153,26 +157,22 @@ fn rules() -> Vec<Rule> {
     ]
 }
 
-/// The compiled table: the rules, their regexes, and a set that says which may match at all.
+/// The compiled table: the rules and their regexes.
 pub struct Table {
     rules: Vec<Rule>,
     regexes: Vec<Regex>,
-    set: RegexSet,
 }
 
 /// The detectors, compiled once.
 pub static TABLE: LazyLock<Table> = LazyLock::new(|| {
     let rules = rules();
+    // Word boundaries are ASCII ones, so the fast engines run on any text (a Unicode `\b`
+    // makes them give up on the first non-ASCII byte).
     let regexes = rules
         .iter()
-        .map(|r| Regex::new(&r.pattern).expect("valid detector"))
+        .map(|r| Regex::new(&r.pattern.replace(r"\b", r"(?-u:\b)")).expect("valid detector"))
         .collect();
-    let set = RegexSet::new(rules.iter().map(|r| &r.pattern)).expect("valid detectors");
-    Table {
-        rules,
-        regexes,
-        set,
-    }
+    Table { rules, regexes }
 });
 
 /// A mask already in a text: never read as a secret, nor its words as a name and value.
@@ -189,9 +189,13 @@ pub fn detect(text: &str) -> Vec<Found> {
         Vec::new()
     };
     let in_mask = |r: &Range<usize>| masks.iter().any(|m| r.start < m.end && m.start < r.end);
-    for i in t.set.matches(text).iter() {
-        let rule = &t.rules[i];
-        for c in t.regexes[i].captures_iter(text) {
+    for (rule, re) in t.rules.iter().zip(&t.regexes) {
+        // Most texts match no rule: a plain search first, the captures only where it found.
+        let Some(first) = re.find(text) else {
+            continue;
+        };
+        for c in re.captures_iter(&text[first.start()..]) {
+            let base = first.start();
             let Some(v) = c
                 .name("v")
                 .or_else(|| c.name("dq"))
@@ -201,28 +205,52 @@ pub fn detect(text: &str) -> Vec<Found> {
                 continue;
             };
             let value = v.as_str();
-            if in_mask(&v.range()) {
+            let range = v.start() + base..v.end() + base;
+            if in_mask(&range) {
                 continue;
             }
             let ok = match rule.check {
                 Check::Format => true,
+                Check::Option => {
+                    let n = c
+                        .name("n")
+                        .map_or(0..0, |n| n.start() + base..n.end() + base);
+                    let name = name_ending(text, n.start, n.end);
+                    let at = n.end - name.len();
+                    name.starts_with('-')
+                        && (at == 0 || matches!(text.as_bytes()[at - 1], b' ' | b'\t' | b'\n'))
+                        && !placeholder(value, false)
+                }
                 Check::Value => !placeholder(value, rule.kind.is_some()),
                 Check::Random => !placeholder(value, false) && random(value),
             };
             if !ok {
                 continue;
             }
-            let kind = rule
-                .kind
-                .unwrap_or_else(|| kind_of_name(c.name("n").map_or("", |n| n.as_str())));
+            let kind = rule.kind.unwrap_or_else(|| match c.name("n") {
+                Some(n) => kind_of_name(name_ending(text, n.start() + base, n.end() + base)),
+                None => "credential",
+            });
             out.push(Found {
-                range: trim(text, v.range()),
+                range: trim(text, range),
                 kind,
                 tag: None,
             });
         }
     }
     out
+}
+
+/// The whole name a secret-ish word ends (`AWS_SECRET_ACCESS_KEY` for `ACCESS_KEY`): the
+/// name characters before `start`, up to `end`.
+fn name_ending(text: &str, start: usize, end: usize) -> &str {
+    let before = text[..start]
+        .bytes()
+        .rev()
+        .take(64)
+        .take_while(|b| b.is_ascii_alphanumeric() || b"_.-".contains(b))
+        .count();
+    &text[start - before..end]
 }
 
 /// The range without surrounding spaces.
