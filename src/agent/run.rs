@@ -162,8 +162,12 @@ impl<'a> Turn<'a> {
         };
         if !stored.iter().any(|s| s.kind == Kind::User) {
             for m in &turn.messages {
+                // The person chose to share what they wrote: this turn reads it as written;
+                // the stored transcript (later turns, a resumed turn) keeps it masked.
                 let msg = Message::user(m.text.clone());
-                let id = conversation::append(&turn.fence, turn.id, Kind::User, None, &msg).await?;
+                let kept = Message::user(kept_text(deps, &m.text).await);
+                let id =
+                    conversation::append(&turn.fence, turn.id, Kind::User, None, &kept).await?;
                 stored.push(Stored {
                     id,
                     turn_id: turn.id,
@@ -899,6 +903,18 @@ async fn run_call(
         mark,
     );
     live::watched(deps, &turn.section, turn.id, tail.as_deref(), run).await
+}
+
+/// A person's message as the transcript keeps it: every secret masked (by the detectors alone
+/// when the targets' secrets cannot be searched now).
+async fn kept_text(deps: &AgentDeps, text: &str) -> String {
+    match deps.plane.filter().mask(&deps.db, text).await {
+        Ok(m) => m.text,
+        Err(e) => {
+            tracing::warn!(error = %e, "the secret scanner failed; the detectors alone masked a stored message");
+            crate::mask::redact(text)
+        }
+    }
 }
 
 /// The audit row of a command-running call (`terminal`, `execute_code`); `None` for other

@@ -185,6 +185,7 @@ impl Core {
         Deps {
             anchors,
             metrics: self.metrics.clone(),
+            secrets: self.secrets.clone(),
             db: self.db.clone(),
             clock: self.clock.clone(),
             config: self.config.clone(),

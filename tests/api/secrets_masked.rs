@@ -236,3 +236,72 @@ async fn a_mask_in_a_command_is_never_expanded() {
         "{command}"
     );
 }
+
+#[tokio::test]
+async fn a_pasted_secret_reaches_the_model_in_its_turn_and_is_kept_masked() {
+    let env = Env::builder().spawn().await;
+    let thread = unique("omt_paste");
+    env.control.bind(&thread, Place::Local);
+    let pasted = "Ghx7-pasted-by-a-person-46";
+    env.llm.push(MODEL, say("noted")).push(MODEL, say("again"));
+    accept(
+        &env.app,
+        &thread,
+        &unique("om_paste"),
+        &format!("use DB_PASSWORD={pasted} for the import"),
+    )
+    .await;
+    assert_eq!(wait_turns_ended(&env.app, &thread, 1).await, vec!["done"]);
+    // This turn: as written.
+    let first = env.llm.requests().last().unwrap().body.to_string();
+    assert!(first.contains(pasted), "{first}");
+    // The transcript, and so the next turn: masked.
+    let stored: Vec<String> = sqlx::query_scalar(
+        "SELECT message::text FROM agent_messages WHERE section_id = $1 AND kind = 'user'",
+    )
+    .bind(&thread)
+    .fetch_all(&env.app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert!(!stored[0].contains(pasted), "{stored:?}");
+    assert!(
+        stored[0].contains("DB_PASSWORD=[secret: password #"),
+        "{stored:?}"
+    );
+    accept(&env.app, &thread, &unique("om_paste2"), "and now?").await;
+    assert_eq!(
+        wait_turns_ended(&env.app, &thread, 2).await,
+        vec!["done", "done"]
+    );
+    let second = env.llm.requests().last().unwrap().body.to_string();
+    assert!(!second.contains(pasted), "{second}");
+    assert!(
+        second.contains("DB_PASSWORD=[secret: password #"),
+        "{second}"
+    );
+}
+
+#[tokio::test]
+async fn the_event_log_keeps_a_pasted_secret_masked() {
+    use crate::lark_support::{Msg, TOKEN, app_with, post, sealed_now, wait_state};
+    let fake = crate::fake_lark::FakeLark::start().await;
+    let app = app_with(&fake).spawn().await;
+    let pasted = "Ghx7-pasted-into-the-chat-46";
+    let msg = Msg::new("ev_paste", &format!("the token: {pasted}"));
+    assert_eq!(post(&app, sealed_now(&msg.envelope(TOKEN))).await.0, 200);
+    wait_state(&app, "ev_paste", "done").await;
+    let logged: Vec<String> = sqlx::query_scalar(
+        "SELECT payload->>'text' FROM session_events WHERE kind = 'message.received'",
+    )
+    .fetch_all(&app.state.db)
+    .await
+    .unwrap();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(
+        logged[0],
+        "the token: [secret: token #".to_string() + &logged[0][27..]
+    );
+    assert!(!logged[0].contains(pasted), "{logged:?}");
+    app.stop().await;
+}
