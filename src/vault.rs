@@ -452,10 +452,14 @@ impl Vault {
     /// Where `text` holds the master key in base64 or hex.
     fn find_master_key(&self, text: &str) -> Vec<crate::mask::Found> {
         static CANDIDATE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-            regex::Regex::new(r"[A-Za-z0-9+/_\-]{43}=?|[0-9A-Fa-f]{64}").expect("valid")
+            regex::Regex::new(r"[A-Za-z0-9+/_\-]+={0,2}").expect("valid")
         });
         let mut out = Vec::new();
-        for m in CANDIDATE.find_iter(text) {
+        // Whole words only, of the lengths the key's forms have (base64 43 or 44, hex 64).
+        for m in CANDIDATE
+            .find_iter(text)
+            .filter(|m| matches!(m.len(), 43 | 44 | 64))
+        {
             let d = ring::digest::digest(&ring::digest::SHA256, m.as_str().as_bytes());
             if self.master_forms.iter().any(|f| f[..] == *d.as_ref()) {
                 out.push(crate::mask::Found {
@@ -586,6 +590,51 @@ mod tests {
             sealed: &pw,
         };
         assert!(!v.contains_secret("hunter2-correct-horse", &[wrong]));
+    }
+
+    #[test]
+    fn find_secrets_tags_by_deployment_and_finds_encodings_and_the_master_key() {
+        use base64::Engine as _;
+        let (_d, path, v) = fresh();
+        let place = Slot {
+            alias: "db",
+            generation: 3,
+            field: Field::Password,
+        };
+        let pw = v.seal(&place, b"hunter2-correct-horse").unwrap();
+        let rec = SealedRecord { place, sealed: &pw };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let master = std::fs::read(&path).unwrap();
+        let text = format!(
+            "a {} b {} c {} d {}",
+            b64.encode("hunter2-correct-horse"),
+            hex::encode("hunter2-correct-horse"),
+            b64.encode(&master),
+            hex::encode(&master),
+        );
+        let found = v.find_secrets(&text, &[rec]);
+        let kinds: Vec<&str> = found.iter().map(|f| f.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                "target-password",
+                "target-password",
+                "master-key",
+                "master-key"
+            ],
+            "{found:?}"
+        );
+        // One value, one tag, whatever its encoding; the tag is this deployment's.
+        assert_eq!(found[0].tag, found[1].tag);
+        assert_eq!(
+            found[0].tag.as_deref(),
+            Some(v.tag(b"hunter2-correct-horse").as_str())
+        );
+        let (_d2, _p2, other) = fresh();
+        // Another deployment tags differently (eight values, so a 16-bit collision cannot pass).
+        assert!((0u8..8).any(|i| v.tag(&[i]) != other.tag(&[i])));
+        assert_eq!(v.tag(b"x").len(), 4);
+        assert!(v.find_secrets("nothing here", &[rec]).is_empty());
     }
 
     #[test]

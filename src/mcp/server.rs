@@ -5,8 +5,8 @@
 //! at once (the token's own bound first, then the endpoint's), and runs through [`Ops`]
 //! in the token's section, as the chat's task tools do: the workspace permission (the section's
 //! choice capped by the token's `--permission`, or without a choice the token's permission
-//! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
-//! and an audit row with the token's name as actor.
+//! capped by the target's maximum), the judge, the guard, the secret scanner on what comes
+//! back (secrets masked), and an audit row with the token's name as actor.
 //!
 //! A failure is a tool result with `isError` and a sentence saying what to do, never an
 //! internal dump.

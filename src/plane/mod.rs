@@ -148,11 +148,6 @@ impl ControlPlane {
         &self.filter
     }
 
-    /// Whether `text` holds a secret the filter knows; a failure to check counts as holding one.
-    pub async fn holds_secret(&self, text: &str) -> bool {
-        !matches!(self.filter.check(&self.db, text).await, Ok(Ok(())))
-    }
-
     /// Runs the secret filter on `text`; a refusal or a failure to check is the error text.
     async fn screen(&self, what: &str, text: &str) -> Result<(), String> {
         match self.filter.check(&self.db, text).await {
