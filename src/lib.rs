@@ -27,6 +27,7 @@ pub mod inbox;
 pub mod lark;
 pub mod lifecycle;
 pub mod llm;
+pub mod mask;
 pub mod mcp;
 pub mod metrics;
 pub mod plane;

@@ -20,6 +20,12 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// `kind` label (secrets masked).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
 /// Lark Open API call labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LarkCallLabels {
@@ -108,6 +114,8 @@ pub struct Metrics {
     pub schedule_firings: Family<ResultLabel, Counter>,
     /// How late a firing was claimed after its due time.
     pub schedule_lateness_seconds: Histogram,
+    /// Secret values masked in tool results, by kind (`password`, `private-key`, …).
+    pub secrets_masked: Family<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -152,8 +160,14 @@ impl Metrics {
             llm_entries_disabled: Gauge::default(),
             schedule_firings: Family::default(),
             schedule_lateness_seconds: Histogram::new(exponential_buckets(0.25, 4.0, 10)),
+            secrets_masked: Family::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "secrets_masked",
+            "Secret values masked in tool results, by kind",
+            m.secrets_masked.clone(),
+        );
         registry.register(
             "schedule_firings",
             "Schedule firings by result",

@@ -128,7 +128,18 @@ pub struct Vault {
     rng: SystemRandom,
     /// Where the key came from, for diagnostics only.
     path: PathBuf,
+    /// The key of the tags of masked secrets ([`Vault::tag`]): derived from the master key
+    /// with HKDF under a fixed label, so each deployment tags differently and no new setting
+    /// is needed; it opens nothing.
+    mask_key: ring::hmac::Key,
+    /// SHA-256 digests of the master key written in base64 (standard and URL-safe, padded or
+    /// not) and hex (lower and upper case), so a printed key file is masked
+    /// ([`Vault::find_secrets`]) without a copy of the key kept beside its schedule.
+    master_forms: Vec<[u8; 32]>,
 }
+
+/// The label the tag key is derived under.
+const MASK_LABEL: &[u8] = b"sshmode secret mask tag v1";
 
 impl fmt::Debug for Vault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -197,10 +208,18 @@ impl Vault {
             path: path.to_owned(),
             len: key.len() as u64,
         })?;
+        let prk = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, MASK_LABEL).extract(key);
+        let mask_key: ring::hmac::Key = prk
+            .expand(&[MASK_LABEL], ring::hmac::HMAC_SHA256)
+            .expect("HKDF-SHA256 expands to one HMAC-SHA256 key")
+            .into();
+        let master_forms = master_forms(key);
         Ok(Vault {
             key: LessSafeKey::new(unbound),
             rng,
             path: path.to_owned(),
+            mask_key,
+            master_forms,
         })
     }
 
@@ -393,6 +412,66 @@ impl Vault {
         })
     }
 
+    /// The tag of a masked secret: the first two bytes, in hex, of an HMAC-SHA256 of the value
+    /// under this deployment's tag key. Enough to tell two secrets apart in one output; a short
+    /// or guessable secret cannot be recovered from it without the key.
+    pub fn tag(&self, value: &[u8]) -> String {
+        let t = ring::hmac::sign(&self.mask_key, value);
+        hex::encode(&t.as_ref()[..2])
+    }
+
+    /// Where `text` holds the plaintext of any of `records` (plain, base64 or hex; for a key
+    /// any longer line of its body, see [`crate::mask::find_known`]) or the master key itself
+    /// in base64 or hex. Each record is opened here, searched for and wiped; only the places,
+    /// kinds and tags leave.
+    pub fn find_secrets(
+        &self,
+        text: &str,
+        records: &[SealedRecord<'_>],
+    ) -> Vec<crate::mask::Found> {
+        let mut out = Vec::new();
+        for r in records {
+            let Ok(plain) = self.open(&r.place, r.sealed) else {
+                continue;
+            };
+            let Ok(secret) = std::str::from_utf8(&plain) else {
+                continue;
+            };
+            let kind = match r.place.field {
+                Field::Key => "target-key",
+                Field::Cert => "target-cert",
+                Field::Password => "target-password",
+            };
+            let tag = self.tag(secret.trim().as_bytes());
+            out.extend(crate::mask::find_known(text, secret, kind, &tag));
+        }
+        out.extend(self.find_master_key(text));
+        out
+    }
+
+    /// Where `text` holds the master key in base64 or hex.
+    fn find_master_key(&self, text: &str) -> Vec<crate::mask::Found> {
+        static CANDIDATE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+            regex::Regex::new(r"[A-Za-z0-9+/_\-]+={0,2}").expect("valid")
+        });
+        let mut out = Vec::new();
+        // Whole words only, of the lengths the key's forms have (base64 43 or 44, hex 64).
+        for m in CANDIDATE
+            .find_iter(text)
+            .filter(|m| matches!(m.len(), 43 | 44 | 64))
+        {
+            let d = ring::digest::digest(&ring::digest::SHA256, m.as_str().as_bytes());
+            if self.master_forms.iter().any(|f| f[..] == *d.as_ref()) {
+                out.push(crate::mask::Found {
+                    range: m.range(),
+                    kind: "master-key",
+                    tag: Some(self.tag(d.as_ref())),
+                });
+            }
+        }
+        out
+    }
+
     /// Seals a version 1 record, as the first format did (tests of the re-seal only).
     #[cfg(test)]
     fn seal_legacy(&self, alias: &str, plaintext: &[u8]) -> Result<Vec<u8>, VaultError> {
@@ -405,6 +484,28 @@ impl Vault {
 pub struct SealedRecord<'a> {
     pub place: Slot<'a>,
     pub sealed: &'a [u8],
+}
+
+/// The digests of the master key's base64 and hex forms.
+fn master_forms(key: &[u8]) -> Vec<[u8; 32]> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let forms = [
+        Zeroizing::new(STANDARD.encode(key)),
+        Zeroizing::new(STANDARD_NO_PAD.encode(key)),
+        Zeroizing::new(URL_SAFE.encode(key)),
+        Zeroizing::new(URL_SAFE_NO_PAD.encode(key)),
+        Zeroizing::new(hex::encode(key)),
+        Zeroizing::new(hex::encode_upper(key)),
+    ];
+    forms
+        .iter()
+        .map(|f| {
+            let mut d = [0u8; 32];
+            d.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, f.as_bytes()).as_ref());
+            d
+        })
+        .collect()
 }
 
 /// Shortest secret matched anywhere in a text; a shorter one must stand as a whole word.
@@ -489,6 +590,51 @@ mod tests {
             sealed: &pw,
         };
         assert!(!v.contains_secret("hunter2-correct-horse", &[wrong]));
+    }
+
+    #[test]
+    fn find_secrets_tags_by_deployment_and_finds_encodings_and_the_master_key() {
+        use base64::Engine as _;
+        let (_d, path, v) = fresh();
+        let place = Slot {
+            alias: "db",
+            generation: 3,
+            field: Field::Password,
+        };
+        let pw = v.seal(&place, b"hunter2-correct-horse").unwrap();
+        let rec = SealedRecord { place, sealed: &pw };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let master = std::fs::read(&path).unwrap();
+        let text = format!(
+            "a {} b {} c {} d {}",
+            b64.encode("hunter2-correct-horse"),
+            hex::encode("hunter2-correct-horse"),
+            b64.encode(&master),
+            hex::encode(&master),
+        );
+        let found = v.find_secrets(&text, &[rec]);
+        let kinds: Vec<&str> = found.iter().map(|f| f.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                "target-password",
+                "target-password",
+                "master-key",
+                "master-key"
+            ],
+            "{found:?}"
+        );
+        // One value, one tag, whatever its encoding; the tag is this deployment's.
+        assert_eq!(found[0].tag, found[1].tag);
+        assert_eq!(
+            found[0].tag.as_deref(),
+            Some(v.tag(b"hunter2-correct-horse").as_str())
+        );
+        let (_d2, _p2, other) = fresh();
+        // Another deployment tags differently (eight values, so a 16-bit collision cannot pass).
+        assert!((0u8..8).any(|i| v.tag(&[i]) != other.tag(&[i])));
+        assert_eq!(v.tag(b"x").len(), 4);
+        assert!(v.find_secrets("nothing here", &[rec]).is_empty());
     }
 
     #[test]

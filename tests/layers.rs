@@ -12,6 +12,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "foundation",
         &[
             "clock",
+            "mask",
             "metrics",
             "config",
             "telemetry",

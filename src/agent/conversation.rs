@@ -323,6 +323,12 @@ impl Loaded {
         .into_iter()
         .map(row_to_stored)
         .collect::<sqlx::Result<_>>()?;
+        // The current turn's rows as this run holds them: a person's message as written, where
+        // the stored row keeps it masked.
+        let rows: Vec<Stored> = rows
+            .into_iter()
+            .map(|r| fresh.iter().find(|f| f.id == r.id).cloned().unwrap_or(r))
+            .collect();
         let last = rows
             .iter()
             .map(|r| r.id)

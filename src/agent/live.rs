@@ -4,10 +4,10 @@
 //! every [`SAMPLE_EVERY`], when it changed, and once more when the call ends (so the finished
 //! step keeps its last lines).
 //!
-//! Each tail is screened by the control plane's secret filter (the service's own keys, target
-//! secrets from the vault, private-key blocks) on its whole lines before it is cut for display;
-//! a tail that holds a secret, or that could not be screened within [`SCREEN_WITHIN`], is
-//! replaced by [`HIDDEN`]. Tails are already printable (no escape sequences or control
+//! Each tail is masked by the gate's secret scanner ([`crate::gate::Gate::mask_text`]: the
+//! detectors, the service's own keys, target secrets from the vault) on its whole lines before
+//! it is cut for display; a tail that could not be checked within [`SCREEN_WITHIN`] is replaced
+//! by [`HIDDEN`]. Tails are already printable (no escape sequences or control
 //! characters); making them inert markup is each front-end's part.
 //!
 //! Never: delays or queues the command's output (a slow sampler sees a later tail); sends the
@@ -26,8 +26,8 @@ use crate::exec::live::{LiveTail, Tail};
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 /// Longest a secret check of one tail may take; past it the tail is hidden.
 const SCREEN_WITHIN: Duration = Duration::from_secs(2);
-/// What stands for a tail that holds a secret.
-pub const HIDDEN: &str = "[output hidden: it holds a secret]";
+/// What stands for a tail that could not be checked for secrets.
+pub const HIDDEN: &str = "[output hidden: it could not be checked for secrets]";
 
 /// A live tail for the calls that run commands; `None` for the others.
 pub(super) fn for_tool(tool: &str) -> Option<Arc<LiveTail>> {
@@ -90,14 +90,14 @@ async fn forward(
 
 async fn emit(deps: &AgentDeps, section: &str, turn_id: i64, tail: &Tail) {
     let whole = tail.lines.join("\n");
-    let clean = matches!(
-        tokio::time::timeout(SCREEN_WITHIN, deps.plane.holds_secret(&whole)).await,
-        Ok(false)
-    );
-    let text = if clean {
-        tail.text()
-    } else {
-        HIDDEN.to_string()
+    let gate = deps.gate();
+    let text = match tokio::time::timeout(SCREEN_WITHIN, gate.mask_text(&whole)).await {
+        Ok(Ok(m)) if m.total() == 0 => tail.text(),
+        Ok(Ok(m)) => Tail {
+            lines: m.text.split('\n').map(str::to_string).collect(),
+        }
+        .text(),
+        _ => HIDDEN.to_string(),
     };
     deps.steps
         .step(section, turn_id, &StepEvent::ToolOutput { tail: text });

@@ -121,8 +121,8 @@
 //! (`frontend` for `LarkClient`, the console's `Terminal`). `agent::StepSink` receives
 //! `StepEvent`s (started, model, tool started/finished, ended, left) for the live progress
 //! card; `serve` installs `progress::Progress`. While a `terminal` or `execute_code` call runs,
-//! `agent::live` forwards its output's latest lines as `ToolOutput` (screened by the secret
-//! filter, sampled at most every 200 ms, and once at its end).
+//! `agent::live` forwards its output's latest lines as `ToolOutput` (its secrets masked by the
+//! gate's scanner, sampled at most every 200 ms, and once at its end).
 
 mod answer;
 pub mod call_approval;
@@ -355,7 +355,7 @@ pub enum StepEvent {
         approvers: String,
     },
     /// The latest lines the running step's command printed (a `terminal` or `execute_code`
-    /// call): printable, screened for secrets, at most a few hundred characters. Sent at most
+    /// call): printable, its secrets masked, at most a few hundred characters. Sent at most
     /// every few hundred milliseconds while output changes, and once when the call ends, before
     /// `ToolFinished`; each replaces the one before.
     ToolOutput {

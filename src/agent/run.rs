@@ -162,8 +162,12 @@ impl<'a> Turn<'a> {
         };
         if !stored.iter().any(|s| s.kind == Kind::User) {
             for m in &turn.messages {
+                // The person chose to share what they wrote: this turn reads it as written;
+                // the stored transcript (later turns, a resumed turn) keeps it masked.
                 let msg = Message::user(m.text.clone());
-                let id = conversation::append(&turn.fence, turn.id, Kind::User, None, &msg).await?;
+                let kept = Message::user(kept_text(deps, &m.text).await);
+                let id =
+                    conversation::append(&turn.fence, turn.id, Kind::User, None, &kept).await?;
                 stored.push(Stored {
                     id,
                     turn_id: turn.id,
@@ -618,7 +622,7 @@ async fn run_calls(
                     let event = json!({"turn": turn.id, "tool": call.function.name, "short": short, "interrupted": true});
                     // A command that was running when its runner went away ran, with an
                     // unknown end.
-                    let audit = command_run(turn, call, None, "interrupted", None, 0)
+                    let audit = command_run(turn, call, None, "interrupted", None, None)
                         .or_else(|| interrupted_shell_call(turn, call));
                     store_result(
                         turn,
@@ -783,7 +787,7 @@ async fn run_calls(
             None => match result.exit.as_deref() {
                 Some(exit) => {
                     let outcome = if exit == "exit 0" { "ok" } else { exit };
-                    command_run(turn, call, target, outcome, Some(exit), result.millis)
+                    command_run(turn, call, target, outcome, Some(exit), Some(&result))
                 }
                 None if result.ok => file_change(turn, call, target, result.millis),
                 None => None,
@@ -901,6 +905,18 @@ async fn run_call(
     live::watched(deps, &turn.section, turn.id, tail.as_deref(), run).await
 }
 
+/// A person's message as the transcript keeps it: every secret masked (by the detectors alone
+/// when the targets' secrets cannot be searched now).
+async fn kept_text(deps: &AgentDeps, text: &str) -> String {
+    match deps.plane.filter().mask(&deps.db, text).await {
+        Ok(m) => m.text,
+        Err(e) => {
+            tracing::warn!(error = %e, "the secret scanner failed; the detectors alone masked a stored message");
+            crate::mask::redact(text)
+        }
+    }
+}
+
 /// The audit row of a command-running call (`terminal`, `execute_code`); `None` for other
 /// tools. The actor is the sender of the turn's latest message; the row is the gate's
 /// ([`crate::gate::command_row`]), with the turn.
@@ -910,7 +926,7 @@ fn command_run(
     target: Option<&str>,
     outcome: &str,
     exit: Option<&str>,
-    millis: u64,
+    result: Option<&tools::ToolResult>,
 ) -> Option<crate::audit::CommandRun> {
     let key = match call.function.name.as_str() {
         "terminal" => "command",
@@ -934,8 +950,9 @@ fn command_run(
         json!({
             "language": args.get("language"),
             "exit": exit,
-            "duration_ms": millis,
+            "duration_ms": result.map_or(0, |r| r.millis),
             "turn": turn.id,
+            "masked": result.map(|r| &r.masked).filter(|m| !m.is_empty()),
         }),
     ))
 }

@@ -144,6 +144,8 @@ pub struct ToolResult {
     pub asked: Option<Asked>,
     /// The audit row of a shell call that acted, written with the result.
     pub shell_row: Option<ShellRow>,
+    /// How many secret values of each kind the gate masked in it (its audit row says).
+    pub masked: crate::mask::Counts,
 }
 
 /// The audit row of a shell call that acted — a shell opened, typed into or closed — written
@@ -340,6 +342,7 @@ pub async fn run(
         binding_fails: o.binding_fails,
         asked: o.asked,
         shell_row: o.shell_row,
+        masked: o.masked,
     }
 }
 
@@ -359,6 +362,8 @@ struct ToolOutcome {
     shell_row: Option<ShellRow>,
     /// The guard asked about it and the backend's policy (`risky: allow`) let it run.
     by_policy: bool,
+    /// Secret values masked in it, by kind.
+    masked: crate::mask::Counts,
 }
 
 impl ToolOutcome {
@@ -373,6 +378,7 @@ impl ToolOutcome {
             asked: None,
             shell_row: None,
             by_policy: false,
+            masked: Default::default(),
         }
     }
 
@@ -475,6 +481,7 @@ async fn dispatch(
         binding_fails: None,
         shell_row: None,
         by_policy: t.by_policy,
+        masked: t.masked,
     }
 }
 
@@ -642,6 +649,7 @@ async fn task(
         exit: None,
         asked: None,
         by_policy: false,
+        masked: Default::default(),
     };
     let gate = deps.gate();
     let caller = Caller {
@@ -699,6 +707,7 @@ async fn task(
         match outcome {
             Outcome::Ran(ran) => {
                 out.by_policy = ran.by_policy;
+                out.masked = ran.masked;
                 Ok(match ran.done {
                     Done::Command { output, cwd } => {
                         out.exit = Some(exit_text(&output.exit));
@@ -752,6 +761,7 @@ struct TaskOutcome {
     exit: Option<String>,
     asked: Option<gate::Asked>,
     by_policy: bool,
+    masked: crate::mask::Counts,
 }
 
 /// A task tool's call from its arguments (already checked by [`check_task_args`]).

@@ -81,12 +81,13 @@ impl Core {
         crate::target::reseal_legacy(&db, &vault)
             .await
             .context("re-sealing vault records")?;
-        let plane = Arc::new(crate::plane::ControlPlane::new(
-            &config,
-            db.clone(),
-            vault.clone(),
-        ));
-        let secrets = Arc::new(crate::plane::SecretFilter::new(&config, vault.clone()));
+        let plane = Arc::new(
+            crate::plane::ControlPlane::new(&config, db.clone(), vault.clone())
+                .with_metrics(metrics.clone()),
+        );
+        let secrets = Arc::new(
+            crate::plane::SecretFilter::new(&config, vault.clone()).with_metrics(metrics.clone()),
+        );
         let exec = Arc::new(Executors::with_metrics(
             &config.exec,
             crate::target::registry(db.clone()),
@@ -190,6 +191,7 @@ impl Core {
         Deps {
             anchors,
             metrics: self.metrics.clone(),
+            secrets: self.secrets.clone(),
             db: self.db.clone(),
             clock: self.clock.clone(),
             config: self.config.clone(),

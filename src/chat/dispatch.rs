@@ -32,9 +32,23 @@ pub struct Deps {
     /// Where a schedule's firing posts its anchor and notices.
     pub anchors: Arc<dyn Anchors>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The secret scanner, for what the event log keeps of a message.
+    pub secrets: Arc<crate::plane::SecretFilter>,
 }
 
 impl Deps {
+    /// `text` as the event log keeps it: every secret masked (with the detectors alone when the
+    /// targets' secrets cannot be searched now).
+    pub async fn masked(&self, text: &str) -> String {
+        match self.secrets.mask(&self.db, text).await {
+            Ok(m) => m.text,
+            Err(e) => {
+                tracing::warn!(error = %e, "the secret scanner failed; the detectors alone masked a logged text");
+                crate::mask::redact(text)
+            }
+        }
+    }
+
     fn ctl(&self) -> Ctl<'_> {
         Ctl {
             db: &self.db,

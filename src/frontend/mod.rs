@@ -75,6 +75,8 @@ impl Handler for LarkHandler {
                     return self.agent.recall(&msg.message_id, Some(&msg.chat_id)).await;
                 }
                 let retry = ev.attempts > 1;
+                // The agent reads the message as written in this turn; the event log (and so
+                // exports) keeps it masked.
                 log(
                     &self.deps.db,
                     &msg,
@@ -83,7 +85,7 @@ impl Handler for LarkHandler {
                     json!({
                         "event_id": msg.event_id, "message_id": msg.message_id,
                         "chat_id": msg.chat_id, "thread_id": msg.thread_id,
-                        "sender": msg.sender_open_id, "text": msg.text,
+                        "sender": msg.sender_open_id, "text": self.deps.masked(&msg.text).await,
                         "mentions_bot": msg.mentions_bot,
                     }),
                 )
@@ -93,6 +95,7 @@ impl Handler for LarkHandler {
                     db: self.deps.db.clone(),
                     msg: msg.clone(),
                     retry,
+                    deps: self.deps.clone(),
                 };
                 chat::dispatch(&self.deps, &incoming(&msg), &reply).await?;
                 // Recalled while it was being handled: what was stored meanwhile goes too.
@@ -239,6 +242,7 @@ impl Handler for LarkHandler {
                 db: self.deps.db.clone(),
                 msg,
                 retry: true,
+                deps: self.deps.clone(),
             };
             reply
                 .answer(
@@ -461,6 +465,8 @@ pub struct LarkReply {
     pub db: PgPool,
     pub msg: Message,
     pub retry: bool,
+    /// For what the event log keeps of a reply (masked).
+    pub deps: Deps,
 }
 
 impl LarkReply {
@@ -486,7 +492,7 @@ impl LarkReply {
             json!({
                 "event_id": self.msg.event_id, "purpose": purpose,
                 "message_id": sent.message_id, "in_reply_to": self.msg.message_id,
-                "thread_id": sent.thread_id, "text": text,
+                "thread_id": sent.thread_id, "text": self.deps.masked(text).await,
             }),
         )
         .await

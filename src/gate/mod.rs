@@ -4,8 +4,9 @@
 //! order, the workspace judge (the tool, the variables a call sets, a command and its
 //! `workdir`, a file write's real path), the command guard, the backend's `risky` policy
 //! ([`policy`]), the request for a person's approval, the execution (within the tool timeout),
-//! the audit of a refusal, and the secret filter on what comes back; and returns one
-//! [`Outcome`]: what ran, what a person is asked about, a refusal, or a failure.
+//! the audit of a refusal, and the secret scanner on what comes back (every secret value
+//! masked, [`crate::mask`]); and returns one [`Outcome`]: what ran, what a person is asked
+//! about, a refusal, or a failure.
 //!
 //! Interactive shells pass the same gate ([`shells`]): whether a shell may be opened, the lines
 //! a write would submit judged where they are read, and the audit of each refusal.
@@ -13,7 +14,7 @@
 //! The front-ends keep only their wire adapters: argument schemas, how the place is resolved
 //! for them (a thread's binding, a token's targets), how a person's approval is waited for, and
 //! how a result is written back. Only this module calls the workspace judge, the guard's
-//! verdicts and the secret filter on a tool's result; the audit row of a command that ran is
+//! verdicts and the secret scanner on a tool's result; the audit row of a command that ran is
 //! built here ([`command_row`]) and written by the front-end in its own commit.
 //!
 //! Never: resolves a binding or a token; waits for a person; runs anything the judge or the
@@ -149,6 +150,8 @@ pub struct Ran {
     pub done: Done,
     /// The guard asked about it and the backend's policy (`risky: allow`) let it through.
     pub by_policy: bool,
+    /// How many secret values of each kind were masked in what it handed back.
+    pub masked: crate::mask::Counts,
 }
 
 /// What a call that ran produced.
@@ -215,7 +218,7 @@ pub fn command_row(
     outcome: &str,
     detail: serde_json::Value,
 ) -> crate::audit::CommandRun {
-    let text: String = crate::llm::classify::redact(command)
+    let text: String = crate::mask::redact(command)
         .chars()
         .take(AUDIT_COMMAND_CHARS)
         .collect();
@@ -247,7 +250,7 @@ pub fn file_row(
         "patch" => crate::audit::FILE_PATCH,
         _ => return None,
     };
-    let path: String = crate::llm::classify::redact(path)
+    let path: String = crate::mask::redact(path)
         .chars()
         .take(AUDIT_COMMAND_CHARS)
         .collect();
@@ -374,8 +377,12 @@ impl Gate<'_> {
             _ = cancel.cancelled(), if !runs => Err(Stop::Failed("cancelled".into())),
         };
         match stop {
-            Ok(ran) => match self.screen(&ran.done).await {
-                Ok(()) => Outcome::Ran(ran),
+            Ok(mut ran) => match self.mask_done(&mut ran.done).await {
+                Ok(counts) => {
+                    self.secrets.count(&counts);
+                    ran.masked = counts;
+                    Outcome::Ran(ran)
+                }
                 Err(why) => Outcome::Refused(
                     self.refused(
                         caller,
@@ -498,6 +505,7 @@ impl Gate<'_> {
                         cwd: Some(r.cwd),
                     },
                     by_policy,
+                    masked: Default::default(),
                 })
             }
             Tool::Code {
@@ -541,6 +549,7 @@ impl Gate<'_> {
                 Ok(Ran {
                     done: Done::Command { output, cwd: None },
                     by_policy,
+                    masked: Default::default(),
                 })
             }
             Tool::Read { path, range } => {
@@ -666,35 +675,66 @@ impl Gate<'_> {
             .map_err(|d| Stop::Refused(Refusal::permission(d)))
     }
 
-    /// The secret filter on what a call hands back: a text holding a secret (a private key,
-    /// a service key, a target's credential) is withheld; the refusal names only the kind.
-    async fn screen(&self, done: &Done) -> Result<(), String> {
-        let text: std::borrow::Cow<'_, str> = match done {
-            // One reading of both streams: one look at the registry's secrets.
-            Done::Command { output, .. } => format!(
-                "{}\n{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into(),
-            Done::Read(r) => r.text.as_deref().unwrap_or_default().into(),
-            Done::Found(r) => r.matches.join("\n").into(),
-            Done::Wrote { .. } | Done::Patched(_) => "".into(),
-        };
-        self.withheld(text.trim_matches('\n')).await
+    /// The secret scanner on what a call hands back: every secret value in its output, the
+    /// file it read or the lines it found is masked (`[secret: KIND #TAG]`); returns how many
+    /// of each kind. `Err` (the result withheld) only when the secrets could not be looked for.
+    async fn mask_done(&self, done: &mut Done) -> Result<crate::mask::Counts, String> {
+        let mut counts = crate::mask::Counts::new();
+        match done {
+            Done::Command { output, .. } => {
+                for bytes in [&mut output.stdout, &mut output.stderr] {
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    let m = self.mask_text(&String::from_utf8_lossy(bytes)).await?;
+                    if m.total() > 0 {
+                        // Only a masked output is re-encoded; an untouched one keeps its bytes.
+                        *bytes = m.text.into_bytes();
+                        crate::mask::add_counts(&mut counts, &m.counts);
+                    }
+                }
+            }
+            Done::Read(r) => {
+                if let Some(text) = r.text.as_mut() {
+                    let m = self.mask_text(text).await?;
+                    if m.total() > 0 {
+                        *text = m.text;
+                        crate::mask::add_counts(&mut counts, &m.counts);
+                    }
+                }
+            }
+            Done::Found(r) => {
+                // One look at all the lines; each is masked apart only when something was found.
+                let m = self.mask_text(&r.matches.join("\n")).await?;
+                if m.total() > 0 {
+                    for line in r.matches.iter_mut() {
+                        let m = self.mask_text(line).await?;
+                        *line = m.text;
+                        crate::mask::add_counts(&mut counts, &m.counts);
+                    }
+                }
+            }
+            Done::Wrote { .. } | Done::Patched(_) => {}
+        }
+        Ok(counts)
     }
 
-    /// The secret filter on a text a shell call hands back (its screen, what it read): `Err`
-    /// with the refusal when it holds a secret, or cannot be checked now.
-    pub async fn withheld(&self, text: &str) -> Result<(), String> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        match self.secrets.check(self.db, text).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(leak)) => Err(format!("the result is withheld: {leak}")),
+    /// A text a shell call hands back (its screen, what it read), masked, and its masks
+    /// counted; `Err` with the refusal when it could not be checked.
+    pub async fn masked(&self, text: &str) -> Result<String, String> {
+        let m = self.mask_text(text).await?;
+        self.secrets.count(&m.counts);
+        Ok(m.text)
+    }
+
+    /// The secret scanner on a text handed back (a tool's output, a shell's screen, what a
+    /// shell read, a live tail): the text with every secret masked, or `Err` with the refusal
+    /// when the secrets could not be looked for now (the text is then withheld).
+    pub async fn mask_text(&self, text: &str) -> Result<crate::mask::Masked, String> {
+        match self.secrets.mask(self.db, text).await {
+            Ok(m) => Ok(m),
             Err(e) => {
-                tracing::warn!(error = %e, "the secret filter failed; withholding a tool result");
+                tracing::warn!(error = %e, "the secret scanner failed; withholding a tool result");
                 Err("the result is withheld: it could not be checked for secrets now".into())
             }
         }
@@ -763,6 +803,7 @@ fn ran(done: Done) -> Ran {
     Ran {
         done,
         by_policy: false,
+        masked: Default::default(),
     }
 }
 

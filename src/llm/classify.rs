@@ -1,7 +1,8 @@
 //! What a provider's "no" means. Decided from the error code, the message and the HTTP status
 //! together, in that order, because the same status means different things at different
 //! providers (a 429 may be a rate limit or an empty quota; a 400 or 403 may be a bill).
-//! Also owns scrubbing provider messages before they are stored or shown.
+//! Also owns scrubbing provider messages before they are stored or shown (their secrets masked
+//! by [`crate::mask`]).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -175,72 +176,6 @@ pub fn classify(f: &CallFailure) -> FailureClass {
 /// Most characters of a provider message that are kept.
 const MESSAGE_LIMIT: usize = 300;
 
-/// Secret-shaped parts of a text (a provider's message, a command line), each with what
-/// replaces it: the name of a setting stays, its value goes.
-static SECRET_LIKE: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
-    let value = r#"("[^"]*"|'[^']*'|[^\s"']\S*)"#;
-    let names = r"[A-Za-z0-9_\-]*(?:passw(?:or)?d|passphrase|pwd|secret|token|api[_\-]?key|access[_\-]?key|private[_\-]?key|credentials?)";
-    [
-        // `scheme://user:password@host`: the password.
-        (
-            r"(?i)\b([a-z][a-z0-9+.\-]*://[^\s/:@]*):[^\s@/]+@".to_string(),
-            "$1:[redacted]@",
-        ),
-        // `PGPASSWORD=…`, `--password=…`, `"token": "…"`, `api_key: …`.
-        (
-            format!(r#"(?i)({names}["']?\s*[=:]\s*){value}"#),
-            "${1}[redacted]",
-        ),
-        // `--password …`, `--token …`, `--api-key …` as separate words.
-        (
-            format!(r"(?i)(\s--?{names}\s+){value}"),
-            "${1}[redacted]",
-        ),
-        // `mysql -pSECRET`, `mysqldump -u root -pSECRET` (`-P` is the port), `sshpass -p …`.
-        (
-            r"(?i)(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mariadb|mariadb-dump|mariadb-admin)\b[^;&|\n]*?\s(?-i:-p))([^\s-]\S*)".to_string(),
-            "${1}[redacted]",
-        ),
-        (
-            r"(?i)(\bsshpass\b[^;&|\n]*?\s(?-i:-p)\s*)(\S+)".to_string(),
-            "${1}[redacted]",
-        ),
-        // `curl -u user:password`, `--user user:password`, `wget --http-password …`.
-        (
-            r"((?:\s-u|\s--user|\s--proxy-user)[\s=]+[^\s:]+:)(\S+)".to_string(),
-            "${1}[redacted]",
-        ),
-        // `Authorization: Bearer …`, `Basic …`.
-        (
-            r#"(?i)\b(bearer|authorization:\s*basic)\s+[^\s"']+"#.to_string(),
-            "$1 [redacted]",
-        ),
-        // `sk-…` keys and their kin.
-        (
-            r"(?i)\b(sk|rk|pk|ak|key)-[A-Za-z0-9_\-*.]{6,}".to_string(),
-            "[redacted]",
-        ),
-        // Long opaque strings.
-        (r"\b[A-Za-z0-9_\-]{32,}\b".to_string(), "[redacted]"),
-    ]
-    .into_iter()
-    .map(|(re, with)| (Regex::new(&re).expect("valid regex"), with))
-    .collect()
-});
-
-/// `text` with secret-like parts replaced by `[redacted]`: bearer and basic credentials,
-/// `sk-…` keys, the values of `password=…`, `--token …`, `PGPASSWORD=…` and their kin, the
-/// password of a URL, `mysql -p…`, `curl -u user:…`, and long opaque strings.
-pub fn redact(text: &str) -> String {
-    let mut s = std::borrow::Cow::Borrowed(text);
-    for (re, with) in SECRET_LIKE.iter() {
-        if let std::borrow::Cow::Owned(o) = re.replace_all(&s, *with) {
-            s = std::borrow::Cow::Owned(o);
-        }
-    }
-    s.into_owned()
-}
-
 /// Makes a provider message safe to store and show: removes the key itself and anything shaped
 /// like a credential, collapses whitespace, and bounds the length.
 pub fn scrub(message: &str, key: Option<&str>) -> String {
@@ -248,7 +183,7 @@ pub fn scrub(message: &str, key: Option<&str>) -> String {
     if let Some(k) = key.filter(|k| k.len() >= 4) {
         s = s.replace(k, "[redacted]");
     }
-    let s = redact(&s);
+    let s = crate::mask::redact(&s);
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     match s.char_indices().nth(MESSAGE_LIMIT) {
         Some((i, _)) => format!("{}…", &s[..i]),
@@ -285,9 +220,9 @@ mod tests {
             r#"echo '{"secret": "Hunter2pass"}'"#,
             "AWS_SECRET_ACCESS_KEY=Hunter2pass aws s3 ls",
         ] {
-            let r = redact(line);
+            let r = crate::mask::redact(line);
             assert!(!r.contains(secret), "{line} -> {r}");
-            assert!(r.contains("[redacted]"), "{line} -> {r}");
+            assert!(r.contains("[secret: "), "{line} -> {r}");
         }
         for plain in [
             "mkdir -p /tmp/x",
@@ -300,7 +235,7 @@ mod tests {
             "ssh deploy@host uptime",
             "git clone https://git.example.com/repo.git",
         ] {
-            assert_eq!(redact(plain), plain);
+            assert_eq!(crate::mask::redact(plain), plain);
         }
     }
 

@@ -22,8 +22,8 @@
 //!   working directory and workspace, from [`crate::workspace`]) through
 //!   [`crate::exec::ops::Ops`]: the workspace judge, the command guard (an `ask` verdict is an
 //!   error naming the approval needed, unless the backend's `risky` policy is `allow`; lines
-//!   typed into a shell are judged alike), the secret filter on what comes back, and the audit
-//!   trail with the token's name as actor.
+//!   typed into a shell are judged alike), the secret scanner on what comes back (secrets
+//!   masked), and the audit trail with the token's name as actor.
 //!
 //! Bounds: the listener's connections ([`crate::config::McpConfig::http`]), sessions held
 //! ([`crate::config::McpConfig::max_sessions`], and per token

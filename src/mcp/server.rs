@@ -5,8 +5,8 @@
 //! at once (the token's own bound first, then the endpoint's), and runs through [`Ops`]
 //! in the token's section, as the chat's task tools do: the workspace permission (the section's
 //! choice capped by the token's `--permission`, or without a choice the token's permission
-//! capped by the target's maximum), the judge, the guard, the secret filter on what comes back,
-//! and an audit row with the token's name as actor.
+//! capped by the target's maximum), the judge, the guard, the secret scanner on what comes
+//! back (secrets masked), and an audit row with the token's name as actor.
 //!
 //! A failure is a tool result with `isError` and a sentence saying what to do, never an
 //! internal dump.
@@ -505,6 +505,7 @@ impl Tools {
             .through(ctx, &token, &here, "exec", tool, &cancel)
             .await;
         let ran = ran?;
+        let masked = ran.masked;
         let Done::Command { output: out, cwd } = ran.done else {
             return Err("the command returned no output".into());
         };
@@ -526,7 +527,10 @@ impl Tools {
             here.at.place.target(),
             &args.command,
             &outcome,
-            json!({ "duration_ms": started.elapsed().as_millis() as u64 }),
+            json!({
+                "duration_ms": started.elapsed().as_millis() as u64,
+                "masked": (!masked.is_empty()).then_some(&masked),
+            }),
         );
         self.audit_command(&section, &row).await;
         let mut result = json!({
@@ -723,10 +727,9 @@ impl Tools {
         }
     }
 
-    /// Refuses to hand back a text holding a secret (a private key, a service key, a target's
-    /// credential); the refusal names only the kind.
-    async fn no_secret(&self, text: &str) -> Result<(), Fail> {
-        self.deps.gate().withheld(text).await
+    /// A text handed back with its secrets masked (as every tool result is, by the gate).
+    async fn masked(&self, text: &str) -> Result<String, Fail> {
+        self.deps.gate().masked(text).await
     }
 
     /// Writes the audit row of a command that ran (built by the gate).

@@ -84,6 +84,12 @@ impl ControlPlane {
         }
     }
 
+    /// The plane, counting the masks of its secret filter in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> ControlPlane {
+        self.filter = self.filter.with_metrics(metrics);
+        self
+    }
+
     /// Whether this is a control-plane tool.
     pub fn owns(tool: &str) -> bool {
         matches!(tool, "memory" | "skills")
@@ -140,11 +146,6 @@ impl ControlPlane {
     /// The secret filter (the service's own keys, target secrets, private-key blocks).
     pub fn filter(&self) -> &SecretFilter {
         &self.filter
-    }
-
-    /// Whether `text` holds a secret the filter knows; a failure to check counts as holding one.
-    pub async fn holds_secret(&self, text: &str) -> bool {
-        !matches!(self.filter.check(&self.db, text).await, Ok(Ok(())))
     }
 
     /// Runs the secret filter on `text`; a refusal or a failure to check is the error text.

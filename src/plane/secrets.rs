@@ -1,9 +1,13 @@
-//! The secret filter of the control plane: what memory and skills refuse to store. A text is
-//! refused when it holds a private-key block, one of the service's own keys (Lark app secret,
-//! encrypt key and verification token, model API keys, the API token, the database password),
-//! or a secret of any SSH target. The last check runs inside the vault
-//! ([`crate::target::holds_secret`] → [`crate::vault::Vault::contains_secret`]): this module
-//! never sees a target's plaintext.
+//! The secret filter of the control plane: what memory and skills refuse to store, and what
+//! the gate masks in every tool result. A text is refused when it holds a private-key block,
+//! one of the service's own keys (Lark app secret, encrypt key and verification token, model
+//! API keys, the API token, the database password), or a secret of any SSH target. A tool
+//! result is masked ([`SecretFilter::mask`]): what the scanner's detectors find
+//! ([`crate::mask::detect`]), the service's own keys and every target's secrets in plain,
+//! base64 or hex, and the master key in base64 or hex. Target secrets are looked for inside the
+//! vault ([`crate::target::holds_secret`] → [`crate::vault::Vault::contains_secret`],
+//! [`crate::target::find_secrets`] → [`crate::vault::Vault::find_secrets`]): this module never
+//! sees a target's plaintext.
 //!
 //! Never: echoes, logs or formats a secret; a refusal names only the kind of secret found.
 
@@ -13,6 +17,8 @@ use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 
 use crate::config::{Config, LlmConfig};
+use crate::mask::{Counts, Masked};
+use crate::metrics::{KindLabel, Metrics};
 use crate::vault::Vault;
 
 /// Why a text was refused. The message names the kind of secret, never the secret.
@@ -36,6 +42,9 @@ pub enum Leak {
 pub struct SecretFilter {
     own: Vec<SecretString>,
     vault: Arc<Vault>,
+    /// Where masks are counted (`sshmode_secrets_masked_total`); none in tools and tests that
+    /// build a filter of their own.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl SecretFilter {
@@ -63,7 +72,49 @@ impl SecretFilter {
             own.push(SecretString::from(decoded));
         }
         own.retain(|s| !s.expose_secret().trim().is_empty());
-        SecretFilter { own, vault }
+        SecretFilter {
+            own,
+            vault,
+            metrics: None,
+        }
+    }
+
+    /// The filter, counting masks in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> SecretFilter {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// `text` with every secret masked (`[secret: KIND #TAG]`, the tag keyed by the vault):
+    /// what the detectors find, the service's own keys and every target's secrets (plain,
+    /// base64, hex), the master key. `Err` when the targets' secrets could not be searched.
+    pub async fn mask(&self, db: &PgPool, text: &str) -> anyhow::Result<Masked> {
+        if text.is_empty() {
+            return Ok(Masked::default());
+        }
+        let mut found = crate::mask::detect(text);
+        for s in &self.own {
+            let v = s.expose_secret();
+            let tag = self.vault.tag(v.trim().as_bytes());
+            found.extend(crate::mask::find_known(text, v, "service-secret", &tag));
+        }
+        found.extend(crate::target::find_secrets(db, &self.vault, text).await?);
+        Ok(crate::mask::apply(text, found, &|v| {
+            Some(self.vault.tag(v.as_bytes()))
+        }))
+    }
+
+    /// Counts masks of a result handed back (`sshmode_secrets_masked_total{kind}`).
+    pub fn count(&self, counts: &Counts) {
+        if let Some(m) = &self.metrics {
+            for (kind, n) in counts {
+                m.secrets_masked
+                    .get_or_create(&KindLabel {
+                        kind: (*kind).to_string(),
+                    })
+                    .inc_by(u64::from(*n));
+            }
+        }
     }
 
     /// Checks `text` (a note, or a skill's name, description and body joined). `Ok(Err(_))` is

@@ -80,7 +80,7 @@ pub struct View {
     /// (`an admin`, `the requester`).
     pub waiting: Option<String>,
     /// The latest lines of the running step's output, or of the last step once it finished
-    /// (printable and screened for secrets; made inert here).
+    /// (printable, its secrets masked; made inert here).
     pub tail: Option<String>,
     /// Whether a previous runner started this turn (its finished steps are listed again).
     pub resumed: bool,

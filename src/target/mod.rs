@@ -898,13 +898,31 @@ type SealedFields = [Option<Vec<u8>>; 3];
 /// The records are opened and compared inside the vault ([`Vault::contains_secret`]); only the
 /// answer comes back. Rows still at seal version 1 are skipped (they are refused when used).
 pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool, TargetError> {
+    let owned = sealed_rows(db).await?;
+    Ok(vault.contains_secret(text, &records(&owned)))
+}
+
+/// Where `text` holds a secret of any registered target, plain, base64 or hex, or the master
+/// key: searched inside the vault ([`Vault::find_secrets`]); only places, kinds and tags come
+/// back.
+pub async fn find_secrets(
+    db: &PgPool,
+    vault: &Vault,
+    text: &str,
+) -> Result<Vec<crate::mask::Found>, TargetError> {
+    let owned = sealed_rows(db).await?;
+    Ok(vault.find_secrets(text, &records(&owned)))
+}
+
+/// Every row's sealed fields (seal version 2).
+async fn sealed_rows(db: &PgPool) -> Result<Vec<(String, i64, SealedFields)>, TargetError> {
     let rows = sqlx::query(
         "SELECT alias, generation, sealed_key, sealed_cert, sealed_password FROM targets \
          WHERE seal_version = 2 ORDER BY generation LIMIT 10000",
     )
     .fetch_all(db)
     .await?;
-    let owned: Vec<(String, i64, SealedFields)> = rows
+    Ok(rows
         .iter()
         .map(|r| {
             (
@@ -917,13 +935,17 @@ pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool
                 ],
             )
         })
-        .collect();
+        .collect())
+}
+
+/// The vault records of [`sealed_rows`].
+fn records(owned: &[(String, i64, SealedFields)]) -> Vec<crate::vault::SealedRecord<'_>> {
     let fields = [
         crate::vault::Field::Key,
         crate::vault::Field::Cert,
         crate::vault::Field::Password,
     ];
-    let records: Vec<crate::vault::SealedRecord<'_>> = owned
+    owned
         .iter()
         .flat_map(|(alias, generation, sealed)| {
             sealed.iter().zip(fields).filter_map(move |(s, field)| {
@@ -937,8 +959,7 @@ pub async fn holds_secret(db: &PgPool, vault: &Vault, text: &str) -> Result<bool
                 })
             })
         })
-        .collect();
-    Ok(vault.contains_secret(text, &records))
+        .collect()
 }
 
 /// How many targets hold a sealed secret (a key, certificate or password): what a new master

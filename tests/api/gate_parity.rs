@@ -2,7 +2,7 @@
 //! the chat agent (its `terminal`, `read_file`, `write_file`) and once over MCP (`exec`,
 //! `read_file`, `write_file` on `local`), at the same permission in the same workspace, gives
 //! the same verdict, the same text, the same audit rows (refusals with who refused and why,
-//! commands with their redacted text) and the same withholding of a secret on both.
+//! commands with their redacted text) and the same masking of a secret on both.
 
 use serde_json::{Value, json};
 use sqlx::Row;
@@ -23,6 +23,8 @@ struct Case {
 
 /// A private key block, as the secret filter knows one.
 const KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----";
+/// Its body.
+const KEY_BODY: &str = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ";
 
 fn cases() -> Vec<Case> {
     vec![
@@ -75,10 +77,10 @@ fn cases() -> Vec<Case> {
             runs: false,
         },
         Case {
-            name: "a private key in the output is withheld",
+            name: "a private key in the output is masked",
             tool: "terminal",
             args: json!({"command": format!("printf '%s\\n' '{}'", KEY.replace('\n', "' '"))}),
-            runs: false,
+            runs: true,
         },
         Case {
             name: "a file read",
@@ -87,10 +89,10 @@ fn cases() -> Vec<Case> {
             runs: true,
         },
         Case {
-            name: "a private key in a file read is withheld",
+            name: "a private key in a file read is masked",
             tool: "read_file",
             args: json!({"path": "key.txt"}),
-            runs: false,
+            runs: true,
         },
         Case {
             name: "a file write inside the workspace",
@@ -268,7 +270,7 @@ fn shared_dir(env: &Env, tag: &str) -> (std::path::PathBuf, String) {
 }
 
 #[tokio::test]
-async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding() {
+async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_masking() {
     let env = Env::builder()
         .vars(&[
             ("SSHMODE_MCP_LISTEN", "127.0.0.1:0"),
@@ -308,6 +310,19 @@ async fn the_chat_agent_and_mcp_get_the_same_verdicts_audit_rows_and_withholding
 
         assert_eq!(chat.refused, !c.runs, "{}: chat: {}", c.name, chat.text);
         differ.extend(differences(c.name, &chat, &mcp));
+        // A key's body never comes back on either side; where one was, its mask does.
+        for text in [&chat.text, &mcp.text] {
+            assert!(!text.contains(KEY_BODY), "{}: {text}", c.name);
+        }
+        if c.name.contains("private key") {
+            for text in [&chat.text, &mcp.text] {
+                assert!(
+                    text.contains("[secret: private-key #"),
+                    "{}: {text}",
+                    c.name
+                );
+            }
+        }
         // Every refusal is audited, with who refused.
         if !c.runs {
             assert!(

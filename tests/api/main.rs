@@ -43,6 +43,7 @@ mod ops_cli;
 mod progress;
 mod rich_input;
 mod schedules;
+mod secrets_masked;
 mod ssh_files;
 mod ssh_kill;
 mod ssh_trust;

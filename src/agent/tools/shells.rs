@@ -188,6 +188,7 @@ pub(super) async fn call(
         asked,
         shell_row: row,
         by_policy: false,
+        masked: Default::default(),
     }
 }
 
@@ -300,8 +301,7 @@ async fn run(
                 detail: json!({"shell_id": info.shell_id}),
                 at: None,
             });
-            let screen = screen_text(&info.screen);
-            deps.gate().withheld(&screen).await?;
+            let screen = deps.gate().masked(&screen_text(&info.screen)).await?;
             Ok(format!(
                 "opened shell {} on {}\nraw output ends at {} (since for a raw read)\n{screen}",
                 info.shell_id, info.location, info.end,
@@ -408,9 +408,7 @@ async fn run(
             if r.cancelled {
                 return Err("cancelled: the wait ended by /stop".into());
             }
-            let text = read_text(&id, &r);
-            deps.gate().withheld(&text).await?;
-            Ok(text)
+            deps.gate().masked(&read_text(&id, &r)).await
         }
     }
 }

@@ -284,10 +284,7 @@ impl Entering {
         if self.hidden {
             return HIDDEN_INPUT.to_string();
         }
-        crate::llm::classify::redact(data)
-            .chars()
-            .take(max)
-            .collect()
+        crate::mask::redact(data).chars().take(max).collect()
     }
 }
 

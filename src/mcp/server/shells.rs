@@ -156,13 +156,13 @@ impl Tools {
             json!({"shell_id": info.shell_id}),
         )
         .await;
-        let text = info.screen.text();
-        self.no_secret(&text).await?;
+        let mut screen = screen_json(&info.screen);
+        screen["text"] = json!(self.masked(&info.screen.text()).await?);
         Ok(CallToolResult::structured(json!({
             "shell_id": info.shell_id,
             "host": info.location,
             "end": info.end,
-            "screen": screen_json(&info.screen),
+            "screen": screen,
         })))
     }
 
@@ -256,13 +256,13 @@ impl Tools {
             "ended": r.ended,
         });
         if let Some(v) = &r.screen {
-            self.no_secret(&v.text()).await?;
-            out["screen"] = screen_json(v);
+            let mut screen = screen_json(v);
+            screen["text"] = json!(self.masked(&v.text()).await?);
+            out["screen"] = screen;
         }
         if let Some(raw) = &r.raw {
-            self.no_secret(&raw.text).await?;
             out["raw"] = json!({
-                "text": raw.text,
+                "text": self.masked(&raw.text).await?,
                 "next": raw.next,
                 "more": raw.more,
                 "dropped": raw.dropped,
