@@ -160,6 +160,9 @@ pub async fn run(config: Option<Config>, opts: &Options) -> Vec<Check> {
     checks.push(isolation(&config, &tasks, store.as_ref().map(|s| &s.pool)));
     checks.extend(lark(&config, opts).await);
     checks.extend(models(&config, store.as_ref().map(|s| &s.pool)).await);
+    if let Some(store) = &store {
+        checks.push(replicas(&store.pool).await);
+    }
     match &store {
         Some(store) => checks.extend(targets(&config, &store.pool).await),
         None => checks.push(Check::fail(
@@ -173,6 +176,56 @@ pub async fn run(config: Option<Config>, opts: &Options) -> Vec<Check> {
         store.close().await;
     }
     checks
+}
+
+/// The running replicas and what they run: more than one version is a rolling upgrade under
+/// way (a warning: fine while it lasts, not once it is done).
+async fn replicas(db: &sqlx::PgPool) -> Check {
+    const NAME: &str = "replicas";
+    let live = match crate::store::replicas::live(db).await {
+        Ok(l) => l,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("not read: {e}"),
+                "check the database user's rights on the replicas table",
+            );
+        }
+    };
+    let mut versions: Vec<String> = live
+        .iter()
+        .map(|r| {
+            r.version
+                .clone()
+                .unwrap_or_else(|| "an earlier version".into())
+        })
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let listed = live
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if versions.len() > 1 {
+        return Check::warn(
+            NAME,
+            format!(
+                "{} running, of {} versions: {listed}",
+                live.len(),
+                versions.len()
+            ),
+            "a rolling upgrade is under way: restart the remaining replicas of the older \
+             version (README, Upgrading)",
+        );
+    }
+    Check::ok(
+        NAME,
+        match live.len() {
+            0 => "none running".to_string(),
+            n => format!("{n} running: {listed}"),
+        },
+    )
 }
 
 /// `SSHMODE_ADMINS`: admins approve targets and allow what the guard asks about; nobody can

@@ -25,14 +25,19 @@ pub struct Live {
     pub pid: i32,
     /// Seconds since its last heartbeat.
     pub seen_secs_ago: f64,
+    /// What it runs ([`version`]); `None` for a version from before replicas said so.
+    pub version: Option<String>,
 }
 
 impl std::fmt::Display for Live {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "pid {} on {} (heartbeat {:.0} s ago)",
-            self.pid, self.host, self.seen_secs_ago
+            "pid {} on {}, {} (heartbeat {:.0} s ago)",
+            self.pid,
+            self.host,
+            self.version.as_deref().unwrap_or("an earlier version"),
+            self.seen_secs_ago
         )
     }
 }
@@ -44,10 +49,11 @@ pub async fn register(db: &PgPool) -> Result<String, sqlx::Error> {
         .bind(FORGET_AFTER.as_secs_f64())
         .execute(db)
         .await?;
-    sqlx::query("INSERT INTO replicas (id, host, pid) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO replicas (id, host, pid, version) VALUES ($1, $2, $3, $4)")
         .bind(&id)
         .bind(hostname())
         .bind(std::process::id() as i32)
+        .bind(version())
         .execute(db)
         .await?;
     Ok(id)
@@ -64,12 +70,13 @@ pub async fn run(db: PgPool, id: String, shutdown: CancellationToken) {
             _ = tick.tick() => {}
         }
         let beat = sqlx::query(
-            "INSERT INTO replicas (id, host, pid) VALUES ($1, $2, $3) \
+            "INSERT INTO replicas (id, host, pid, version) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (id) DO UPDATE SET seen_at = now()",
         )
         .bind(&id)
         .bind(hostname())
         .bind(std::process::id() as i32)
+        .bind(version())
         .execute(&db);
         match tokio::time::timeout(BEAT, beat).await {
             Ok(Ok(_)) => {}
@@ -91,8 +98,8 @@ pub async fn run(db: PgPool, id: String, shutdown: CancellationToken) {
 
 /// The processes whose heartbeat is live, most recent first (at most 100).
 pub async fn live(db: &PgPool) -> Result<Vec<Live>, sqlx::Error> {
-    let rows: Vec<(String, i32, f64)> = sqlx::query_as(
-        "SELECT host, pid, extract(epoch FROM now() - seen_at)::float8 FROM replicas \
+    let rows: Vec<(String, i32, f64, Option<String>)> = sqlx::query_as(
+        "SELECT host, pid, extract(epoch FROM now() - seen_at)::float8, version FROM replicas \
          WHERE seen_at > now() - make_interval(secs => $1) ORDER BY seen_at DESC LIMIT 100",
     )
     .bind(LIVE_FOR.as_secs_f64())
@@ -100,12 +107,24 @@ pub async fn live(db: &PgPool) -> Result<Vec<Live>, sqlx::Error> {
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(host, pid, ago)| Live {
+        .map(|(host, pid, ago, version)| Live {
             host,
             pid,
             seen_secs_ago: ago.max(0.0),
+            version,
         })
         .collect())
+}
+
+/// What this process is: its package version and the newest migration it carries (two builds
+/// of one version with other schemas tell apart).
+pub fn version() -> String {
+    let schema = crate::store::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    format!("{} (schema {schema})", env!("CARGO_PKG_VERSION"))
 }
 
 /// This machine's name, or `?` when it has none.

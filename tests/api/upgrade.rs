@@ -122,6 +122,28 @@ async fn a_rolling_upgrade_keeps_a_turn_in_flight() {
         "the previous version is ready on the new schema"
     );
     assert!(sshmode::store::is_ready(&new.state.db).await);
+    // Both write their heartbeats on the new schema: the previous version's without the
+    // version column it does not know (a heartbeat renewed after this version migrated), and
+    // this version's with it.
+    let joined: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    eventually(
+        "both versions' heartbeats",
+        Duration::from_secs(30),
+        async || {
+            let rows: Vec<Option<String>> = sqlx::query_scalar(
+                "SELECT version FROM replicas WHERE seen_at > $1 ORDER BY version NULLS FIRST",
+            )
+            .bind(joined)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows == vec![None, Some(sshmode::store::replicas::version())]
+        },
+    )
+    .await;
 
     // The previous version is stopped (SIGTERM) with its turn in flight.
     let pid = old.id().expect("the previous version runs") as i32;
