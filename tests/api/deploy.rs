@@ -420,29 +420,22 @@ async fn level_under_unit_caps(drop: Option<&str>) -> String {
     let db = fresh_database().await;
     let data = tempfile::tempdir().unwrap();
     let port = crate::sshd::free_port();
-    let mut child = tokio::process::Command::new("setpriv")
-        .arg(format!("--bounding-set=-all,{}", caps.join(",")))
-        .arg("--no-new-privs")
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_sshmode"))
-        .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &db)
-        .env("SSHMODE_DATA_DIR", data.path())
-        .env("SSHMODE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("SSHMODE_LAUNCHER", env!("CARGO_BIN_EXE_sshmode"))
-        .env("LARK_APP_ID", "cli_test_app")
-        .env("LARK_APP_SECRET", "s")
-        .env("LARK_VERIFICATION_TOKEN", "t")
-        .env("LARK_ENCRYPT_KEY", "k")
-        .env("LARK_BASE_URL", "http://127.0.0.1:9")
-        .current_dir(data.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let bounding = format!("--bounding-set=-all,{}", caps.join(","));
+    let bin = env!("CARGO_BIN_EXE_sshmode");
+    let mut child = crate::helpers::serve_child(
+        &["setpriv", &bounding, "--no-new-privs", "--", bin, "serve"],
+        bin,
+        &db,
+        data.path(),
+        port,
+        &[
+            ("LARK_APP_ID", "cli_test_app"),
+            ("LARK_APP_SECRET", "s"),
+            ("LARK_VERIFICATION_TOKEN", "t"),
+            ("LARK_ENCRYPT_KEY", "k"),
+            ("LARK_BASE_URL", "http://127.0.0.1:9"),
+        ],
+    );
     let url = format!("http://127.0.0.1:{port}/readyz");
     let http = reqwest::Client::new();
     let mut body = String::new();

@@ -183,3 +183,33 @@ pub async fn audit_rows_mentioning(db: &sqlx::PgPool, text: &str) -> i64 {
         .await
         .unwrap()
 }
+
+/// `sshmode serve` run as a child process: `command` (the binary and `serve`, or a wrapper
+/// such as `setpriv` before them), with `launcher` as its local launcher, on database `db`,
+/// data in `data` (also its working directory), listening on `port`, and `vars` — nothing
+/// else of this process's environment but `PATH`. Its output is discarded; it is killed when
+/// dropped.
+pub fn serve_child(
+    command: &[&str],
+    launcher: &str,
+    db: &str,
+    data: &Path,
+    port: u16,
+    vars: &[(&str, &str)],
+) -> tokio::process::Child {
+    let (program, args) = command.split_first().expect("a command");
+    let mut c = tokio::process::Command::new(program);
+    c.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db)
+        .env("SSHMODE_DATA_DIR", data)
+        .env("SSHMODE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("SSHMODE_LAUNCHER", launcher)
+        .envs(vars.iter().copied())
+        .current_dir(data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    c.spawn().expect("sshmode serve starts")
+}

@@ -720,28 +720,24 @@ async fn a_replica_killed_between_claim_and_post_loses_nothing_and_doubles_nothi
     let db = fresh_database().await;
     let data = tempfile::tempdir().unwrap();
     let port = crate::sshd::free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sshmode"))
-        .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &db)
-        .env("SSHMODE_DATA_DIR", data.path())
-        .env("SSHMODE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("SSHMODE_LAUNCHER", env!("CARGO_BIN_EXE_sshmode"))
-        .env("SSHMODE_INBOX_LEASE_SECS", "3")
-        .env("LARK_APP_ID", crate::fake_lark::APP_ID)
-        .env("LARK_APP_SECRET", crate::fake_lark::APP_SECRET)
-        .env("LARK_VERIFICATION_TOKEN", TOKEN)
-        .env("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
-        .env("LARK_BASE_URL", &lark.base)
-        .env("LLM_BASE_URL", &llm.base)
-        .env("LLM_MODEL", MODEL)
-        .current_dir(data.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_sshmode");
+    let mut child = crate::helpers::serve_child(
+        &[bin, "serve"],
+        bin,
+        &db,
+        data.path(),
+        port,
+        &[
+            ("SSHMODE_INBOX_LEASE_SECS", "3"),
+            ("LARK_APP_ID", crate::fake_lark::APP_ID),
+            ("LARK_APP_SECRET", crate::fake_lark::APP_SECRET),
+            ("LARK_VERIFICATION_TOKEN", TOKEN),
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("LARK_BASE_URL", &lark.base),
+            ("LLM_BASE_URL", &llm.base),
+            ("LLM_MODEL", MODEL),
+        ],
+    );
     let http = reqwest::Client::new();
     let ready = format!("http://127.0.0.1:{port}/readyz");
     eventually(

@@ -43,30 +43,25 @@ async fn a_rolling_upgrade_keeps_a_turn_in_flight() {
     let go = data.path().join("go");
     let port = crate::sshd::free_port();
     // The previous version migrates the fresh database to its schema and serves it.
-    let mut old = tokio::process::Command::new(&previous)
-        .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", &db)
-        .env("SSHMODE_DATA_DIR", data.path())
-        .env("SSHMODE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("SSHMODE_LAUNCHER", &previous)
-        .env("SSHMODE_TURN_LEASE_SECS", "3")
-        .env("SSHMODE_INBOX_LEASE_SECS", "3")
-        .env("SSHMODE_PROGRESS", "false")
-        .env("LARK_APP_ID", crate::fake_lark::APP_ID)
-        .env("LARK_APP_SECRET", crate::fake_lark::APP_SECRET)
-        .env("LARK_VERIFICATION_TOKEN", TOKEN)
-        .env("LARK_ENCRYPT_KEY", ENCRYPT_KEY)
-        .env("LARK_BASE_URL", &lark.base)
-        .env("LLM_BASE_URL", &llm.base)
-        .env("LLM_MODEL", MODEL)
-        .current_dir(data.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut old = crate::helpers::serve_child(
+        &[&previous, "serve"],
+        &previous,
+        &db,
+        data.path(),
+        port,
+        &[
+            ("SSHMODE_TURN_LEASE_SECS", "3"),
+            ("SSHMODE_INBOX_LEASE_SECS", "3"),
+            ("SSHMODE_PROGRESS", "false"),
+            ("LARK_APP_ID", crate::fake_lark::APP_ID),
+            ("LARK_APP_SECRET", crate::fake_lark::APP_SECRET),
+            ("LARK_VERIFICATION_TOKEN", TOKEN),
+            ("LARK_ENCRYPT_KEY", ENCRYPT_KEY),
+            ("LARK_BASE_URL", &lark.base),
+            ("LLM_BASE_URL", &llm.base),
+            ("LLM_MODEL", MODEL),
+        ],
+    );
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     let ready = async || matches!(http.get(format!("{base}/readyz")).send().await, Ok(r) if r.status() == 200);
